@@ -7,7 +7,7 @@ os.environ.setdefault(
     "PORTAL_DATA_DIR", str(Path(__file__).resolve().parent.parent.parent / "var" / "test")
 )
 
-from portal.settings.base import *  # noqa: E402, F403
+from portal.settings.base import *  # noqa: F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 DEBUG = False

@@ -1,0 +1,14 @@
+# One image for every process of the portal (web, worker, beat, agent).
+FROM python:3.11-slim
+WORKDIR /app
+ENV PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY pyproject.toml README.md ./
+COPY portal ./portal
+COPY jobs ./jobs
+COPY scheduler ./scheduler
+COPY fabric ./fabric
+COPY workers ./workers
+RUN pip install --no-cache-dir .
+COPY . .
+EXPOSE 8000
+CMD ["python", "-m", "daphne", "-b", "0.0.0.0", "-p", "8000", "portal.asgi:application"]

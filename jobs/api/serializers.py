@@ -1,0 +1,93 @@
+"""Serializers of the jobs API: the Job as clients see it, and the request shapes."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from jobs.choices import RecoveryMode
+from jobs.models import Job, JobEvent
+from workers.catalog import WORKLOADS
+
+
+class JobSerializer(serializers.ModelSerializer[Job]):
+    """A job, as the API returns it."""
+
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    jct_seconds = serializers.FloatField(read_only=True, allow_null=True)
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "name",
+            "workload",
+            "args",
+            "gpus",
+            "min_gpus",
+            "max_gpus",
+            "batch_size",
+            "priority",
+            "recovery",
+            "checkpoint_interval",
+            "state",
+            "parallelism",
+            "submitted_at",
+            "started_at",
+            "finished_at",
+            "attained_gpu_seconds",
+            "jct_seconds",
+            "failure_reason",
+            "tenant",
+        ]
+        read_only_fields = fields
+
+
+class JobCreateSerializer(serializers.Serializer[Job]):
+    """What a client sends to submit a job (documents the schema; rules live in the service)."""
+
+    name = serializers.CharField(max_length=100)
+    workload = serializers.ChoiceField(choices=sorted(WORKLOADS))
+    args = serializers.DictField(required=False, help_text="Workload arguments.")
+    gpus = serializers.IntegerField(min_value=1)
+    min_gpus = serializers.IntegerField(min_value=1, required=False)
+    max_gpus = serializers.IntegerField(min_value=1, required=False)
+    batch_size = serializers.IntegerField(min_value=1, required=False)
+    priority = serializers.IntegerField(min_value=0, max_value=100, required=False)
+    recovery = serializers.ChoiceField(choices=RecoveryMode.choices, required=False)
+    checkpoint_interval = serializers.IntegerField(min_value=1, required=False)
+    tenant = serializers.SlugField(
+        required=False, help_text="Tenant slug; required only if you belong to several."
+    )
+
+
+class JobUpdateSerializer(serializers.Serializer[Job]):
+    """What a client may change on a live job."""
+
+    priority = serializers.IntegerField(min_value=0, max_value=100, required=False)
+    min_gpus = serializers.IntegerField(min_value=1, required=False)
+    max_gpus = serializers.IntegerField(min_value=1, required=False)
+
+
+class JobCancelSerializer(serializers.Serializer[Job]):
+    """Optional reason for a cancellation."""
+
+    reason = serializers.CharField(max_length=200, required=False, allow_blank=True)
+
+
+class JobEventSerializer(serializers.ModelSerializer[JobEvent]):
+    """One entry of a job's history."""
+
+    class Meta:
+        model = JobEvent
+        fields = [
+            "id",
+            "at",
+            "kind",
+            "from_state",
+            "to_state",
+            "from_parallelism",
+            "to_parallelism",
+            "reason",
+            "data",
+        ]
+        read_only_fields = fields

@@ -1,0 +1,145 @@
+"""The jobs REST API: thin viewsets that parse, authorize, call a service and serialize."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from jobs.api.serializers import (
+    JobCancelSerializer,
+    JobCreateSerializer,
+    JobEventSerializer,
+    JobSerializer,
+    JobUpdateSerializer,
+)
+from jobs.choices import JobState
+from jobs.models import Job
+from jobs.services import (
+    check_job_spec,
+    cluster_jct_stats,
+    do_cancel_job,
+    do_submit_job,
+    do_update_job,
+    tenant_jct_stats,
+)
+from portal.models import Tenant
+from portal.services import resolve_tenant_for_write
+
+
+def _object_body(request: Request, allowed: set[str]) -> dict[str, Any]:
+    """The JSON body as a dict, refusing non-objects and unknown fields."""
+    data = request.data
+    if not isinstance(data, dict):
+        raise ValidationError({"non_field_errors": ["Expected a JSON object."]})
+    unknown = sorted(str(key) for key in data if key not in allowed)
+    if unknown:
+        raise ValidationError({"non_field_errors": [f"Unknown field(s): {', '.join(unknown)}."]})
+    return dict(data)
+
+
+@extend_schema_view(
+    list=extend_schema(
+        parameters=[
+            OpenApiParameter("state", OpenApiTypes.STR, description="Comma-separated states."),
+            OpenApiParameter("tenant", OpenApiTypes.STR, description="Tenant slug."),
+            OpenApiParameter("workload", OpenApiTypes.STR),
+        ]
+    )
+)
+class JobViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Submit, list, inspect, change and cancel training jobs of your tenants."""
+
+    serializer_class = JobSerializer
+
+    def get_queryset(self) -> QuerySet[Job]:
+        jobs = Job.objects.restrict(self.request.user).select_related("tenant")
+        if self.action != "list":
+            return jobs
+        params = self.request.query_params
+        if states := params.get("state"):
+            wanted = [s.strip() for s in states.split(",") if s.strip()]
+            unknown = sorted(set(wanted) - set(JobState.values))
+            if unknown:
+                raise ValidationError({"state": [f"Unknown state(s): {', '.join(unknown)}."]})
+            jobs = jobs.filter(state__in=wanted)
+        if tenant := params.get("tenant"):
+            jobs = jobs.filter(tenant__slug=tenant)
+        if workload := params.get("workload"):
+            jobs = jobs.filter(workload=workload)
+        return jobs
+
+    @extend_schema(request=JobCreateSerializer, responses={201: JobSerializer})
+    def create(self, request: Request) -> Response:
+        """Submit a job; it is queued and scheduled elastically within [min_gpus, max_gpus]."""
+        body = _object_body(request, set(JobCreateSerializer().fields))
+        tenant = resolve_tenant_for_write(request.user, body.pop("tenant", None))
+        spec = check_job_spec(tenant=tenant, data=body)
+        job = do_submit_job(user=request.user, tenant=tenant, spec=spec)  # type: ignore[arg-type]
+        return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=JobUpdateSerializer, responses=JobSerializer)
+    def partial_update(self, request: Request, pk: str | None = None) -> Response:
+        """Change a job's priority or elastic range (also while it runs)."""
+        job = self.get_object()
+        body = _object_body(request, set(JobUpdateSerializer().fields))
+        fields = JobUpdateSerializer(data=body)
+        fields.is_valid(raise_exception=True)
+        job = do_update_job(user=request.user, job_id=job.pk, **fields.validated_data)
+        return Response(JobSerializer(job).data)
+
+    @extend_schema(request=JobCancelSerializer, responses=JobSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        """Cancel the job: a graceful stop that releases its GPUs."""
+        job = self.get_object()
+        body = _object_body(request, {"reason"}) if request.data else {}
+        job = do_cancel_job(user=request.user, job_id=job.pk, reason=body.get("reason") or "")
+        return Response(JobSerializer(job).data)
+
+    @extend_schema(responses=JobEventSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def events(self, request: Request, pk: str | None = None) -> Response:
+        """The job's history: every change of state or parallelism, with its reason."""
+        job = self.get_object()
+        page = self.paginate_queryset(job.events.all())
+        serializer = JobEventSerializer(page, many=True)
+        return self.get_paginated_response(serializer.data)
+
+
+class JctStatsView(APIView):
+    """Job completion time statistics for one of your tenants, or the whole cluster (admins)."""
+
+    @extend_schema(
+        parameters=[OpenApiParameter("tenant", OpenApiTypes.STR, description="Tenant slug.")],
+        responses=OpenApiTypes.OBJECT,
+    )
+    def get(self, request: Request) -> Response:
+        """Return count, mean, median and p95 JCT in seconds."""
+        slug = request.query_params.get("tenant")
+        if slug:
+            tenant = Tenant.objects.restrict(request.user).filter(slug=slug).first()
+            if tenant is None:
+                return Response({"message": "Not found.", "errors": {}}, status=404)
+            return Response({"scope": slug, **tenant_jct_stats(tenant).as_dict()})
+        if not request.user.is_staff:
+            return Response(
+                {
+                    "message": "Cluster-wide statistics are for admins; pass ?tenant=SLUG.",
+                    "errors": {},
+                },
+                status=403,
+            )
+        return Response({"scope": "cluster", **cluster_jct_stats().as_dict()})

@@ -1,0 +1,64 @@
+"""Enumerations of the jobs app, and the lifecycle's allowed transitions."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class JobState(models.TextChoices):
+    """Where a job is in its life: pending → queued → running ⇄ scaling → terminal."""
+
+    PENDING = "pending", "Pending"
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    SCALING = "scaling", "Scaling"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class RecoveryMode(models.TextChoices):
+    """How a job recovers from a lost worker (EDL §4)."""
+
+    CONSISTENT = "consistent", "Consistent (restore the latest checkpoint)"
+    APPROXIMATE = "approximate", "Approximate (survivors redo the current mini-batch)"
+
+
+class EventKind(models.TextChoices):
+    """What a JobEvent records."""
+
+    SUBMITTED = "submitted", "Submitted"
+    STATE = "state", "State changed"
+    SCALED = "scaled", "Parallelism changed"
+    PRIORITY = "priority", "Priority changed"
+    RANGE = "range", "Elastic range changed"
+    PREEMPTED = "preempted", "Preempted"
+    MIGRATED = "migrated", "Migrated"
+    STRAGGLER = "straggler", "Straggler reported"
+    RECOVERED = "recovered", "Recovered from a failure"
+    PROFILED = "profiled", "Throughput profiled"
+    NOTE = "note", "Note"
+
+
+TERMINAL_STATES = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
+ACTIVE_STATES = frozenset({JobState.RUNNING, JobState.SCALING})
+
+# running → queued is a preemption (Tiresias); scaling → queued likewise.
+ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
+    JobState.PENDING: frozenset({JobState.QUEUED, JobState.CANCELLED, JobState.FAILED}),
+    JobState.QUEUED: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.FAILED}),
+    JobState.RUNNING: frozenset(
+        {JobState.SCALING, JobState.QUEUED, JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED}
+    ),
+    JobState.SCALING: frozenset(
+        {JobState.RUNNING, JobState.QUEUED, JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED}
+    ),
+    JobState.COMPLETED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+}
+
+
+def can_transition(source: str, target: str) -> bool:
+    """Whether the lifecycle allows ``source → target``."""
+    return target in ALLOWED_TRANSITIONS.get(source, frozenset())

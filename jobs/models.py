@@ -1,0 +1,103 @@
+"""Jobs and their history.
+
+A Job belongs to a tenant and a submitter; every change of state or parallelism
+is written as a JobEvent by the services in ``jobs.services`` (the only writers).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from jobs.choices import EventKind, JobState, RecoveryMode
+from portal.models import Tenant, TenantOwnedQuerySet
+
+
+class JobQuerySet(TenantOwnedQuerySet):
+    """Queries over jobs; ``restrict(user)`` scopes them to the user's tenants."""
+
+
+class Job(models.Model):
+    """A distributed training job with an elastic range of GPUs."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="jobs")
+    submitter = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="submitted_jobs"
+    )
+    name = models.CharField(max_length=100)
+    workload = models.CharField(max_length=64)
+    args = models.JSONField(default=dict, blank=True)
+    gpus = models.PositiveIntegerField(help_text="GPUs requested.")
+    min_gpus = models.PositiveIntegerField()
+    max_gpus = models.PositiveIntegerField()
+    batch_size = models.PositiveIntegerField(
+        help_text="Global mini-batch size, fixed across scaling."
+    )
+    priority = models.IntegerField(default=50, help_text="0 (lowest) to 100 (highest).")
+    recovery = models.CharField(
+        max_length=12, choices=RecoveryMode.choices, default=RecoveryMode.CONSISTENT
+    )
+    checkpoint_interval = models.PositiveIntegerField(
+        default=50, help_text="Mini-batches between checkpoints (consistent recovery)."
+    )
+    state = models.CharField(
+        max_length=10, choices=JobState.choices, default=JobState.PENDING, db_index=True
+    )
+    parallelism = models.PositiveIntegerField(default=0, help_text="GPUs held now.")
+    submitted_at = models.DateTimeField(db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    attained_gpu_seconds = models.FloatField(default=0.0)
+    failure_reason = models.CharField(max_length=500, blank=True, default="")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-submitted_at", "-id"]
+        indexes = [models.Index(fields=["tenant", "state"], name="job_tenant_state")]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(min_gpus__gte=1), name="job_min_positive"),
+            models.CheckConstraint(
+                condition=models.Q(min_gpus__lte=models.F("gpus"))
+                & models.Q(gpus__lte=models.F("max_gpus")),
+                name="job_requested_within_range",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(priority__gte=0) & models.Q(priority__lte=100),
+                name="job_priority_range",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(attained_gpu_seconds__gte=0), name="job_service_nonnegative"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.pk} ({self.name})"
+
+    @property
+    def jct_seconds(self) -> float | None:
+        """Job completion time (finished - submitted), once the job has finished."""
+        if self.finished_at is None:
+            return None
+        return (self.finished_at - self.submitted_at).total_seconds()
+
+
+class JobEvent(models.Model):
+    """One change in a job's life, with the reason: the job's history is drawn from these."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(db_index=True)
+    kind = models.CharField(max_length=12, choices=EventKind.choices)
+    from_state = models.CharField(max_length=10, blank=True, default="")
+    to_state = models.CharField(max_length=10, blank=True, default="")
+    from_parallelism = models.PositiveIntegerField(null=True, blank=True)
+    to_parallelism = models.PositiveIntegerField(null=True, blank=True)
+    reason = models.CharField(max_length=500, blank=True, default="")
+    data = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} of job {self.job_id} at {self.at:%Y-%m-%d %H:%M:%S}"

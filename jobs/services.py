@@ -1,0 +1,446 @@
+"""Job services: ``check_*`` functions validate, ``do_*`` functions change state.
+
+Every write to a Job or JobEvent goes through this module; views, API viewsets,
+Celery tasks and consumers call it and never save models themselves.  Live
+updates are broadcast after the transaction commits.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import transaction
+from django.utils import timezone
+
+from jobs.choices import (
+    TERMINAL_STATES,
+    EventKind,
+    JobState,
+    RecoveryMode,
+    can_transition,
+)
+from jobs.models import Job, JobEvent
+from jobs.stats import JctStats, completed_jcts, summarize
+from portal.models import Tenant
+from portal.realtime import CLUSTER_GROUP, broadcast_on_commit, job_group, tenant_group
+from portal.services import can_write
+from workers.catalog import WORKLOADS, WorkloadArgumentError, validate_args
+
+MAX_GPUS_PER_JOB = 4096
+MAX_BATCH_SIZE = 1 << 20
+MAX_ARGS_BYTES = 4096
+NAME_MAX = 100
+JOB_FIELDS = (
+    "name",
+    "workload",
+    "args",
+    "gpus",
+    "min_gpus",
+    "max_gpus",
+    "batch_size",
+    "priority",
+    "recovery",
+    "checkpoint_interval",
+)
+
+
+class JobError(Exception):
+    """A refused job request; ``errors`` maps field names to messages."""
+
+    status = 400
+
+    def __init__(self, message: str, errors: Mapping[str, list[str]] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.errors: dict[str, list[str]] = dict(errors or {})
+
+
+class JobValidationError(JobError):
+    """The request's fields are invalid (HTTP 400)."""
+
+
+class JobPermissionError(JobError):
+    """The user may read but not change this job (HTTP 403)."""
+
+    status = 403
+
+
+class JobConflictError(JobError):
+    """The request makes no sense in the job's current state (HTTP 409)."""
+
+    status = 409
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated job submission."""
+
+    name: str
+    workload: str
+    args: dict[str, int | float]
+    gpus: int
+    min_gpus: int
+    max_gpus: int
+    batch_size: int
+    priority: int
+    recovery: str
+    checkpoint_interval: int
+
+
+class _Errors:
+    """Collects field errors so a form or API can show all of them at once."""
+
+    def __init__(self) -> None:
+        self.fields: dict[str, list[str]] = {}
+
+    def add(self, field: str, message: str) -> None:
+        self.fields.setdefault(field, []).append(message)
+
+    def raise_if_any(self) -> None:
+        if self.fields:
+            first = next(iter(self.fields.items()))
+            raise JobValidationError(f"{first[0]}: {first[1][0]}", self.fields)
+
+
+def _int_field(
+    data: Mapping[str, Any], errors: _Errors, key: str, lo: int, hi: int, default: int | None
+) -> int | None:
+    raw = data.get(key)
+    if raw is None or raw == "":
+        if default is None:
+            errors.add(key, "This field is required.")
+        return default
+    if isinstance(raw, bool):
+        errors.add(key, "Must be a whole number.")
+        return None
+    try:
+        value = int(raw)
+        if isinstance(raw, float) and not raw.is_integer():
+            raise ValueError
+    except (TypeError, ValueError):
+        errors.add(key, "Must be a whole number.")
+        return None
+    if not lo <= value <= hi:
+        errors.add(key, f"Must be between {lo} and {hi}.")
+        return None
+    return value
+
+
+def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
+    """Validate a submission for ``tenant`` and return it normalized.
+
+    Rules: known fields only; name 1-100 printable characters; a known workload
+    with valid arguments (at most 4 KiB of JSON); ``1 <= min_gpus <= gpus <=
+    max_gpus``; requested GPUs within the tenant's quota; a global batch of at
+    least one sample per GPU at ``max_gpus``; priority 0-100; a recovery mode.
+    """
+    errors = _Errors()
+    unknown = sorted(str(key) for key in data if key not in JOB_FIELDS and key != "tenant")
+    if unknown:
+        errors.add("non_field_errors", f"Unknown field(s): {', '.join(unknown)}.")
+
+    name = data.get("name")
+    if not isinstance(name, str) or not name.strip():
+        errors.add("name", "A name is required.")
+        name = ""
+    elif len(name) > NAME_MAX:
+        errors.add("name", f"At most {NAME_MAX} characters.")
+    elif not name.isprintable():
+        errors.add("name", "Only printable characters.")
+
+    workload = data.get("workload")
+    args: dict[str, int | float] = {}
+    if not isinstance(workload, str) or workload not in WORKLOADS:
+        errors.add("workload", f"Unknown workload; choose one of: {', '.join(sorted(WORKLOADS))}.")
+        workload = ""
+    else:
+        raw_args = data.get("args")
+        if isinstance(raw_args, str):
+            try:
+                raw_args = json.loads(raw_args) if raw_args.strip() else {}
+            except json.JSONDecodeError:
+                errors.add("args", "Must be a JSON object.")
+                raw_args = {}
+        if len(json.dumps(raw_args, default=str)) > MAX_ARGS_BYTES:
+            errors.add("args", f"At most {MAX_ARGS_BYTES} bytes of JSON.")
+        else:
+            try:
+                args = validate_args(workload, raw_args)
+            except WorkloadArgumentError as exc:
+                errors.add("args", str(exc))
+
+    gpus = _int_field(data, errors, "gpus", 1, MAX_GPUS_PER_JOB, None)
+    min_gpus = _int_field(data, errors, "min_gpus", 1, MAX_GPUS_PER_JOB, gpus)
+    max_gpus = _int_field(data, errors, "max_gpus", 1, MAX_GPUS_PER_JOB, gpus)
+    default_batch = WORKLOADS[workload].default_batch_size if workload else None
+    batch_size = _int_field(data, errors, "batch_size", 1, MAX_BATCH_SIZE, default_batch)
+    priority = _int_field(data, errors, "priority", 0, 100, 50)
+    interval = _int_field(data, errors, "checkpoint_interval", 1, 1_000_000, 50)
+
+    recovery = data.get("recovery") or RecoveryMode.CONSISTENT
+    if recovery not in RecoveryMode.values:
+        errors.add("recovery", f"Choose one of: {', '.join(RecoveryMode.values)}.")
+
+    if gpus is not None and min_gpus is not None and max_gpus is not None:
+        if min_gpus > max_gpus:
+            errors.add("min_gpus", "min_gpus cannot exceed max_gpus.")
+        elif not min_gpus <= gpus <= max_gpus:
+            errors.add("gpus", "Requested GPUs must lie between min_gpus and max_gpus.")
+        if gpus > tenant.gpu_quota:
+            errors.add(
+                "gpus",
+                f"Requests {gpus} GPUs but tenant {tenant.slug} has a quota of {tenant.gpu_quota}.",
+            )
+        if batch_size is not None and batch_size < max_gpus:
+            errors.add("batch_size", "The global batch needs at least one sample per GPU.")
+    errors.raise_if_any()
+    assert gpus is not None and min_gpus is not None and max_gpus is not None
+    assert batch_size is not None and priority is not None and interval is not None
+    return JobSpec(
+        name=name.strip(),
+        workload=workload,
+        args=args,
+        gpus=gpus,
+        min_gpus=min_gpus,
+        max_gpus=max_gpus,
+        batch_size=batch_size,
+        priority=priority,
+        recovery=str(recovery),
+        checkpoint_interval=interval,
+    )
+
+
+def job_payload(job: Job, kind: str) -> dict[str, Any]:
+    """The small live-update message for a change of ``job``."""
+    return {
+        "type": kind,
+        "job": job.pk,
+        "tenant": job.tenant_id,
+        "state": job.state,
+        "parallelism": job.parallelism,
+        "attained_gpu_seconds": round(job.attained_gpu_seconds, 1),
+    }
+
+
+def _broadcast(job: Job, kind: str) -> None:
+    broadcast_on_commit(
+        (tenant_group(job.tenant_id), job_group(job.pk), CLUSTER_GROUP), job_payload(job, kind)
+    )
+
+
+def _record(job: Job, kind: str, at: datetime, reason: str = "", **fields: Any) -> JobEvent:
+    return JobEvent.objects.create(job=job, at=at, kind=kind, reason=reason[:500], **fields)
+
+
+@transaction.atomic
+def do_submit_job(
+    *, user: AbstractBaseUser, tenant: Tenant, spec: JobSpec, at: datetime | None = None
+) -> Job:
+    """Create a job for ``tenant`` and put it in the queue."""
+    if not can_write(user, tenant):
+        raise JobPermissionError(f"you cannot submit jobs to tenant {tenant.slug!r}")
+    now = at or timezone.now()
+    job = Job.objects.create(
+        tenant=tenant,
+        submitter=user,
+        name=spec.name,
+        workload=spec.workload,
+        args=spec.args,
+        gpus=spec.gpus,
+        min_gpus=spec.min_gpus,
+        max_gpus=spec.max_gpus,
+        batch_size=spec.batch_size,
+        priority=spec.priority,
+        recovery=spec.recovery,
+        checkpoint_interval=spec.checkpoint_interval,
+        submitted_at=now,
+    )
+    _record(
+        job,
+        EventKind.SUBMITTED,
+        now,
+        f"submitted by {user.get_username()}",
+        to_state=JobState.PENDING,
+    )
+    _apply_transition(job, JobState.QUEUED, reason="accepted: waiting for GPUs", at=now)
+    _broadcast(job, "job.created")
+    return job
+
+
+def _apply_transition(
+    job: Job, to_state: str, *, reason: str, at: datetime, parallelism: int | None = None
+) -> None:
+    if not can_transition(job.state, to_state):
+        raise JobConflictError(f"a {job.state} job cannot become {to_state}")
+    from_state, from_parallelism = job.state, job.parallelism
+    job.state = to_state
+    if to_state == JobState.RUNNING and job.started_at is None:
+        job.started_at = at
+    if to_state in TERMINAL_STATES:
+        job.finished_at = at
+        job.parallelism = 0
+    elif to_state == JobState.QUEUED:
+        job.parallelism = 0
+    if parallelism is not None and to_state not in TERMINAL_STATES:
+        job.parallelism = parallelism
+    job.save()
+    _record(
+        job,
+        EventKind.PREEMPTED
+        if from_state in (JobState.RUNNING, JobState.SCALING) and to_state == JobState.QUEUED
+        else EventKind.STATE,
+        at,
+        reason,
+        from_state=from_state,
+        to_state=to_state,
+        from_parallelism=from_parallelism,
+        to_parallelism=job.parallelism,
+    )
+
+
+@transaction.atomic
+def do_transition(
+    *,
+    job_id: int,
+    to_state: str,
+    reason: str,
+    at: datetime | None = None,
+    parallelism: int | None = None,
+) -> Job:
+    """Move a job along its lifecycle, recording why; refuses transitions that make no sense."""
+    if to_state not in JobState.values:
+        raise JobValidationError(f"unknown state {to_state!r}")
+    job = Job.objects.select_for_update().get(pk=job_id)
+    _apply_transition(
+        job, to_state, reason=reason, at=at or timezone.now(), parallelism=parallelism
+    )
+    _broadcast(job, "job.updated")
+    return job
+
+
+@transaction.atomic
+def do_set_parallelism(
+    *, job_id: int, parallelism: int, reason: str, at: datetime | None = None
+) -> Job:
+    """Record that a running job now holds ``parallelism`` GPUs."""
+    job = Job.objects.select_for_update().get(pk=job_id)
+    if job.state not in (JobState.RUNNING, JobState.SCALING):
+        raise JobConflictError(f"a {job.state} job has no parallelism to change")
+    if parallelism < 1:
+        raise JobValidationError("a running job holds at least one GPU")
+    if parallelism != job.parallelism:
+        previous = job.parallelism
+        job.parallelism = parallelism
+        job.save(update_fields=["parallelism", "updated_at"])
+        _record(
+            job,
+            EventKind.SCALED,
+            at or timezone.now(),
+            reason,
+            from_parallelism=previous,
+            to_parallelism=parallelism,
+        )
+        _broadcast(job, "job.updated")
+    return job
+
+
+@transaction.atomic
+def do_add_service(*, job_id: int, gpu_seconds: float) -> Job:
+    """Add attained service (GPU-seconds) to a job, as the control plane measures it."""
+    if gpu_seconds < 0:
+        raise JobValidationError("attained service only grows")
+    job = Job.objects.select_for_update().get(pk=job_id)
+    job.attained_gpu_seconds += gpu_seconds
+    job.save(update_fields=["attained_gpu_seconds", "updated_at"])
+    return job
+
+
+def _check_writable(user: AbstractBaseUser | AnonymousUser, job: Job) -> None:
+    if not can_write(user, job.tenant):
+        raise JobPermissionError("your role in this tenant is read-only")
+
+
+@transaction.atomic
+def do_cancel_job(*, user: AbstractBaseUser | AnonymousUser, job_id: int, reason: str = "") -> Job:
+    """Cancel a job that has not finished; its GPUs are released."""
+    job = Job.objects.select_for_update().select_related("tenant").get(pk=job_id)
+    _check_writable(user, job)
+    if job.state in TERMINAL_STATES:
+        raise JobConflictError(f"job {job.pk} is already {job.state}")
+    _apply_transition(
+        job,
+        JobState.CANCELLED,
+        reason=reason or f"cancelled by {user.get_username()}",
+        at=timezone.now(),
+    )
+    _broadcast(job, "job.updated")
+    return job
+
+
+@transaction.atomic
+def do_update_job(
+    *,
+    user: AbstractBaseUser | AnonymousUser,
+    job_id: int,
+    priority: int | None = None,
+    min_gpus: int | None = None,
+    max_gpus: int | None = None,
+) -> Job:
+    """Change a job's priority or elastic range; the requested GPUs must stay inside the range."""
+    job = Job.objects.select_for_update().select_related("tenant").get(pk=job_id)
+    _check_writable(user, job)
+    if job.state in TERMINAL_STATES:
+        raise JobConflictError(f"job {job.pk} is {job.state}: nothing to change")
+    errors = _Errors()
+    if priority is not None and not 0 <= priority <= 100:
+        errors.add("priority", "Must be between 0 and 100.")
+    new_min = job.min_gpus if min_gpus is None else min_gpus
+    new_max = job.max_gpus if max_gpus is None else max_gpus
+    if new_min < 1:
+        errors.add("min_gpus", "Must be at least 1.")
+    if new_max > MAX_GPUS_PER_JOB:
+        errors.add("max_gpus", f"Must be at most {MAX_GPUS_PER_JOB}.")
+    if new_min > new_max:
+        errors.add("min_gpus", "min_gpus cannot exceed max_gpus.")
+    elif not new_min <= job.gpus <= new_max:
+        errors.add("non_field_errors", f"The range must contain the {job.gpus} requested GPUs.")
+    if new_max > job.batch_size:
+        errors.add("max_gpus", "The global batch needs at least one sample per GPU.")
+    errors.raise_if_any()
+    now = timezone.now()
+    if priority is not None and priority != job.priority:
+        _record(
+            job,
+            EventKind.PRIORITY,
+            now,
+            f"priority {job.priority} → {priority}",
+            data={"from": job.priority, "to": priority},
+        )
+        job.priority = priority
+    if (new_min, new_max) != (job.min_gpus, job.max_gpus):
+        _record(
+            job,
+            EventKind.RANGE,
+            now,
+            f"elastic range {job.min_gpus}-{job.max_gpus} → {new_min}-{new_max}",
+            data={"from": [job.min_gpus, job.max_gpus], "to": [new_min, new_max]},
+        )
+        job.min_gpus, job.max_gpus = new_min, new_max
+    job.save()
+    _broadcast(job, "job.updated")
+    return job
+
+
+def tenant_jct_stats(tenant: Tenant, since: datetime | None = None) -> JctStats:
+    """JCT statistics of one tenant's completed jobs."""
+    return summarize(completed_jcts(Job.objects.filter(tenant=tenant), since))
+
+
+def cluster_jct_stats(since: datetime | None = None) -> JctStats:
+    """JCT statistics of every completed job in the cluster."""
+    return summarize(completed_jcts(Job.objects.all(), since))

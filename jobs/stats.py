@@ -1,0 +1,64 @@
+"""Job completion time statistics: a pure summary plus the queries that feed it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db.models import QuerySet
+
+
+@dataclass(frozen=True)
+class JctStats:
+    """Summary of job completion times in seconds (None where there are no jobs)."""
+
+    count: int
+    mean: float | None
+    median: float | None
+    p95: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict for JSON."""
+        return asdict(self)
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default) of already sorted values."""
+    if not sorted_values:
+        raise ValueError("percentile of no values")
+    if not 0.0 <= q <= 100.0:
+        raise ValueError("q must be between 0 and 100")
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = math.ceil(pos)
+    frac = pos - lo
+    return sorted_values[lo] * (1.0 - frac) + sorted_values[hi] * frac
+
+
+def summarize(jcts: Sequence[float]) -> JctStats:
+    """Mean, median and p95 of ``jcts``."""
+    if not jcts:
+        return JctStats(count=0, mean=None, median=None, p95=None)
+    values = sorted(jcts)
+    return JctStats(
+        count=len(values),
+        mean=sum(values) / len(values),
+        median=percentile(values, 50.0),
+        p95=percentile(values, 95.0),
+    )
+
+
+def completed_jcts(jobs: QuerySet[Any], since: datetime | None = None) -> list[float]:
+    """JCTs (seconds) of the completed jobs in ``jobs``, optionally finished after ``since``."""
+    from jobs.choices import JobState
+
+    finished = jobs.filter(state=JobState.COMPLETED, finished_at__isnull=False)
+    if since is not None:
+        finished = finished.filter(finished_at__gte=since)
+    return [
+        (done - submitted).total_seconds()
+        for submitted, done in finished.values_list("submitted_at", "finished_at")
+    ]

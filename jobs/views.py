@@ -1,0 +1,67 @@
+"""Job pages: submission form, detail with history, cancel."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from jobs.choices import TERMINAL_STATES
+from jobs.forms import JobForm
+from jobs.models import Job
+from jobs.services import JobError, do_cancel_job, do_submit_job
+from portal.models import Tenant
+from portal.services import can_write
+
+
+@login_required
+def submit_job(request: HttpRequest) -> HttpResponse:
+    """Show the submission form; on a valid POST submit the job and open its page."""
+    tenants = Tenant.objects.writable_by(request.user)
+    form = JobForm(
+        request.POST or None, tenants=tenants, initial={"tenant": request.GET.get("tenant")}
+    )
+    if request.method == "POST" and form.is_valid() and form.spec is not None:
+        try:
+            job = do_submit_job(
+                user=request.user,  # type: ignore[arg-type]
+                tenant=form.cleaned_data["tenant"],
+                spec=form.spec,
+            )
+        except JobError as exc:
+            form.add_error(None, exc.message)
+        else:
+            messages.success(request, f"Job {job.pk} submitted.")
+            return redirect("job-detail", job_id=job.pk)
+    return render(request, "jobs/submit.html", {"form": form, "has_tenants": tenants.exists()})
+
+
+@login_required
+def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
+    """A job with its event history."""
+    job = get_object_or_404(Job.objects.restrict(request.user).select_related("tenant"), pk=job_id)
+    return render(
+        request,
+        "jobs/detail.html",
+        {
+            "job": job,
+            "events": job.events.all(),
+            "can_cancel": job.state not in TERMINAL_STATES and can_write(request.user, job.tenant),
+        },
+    )
+
+
+@login_required
+@require_POST
+def cancel_job(request: HttpRequest, job_id: int) -> HttpResponse:
+    """Cancel a job from its page."""
+    job = get_object_or_404(Job.objects.restrict(request.user), pk=job_id)
+    try:
+        do_cancel_job(user=request.user, job_id=job.pk)
+    except JobError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"Job {job.pk} cancelled.")
+    return redirect("job-detail", job_id=job.pk)

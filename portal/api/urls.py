@@ -1,0 +1,17 @@
+"""Routes of ``/api/v1/``."""
+
+from django.urls import include, path
+from rest_framework.routers import DefaultRouter
+
+from jobs.api.views import JctStatsView, JobViewSet
+from portal.api.views import MeView, TenantViewSet
+
+router = DefaultRouter()
+router.register("jobs", JobViewSet, basename="job")
+router.register("tenants", TenantViewSet, basename="tenant")
+
+urlpatterns = [
+    path("me/", MeView.as_view(), name="me"),
+    path("stats/jct/", JctStatsView.as_view(), name="jct-stats"),
+    path("", include(router.urls)),
+]

@@ -1,0 +1,39 @@
+"""``manage.py createtenant SLUG --owner USERNAME [--password P] [--gpu-quota N]``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from portal.services import TenancyError, do_create_tenant
+
+
+class Command(BaseCommand):
+    """Create a tenant and its owner (the owner user is created if needed)."""
+
+    help = "Create a tenant and make USERNAME its owner (creating the user if needed)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("slug", help="short unique name: lowercase letters, digits, hyphens")
+        parser.add_argument("--owner", required=True, help="username of the owner")
+        parser.add_argument("--password", help="password for the owner (sets or changes it)")
+        parser.add_argument("--name", help="display name (defaults to the slug)")
+        parser.add_argument("--gpu-quota", type=int, default=8, help="most GPUs held at once")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            created = do_create_tenant(
+                slug=options["slug"],
+                owner_username=options["owner"],
+                name=options["name"],
+                password=options["password"],
+                gpu_quota=options["gpu_quota"],
+            )
+        except TenancyError as exc:
+            raise CommandError(str(exc)) from exc
+        who = "new user" if created.owner_created else "existing user"
+        self.stdout.write(
+            f"created tenant {created.tenant.slug} (quota {created.tenant.gpu_quota} GPUs), "
+            f"owner {options['owner']} ({who})"
+        )

@@ -1,0 +1,118 @@
+"""Tenancy: tenants, their members and roles, and the one place objects are scoped to a user.
+
+Cluster admins are Django staff users: they see every tenant and the cluster.
+Everything a tenant owns is fetched through ``<Model>.objects.restrict(user)``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+
+
+class Role(models.TextChoices):
+    """What a member may do inside a tenant."""
+
+    OWNER = "owner", "Owner"  # manages members and quota requests, submits jobs
+    MEMBER = "member", "Member"  # submits and manages jobs
+    VIEWER = "viewer", "Viewer"  # reads only
+
+
+WRITE_ROLES = frozenset({Role.OWNER, Role.MEMBER})
+
+
+def _is_admin(user: Any) -> bool:
+    return bool(user is not None and user.is_authenticated and user.is_staff)
+
+
+class TenantQuerySet(models.QuerySet["Tenant"]):
+    """Queries over tenants."""
+
+    def restrict(self, user: AbstractBaseUser | AnonymousUser) -> TenantQuerySet:
+        """The tenants ``user`` may see: their own, or all of them for cluster admins."""
+        if not user.is_authenticated:
+            return self.none()
+        if _is_admin(user):
+            return self.all()
+        return self.filter(memberships__user=user).distinct()
+
+    def writable_by(self, user: AbstractBaseUser | AnonymousUser) -> TenantQuerySet:
+        """The tenants in which ``user`` may submit and change jobs."""
+        if not user.is_authenticated:
+            return self.none()
+        if _is_admin(user):
+            return self.all()
+        return self.filter(memberships__user=user, memberships__role__in=WRITE_ROLES).distinct()
+
+
+class Tenant(models.Model):
+    """A team that shares a GPU quota and sees only its own jobs."""
+
+    slug = models.SlugField(max_length=50, unique=True)
+    name = models.CharField(max_length=100)
+    gpu_quota = models.PositiveIntegerField(
+        default=8, help_text="Most GPUs this tenant's jobs may hold at once."
+    )
+    priority_weight = models.FloatField(
+        default=1.0,
+        validators=[MinValueValidator(0.0)],
+        help_text="Relative weight of this tenant's jobs when the scheduler breaks ties.",
+    )
+    profile_jobs = models.BooleanField(
+        default=True, help_text="Profile each job's throughput curve on its first run."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = TenantQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["slug"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(priority_weight__gte=0), name="tenant_weight_nonnegative"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Membership(models.Model):
+    """A user's role in a tenant."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["tenant__slug", "user__username"]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "tenant"], name="one_membership_per_tenant")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.tenant} ({self.role})"
+
+
+class TenantOwnedQuerySet(models.QuerySet[Any]):
+    """Base queryset for every model with a ``tenant`` foreign key.
+
+    ``restrict(user)`` is the only place tenant-owned objects are scoped to a user.
+    """
+
+    def restrict(self, user: AbstractBaseUser | AnonymousUser) -> TenantOwnedQuerySet:
+        """Objects of the tenants ``user`` belongs to (everything for cluster admins)."""
+        if not user.is_authenticated:
+            return self.none()
+        if _is_admin(user):
+            return self.all()
+        return self.filter(tenant__memberships__user=user)

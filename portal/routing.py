@@ -1,0 +1,7 @@
+"""WebSocket routes (consumers arrive with the live UI)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+websocket_urlpatterns: list[Any] = []

@@ -1,0 +1,113 @@
+"""Tenancy services: every write to tenants, members and tokens goes through here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import transaction
+from django.utils.text import slugify
+from rest_framework.authtoken.models import Token
+
+from portal.models import WRITE_ROLES, Membership, Role, Tenant
+
+
+class TenancyError(ValueError):
+    """A tenancy request that is refused, with a message for the user."""
+
+
+@dataclass(frozen=True)
+class TenantCreated:
+    """What ``do_create_tenant`` made."""
+
+    tenant: Tenant
+    owner_created: bool
+
+
+def check_slug(slug: str) -> str:
+    """Return ``slug`` if it is a valid, unused tenant slug."""
+    if not slug or slugify(slug) != slug or len(slug) > 50:
+        raise TenancyError(
+            f"invalid tenant slug {slug!r}: use lowercase letters, digits and hyphens (max 50)"
+        )
+    if Tenant.objects.filter(slug=slug).exists():
+        raise TenancyError(f"tenant {slug!r} already exists")
+    return slug
+
+
+@transaction.atomic
+def do_create_tenant(
+    *,
+    slug: str,
+    owner_username: str,
+    name: str | None = None,
+    password: str | None = None,
+    gpu_quota: int = 8,
+    email: str = "",
+) -> TenantCreated:
+    """Create a tenant and make ``owner_username`` its owner (creating that user if needed)."""
+    check_slug(slug)
+    if gpu_quota < 0:
+        raise TenancyError("gpu quota must be zero or more")
+    user_model = get_user_model()
+    owner, created = user_model.objects.get_or_create(
+        username=owner_username, defaults={"email": email}
+    )
+    if created:
+        if password:
+            owner.set_password(password)
+        else:
+            owner.set_unusable_password()
+        owner.save()
+    elif password:
+        owner.set_password(password)
+        owner.save(update_fields=["password"])
+    tenant = Tenant.objects.create(slug=slug, name=name or slug, gpu_quota=gpu_quota)
+    Membership.objects.create(user=owner, tenant=tenant, role=Role.OWNER)
+    return TenantCreated(tenant=tenant, owner_created=created)
+
+
+@transaction.atomic
+def do_add_member(*, tenant: Tenant, user: AbstractBaseUser, role: str = Role.MEMBER) -> Membership:
+    """Add ``user`` to ``tenant`` with ``role`` (or change the role of an existing member)."""
+    if role not in Role.values:
+        raise TenancyError(f"unknown role {role!r} (known: {', '.join(Role.values)})")
+    membership, _ = Membership.objects.update_or_create(
+        user=user, tenant=tenant, defaults={"role": role}
+    )
+    return membership
+
+
+def do_issue_token(*, user: AbstractBaseUser) -> str:
+    """Return ``user``'s API token, creating it on first use."""
+    token, _ = Token.objects.get_or_create(user=user)
+    return str(token.key)
+
+
+def can_write(user: AbstractBaseUser | AnonymousUser, tenant: Tenant) -> bool:
+    """Whether ``user`` may submit or change jobs in ``tenant``."""
+    if not user.is_authenticated:
+        return False
+    if user.is_staff:
+        return True
+    return Membership.objects.filter(user=user, tenant=tenant, role__in=WRITE_ROLES).exists()
+
+
+def resolve_tenant_for_write(user: AbstractBaseUser | AnonymousUser, slug: str | None) -> Tenant:
+    """The tenant a new job goes to: the named one, or the user's only writable tenant.
+
+    Raises ``TenancyError`` with a message the API shows as-is.
+    """
+    writable = Tenant.objects.writable_by(user)
+    if slug:
+        tenant = writable.filter(slug=slug).first()
+        if tenant is None:
+            raise TenancyError(f"you cannot submit jobs to tenant {slug!r}")
+        return tenant
+    choices = list(writable[:2])
+    if not choices:
+        raise TenancyError("you belong to no tenant in which you may submit jobs")
+    if len(choices) > 1:
+        raise TenancyError("you belong to several tenants: say which one in 'tenant'")
+    return choices[0]

@@ -1,0 +1,26 @@
+"""Top-level routes: pages, the REST API, its schema and docs, the Django admin."""
+
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from jobs import views as job_views
+from portal import views as portal_views
+
+urlpatterns = [
+    path("", portal_views.dashboard, name="dashboard"),
+    path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("account/token/", portal_views.api_token, name="api-token"),
+    path("jobs/new/", job_views.submit_job, name="job-new"),
+    path("jobs/<int:job_id>/", job_views.job_detail, name="job-detail"),
+    path("jobs/<int:job_id>/cancel/", job_views.cancel_job, name="job-cancel"),
+    path("api/v1/", include("portal.api.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    path("admin/", admin.site.urls),
+]
+
+handler404 = "portal.views.not_found"
+handler500 = "portal.views.server_error"

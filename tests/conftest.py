@@ -1,0 +1,81 @@
+"""Shared fixtures: tenants, users with roles, API clients."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from rest_framework.test import APIClient
+
+from portal.models import Role, Tenant
+from portal.services import do_add_member, do_create_tenant, do_issue_token
+
+
+@pytest.fixture
+def make_tenant(db: None) -> Callable[..., Tenant]:
+    """Create a tenant with an owner user named ``<slug>-owner``."""
+
+    def make(slug: str, quota: int = 8) -> Tenant:
+        return do_create_tenant(
+            slug=slug, owner_username=f"{slug}-owner", password="pw-" + slug, gpu_quota=quota
+        ).tenant
+
+    return make
+
+
+@pytest.fixture
+def make_user(db: None) -> Callable[..., Any]:
+    """Create a user, optionally a member of ``tenant`` with ``role``."""
+
+    def make(
+        username: str, tenant: Tenant | None = None, role: str = Role.MEMBER, staff: bool = False
+    ) -> Any:
+        user = get_user_model().objects.create_user(username, password="pw", is_staff=staff)
+        if tenant is not None:
+            do_add_member(tenant=tenant, user=user, role=role)
+        return user
+
+    return make
+
+
+@pytest.fixture
+def token_client() -> Callable[[Any], APIClient]:
+    """An API client authenticated with the user's token (the real header path)."""
+
+    def make(user: Any) -> APIClient:
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {do_issue_token(user=user)}")
+        return client
+
+    return make
+
+
+@pytest.fixture
+def acme(make_tenant: Callable[..., Tenant]) -> Tenant:
+    return make_tenant("acme", quota=8)
+
+
+@pytest.fixture
+def globex(make_tenant: Callable[..., Tenant]) -> Tenant:
+    return make_tenant("globex", quota=4)
+
+
+@pytest.fixture
+def alice(make_user: Callable[..., Any], acme: Tenant) -> Any:
+    """A member of acme."""
+    return make_user("alice", acme)
+
+
+@pytest.fixture
+def bob(make_user: Callable[..., Any], globex: Tenant) -> Any:
+    """A member of globex."""
+    return make_user("bob", globex)
+
+
+def job_body(**overrides: Any) -> dict[str, Any]:
+    """A valid submission body."""
+    body: dict[str, Any] = {"name": "train", "workload": "mlp-digits", "gpus": 2}
+    body.update(overrides)
+    return body

@@ -1,0 +1,102 @@
+"""The job lifecycle: allowed transitions, timestamps, parallelism and the event history."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from jobs.choices import ALLOWED_TRANSITIONS, JobState, can_transition
+from jobs.models import Job
+from jobs.services import (
+    JobConflictError,
+    JobValidationError,
+    check_job_spec,
+    do_add_service,
+    do_set_parallelism,
+    do_submit_job,
+    do_transition,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def queued_job(alice: Any, acme: Any) -> Job:
+    spec = check_job_spec(
+        tenant=acme, data={"name": "t", "workload": "mlp-digits", "gpus": 2, "max_gpus": 4}
+    )
+    return do_submit_job(user=alice, tenant=acme, spec=spec)
+
+
+ALL_PAIRS = [(a, b) for a in JobState.values for b in JobState.values if a != b]
+
+
+@pytest.mark.parametrize(("source", "target"), ALL_PAIRS)
+def test_transition_table(source: str, target: str) -> None:
+    expected = target in ALLOWED_TRANSITIONS[source]
+    assert can_transition(source, target) is expected
+
+
+def test_full_elastic_life(queued_job: Job) -> None:
+    job = do_transition(
+        job_id=queued_job.pk, to_state=JobState.RUNNING, reason="placed", parallelism=2
+    )
+    assert job.started_at is not None and job.parallelism == 2
+    first_start = job.started_at
+    job = do_transition(job_id=job.pk, to_state=JobState.SCALING, reason="scale out")
+    job = do_set_parallelism(job_id=job.pk, parallelism=4, reason="idle GPUs")
+    job = do_transition(job_id=job.pk, to_state=JobState.RUNNING, reason="switched")
+    job = do_transition(job_id=job.pk, to_state=JobState.QUEUED, reason="preempted by LAS")
+    assert job.parallelism == 0
+    job = do_transition(job_id=job.pk, to_state=JobState.RUNNING, reason="resumed", parallelism=1)
+    assert job.started_at == first_start  # first start is kept
+    job = do_add_service(job_id=job.pk, gpu_seconds=120.0)
+    job = do_transition(job_id=job.pk, to_state=JobState.COMPLETED, reason="done")
+    assert job.finished_at is not None and job.parallelism == 0
+    assert job.attained_gpu_seconds == 120.0
+    history = list(job.events.values_list("kind", "to_state", "to_parallelism"))
+    assert history == [
+        ("submitted", "pending", None),
+        ("state", "queued", 0),
+        ("state", "running", 2),
+        ("state", "scaling", 2),
+        ("scaled", "", 4),
+        ("state", "running", 4),
+        ("preempted", "queued", 0),
+        ("state", "running", 1),
+        ("state", "completed", 0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("path", "bad"),
+    [
+        ([], JobState.COMPLETED),  # queued → completed
+        ([], JobState.SCALING),
+        ([JobState.CANCELLED], JobState.RUNNING),  # terminal is terminal
+        ([JobState.RUNNING, JobState.COMPLETED], JobState.RUNNING),
+        ([JobState.RUNNING, JobState.FAILED], JobState.QUEUED),
+    ],
+)
+def test_nonsense_transitions_are_refused(queued_job: Job, path: list[str], bad: str) -> None:
+    for state in path:
+        do_transition(job_id=queued_job.pk, to_state=state, reason="setup", parallelism=1)
+    before = Job.objects.get(pk=queued_job.pk)
+    events = before.events.count()
+    with pytest.raises(JobConflictError):
+        do_transition(job_id=queued_job.pk, to_state=bad, reason="nonsense")
+    after = Job.objects.get(pk=queued_job.pk)
+    assert after.state == before.state and after.events.count() == events
+
+
+def test_parallelism_only_for_running_jobs(queued_job: Job) -> None:
+    with pytest.raises(JobConflictError):
+        do_set_parallelism(job_id=queued_job.pk, parallelism=2, reason="x")
+    do_transition(job_id=queued_job.pk, to_state=JobState.RUNNING, reason="x", parallelism=2)
+    with pytest.raises(JobValidationError):
+        do_set_parallelism(job_id=queued_job.pk, parallelism=0, reason="x")
+    with pytest.raises(JobValidationError):
+        do_add_service(job_id=queued_job.pk, gpu_seconds=-1)
+    with pytest.raises(JobValidationError):
+        do_transition(job_id=queued_job.pk, to_state="exploded", reason="x")
