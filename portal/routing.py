@@ -1,7 +1,13 @@
-"""WebSocket routes (consumers arrive with the live UI)."""
+"""WebSocket routes: one multiplexed live-update socket per page."""
 
 from __future__ import annotations
 
 from typing import Any
 
-websocket_urlpatterns: list[Any] = []
+from django.urls import path
+
+from portal.consumers import LiveConsumer
+
+websocket_urlpatterns: list[Any] = [
+    path("ws/live/", LiveConsumer.as_asgi()),
+]
