@@ -12,6 +12,7 @@ from jobs.choices import TERMINAL_STATES
 from jobs.forms import JobForm
 from jobs.models import Job
 from jobs.services import JobError, do_cancel_job, do_submit_job
+from portal.live_data import job_snapshot
 from portal.models import Tenant
 from portal.services import can_write
 
@@ -20,9 +21,9 @@ from portal.services import can_write
 def submit_job(request: HttpRequest) -> HttpResponse:
     """Show the submission form; on a valid POST submit the job and open its page."""
     tenants = Tenant.objects.writable_by(request.user)
-    form = JobForm(
-        request.POST or None, tenants=tenants, initial={"tenant": request.GET.get("tenant")}
-    )
+    # Only a tenant named in the URL overrides the form's default (the user's only tenant).
+    initial = {"tenant": request.GET["tenant"]} if request.GET.get("tenant") else {}
+    form = JobForm(request.POST or None, tenants=tenants, initial=initial)
     if request.method == "POST" and form.is_valid() and form.spec is not None:
         try:
             job = do_submit_job(
@@ -40,7 +41,7 @@ def submit_job(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
-    """A job with its event history."""
+    """A job live: parallelism and throughput over time, its profile, history and log."""
     job = get_object_or_404(Job.objects.restrict(request.user).select_related("tenant"), pk=job_id)
     return render(
         request,
@@ -48,6 +49,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         {
             "job": job,
             "events": job.events.all(),
+            "snapshot": job_snapshot(job),
             "can_cancel": job.state not in TERMINAL_STATES and can_write(request.user, job.tenant),
         },
     )

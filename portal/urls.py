@@ -6,6 +6,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from jobs import views as job_views
+from portal import live_views
 from portal import views as portal_views
 
 urlpatterns = [
@@ -16,6 +17,8 @@ urlpatterns = [
     path("jobs/new/", job_views.submit_job, name="job-new"),
     path("jobs/<int:job_id>/", job_views.job_detail, name="job-detail"),
     path("jobs/<int:job_id>/cancel/", job_views.cancel_job, name="job-cancel"),
+    path("live/tenants/<int:tenant_id>/jobs.json", live_views.tenant_jobs, name="live-tenant"),
+    path("live/jobs/<int:job_id>.json", live_views.job, name="live-job"),
     path("api/v1/", include("portal.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),

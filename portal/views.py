@@ -7,10 +7,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_http_methods
 
-from jobs.choices import ACTIVE_STATES, JobState
 from jobs.models import Job
-from jobs.services import tenant_jct_stats
 from portal.api.errors import json_not_found, json_server_error
+from portal.live_data import tenant_snapshot
 from portal.models import Tenant
 from portal.services import do_issue_token
 
@@ -25,29 +24,12 @@ def _selected_tenant(request: HttpRequest) -> Tenant | None:
 
 @login_required
 def dashboard(request: HttpRequest) -> HttpResponse:
-    """The tenant dashboard: its jobs, their states and parallelism, quota use, JCT."""
+    """The tenant dashboard: its jobs live (state, parallelism, progress, queue), quota, JCT."""
     tenant = _selected_tenant(request)
-    jobs = Job.objects.none()
-    in_use = 0
-    stats = None
+    snapshot = None
     if tenant is not None:
-        jobs = Job.objects.restrict(request.user).filter(tenant=tenant).select_related("tenant")
-        in_use = sum(jobs.filter(state__in=ACTIVE_STATES).values_list("parallelism", flat=True))
-        stats = tenant_jct_stats(tenant)
-    counts = dict.fromkeys(JobState.values, 0)
-    for state in jobs.values_list("state", flat=True):
-        counts[state] += 1
-    return render(
-        request,
-        "dashboard.html",
-        {
-            "tenant": tenant,
-            "jobs": jobs[:200],
-            "in_use": in_use,
-            "stats": stats,
-            "counts": counts,
-        },
-    )
+        snapshot = tenant_snapshot(tenant, Job.objects.restrict(request.user))
+    return render(request, "dashboard.html", {"tenant": tenant, "snap": snapshot})
 
 
 @login_required

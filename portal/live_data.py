@@ -1,0 +1,107 @@
+"""Snapshots that live pages load on open and after every reconnect (their resync).
+
+Events over the socket are small diffs; these functions give the whole view of
+one tenant's jobs or of one job, built with a fixed number of queries.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+
+from jobs.choices import ACTIVE_STATES, EventKind, JobState
+from jobs.models import Job
+from jobs.services import tenant_jct_stats
+from portal.models import Tenant
+
+ROW_LIMIT = 200
+
+
+def queue_positions() -> dict[int, int]:
+    """Position (1-based) of every queued job in the cluster's queue, by submission time."""
+    queued = Job.objects.filter(state=JobState.QUEUED).order_by("submitted_at", "id")
+    return {pk: index for index, pk in enumerate(queued.values_list("pk", flat=True), start=1)}
+
+
+def job_row(job: Job, positions: dict[int, int]) -> dict[str, Any]:
+    """One row of the live jobs table."""
+    return {
+        "id": job.pk,
+        "name": job.name,
+        "workload": job.workload,
+        "state": job.state,
+        "gpus": job.gpus,
+        "min_gpus": job.min_gpus,
+        "max_gpus": job.max_gpus,
+        "parallelism": job.parallelism,
+        "attained_gpu_seconds": round(job.attained_gpu_seconds, 1),
+        "queue_position": positions.get(job.pk),
+        "submitted_at": job.submitted_at.isoformat(),
+        "url": f"/jobs/{job.pk}/",
+    }
+
+
+def tenant_snapshot(tenant: Tenant, jobs: QuerySet[Job]) -> dict[str, Any]:
+    """The dashboard's view of ``tenant``: its newest jobs, state counts, quota use, JCT."""
+    rows = list(jobs.filter(tenant=tenant).order_by("-submitted_at", "-id")[:ROW_LIMIT])
+    positions = queue_positions()
+    counts = dict.fromkeys(JobState.values, 0)
+    in_use = 0
+    for state, parallelism in jobs.filter(tenant=tenant).values_list("state", "parallelism"):
+        counts[state] += 1
+        if state in ACTIVE_STATES:
+            in_use += parallelism
+    return {
+        "type": "tenant.snapshot",
+        "tenant": tenant.pk,
+        "quota": tenant.gpu_quota,
+        "in_use": in_use,
+        "counts": counts,
+        "jct": tenant_jct_stats(tenant).as_dict(),
+        "jobs": [job_row(job, positions) for job in rows],
+    }
+
+
+def parallelism_series(job: Job) -> dict[str, list[Any]]:
+    """The job's GPUs over time, as a step series from its events (ISO times, counts)."""
+    times: list[str] = [job.submitted_at.isoformat()]
+    values: list[int] = [0]
+    for at, to_parallelism in job.events.exclude(to_parallelism=None).values_list(
+        "at", "to_parallelism"
+    ):
+        times.append(at.isoformat())
+        values.append(int(to_parallelism))
+    end = job.finished_at.isoformat() if job.finished_at else None
+    if end and times[-1] != end:
+        times.append(end)
+        values.append(values[-1])
+    return {"t": times, "gpus": values}
+
+
+def job_snapshot(job: Job) -> dict[str, Any]:
+    """The job page's view: state, counters, history with reasons, parallelism over time."""
+    events = [
+        {
+            "at": e.at.isoformat(),
+            "kind": e.kind,
+            "label": EventKind(e.kind).label if e.kind in EventKind.values else e.kind,
+            "from_state": e.from_state,
+            "to_state": e.to_state,
+            "from_parallelism": e.from_parallelism,
+            "to_parallelism": e.to_parallelism,
+            "reason": e.reason,
+        }
+        for e in job.events.all()
+    ]
+    return {
+        "type": "job.snapshot",
+        "job": job.pk,
+        "state": job.state,
+        "parallelism": job.parallelism,
+        "attained_gpu_seconds": round(job.attained_gpu_seconds, 1),
+        "jct_seconds": job.jct_seconds,
+        "queue_position": queue_positions().get(job.pk),
+        "events": events,
+        "parallelism_series": parallelism_series(job),
+    }

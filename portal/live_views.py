@@ -1,0 +1,28 @@
+"""JSON snapshots behind the live pages (session auth, scoped with ``restrict``)."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, JsonResponse
+from django.shortcuts import get_object_or_404
+from django.views.decorators.http import require_GET
+
+from jobs.models import Job
+from portal.live_data import job_snapshot, tenant_snapshot
+from portal.models import Tenant
+
+
+@login_required
+@require_GET
+def tenant_jobs(request: HttpRequest, tenant_id: int) -> JsonResponse:
+    """The dashboard's snapshot of one of the user's tenants."""
+    tenant = get_object_or_404(Tenant.objects.restrict(request.user), pk=tenant_id)
+    return JsonResponse(tenant_snapshot(tenant, Job.objects.restrict(request.user)))
+
+
+@login_required
+@require_GET
+def job(request: HttpRequest, job_id: int) -> JsonResponse:
+    """The job page's snapshot."""
+    found = get_object_or_404(Job.objects.restrict(request.user), pk=job_id)
+    return JsonResponse(job_snapshot(found))

@@ -1,0 +1,86 @@
+/* The tenant dashboard: the jobs table and tiles, kept live over the socket. */
+(function () {
+  "use strict";
+  const { LiveSocket, fetchJSON, debounce, el, seconds } = window.PortalLive;
+  const root = document.getElementById("live-dashboard");
+  if (!root) return;
+  const tenant = Number(root.dataset.tenant);
+  const body = document.getElementById("jobs-body");
+  const table = document.getElementById("jobs-table");
+  const empty = document.getElementById("jobs-empty");
+
+  function progressCell(row) {
+    const td = el("td", { "data-field": "progress" });
+    if (row.progress === null || row.progress === undefined) { td.textContent = "—"; return td; }
+    const pct = Math.max(0, Math.min(100, row.progress * 100));
+    const bar = el("div", { class: "bar", title: pct.toFixed(0) + "%" });
+    bar.appendChild(el("span", { style: "width:" + pct.toFixed(1) + "%" }));
+    td.appendChild(bar);
+    td.appendChild(el("small", {}, pct.toFixed(0) + "%"));
+    return td;
+  }
+
+  function renderRow(row) {
+    const tr = el("tr", { id: "job-" + row.id, "data-job": row.id, "data-state": row.state });
+    const idCell = el("td");
+    idCell.appendChild(el("a", { href: row.url }, row.id));
+    tr.appendChild(idCell);
+    tr.appendChild(el("td", {}, row.name));
+    tr.appendChild(el("td", {}, row.workload));
+    const stateCell = el("td");
+    stateCell.appendChild(el("span", { class: "state state-" + row.state, "data-field": "state" }, row.state));
+    tr.appendChild(stateCell);
+    tr.appendChild(el("td", {}, row.gpus + " (" + row.min_gpus + "–" + row.max_gpus + ")"));
+    tr.appendChild(el("td", { "data-field": "parallelism" }, row.parallelism));
+    tr.appendChild(progressCell(row));
+    tr.appendChild(el("td", { "data-field": "throughput" }, row.throughput == null ? "—" : row.throughput.toFixed(0) + "/s"));
+    tr.appendChild(el("td", { "data-field": "attained_gpu_seconds" }, seconds(row.attained_gpu_seconds)));
+    tr.appendChild(el("td", { "data-field": "queue_position" }, row.queue_position == null ? "—" : "#" + row.queue_position));
+    const when = el("td");
+    when.appendChild(el("time", { datetime: row.submitted_at }, new Date(row.submitted_at).toLocaleString()));
+    tr.appendChild(when);
+    return tr;
+  }
+
+  function setTile(id, text) {
+    const node = document.getElementById(id);
+    if (node) node.textContent = text;
+  }
+
+  function applySnapshot(snap) {
+    body.replaceChildren(...snap.jobs.map(renderRow));
+    table.hidden = snap.jobs.length === 0;
+    if (empty) empty.hidden = snap.jobs.length !== 0;
+    const c = snap.counts;
+    setTile("quota-use", snap.in_use + " / " + snap.quota);
+    setTile("count-queued", c.queued + c.pending);
+    setTile("count-running", c.running + c.scaling);
+    setTile("count-completed", c.completed);
+    setTile("jct-mean", seconds(snap.jct.mean));
+    setTile("jct-p95", seconds(snap.jct.p95));
+  }
+
+  const resync = () => fetchJSON("/live/tenants/" + tenant + "/jobs.json").then(applySnapshot).catch(console.error);
+  const resyncSoon = debounce(resync, 400);
+
+  function onEvent(event) {
+    if (event.tenant !== tenant || !event.job) return;
+    const row = document.getElementById("job-" + event.job);
+    if (!row) { resyncSoon(); return; }
+    const stateChanged = row.dataset.state !== event.state;
+    if (event.state) {
+      row.dataset.state = event.state;
+      const badge = row.querySelector('[data-field="state"]');
+      badge.textContent = event.state;
+      badge.className = "state state-" + event.state;
+    }
+    if (event.parallelism !== undefined) row.querySelector('[data-field="parallelism"]').textContent = event.parallelism;
+    if (event.attained_gpu_seconds !== undefined) row.querySelector('[data-field="attained_gpu_seconds"]').textContent = seconds(event.attained_gpu_seconds);
+    if (event.progress !== undefined && event.progress !== null) row.replaceChild(progressCell(event), row.querySelector('[data-field="progress"]'));
+    if (event.throughput !== undefined && event.throughput !== null) row.querySelector('[data-field="throughput"]').textContent = event.throughput.toFixed(0) + "/s";
+    // tiles and queue positions depend on other rows: reload them, coalesced
+    if (stateChanged || event.type !== "job.metrics") resyncSoon();
+  }
+
+  new LiveSocket([{ topic: "tenant", id: tenant }], { onEvent, resync });
+})();

@@ -1,0 +1,100 @@
+/* The job page: state, counters, charts and history, kept live over the socket. */
+(function () {
+  "use strict";
+  const { LiveSocket, fetchJSON, debounce, el, seconds, plotLayout } = window.PortalLive;
+  const root = document.getElementById("live-job");
+  if (!root) return;
+  const jobId = Number(root.dataset.job);
+  const config = { displayModeBar: false, responsive: true };
+
+  function clearEmpty(node) {
+    const empty = node.querySelector(".chart-empty");
+    if (empty) empty.remove();
+  }
+
+  function drawParallelism(series) {
+    const node = document.getElementById("chart-parallelism");
+    const x = series.t.slice();
+    const y = series.gpus.slice();
+    const live = !["completed", "failed", "cancelled"].includes(root.dataset.state || "");
+    if (live && x.length) { x.push(new Date().toISOString()); y.push(y[y.length - 1]); }
+    Plotly.react(node, [{ x: x, y: y, type: "scatter", mode: "lines", line: { shape: "hv", color: "#2f6fed", width: 2 }, fill: "tozeroy", fillcolor: "rgba(47,111,237,.12)", name: "GPUs" }],
+      plotLayout({ yaxis: { title: "GPUs", rangemode: "tozero", dtick: 1, gridcolor: "#e3e6eb" } }), config);
+  }
+
+  function drawThroughput(series) {
+    if (!series || !series.t || !series.t.length) return;
+    const node = document.getElementById("chart-throughput");
+    clearEmpty(node);
+    Plotly.react(node, [{ x: series.t, y: series.samples_per_second, type: "scatter", mode: "lines", line: { color: "#1e8e3e" }, name: "samples/s" }],
+      plotLayout({ yaxis: { title: "samples/s", rangemode: "tozero", gridcolor: "#e3e6eb" } }), config);
+  }
+
+  function drawProfile(profile) {
+    if (!profile || !profile.gpus || !profile.gpus.length) return;
+    const node = document.getElementById("chart-profile");
+    clearEmpty(node);
+    Plotly.react(node, [{ x: profile.gpus, y: profile.samples_per_second, type: "scatter", mode: "lines+markers", line: { color: "#b7791f" }, name: "profiled" }],
+      plotLayout({ xaxis: { title: "GPUs", dtick: 1, gridcolor: "#e3e6eb" }, yaxis: { title: "samples/s", rangemode: "tozero", gridcolor: "#e3e6eb" } }), config);
+  }
+
+  function drawLog(lines) {
+    if (!lines || !lines.length) return;
+    const pre = document.getElementById("job-log");
+    pre.textContent = lines.join("\n");
+    pre.hidden = false;
+    document.getElementById("job-log-empty").hidden = true;
+    pre.scrollTop = pre.scrollHeight;
+  }
+
+  function drawEvents(events) {
+    const body = document.getElementById("events-body");
+    body.replaceChildren(...events.map((e) => {
+      const tr = el("tr");
+      tr.appendChild(el("td", {}, new Date(e.at).toLocaleTimeString()));
+      tr.appendChild(el("td", {}, e.label));
+      tr.appendChild(el("td", {}, e.from_state || e.to_state ? (e.from_state || "·") + " → " + e.to_state : ""));
+      tr.appendChild(el("td", {}, e.to_parallelism !== null ? (e.from_parallelism === null ? "·" : e.from_parallelism) + " → " + e.to_parallelism : ""));
+      tr.appendChild(el("td", {}, e.reason));
+      return tr;
+    }));
+  }
+
+  function setState(state) {
+    root.dataset.state = state;
+    const badge = document.getElementById("job-state");
+    badge.textContent = state;
+    badge.className = "state state-" + state;
+    if (["completed", "failed", "cancelled"].includes(state)) {
+      const cancel = document.getElementById("cancel-form");
+      if (cancel) cancel.hidden = true;
+    }
+  }
+
+  function apply(snap) {
+    setState(snap.state);
+    document.getElementById("job-parallelism").textContent = snap.parallelism;
+    document.getElementById("job-gpu-time").textContent = seconds(snap.attained_gpu_seconds);
+    document.getElementById("job-queue").textContent = snap.queue_position ? "#" + snap.queue_position : "—";
+    document.getElementById("job-jct").textContent = seconds(snap.jct_seconds);
+    drawParallelism(snap.parallelism_series);
+    drawThroughput(snap.throughput_series);
+    drawProfile(snap.profile);
+    drawLog(snap.log);
+    drawEvents(snap.events);
+  }
+
+  const resync = () => fetchJSON("/live/jobs/" + jobId + ".json").then(apply).catch(console.error);
+  const resyncSoon = debounce(resync, 300);
+
+  function onEvent(event) {
+    if (event.job !== jobId) return;
+    if (event.state) setState(event.state);
+    if (event.parallelism !== undefined) document.getElementById("job-parallelism").textContent = event.parallelism;
+    if (event.attained_gpu_seconds !== undefined) document.getElementById("job-gpu-time").textContent = seconds(event.attained_gpu_seconds);
+    resyncSoon();
+  }
+
+  apply(JSON.parse(document.getElementById("job-snapshot").textContent));
+  new LiveSocket([{ topic: "job", id: jobId }], { onEvent, resync });
+})();

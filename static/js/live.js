@@ -1,0 +1,121 @@
+/* The live-update socket shared by every live page.
+ *
+ * One WebSocket per page at /ws/live/ (session auth).  On every (re)connect it
+ * subscribes to the page's topics and, once all are confirmed, calls the page's
+ * resync() to reload a snapshot, so nothing missed while disconnected is lost.
+ * Drops are retried with capped exponential backoff.  No dependencies.
+ */
+(function () {
+  "use strict";
+
+  const log = [];  // arrival times of events, read by the browser tests and bench/live.py
+  window.__portalLive = { log: log, state: "connecting", connects: 0 };
+
+  function setStatus(state) {
+    window.__portalLive.state = state;
+    const badge = document.getElementById("live-status");
+    if (!badge) return;
+    badge.hidden = false;
+    badge.dataset.state = state;
+    badge.textContent = { live: "● live", connecting: "○ connecting…", reconnecting: "○ reconnecting…", refused: "✕ not allowed" }[state] || state;
+    badge.title = state === "live" ? "Updates arrive as they happen" : "Trying to reach the server; the page will catch up when it is back";
+  }
+
+  class LiveSocket {
+    /**
+     * @param {Array<{topic: string, id?: number}>} topics what to subscribe to
+     * @param {{onEvent: function(object): void, resync: function(): void}} page
+     */
+    constructor(topics, page) {
+      this.topics = topics;
+      this.page = page;
+      this.attempt = 0;
+      this.connect();
+    }
+
+    connect() {
+      const scheme = location.protocol === "https:" ? "wss" : "ws";
+      const ws = new WebSocket(scheme + "://" + location.host + "/ws/live/");
+      this.ws = ws;
+      let confirmed = 0;
+      setStatus(this.attempt ? "reconnecting" : "connecting");
+      ws.onopen = () => {
+        for (const t of this.topics) ws.send(JSON.stringify(Object.assign({ type: "subscribe" }, t)));
+      };
+      ws.onmessage = (message) => {
+        const event = JSON.parse(message.data);
+        if (event.type === "subscribed") {
+          confirmed += 1;
+          if (confirmed === this.topics.length) {
+            this.attempt = 0;
+            window.__portalLive.connects += 1;
+            setStatus("live");
+            this.page.resync();
+          }
+        } else if (event.type === "subscribe.refused") {
+          setStatus("refused");
+        } else if (event.type !== "pong" && event.type !== "unsubscribed") {
+          log.push({ at: performance.timeOrigin + performance.now(), event: event });
+          if (log.length > 5000) log.splice(0, 1000);
+          this.page.onEvent(event);
+        }
+      };
+      ws.onclose = () => {
+        const delay = Math.min(4000, 250 * Math.pow(2, this.attempt));
+        this.attempt += 1;
+        setStatus("reconnecting");
+        setTimeout(() => this.connect(), delay);
+      };
+    }
+  }
+
+  /** Fetch JSON from the portal with the session cookie; throws on HTTP errors. */
+  async function fetchJSON(url) {
+    const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    if (!response.ok) throw new Error(url + ": HTTP " + response.status);
+    return response.json();
+  }
+
+  /** Run fn at most once per `ms`, after the last call (a trailing debounce). */
+  function debounce(fn, ms) {
+    let timer = null;
+    return function () {
+      clearTimeout(timer);
+      timer = setTimeout(fn, ms);
+    };
+  }
+
+  /** Create an element with text content (never innerHTML: names come from users). */
+  function el(tag, attrs, text) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (k === "dataset") Object.assign(node.dataset, v);
+      else node.setAttribute(k, v);
+    }
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    return node;
+  }
+
+  function seconds(value) {
+    if (value === null || value === undefined) return "—";
+    if (value < 120) return value.toFixed(0) + " s";
+    if (value < 7200) return (value / 60).toFixed(1) + " min";
+    return (value / 3600).toFixed(1) + " h";
+  }
+
+  /** Shared Plotly layout: compact, readable, responsive. */
+  function plotLayout(extra) {
+    return Object.assign({
+      margin: { l: 50, r: 16, t: 10, b: 40 },
+      height: 260,
+      paper_bgcolor: "rgba(0,0,0,0)",
+      plot_bgcolor: "rgba(0,0,0,0)",
+      font: { family: "system-ui, sans-serif", size: 12, color: "#1d2330" },
+      xaxis: { gridcolor: "#e3e6eb" },
+      yaxis: { gridcolor: "#e3e6eb", rangemode: "tozero" },
+      showlegend: false,
+    }, extra || {});
+  }
+
+  window.PortalLive = { LiveSocket, fetchJSON, debounce, el, seconds, plotLayout, setStatus };
+})();

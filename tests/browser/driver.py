@@ -1,0 +1,85 @@
+"""Changes the browser tests' server database the way the control plane would.
+
+The browser tests serve the portal from a daphne subprocess with its own
+SQLite file; this process runs against the same file and applies changes
+through the real services (so events are broadcast after commit, as in
+production).  It reads one JSON request per line on stdin and answers one
+JSON line on stdout::
+
+    {"op": "seed"}
+    {"op": "transition", "job": 3, "state": "running", "parallelism": 2}
+    {"op": "parallelism", "job": 3, "parallelism": 4}
+    {"op": "call", "path": "module:function", "kwargs": {...}}   any service, by name
+
+Run as ``python -m tests.browser.driver`` with the server's environment.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import traceback
+from typing import Any
+
+
+def seed() -> dict[str, Any]:
+    """Two tenants with one member each, and a cluster admin (passwords ``pw``)."""
+    from django.contrib.auth import get_user_model
+
+    from portal.services import do_create_tenant
+
+    acme = do_create_tenant(slug="acme", name="Acme ML", owner_username="alice", password="pw")
+    globex = do_create_tenant(slug="globex", name="Globex", owner_username="bob", password="pw")
+    get_user_model().objects.create_user("root", password="pw", is_staff=True, is_superuser=True)
+    return {"acme": acme.tenant.pk, "globex": globex.tenant.pk}
+
+
+def handle(request: dict[str, Any]) -> Any:
+    """Apply one request and return a JSON-able result."""
+    from jobs.services import do_set_parallelism, do_transition
+
+    op = request["op"]
+    if op == "seed":
+        return seed()
+    if op == "transition":
+        job = do_transition(
+            job_id=request["job"],
+            to_state=request["state"],
+            reason=request.get("reason", "driven by the browser test"),
+            parallelism=request.get("parallelism"),
+        )
+        return {"job": job.pk, "state": job.state}
+    if op == "parallelism":
+        job = do_set_parallelism(
+            job_id=request["job"], parallelism=request["parallelism"], reason="scaled by the test"
+        )
+        return {"job": job.pk, "parallelism": job.parallelism}
+    if op == "call":
+        module_name, function_name = request["path"].split(":")
+        result = getattr(importlib.import_module(module_name), function_name)(
+            **request.get("kwargs", {})
+        )
+        return {"repr": repr(result)[:500]}
+    raise ValueError(f"unknown op {op!r}")
+
+
+def main() -> None:
+    """Serve requests from stdin until it closes."""
+    import django
+
+    django.setup()
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            answer = {"ok": True, "result": handle(json.loads(line))}
+        except Exception as exc:
+            answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            traceback.print_exc(file=sys.stderr)
+        print(json.dumps(answer), flush=True)
+
+
+if __name__ == "__main__":
+    main()
