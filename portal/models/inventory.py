@@ -65,6 +65,7 @@ class Server(models.Model):
     leaf = models.PositiveIntegerField()
     slot = models.PositiveIntegerField()
     state = models.CharField(max_length=10, choices=ServerState.choices, default=ServerState.UP)
+    state_reason = models.CharField(max_length=200, blank=True, default="")
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     agent_info = models.JSONField(default=dict, blank=True)
 
