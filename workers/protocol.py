@@ -139,6 +139,12 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
             return value
         if not isinstance(value, dict):
             raise ProtocolError(f"{path} must be an object")
+        if issubclass(tp, Message):
+            # A nested message keeps its "type" on the wire; it must be the right one.
+            value = dict(value)
+            nested_type = value.pop("type", tp.TYPE)
+            if nested_type != tp.TYPE:
+                raise ProtocolError(f"{path} must be a {tp.TYPE}, not {nested_type!r}")
         try:
             return tp._from_fields(value, path)
         except ProtocolError as exc:
@@ -555,18 +561,28 @@ class Progress(JobEventReport):
     samples_per_s: float
     world: int
     loss: float | None = None
+    generation: int | None = None
 
 
 @_report
 @dataclass(frozen=True, kw_only=True)
 class ScaleDone(JobEventReport):
-    """A membership change (scale-out, scale-in, migration) took effect."""
+    """A membership change (scale-out, scale-in, migration) took effect.
+
+    ``workers`` are the members after the switch; ``pause_s`` is how long the
+    reporting worker stood still for it.
+    """
 
     TYPE: ClassVar[str] = "scale_done"
 
     world: int | None = None
     step: int | None = None
+    generation: int | None = None
     workers: tuple[str, ...] = ()
+    joiners: tuple[str, ...] = ()
+    leavers: tuple[str, ...] = ()
+    pause_s: float | None = None
+    new_leader: str | None = None
 
 
 @_report
@@ -589,6 +605,7 @@ class WorkerFailed(JobEventReport):
 
     worker_id: str
     error: str = ""
+    generation: int | None = None
 
 
 @_report
@@ -601,6 +618,8 @@ class Recovered(JobEventReport):
     mode: str = ""
     world: int | None = None
     step: int | None = None
+    generation: int | None = None
+    dead: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -624,11 +643,12 @@ class ProfileDone(JobEventReport):
 @_report
 @dataclass(frozen=True, kw_only=True)
 class Finished(JobEventReport):
-    """The job finished training."""
+    """The job ended on its own terms: ``reason`` is ``finished`` or ``stopped``."""
 
     TYPE: ClassVar[str] = "finished"
 
     step: int | None = None
+    reason: str = "finished"
 
 
 @_report

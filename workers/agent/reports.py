@@ -66,6 +66,14 @@ def _optional_int(value: Any) -> int | None:
     return None
 
 
+def _names(raw: Any) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list | tuple):
+        raise ProtocolError("a list of worker ids was expected")
+    return tuple(str(item) for item in raw)
+
+
 def _curve(raw: Any) -> tuple[CurvePoint, ...]:
     """A throughput curve given as {workers: samples/s} or as a list of pairs/objects."""
     points: list[CurvePoint] = []
@@ -101,20 +109,29 @@ def report_from_event(node: str, job: str, event_id: str, event: dict[str, Any])
                 samples_per_s=event["samples_per_s"],
                 loss=_optional_number(event.get("loss")),
                 world=event["world"],
+                generation=_optional_int(event.get("generation")),
             )
         if kind == "scale_done":
-            members = event.get("members", event.get("workers", ()))
+            new_leader = event.get("new_leader")
             return ScaleDone(
                 **common,
                 world=_optional_int(event.get("world")),
                 step=_optional_int(event.get("step")),
-                workers=tuple(str(m) for m in members),
+                generation=_optional_int(event.get("generation")),
+                workers=_names(event.get("members")),
+                joiners=_names(event.get("joiners")),
+                leavers=_names(event.get("leavers")),
+                pause_s=_optional_number(event.get("pause_s")),
+                new_leader=None if new_leader is None else str(new_leader),
             )
         if kind == "straggler":
             return Straggler(**common, worker_id=str(event["worker"]), ratio=event["ratio"])
         if kind == "worker_failed":
             return WorkerFailed(
-                **common, worker_id=str(event["worker"]), error=str(event.get("error", ""))
+                **common,
+                worker_id=str(event["worker"]),
+                error=str(event.get("error", "")),
+                generation=_optional_int(event.get("generation")),
             )
         if kind == "recovered":
             return Recovered(
@@ -122,11 +139,17 @@ def report_from_event(node: str, job: str, event_id: str, event: dict[str, Any])
                 mode=str(event.get("mode", "")),
                 world=_optional_int(event.get("world")),
                 step=_optional_int(event.get("step")),
+                generation=_optional_int(event.get("generation")),
+                dead=_names(event.get("dead")),
             )
         if kind == "profile_done":
             return ProfileDone(**common, curve=_curve(event["curve"]))
         if kind == "finished":
-            return Finished(**common, step=_optional_int(event.get("step")))
+            return Finished(
+                **common,
+                step=_optional_int(event.get("step")),
+                reason=str(event.get("reason", "finished")),
+            )
         if kind == "failed":
             return Failed(**common, error=str(event.get("error", "")))
     except KeyError as exc:

@@ -87,7 +87,7 @@ class AgentStore:
 
     def workers(self) -> list[WorkerRecord]:
         """Every process the agent believes it runs."""
-        raw: dict[str, str] = self.redis.hgetall(self._prefix + "workers")
+        raw: Any = self.redis.hgetall(self._prefix + "workers")
         return [WorkerRecord(**json.loads(value)) for value in raw.values()]
 
     # stopping jobs ----------------------------------------------------------------
@@ -98,7 +98,7 @@ class AgentStore:
         self.redis.hdel(self._prefix + "stopping", job)
 
     def stops(self) -> dict[str, StopRecord]:
-        raw: dict[str, str] = self.redis.hgetall(self._prefix + "stopping")
+        raw: Any = self.redis.hgetall(self._prefix + "stopping")
         return {job: StopRecord(**json.loads(value)) for job, value in raw.items()}
 
     # event cursors ------------------------------------------------------------------
@@ -109,7 +109,7 @@ class AgentStore:
         self.redis.hdel(self._prefix + "cursor", job)
 
     def cursors(self) -> dict[str, str]:
-        raw: dict[str, str] = self.redis.hgetall(self._prefix + "cursor")
+        raw: Any = self.redis.hgetall(self._prefix + "cursor")
         return dict(raw)
 
     def claim_event(self, job: str, event_id: str) -> bool:
