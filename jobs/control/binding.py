@@ -67,6 +67,7 @@ def _target_size(decision: Decision, current: Mapping[str, Allocation]) -> int:
 
 def _order(decisions: Iterable[Decision], current: Mapping[str, Allocation]) -> list[Decision]:
     """Releases first (preempt, shrink), then growth and starts, each in the policy's order."""
+
     def key(item: tuple[int, Decision]) -> tuple[int, int]:
         index, decision = item
         held = len(current[decision.job].gpus) if decision.job in current else 0
@@ -111,8 +112,10 @@ def bind(
                 allocator.restore([*allocator.allocations().values(), old])
             refused.append(Refused(job, result.reason))
             continue
-        if isinstance(decision, Scale | Migrate) and old is not None and set(result.gpus) == set(
-            old_gpus
+        if (
+            isinstance(decision, Scale | Migrate)
+            and old is not None
+            and set(result.gpus) == set(old_gpus)
         ):
             result = old  # same GPUs: keep the old rank order, nothing moves
             allocator.release(job)

@@ -1,7 +1,7 @@
 """Agent commands for a job's membership change (pure: no ORM, no Celery).
 
 A job's workers are named by the GPU they sit on (``w<gpu>``), so a change
-from ``old`` to ``new`` GPUs is: joiners = new − old, leavers = old − new.
+from ``old`` to ``new`` GPUs is: joiners = new - old, leavers = old - new.
 
     only joiners            StartWorkers(join=True) on each node that hosts joiners
     only leavers            ScaleIn(leavers) to one node (the runtime is job-wide)
