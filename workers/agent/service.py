@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,9 @@ def run(config: AgentConfig, loglevel: str = "INFO") -> None:
 
     from portal.celery import agent_queue, app
 
+    # The agent serves no pages and touches no database: the portal's system checks
+    # (URLs, models) are not its business, and one failing must not stop the agents.
+    os.environ.setdefault("CELERY_SKIP_CHECKS", "1")
     _AGENT = make_agent(config)
     _AGENT.restore()
     _register_task()
@@ -163,8 +167,6 @@ def run(config: AgentConfig, loglevel: str = "INFO") -> None:
 
 def main(argv: list[str] | None = None, prog: str = "python -m workers.agent") -> int:
     """Entry point of ``python -m workers.agent``; exit status 2 on bad input."""
-    import os
-
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings.dev")
     options = build_parser(prog).parse_args(argv)
     return run_options(options)
