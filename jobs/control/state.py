@@ -75,11 +75,8 @@ def load_allocator(cluster: ClusterState) -> VClosAllocator:
                     Allocation(runtime_job_name(job_id), gpus, (cluster.spec.leaf_of(gpus[0]),))
                 )
     allocator.restore(allocations)
-    blocked = [
-        g
-        for g in range(cluster.spec.total_gpus)
-        if g not in cluster.schedulable and g not in cluster.holders
-    ]
+    # Held GPUs of draining servers are blocked too: a job released there lands elsewhere.
+    blocked = [g for g in range(cluster.spec.total_gpus) if g not in cluster.schedulable]
     allocator.set_unavailable(blocked)
     return allocator
 
