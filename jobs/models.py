@@ -49,6 +49,21 @@ class Job(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     attained_gpu_seconds = models.FloatField(default=0.0)
     failure_reason = models.CharField(max_length=500, blank=True, default="")
+    # Live progress, as the node agents report it.
+    step = models.PositiveIntegerField(default=0)
+    samples_per_s = models.FloatField(null=True, blank=True)
+    loss = models.FloatField(null=True, blank=True)
+    log_tail = models.TextField(blank=True, default="")
+    throughput_curve = models.JSONField(
+        default=dict, blank=True, help_text="Profiled samples/s by GPU count (EDL profile())."
+    )
+    allocation = models.JSONField(
+        default=dict, blank=True, help_text="The vClos allocation (fabric.Allocation.to_dict())."
+    )
+    last_service_at = models.DateTimeField(null=True, blank=True)
+    last_event_id = models.CharField(
+        max_length=64, blank=True, default="", help_text="Newest runtime event applied."
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     objects = JobQuerySet.as_manager()
@@ -101,3 +116,57 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} of job {self.job_id} at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class JobGpu(models.Model):
+    """One GPU held by a running job, with its rank; a GPU can belong to one job only."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="gpu_slots")
+    gpu = models.OneToOneField("portal.Gpu", on_delete=models.PROTECT, related_name="assignment")
+    rank = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["job_id", "rank"]
+        constraints = [models.UniqueConstraint(fields=["job", "rank"], name="one_gpu_per_rank")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} rank {self.rank} on gpu {self.gpu_id}"
+
+    @property
+    def worker_id(self) -> str:
+        """The elastic runtime's worker id for this slot (stable while the job holds it)."""
+        return f"w{self.gpu.index}"
+
+
+class JobCable(models.Model):
+    """A leaf-spine cable reserved for one job alone (vClos); unique per (leaf, uplink port)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="cables")
+    leaf = models.PositiveIntegerField()
+    port = models.PositiveIntegerField(help_text="Uplink port of the leaf.")
+    spine = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["leaf", "port"]
+        constraints = [models.UniqueConstraint(fields=["leaf", "port"], name="one_job_per_cable")]
+
+    def __str__(self) -> str:
+        return f"cable leaf {self.leaf} port {self.port} -> spine {self.spine} (job {self.job_id})"
+
+
+class JobMetric(models.Model):
+    """One progress sample of a running job: the time series behind its charts."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metrics")
+    at = models.DateTimeField()
+    step = models.PositiveIntegerField()
+    parallelism = models.PositiveIntegerField()
+    samples_per_s = models.FloatField()
+    loss = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+        indexes = [models.Index(fields=["job", "at"], name="metric_job_at")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} step {self.step}: {self.samples_per_s:.1f} samples/s"

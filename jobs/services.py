@@ -215,6 +215,13 @@ def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
     )
 
 
+def request_tick() -> None:
+    """Ask for a scheduler tick soon after this transaction commits (debounced)."""
+    from jobs.control.tick import request_tick_on_commit
+
+    request_tick_on_commit()
+
+
 def job_payload(job: Job, kind: str) -> dict[str, Any]:
     """The small live-update message for a change of ``job``."""
     return {
@@ -269,6 +276,7 @@ def do_submit_job(
     )
     _apply_transition(job, JobState.QUEUED, reason="accepted: waiting for GPUs", at=now)
     _broadcast(job, "job.created")
+    request_tick()
     return job
 
 
@@ -372,13 +380,15 @@ def do_cancel_job(*, user: AbstractBaseUser | AnonymousUser, job_id: int, reason
     _check_writable(user, job)
     if job.state in TERMINAL_STATES:
         raise JobConflictError(f"job {job.pk} is already {job.state}")
-    _apply_transition(
-        job,
-        JobState.CANCELLED,
-        reason=reason or f"cancelled by {user.get_username()}",
-        at=timezone.now(),
-    )
+    from jobs.control.apply import Outbox, release_job  # control builds on these services
+
+    why = reason or f"cancelled by {user.get_username()}"
+    outbox = Outbox()
+    release_job(job, outbox, reason=why)  # a graceful stop of its workers, GPUs freed
+    _apply_transition(job, JobState.CANCELLED, reason=why, at=timezone.now())
+    outbox.send_on_commit()
     _broadcast(job, "job.updated")
+    request_tick()
     return job
 
 

@@ -123,6 +123,15 @@ AGENT_HEARTBEAT_SECONDS = env_float("AGENT_HEARTBEAT_SECONDS", 5.0)
 AGENT_DOWN_AFTER_SECONDS = env_float("AGENT_DOWN_AFTER_SECONDS", 20.0)
 DEFAULT_TENANT_GPU_QUOTA = env_int("DEFAULT_TENANT_GPU_QUOTA", 8)
 
+# The tick expires after one interval so that ticks never pile up behind a slow one.
+CELERY_BEAT_SCHEDULE = {
+    "scheduler-tick": {
+        "task": "control.scheduler_tick",
+        "schedule": TICK_SECONDS,
+        "options": {"queue": "portal", "expires": TICK_SECONDS},
+    }
+}
+
 # --- Auth and API.
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -1,0 +1,164 @@
+"""Applying bound decisions to the database, and sending agent commands after commit.
+
+Runs inside the tick's transaction: GPU and cable rows, job state, parallelism
+and events change together or not at all; the agents hear about it only once
+the transaction has committed (``Outbox.send_on_commit``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db import transaction
+
+from fabric.allocator import Allocation
+from fabric.topology import FabricSpec
+from jobs.choices import EventKind, JobState
+from jobs.control.binding import Bound
+from jobs.control.commands import GpuHome, JobLaunch, membership_commands
+from jobs.models import Job, JobCable, JobEvent, JobGpu
+from jobs.services import _apply_transition, _broadcast
+from portal.models import Gpu
+from workers.protocol import Command
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Outbox:
+    """Agent commands collected during a transaction, sent once it commits."""
+
+    commands: list[tuple[str, Command]] = field(default_factory=list)
+
+    def extend(self, commands: Iterable[tuple[str, Command]]) -> None:
+        self.commands.extend(commands)
+
+    def send_on_commit(self) -> None:
+        """Register the sending with the current transaction."""
+        pending = list(self.commands)
+        self.commands.clear()
+        if pending:
+            transaction.on_commit(lambda: send_commands(pending))
+
+
+def send_commands(commands: Sequence[tuple[str, Command]]) -> None:
+    """Put each command on its node's queue (``agent.<node>``)."""
+    from workers.agent.client import send_command
+
+    for node, command in commands:
+        try:
+            send_command(node, command)
+        except Exception:  # the next tick re-derives state; a lost command is logged
+            log.exception("could not send %s to %s", command.TYPE, node)
+
+
+def release_job(job: Job, outbox: Outbox | None, *, reason: str) -> tuple[int, ...]:
+    """Free everything ``job`` holds; with an outbox, tell its agents to stop its workers."""
+    held = tuple(
+        JobGpu.objects.filter(job=job).order_by("rank").values_list("gpu__index", flat=True)
+    )
+    if not held:
+        return held
+    homes = {
+        index: GpuHome(node=node, local=local)
+        for index, node, local in Gpu.objects.filter(index__in=held).values_list(
+            "index", "server__node", "local"
+        )
+    }
+    store_allocation(job, None, None)
+    job.save(update_fields=["allocation"])
+    if outbox is not None:
+        outbox.extend(membership_commands(launch_of(job), held, (), homes, reason=reason))
+    return held
+
+
+def launch_of(job: Job) -> JobLaunch:
+    """The fixed part of a job's StartWorkers commands."""
+    return JobLaunch(
+        job_id=job.pk,
+        workload=job.workload,
+        args=job.args,
+        batch_size=job.batch_size,
+        recovery=job.recovery,
+        checkpoint_every=job.checkpoint_interval,
+    )
+
+
+def store_allocation(job: Job, allocation: Allocation | None, spec: FabricSpec | None) -> None:
+    """Replace the job's GPU and cable rows (the DB's uniqueness forbids double booking)."""
+    JobGpu.objects.filter(job=job).delete()
+    JobCable.objects.filter(job=job).delete()
+    job.allocation = allocation.to_dict() if allocation is not None else {}
+    if allocation is None or spec is None:
+        return
+    gpu_rows = dict(Gpu.objects.filter(index__in=allocation.gpus).values_list("index", "id"))
+    JobGpu.objects.bulk_create(
+        JobGpu(job=job, gpu_id=gpu_rows[g], rank=rank) for rank, g in enumerate(allocation.gpus)
+    )
+    JobCable.objects.bulk_create(
+        JobCable(job=job, leaf=leaf, port=port, spine=spec.spine_of_uplink(port))
+        for leaf, port in allocation.cables()
+    )
+
+
+def _describe(old: int, new: int, allocation: Allocation | None) -> str:
+    if allocation is None:
+        return f"preempted: gave back {old} GPUs to higher-priority jobs"
+    where = f"leaves {list(allocation.leaves)}"
+    if allocation.spines:
+        where += f", spines {list(allocation.spines)} reserved"
+    if old == 0:
+        return f"placed on {new} GPUs ({where})"
+    if new > old:
+        return f"scale out {old}→{new}: idle GPUs and throughput still rising ({where})"
+    if new < old:
+        return f"scale in {old}→{new}: GPUs needed by waiting jobs ({where})"
+    return f"migrated to other GPUs ({where})"
+
+
+def apply_bound(
+    spec: FabricSpec,
+    bound: Sequence[Bound],
+    jobs: Mapping[str, Job],
+    homes: Mapping[int, GpuHome],
+    now: datetime,
+    outbox: Outbox,
+    *,
+    reason_override: Mapping[str, str] | None = None,
+) -> list[int]:
+    """Write every bound decision; return the ids of the jobs that changed."""
+    changed: list[int] = []
+    for item in bound:
+        job = Job.objects.select_for_update().get(pk=jobs[item.job].pk)
+        if job.state not in (JobState.QUEUED, JobState.RUNNING):
+            continue  # cancelled or finished since the snapshot: leave it alone
+        old, new = item.old_gpus, item.new_gpus
+        if tuple(old) == tuple(new):
+            continue
+        reason = (reason_override or {}).get(item.job) or _describe(
+            len(old), len(new), item.allocation
+        )
+        store_allocation(job, item.allocation, spec)
+        if not new:
+            _apply_transition(job, JobState.QUEUED, reason=reason, at=now)
+        elif not old:
+            _apply_transition(job, JobState.RUNNING, reason=reason, at=now, parallelism=len(new))
+            job.last_service_at = now
+            job.save(update_fields=["last_service_at", "allocation"])
+        else:
+            _apply_transition(job, JobState.SCALING, reason=reason, at=now)
+            JobEvent.objects.create(
+                job=job,
+                at=now,
+                kind=EventKind.MIGRATED if len(old) == len(new) else EventKind.NOTE,
+                reason=f"switching {len(old)}→{len(new)} GPUs without stopping",
+                data={"from": list(old), "to": list(new)},
+            )
+            job.save(update_fields=["allocation"])
+        outbox.extend(membership_commands(launch_of(job), old, new, homes, reason=reason))
+        _broadcast(job, "job.updated")
+        changed.append(job.pk)
+    return changed

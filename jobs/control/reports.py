@@ -1,0 +1,249 @@
+"""What the control plane does with each agent report (the ``control.agent_report`` task).
+
+Every report is parsed strictly (``workers.protocol``); a malformed one is
+logged and changes nothing.  Handlers are idempotent: runtime events carry a
+stream id and a job applies each id once (ids only grow); the other reports
+describe a state, and applying a state twice is harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from jobs.choices import ACTIVE_STATES, TERMINAL_STATES, EventKind, JobState
+from jobs.control.apply import Outbox, release_job
+from jobs.control.commands import job_id_from_name
+from jobs.models import Job, JobEvent, JobMetric
+from jobs.services import _apply_transition, _broadcast, request_tick
+from portal.inventory import do_heartbeat
+from workers.protocol import (
+    Failed,
+    Finished,
+    Heartbeat,
+    JobEventReport,
+    JobReport,
+    ProfileDone,
+    Progress,
+    ProtocolError,
+    Recovered,
+    Rejected,
+    Report,
+    ScaleDone,
+    Straggler,
+    WorkerExited,
+    WorkerFailed,
+)
+
+log = logging.getLogger(__name__)
+MAX_SERVICE_GAP = timedelta(seconds=60)  # longer silences are not counted as service
+LOG_TAIL_CHARS = 4000
+
+
+def _event_key(event_id: str) -> tuple[int, ...]:
+    """Redis stream ids (``ms-seq``) in numeric order; anything else sorts first."""
+    try:
+        return tuple(int(part) for part in event_id.split("-"))
+    except ValueError:
+        return ()
+
+
+def accrue_service(job: Job, now: datetime) -> None:
+    """Add GPU-seconds for the time since the last accounting at the current parallelism."""
+    if job.last_service_at is not None and job.parallelism:
+        gap = min(max(now - job.last_service_at, timedelta(0)), MAX_SERVICE_GAP)
+        job.attained_gpu_seconds += job.parallelism * gap.total_seconds()
+    job.last_service_at = now
+
+
+def handle_report(payload: Any) -> str:
+    """Apply one report; return a short outcome (for logs and tests)."""
+    try:
+        report = Report.from_dict(payload)
+    except ProtocolError as exc:
+        log.warning("rejected agent report: %s", exc)
+        return f"invalid: {exc}"
+    if isinstance(report, Heartbeat):
+        known = do_heartbeat(node=report.node, info=report.to_dict())
+        return "heartbeat" if known else "unknown node"
+    if isinstance(report, Rejected):
+        log.warning("agent %s rejected a command: %s", report.node, report.error)
+        return "rejected"
+    if not isinstance(report, JobReport):
+        return "ignored"
+    job_id = job_id_from_name(report.job)
+    if job_id is None:
+        return "unknown job"
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(pk=job_id).first()
+        if job is None:
+            return "unknown job"
+        if isinstance(report, JobEventReport):
+            if _event_key(report.event_id) <= _event_key(job.last_event_id):
+                return "duplicate"
+            job.last_event_id = report.event_id
+            job.save(update_fields=["last_event_id"])
+        handler = _HANDLERS.get(type(report))
+        if handler is None:
+            return "noted"
+        return handler(job, report)
+
+
+def _at(report: Report) -> datetime:
+    return min(datetime.fromtimestamp(report.at, tz=UTC), timezone.now())
+
+
+def _progress(job: Job, report: Any) -> str:
+    if job.state not in ACTIVE_STATES:
+        return "stale"
+    now = _at(report)
+    accrue_service(job, now)
+    job.step = report.step
+    job.samples_per_s = report.samples_per_s
+    job.loss = report.loss
+    job.save(
+        update_fields=["step", "samples_per_s", "loss", "attained_gpu_seconds", "last_service_at"]
+    )
+    JobMetric.objects.create(
+        job=job,
+        at=now,
+        step=report.step,
+        parallelism=report.world,
+        samples_per_s=report.samples_per_s,
+        loss=report.loss,
+    )
+    _broadcast(job, "job.progress")
+    return "progress"
+
+
+def _scale_done(job: Job, report: ScaleDone) -> str:
+    now = _at(report)
+    world = report.world or len(report.workers) or job.parallelism
+    if job.state == JobState.SCALING:
+        accrue_service(job, now)
+        job.save(update_fields=["attained_gpu_seconds", "last_service_at"])
+        pause = f", existing workers paused {report.pause_s:.3f} s" if report.pause_s else ""
+        _apply_transition(
+            job,
+            JobState.RUNNING,
+            reason=f"switch done at step {report.step} (generation {report.generation}){pause}",
+            at=now,
+            parallelism=world,
+        )
+        _broadcast(job, "job.updated")
+        request_tick()
+        return "scaled"
+    return "noted"
+
+
+def _recovered(job: Job, report: Recovered) -> str:
+    now = _at(report)
+    JobEvent.objects.create(
+        job=job,
+        at=now,
+        kind=EventKind.RECOVERED,
+        reason=f"{report.mode} recovery after losing {', '.join(report.dead)}",
+        from_parallelism=job.parallelism,
+        to_parallelism=report.world,
+        data={"step": report.step, "generation": report.generation},
+    )
+    return "recovered"
+
+
+def _worker_failed(job: Job, report: WorkerFailed) -> str:
+    JobEvent.objects.create(
+        job=job,
+        at=_at(report),
+        kind=EventKind.NOTE,
+        reason=f"worker {report.worker_id} dropped: {report.error}"[:500],
+    )
+    return "noted"
+
+
+def _straggler(job: Job, report: Straggler) -> str:
+    JobEvent.objects.create(
+        job=job,
+        at=_at(report),
+        kind=EventKind.STRAGGLER,
+        reason=f"worker {report.worker_id} is {report.ratio:.2f}x slower than the median",
+        data={"worker": report.worker_id, "ratio": report.ratio},
+    )
+    return "straggler"
+
+
+def _profile_done(job: Job, report: ProfileDone) -> str:
+    curve = {str(p.workers): p.samples_per_s for p in report.curve}
+    job.throughput_curve = curve
+    job.save(update_fields=["throughput_curve"])
+    JobEvent.objects.create(
+        job=job,
+        at=_at(report),
+        kind=EventKind.PROFILED,
+        reason="throughput profiled at "
+        + ", ".join(f"{n} GPUs: {v:.0f}/s" for n, v in curve.items()),
+        data={"curve": curve},
+    )
+    return "profiled"
+
+
+def _finished(job: Job, report: Finished) -> str:
+    if job.state in TERMINAL_STATES or report.reason != "finished":
+        return "noted"
+    if job.state not in ACTIVE_STATES:
+        return "stale"
+    now = _at(report)
+    accrue_service(job, now)
+    job.save(update_fields=["attained_gpu_seconds", "last_service_at"])
+    release_job(job, None, reason="finished")
+    _apply_transition(
+        job, JobState.COMPLETED, reason=f"training finished at step {report.step}", at=now
+    )
+    _broadcast(job, "job.updated")
+    request_tick()
+    return "completed"
+
+
+def _failed(job: Job, report: Failed) -> str:
+    if job.state in TERMINAL_STATES:
+        return "noted"
+    now = _at(report)
+    outbox = Outbox()
+    release_job(job, outbox, reason="failed")
+    job.failure_reason = report.error[:500]
+    _apply_transition(job, JobState.FAILED, reason=f"failed: {report.error}"[:500], at=now)
+    outbox.send_on_commit()
+    _broadcast(job, "job.updated")
+    request_tick()
+    return "failed"
+
+
+def _worker_exited(job: Job, report: WorkerExited) -> str:
+    if report.log_tail:
+        job.log_tail = (job.log_tail + report.log_tail)[-LOG_TAIL_CHARS:]
+        job.save(update_fields=["log_tail"])
+    if report.outcome == "crashed":
+        JobEvent.objects.create(
+            job=job,
+            at=_at(report),
+            kind=EventKind.NOTE,
+            reason=f"worker {report.worker_id} crashed (exit {report.exit_code})",
+        )
+    return "noted"
+
+
+_HANDLERS: dict[type[Report], Callable[[Job, Any], str]] = {
+    Progress: _progress,
+    ScaleDone: _scale_done,
+    Recovered: _recovered,
+    WorkerFailed: _worker_failed,
+    Straggler: _straggler,
+    ProfileDone: _profile_done,
+    Finished: _finished,
+    Failed: _failed,
+    WorkerExited: _worker_exited,
+}

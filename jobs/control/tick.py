@@ -1,0 +1,217 @@
+"""The scheduler tick: one pass of the control plane over the whole cluster.
+
+    lock (Redis, non-blocking: a tick already running means this one is skipped)
+    └─ one transaction
+        1. servers whose agents went silent → down; their jobs lose those GPUs
+           (survivors keep training: the runtime recovers in place) or requeue
+        2. jobs on draining servers → migrate (same size, other GPUs, one switch)
+        3. snapshot → policy (scheduler/) → bind on the vClos allocator (fabric/)
+           → GPU/cable rows, states, events
+    └─ on commit: agent commands to ``agent.<node>``, live updates to browsers
+
+It is idempotent: a tick re-derives everything from the database, so a tick
+killed half-way (its transaction rolls back) is repaired by the next one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import redis
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from fabric.allocator import Allocation
+from jobs.choices import EventKind, JobState
+from jobs.control.apply import Outbox, apply_bound, release_job, store_allocation
+from jobs.control.binding import Refused, bind
+from jobs.control.commands import runtime_job_name
+from jobs.control.state import ClusterState, build_snapshot, load_allocator, read_cluster
+from jobs.models import Job, JobEvent
+from jobs.services import _apply_transition, _broadcast
+from portal.inventory import do_mark_silent_servers_down
+from scheduler.placement import CountPlacement
+from scheduler.policies import get_policy
+from scheduler.types import Decision, Migrate
+
+log = logging.getLogger(__name__)
+LOCK_KEY = "portal:scheduler-tick"
+DEBOUNCE_KEY = "portal:tick-requested"
+TICK_TASK = "control.scheduler_tick"
+
+
+@dataclass(frozen=True)
+class TickResult:
+    """What one tick did."""
+
+    ran: bool
+    duration_s: float = 0.0
+    changed_jobs: tuple[int, ...] = ()
+    refused: tuple[Refused, ...] = ()
+    down_nodes: tuple[str, ...] = ()
+    decisions: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+def request_tick_on_commit(delay_s: float = 0.3) -> None:
+    """Schedule one extra tick shortly after commit; many requests in a burst make one tick."""
+
+    def enqueue() -> None:
+        try:
+            if _redis().set(DEBOUNCE_KEY, "1", nx=True, px=int(delay_s * 1000) + 200):
+                from portal.celery import app
+
+                app.send_task(
+                    TICK_TASK,
+                    countdown=delay_s,
+                    queue="portal",
+                    expires=settings.TICK_SECONDS * 4,
+                    ignore_result=True,
+                )
+        except Exception:  # the periodic tick still runs; an extra one is an optimisation
+            log.warning("could not request a scheduler tick", exc_info=True)
+
+    transaction.on_commit(enqueue)
+
+
+def run_tick(
+    *,
+    policy: str | None = None,
+    now: datetime | None = None,
+    lock_timeout_s: float = 60.0,
+) -> TickResult:
+    """Run one tick under the cluster-wide lock; skipped if another tick holds it."""
+    lock = _redis().lock(LOCK_KEY, timeout=lock_timeout_s, blocking=False)
+    if not lock.acquire(blocking=False):
+        return TickResult(ran=False)
+    started = time.perf_counter()
+    try:
+        with transaction.atomic():
+            result = _tick(policy or settings.SCHEDULER_POLICY, now or timezone.now())
+    finally:
+        try:
+            lock.release()
+        except redis.exceptions.LockError:
+            log.warning("the tick outlived its lock (%.0f s)", lock_timeout_s)
+    return TickResult(
+        ran=True,
+        duration_s=time.perf_counter() - started,
+        changed_jobs=result.changed_jobs,
+        refused=result.refused,
+        down_nodes=result.down_nodes,
+        decisions=result.decisions,
+        notes=result.notes,
+    )
+
+
+def _tick(policy_name: str, now: datetime) -> TickResult:
+    outbox = Outbox()
+    down = tuple(
+        do_mark_silent_servers_down(now=now, after_seconds=settings.AGENT_DOWN_AFTER_SECONDS)
+    )
+    cluster = read_cluster()
+    if cluster is None:
+        return TickResult(ran=True, notes=["no topology loaded"])
+    changed = _recover_lost_gpus(cluster, now)
+    if changed:
+        cluster = read_cluster() or cluster
+    drain_refused: list[Refused] = []
+    drains = _drain_decisions(cluster)
+    if drains:
+        jobs = {
+            runtime_job_name(j.pk): j
+            for j in Job.objects.filter(pk__in=[int(d.job.split("-")[1]) for d in drains])
+        }
+        allocator = load_allocator(cluster)
+        bound, drain_refused = bind(cluster.spec, allocator, drains)
+        reasons = {b.job: "migrated off a draining server" for b in bound}
+        changed += apply_bound(
+            cluster.spec, bound, jobs, cluster.homes, now, outbox, reason_override=reasons
+        )
+        cluster = read_cluster() or cluster
+    snapshot, jobs = build_snapshot(cluster, now)
+    decisions: Sequence[Decision] = get_policy(policy_name).schedule(
+        snapshot, placement=CountPlacement()
+    )
+    allocator = load_allocator(cluster)
+    bound, refused = bind(cluster.spec, allocator, decisions)
+    changed += apply_bound(cluster.spec, bound, jobs, cluster.homes, now, outbox)
+    outbox.send_on_commit()
+    return TickResult(
+        ran=True,
+        changed_jobs=tuple(changed),
+        refused=tuple(drain_refused + refused),
+        down_nodes=down,
+        decisions=len(decisions) + len(drains),
+    )
+
+
+def _recover_lost_gpus(cluster: ClusterState, now: datetime) -> list[int]:
+    """Jobs holding GPUs of servers that are down lose them (their workers died with them)."""
+    lost_by_job: dict[int, set[int]] = {}
+    for gpu, job_id in cluster.holders.items():
+        if gpu not in cluster.schedulable and gpu not in cluster.draining:
+            lost_by_job.setdefault(job_id, set()).add(gpu)
+    changed: list[int] = []
+    for job_id, lost in lost_by_job.items():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        allocation = Allocation.from_dict(job.allocation) if job.allocation else None
+        held = allocation.gpus if allocation else ()
+        survivors = tuple(g for g in held if g not in lost)
+        if survivors and allocation is not None:
+            # A subset of a vClos keeps its reserved cables: still contention-free.
+            kept = Allocation(
+                job_id=allocation.job_id,
+                gpus=survivors,
+                leaves=allocation.leaves,
+                spines=allocation.spines,
+                links=allocation.links,
+                routes=allocation.routes,
+                uplinks=allocation.uplinks,
+            )
+            store_allocation(job, kept, cluster.spec)
+            previous = job.parallelism
+            job.parallelism = len(survivors)
+            job.save(update_fields=["allocation", "parallelism"])
+            JobEvent.objects.create(
+                job=job,
+                at=now,
+                kind=EventKind.RECOVERED,
+                reason=f"lost GPUs {sorted(lost)} (server down): {job.recovery} recovery on "
+                f"{len(survivors)} survivors",
+                from_parallelism=previous,
+                to_parallelism=len(survivors),
+            )
+        else:
+            release_job(job, None, reason="server down")
+            if job.state in (JobState.RUNNING, JobState.SCALING):
+                _apply_transition(
+                    job,
+                    JobState.QUEUED,
+                    at=now,
+                    reason="every server of the job went down: requeued, it "
+                    "resumes from its latest checkpoint",
+                )
+        _broadcast(job, "job.updated")
+        changed.append(job_id)
+    return changed
+
+
+def _drain_decisions(cluster: ClusterState) -> list[Decision]:
+    jobs: dict[int, int] = {}
+    for gpu, job_id in cluster.holders.items():
+        if gpu in cluster.draining:
+            jobs[job_id] = jobs.get(job_id, 0)
+    decisions: list[Decision] = []
+    for job in Job.objects.filter(pk__in=jobs, state=JobState.RUNNING):
+        decisions.append(Migrate(runtime_job_name(job.pk), tuple(range(job.parallelism))))
+    return decisions

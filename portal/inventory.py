@@ -1,0 +1,289 @@
+"""Inventory services: load the fabric from a spec, add/remove/drain servers, heartbeats.
+
+Every write to ``Fabric``, ``Server`` and ``Gpu`` goes through here. Changes
+that would orphan a running job (take away a GPU it holds, renumber the
+fabric under it) are refused with ``InventoryError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from fabric.errors import TopologyError
+from fabric.topology import FabricSpec
+from portal.models import Fabric, Gpu, Server, ServerState
+from portal.realtime import CLUSTER_GROUP, broadcast_on_commit
+
+NODE_NAME_MAX = 64
+MISSED_HEARTBEATS = "missed heartbeats"
+
+
+class InventoryError(ValueError):
+    """A refused inventory change, with a message for the admin."""
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """What ``do_load_topology`` changed."""
+
+    created: bool
+    servers_added: int
+    servers_removed: int
+    unchanged: bool
+
+
+def default_node_name(spec: FabricSpec, leaf: int, slot: int) -> str:
+    """The agent node name of the server at (leaf, slot): ``node-<server index>``."""
+    return f"node-{leaf * spec.servers_per_leaf + slot}"
+
+
+def check_fabric_spec(data: Any) -> tuple[FabricSpec, list[tuple[int, int, str]]]:
+    """Validate a topology document; return the spec and its (leaf, slot, node) servers.
+
+    The document is the fabric spec (``leaves``, ``spines``, ``servers_per_leaf``,
+    ``gpus_per_server``, optional ``link_gbps``) plus an optional ``servers``
+    list of ``{"leaf", "slot", "node"}`` naming the servers that exist (all
+    positions, named ``node-<i>``, when it is absent).
+    """
+    if not isinstance(data, Mapping):
+        raise InventoryError("a topology must be a JSON object")
+    body = dict(data)
+    servers_raw = body.pop("servers", None)
+    try:
+        spec = FabricSpec.from_dict(body)
+    except TopologyError as exc:
+        raise InventoryError(str(exc)) from None
+    if servers_raw is None:
+        servers = [
+            (leaf, slot, default_node_name(spec, leaf, slot))
+            for leaf in range(spec.leaves)
+            for slot in range(spec.servers_per_leaf)
+        ]
+    else:
+        servers = _check_server_list(spec, servers_raw)
+    return spec, servers
+
+
+def _check_server_list(spec: FabricSpec, raw: Any) -> list[tuple[int, int, str]]:
+    if not isinstance(raw, list):
+        raise InventoryError("servers must be a list of {leaf, slot, node}")
+    servers: list[tuple[int, int, str]] = []
+    for i, entry in enumerate(raw):
+        if not isinstance(entry, Mapping) or set(entry) != {"leaf", "slot", "node"}:
+            raise InventoryError(f"servers[{i}] must have exactly leaf, slot and node")
+        leaf, slot, node = entry["leaf"], entry["slot"], entry["node"]
+        check_position(spec, leaf, slot)
+        check_node_name(node)
+        servers.append((leaf, slot, node))
+    if len({(leaf, slot) for leaf, slot, _ in servers}) != len(servers):
+        raise InventoryError("two servers share a position")
+    if len({node for _, _, node in servers}) != len(servers):
+        raise InventoryError("two servers share a node name")
+    return servers
+
+
+def check_position(spec: FabricSpec, leaf: Any, slot: Any) -> None:
+    """Refuse a server position outside the fabric."""
+    for name, value, bound in (("leaf", leaf, spec.leaves), ("slot", slot, spec.servers_per_leaf)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < bound:
+            raise InventoryError(f"{name} must be an integer from 0 to {bound - 1}")
+
+
+def check_node_name(node: Any) -> None:
+    """Node names become Celery queue names (``agent.<node>``): keep them plain."""
+    if (
+        not isinstance(node, str)
+        or not node
+        or len(node) > NODE_NAME_MAX
+        or not all(c.isalnum() or c in "-_." for c in node)
+    ):
+        raise InventoryError(
+            f"invalid node name {node!r}: letters, digits, '-', '_', '.' (max {NODE_NAME_MAX})"
+        )
+
+
+def current_spec() -> FabricSpec | None:
+    """The fabric's spec, or None before a topology is loaded."""
+    fabric = Fabric.objects.filter(pk=1).first()
+    return fabric.spec() if fabric else None
+
+
+def _allocated_gpu_indices() -> set[int]:
+    from jobs.models import JobGpu  # jobs depends on portal, not the reverse: imported late
+
+    return set(JobGpu.objects.values_list("gpu__index", flat=True))
+
+
+def _create_server(spec: FabricSpec, leaf: int, slot: int, node: str) -> Server:
+    server = Server.objects.create(node=node, leaf=leaf, slot=slot)
+    first = leaf * spec.gpus_per_leaf + slot * spec.gpus_per_server
+    Gpu.objects.bulk_create(
+        Gpu(index=first + local, server=server, local=local)
+        for local in range(spec.gpus_per_server)
+    )
+    return server
+
+
+@transaction.atomic
+def do_load_topology(data: Any) -> LoadResult:
+    """Make the inventory match a topology document; idempotent.
+
+    Refuses (and changes nothing) when a running job holds a GPU that the new
+    topology would remove or renumber.
+    """
+    spec, servers = check_fabric_spec(data)
+    fabric = Fabric.objects.select_for_update().filter(pk=1).first()
+    allocated = _allocated_gpu_indices()
+    wanted = {(leaf, slot): node for leaf, slot, node in servers}
+    if fabric is not None and fabric.spec() != spec:
+        if allocated:
+            raise InventoryError(
+                f"running jobs hold {len(allocated)} GPUs: resizing the fabric would orphan "
+                "them; drain the cluster first"
+            )
+        Server.objects.all().delete()
+        fabric.delete()
+        fabric = None
+    created = fabric is None
+    if created:
+        Fabric.objects.create(
+            pk=1,
+            leaves=spec.leaves,
+            spines=spec.spines,
+            servers_per_leaf=spec.servers_per_leaf,
+            gpus_per_server=spec.gpus_per_server,
+            link_gbps=spec.link_gbps,
+        )
+    existing = {(s.leaf, s.slot): s for s in Server.objects.all()}
+    removed = 0
+    for position, server in existing.items():
+        if wanted.get(position) == server.node:
+            continue
+        held = set(server.gpu_set.values_list("index", flat=True)) & allocated
+        if held:
+            raise InventoryError(
+                f"server {server.node} runs jobs on GPUs {sorted(held)}: drain it before "
+                "removing or renaming it"
+            )
+        server.delete()
+        removed += 1
+    names_in_use = set(Server.objects.values_list("node", flat=True))
+    added = 0
+    for (leaf, slot), node in sorted(wanted.items()):
+        if Server.objects.filter(leaf=leaf, slot=slot).exists():
+            continue
+        if node in names_in_use:
+            raise InventoryError(f"node name {node!r} is already used by another server")
+        _create_server(spec, leaf, slot, node)
+        added += 1
+    unchanged = not created and not added and not removed
+    if not unchanged:
+        broadcast_on_commit((CLUSTER_GROUP,), {"type": "topology.changed"})
+    return LoadResult(created, added, removed, unchanged)
+
+
+def export_topology() -> dict[str, Any]:
+    """The current inventory as a topology document (the format ``do_load_topology`` reads)."""
+    spec = current_spec()
+    if spec is None:
+        raise InventoryError("no topology is loaded")
+    document = spec.to_dict()
+    document["servers"] = [
+        {"leaf": leaf, "slot": slot, "node": node}
+        for leaf, slot, node in Server.objects.values_list("leaf", "slot", "node")
+    ]
+    return document
+
+
+@transaction.atomic
+def do_add_server(*, leaf: int, slot: int, node: str) -> Server:
+    """Add a server at a free position of the fabric."""
+    spec = current_spec()
+    if spec is None:
+        raise InventoryError("load a topology before adding servers")
+    check_position(spec, leaf, slot)
+    check_node_name(node)
+    if Server.objects.filter(leaf=leaf, slot=slot).exists():
+        raise InventoryError(f"leaf {leaf} slot {slot} already has a server")
+    if Server.objects.filter(node=node).exists():
+        raise InventoryError(f"node name {node!r} is already used")
+    server = _create_server(spec, leaf, slot, node)
+    broadcast_on_commit((CLUSTER_GROUP,), {"type": "topology.changed"})
+    return server
+
+
+@transaction.atomic
+def do_remove_server(*, node: str) -> None:
+    """Remove a server; refused while any job holds one of its GPUs."""
+    server = Server.objects.select_for_update().filter(node=node).first()
+    if server is None:
+        raise InventoryError(f"no server named {node!r}")
+    held = set(server.gpu_set.values_list("index", flat=True)) & _allocated_gpu_indices()
+    if held:
+        raise InventoryError(f"server {node} runs jobs on GPUs {sorted(held)}: drain it first")
+    server.delete()
+    broadcast_on_commit((CLUSTER_GROUP,), {"type": "topology.changed"})
+
+
+@transaction.atomic
+def do_set_server_state(*, node: str, state: str, reason: str = "by an admin") -> Server:
+    """Mark a server up, draining (jobs migrate off, nothing new lands) or down."""
+    if state not in ServerState.values:
+        raise InventoryError(f"unknown server state {state!r}")
+    server = Server.objects.select_for_update().filter(node=node).first()
+    if server is None:
+        raise InventoryError(f"no server named {node!r}")
+    if server.state != state:
+        server.state = state
+        server.state_reason = reason[:200]
+        server.save(update_fields=["state", "state_reason"])
+        broadcast_on_commit(
+            (CLUSTER_GROUP,), {"type": "server.state", "node": node, "state": state}
+        )
+    return server
+
+
+@transaction.atomic
+def do_heartbeat(*, node: str, info: Mapping[str, Any], at: datetime | None = None) -> bool:
+    """Record an agent's heartbeat; a server marked down by missed beats comes back up.
+
+    Returns False for an unknown node (the report is ignored, nothing changes).
+    """
+    server = Server.objects.select_for_update().filter(node=node).first()
+    if server is None:
+        return False
+    server.last_heartbeat = at or timezone.now()
+    server.agent_info = dict(info)
+    fields = ["last_heartbeat", "agent_info"]
+    if server.state == ServerState.DOWN and server.state_reason == MISSED_HEARTBEATS:
+        server.state = ServerState.UP
+        server.state_reason = "heartbeats resumed"
+        fields += ["state", "state_reason"]
+        broadcast_on_commit((CLUSTER_GROUP,), {"type": "server.state", "node": node, "state": "up"})
+    server.save(update_fields=fields)
+    return True
+
+
+@transaction.atomic
+def do_mark_silent_servers_down(*, now: datetime, after_seconds: float) -> list[str]:
+    """Mark down every up/draining server whose agent has been silent too long."""
+    cutoff = now - timezone.timedelta(seconds=after_seconds)
+    silent = Server.objects.select_for_update().filter(
+        state__in=(ServerState.UP, ServerState.DRAINING), last_heartbeat__lt=cutoff
+    )
+    nodes = list(silent.values_list("node", flat=True))
+    if nodes:
+        Server.objects.filter(node__in=nodes).update(
+            state=ServerState.DOWN, state_reason=MISSED_HEARTBEATS
+        )
+        for node in nodes:
+            broadcast_on_commit(
+                (CLUSTER_GROUP,), {"type": "server.state", "node": node, "state": "down"}
+            )
+    return nodes

@@ -1,0 +1,96 @@
+"""The cluster inventory: the leaf-spine fabric, its servers (one agent each) and their GPUs.
+
+The fabric is uniform (see ``fabric.topology``)::
+
+    spine 0 ... spine S-1
+       \\  all leaf-spine cables  /
+    leaf 0 ... leaf L-1              every GPU has its own NIC on its leaf
+     server (leaf, slot) x servers_per_leaf, each with gpus_per_server GPUs
+
+so leaves, spines and cables follow from one ``Fabric`` row; servers and GPUs
+are rows because they come and go (added, removed, drained, down).  A GPU's
+global id is ``leaf * gpus_per_leaf + slot * gpus_per_server + local`` — the
+numbering the vClos allocator uses.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+from fabric.topology import FabricSpec
+
+
+class Fabric(models.Model):
+    """The one leaf-spine fabric of this cluster (a single row, pk=1)."""
+
+    leaves = models.PositiveIntegerField()
+    spines = models.PositiveIntegerField()
+    servers_per_leaf = models.PositiveIntegerField()
+    gpus_per_server = models.PositiveIntegerField()
+    link_gbps = models.FloatField(default=100.0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=models.Q(pk=1), name="single_fabric")]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.leaves} leaves x {self.spines} spines, {self.servers_per_leaf} servers/leaf "
+            f"x {self.gpus_per_server} GPUs"
+        )
+
+    def spec(self) -> FabricSpec:
+        """The pure description that ``fabric`` and ``scheduler`` work on."""
+        return FabricSpec(
+            leaves=self.leaves,
+            spines=self.spines,
+            servers_per_leaf=self.servers_per_leaf,
+            gpus_per_server=self.gpus_per_server,
+            link_gbps=self.link_gbps,
+        )
+
+
+class ServerState(models.TextChoices):
+    """Whether a server's GPUs may be given to jobs."""
+
+    UP = "up", "Up"
+    DRAINING = "draining", "Draining"  # running jobs migrate off; nothing new lands
+    DOWN = "down", "Down"  # agent missed its heartbeats, or marked by an admin
+
+
+class Server(models.Model):
+    """A GPU server at position ``slot`` under ``leaf``, run by the agent named ``node``."""
+
+    node = models.CharField(max_length=64, unique=True)
+    leaf = models.PositiveIntegerField()
+    slot = models.PositiveIntegerField()
+    state = models.CharField(max_length=10, choices=ServerState.choices, default=ServerState.UP)
+    state_reason = models.CharField(max_length=200, blank=True, default="")
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    agent_info = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["leaf", "slot"]
+        constraints = [
+            models.UniqueConstraint(fields=["leaf", "slot"], name="one_server_per_position")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node} (leaf {self.leaf}, slot {self.slot}, {self.state})"
+
+
+class Gpu(models.Model):
+    """One GPU (or, on a machine without GPUs, one CPU slot that stands in for it)."""
+
+    index = models.PositiveIntegerField(unique=True, help_text="Global id in the fabric.")
+    server = models.ForeignKey(Server, on_delete=models.CASCADE, related_name="gpu_set")
+    local = models.PositiveIntegerField(help_text="Device index on its server.")
+
+    class Meta:
+        ordering = ["index"]
+        constraints = [
+            models.UniqueConstraint(fields=["server", "local"], name="one_gpu_per_device")
+        ]
+
+    def __str__(self) -> str:
+        return f"gpu {self.index} ({self.server.node}:{self.local})"

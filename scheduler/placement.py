@@ -1,0 +1,112 @@
+"""Placement strategies: which free GPUs a job of ``n`` GPUs gets.
+
+A :class:`Placement` only chooses GPU ids; policies decide sizes.  ``count``
+takes the lowest free ids (the Tiresias simulator's "count" scheme ignores
+locality), ``consolidated`` packs a job onto as few servers, then leaves, as
+it can (best fit).  The fabric-aware strategies (vClos, ECMP) live in
+:mod:`scheduler.fabric_placement` and plug in through the same protocol.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from scheduler.types import Gpu
+
+
+class Placement(Protocol):
+    """Chooses ``n`` GPUs among the free ones, or None when it cannot."""
+
+    name: str
+
+    def place(
+        self,
+        n: int,
+        free: Sequence[int],
+        gpus: Mapping[int, Gpu],
+        near: Sequence[int] = (),
+    ) -> tuple[int, ...] | None:
+        """GPU ids in rank order, or None."""
+        ...
+
+
+class CountPlacement:
+    """Any ``n`` free GPUs: the lowest ids."""
+
+    name = "count"
+
+    def place(
+        self,
+        n: int,
+        free: Sequence[int],
+        gpus: Mapping[int, Gpu],
+        near: Sequence[int] = (),
+    ) -> tuple[int, ...] | None:
+        """The ``n`` lowest free ids, or None when fewer are free."""
+        if n > len(free):
+            return None
+        return tuple(sorted(free)[:n])
+
+
+class ConsolidatedPlacement:
+    """Fewest servers, then fewest leaves; best fit so that empty servers stay whole.
+
+    When growing a running job (``near`` given), servers and leaves it already
+    uses are preferred.
+    """
+
+    name = "consolidated"
+
+    def place(
+        self,
+        n: int,
+        free: Sequence[int],
+        gpus: Mapping[int, Gpu],
+        near: Sequence[int] = (),
+    ) -> tuple[int, ...] | None:
+        """Ids packed by server then leaf, or None when fewer than ``n`` are free."""
+        if n <= 0:
+            return ()
+        if n > len(free):
+            return None
+        by_server: dict[int, list[int]] = defaultdict(list)
+        for gid in sorted(free):
+            by_server[gpus[gid].server].append(gid)
+        home_servers = {gpus[g].server for g in near if g in gpus}
+        home_leaves = {gpus[g].leaf for g in near if g in gpus}
+        # One server that fits: the one with the fewest free GPUs (best fit).
+        fitting = [s for s, ids in by_server.items() if len(ids) >= n]
+        if fitting:
+            best = min(fitting, key=lambda s: (s not in home_servers, len(by_server[s]), s))
+            return tuple(by_server[best][:n])
+        by_leaf: dict[int, list[int]] = defaultdict(list)
+        for server in by_server:
+            by_leaf[gpus[by_server[server][0]].leaf].append(server)
+        leaf_free = {leaf: sum(len(by_server[s]) for s in ss) for leaf, ss in by_leaf.items()}
+        fitting_leaves = [leaf for leaf, f in leaf_free.items() if f >= n]
+        if fitting_leaves:
+            leaves = [min(fitting_leaves, key=lambda x: (x not in home_leaves, leaf_free[x], x))]
+        else:
+            leaves = sorted(leaf_free, key=lambda x: (x not in home_leaves, -leaf_free[x], x))
+        chosen: list[int] = []
+        for leaf in leaves:
+            servers = sorted(
+                by_leaf[leaf], key=lambda s: (s not in home_servers, -len(by_server[s]), s)
+            )
+            for server in servers:
+                take = by_server[server][: n - len(chosen)]
+                chosen.extend(take)
+                if len(chosen) == n:
+                    return tuple(chosen)
+        return None
+
+
+def get_placement(name: str) -> Placement:
+    """A placement by name: ``count`` or ``consolidated`` (fabric-aware ones in fabric_placement)."""
+    if name == "count":
+        return CountPlacement()
+    if name == "consolidated":
+        return ConsolidatedPlacement()
+    raise ValueError(f"unknown placement {name!r} (choose count or consolidated)")

@@ -1,0 +1,164 @@
+"""What every policy provides, and the one adapter from snapshots to policy cores.
+
+A policy has two faces over the same deciding code:
+
+* ``schedule(snapshot) -> list[Decision]``: pure, for the control plane's tick.
+  It rebuilds a fresh :class:`PolicyCore` from the snapshot, lets it decide
+  once, and turns the size changes into GPU tuples with a placement.
+* ``new_core(total_gpus)``: a long-lived core the simulator feeds with
+  arrivals and completions, so a pass costs what changed, not the whole trace.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from scheduler.placement import ConsolidatedPlacement, Placement
+from scheduler.records import JobRecord
+from scheduler.types import Decision, JobView, Migrate, Preempt, Scale, Snapshot, Start
+
+#: A core's answer: (job, new GPU count); 0 preempts, a positive count starts or resizes.
+Plan = list[tuple[JobRecord, int]]
+
+
+class PolicyCore(ABC):
+    """Incremental scheduling state over :class:`JobRecord` objects."""
+
+    def __init__(self, total_gpus: int) -> None:
+        self.total = total_gpus
+
+    @abstractmethod
+    def add(self, job: JobRecord, now: float) -> None:
+        """A job arrives (queued, no GPUs)."""
+
+    @abstractmethod
+    def remove(self, job: JobRecord, now: float) -> None:
+        """A job finished; its GPUs are free again."""
+
+    @abstractmethod
+    def decide(self, now: float) -> Plan:
+        """One scheduling pass: the allocation changes to make now."""
+
+    def restore_running(self, job: JobRecord, now: float) -> None:
+        """Register a job that already runs (snapshot path); default: add then mark running."""
+        self.add(job, now)
+        self.mark_running(job, now)
+
+    def mark_running(self, job: JobRecord, now: float) -> None:  # noqa: B027 - optional hook
+        """Hook for cores that keep running/pending sets apart."""
+
+    def next_wakeup(self) -> float | None:
+        """The next time this core wants a pass with no other event (None: never)."""
+        return None
+
+    def waiting_count(self) -> int:
+        """Jobs queued now (for time series)."""
+        return 0
+
+
+class Policy(ABC):
+    """A named scheduling policy."""
+
+    name: str = ""
+
+    @abstractmethod
+    def new_core(self, total_gpus: int) -> PolicyCore:
+        """A fresh incremental core for a cluster of this many GPUs."""
+
+    def schedule(self, snapshot: Snapshot, placement: Placement | None = None) -> list[Decision]:
+        """Decide on a snapshot; pure (nothing outside the call changes).
+
+        Jobs are fed to the core running first, then by ``queue_since`` (or
+        submit time) and id, so ties break the same way every time.
+        """
+        cluster = snapshot.cluster
+        core = self.new_core(cluster.total_gpus)
+        records: dict[str, JobRecord] = {}
+        views = sorted(snapshot.jobs, key=_view_order)
+        for idx, view in enumerate(views):
+            rec = _record_from_view(view, idx, snapshot.now)
+            records[view.id] = rec
+            if view.running:
+                core.restore_running(rec, snapshot.now)
+            else:
+                core.add(rec, snapshot.now)
+        plan = core.decide(snapshot.now)
+        placer = placement or ConsolidatedPlacement()
+        return _plan_to_decisions(plan, {v.id: v for v in views}, snapshot, placer)
+
+
+def _view_order(view: JobView) -> tuple[int, float, float, str]:
+    since = view.queue_since if view.queue_since is not None else view.submit_time
+    return (0 if view.running else 1, since, view.submit_time, view.id)
+
+
+def _record_from_view(view: JobView, idx: int, now: float) -> JobRecord:
+    speed: list[float] | None = None
+    if view.throughput:
+        ref = view.throughput.get(view.requested_gpus) or max(view.throughput.values())
+        top = max(max(view.throughput), view.max_gpus or 0, view.requested_gpus)
+        speed = [0.0] * (top + 1)
+        last = 0.0
+        for n in range(1, top + 1):
+            last = view.throughput.get(n, last)
+            speed[n] = last / ref if ref > 0 else 0.0
+    remaining = view.remaining_work if view.remaining_work is not None else float("inf")
+    rec = JobRecord(
+        view.id,
+        idx,
+        view.submit_time,
+        view.requested_gpus,
+        remaining,
+        tenant=view.tenant,
+        min_gpus=view.min_gpus,
+        max_gpus=view.max_gpus,
+        speed=speed,
+    )
+    rec.attained = view.attained_service
+    rec.executed = view.attained_service / max(1, len(view.gpus) or view.requested_gpus)
+    rec.q_exec = rec.executed
+    rec.last = now
+    rec.resume_at = now
+    if view.running:
+        rec.running = True
+        rec.alloc = len(view.gpus)
+        rec.start_time = view.queue_since
+    return rec
+
+
+def _plan_to_decisions(
+    plan: Plan, views: dict[str, JobView], snapshot: Snapshot, placer: Placement
+) -> list[Decision]:
+    """Turn size changes into GPU tuples: release first, then shrink, then place growth."""
+    free = set(snapshot.cluster.free_gpu_ids())
+    gpu_info = {g.id: g for g in snapshot.cluster.gpus}
+    decisions: list[Decision] = []
+    grows: list[tuple[JobRecord, int]] = []
+    for job, n in plan:
+        current = views[job.id].gpus
+        if n <= 0:
+            decisions.append(Preempt(job.id))
+            free.update(current)
+        elif current and n < len(current):
+            keep = current[:n]
+            free.update(current[n:])
+            decisions.append(Scale(job.id, keep))
+        elif n != len(current):
+            grows.append((job, n))
+    for job, n in grows:
+        current = views[job.id].gpus
+        extra = placer.place(n - len(current), sorted(free), gpu_info, near=current)
+        if extra is None:
+            continue  # does not fit on real GPUs after all; the next tick retries
+        free.difference_update(extra)
+        if current:
+            decisions.append(Scale(job.id, tuple(current) + extra))
+        else:
+            decisions.append(Start(job.id, extra))
+    return decisions
+
+
+def decisions_touch(decisions: Sequence[Decision]) -> set[str]:
+    """The job ids a list of decisions changes (handy for callers and tests)."""
+    return {d.job for d in decisions if isinstance(d, Start | Preempt | Scale | Migrate)}

@@ -1,0 +1,65 @@
+"""SRTF: oracle preemptive shortest-remaining-time first (a reference, not a deployable policy).
+
+Follows the Tiresias simulator's ``shortest``: every pass stable-sorts all
+runnable jobs by remaining time (seconds, not GPU-seconds, true durations;
+ties keep the previous pass's order, arrivals join at the end), then a greedy
+first fit starts or keeps each job that fits and preempts running ones that
+do not.  Each pass is O(jobs log jobs): fine for reference runs, not for
+whole production traces.
+"""
+
+from __future__ import annotations
+
+from scheduler.policies.base import Plan, Policy, PolicyCore
+from scheduler.records import JobRecord
+
+
+class SrtfCore(PolicyCore):
+    """All runnable jobs in one list, re-sorted every pass."""
+
+    def __init__(self, total_gpus: int) -> None:
+        super().__init__(total_gpus)
+        self.jobs: list[JobRecord] = []
+
+    def add(self, job: JobRecord, now: float) -> None:
+        """Arrivals join the end (they sort by remaining time at the next pass)."""
+        self.jobs.append(job)
+
+    def remove(self, job: JobRecord, now: float) -> None:
+        """Drop a finished job."""
+        self.jobs.remove(job)
+
+    def decide(self, now: float) -> Plan:
+        """Sort by remaining time, first fit, preempt what no longer fits."""
+        for job in self.jobs:
+            job.settle(now)
+        self.jobs.sort(key=_remaining)
+        free = self.total
+        plan: Plan = []
+        starts: Plan = []
+        for job in self.jobs:
+            if job.requested <= free:
+                free -= job.requested
+                if not job.running:
+                    starts.append((job, job.requested))
+            elif job.running:
+                plan.append((job, 0))
+        return plan + starts
+
+    def waiting_count(self) -> int:
+        """Jobs without GPUs."""
+        return sum(1 for j in self.jobs if not j.running)
+
+
+def _remaining(job: JobRecord) -> float:
+    return job.remaining
+
+
+class SrtfPolicy(Policy):
+    """Shortest remaining time first (needs true remaining work: an oracle)."""
+
+    name = "srtf"
+
+    def new_core(self, total_gpus: int) -> SrtfCore:
+        """A fresh SRTF core."""
+        return SrtfCore(total_gpus)

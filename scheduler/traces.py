@@ -1,0 +1,273 @@
+"""Trace loaders and synthetic workloads, all producing :class:`TraceJob` tuples.
+
+* Tiresias CSV (``job_id,num_gpu,submit_time,iterations,model_name,duration,interval``).
+* Philly CSV (``timestamp,duration,num_gpus,gpu_time,cluster``), unsorted rows;
+  filter by date range, virtual cluster and size; models from a seeded mix.
+* EDL §6's synthetic workload and Poisson arrivals at a target load.
+
+Bad rows are either skipped and counted (``on_error="skip"``) or raise
+:class:`TraceError` (``on_error="fail"``); a missing column always raises.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from scheduler.throughput import MODEL_NAMES
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be used, with a one-line reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceJob:
+    """One job of a trace: submit time and duration in seconds, duration at ``gpus`` GPUs."""
+
+    id: str
+    submit: float
+    gpus: int
+    duration: float
+    model: str = ""
+    tenant: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedTrace:
+    """Jobs sorted by submit time (ties keep file order) and what was skipped and why."""
+
+    jobs: tuple[TraceJob, ...]
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def skipped_total(self) -> int:
+        """All rows dropped."""
+        return sum(self.skipped.values())
+
+
+def shared_dir() -> Path:
+    """The shared data folder: $PORTAL_SHARED_DIR, else <repo>/../shared, else /work/shared."""
+    env = os.environ.get("PORTAL_SHARED_DIR")
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parent.parent
+    candidate = repo.parent / "shared"
+    if candidate.is_dir():
+        return candidate
+    return Path("/work/shared")
+
+
+def shared_trace(name: str) -> Path:
+    """Path of a trace in the shared data folder (``60_job.csv``, ``philly.csv``)."""
+    return shared_dir() / "data" / name
+
+
+def _require(columns: Sequence[str] | None, needed: Iterable[str], path: Path) -> None:
+    have = set(columns or ())
+    missing = [c for c in needed if c not in have]
+    if missing:
+        raise TraceError(f"{path}: missing column(s) {', '.join(missing)}")
+
+
+def _bad(reason: str, skipped: dict[str, int], on_error: str, where: str) -> None:
+    if on_error == "fail":
+        raise TraceError(f"{where}: {reason}")
+    skipped[reason] = skipped.get(reason, 0) + 1
+
+
+def load_tiresias(
+    path: Path | str,
+    *,
+    duration_scale: float = 1.0,
+    max_gpus: int | None = None,
+    on_error: str = "skip",
+) -> LoadedTrace:
+    """Read a Tiresias-format CSV; durations may be multiplied (the x10 experiments)."""
+    p = Path(path)
+    try:
+        handle = p.open(newline="")
+    except OSError as exc:
+        raise TraceError(f"{p}: cannot open ({exc.strerror})") from exc
+    jobs: list[TraceJob] = []
+    skipped: dict[str, int] = {}
+    with handle:
+        reader = csv.DictReader(handle)
+        _require(reader.fieldnames, ("job_id", "num_gpu", "submit_time", "duration"), p)
+        for line, row in enumerate(reader, start=2):
+            where = f"{p}:{line}"
+            try:
+                gpus = int(row["num_gpu"])
+                submit = float(row["submit_time"])
+                duration = float(row["duration"]) * duration_scale
+            except (TypeError, ValueError):
+                _bad("unparsable number", skipped, on_error, where)
+                continue
+            if duration < 0 or submit < 0:
+                _bad("negative time", skipped, on_error, where)
+                continue
+            if gpus <= 0:
+                _bad("no GPUs requested", skipped, on_error, where)
+                continue
+            if max_gpus is not None and gpus > max_gpus:
+                _bad("larger than the cluster", skipped, on_error, where)
+                continue
+            jobs.append(
+                TraceJob(
+                    id=str(row["job_id"]),
+                    submit=submit,
+                    gpus=gpus,
+                    duration=duration,
+                    model=(row.get("model_name") or "").strip(),
+                )
+            )
+    jobs.sort(key=lambda j: j.submit)
+    return LoadedTrace(tuple(jobs), skipped)
+
+
+def _parse_date(text: str) -> datetime:
+    try:
+        dt = datetime.fromisoformat(text.strip())
+    except ValueError as exc:
+        raise TraceError(f"bad date {text!r} (use YYYY-MM-DD[ HH:MM:SS])") from exc
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+def load_philly(
+    path: Path | str,
+    *,
+    start: str | None = None,
+    end: str | None = None,
+    vc: str | None = None,
+    max_gpus: int | None = None,
+    seed: int = 0,
+    models: Sequence[str] = MODEL_NAMES,
+    on_error: str = "skip",
+) -> LoadedTrace:
+    """Read the Philly CSV: keep rows in [start, end) of virtual cluster ``vc``.
+
+    Submit times become seconds after the first kept job.  Models are drawn
+    uniformly from ``models`` with ``random.Random(seed)``, one per kept job in
+    (submit time, file order) order, as the papers assigned models.
+    """
+    p = Path(path)
+    lo = _parse_date(start) if start else None
+    hi = _parse_date(end) if end else None
+    try:
+        handle = p.open(newline="")
+    except OSError as exc:
+        raise TraceError(f"{p}: cannot open ({exc.strerror})") from exc
+    rows: list[tuple[float, int, int, float, str]] = []
+    skipped: dict[str, int] = {}
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    with handle:
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        _require(header, ("timestamp", "duration", "num_gpus", "cluster"), p)
+        assert header is not None
+        i_ts, i_dur = header.index("timestamp"), header.index("duration")
+        i_gpu, i_vc = header.index("num_gpus"), header.index("cluster")
+        cache: dict[str, float] = {}
+        for line, row in enumerate(reader, start=2):
+            try:
+                ts_text = row[i_ts]
+                ts = cache.get(ts_text)
+                if ts is None:
+                    dt = datetime.fromisoformat(ts_text)
+                    if dt.tzinfo is None:
+                        dt = dt.replace(tzinfo=UTC)
+                    ts = (dt - epoch).total_seconds()
+                    cache[ts_text] = ts
+                duration = float(row[i_dur])
+                gpus = int(float(row[i_gpu]))
+                cluster = row[i_vc]
+            except (IndexError, ValueError):
+                _bad("unparsable row", skipped, on_error, f"{p}:{line}")
+                continue
+            if vc is not None and cluster != vc:
+                continue
+            if lo is not None and ts < (lo - epoch).total_seconds():
+                continue
+            if hi is not None and ts >= (hi - epoch).total_seconds():
+                continue
+            if not math.isfinite(duration) or duration < 0:
+                _bad("negative duration", skipped, on_error, f"{p}:{line}")
+                continue
+            if gpus <= 0:
+                _bad("no GPUs requested", skipped, on_error, f"{p}:{line}")
+                continue
+            if max_gpus is not None and gpus > max_gpus:
+                _bad("larger than the cluster", skipped, on_error, f"{p}:{line}")
+                continue
+            rows.append((ts, line, gpus, duration, cluster))
+    rows.sort()
+    rng = random.Random(seed)
+    t0 = rows[0][0] if rows else 0.0
+    jobs = tuple(
+        TraceJob(
+            id=f"p{line}",
+            submit=ts - t0,
+            gpus=gpus,
+            duration=max(duration, 1.0),
+            model=rng.choice(list(models)),
+            tenant=cluster,
+        )
+        for ts, line, gpus, duration, cluster in rows
+    )
+    return LoadedTrace(jobs, skipped)
+
+
+def edl_synthetic(
+    *, jobs: int = 16, gap: float = 30.0, gpus: int = 4, duration: float = 3600.0, seed: int = 0
+) -> LoadedTrace:
+    """EDL §6: one job every ``gap`` s until ``jobs``, each on ``gpus`` GPUs, models at random.
+
+    The excerpt does not give job lengths; ``duration`` (seconds at 4 GPUs) is our choice.
+    """
+    rng = random.Random(seed)
+    out = tuple(
+        TraceJob(
+            id=f"s{i}", submit=i * gap, gpus=gpus, duration=duration, model=rng.choice(MODEL_NAMES)
+        )
+        for i in range(jobs)
+    )
+    return LoadedTrace(out, {})
+
+
+def poisson_workload(
+    *,
+    jobs: int,
+    total_gpus: int,
+    load: float,
+    sizes: Sequence[int] = (1, 2, 4, 8, 16),
+    size_weights: Sequence[float] = (0.5, 0.2, 0.15, 0.1, 0.05),
+    mean_duration: float = 3600.0,
+    seed: int = 0,
+) -> LoadedTrace:
+    """Poisson arrivals whose offered GPU load is ``load`` x the cluster, exponential durations."""
+    if not load > 0:
+        raise TraceError("load must be positive")
+    rng = random.Random(seed)
+    mean_gpus = sum(s * w for s, w in zip(sizes, size_weights, strict=True)) / sum(size_weights)
+    rate = load * total_gpus / (mean_gpus * mean_duration)
+    t = 0.0
+    out: list[TraceJob] = []
+    for i in range(jobs):
+        t += rng.expovariate(rate)
+        g = rng.choices(list(sizes), weights=list(size_weights))[0]
+        out.append(
+            TraceJob(
+                id=f"q{i}",
+                submit=round(t, 3),
+                gpus=g,
+                duration=max(1.0, round(rng.expovariate(1.0 / mean_duration), 1)),
+                model=rng.choice(MODEL_NAMES),
+            )
+        )
+    return LoadedTrace(tuple(out), {})

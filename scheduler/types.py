@@ -1,0 +1,141 @@
+"""The policy interface's plain data: a frozen cluster/job snapshot in, decisions out.
+
+The control plane builds a :class:`Snapshot` from its database every tick and
+applies the returned decisions; the simulator builds the same objects from its
+own state.  Nothing here does I/O or keeps state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class GpuState(StrEnum):
+    """What a GPU is doing right now."""
+
+    FREE = "free"
+    BUSY = "busy"
+    DOWN = "down"
+
+
+class JobState(StrEnum):
+    """Where a job is in its life as the policy sees it."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One GPU slot: its global id, the server and leaf it hangs off, and its state."""
+
+    id: int
+    server: int
+    leaf: int
+    state: GpuState = GpuState.FREE
+    job: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """The GPUs of the cluster; ``fabric_spec`` (a ``fabric.topology.FabricSpec``) is optional."""
+
+    gpus: tuple[Gpu, ...]
+    fabric_spec: Any = None
+
+    @property
+    def total_gpus(self) -> int:
+        """All GPUs that are not down."""
+        return sum(1 for g in self.gpus if g.state is not GpuState.DOWN)
+
+    def free_gpu_ids(self) -> tuple[int, ...]:
+        """Ids of the GPUs free now, ascending."""
+        return tuple(sorted(g.id for g in self.gpus if g.state is GpuState.FREE))
+
+    @staticmethod
+    def uniform(servers: int, gpus_per_server: int, servers_per_leaf: int = 0) -> Cluster:
+        """A cluster of identical servers, all GPUs free; GPU ids run server by server."""
+        per_leaf = servers_per_leaf or servers
+        gpus = tuple(
+            Gpu(id=s * gpus_per_server + k, server=s, leaf=s // per_leaf)
+            for s in range(servers)
+            for k in range(gpus_per_server)
+        )
+        return Cluster(gpus=gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """A job as a policy sees it.
+
+    ``attained_service`` is GPU-seconds already received; ``remaining_work`` is
+    seconds still needed at the requested parallelism (an oracle only SRTF
+    reads); ``throughput`` maps a GPU count to samples/s (the profile EDL's
+    ``profile(min, max)`` would produce); ``queue_since`` is when the job last
+    started, was preempted or changed queue (it orders jobs inside a queue).
+    """
+
+    id: str
+    submit_time: float
+    requested_gpus: int
+    tenant: str = ""
+    min_gpus: int = 0
+    max_gpus: int = 0
+    gpus: tuple[int, ...] = ()
+    attained_service: float = 0.0
+    remaining_work: float | None = None
+    state: JobState = JobState.QUEUED
+    priority: int = 0
+    queue_since: float | None = None
+    throughput: Mapping[int, float] | None = None
+
+    @property
+    def running(self) -> bool:
+        """True while the job holds GPUs."""
+        return self.state is JobState.RUNNING
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything a policy may read: the time (from an injected clock), the cluster, the jobs."""
+
+    now: float
+    cluster: Cluster
+    jobs: tuple[JobView, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Start (or resume) a queued job on these GPUs, in rank order."""
+
+    job: str
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    """Stop a running job and give back its GPUs; it keeps its progress and queues again."""
+
+    job: str
+
+
+@dataclass(frozen=True, slots=True)
+class Scale:
+    """Change a running job's GPUs to exactly this tuple (grow or shrink, stop-free in EDL)."""
+
+    job: str
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Migrate:
+    """Move a running job to these GPUs without changing its size (one communicator switch)."""
+
+    job: str
+    gpus: tuple[int, ...]
+
+
+Decision = Start | Preempt | Scale | Migrate

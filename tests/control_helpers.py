@@ -1,0 +1,44 @@
+"""Helpers for control-plane tests: a loaded demo cluster and the agents' real queues."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+
+from portal.celery import agent_queue, app
+from portal.inventory import do_heartbeat, do_load_topology
+from portal.models import Server
+
+DEMO = {"leaves": 2, "spines": 2, "servers_per_leaf": 2, "gpus_per_server": 2}
+
+
+def demo_cluster(spec: dict[str, int] | None = None) -> list[str]:
+    """Load a topology and make every agent alive; return the node names."""
+    do_load_topology(spec or DEMO)
+    nodes = list(Server.objects.values_list("node", flat=True))
+    for node in nodes:
+        do_heartbeat(node=node, info={"slots": 2}, at=timezone.now())
+    return nodes
+
+
+def drain_queue(node: str) -> list[dict[str, Any]]:
+    """Pop every command waiting on ``agent.<node>`` (the real Redis list)."""
+    commands: list[dict[str, Any]] = []
+    with app.connection_for_read() as conn:
+        queue = conn.SimpleQueue(agent_queue(node), no_ack=True)
+        try:
+            while True:
+                try:
+                    message = queue.get(block=False)
+                except queue.Empty:
+                    break
+                commands.append(message.payload[0][0])
+        finally:
+            queue.close()
+    return commands
+
+
+def drain_all(nodes: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Commands per node."""
+    return {node: drain_queue(node) for node in nodes}

@@ -1,0 +1,182 @@
+"""The control plane against the real database and Redis: ticks, binding, reports, faults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import transaction
+
+from jobs.choices import JobState
+from jobs.control.reports import handle_report
+from jobs.control.tick import run_tick
+from jobs.models import Job, JobCable, JobGpu
+from jobs.services import check_job_spec, do_cancel_job, do_submit_job
+from portal.inventory import do_set_server_state
+from portal.models import Server
+from tests.control_helpers import demo_cluster, drain_all
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def submit(user: Any, tenant: Any, gpus: int = 2, lo: int | None = None,
+           hi: int | None = None) -> Job:
+    data = {"name": f"j{gpus}", "workload": "mlp-digits", "gpus": gpus,
+            "min_gpus": lo or gpus, "max_gpus": hi or gpus}
+    return do_submit_job(user=user, tenant=tenant, spec=check_job_spec(tenant=tenant, data=data))
+
+
+def held(job: Job) -> list[int]:
+    return list(JobGpu.objects.filter(job=job).order_by("rank").values_list("gpu__index",
+                                                                           flat=True))
+
+
+def test_tick_starts_jobs_on_vclos_and_sends_commands(alice: Any, acme: Any) -> None:
+    nodes = demo_cluster()
+    drain_all(nodes)
+    small = submit(alice, acme, gpus=2)
+    big = submit(alice, acme, gpus=4)
+    result = run_tick(policy="fifo")
+    assert result.ran
+    small.refresh_from_db()
+    big.refresh_from_db()
+    assert (small.state, small.parallelism) == ("running", 2)
+    assert (big.state, big.parallelism) == ("running", 4)
+    assert not set(held(small)) & set(held(big))
+    # 2 GPUs and 4 GPUs fit under single leaves (4 GPUs per leaf): no cables needed.
+    assert {Server.objects.get(gpu_set__index=g).leaf for g in held(big)} == {
+        Server.objects.get(gpu_set__index=held(big)[0]).leaf}
+    sent = drain_all(nodes)
+    starts = [c for cmds in sent.values() for c in cmds if c["type"] == "start_workers"]
+    assert sum(len(c["workers"]) for c in starts) == 6
+    assert {c["job"] for c in starts} == {f"job-{small.pk}", f"job-{big.pk}"}
+    assert all(c["initial_world"] in (2, 4) and not c["join"] for c in starts)
+    # A second tick changes nothing: ticks are idempotent.
+    assert run_tick(policy="fifo").changed_jobs == ()
+    assert drain_all(nodes) == {n: [] for n in nodes}
+
+
+def test_cross_leaf_job_reserves_cables_and_cancel_releases(alice: Any, acme: Any) -> None:
+    nodes = demo_cluster()
+    job = submit(alice, acme, gpus=8)  # the whole demo fabric: 2 leaves x 4
+    run_tick(policy="fifo")
+    job.refresh_from_db()
+    assert job.state == "running" and len(held(job)) == 8
+    assert JobCable.objects.filter(job=job).count() == 8  # m * n = 2 x 4 cables
+    assert job.allocation["leaves"] == [0, 1]
+    drain_all(nodes)
+    do_cancel_job(user=alice, job_id=job.pk)
+    assert JobGpu.objects.count() == 0 and JobCable.objects.count() == 0
+    stops = [c for cmds in drain_all(nodes).values() for c in cmds]
+    assert {c["type"] for c in stops} == {"stop_job"} and len(stops) == 4
+
+
+def test_elastic_scale_out_then_in_when_others_arrive(alice: Any, acme: Any) -> None:
+    nodes = demo_cluster()
+    first = submit(alice, acme, gpus=2, lo=1, hi=4)
+    run_tick(policy="elastic-tiresias")
+    first.refresh_from_db()
+    assert first.state == "running"
+    grown = first.parallelism
+    drain_all(nodes)
+    # Report progress so the job is truly running, then fill the cluster with others.
+    others = [submit(alice, acme, gpus=2, lo=1, hi=2) for _ in range(3)]
+    run_tick(policy="elastic-tiresias")
+    first.refresh_from_db()
+    states = [Job.objects.get(pk=o.pk).state for o in others]
+    assert states.count("running") >= 2, states
+    assert JobGpu.objects.count() <= 8
+    assert grown >= 2
+
+
+def test_reports_progress_finish_and_replays(alice: Any, acme: Any) -> None:
+    demo_cluster()
+    job = submit(alice, acme, gpus=2)
+    run_tick(policy="fifo")
+    name = f"job-{job.pk}"
+    progress = {"type": "progress", "node": "node-0", "job": name, "event_id": "1700000000000-0",
+                "step": 10, "samples_per_s": 123.0, "world": 2, "loss": 1.5}
+    assert handle_report(progress) == "progress"
+    assert handle_report(progress) == "duplicate"  # replayed: no change
+    job.refresh_from_db()
+    assert (job.step, job.samples_per_s, job.metrics.count()) == (10, 123.0, 1)
+    finished = {"type": "finished", "node": "node-0", "job": name,
+                "event_id": "1700000000001-0", "step": 50}
+    assert handle_report(finished) == "completed"
+    assert handle_report(finished) == "duplicate"
+    job.refresh_from_db()
+    assert job.state == "completed" and job.finished_at is not None
+    assert JobGpu.objects.filter(job=job).count() == 0
+    assert handle_report({"type": "progress", "node": "x"}).startswith("invalid")
+    assert handle_report({"type": "teleport", "node": "x"}).startswith("invalid")
+    assert handle_report({**progress, "job": "job-999999", "event_id": "2-0"}) == "unknown job"
+
+
+def test_server_down_requeues_or_shrinks(alice: Any, acme: Any, settings: Any) -> None:
+    nodes = demo_cluster()
+    whole = submit(alice, acme, gpus=2)
+    run_tick(policy="fifo")
+    node = Server.objects.get(gpu_set__index=held(whole)[0]).node
+    drain_all(nodes)
+    do_set_server_state(node=node, state="down")
+    run_tick(policy="fifo")
+    whole.refresh_from_db()
+    # Its only server went down; the job was requeued and placed again elsewhere.
+    assert whole.state == "running"
+    assert node not in {Server.objects.get(gpu_set__index=g).node for g in held(whole)}
+    assert "went down" in " ".join(whole.events.values_list("reason", flat=True))
+
+
+def test_drain_migrates_running_jobs_off_the_server(alice: Any, acme: Any) -> None:
+    nodes = demo_cluster()
+    job = submit(alice, acme, gpus=2)
+    run_tick(policy="fifo")
+    node = Server.objects.get(gpu_set__index=held(job)[0]).node
+    drain_all(nodes)
+    do_set_server_state(node=node, state="draining")
+    run_tick(policy="fifo")
+    job.refresh_from_db()
+    assert job.state == "scaling"
+    assert node not in {Server.objects.get(gpu_set__index=g).node for g in held(job)}
+    commands = [c for cmds in drain_all(nodes).values() for c in cmds]
+    assert [c["type"] for c in commands] == ["migrate"]
+    assert len(commands[0]["leaving"]) == 2 and len(commands[0]["joining"]["workers"]) == 2
+    done = {"type": "scale_done", "node": "node-0", "job": f"job-{job.pk}",
+            "event_id": "5-0", "world": 2, "step": 40, "generation": 1, "pause_s": 0.05}
+    assert handle_report(done) == "scaled"
+    job.refresh_from_db()
+    assert job.state == "running"
+
+
+def test_a_tick_that_dies_midway_leaves_nothing_behind(alice: Any, acme: Any,
+                                                       monkeypatch: Any) -> None:
+    demo_cluster()
+    job = submit(alice, acme, gpus=2)
+    from jobs.control import tick
+
+    def explode(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("worker killed mid-tick")
+
+    monkeypatch.setattr(tick, "apply_bound", explode)
+    with pytest.raises(RuntimeError):
+        run_tick(policy="fifo")
+    assert JobGpu.objects.count() == 0
+    assert Job.objects.get(pk=job.pk).state == "queued"
+    monkeypatch.undo()
+    assert run_tick(policy="fifo").ran  # the lock was released; the next tick repairs
+    assert Job.objects.get(pk=job.pk).state == "running"
+
+
+def test_ticks_never_overlap(alice: Any, acme: Any) -> None:
+    import redis
+    from django.conf import settings
+
+    demo_cluster()
+    lock = redis.Redis.from_url(settings.REDIS_URL).lock("portal:scheduler-tick", timeout=5)
+    assert lock.acquire(blocking=False)
+    try:
+        assert run_tick(policy="fifo").ran is False
+    finally:
+        lock.release()
+    with transaction.atomic():
+        pass

@@ -1,0 +1,76 @@
+"""What an agent is: its node name, its slots, and where it keeps things."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from workers.protocol import REPORTS_QUEUE, DeviceKind
+
+WORKER_MODULE = "workers.elastic.worker"
+"""The training process entry point (``python -m WORKER_MODULE ...``)."""
+
+
+class AgentConfigError(ValueError):
+    """A bad agent setting (e.g. more GPUs asked for than the server has)."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Settings of one node agent.
+
+    ``slots`` training processes can run at once; slot ``k`` is CUDA device
+    ``k`` when ``device`` is ``cuda``, a CPU process otherwise.
+    """
+
+    node: str
+    device: DeviceKind
+    slots: int
+    redis_url: str
+    data_dir: Path
+    reports_queue: str = REPORTS_QUEUE
+    heartbeat_seconds: float = 5.0
+    heartbeat_expires_seconds: float = 20.0
+    poll_seconds: float = 0.25
+    stop_kill_after_seconds: float = 10.0
+    stop_children_on_exit: bool = False
+    concurrency: int = 4
+    python: str = sys.executable
+    worker_module: str = WORKER_MODULE
+
+    def device_for(self, slot: int) -> str:
+        """The ``--device`` of the training process in ``slot``."""
+        return f"cuda:{slot}" if self.device == "cuda" else "cpu"
+
+    def checkpoint_dir(self, job: str) -> Path:
+        """Default checkpoint directory of a job: ``<data_dir>/checkpoints/<job>``."""
+        return self.data_dir / "checkpoints" / job
+
+    def log_path(self, job: str, worker_id: str) -> Path:
+        """Where the output of one training process goes."""
+        return self.data_dir / "logs" / f"agent-{self.node}" / job / f"{worker_id}.log"
+
+
+def detect_slots(gpus: int | None, *, force_cpu: bool = False) -> tuple[DeviceKind, int]:
+    """Return ``("cuda", n)`` on a GPU server, else ``("cpu", n)``.
+
+    On a GPU server the agent takes the CUDA devices (all of them, or the
+    first ``gpus``); elsewhere it offers ``gpus`` CPU slots (default: one per
+    CPU core).
+    """
+    if gpus is not None and gpus < 1:
+        raise AgentConfigError(f"--gpus must be at least 1, not {gpus}")
+    cuda = 0 if force_cpu else _cuda_device_count()
+    if cuda > 0:
+        if gpus is not None and gpus > cuda:
+            raise AgentConfigError(f"--gpus {gpus}: this server has only {cuda} CUDA device(s)")
+        return "cuda", gpus if gpus is not None else cuda
+    return "cpu", gpus if gpus is not None else (os.cpu_count() or 1)
+
+
+def _cuda_device_count() -> int:
+    import torch  # only here: the rest of the agent never needs torch
+
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0

@@ -1,0 +1,111 @@
+"""Starting one training process: its command line, environment and log file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from workers.agent.config import AgentConfig
+from workers.protocol import StartWorkers, WorkerSlot
+
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def worker_argv(config: AgentConfig, command: StartWorkers, worker: WorkerSlot) -> list[str]:
+    """The command line of the training process for ``worker`` (see workers.elastic.cli)."""
+    checkpoint_dir = command.checkpoint_dir or str(config.checkpoint_dir(command.job))
+    argv = [
+        config.python,
+        "-m",
+        config.worker_module,
+        "--job", command.job,
+        "--worker", worker.worker_id,
+        "--workload", command.workload,
+        "--args", json.dumps(command.args, sort_keys=True),
+        "--batch-size", str(command.batch_size),
+        "--recovery", command.recovery,
+        "--checkpoint-dir", checkpoint_dir,
+        "--checkpoint-every", str(command.checkpoint_every),
+        "--device", config.device_for(worker.slot),
+        "--redis-url", config.redis_url,
+    ]  # fmt: skip
+    # A newcomer joins the running job; only the first generation is told its size.
+    if not command.join and command.initial_world is not None:
+        argv += ["--initial-world", str(command.initial_world)]
+    if command.checkpoint_minutes is not None:
+        argv += ["--checkpoint-minutes", repr(command.checkpoint_minutes)]
+    if command.max_steps is not None:
+        argv += ["--max-steps", str(command.max_steps)]
+    return argv
+
+
+def worker_env(config: AgentConfig) -> dict[str, str]:
+    """The environment of a training process."""
+    env = dict(os.environ)
+    env["REDIS_URL"] = config.redis_url
+    env["PYTHONUNBUFFERED"] = "1"
+    # One process per slot: on CPU slots, intra-op threads would fight each other.
+    if config.device == "cpu":
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env.setdefault("MKL_NUM_THREADS", "1")
+    python_path = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + python_path if python_path else "")
+    return env
+
+
+def spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """Start a process in its own session with stdout and stderr appended to ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv)}\n".encode())
+        log.flush()
+        # Own session: a Ctrl-C or SIGTERM aimed at the agent's group does not hit
+        # training, and the agent can signal a worker's whole process group.
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO_ROOT,
+            start_new_session=True,
+        )
+
+
+def log_tail(path: Path | str, limit: int = 2000) -> str:
+    """The last ``limit`` characters of a log file ("" if there is none)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def process_matches(pid: int, job: str, worker_id: str, module: str) -> bool:
+    """Whether ``pid`` is alive and is the training process of (job, worker).
+
+    Used to adopt processes after an agent restart without trusting a reused pid.
+    """
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        status = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # A zombie has exited already.
+    if status.rsplit(")", 1)[-1].split()[0] == "Z":
+        return False
+    args = raw.decode(errors="replace").split("\0")
+    return module in args and _flag(args, "--job") == job and _flag(args, "--worker") == worker_id
+
+
+def _flag(args: list[str], name: str) -> str | None:
+    try:
+        return args[args.index(name) + 1]
+    except (ValueError, IndexError):
+        return None

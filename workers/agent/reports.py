@@ -1,0 +1,159 @@
+"""Reports out of the agent: the one function that sends them, and the
+translation of a job's runtime events into reports."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from workers.protocol import (
+    REPORT_TASK,
+    REPORTS_QUEUE,
+    CurvePoint,
+    Failed,
+    Finished,
+    Heartbeat,
+    ProfileDone,
+    Progress,
+    ProtocolError,
+    Recovered,
+    Report,
+    ScaleDone,
+    Straggler,
+    WorkerFailed,
+)
+
+log = logging.getLogger(__name__)
+
+
+def send_report(
+    report: Report, *, queue: str = REPORTS_QUEUE, expires: float | None = None
+) -> bool:
+    """Send one report to the control plane as the Celery task ``REPORT_TASK``.
+
+    The only place where reports leave the agent.  Returns False (and logs)
+    when the broker refuses it: a lost report must not take the agent down.
+    """
+    from portal.celery import app
+
+    try:
+        app.send_task(
+            REPORT_TASK, args=[report.to_dict()], queue=queue, expires=expires, ignore_result=True
+        )
+    except Exception:  # the broker's errors are many and transport-specific
+        log.exception("could not send %s report", report.TYPE)
+        return False
+    return True
+
+
+def send_heartbeat(report: Heartbeat, *, queue: str, expires_seconds: float) -> bool:
+    """A heartbeat expires: a stale one says nothing once a newer one exists."""
+    return send_report(report, queue=queue, expires=expires_seconds)
+
+
+def _optional_number(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int | float) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _optional_int(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return None
+
+
+def _names(raw: Any) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list | tuple):
+        raise ProtocolError("a list of worker ids was expected")
+    return tuple(str(item) for item in raw)
+
+
+def _curve(raw: Any) -> tuple[CurvePoint, ...]:
+    """A throughput curve given as {workers: samples/s} or as a list of pairs/objects."""
+    points: list[CurvePoint] = []
+    if isinstance(raw, dict):
+        for workers, value in raw.items():
+            points.append(CurvePoint(workers=int(workers), samples_per_s=value))
+    elif isinstance(raw, list):
+        for item in raw:
+            if isinstance(item, dict):
+                points.append(
+                    CurvePoint(workers=item["workers"], samples_per_s=item["samples_per_s"])
+                )
+            else:
+                workers, value = item
+                points.append(CurvePoint(workers=workers, samples_per_s=value))
+    else:
+        raise ProtocolError("profile_done.curve must be an object or a list")
+    return tuple(sorted(points, key=lambda p: p.workers))
+
+
+def report_from_event(node: str, job: str, event_id: str, event: dict[str, Any]) -> Report | None:
+    """The report for one runtime event, or None for a kind the control plane does not need.
+
+    Raises ``ProtocolError`` for an event whose fields do not make a valid report.
+    """
+    kind = event.get("kind")
+    common: dict[str, Any] = {"node": node, "job": job, "event_id": event_id}
+    try:
+        if kind == "progress":
+            return Progress(
+                **common,
+                step=event["step"],
+                samples_per_s=event["samples_per_s"],
+                loss=_optional_number(event.get("loss")),
+                world=event["world"],
+                generation=_optional_int(event.get("generation")),
+            )
+        if kind == "scale_done":
+            new_leader = event.get("new_leader")
+            return ScaleDone(
+                **common,
+                world=_optional_int(event.get("world")),
+                step=_optional_int(event.get("step")),
+                generation=_optional_int(event.get("generation")),
+                workers=_names(event.get("members")),
+                joiners=_names(event.get("joiners")),
+                leavers=_names(event.get("leavers")),
+                pause_s=_optional_number(event.get("pause_s")),
+                new_leader=None if new_leader is None else str(new_leader),
+            )
+        if kind == "straggler":
+            return Straggler(**common, worker_id=str(event["worker"]), ratio=event["ratio"])
+        if kind == "worker_failed":
+            return WorkerFailed(
+                **common,
+                worker_id=str(event["worker"]),
+                error=str(event.get("error", "")),
+                generation=_optional_int(event.get("generation")),
+            )
+        if kind == "recovered":
+            return Recovered(
+                **common,
+                mode=str(event.get("mode", "")),
+                world=_optional_int(event.get("world")),
+                step=_optional_int(event.get("step")),
+                generation=_optional_int(event.get("generation")),
+                dead=_names(event.get("dead")),
+            )
+        if kind == "profile_done":
+            return ProfileDone(**common, curve=_curve(event["curve"]))
+        if kind == "finished":
+            return Finished(
+                **common,
+                step=_optional_int(event.get("step")),
+                reason=str(event.get("reason", "finished")),
+            )
+        if kind == "failed":
+            return Failed(**common, error=str(event.get("error", "")))
+    except KeyError as exc:
+        raise ProtocolError(f"runtime event {kind} lacks field {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"runtime event {kind} is malformed: {exc}") from None
+    return None

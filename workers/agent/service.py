@@ -1,0 +1,183 @@
+"""The agent as a Celery worker: the command task, the signals, the command line.
+
+The agent owns long-lived child processes, so the Celery worker runs with the
+``threads`` pool: tasks execute in the agent's own process, next to the
+supervisor thread that watches the children (started on ``worker_ready``,
+stopped on ``worker_shutdown``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from workers.agent.agent import Agent
+from workers.agent.config import AgentConfig, AgentConfigError, detect_slots
+from workers.agent.reports import send_heartbeat, send_report
+from workers.agent.store import AgentStore
+from workers.protocol import AGENT_COMMAND_TASK, REPORTS_QUEUE, ProtocolError, check_name
+
+log = logging.getLogger(__name__)
+
+_AGENT: Agent | None = None
+
+
+def current_agent() -> Agent:
+    """The agent of this process (set by ``run``)."""
+    if _AGENT is None:
+        raise RuntimeError("no agent runs in this process")
+    return _AGENT
+
+
+def _register_task() -> None:
+    from portal.celery import app
+
+    if AGENT_COMMAND_TASK in app.tasks:
+        return
+
+    @app.task(name=AGENT_COMMAND_TASK, ignore_result=True, acks_late=True)
+    def agent_command(payload: Any) -> str:
+        """Apply one command of workers.protocol on this node."""
+        return current_agent().receive(payload)
+
+
+def _on_worker_ready(**_: Any) -> None:
+    agent = current_agent()
+    agent.start()
+    log.info(
+        "agent %s ready: %d %s slot(s), queue agent.%s",
+        agent.config.node,
+        agent.config.slots,
+        agent.config.device,
+        agent.config.node,
+    )
+
+
+def _on_worker_shutdown(**_: Any) -> None:
+    if _AGENT is not None:
+        _AGENT.close()
+
+
+def build_parser(prog: str = "python -m workers.agent") -> argparse.ArgumentParser:
+    """The command line shared by ``python -m workers.agent`` and ``manage.py agent``."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Run the node agent: a Celery worker on queue agent.<node>."
+    )
+    add_arguments(parser)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the agent's options to ``parser``."""
+    parser.add_argument("--node", required=True, help="this server's node name")
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        help="CUDA devices to use (default: all); on a server without GPUs, CPU slots "
+        "(default: one per core)",
+    )
+    parser.add_argument("--cpu", action="store_true", help="offer CPU slots even if CUDA exists")
+    parser.add_argument(
+        "--reports-queue",
+        default=REPORTS_QUEUE,
+        help="queue the reports go to (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=4, help="commands applied at once (threads)"
+    )
+    parser.add_argument(
+        "--stop-children-on-exit",
+        action="store_true",
+        help="end the training processes when the agent stops (default: leave them running; "
+        "a restarted agent adopts them)",
+    )
+    parser.add_argument("--loglevel", default="INFO")
+
+
+def config_from_options(options: argparse.Namespace) -> AgentConfig:
+    """Build the agent's settings from parsed options and Django settings."""
+    from django.conf import settings
+
+    try:
+        check_name(options.node, "--node")
+    except ProtocolError as exc:
+        raise AgentConfigError(str(exc)) from None
+    if options.concurrency < 1:
+        raise AgentConfigError("--concurrency must be at least 1")
+    device, slots = detect_slots(options.gpus, force_cpu=options.cpu)
+    heartbeat = float(settings.AGENT_HEARTBEAT_SECONDS)
+    return AgentConfig(
+        node=options.node,
+        device=device,
+        slots=slots,
+        redis_url=settings.REDIS_URL,
+        data_dir=Path(settings.DATA_DIR),
+        reports_queue=options.reports_queue,
+        heartbeat_seconds=heartbeat,
+        heartbeat_expires_seconds=max(heartbeat, float(settings.AGENT_DOWN_AFTER_SECONDS)),
+        stop_children_on_exit=options.stop_children_on_exit,
+        concurrency=options.concurrency,
+    )
+
+
+def make_agent(config: AgentConfig) -> Agent:
+    """An agent that reports through Celery and remembers in the configured Redis."""
+    return Agent(
+        config,
+        AgentStore.from_url(config.redis_url, config.node),
+        send=lambda report: send_report(report, queue=config.reports_queue),
+        send_heartbeat=lambda beat: send_heartbeat(
+            beat, queue=config.reports_queue, expires_seconds=config.heartbeat_expires_seconds
+        ),
+    )
+
+
+def run(config: AgentConfig, loglevel: str = "INFO") -> None:
+    """Run the agent until the Celery worker stops (SIGTERM/SIGINT: warm shutdown)."""
+    global _AGENT
+    from celery.signals import worker_ready, worker_shutdown
+
+    from portal.celery import agent_queue, app
+
+    # The agent serves no pages and touches no database: the portal's system checks
+    # (URLs, models) are not its business, and one failing must not stop the agents.
+    os.environ.setdefault("CELERY_SKIP_CHECKS", "1")
+    _AGENT = make_agent(config)
+    _AGENT.restore()
+    _register_task()
+    worker_ready.connect(_on_worker_ready, weak=False, dispatch_uid="agent-ready")
+    worker_shutdown.connect(_on_worker_shutdown, weak=False, dispatch_uid="agent-shutdown")
+    argv = [
+        "worker",
+        "--queues", agent_queue(config.node),
+        "--pool", "threads",
+        "--concurrency", str(config.concurrency),
+        "--hostname", f"agent@{config.node}",
+        "--without-gossip",
+        "--without-mingle",
+        "--loglevel", loglevel,
+    ]  # fmt: skip
+    app.worker_main(argv)
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m workers.agent") -> int:
+    """Entry point of ``python -m workers.agent``; exit status 2 on bad input."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings.dev")
+    options = build_parser(prog).parse_args(argv)
+    return run_options(options)
+
+
+def run_options(options: argparse.Namespace) -> int:
+    """Run from parsed options (shared with the management command)."""
+    try:
+        config = config_from_options(options)
+    except AgentConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    run(config, loglevel=options.loglevel)
+    return 0

@@ -1,0 +1,131 @@
+"""Command-line arguments of a training worker process (pure parsing, no torch).
+
+Kept apart from ``worker.py`` so that the node agent can build and check the
+same command line without importing torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from workers.catalog import WorkloadArgumentError, validate_args
+
+RECOVERY_MODES = ("consistent", "approximate")
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """Everything one worker process is told on its command line."""
+
+    job_id: str
+    worker_id: str
+    workload: str
+    args: dict[str, int | float]
+    batch_size: int
+    recovery: str
+    checkpoint_dir: str
+    checkpoint_every: int
+    checkpoint_minutes: float | None
+    initial_world: int | None
+    device: str
+    redis_url: str
+    max_steps: int | None
+    step_log: str | None
+    sync_timeout_s: float
+    scale_lead_ms: float
+    drop_stragglers: bool
+    slow_ms: float
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of ``python -m workers.elastic.worker``."""
+    p = argparse.ArgumentParser(
+        prog="python -m workers.elastic.worker",
+        description="One elastic training worker (one process = one GPU slot).",
+    )
+    p.add_argument("--job", required=True, help="job id (Redis keys edl:{job}:...)")
+    p.add_argument("--worker", required=True, help="worker id, unique within the job")
+    p.add_argument("--workload", required=True, help="built-in workload name (workers/catalog.py)")
+    p.add_argument("--args", default="{}", help="workload arguments as a JSON object")
+    p.add_argument("--batch-size", type=int, required=True, help="fixed global batch size")
+    p.add_argument("--recovery", choices=RECOVERY_MODES, default="consistent")
+    p.add_argument("--checkpoint-dir", required=True)
+    p.add_argument(
+        "--checkpoint-every", type=int, default=50, help="mini-batches between checkpoints (0: off)"
+    )
+    p.add_argument("--checkpoint-minutes", type=float, default=None)
+    p.add_argument(
+        "--initial-world",
+        type=int,
+        default=None,
+        help="size of generation 0; omit for a newcomer joining a running job",
+    )
+    p.add_argument("--device", default="cpu", help="cpu or cuda:K")
+    p.add_argument("--redis-url", default=os.environ.get("REDIS_URL"))
+    p.add_argument("--max-steps", type=int, default=None)
+    # Optional knobs beyond the agent's contract (tests and benchmarks use them).
+    p.add_argument("--step-log", default=None, help="append one JSON line per mini-batch here")
+    p.add_argument(
+        "--sync-timeout", type=float, default=30.0, help="seconds before a peer is dropped"
+    )
+    p.add_argument("--scale-lead-ms", type=float, default=500.0, help="T_a of the switch step")
+    p.add_argument("--drop-stragglers", action="store_true", help="scale in detected stragglers")
+    p.add_argument(
+        "--slow-ms", type=float, default=0.0, help="inject a delay per mini-batch (tests)"
+    )
+    return p
+
+
+class WorkerArgumentError(ValueError):
+    """A worker command line that cannot run."""
+
+
+def parse_options(argv: list[str] | None = None) -> WorkerOptions:
+    """Parse and check a worker command line; raise WorkerArgumentError on bad input."""
+    ns = build_parser().parse_args(argv)
+    try:
+        raw: Any = json.loads(ns.args)
+    except json.JSONDecodeError as exc:
+        raise WorkerArgumentError(f"--args is not JSON: {exc.msg}") from exc
+    try:
+        args = validate_args(ns.workload, raw)
+    except WorkloadArgumentError as exc:
+        raise WorkerArgumentError(str(exc)) from exc
+    if ns.batch_size < 1:
+        raise WorkerArgumentError("--batch-size must be >= 1")
+    if ns.checkpoint_every < 0:
+        raise WorkerArgumentError("--checkpoint-every must be >= 0")
+    if ns.initial_world is not None and ns.initial_world < 1:
+        raise WorkerArgumentError("--initial-world must be >= 1")
+    if not ns.redis_url:
+        raise WorkerArgumentError("no Redis: pass --redis-url or set REDIS_URL")
+    if not (ns.device == "cpu" or ns.device.startswith("cuda")):
+        raise WorkerArgumentError("--device must be cpu or cuda:K")
+    for name in ("job", "worker"):
+        value = getattr(ns, name)
+        if not value or any(c in value for c in " :{}\n"):
+            raise WorkerArgumentError(f"--{name} {value!r} is not a valid id")
+    return WorkerOptions(
+        job_id=ns.job,
+        worker_id=ns.worker,
+        workload=ns.workload,
+        args=args,
+        batch_size=ns.batch_size,
+        recovery=ns.recovery,
+        checkpoint_dir=ns.checkpoint_dir,
+        checkpoint_every=ns.checkpoint_every,
+        checkpoint_minutes=ns.checkpoint_minutes,
+        initial_world=ns.initial_world,
+        device=ns.device,
+        redis_url=ns.redis_url,
+        max_steps=ns.max_steps,
+        step_log=ns.step_log,
+        sync_timeout_s=ns.sync_timeout,
+        scale_lead_ms=ns.scale_lead_ms,
+        drop_stragglers=ns.drop_stragglers,
+        slow_ms=ns.slow_ms,
+    )

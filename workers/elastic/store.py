@@ -1,0 +1,71 @@
+"""A ``torch.distributed.Store`` kept in Redis, so process groups need no extra port.
+
+Every generation of a job builds its process group on
+``PrefixStore(f"gen{g}", RedisStore(...))``; the keys live under
+``edl:{job}:store:`` and survive the death of any worker (a ``TCPStore`` would
+die with the process that hosts it, the leader included).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import redis
+import torch.distributed as dist
+
+
+class RedisStore(dist.Store):
+    """The subset of the c10d store protocol that gloo and NCCL rendezvous use."""
+
+    def __init__(self, url: str, prefix: str, timeout: timedelta = timedelta(seconds=60)) -> None:
+        super().__init__()
+        self._client = redis.Redis.from_url(url)
+        self._prefix = prefix
+        self._timeout = timeout
+
+    def _k(self, key: str) -> str:
+        return self._prefix + key
+
+    def set(self, key: str, value: bytes | str) -> None:
+        self._client.set(self._k(key), value)
+
+    def get(self, key: str) -> bytes:
+        self.wait([key])
+        value = self._client.get(self._k(key))
+        assert value is not None
+        return bytes(value)
+
+    def add(self, key: str, value: int) -> int:
+        return int(self._client.incrby(self._k(key), value))
+
+    def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
+        script = (
+            "local v = redis.call('GET', KEYS[1]) "
+            "if (v == false and ARGV[1] == '') or v == ARGV[1] then "
+            "redis.call('SET', KEYS[1], ARGV[2]) return ARGV[2] end "
+            "if v == false then return ARGV[1] end return v"
+        )
+        return bytes(self._client.eval(script, 1, self._k(key), expected, desired))
+
+    def check(self, keys: list[str]) -> bool:
+        return bool(self._client.exists(*[self._k(k) for k in keys]) == len(keys))
+
+    def delete_key(self, key: str) -> bool:
+        return bool(self._client.delete(self._k(key)))
+
+    def num_keys(self) -> int:
+        return sum(1 for _ in self._client.scan_iter(match=self._prefix + "*", count=500))
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._timeout = timeout
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        limit = (timeout or self._timeout).total_seconds()
+        deadline = time.monotonic() + limit
+        pause = 0.001
+        while not self.check(keys):
+            if time.monotonic() > deadline:
+                raise dist.DistStoreError(f"timed out after {limit:.0f}s waiting for {keys}")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)

@@ -1,0 +1,27 @@
+"""Entry point of one elastic training worker: ``python -m workers.elastic.worker ...``.
+
+Exit status: 0 when the job's training finished or this worker was asked to
+leave; 2 on a bad command line; 1 on any other error.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from workers.elastic.cli import WorkerArgumentError, parse_options
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the command line, run the named workload elastically, return the exit status."""
+    try:
+        options = parse_options(argv)
+    except WorkerArgumentError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from workers.elastic.runtime import run_worker  # torch is imported only past parsing
+
+    return run_worker(options)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,731 @@
+"""The messages between the control plane and the node agents.
+
+Commands go from the control plane to one node's agent, as the Celery task
+``AGENT_COMMAND_TASK`` on the queue ``agent.<node>``; reports go from agents
+back to the control plane, as the Celery task ``REPORT_TASK`` on
+``REPORTS_QUEUE``.  Both travel as plain JSON objects with a ``type`` key::
+
+    {"type": "scale_in", "job": "j-42", "command_id": "c-7", "worker_ids": ["w3"]}
+
+Every message is a frozen dataclass.  ``from_dict`` is strict: an unknown
+type, an unknown or missing field, a value of the wrong type or out of range
+raises ``ProtocolError`` with a message that names the field, and builds
+nothing, so a bad message can change no state.  Constructing a dataclass
+directly runs the same checks (JSON lists become tuples, ints become floats
+where a float is expected).
+
+Pure Python: no Django, Celery or torch, so the control plane, the agent and
+tests share it freely.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import time
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, TypeVar, Union
+
+from workers.catalog import WorkloadArgumentError, validate_args
+
+AGENT_COMMAND_TASK = "agent.command"
+"""Celery task name of a command; sent on ``portal.celery.agent_queue(node)``."""
+
+REPORT_TASK = "control.agent_report"
+"""Celery task name of a report; the control plane implements it (``jobs`` app)."""
+
+REPORTS_QUEUE = "portal"
+"""Queue that reports are sent on."""
+
+Recovery = Literal["consistent", "approximate"]
+DeviceKind = Literal["cpu", "cuda"]
+ExitOutcome = Literal["clean", "stopped", "crashed", "lost"]
+
+_MAX_ID_LENGTH = 200
+_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+class ProtocolError(ValueError):
+    """A message that does not follow the protocol; the text says what is wrong."""
+
+
+# --------------------------------------------------------------------------- checking
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if tp is type(None):
+        return "null"
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(arg) for arg in typing.get_args(tp))
+    if origin is Literal:
+        return "one of " + ", ".join(repr(arg) for arg in typing.get_args(tp))
+    if origin is tuple:
+        return f"list of {_type_name(typing.get_args(tp)[0])} values"
+    if origin is dict:
+        return "object"
+    if dataclasses.is_dataclass(tp):
+        return "object"
+    if tp is float:
+        return "number"
+    if tp is int:
+        return "integer"
+    if tp is str:
+        return "string"
+    if tp is bool:
+        return "boolean"
+    return str(tp)
+
+
+def _json_value(value: Any, path: str) -> Any:
+    """Accept only JSON-representable values (so a message survives the broker)."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ProtocolError(f"{path} must be a finite number")
+        return value
+    if isinstance(value, list | tuple):
+        return [_json_value(item, f"{path}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ProtocolError(f"{path} must have string keys")
+            out[key] = _json_value(item, f"{path}.{key}")
+        return out
+    raise ProtocolError(f"{path} must be JSON data, not {type(value).__name__}")
+
+
+def _convert(value: Any, tp: Any, path: str) -> Any:
+    """Return ``value`` checked against the annotation ``tp`` (lists become tuples)."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return _json_value(value, path)
+    if tp is type(None):
+        if value is not None:
+            raise ProtocolError(f"{path} must be null")
+        return None
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _convert(value, option, path)
+            except ProtocolError:
+                continue
+        raise ProtocolError(f"{path} must be {_type_name(tp)}")
+    if origin is Literal:
+        if value not in typing.get_args(tp) or isinstance(value, bool):
+            raise ProtocolError(f"{path} must be {_type_name(tp)}, not {value!r}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ProtocolError(f"{path} must be a {_type_name(tp)}")
+        item_type = typing.get_args(tp)[0]
+        return tuple(_convert(item, item_type, f"{path}[{i}]") for i, item in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{path} must be an object")
+        return _json_value(value, path)
+    if isinstance(tp, type) and issubclass(tp, _Record):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{path} must be an object")
+        if issubclass(tp, Message):
+            # A nested message keeps its "type" on the wire; it must be the right one.
+            value = dict(value)
+            nested_type = value.pop("type", tp.TYPE)
+            if nested_type != tp.TYPE:
+                raise ProtocolError(f"{path} must be a {tp.TYPE}, not {nested_type!r}")
+        try:
+            return tp._from_fields(value, path)
+        except ProtocolError as exc:
+            if str(exc).startswith(path):
+                raise
+            raise ProtocolError(f"{path}: {exc}") from None
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ProtocolError(f"{path} must be a boolean")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ProtocolError(f"{path} must be an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ProtocolError(f"{path} must be a number")
+        if not math.isfinite(value):
+            raise ProtocolError(f"{path} must be a finite number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ProtocolError(f"{path} must be a string")
+        return value
+    raise TypeError(f"protocol: unsupported annotation {tp!r} at {path}")  # a bug, not input
+
+
+def _check_id(value: str, path: str) -> None:
+    if (
+        not value
+        or len(value) > _MAX_ID_LENGTH
+        or not value.isprintable()
+        or value != value.strip()
+    ):
+        raise ProtocolError(
+            f"{path} must be a non-empty printable string of at most {_MAX_ID_LENGTH} "
+            "characters without surrounding spaces"
+        )
+
+
+def check_name(value: str, path: str) -> None:
+    """Refuse a job, worker or node id that is unsafe in Redis keys, queues, command lines."""
+    if not _NAME_PATTERN.fullmatch(value):
+        raise ProtocolError(
+            f"{path} must be 1-128 letters, digits, '.', '_' or '-' (starting with a letter "
+            f"or digit), not {value!r}"
+        )
+
+
+def _check_ids(values: tuple[str, ...], path: str) -> None:
+    if not values:
+        raise ProtocolError(f"{path} must not be empty")
+    for i, value in enumerate(values):
+        check_name(value, f"{path}[{i}]")
+    duplicates = sorted({v for v in values if values.count(v) > 1})
+    if duplicates:
+        raise ProtocolError(f"{path} repeats {', '.join(duplicates)}")
+
+
+def _at_least(value: float | None, minimum: float, path: str) -> None:
+    if value is not None and value < minimum:
+        raise ProtocolError(f"{path} must be at least {minimum}, not {value}")
+
+
+R = TypeVar("R", bound="_Record")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Record:
+    """Base of every protocol dataclass: type checks on construction, dict round trip."""
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        prefix = f"{self.TYPE}." if isinstance(self, Message) else ""
+        for f in dataclasses.fields(self):
+            converted = _convert(getattr(self, f.name), hints[f.name], f"{prefix}{f.name}")
+            object.__setattr__(self, f.name, converted)
+        self.validate()
+
+    def validate(self) -> None:
+        """Semantic checks beyond types; raise ``ProtocolError``."""
+
+    @classmethod
+    def _from_fields(cls: type[R], data: dict[str, Any], path: str) -> R:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(str(key) for key in data if key not in names)
+        if unknown:
+            raise ProtocolError(f"{path}: unknown field(s) {', '.join(unknown)}")
+        missing = sorted(
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.name not in data
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+        )
+        if missing:
+            raise ProtocolError(f"{path}: missing field(s) {', '.join(missing)}")
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object for this record (tuples become lists)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            out[f.name] = _plain(getattr(self, f.name))
+        return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, _Record):
+        return value.to_dict()
+    if isinstance(value, tuple | list):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class Message(_Record):
+    """A record that travels on its own: its JSON carries ``type``."""
+
+    TYPE: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object for this message, ``type`` first."""
+        return {"type": self.TYPE, **super().to_dict()}
+
+
+_COMMANDS: dict[str, type[Command]] = {}
+_REPORTS: dict[str, type[Report]] = {}
+
+
+def _parse(data: Any, registry: dict[str, type[Any]], kind: str) -> Any:
+    if not isinstance(data, dict):
+        raise ProtocolError(f"a {kind} must be a JSON object, not {type(data).__name__}")
+    type_name = data.get("type")
+    if not isinstance(type_name, str):
+        raise ProtocolError(f"a {kind} needs a string field 'type'")
+    cls = registry.get(type_name)
+    if cls is None:
+        known = ", ".join(sorted(registry))
+        raise ProtocolError(f"unknown {kind} type {type_name!r} (known: {known})")
+    fields = {key: value for key, value in data.items() if key != "type"}
+    return cls._from_fields(fields, type_name)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerSlot(_Record):
+    """One worker to start and the local slot (GPU index or CPU slot) it gets."""
+
+    worker_id: str
+    slot: int
+
+    def validate(self) -> None:
+        check_name(self.worker_id, "worker_id")
+        _at_least(self.slot, 0, "slot")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Command(Message):
+    """A command for one node's agent; ``command_id`` makes a replay a no-op."""
+
+    job: str
+    command_id: str
+
+    def validate(self) -> None:
+        check_name(self.job, f"{self.TYPE}.job")
+        _check_id(self.command_id, f"{self.TYPE}.command_id")
+
+    @staticmethod
+    def from_dict(data: Any) -> Command:
+        """Parse and check a command; raise ``ProtocolError`` if it is not one."""
+        command: Command = _parse(data, _COMMANDS, "command")
+        return command
+
+
+def _command(cls: type[Any]) -> Any:
+    _COMMANDS[cls.TYPE] = cls
+    return cls
+
+
+def _report(cls: type[Any]) -> Any:
+    _REPORTS[cls.TYPE] = cls
+    return cls
+
+
+@_command
+@dataclass(frozen=True, kw_only=True)
+class StartWorkers(Command):
+    """Start training processes of ``job`` on this node, one per slot.
+
+    With ``join=False`` the workers belong to the job's first generation of
+    ``initial_world`` workers (possibly spread over several nodes); with
+    ``join=True`` they join a running job (stop-free scale-out) and
+    ``initial_world`` is not used.  Starting a worker id that already runs on
+    this node does nothing.  ``checkpoint_every`` = 0 turns periodic
+    checkpoints off; ``checkpoint_dir`` defaults to the agent's
+    ``<PORTAL_DATA_DIR>/checkpoints/<job>``.
+    """
+
+    TYPE: ClassVar[str] = "start_workers"
+
+    workload: str
+    args: dict[str, Any]
+    batch_size: int
+    recovery: Recovery
+    checkpoint_every: int
+    workers: tuple[WorkerSlot, ...]
+    initial_world: int | None = None
+    join: bool = False
+    checkpoint_dir: str | None = None
+    checkpoint_minutes: float | None = None
+    max_steps: int | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        try:
+            full_args = validate_args(self.workload, self.args)
+        except WorkloadArgumentError as exc:
+            raise ProtocolError(f"start_workers: {exc}") from None
+        object.__setattr__(self, "args", dict(full_args))
+        _at_least(self.batch_size, 1, "start_workers.batch_size")
+        _at_least(self.checkpoint_every, 0, "start_workers.checkpoint_every")
+        _at_least(self.initial_world, 1, "start_workers.initial_world")
+        _at_least(self.max_steps, 1, "start_workers.max_steps")
+        if self.checkpoint_minutes is not None and self.checkpoint_minutes <= 0:
+            raise ProtocolError("start_workers.checkpoint_minutes must be positive")
+        if not self.workers:
+            raise ProtocolError("start_workers.workers must not be empty")
+        _check_ids(tuple(w.worker_id for w in self.workers), "start_workers.workers.worker_id")
+        slots = [w.slot for w in self.workers]
+        if len(set(slots)) != len(slots):
+            raise ProtocolError("start_workers.workers gives one slot to two workers")
+        if not self.join and self.initial_world is None:
+            raise ProtocolError("start_workers.initial_world is required unless join is true")
+        if (
+            self.initial_world is not None
+            and not self.join
+            and len(self.workers) > self.initial_world
+        ):
+            raise ProtocolError(
+                f"start_workers: {len(self.workers)} workers do not fit an initial world "
+                f"of {self.initial_world}"
+            )
+        if self.checkpoint_dir is not None and not self.checkpoint_dir.strip():
+            raise ProtocolError("start_workers.checkpoint_dir must not be blank")
+
+    @property
+    def worker_ids(self) -> tuple[str, ...]:
+        """The ids of the workers to start, in order."""
+        return tuple(w.worker_id for w in self.workers)
+
+
+@_command
+@dataclass(frozen=True, kw_only=True)
+class ScaleIn(Command):
+    """Ask the job's workers ``worker_ids`` to leave at the next agreed step."""
+
+    TYPE: ClassVar[str] = "scale_in"
+
+    worker_ids: tuple[str, ...]
+    reason: str = ""
+
+    def validate(self) -> None:
+        super().validate()
+        _check_ids(self.worker_ids, "scale_in.worker_ids")
+
+
+@_command
+@dataclass(frozen=True, kw_only=True)
+class Migrate(Command):
+    """Move the job from ``leaving`` to the newcomers of ``joining``, in one switch.
+
+    Sent to the node that hosts the newcomers: it asks the job to migrate and
+    starts them.  The leader waits for ``joiners`` newcomers (default: those of
+    ``joining``; more when other nodes start the rest with a ``start_workers``
+    of ``join: true``), then switches once.  The leavers (on any node) exit
+    cleanly at the switch step; their agents report that as a clean exit.
+    """
+
+    TYPE: ClassVar[str] = "migrate"
+
+    leaving: tuple[str, ...]
+    joining: StartWorkers
+    joiners: int | None = None
+    reason: str = ""
+
+    def validate(self) -> None:
+        super().validate()
+        _check_ids(self.leaving, "migrate.leaving")
+        if self.joining.job != self.job:
+            raise ProtocolError("migrate.joining.job must be the migrating job")
+        if not self.joining.join:
+            raise ProtocolError("migrate.joining must start newcomers (join: true)")
+        if self.joiners is not None and self.joiners < len(self.joining.workers):
+            raise ProtocolError("migrate.joiners must count at least the workers of joining")
+        both = sorted(set(self.leaving) & set(self.joining.worker_ids))
+        if both:
+            raise ProtocolError(f"migrate: worker(s) both leaving and joining: {', '.join(both)}")
+
+
+@_command
+@dataclass(frozen=True, kw_only=True)
+class StopJob(Command):
+    """Stop the job: ask it to stop, and end its local processes after ``grace_seconds``."""
+
+    TYPE: ClassVar[str] = "stop_job"
+
+    reason: str = ""
+    grace_seconds: float = 20.0
+
+    def validate(self) -> None:
+        super().validate()
+        _at_least(self.grace_seconds, 0.0, "stop_job.grace_seconds")
+
+
+@_command
+@dataclass(frozen=True, kw_only=True)
+class Profile(Command):
+    """Measure the job's throughput from ``max_workers`` down to ``min_workers``."""
+
+    TYPE: ClassVar[str] = "profile"
+
+    min_workers: int
+    max_workers: int
+    batches_per_level: int = 20
+
+    def validate(self) -> None:
+        super().validate()
+        _at_least(self.min_workers, 1, "profile.min_workers")
+        _at_least(self.batches_per_level, 2, "profile.batches_per_level")
+        if self.max_workers < self.min_workers:
+            raise ProtocolError("profile.max_workers must be at least min_workers")
+
+
+# --------------------------------------------------------------------------- reports
+
+
+@dataclass(frozen=True, kw_only=True)
+class Report(Message):
+    """A report from the agent of ``node``; ``at`` is its Unix time of sending."""
+
+    node: str
+    at: float = field(default_factory=time.time)
+
+    def validate(self) -> None:
+        check_name(self.node, f"{self.TYPE}.node")
+
+    @staticmethod
+    def from_dict(data: Any) -> Report:
+        """Parse and check a report; raise ``ProtocolError`` if it is not one."""
+        report: Report = _parse(data, _REPORTS, "report")
+        return report
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobReport(Report):
+    """A report about one job."""
+
+    job: str
+
+    def validate(self) -> None:
+        super().validate()
+        check_name(self.job, f"{self.TYPE}.job")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobEventReport(JobReport):
+    """A report forwarded from the job's runtime event stream.
+
+    ``event_id`` is the stream entry's id: unique per job, so the receiver can
+    drop a report it has already seen.
+    """
+
+    event_id: str
+
+    def validate(self) -> None:
+        super().validate()
+        _check_id(self.event_id, f"{self.TYPE}.event_id")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunningWorker(_Record):
+    """A training process that an agent runs."""
+
+    job: str
+    worker_id: str
+    slot: int
+    pid: int
+
+
+@_report
+@dataclass(frozen=True, kw_only=True)
+class Started(JobReport):
+    """Processes of the job were started (``command_id`` is the command that did it)."""
+
+    TYPE: ClassVar[str] = "started"
+
+    command_id: str
+    workers: tuple[RunningWorker, ...]
+
+
+@_report
+@dataclass(frozen=True, kw_only=True)
+class Progress(JobEventReport):
+    """Training progress of the job: global step and throughput of the whole job."""
+
+    TYPE: ClassVar[str] = "progress"
+
+    step: int
+    samples_per_s: float
+    world: int
+    loss: float | None = None
+    generation: int | None = None
+
+
+@_report
+@dataclass(frozen=True, kw_only=True)
+class ScaleDone(JobEventReport):
+    """A membership change (scale-out, scale-in, migration) took effect.
+
+    ``workers`` are the members after the switch; ``pause_s`` is how long the
+    reporting worker stood still for it.
+    """
+
+    TYPE: ClassVar[str] = "scale_done"
+
+    world: int | None = None
+    step: int | None = None
+    generation: int | None = None
+    workers: tuple[str, ...] = ()
+    joiners: tuple[str, ...] = ()
+    leavers: tuple[str, ...] = ()
+    pause_s: float | None = None
+    new_leader: str | None = None
+
+
+@_report
+@dataclass(frozen=True, kw_only=True)
+class Straggler(JobEventReport):
+    """A worker is persistently slower than the job's median (``ratio`` = its time / median)."""
+
+    TYPE: ClassVar[str] = "straggler"
+
+    worker_id: str
+    ratio: float
+
+
+@_report
+@dataclass(frozen=True, kw_only=True)
+class WorkerFailed(JobEventReport):
+    """The runtime dropped a worker that missed a synchronisation."""
+
+    TYPE: ClassVar[str] = "worker_failed"
+
+    worker_id: str
+    error: str = ""
+    generation: int | None = None
+
+
+@_report
+@dataclass(frozen=True, kw_only=True)
+class Recovered(JobEventReport):
+    """The job recovered from a failure (``mode`` is the recovery used)."""
+
+    TYPE: ClassVar[str] = "recovered"
+
+    mode: str = ""
+    world: int | None = None
+    step: int | None = None
+    generation: int | None = None
+    dead: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class CurvePoint(_Record):
+    """Throughput of the job at one parallelism."""
+
+    workers: int
+    samples_per_s: float
+
+
+@_report
+@dataclass(frozen=True, kw_only=True)
+class ProfileDone(JobEventReport):
+    """The job's throughput-vs-parallelism curve from a profile command."""
+
+    TYPE: ClassVar[str] = "profile_done"
+
+    curve: tuple[CurvePoint, ...]
+
+
+@_report
+@dataclass(frozen=True, kw_only=True)
+class Finished(JobEventReport):
+    """The job ended on its own terms: ``reason`` is ``finished`` or ``stopped``."""
+
+    TYPE: ClassVar[str] = "finished"
+
+    step: int | None = None
+    reason: str = "finished"
+
+
+@_report
+@dataclass(frozen=True, kw_only=True)
+class Failed(JobReport):
+    """The job failed; ``event_id`` is null when the agent, not the runtime, saw it."""
+
+    TYPE: ClassVar[str] = "failed"
+
+    error: str
+    event_id: str | None = None
+
+
+@_report
+@dataclass(frozen=True, kw_only=True)
+class WorkerExited(JobReport):
+    """A local training process ended, and its slot is free again.
+
+    ``outcome``: ``clean`` (exit 0: finished or left the job), ``stopped``
+    (ended by the agent on a stop command), ``crashed`` (non-zero exit or
+    killed by a signal; ``exit_code`` is ``-signal`` then), ``lost`` (gone
+    while the agent was down; exit code unknown).
+    """
+
+    TYPE: ClassVar[str] = "worker_exited"
+
+    worker_id: str
+    slot: int
+    exit_code: int | None
+    outcome: ExitOutcome
+    log_tail: str = ""
+
+
+@_report
+@dataclass(frozen=True, kw_only=True)
+class Stopped(JobReport):
+    """Every local process of a job that was told to stop has ended."""
+
+    TYPE: ClassVar[str] = "stopped"
+
+    command_id: str
+
+
+@_report
+@dataclass(frozen=True, kw_only=True)
+class Rejected(Report):
+    """A command was refused and changed nothing; ``error`` says why."""
+
+    TYPE: ClassVar[str] = "rejected"
+
+    error: str
+    command_id: str | None = None
+    job: str | None = None
+
+
+@_report
+@dataclass(frozen=True, kw_only=True)
+class Heartbeat(Report):
+    """The agent is alive: its slots, free slots, and the processes it runs."""
+
+    TYPE: ClassVar[str] = "heartbeat"
+
+    device: DeviceKind
+    slots: int
+    free_slots: tuple[int, ...]
+    workers: tuple[RunningWorker, ...]
+
+    def validate(self) -> None:
+        super().validate()
+        _at_least(self.slots, 0, "heartbeat.slots")
+
+
+def command_types() -> dict[str, type[Command]]:
+    """Every command type by its ``type`` name."""
+    return dict(_COMMANDS)
+
+
+def report_types() -> dict[str, type[Report]]:
+    """Every report type by its ``type`` name."""
+    return dict(_REPORTS)

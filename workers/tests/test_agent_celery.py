@@ -1,0 +1,319 @@
+"""End to end: the real agent as a Celery worker, real training processes, real reports.
+
+The agent runs as a subprocess (``python -m workers.agent``) against the test
+Redis; commands go to ``agent.<node>`` with ``send_command`` exactly as the
+control plane sends them; the reports the agent sends are read off their
+queue with kombu (a queue of this test's own, given by ``--reports-queue``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import kombu
+import pytest
+import redis
+from django.conf import settings
+
+from workers.agent.client import send_command
+from workers.elastic.control import JobControl
+from workers.protocol import (
+    REPORT_TASK,
+    Command,
+    Failed,
+    Finished,
+    Heartbeat,
+    Progress,
+    Report,
+    ScaleDone,
+    ScaleIn,
+    Started,
+    StopJob,
+    Stopped,
+    WorkerExited,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.stack]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SLOTS = 3
+
+
+class ReportReader:
+    """Reads the agent's report tasks off their queue and keeps every report seen."""
+
+    def __init__(self, url: str, queue: str) -> None:
+        self.connection = kombu.Connection(url)
+        # Declared before the agent starts, so that no report is dropped unrouted.
+        self.queue = self.connection.SimpleQueue(
+            kombu.Queue(queue, kombu.Exchange(queue, type="direct"), routing_key=queue)
+        )
+        self.reports: list[Report] = []
+
+    def _read(self, timeout: float) -> None:
+        try:
+            message = self.queue.get(block=True, timeout=timeout)
+        except self.queue.Empty:
+            return
+        message.ack()
+        assert message.headers["task"] == REPORT_TASK
+        args, _kwargs, _embed = message.decode()
+        self.reports.append(Report.from_dict(args[0]))
+
+    def wait_for(
+        self, predicate: Callable[[Report], bool], timeout: float, what: str = "report"
+    ) -> Report:
+        """The first report (seen so far or arriving within ``timeout``) that matches."""
+        deadline = time.monotonic() + timeout
+        checked = 0
+        while True:
+            for report in self.reports[checked:]:
+                if predicate(report):
+                    return report
+            checked = len(self.reports)
+            if time.monotonic() > deadline:
+                seen = [r.TYPE for r in self.reports[-30:]]
+                raise AssertionError(f"no {what} within {timeout}s; last reports: {seen}")
+            self._read(0.5)
+
+    def of(self, kind: type[Any], job: str | None = None) -> list[Any]:
+        return [r for r in self.reports if isinstance(r, kind) and (job is None or r.job == job)]
+
+    def close(self) -> None:
+        self.queue.close()
+        self.connection.release()
+
+
+class RunningAgent:
+    def __init__(self, node: str, process: subprocess.Popen[bytes], log: Path) -> None:
+        self.node = node
+        self.process = process
+        self.log = log
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> str:
+    return os.environ.get("REDIS_URL") or str(settings.REDIS_URL)
+
+
+@pytest.fixture(scope="module")
+def reader(redis_url: str) -> Iterator[ReportReader]:
+    reports = ReportReader(redis_url, f"test-reports-{uuid.uuid4().hex[:8]}")
+    yield reports
+    reports.close()
+
+
+@pytest.fixture(scope="module")
+def agent(
+    redis_url: str, reader: ReportReader, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningAgent]:
+    node = f"test-{uuid.uuid4().hex[:8]}"
+    data_dir = tmp_path_factory.mktemp("agent-data")
+    log = data_dir / "agent.log"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "portal.settings.test",
+        "REDIS_URL": redis_url,
+        "PORTAL_DATA_DIR": str(data_dir),
+        "AGENT_HEARTBEAT_SECONDS": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    argv = [
+        sys.executable, "-m", "workers.agent",
+        "--node", node,
+        "--gpus", str(SLOTS),
+        "--cpu",
+        "--reports-queue", reader.queue.queue.name,
+        "--stop-children-on-exit",
+    ]  # fmt: skip
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            argv, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    running = RunningAgent(node, process, log)
+    try:
+        reader.wait_for(
+            lambda r: isinstance(r, Heartbeat) and r.node == node, 90, "first heartbeat"
+        )
+        yield running
+    except AssertionError:
+        print(running.log_tail())
+        raise
+    finally:
+        process.send_signal(signal.SIGTERM)  # warm shutdown: ends its training processes
+        try:
+            process.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        for started in reader.of(Started):  # anything still alive was ours: end it
+            for worker in started.workers:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(worker.pid, signal.SIGKILL)
+        client = redis.Redis.from_url(redis_url, decode_responses=True)
+        for key in client.scan_iter(match=f"agent:{node}:*"):
+            client.delete(key)
+
+
+def new_job() -> str:
+    return f"job-{uuid.uuid4().hex[:8]}"
+
+
+def start_command(job: str, slots: list[int], command_id: str, **extra: Any) -> Command:
+    return Command.from_dict(
+        {
+            "type": "start_workers",
+            "job": job,
+            "command_id": command_id,
+            "workload": "mlp-digits",
+            "args": {"epochs": 1000, "hidden": 32},
+            "batch_size": 32,
+            "recovery": "consistent",
+            "checkpoint_every": 0,
+            "workers": [{"worker_id": f"w{i}", "slot": s} for i, s in enumerate(slots)],
+            "initial_world": len(slots),
+            **extra,
+        }
+    )
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def free_of(reader: ReportReader, agent: RunningAgent, job: str) -> Heartbeat:
+    """A heartbeat sent after everything of ``job`` ended on the agent."""
+    beat = reader.wait_for(
+        lambda r: (
+            isinstance(r, Heartbeat)
+            and r.node == agent.node
+            and all(w.job != job for w in r.workers)
+        ),
+        30,
+        f"a heartbeat without {job}",
+    )
+    assert isinstance(beat, Heartbeat)
+    return beat
+
+
+def test_training_reports_progress_and_finish_and_replays_are_no_ops(
+    agent: RunningAgent, reader: ReportReader, redis_url: str
+) -> None:
+    job = new_job()
+    command = start_command(job, [0, 1], f"start-{job}", max_steps=400)
+    send_command(agent.node, command)
+    send_command(agent.node, command)  # a replay: must not start a second pair
+
+    progress = reader.wait_for(
+        lambda r: isinstance(r, Progress) and r.job == job and r.step > 0, 120, "progress"
+    )
+    assert isinstance(progress, Progress)
+    assert progress.samples_per_s > 0 and progress.world == 2 and progress.node == agent.node
+    finished = reader.wait_for(lambda r: isinstance(r, Finished) and r.job == job, 120, "finish")
+    assert isinstance(finished, Finished) and finished.reason == "finished"
+    assert finished.step == 400
+    exits = [
+        reader.wait_for(
+            lambda r, w=w: isinstance(r, WorkerExited) and r.job == job and r.worker_id == w,
+            30,
+            f"exit of {w}",
+        )
+        for w in ("w0", "w1")
+    ]
+    assert all(isinstance(e, WorkerExited) and e.outcome == "clean" for e in exits)
+    assert all(e.exit_code == 0 for e in exits)  # type: ignore[attr-defined]
+
+    started = reader.of(Started, job)
+    pids = {w.pid for s in started for w in s.workers}
+    assert len(pids) == 2, f"the replay started processes: {started}"
+    assert {w.slot for w in started[0].workers} == {0, 1}
+    assert not any(alive(pid) for pid in pids)
+
+    # A replay after the job finished must not start it again.
+    seen = len(reader.reports)
+    sent_at = time.time()
+    send_command(agent.node, command)
+    reader.wait_for(
+        lambda r: isinstance(r, Heartbeat) and r.at > sent_at + 2.5, 30, "later heartbeats"
+    )
+    late = reader.reports[seen:]
+    assert not [r for r in late if isinstance(r, Started) and r.job == job and r.workers]
+    assert all(w.job != job for r in late if isinstance(r, Heartbeat) for w in r.workers)
+    assert JobControl(redis_url, job).status().state == "finished"
+
+
+def test_killed_training_process_is_reported_and_the_agent_survives(
+    agent: RunningAgent, reader: ReportReader
+) -> None:
+    job = new_job()
+    send_command(agent.node, start_command(job, [2], f"start-{job}"))
+    started = reader.wait_for(lambda r: isinstance(r, Started) and r.job == job, 60, "started")
+    assert isinstance(started, Started)
+    [worker] = started.workers
+    reader.wait_for(lambda r: isinstance(r, Progress) and r.job == job, 120, "progress")
+
+    os.kill(worker.pid, signal.SIGKILL)
+
+    exited = reader.wait_for(
+        lambda r: isinstance(r, WorkerExited) and r.job == job, 30, "worker exit"
+    )
+    assert isinstance(exited, WorkerExited)
+    assert (exited.worker_id, exited.slot) == ("w0", 2)
+    assert exited.outcome == "crashed" and exited.exit_code == -signal.SIGKILL
+    failed = reader.wait_for(lambda r: isinstance(r, Failed) and r.job == job, 30, "failed")
+    assert isinstance(failed, Failed) and failed.event_id is None
+    assert "code -9" in failed.error
+    # The agent lives on: it heartbeats, with slot 2 free again.
+    beat = free_of(reader, agent, job)
+    assert 2 in beat.free_slots
+    assert agent.process.poll() is None
+
+
+def test_scale_in_then_stop(agent: RunningAgent, reader: ReportReader) -> None:
+    job = new_job()
+    send_command(agent.node, start_command(job, [0, 1], f"start-{job}"))
+    started = reader.wait_for(lambda r: isinstance(r, Started) and r.job == job, 60, "started")
+    assert isinstance(started, Started)
+    pids = [w.pid for w in started.workers]
+    reader.wait_for(
+        lambda r: isinstance(r, Progress) and r.job == job and r.world == 2, 120, "progress"
+    )
+
+    send_command(agent.node, ScaleIn(job=job, command_id=f"in-{job}", worker_ids=("w1",)))
+    done = reader.wait_for(lambda r: isinstance(r, ScaleDone) and r.job == job, 60, "scale done")
+    assert isinstance(done, ScaleDone)
+    assert done.world == 1 and done.workers == ("w0",) and done.leavers == ("w1",)
+    left = reader.wait_for(
+        lambda r: isinstance(r, WorkerExited) and r.job == job and r.worker_id == "w1",
+        30,
+        "exit of the leaver",
+    )
+    assert isinstance(left, WorkerExited) and left.outcome == "clean"
+
+    stop = StopJob(job=job, command_id=f"stop-{job}", reason="test", grace_seconds=30)
+    send_command(agent.node, stop)
+    send_command(agent.node, stop)  # replayed: harmless
+    stopped = reader.wait_for(lambda r: isinstance(r, Stopped) and r.job == job, 60, "stopped")
+    assert isinstance(stopped, Stopped) and stopped.command_id == stop.command_id
+    finished = reader.wait_for(lambda r: isinstance(r, Finished) and r.job == job, 10, "finished")
+    assert isinstance(finished, Finished) and finished.reason == "stopped"
+    assert len(reader.of(Stopped, job)) == 1
+    assert not any(alive(pid) for pid in pids)
+    free_of(reader, agent, job)

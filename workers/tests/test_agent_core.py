@@ -1,0 +1,291 @@
+"""The agent's core in-process, against the real Redis and the runtime's JobControl.
+
+Reports are collected in a list instead of going through Celery (the Celery
+path has its own end-to-end test in test_agent_celery.py).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+
+from workers.agent.agent import Agent
+from workers.agent.config import AgentConfig, AgentConfigError, detect_slots
+from workers.agent.launch import worker_argv
+from workers.agent.reports import report_from_event
+from workers.agent.store import AgentStore, WorkerRecord
+from workers.elastic.cli import parse_options
+from workers.elastic.control import JobControl, emit_event
+from workers.protocol import (
+    Command,
+    Finished,
+    Heartbeat,
+    ProfileDone,
+    Progress,
+    ProtocolError,
+    Rejected,
+    Report,
+    ScaleDone,
+    Stopped,
+    WorkerExited,
+)
+
+
+class Collected:
+    """The reports an agent sent, in order."""
+
+    def __init__(self) -> None:
+        self.reports: list[Report] = []
+
+    def __call__(self, report: Report) -> None:
+        self.reports.append(report)
+
+    def of(self, kind: type[Report]) -> list[Any]:
+        return [r for r in self.reports if isinstance(r, kind)]
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return str(settings.REDIS_URL)
+
+
+@pytest.fixture
+def client(redis_url: str) -> redis.Redis:
+    return redis.Redis.from_url(redis_url, decode_responses=True)
+
+
+@pytest.fixture
+def node() -> Iterator[str]:
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    yield name
+    cleanup = redis.Redis.from_url(str(settings.REDIS_URL), decode_responses=True)
+    for key in cleanup.scan_iter(match=f"agent:{name}:*"):
+        cleanup.delete(key)
+
+
+@pytest.fixture
+def job(redis_url: str) -> Iterator[str]:
+    name = f"job-{uuid.uuid4().hex[:8]}"
+    yield name
+    JobControl(redis_url, name).cleanup()
+    cleanup = redis.Redis.from_url(redis_url, decode_responses=True)
+    for key in cleanup.scan_iter(match=f"agent:forwarded:{name}:*"):
+        cleanup.delete(key)
+
+
+def make_agent(
+    node: str, redis_url: str, tmp_path: Path, slots: int = 2
+) -> tuple[Agent, Collected]:
+    config = AgentConfig(
+        node=node, device="cpu", slots=slots, redis_url=redis_url, data_dir=tmp_path
+    )
+    sent = Collected()
+    return Agent(config, AgentStore.from_url(redis_url, node), send=sent), sent
+
+
+def start_payload(job: str, command_id: str, slots: list[int], **extra: Any) -> dict[str, Any]:
+    return {
+        "type": "start_workers",
+        "job": job,
+        "command_id": command_id,
+        "workload": "mlp-digits",
+        "args": {"epochs": 1},
+        "batch_size": 32,
+        "recovery": "consistent",
+        "checkpoint_every": 0,
+        "workers": [{"worker_id": f"w{s}", "slot": s} for s in slots],
+        "initial_world": len(slots),
+        **extra,
+    }
+
+
+def test_malformed_command_is_rejected_and_changes_nothing(
+    node: str, redis_url: str, tmp_path: Path, client: redis.Redis
+) -> None:
+    agent, sent = make_agent(node, redis_url, tmp_path)
+    payload = start_payload("job-x", "cmd-bad", [0], batch_size=-3)
+    assert agent.receive(payload) == "rejected"
+    [rejected] = sent.of(Rejected)
+    assert "batch_size must be at least 1" in rejected.error
+    assert rejected.command_id == "cmd-bad" and rejected.job == "job-x"
+    assert agent.running() == []
+    assert not agent.store.was_applied("cmd-bad")
+    assert list(client.scan_iter(match=f"agent:{node}:*")) == []
+
+
+def test_impossible_start_is_rejected_before_anything_starts(
+    node: str, redis_url: str, tmp_path: Path, job: str
+) -> None:
+    agent, sent = make_agent(node, redis_url, tmp_path, slots=2)
+    # Slot 5 does not exist: the valid worker on slot 0 must not start either.
+    assert agent.receive(start_payload(job, "c1", [0, 5])) == "rejected"
+    assert "slot 5 does not exist" in sent.of(Rejected)[0].error
+    assert agent.running() == []
+    assert not agent.store.was_applied("c1")
+
+
+def test_scale_in_replay_is_a_no_op(
+    node: str, redis_url: str, tmp_path: Path, job: str, client: redis.Redis
+) -> None:
+    agent, _ = make_agent(node, redis_url, tmp_path)
+    command = {"type": "scale_in", "job": job, "command_id": "s1", "worker_ids": ["w1"]}
+    assert agent.receive(command) == "applied"
+    assert agent.receive(command) == "replayed"
+    control = JobControl(redis_url, job)
+    requests = client.xrange(control.keys.control)
+    assert len(requests) == 1
+    assert requests[0][1]["kind"] == "scale_in"
+
+
+def test_applied_ids_survive_an_agent_restart(
+    node: str, redis_url: str, tmp_path: Path, job: str, client: redis.Redis
+) -> None:
+    first, _ = make_agent(node, redis_url, tmp_path)
+    command = {
+        "type": "profile",
+        "job": job,
+        "command_id": "p1",
+        "min_workers": 1,
+        "max_workers": 2,
+    }
+    assert first.receive(command) == "applied"
+    second, _ = make_agent(node, redis_url, tmp_path)  # a new process of the same node
+    second.restore()
+    assert second.receive(command) == "replayed"
+    assert client.xlen(JobControl(redis_url, job).keys.control) == 1
+
+
+def test_stop_of_a_job_with_nothing_here_reports_stopped(
+    node: str, redis_url: str, tmp_path: Path, job: str, client: redis.Redis
+) -> None:
+    agent, sent = make_agent(node, redis_url, tmp_path)
+    assert agent.receive({"type": "stop_job", "job": job, "command_id": "st1"}) == "applied"
+    agent.tick()
+    [stopped] = sent.of(Stopped)
+    assert stopped.job == job and stopped.command_id == "st1"
+    assert client.xrange(JobControl(redis_url, job).keys.control)[0][1]["kind"] == "stop"
+    assert agent.store.stops() == {}
+
+
+def test_runtime_events_are_forwarded_once_across_agents(
+    redis_url: str, tmp_path: Path, job: str, client: redis.Redis
+) -> None:
+    nodes = [f"test-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    agents = [make_agent(n, redis_url, tmp_path) for n in nodes]
+    keys = JobControl(redis_url, job).keys
+    emit_event(client, keys, "progress", step=1, samples_per_s=1.0, loss=1.0, world=1)  # history
+    for i, (agent, _) in enumerate(agents):
+        # Watching starts at the end of the stream: history is not replayed.
+        payload = {"type": "scale_in", "job": job, "command_id": f"x{i}", "worker_ids": ["w9"]}
+        agent.receive(payload)
+    emit_event(
+        client, keys, "progress", step=5, samples_per_s=123.5, loss=float("nan"), world=2,
+        generation=0,
+    )  # fmt: skip
+    emit_event(client, keys, "finished", step=9, reason="finished")
+    for agent, _ in agents:
+        agent.tick()
+    progress = [r for _, sent in agents for r in sent.of(Progress)]
+    finished = [r for _, sent in agents for r in sent.of(Finished)]
+    assert len(progress) == 1 and len(finished) == 1
+    assert progress[0].step == 5 and progress[0].samples_per_s == 123.5
+    assert progress[0].loss is None  # NaN loss (no batch yet) travels as null
+    assert finished[0].step == 9
+    for name in nodes:
+        for key in client.scan_iter(match=f"agent:{name}:*"):
+            client.delete(key)
+
+
+def test_heartbeat_lists_slots_and_workers(node: str, redis_url: str, tmp_path: Path) -> None:
+    agent, sent = make_agent(node, redis_url, tmp_path, slots=3)
+    agent.tick()
+    [beat] = sent.of(Heartbeat)
+    assert beat.node == node and beat.device == "cpu"
+    assert beat.slots == 3 and beat.free_slots == (0, 1, 2) and beat.workers == ()
+
+
+def test_restore_reports_processes_gone_while_the_agent_was_down(
+    node: str, redis_url: str, tmp_path: Path, job: str
+) -> None:
+    store = AgentStore.from_url(redis_url, node)
+    log = tmp_path / "w0.log"
+    log.write_text("Traceback: something broke\n")
+    # pid 0 is never a training process: this one is gone.
+    store.save_worker(WorkerRecord(job, "w0", 1, 0, str(log), 0.0))
+    agent, sent = make_agent(node, redis_url, tmp_path)
+    agent.restore()
+    [gone] = sent.of(WorkerExited)
+    assert (gone.worker_id, gone.slot, gone.outcome, gone.exit_code) == ("w0", 1, "lost", None)
+    assert "something broke" in gone.log_tail
+    assert store.workers() == []
+
+
+def test_worker_command_line_is_accepted_by_the_runtime(tmp_path: Path) -> None:
+    config = AgentConfig(
+        node="n1", device="cuda", slots=4, redis_url="redis://h:1/0", data_dir=tmp_path
+    )
+    first = Command.from_dict(start_payload("j1", "c1", [0, 3], max_steps=5))
+    argv = worker_argv(config, first, first.workers[1])  # type: ignore[attr-defined]
+    options = parse_options(argv[3:])
+    assert (options.job_id, options.worker_id, options.device) == ("j1", "w3", "cuda:3")
+    assert options.initial_world == 2 and options.max_steps == 5
+    assert options.checkpoint_dir == str(tmp_path / "checkpoints" / "j1")
+    assert options.args == {"epochs": 1, "hidden": 128, "lr": 0.05, "seed": 0}
+    joiner = Command.from_dict(start_payload("j1", "c2", [1], join=True, checkpoint_dir="/ck"))
+    options = parse_options(worker_argv(config, joiner, joiner.workers[0])[3:])  # type: ignore[attr-defined]
+    assert options.initial_world is None  # a newcomer is not told a world size
+    assert options.checkpoint_dir == "/ck"
+
+
+def test_report_from_runtime_events() -> None:
+    scale = report_from_event(
+        "n",
+        "j",
+        "7-0",
+        {
+            "kind": "scale_done",
+            "generation": 2,
+            "world": 3,
+            "members": ["a", "b", "c"],
+            "joiners": ["c"],
+            "leavers": [],
+            "pause_s": 0.02,
+            "step": 40,
+        },
+    )
+    assert isinstance(scale, ScaleDone)
+    assert scale.workers == ("a", "b", "c") and scale.joiners == ("c",) and scale.pause_s == 0.02
+    curve = report_from_event(
+        "n", "j", "8-0", {"kind": "profile_done", "curve": {"2": 9.5, "1": 5}}
+    )
+    assert isinstance(curve, ProfileDone)
+    assert [(p.workers, p.samples_per_s) for p in curve.curve] == [(1, 5.0), (2, 9.5)]
+    assert report_from_event("n", "j", "9-0", {"kind": "something_new"}) is None
+    with pytest.raises(ProtocolError, match="lacks field 'ratio'"):
+        report_from_event("n", "j", "9-1", {"kind": "straggler", "worker": "w1"})
+    with pytest.raises(ProtocolError):
+        report_from_event(
+            "n", "j", "9-2", {"kind": "progress", "step": 1, "samples_per_s": "x", "world": 1}
+        )
+
+
+def test_slot_detection(monkeypatch: pytest.MonkeyPatch) -> None:
+    import workers.agent.config as config_module
+
+    monkeypatch.setattr(config_module, "_cuda_device_count", lambda: 0)
+    assert detect_slots(3) == ("cpu", 3)
+    assert detect_slots(None)[0] == "cpu"
+    monkeypatch.setattr(config_module, "_cuda_device_count", lambda: 8)
+    assert detect_slots(None) == ("cuda", 8)
+    assert detect_slots(2) == ("cuda", 2)
+    assert detect_slots(2, force_cpu=True) == ("cpu", 2)
+    with pytest.raises(AgentConfigError, match="only 8 CUDA"):
+        detect_slots(9)
+    with pytest.raises(AgentConfigError, match="at least 1"):
+        detect_slots(0)
