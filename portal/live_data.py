@@ -16,6 +16,8 @@ from jobs.services import tenant_jct_stats
 from portal.models import Tenant
 
 ROW_LIMIT = 200
+METRIC_LIMIT = 2000
+LOG_LINES = 40
 
 
 def queue_positions() -> dict[int, int]:
@@ -37,6 +39,8 @@ def job_row(job: Job, positions: dict[int, int]) -> dict[str, Any]:
         "parallelism": job.parallelism,
         "attained_gpu_seconds": round(job.attained_gpu_seconds, 1),
         "queue_position": positions.get(job.pk),
+        "step": job.step,
+        "throughput": job.samples_per_s,
         "submitted_at": job.submitted_at.isoformat(),
         "url": f"/jobs/{job.pk}/",
     }
@@ -79,6 +83,28 @@ def parallelism_series(job: Job) -> dict[str, list[Any]]:
     return {"t": times, "gpus": values}
 
 
+def throughput_series(job: Job) -> dict[str, list[Any]]:
+    """The job's reported samples/s over time (its newest ``METRIC_LIMIT`` samples)."""
+    rows = list(
+        job.metrics.order_by("-at", "-id").values_list(
+            "at", "samples_per_s", "parallelism", "step"
+        )[:METRIC_LIMIT]
+    )
+    rows.reverse()
+    return {
+        "t": [at.isoformat() for at, *_ in rows],
+        "samples_per_second": [round(v, 2) for _, v, _, _ in rows],
+        "parallelism": [p for _, _, p, _ in rows],
+        "step": [s for *_, s in rows],
+    }
+
+
+def profile_curve(job: Job) -> dict[str, list[Any]]:
+    """The profiled throughput-vs-GPUs curve (EDL profile()), sorted by GPU count."""
+    points = sorted((int(k), float(v)) for k, v in (job.throughput_curve or {}).items())
+    return {"gpus": [n for n, _ in points], "samples_per_second": [v for _, v in points]}
+
+
 def job_snapshot(job: Job) -> dict[str, Any]:
     """The job page's view: state, counters, history with reasons, parallelism over time."""
     events = [
@@ -104,4 +130,10 @@ def job_snapshot(job: Job) -> dict[str, Any]:
         "queue_position": queue_positions().get(job.pk),
         "events": events,
         "parallelism_series": parallelism_series(job),
+        "throughput_series": throughput_series(job),
+        "profile": profile_curve(job),
+        "step": job.step,
+        "throughput": job.samples_per_s,
+        "loss": job.loss,
+        "log": job.log_tail.splitlines()[-LOG_LINES:],
     }

@@ -6,7 +6,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from jobs import views as job_views
-from portal import live_views
+from portal import cluster_views, live_views
 from portal import views as portal_views
 
 urlpatterns = [
@@ -19,6 +19,15 @@ urlpatterns = [
     path("jobs/<int:job_id>/cancel/", job_views.cancel_job, name="job-cancel"),
     path("live/tenants/<int:tenant_id>/jobs.json", live_views.tenant_jobs, name="live-tenant"),
     path("live/jobs/<int:job_id>.json", live_views.job, name="live-job"),
+    path("live/cluster.json", cluster_views.cluster_json, name="live-cluster"),
+    path("cluster/", cluster_views.cluster, name="cluster"),
+    path("cluster/topology/", cluster_views.topology, name="topology"),
+    path("cluster/topology/export.json", cluster_views.topology_export, name="topology-export"),
+    path(
+        "cluster/topology/servers/<str:node>/<str:action>/",
+        cluster_views.server_action,
+        name="server-action",
+    ),
     path("api/v1/", include("portal.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),

@@ -1,7 +1,7 @@
 /* The tenant dashboard: the jobs table and tiles, kept live over the socket. */
 (function () {
   "use strict";
-  const { LiveSocket, fetchJSON, debounce, el, seconds } = window.PortalLive;
+  const { LiveSocket, fetchJSON, throttle, el, seconds } = window.PortalLive;
   const root = document.getElementById("live-dashboard");
   if (!root) return;
   const tenant = Number(root.dataset.tenant);
@@ -10,14 +10,7 @@
   const empty = document.getElementById("jobs-empty");
 
   function progressCell(row) {
-    const td = el("td", { "data-field": "progress" });
-    if (row.progress === null || row.progress === undefined) { td.textContent = "—"; return td; }
-    const pct = Math.max(0, Math.min(100, row.progress * 100));
-    const bar = el("div", { class: "bar", title: pct.toFixed(0) + "%" });
-    bar.appendChild(el("span", { style: "width:" + pct.toFixed(1) + "%" }));
-    td.appendChild(bar);
-    td.appendChild(el("small", {}, pct.toFixed(0) + "%"));
-    return td;
+    return el("td", { "data-field": "progress" }, row.step ? "step " + row.step : "—");
   }
 
   function renderRow(row) {
@@ -61,7 +54,8 @@
   }
 
   const resync = () => fetchJSON("/live/tenants/" + tenant + "/jobs.json").then(applySnapshot).catch(console.error);
-  const resyncSoon = debounce(resync, 400);
+  const resyncSoon = throttle(resync, 300);
+  const resyncLater = throttle(resync, 1000);
 
   function onEvent(event) {
     if (event.tenant !== tenant || !event.job) return;
@@ -76,10 +70,8 @@
     }
     if (event.parallelism !== undefined) row.querySelector('[data-field="parallelism"]').textContent = event.parallelism;
     if (event.attained_gpu_seconds !== undefined) row.querySelector('[data-field="attained_gpu_seconds"]').textContent = seconds(event.attained_gpu_seconds);
-    if (event.progress !== undefined && event.progress !== null) row.replaceChild(progressCell(event), row.querySelector('[data-field="progress"]'));
-    if (event.throughput !== undefined && event.throughput !== null) row.querySelector('[data-field="throughput"]').textContent = event.throughput.toFixed(0) + "/s";
-    // tiles and queue positions depend on other rows: reload them, coalesced
-    if (stateChanged || event.type !== "job.metrics") resyncSoon();
+    // steps, throughput, tiles and queue positions are not in the event: reload, coalesced
+    if (stateChanged) resyncSoon(); else resyncLater();
   }
 
   new LiveSocket([{ topic: "tenant", id: tenant }], { onEvent, resync });

@@ -1,7 +1,7 @@
 /* The job page: state, counters, charts and history, kept live over the socket. */
 (function () {
   "use strict";
-  const { LiveSocket, fetchJSON, debounce, el, seconds, plotLayout } = window.PortalLive;
+  const { LiveSocket, fetchJSON, throttle, el, seconds, plotLayout } = window.PortalLive;
   const root = document.getElementById("live-job");
   if (!root) return;
   const jobId = Number(root.dataset.job);
@@ -26,7 +26,7 @@
     if (!series || !series.t || !series.t.length) return;
     const node = document.getElementById("chart-throughput");
     clearEmpty(node);
-    Plotly.react(node, [{ x: series.t, y: series.samples_per_second, type: "scatter", mode: "lines", line: { color: "#1e8e3e" }, name: "samples/s" }],
+    Plotly.react(node, [{ x: series.t, y: series.samples_per_second, type: "scatter", mode: "lines", line: { color: "#1e8e3e" }, name: "samples/s", customdata: series.step, hovertemplate: "%{y:.0f} samples/s<br>step %{customdata}<extra></extra>" }],
       plotLayout({ yaxis: { title: "samples/s", rangemode: "tozero", gridcolor: "#e3e6eb" } }), config);
   }
 
@@ -85,7 +85,7 @@
   }
 
   const resync = () => fetchJSON("/live/jobs/" + jobId + ".json").then(apply).catch(console.error);
-  const resyncSoon = debounce(resync, 300);
+  const resyncSoon = throttle(resync, 300);
 
   function onEvent(event) {
     if (event.job !== jobId) return;

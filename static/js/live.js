@@ -85,6 +85,15 @@
     };
   }
 
+  /** Run fn once, `ms` after the first of a burst of calls (never starved by a steady stream). */
+  function throttle(fn, ms) {
+    let timer = null;
+    return function () {
+      if (timer !== null) return;
+      timer = setTimeout(() => { timer = null; fn(); }, ms);
+    };
+  }
+
   /** Create an element with text content (never innerHTML: names come from users). */
   function el(tag, attrs, text) {
     const node = document.createElement(tag);
@@ -117,5 +126,5 @@
     }, extra || {});
   }
 
-  window.PortalLive = { LiveSocket, fetchJSON, debounce, el, seconds, plotLayout, setStatus };
+  window.PortalLive = { LiveSocket, fetchJSON, debounce, throttle, el, seconds, plotLayout, setStatus };
 })();

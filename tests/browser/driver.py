@@ -35,6 +35,23 @@ def seed() -> dict[str, Any]:
     return {"acme": acme.tenant.pk, "globex": globex.tenant.pk}
 
 
+def submit(user: str, tenant: str, name: str, gpus: int, elastic: bool = False) -> int:
+    """Submit a job as ``user`` through the services (rigid unless ``elastic``)."""
+    from django.contrib.auth import get_user_model
+
+    from jobs.services import check_job_spec, do_submit_job
+    from portal.models import Tenant
+
+    owner = get_user_model().objects.get(username=user)
+    target = Tenant.objects.get(slug=tenant)
+    data: dict[str, Any] = {"name": name, "workload": "mlp-digits", "gpus": gpus}
+    if not elastic:
+        data.update(min_gpus=gpus, max_gpus=gpus)
+    return do_submit_job(
+        user=owner, tenant=target, spec=check_job_spec(tenant=target, data=data)
+    ).pk
+
+
 def handle(request: dict[str, Any]) -> Any:
     """Apply one request and return a JSON-able result."""
     from jobs.services import do_set_parallelism, do_transition
@@ -55,6 +72,33 @@ def handle(request: dict[str, Any]) -> Any:
             job_id=request["job"], parallelism=request["parallelism"], reason="scaled by the test"
         )
         return {"job": job.pk, "parallelism": job.parallelism}
+    if op == "submit":
+        return {"job": submit(**{k: v for k, v in request.items() if k != "op"})}
+    if op == "cancel":
+        from django.contrib.auth import get_user_model
+
+        from jobs.services import do_cancel_job
+
+        user = get_user_model().objects.get(username=request["user"])
+        return {"state": do_cancel_job(user=user, job_id=request["job"]).state}
+    if op == "heartbeats":
+        from portal.inventory import do_heartbeat
+        from portal.models import Server
+
+        nodes = list(Server.objects.values_list("node", flat=True))
+        for node in nodes:
+            do_heartbeat(node=node, info={"slots": 1})
+        return {"nodes": nodes}
+    if op == "tick":
+        from jobs.control.tick import run_tick
+
+        result = run_tick(policy=request.get("policy", "fifo"))
+        return {"changed": list(result.changed_jobs), "refused": len(result.refused)}
+    if op == "server_state":
+        from portal.inventory import do_set_server_state
+
+        server = do_set_server_state(node=request["node"], state=request["state"], reason="test")
+        return {"node": server.node, "state": server.state}
     if op == "call":
         module_name, function_name = request["path"].split(":")
         result = getattr(importlib.import_module(module_name), function_name)(

@@ -1,0 +1,151 @@
+"""The admin's cluster view as plain data: inventory with allocations, timeline, JCT.
+
+Built with a fixed number of queries; the page loads it on open, after every
+reconnect and (coalesced) after cluster events, which carry only ids.
+
+Timeline: replayed from the jobs' events (every change of state or parallelism
+is one), so it needs no sampling process:
+
+    queue length(t)       jobs in state ``queued``
+    GPUs in use(t)        sum of parallelism of running/scaling jobs
+    efficiency(t)         sum over running jobs of thr(n)/thr(1), over all GPUs
+                          (EDL's cluster efficiency; a job not yet profiled
+                          counts as scaling perfectly, thr(n)/thr(1) = n)
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from itertools import pairwise
+from typing import Any
+
+from django.db.models import Q
+from django.utils import timezone
+
+from jobs.choices import ACTIVE_STATES, JobState
+from jobs.models import Job, JobCable, JobEvent
+from jobs.stats import completed_jcts, summarize
+from portal.inventory import current_spec
+from portal.models import Gpu, Server
+
+WINDOWS = {"1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400, "all": None}
+DEFAULT_WINDOW = "24h"
+TIMELINE_POINTS = 600
+
+
+def speedup(curve: dict[str, Any] | None, gpus: int) -> float:
+    """thr(n)/thr(1) from a profiled curve, interpolated; ``n`` when there is no profile."""
+    if gpus <= 0:
+        return 0.0
+    points = sorted((int(k), float(v)) for k, v in (curve or {}).items() if float(v) > 0)
+    if not points:
+        return float(gpus)
+    base = dict(points).get(1) or points[0][1] / points[0][0]
+    for (n0, v0), (n1, v1) in pairwise(points):
+        if n0 <= gpus <= n1:
+            return (v0 + (v1 - v0) * (gpus - n0) / (n1 - n0)) / base
+    nearest_n, nearest_v = points[-1] if gpus > points[-1][0] else points[0]
+    return nearest_v / base * gpus / nearest_n
+
+
+def timeline(since: datetime | None, now: datetime, total_gpus: int) -> dict[str, list[Any]]:
+    """Queue length, GPUs in use and cluster efficiency over [since, now]."""
+    relevant = Job.objects.all()
+    if since is not None:
+        relevant = relevant.filter(Q(finished_at__isnull=True) | Q(finished_at__gte=since))
+    curves = dict(relevant.values_list("pk", "throughput_curve"))
+    events = JobEvent.objects.filter(job_id__in=list(curves)).order_by("at", "id")
+    state: dict[int, str] = {}
+    width: dict[int, int] = {}
+    series: dict[str, list[Any]] = {"t": [], "queue": [], "gpus_in_use": [], "efficiency": []}
+
+    def emit(at: datetime) -> None:
+        active = [j for j, s in state.items() if s in ACTIVE_STATES]
+        used = sum(width.get(j, 0) for j in active)
+        eff = sum(speedup(curves.get(j), width.get(j, 0)) for j in active)
+        series["t"].append(at.isoformat())
+        series["queue"].append(sum(1 for s in state.values() if s == JobState.QUEUED))
+        series["gpus_in_use"].append(used)
+        series["efficiency"].append(round(eff / total_gpus, 4) if total_gpus else None)
+
+    started = False
+    for job_id, at, to_state, to_parallelism in events.values_list(
+        "job_id", "at", "to_state", "to_parallelism"
+    ):
+        if since is not None and at >= since and not started:
+            if state:  # the window opens on jobs already there; else start at the first event
+                emit(since)
+            started = True
+        if to_state:
+            state[job_id] = to_state
+        if to_parallelism is not None:
+            width[job_id] = to_parallelism
+        if since is None or at >= since:
+            emit(at)
+    if not started and since is not None:
+        emit(since)
+    emit(now)
+    if len(series["t"]) > TIMELINE_POINTS:  # keep the payload small: even thinning
+        step = len(series["t"]) / TIMELINE_POINTS
+        keep = sorted({int(i * step) for i in range(TIMELINE_POINTS)} | {len(series["t"]) - 1})
+        series = {k: [v[i] for i in keep] for k, v in series.items()}
+    return series
+
+
+def window_start(window: str, now: datetime) -> datetime | None:
+    """The start of a named window (None = all time)."""
+    seconds = WINDOWS.get(window, WINDOWS[DEFAULT_WINDOW])
+    return None if seconds is None else now - timedelta(seconds=seconds)
+
+
+def cluster_snapshot(window: str = DEFAULT_WINDOW) -> dict[str, Any]:
+    """Everything the cluster view draws; ``fabric`` is None before a topology is loaded."""
+    now = timezone.now()
+    since = window_start(window, now)
+    jcts = sorted(completed_jcts(Job.objects.all(), since))
+    queued = Job.objects.filter(state=JobState.QUEUED).count()
+    base: dict[str, Any] = {
+        "type": "cluster.snapshot",
+        "window": window if window in WINDOWS else DEFAULT_WINDOW,
+        "queue_length": queued,
+        "jct": {**summarize(jcts).as_dict(), "values": jcts},
+    }
+    spec = current_spec()
+    if spec is None:
+        return {**base, "fabric": None}
+    servers = [
+        {"node": node, "leaf": leaf, "slot": slot, "state": st, "reason": reason}
+        for node, leaf, slot, st, reason in Server.objects.values_list(
+            "node", "leaf", "slot", "state", "state_reason"
+        )
+    ]
+    gpus = list(
+        Gpu.objects.order_by("index").values_list(
+            "index", "server__leaf", "server__slot", "local", "assignment__job_id"
+        )
+    )
+    cables = list(JobCable.objects.values_list("leaf", "port", "spine", "job_id"))
+    holders = {g[4] for g in gpus if g[4] is not None} | {c[3] for c in cables}
+    jobs = {
+        str(pk): {"name": name, "tenant": tenant, "state": st, "parallelism": par}
+        for pk, name, tenant, st, par in Job.objects.filter(pk__in=holders).values_list(
+            "pk", "name", "tenant__slug", "state", "parallelism"
+        )
+    }
+    total = len(gpus)
+    return {
+        **base,
+        "fabric": {**spec.to_dict(), "gpus_per_leaf": spec.gpus_per_leaf},
+        "servers": servers,
+        "gpus": gpus,
+        "cables": cables,
+        "jobs": jobs,
+        "totals": {
+            "gpus": total,
+            "allocated": sum(1 for g in gpus if g[4] is not None),
+            "down": sum(spec.gpus_per_server for s in servers if s["state"] != "up"),
+            "cables_reserved": len(cables),
+            "cables": spec.leaves * spec.gpus_per_leaf,
+        },
+        "timeline": timeline(since, now, total),
+    }

@@ -1,0 +1,92 @@
+"""Forms of the admin topology editor; the rules themselves live in ``portal.inventory``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+
+GENERATOR_FIELDS = ("leaves", "spines", "servers_per_leaf", "gpus_per_server", "link_gbps")
+# Words in the inventory's messages that point at one generator field.
+_FIELD_HINTS = (
+    ("servers_per_leaf", "servers_per_leaf"),
+    ("gpus_per_server", "gpus_per_server"),
+    ("uplinks", "spines"),
+    ("spines", "spines"),
+    ("leaves", "leaves"),
+    ("link_gbps", "link_gbps"),
+    ("bandwidth", "link_gbps"),
+)
+
+
+def field_for_message(message: str) -> str | None:
+    """The generator field an inventory error is about, or None for a form-wide error."""
+    lowered = message.lower()
+    for hint, field in _FIELD_HINTS:
+        if hint in lowered:
+            return field
+    return None
+
+
+class GeneratorForm(forms.Form):
+    """A uniform leaf-spine fabric from its four sizes."""
+
+    leaves = forms.IntegerField(min_value=1, max_value=512, initial=4)
+    spines = forms.IntegerField(min_value=1, max_value=512, initial=4)
+    servers_per_leaf = forms.IntegerField(
+        min_value=1, max_value=64, initial=2, label="Servers/leaf"
+    )
+    gpus_per_server = forms.IntegerField(min_value=1, max_value=16, initial=2, label="GPUs/server")
+    link_gbps = forms.FloatField(min_value=0.001, initial=100.0, label="Link Gb/s")
+
+    def spec(self) -> dict[str, Any]:
+        """The topology document to load."""
+        return {name: self.cleaned_data[name] for name in GENERATOR_FIELDS}
+
+
+class ImportForm(forms.Form):
+    """A topology document (the format ``loadtopology`` and Export use), pasted or uploaded."""
+
+    document = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 6, "spellcheck": "false"}),
+        label="JSON spec",
+        help_text='e.g. {"leaves": 2, "spines": 2, "servers_per_leaf": 2, "gpus_per_server": 2}',
+    )
+    upload = forms.FileField(required=False, label="or a file")
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        upload = cleaned.get("upload")
+        text = cleaned.get("document") or ""
+        if upload is not None:
+            try:
+                text = upload.read(2 * 1024 * 1024).decode("utf-8")
+            except UnicodeDecodeError:
+                self.add_error("upload", "The file is not UTF-8 text.")
+                return cleaned
+        if not text.strip():
+            self.add_error("document", "Paste a JSON spec or choose a file.")
+            return cleaned
+        try:
+            cleaned["data"] = json.loads(text)
+        except json.JSONDecodeError as exc:
+            target = "upload" if upload is not None else "document"
+            self.add_error(target, f"Not valid JSON: {exc.msg} (line {exc.lineno}).")
+        return cleaned
+
+
+class ServerForm(forms.Form):
+    """A new server at a free position of the fabric."""
+
+    leaf = forms.IntegerField(min_value=0)
+    slot = forms.IntegerField(min_value=0)
+    node = forms.CharField(max_length=64, label="Node name")
+
+
+SERVER_ACTIONS = {
+    "drain": ("draining", "drained by an admin"),
+    "undrain": ("up", "returned to service by an admin"),
+    "down": ("down", "marked down by an admin"),
+}

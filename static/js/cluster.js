@@ -1,0 +1,157 @@
+/* The admin cluster view: topology with per-job colours, allocation heatmap,
+ * queue/efficiency timeline and JCT statistics; resynced after cluster events. */
+(function () {
+  "use strict";
+  const { LiveSocket, fetchJSON, throttle, el, seconds, plotLayout } = window.PortalLive;
+  const root = document.getElementById("live-cluster");
+  if (!root) return;
+  const config = { displayModeBar: false, responsive: true };
+  const PALETTE = ["#2f6fed", "#e4572e", "#17a398", "#9b5de5", "#f3a712", "#d81159", "#3bb273", "#8f2d56", "#0081a7", "#c2711f", "#5c6bc0", "#6a994e"];
+  const IDLE = "#d5dae2", DOWN = "#59606b", LINK = "#e3e6eb";
+  const colourOf = (job) => PALETTE[(Number(job) * 7) % PALETTE.length];
+  window.__clusterColour = colourOf;
+
+  function serverState(snap) {
+    const map = {};
+    for (const s of snap.servers) map[s.leaf + ":" + s.slot] = s;
+    return map;
+  }
+
+  function drawTopology(snap) {
+    const f = snap.fabric;
+    const servers = serverState(snap);
+    const width = Math.max(f.leaves * f.gpus_per_leaf, f.spines, 1);
+    const spineX = (s) => (s + 0.5) * width / f.spines;
+    const leafX = (l) => (l + 0.5) * width / f.leaves;
+    const gpuX = (leaf, port) => leaf * width / f.leaves + (port + 0.5) * (width / f.leaves) / f.gpus_per_leaf;
+    const traces = [];
+    // idle cables: one grey trace; reserved ones: per job
+    const reserved = {};
+    for (const [leaf, port, spine, job] of snap.cables) reserved[leaf + ":" + port] = job;
+    const idle = { x: [], y: [], mode: "lines", line: { color: LINK, width: 1 }, hoverinfo: "skip", name: "idle links" };
+    const byJob = {};
+    for (let leaf = 0; leaf < f.leaves; leaf++) {
+      for (let port = 0; port < f.gpus_per_leaf; port++) {
+        const spine = port % f.spines;
+        const job = reserved[leaf + ":" + port];
+        const target = job === undefined ? idle : (byJob[job] = byJob[job] || { links: { x: [], y: [] }, gpus: { x: [], y: [], text: [] } }).links;
+        const offset = (Math.floor(port / f.spines) - (f.gpus_per_leaf / f.spines - 1) / 2) * 0.08;
+        target.x.push(leafX(leaf) + offset, spineX(spine) + offset, null);
+        target.y.push(2, 3, null);
+      }
+    }
+    traces.push(idle);
+    // GPUs: idle, down/draining, or the job's colour
+    const idleGpus = { x: [], y: [], text: [] }, downGpus = { x: [], y: [], text: [] };
+    for (const [index, leaf, slot, local, job] of snap.gpus) {
+      const x = gpuX(leaf, slot * f.gpus_per_server + local);
+      const s = servers[leaf + ":" + slot];
+      const label = "GPU " + index + " · " + s.node + ":" + local;
+      if (job !== null) {
+        const entry = (byJob[job] = byJob[job] || { links: { x: [], y: [] }, gpus: { x: [], y: [], text: [] } });
+        entry.gpus.x.push(x); entry.gpus.y.push(0.6); entry.gpus.text.push(label + " · job " + job);
+      } else if (s.state !== "up") {
+        downGpus.x.push(x); downGpus.y.push(0.6); downGpus.text.push(label + " · " + s.state);
+      } else {
+        idleGpus.x.push(x); idleGpus.y.push(0.6); idleGpus.text.push(label + " · idle");
+      }
+    }
+    // switches and servers
+    traces.push({ x: [...Array(f.spines).keys()].map(spineX), y: Array(f.spines).fill(3), mode: "markers+text", marker: { symbol: "square", size: 18, color: "#141a26" }, text: [...Array(f.spines).keys()].map((s) => "S" + s), textposition: "top center", hoverinfo: "text", name: "spines" });
+    traces.push({ x: [...Array(f.leaves).keys()].map(leafX), y: Array(f.leaves).fill(2), mode: "markers+text", marker: { symbol: "square", size: 18, color: "#3b4456" }, text: [...Array(f.leaves).keys()].map((l) => "L" + l), textposition: "bottom center", hoverinfo: "text", name: "leaves" });
+    const srv = { x: [], y: [], text: [], color: [] };
+    for (const s of snap.servers) {
+      srv.x.push(gpuX(s.leaf, (s.slot + 0.5) * f.gpus_per_server - 0.5));
+      srv.y.push(1.1);
+      srv.text.push(s.node + " (" + s.state + (s.reason ? ": " + s.reason : "") + ")");
+      srv.color.push(s.state === "up" ? "#8a94a6" : DOWN);
+    }
+    traces.push({ x: srv.x, y: srv.y, mode: "markers", marker: { symbol: "square", size: 12, color: srv.color }, text: srv.text, hoverinfo: "text", name: "servers" });
+    const gpuSize = Math.max(5, Math.min(14, 700 / width));
+    traces.push({ x: idleGpus.x, y: idleGpus.y, text: idleGpus.text, mode: "markers", marker: { size: gpuSize, color: IDLE }, hoverinfo: "text", name: "idle GPUs" });
+    traces.push({ x: downGpus.x, y: downGpus.y, text: downGpus.text, mode: "markers", marker: { size: gpuSize, color: DOWN, symbol: "x" }, hoverinfo: "text", name: "down GPUs" });
+    const legend = document.getElementById("job-legend");
+    legend.replaceChildren();
+    for (const job of Object.keys(byJob).sort((a, b) => a - b)) {
+      const colour = colourOf(job), info = snap.jobs[job] || {};
+      traces.push({ x: byJob[job].links.x, y: byJob[job].links.y, mode: "lines", line: { color: colour, width: 3 }, hoverinfo: "skip", name: "job " + job + " links" });
+      traces.push({ x: byJob[job].gpus.x, y: byJob[job].gpus.y, text: byJob[job].gpus.text, mode: "markers", marker: { size: gpuSize + 2, color: colour }, hoverinfo: "text", name: "job " + job });
+      const item = el("li", { "data-job": job });
+      item.appendChild(el("span", { class: "swatch", style: "background:" + colour }));
+      const link = el("a", { href: "/jobs/" + job + "/" }, "job " + job);
+      item.appendChild(link);
+      item.appendChild(el("span", {}, " " + (info.name || "") + " · " + (info.tenant || "") + " · " + byJob[job].gpus.x.length + " GPUs, " + byJob[job].links.x.length / 3 + " links"));
+      legend.appendChild(item);
+    }
+    if (!Object.keys(byJob).length) legend.appendChild(el("li", { class: "help" }, "No job holds GPUs right now."));
+    Plotly.react("topology", traces, plotLayout({ height: 380, margin: { l: 10, r: 10, t: 20, b: 10 }, hovermode: "closest",
+      xaxis: { visible: false, range: [-0.5, width + 0.5] }, yaxis: { visible: false, range: [0.2, 3.5] } }), config);
+  }
+
+  function drawHeatmap(snap) {
+    const f = snap.fabric;
+    const servers = serverState(snap);
+    const z = [], text = [];
+    for (let leaf = 0; leaf < f.leaves; leaf++) { z.push(Array(f.gpus_per_leaf).fill(null)); text.push(Array(f.gpus_per_leaf).fill("no server")); }
+    for (const [index, leaf, slot, local, job] of snap.gpus) {
+      const s = servers[leaf + ":" + slot];
+      const port = slot * f.gpus_per_server + local;
+      z[leaf][port] = s.state !== "up" ? -1 : job === null ? 0 : 1;
+      text[leaf][port] = "GPU " + index + " · " + s.node + " · " + (job === null ? (s.state === "up" ? "idle" : s.state) : "job " + job);
+    }
+    const x = [];
+    for (let slot = 0; slot < f.servers_per_leaf; slot++) for (let g = 0; g < f.gpus_per_server; g++) x.push("s" + slot + ":g" + g);
+    Plotly.react("heatmap", [{ z: z, x: x, y: [...Array(f.leaves).keys()].map((l) => "leaf " + l), text: text, type: "heatmap", hoverinfo: "text", zmin: -1, zmax: 1, xgap: 2, ygap: 2, showscale: false,
+      colorscale: [[0, DOWN], [0.33, DOWN], [0.34, IDLE], [0.66, IDLE], [0.67, "#2f6fed"], [1, "#2f6fed"]] }],
+      plotLayout({ height: Math.max(200, 40 * f.leaves + 80), xaxis: { type: "category", tickangle: -45 }, yaxis: { autorange: "reversed", type: "category" } }), config);
+  }
+
+  function drawTimeline(snap) {
+    const t = snap.timeline;
+    Plotly.react("timeline", [
+      { x: t.t, y: t.queue, name: "queue length", type: "scatter", mode: "lines", line: { shape: "hv", color: "#b7791f" } },
+      { x: t.t, y: t.efficiency, name: "efficiency", type: "scatter", mode: "lines", line: { shape: "hv", color: "#1e8e3e" }, yaxis: "y2" },
+    ], plotLayout({ showlegend: true, legend: { orientation: "h", y: 1.15 }, margin: { l: 50, r: 50, t: 10, b: 40 }, yaxis: { title: "jobs queued", rangemode: "tozero", gridcolor: "#e3e6eb" },
+      yaxis2: { title: "efficiency", overlaying: "y", side: "right", range: [0, 1.05], tickformat: ".0%" } }), config);
+  }
+
+  function drawJct(snap) {
+    const j = snap.jct;
+    document.getElementById("jct-count").textContent = j.count;
+    document.getElementById("jct-mean").textContent = seconds(j.mean);
+    document.getElementById("jct-median").textContent = seconds(j.median);
+    document.getElementById("jct-p95").textContent = seconds(j.p95);
+    if (!j.values.length) return;
+    const node = document.getElementById("jct-cdf");
+    const empty = node.querySelector(".chart-empty");
+    if (empty) empty.remove();
+    const y = j.values.map((_, i) => (i + 1) / j.values.length);
+    Plotly.react(node, [{ x: j.values, y: y, type: "scatter", mode: "lines", line: { shape: "hv", color: "#2f6fed" } }],
+      plotLayout({ xaxis: { title: "JCT (s)", type: j.values[j.values.length - 1] > 100 * Math.max(1, j.values[0]) ? "log" : "linear", gridcolor: "#e3e6eb" }, yaxis: { title: "fraction of jobs", range: [0, 1.02], tickformat: ".0%", gridcolor: "#e3e6eb" } }), config);
+  }
+
+  function apply(snap) {
+    document.getElementById("tile-queue").textContent = snap.queue_length;
+    drawJct(snap);
+    const body = document.getElementById("cluster-body");
+    const empty = document.getElementById("cluster-empty");
+    if (!snap.fabric) { body.hidden = true; if (empty) empty.hidden = false; return; }
+    body.hidden = false;
+    if (empty) empty.hidden = true;
+    const tot = snap.totals;
+    document.getElementById("tile-allocated").textContent = tot.allocated + " / " + tot.gpus;
+    document.getElementById("tile-down").textContent = tot.down;
+    document.getElementById("tile-cables").textContent = tot.cables_reserved + " / " + tot.cables;
+    const eff = snap.timeline.efficiency[snap.timeline.efficiency.length - 1];
+    document.getElementById("tile-eff").textContent = eff === null || eff === undefined ? "—" : (eff * 100).toFixed(0) + "%";
+    drawTopology(snap);
+    drawHeatmap(snap);
+    drawTimeline(snap);
+    window.__clusterSnapshot = snap;
+  }
+
+  const resync = () => fetchJSON("/live/cluster.json?window=" + encodeURIComponent(root.dataset.window)).then(apply).catch(console.error);
+  const resyncSoon = throttle(resync, 500);
+  apply(JSON.parse(document.getElementById("cluster-snapshot").textContent));
+  new LiveSocket([{ topic: "cluster" }], { onEvent: resyncSoon, resync });
+})();

@@ -1,0 +1,79 @@
+"""An admin builds the fabric in the topology editor and watches jobs on the cluster view."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser.conftest import Driver, Server, login, screenshot, wait_live
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
+
+
+def generate(page: Any, leaves: int, spines: int, servers: int, gpus: int) -> None:
+    page.fill("#id_leaves", str(leaves))
+    page.fill("#id_spines", str(spines))
+    page.fill("#id_servers_per_leaf", str(servers))
+    page.fill("#id_gpus_per_server", str(gpus))
+    page.click("#generate-form button[type=submit]")
+    page.wait_for_load_state()
+
+
+def test_admin_edits_topology_and_sees_jobs_coloured(
+    browser: Any, server: Server, driver: Driver
+) -> None:
+    root = login(browser, server, "root")
+    root.goto("/cluster/")
+    assert "No topology yet" in root.inner_text("#cluster-empty")
+
+    root.goto("/cluster/topology/")
+    generate(root, leaves=4, spines=3, servers=2, gpus=2)  # 4 uplinks do not spread over 3
+    error = root.locator('.field-error[data-for="spines"]')
+    assert "spines" in error.inner_text()
+    assert root.locator(".field.has-error #id_spines").count() == 1
+    screenshot(root, "topology-editor-error")
+
+    generate(root, leaves=4, spines=4, servers=2, gpus=2)
+    assert root.locator("#servers-table tbody tr").count() == 8
+    with root.expect_download() as download_info:
+        root.click("#export")
+    exported = json.loads(Path(download_info.value.path()).read_text())
+    assert (exported["leaves"], exported["spines"]) == (4, 4)
+    assert (exported["servers_per_leaf"], exported["gpus_per_server"]) == (2, 2)
+    assert len(exported["servers"]) == 8
+
+    # two jobs placed by the real control-plane tick; one server marked down
+    wide = driver("submit", user="alice", tenant="acme", name="wide", gpus=8)["job"]
+    narrow = driver("submit", user="bob", tenant="globex", name="narrow", gpus=2)["job"]
+    driver("heartbeats")
+    driver("tick")
+    driver("server_state", node="node-7", state="down")
+    root.goto("/cluster/topology/")
+    screenshot(root, "topology-editor")
+
+    root.goto("/cluster/")
+    wait_live(root)
+    root.evaluate("window.__notReloaded = true")
+    root.wait_for_function(f"document.querySelector('#job-legend li[data-job=\"{wide}\"]')")
+    traces = root.evaluate(
+        "Object.fromEntries(document.getElementById('topology').data"
+        ".map(t => [t.name, {n: t.x.length, colour: (t.marker || t.line).color}]))"
+    )
+    colour = root.evaluate(f"window.__clusterColour({wide})")
+    assert traces[f"job {wide}"] == {"n": 8, "colour": colour}
+    assert traces[f"job {wide} links"]["n"] // 3 == 8  # m*n cables reserved for it alone
+    assert traces[f"job {narrow}"]["n"] == 2
+    assert traces[f"job {narrow}"]["colour"] != colour
+    assert traces["down GPUs"]["n"] == 2
+    assert root.inner_text("#tile-allocated") == "10 / 16"
+    screenshot(root, "cluster-view")
+
+    # a job leaves: the view follows without a reload
+    driver("cancel", job=narrow, user="bob")
+    root.wait_for_function(f"!document.querySelector('#job-legend li[data-job=\"{narrow}\"]')")
+    assert root.evaluate("window.__notReloaded") is True
+    driver("cancel", job=wide, user="alice")
+    root.context.close()
