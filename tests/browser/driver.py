@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -68,10 +69,11 @@ def handle(request: dict[str, Any]) -> Any:
         )
         return {"job": job.pk, "state": job.state}
     if op == "parallelism":
+        started = time.time()  # wall clock: receivers in other processes compare against it
         job = do_set_parallelism(
             job_id=request["job"], parallelism=request["parallelism"], reason="scaled by the test"
         )
-        return {"job": job.pk, "parallelism": job.parallelism}
+        return {"job": job.pk, "parallelism": job.parallelism, "t0": started}
     if op == "submit":
         return {"job": submit(**{k: v for k, v in request.items() if k != "op"})}
     if op == "cancel":
