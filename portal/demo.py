@@ -10,6 +10,7 @@ from django.db import transaction
 from portal.models import Tenant
 from portal.services import do_create_tenant
 
+DEMO_FABRIC = {"leaves": 2, "spines": 2, "servers_per_leaf": 2, "gpus_per_server": 2}
 DEMO_ADMIN = ("admin", "admin")
 DEMO_TENANT = ("demo", "demo", "demo")  # slug, owner, password
 
@@ -38,3 +39,11 @@ def ensure_demo_data() -> DemoCredentials:
             slug=slug, owner_username=owner, name="Demo team", password=password, gpu_quota=8
         )
     return DemoCredentials(admin_name, admin_password, slug, owner, password)
+
+
+def ensure_demo_fabric() -> None:
+    """Load the 8-slot demo fabric (2 leaves, 2 spines, 2 servers/leaf, 2 GPUs/server) once."""
+    from portal.inventory import current_spec, do_load_topology
+
+    if current_spec() is None:
+        do_load_topology(DEMO_FABRIC)

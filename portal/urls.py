@@ -8,6 +8,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from jobs import views as job_views
 from portal import cluster_views, live_views
 from portal import views as portal_views
+from portal.metrics import metrics_view
 
 urlpatterns = [
     path("", portal_views.dashboard, name="dashboard"),
@@ -31,6 +32,7 @@ urlpatterns = [
     path("api/v1/", include("portal.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    path("metrics", metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
 ]
 

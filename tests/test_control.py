@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 from django.db import transaction
 
-from jobs.choices import JobState
 from jobs.control.reports import handle_report
 from jobs.control.tick import run_tick
 from jobs.models import Job, JobCable, JobGpu
@@ -19,16 +18,23 @@ from tests.control_helpers import demo_cluster, drain_all
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def submit(user: Any, tenant: Any, gpus: int = 2, lo: int | None = None,
-           hi: int | None = None) -> Job:
-    data = {"name": f"j{gpus}", "workload": "mlp-digits", "gpus": gpus,
-            "min_gpus": lo or gpus, "max_gpus": hi or gpus}
+def submit(
+    user: Any, tenant: Any, gpus: int = 2, lo: int | None = None, hi: int | None = None
+) -> Job:
+    data = {
+        "name": f"j{gpus}",
+        "workload": "mlp-digits",
+        "gpus": gpus,
+        "min_gpus": lo or gpus,
+        "max_gpus": hi or gpus,
+    }
     return do_submit_job(user=user, tenant=tenant, spec=check_job_spec(tenant=tenant, data=data))
 
 
 def held(job: Job) -> list[int]:
-    return list(JobGpu.objects.filter(job=job).order_by("rank").values_list("gpu__index",
-                                                                           flat=True))
+    return list(
+        JobGpu.objects.filter(job=job).order_by("rank").values_list("gpu__index", flat=True)
+    )
 
 
 def test_tick_starts_jobs_on_vclos_and_sends_commands(alice: Any, acme: Any) -> None:
@@ -45,7 +51,8 @@ def test_tick_starts_jobs_on_vclos_and_sends_commands(alice: Any, acme: Any) -> 
     assert not set(held(small)) & set(held(big))
     # 2 GPUs and 4 GPUs fit under single leaves (4 GPUs per leaf): no cables needed.
     assert {Server.objects.get(gpu_set__index=g).leaf for g in held(big)} == {
-        Server.objects.get(gpu_set__index=held(big)[0]).leaf}
+        Server.objects.get(gpu_set__index=held(big)[0]).leaf
+    }
     sent = drain_all(nodes)
     starts = [c for cmds in sent.values() for c in cmds if c["type"] == "start_workers"]
     assert sum(len(c["workers"]) for c in starts) == 6
@@ -94,14 +101,27 @@ def test_reports_progress_finish_and_replays(alice: Any, acme: Any) -> None:
     job = submit(alice, acme, gpus=2)
     run_tick(policy="fifo")
     name = f"job-{job.pk}"
-    progress = {"type": "progress", "node": "node-0", "job": name, "event_id": "1700000000000-0",
-                "step": 10, "samples_per_s": 123.0, "world": 2, "loss": 1.5}
+    progress = {
+        "type": "progress",
+        "node": "node-0",
+        "job": name,
+        "event_id": "1700000000000-0",
+        "step": 10,
+        "samples_per_s": 123.0,
+        "world": 2,
+        "loss": 1.5,
+    }
     assert handle_report(progress) == "progress"
     assert handle_report(progress) == "duplicate"  # replayed: no change
     job.refresh_from_db()
     assert (job.step, job.samples_per_s, job.metrics.count()) == (10, 123.0, 1)
-    finished = {"type": "finished", "node": "node-0", "job": name,
-                "event_id": "1700000000001-0", "step": 50}
+    finished = {
+        "type": "finished",
+        "node": "node-0",
+        "job": name,
+        "event_id": "1700000000001-0",
+        "step": 50,
+    }
     assert handle_report(finished) == "completed"
     assert handle_report(finished) == "duplicate"
     job.refresh_from_db()
@@ -141,15 +161,24 @@ def test_drain_migrates_running_jobs_off_the_server(alice: Any, acme: Any) -> No
     commands = [c for cmds in drain_all(nodes).values() for c in cmds]
     assert [c["type"] for c in commands] == ["migrate"]
     assert len(commands[0]["leaving"]) == 2 and len(commands[0]["joining"]["workers"]) == 2
-    done = {"type": "scale_done", "node": "node-0", "job": f"job-{job.pk}",
-            "event_id": "5-0", "world": 2, "step": 40, "generation": 1, "pause_s": 0.05}
+    done = {
+        "type": "scale_done",
+        "node": "node-0",
+        "job": f"job-{job.pk}",
+        "event_id": "5-0",
+        "world": 2,
+        "step": 40,
+        "generation": 1,
+        "pause_s": 0.05,
+    }
     assert handle_report(done) == "scaled"
     job.refresh_from_db()
     assert job.state == "running"
 
 
-def test_a_tick_that_dies_midway_leaves_nothing_behind(alice: Any, acme: Any,
-                                                       monkeypatch: Any) -> None:
+def test_a_tick_that_dies_midway_leaves_nothing_behind(
+    alice: Any, acme: Any, monkeypatch: Any
+) -> None:
     demo_cluster()
     job = submit(alice, acme, gpus=2)
     from jobs.control import tick

@@ -35,6 +35,7 @@ from jobs.control.state import ClusterState, build_snapshot, load_allocator, rea
 from jobs.models import Job, JobEvent
 from jobs.services import _apply_transition, _broadcast
 from portal.inventory import do_mark_silent_servers_down
+from portal.metrics import record_tick
 from scheduler.placement import CountPlacement
 from scheduler.policies import get_policy
 from scheduler.types import Decision, Migrate
@@ -102,9 +103,11 @@ def run_tick(
             lock.release()
         except redis.exceptions.LockError:
             log.warning("the tick outlived its lock (%.0f s)", lock_timeout_s)
+    duration = time.perf_counter() - started
+    record_tick(duration)
     return TickResult(
         ran=True,
-        duration_s=time.perf_counter() - started,
+        duration_s=duration,
         changed_jobs=result.changed_jobs,
         refused=result.refused,
         down_nodes=result.down_nodes,

@@ -9,15 +9,16 @@ from typing import Any
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
+from django.db.models import Count
 
-from portal.demo import ensure_demo_data
+from portal.demo import ensure_demo_data, ensure_demo_fabric
 from portal.stack import ProcessSpec, Stack, python_module
 
 
 def stack_processes(
-    *, host: str, port: int, worker: bool = True, beat: bool = True
+    *, host: str, port: int, worker: bool = True, beat: bool = True, agents: bool = True
 ) -> list[ProcessSpec]:
-    """The children of the stack: ASGI server, Celery worker and beat."""
+    """The children of the stack: ASGI server, Celery worker and beat, one agent per server."""
     data_dir = str(settings.DATA_DIR)
     specs = [
         ProcessSpec(
@@ -60,6 +61,26 @@ def stack_processes(
                 ),
             )
         )
+    if agents:
+        from portal.models import Server
+
+        servers = Server.objects.annotate(gpus=Count("gpu_set")).order_by("leaf", "slot")
+        for node, gpus in servers.values_list("node", "gpus"):
+            specs.append(
+                ProcessSpec(
+                    f"agent {node}",
+                    python_module(
+                        "workers.agent",
+                        "--node",
+                        node,
+                        "--gpus",
+                        str(gpus),
+                        "--cpu",
+                        "--loglevel",
+                        "WARNING",
+                    ),
+                )
+            )
     return specs
 
 
@@ -73,10 +94,20 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORTAL_PORT", "8000")))
         parser.add_argument("--no-worker", action="store_true", help="do not start Celery")
         parser.add_argument("--no-beat", action="store_true", help="do not start Celery beat")
+        parser.add_argument(
+            "--no-agents",
+            action="store_true",
+            help="do not start node agents (real servers run theirs)",
+        )
+        parser.add_argument(
+            "--no-demo-fabric", action="store_true", help="do not load the 8-slot demo fabric"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         call_command("migrate", interactive=False, verbosity=0)
         creds = ensure_demo_data()
+        if not options["no_demo_fabric"]:
+            ensure_demo_fabric()
         env = {
             "DJANGO_SETTINGS_MODULE": os.environ.get(
                 "DJANGO_SETTINGS_MODULE", "portal.settings.dev"

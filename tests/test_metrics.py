@@ -1,0 +1,45 @@
+"""The Prometheus endpoint reports the cluster as the database has it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from jobs.control.tick import run_tick
+from jobs.services import check_job_spec, do_submit_job
+from tests.control_helpers import demo_cluster
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or (
+            line.startswith(name + "{") and line.split(" ")[0] == name
+        ):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} missing")
+
+
+def test_metrics_reflect_queue_and_gpus(alice: Any, acme: Any) -> None:
+    demo_cluster()
+    for gpus in (4, 4, 2):
+        do_submit_job(
+            user=alice,
+            tenant=acme,
+            spec=check_job_spec(
+                tenant=acme, data={"name": "m", "workload": "mlp-digits", "gpus": gpus}
+            ),
+        )
+    text = Client().get("/metrics").content.decode()
+    assert metric(text, "portal_queue_length") == 3
+    assert metric(text, 'portal_gpus{state="idle"}') == 8
+    run_tick(policy="fifo")
+    text = Client().get("/metrics").content.decode()
+    assert metric(text, "portal_queue_length") == 1  # acme's quota of 8 holds back the third
+    assert metric(text, 'portal_gpus{state="busy"}') == 8
+    assert metric(text, 'portal_jobs{state="running"}') == 2
+    assert metric(text, "portal_tick_count") >= 1
+    assert "portal_jct_seconds_bucket" in text
