@@ -53,6 +53,33 @@ def submit(user: str, tenant: str, name: str, gpus: int, elastic: bool = False) 
     ).pk
 
 
+_EVENT_SEQ = [0]
+
+
+def report(kind: str, job: int, **fields: Any) -> str:
+    """Feed the control plane an agent report about ``job``, as an agent would send it."""
+    from jobs.control.commands import runtime_job_name
+    from jobs.control.reports import handle_report
+    from workers import protocol
+
+    _EVENT_SEQ[0] += 1
+    common = {"node": "node-0", "job": runtime_job_name(job)}
+    event = {**common, "event_id": f"{int(time.time() * 1000)}-{_EVENT_SEQ[0]}"}
+    message: Any
+    if kind == "progress":
+        message = protocol.Progress(**event, **fields)
+    elif kind == "profile":
+        curve = tuple(protocol.CurvePoint(workers=n, samples_per_s=v) for n, v in fields["curve"])
+        message = protocol.ProfileDone(**event, curve=curve)
+    elif kind == "log":
+        message = protocol.WorkerExited(
+            **common, worker_id="w0", slot=0, exit_code=0, outcome="clean", log_tail=fields["text"]
+        )
+    else:
+        raise ValueError(f"unknown report kind {kind!r}")
+    return handle_report(message.to_dict())
+
+
 def handle(request: dict[str, Any]) -> Any:
     """Apply one request and return a JSON-able result."""
     from jobs.services import do_set_parallelism, do_transition
@@ -101,6 +128,8 @@ def handle(request: dict[str, Any]) -> Any:
 
         server = do_set_server_state(node=request["node"], state=request["state"], reason="test")
         return {"node": server.node, "state": server.state}
+    if op == "report":
+        return {"outcome": report(**{k: v for k, v in request.items() if k != "op"})}
     if op == "call":
         module_name, function_name = request["path"].split(":")
         result = getattr(importlib.import_module(module_name), function_name)(

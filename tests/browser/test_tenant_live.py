@@ -62,11 +62,25 @@ def test_tenant_sees_job_appear_and_change_without_reload(
     )
     assert watcher.evaluate("window.__notReloaded") is True
 
+    # the agents report: a profile, a log, then progress (which is broadcast)
+    driver("report", kind="profile", job=job, curve=[[1, 900.0], [2, 1650.0], [4, 2700.0]])
+    lines = "".join(f"step {s}: loss {2.3 / (1 + s / 40):.3f}\n" for s in range(0, 200, 10))
+    driver("report", kind="log", job=job, text=lines)
+    for i, rate in enumerate((2500.0, 2620.0, 2580.0, 2710.0, 2660.0)):
+        driver("report", kind="progress", job=job, step=40 * (i + 1), samples_per_s=rate, world=4)
+    watcher.wait_for_function(
+        f"document.querySelector('#job-{job} [data-field=progress]').textContent === 'step 200'"
+    )
+    assert "/s" in row.locator('[data-field="throughput"]').inner_text()
+
     # the job page, opened earlier by the submit, followed along too
     alice.wait_for_function("document.getElementById('job-state').textContent === 'running'")
     alice.wait_for_function("document.getElementById('job-parallelism').textContent === '4'")
     alice.wait_for_function("document.querySelectorAll('#events-body tr').length >= 4")
     assert alice.locator("#chart-parallelism .main-svg").count() > 0
+    alice.wait_for_function("document.querySelector('#chart-throughput .main-svg')")
+    alice.wait_for_function("document.querySelector('#chart-profile .main-svg')")
+    assert "step 190" in alice.inner_text("#job-log")
     assert "placed on leaf-0" in alice.inner_text("#events-body")
     screenshot(alice, "job-page")
     screenshot(watcher, "dashboard")
