@@ -6,7 +6,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from jobs import views as job_views
-from portal import cluster_views, live_views
+from portal import cluster_views, live_views, whatif_views
 from portal import views as portal_views
 from portal.metrics import metrics_view
 
@@ -29,6 +29,9 @@ urlpatterns = [
         cluster_views.server_action,
         name="server-action",
     ),
+    path("whatif/", whatif_views.whatif, name="whatif"),
+    path("whatif/<str:run_id>/", whatif_views.whatif_run, name="whatif-run"),
+    path("whatif/<str:run_id>.json", whatif_views.whatif_run_json, name="whatif-run-json"),
     path("api/v1/", include("portal.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),

@@ -1,0 +1,254 @@
+"""What-if: replay a trace through the simulator under several policies, as a Celery task.
+
+    page (POST) ──> start_run(): parameters (and an uploaded trace) stored under a run id
+                       │ on commit
+                       ▼
+    Celery: run_whatif(run_id) ── for each policy: scheduler.simulator.simulate ── progress
+                       │
+    page polls GET /whatif/<run>.json ── progress bar, then the comparison report
+
+Traces: the cluster's own completed jobs (submit offset, requested GPUs, run
+time), the shared Tiresias trace ``60_job.csv``, or an uploaded CSV in the
+Tiresias format.  Runs live in the cache (Redis) for a day: they are reports,
+not records.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from celery import shared_task
+from django import forms
+from django.core.cache import cache
+from django.db import transaction
+
+from jobs.choices import JobState
+from jobs.models import Job
+from portal.inventory import current_spec
+from scheduler.policies import REGISTRY, get_policy
+from scheduler.simulator import SimConfig, simulate
+from scheduler.traces import TraceError, TraceJob, load_tiresias, shared_trace
+
+log = logging.getLogger(__name__)
+
+RUN_TTL_S = 24 * 3600
+MAX_UPLOAD_BYTES = 2 * 1024 * 1024
+CDF_POINTS = 200
+SERIES_POINTS = 300
+SOURCES = (
+    ("history", "This cluster's completed jobs"),
+    ("60_job", "Shared Tiresias trace (60 jobs)"),
+    ("upload", "Upload a trace (Tiresias CSV)"),
+)
+
+
+def available_policies() -> list[str]:
+    """Policy names whose implementation is importable here."""
+    names = []
+    for name in REGISTRY:
+        try:
+            get_policy(name)
+        except (ImportError, TypeError, ValueError):
+            continue
+        names.append(name)
+    return names
+
+
+class WhatIfForm(forms.Form):
+    """What to simulate: a trace, policies to compare, the cluster size, elasticity."""
+
+    source = forms.ChoiceField(choices=SOURCES, widget=forms.RadioSelect, initial="history")
+    upload = forms.FileField(required=False, label="Trace file", help_text="Tiresias CSV format.")
+    policies = forms.MultipleChoiceField(
+        choices=(), widget=forms.CheckboxSelectMultiple, label="Policies to compare"
+    )
+    total_gpus = forms.IntegerField(min_value=1, max_value=100_000, label="GPUs")
+    gpus_per_server = forms.IntegerField(min_value=1, max_value=64, label="GPUs/server")
+    elastic = forms.BooleanField(
+        required=False, label="Elastic jobs (EDL: scale between 0.5x and 2x the request)"
+    )
+    duration_scale = forms.FloatField(
+        min_value=0.01, max_value=1000, initial=1.0, label="Duration scale"
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        names = available_policies()
+        self.fields["policies"].choices = [(n, n) for n in names]  # type: ignore[attr-defined]
+        self.fields["policies"].initial = [n for n in ("fifo", "tiresias") if n in names]
+        spec = current_spec()
+        self.fields["total_gpus"].initial = spec.total_gpus if spec else 64
+        self.fields["gpus_per_server"].initial = spec.gpus_per_server if spec else 8
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        upload = cleaned.get("upload")
+        if cleaned.get("source") == "upload":
+            if upload is None:
+                self.add_error("upload", "Choose a trace file to upload.")
+            elif upload.size > MAX_UPLOAD_BYTES:
+                self.add_error("upload", f"At most {MAX_UPLOAD_BYTES // 1024} KiB.")
+            else:
+                try:
+                    cleaned["upload_text"] = upload.read().decode("utf-8")
+                except UnicodeDecodeError:
+                    self.add_error("upload", "The file is not UTF-8 text.")
+                    return cleaned
+                try:
+                    trace = _parse_upload(cleaned["upload_text"], 1.0)
+                except TraceError as exc:
+                    self.add_error("upload", str(exc).split(": ", 1)[-1])
+                else:
+                    if not trace:
+                        self.add_error("upload", "The trace has no usable job.")
+        return cleaned
+
+
+def _key(run_id: str) -> str:
+    return f"whatif:{run_id}"
+
+
+def get_run(run_id: str) -> dict[str, Any] | None:
+    """The run's state: status (queued/running/done/failed), progress 0-1, report or error."""
+    return cache.get(_key(run_id))
+
+
+def _put(run_id: str, state: dict[str, Any]) -> None:
+    cache.set(_key(run_id), state, RUN_TTL_S)
+
+
+def start_run(params: dict[str, Any], upload_text: str | None = None) -> str:
+    """Record a new run and enqueue its task once the current transaction commits."""
+    run_id = uuid.uuid4().hex
+    _put(
+        run_id,
+        {"status": "queued", "progress": 0.0, "params": params, "upload": upload_text, "step": ""},
+    )
+    transaction.on_commit(lambda: run_whatif.delay(run_id))
+    return run_id
+
+
+def _parse_upload(text: str, scale: float) -> tuple[TraceJob, ...]:
+    with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as handle:
+        handle.write(text)
+        path = Path(handle.name)
+    try:
+        return load_tiresias(path, duration_scale=scale).jobs
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def history_trace() -> tuple[TraceJob, ...]:
+    """The cluster's completed jobs as a trace: submit offsets, requested GPUs, run times."""
+    rows = list(
+        Job.objects.filter(state=JobState.COMPLETED, started_at__isnull=False)
+        .order_by("submitted_at", "id")
+        .values_list("pk", "submitted_at", "started_at", "finished_at", "gpus", "workload")
+    )
+    if not rows:
+        return ()
+    first = rows[0][1]
+    return tuple(
+        TraceJob(
+            id=str(pk),
+            submit=(submitted - first).total_seconds(),
+            gpus=gpus,
+            duration=max(1.0, (finished - started).total_seconds()),
+            model="",
+        )
+        for pk, submitted, started, finished, gpus, _ in rows
+    )
+
+
+def load_trace(params: dict[str, Any], upload: str | None) -> tuple[TraceJob, ...]:
+    """The trace a run replays."""
+    scale = float(params.get("duration_scale", 1.0))
+    source = params["source"]
+    if source == "history":
+        jobs = history_trace()
+        return tuple(
+            TraceJob(j.id, j.submit, j.gpus, j.duration * scale, j.model, j.tenant) for j in jobs
+        )
+    if source == "60_job":
+        return load_tiresias(shared_trace("60_job.csv"), duration_scale=scale).jobs
+    if source == "upload" and upload is not None:
+        return _parse_upload(upload, scale)
+    raise TraceError(f"unknown trace source {source!r}")
+
+
+def _thin(values: list[Any], points: int) -> list[Any]:
+    if len(values) <= points:
+        return values
+    step = (len(values) - 1) / (points - 1)
+    return [values[round(i * step)] for i in range(points)]
+
+
+def compare(
+    trace: tuple[TraceJob, ...], params: dict[str, Any], on_policy: Any = None
+) -> dict[str, Any]:
+    """Simulate ``trace`` under every chosen policy; the comparison report (plain JSON)."""
+    cfg = SimConfig(
+        total_gpus=int(params["total_gpus"]),
+        gpus_per_server=int(params["gpus_per_server"]),
+        elastic=bool(params.get("elastic")),
+    )
+    too_wide = [j for j in trace if j.gpus > cfg.total_gpus]
+    runnable = tuple(j for j in trace if j.gpus <= cfg.total_gpus)
+    results = []
+    for index, name in enumerate(params["policies"]):
+        if on_policy is not None:
+            on_policy(index, name)
+        result = simulate(runnable, get_policy(name), cfg)
+        jcts = sorted(r.jct for r in result.jobs)
+        series = result.series
+        keep = _thin(list(range(len(series.get("t", [])))), SERIES_POINTS)
+        results.append(
+            {
+                "policy": name,
+                "summary": result.summary,
+                "jct_cdf": _thin(jcts, CDF_POINTS),
+                "series": {k: [v[i] for i in keep] for k, v in series.items()},
+            }
+        )
+    return {
+        "jobs": len(runnable),
+        "dropped_too_wide": len(too_wide),
+        "total_gpus": cfg.total_gpus,
+        "elastic": cfg.elastic,
+        "results": results,
+    }
+
+
+@shared_task(name="portal.whatif.run", ignore_result=True)  # type: ignore[misc]
+def run_whatif(run_id: str) -> None:
+    """Run one what-if comparison; progress and the report go to the run's cache entry."""
+    state = get_run(run_id)
+    if state is None or state["status"] != "queued":
+        return
+    params = state["params"]
+    total = len(params["policies"])
+
+    def on_policy(index: int, name: str) -> None:
+        state.update(status="running", progress=index / total, step=f"simulating {name}")
+        _put(run_id, state)
+
+    try:
+        trace = load_trace(params, state.get("upload"))
+        if not trace:
+            raise TraceError("the trace has no job to replay (no completed job yet?)")
+        report = compare(trace, params, on_policy)
+    except (TraceError, ValueError) as exc:
+        state.update(status="failed", error=str(exc), upload=None)
+        _put(run_id, state)
+        return
+    except Exception as exc:  # a bug must still end the progress bar, with a message
+        log.exception("what-if run %s failed", run_id)
+        state.update(status="failed", error=f"internal error: {type(exc).__name__}", upload=None)
+        _put(run_id, state)
+        return
+    state.update(status="done", progress=1.0, step="", report=report, upload=None)
+    _put(run_id, state)
