@@ -45,14 +45,22 @@ class Outbox:
 
 
 def send_commands(commands: Sequence[tuple[str, Command]]) -> None:
-    """Put each command on its node's queue (``agent.<node>``)."""
-    from workers.agent.client import send_command
+    """Put each command on its node's queue (``agent.<node>``), over one broker connection."""
+    from portal.celery import agent_queue, app
+    from workers.protocol import AGENT_COMMAND_TASK
 
-    for node, command in commands:
-        try:
-            send_command(node, command)
-        except Exception:  # the next tick re-derives state; a lost command is logged
-            log.exception("could not send %s to %s", command.TYPE, node)
+    try:
+        with app.producer_or_acquire() as producer:
+            for node, command in commands:
+                app.send_task(
+                    AGENT_COMMAND_TASK,
+                    args=[command.to_dict()],
+                    queue=agent_queue(node),
+                    producer=producer,
+                    ignore_result=True,
+                )
+    except Exception:  # the next tick re-derives state; lost commands are logged
+        log.exception("could not send %d agent commands", len(commands))
 
 
 def release_job(job: Job, outbox: Outbox | None, *, reason: str) -> tuple[int, ...]:
@@ -122,7 +130,7 @@ def _describe(old: int, new: int, allocation: Allocation | None) -> str:
 def apply_bound(
     spec: FabricSpec,
     bound: Sequence[Bound],
-    jobs: Mapping[str, Job],
+    jobs: Mapping[str, int],
     homes: Mapping[int, GpuHome],
     now: datetime,
     outbox: Outbox,
@@ -132,7 +140,7 @@ def apply_bound(
     """Write every bound decision; return the ids of the jobs that changed."""
     changed: list[int] = []
     for item in bound:
-        job = Job.objects.select_for_update().get(pk=jobs[item.job].pk)
+        job = Job.objects.select_for_update().get(pk=jobs[item.job])
         if job.state not in (JobState.QUEUED, JobState.RUNNING):
             continue  # cancelled or finished since the snapshot: leave it alone
         old, new = item.old_gpus, item.new_gpus

@@ -66,9 +66,9 @@ def load_allocator(cluster: ClusterState) -> VClosAllocator:
     allocator = VClosAllocator(cluster.spec)
     allocations = []
     for job_id, data in Job.objects.filter(state__in=ACTIVE_STATES).values_list("id", "allocation"):
-        if data:
-            allocations.append(Allocation.from_dict(data))
-        else:  # held without a recorded shape (placement 'consolidated'): reserve the GPUs
+        if data:  # routes do not matter to the allocator's state: skip building them
+            allocations.append(Allocation.from_dict({**data, "routes": {}}))
+        else:  # held GPUs without a recorded shape: reserve them as they are
             gpus = job_gpus(job_id)
             if gpus:
                 allocations.append(
@@ -81,60 +81,99 @@ def load_allocator(cluster: ClusterState) -> VClosAllocator:
     return allocator
 
 
-def build_snapshot(cluster: ClusterState, now: datetime) -> tuple[Snapshot, dict[str, Job]]:
+def build_snapshot(cluster: ClusterState, now: datetime) -> tuple[Snapshot, dict[str, int]]:
     """The policy's view: schedulable GPUs and the jobs it may decide on.
 
     Jobs in the middle of a membership switch (``scaling``) are left out: the
     policy decides on them again once the switch is done.  A queued job whose
     tenant has no quota left for its request is held back (quota rule).
+    Returns the snapshot and the database id of every job in it, by name.
     """
     gpus = []
     for index in sorted(cluster.homes):
         holder = cluster.holders.get(index)
         if holder is not None:
-            state, job = GpuState.BUSY, runtime_job_name(holder)
+            state, job_name = GpuState.BUSY, runtime_job_name(holder)
         elif index in cluster.schedulable:
-            state, job = GpuState.FREE, None
+            state, job_name = GpuState.FREE, None
         else:
-            state, job = GpuState.DOWN, None
-        leaf = cluster.spec.leaf_of(index)
+            state, job_name = GpuState.DOWN, None
         gpus.append(
-            GpuView(id=index, server=cluster.spec.server_of(index), leaf=leaf, state=state, job=job)
+            GpuView(
+                id=index,
+                server=cluster.spec.server_of(index),
+                leaf=cluster.spec.leaf_of(index),
+                state=state,
+                job=job_name,
+            )
         )
-    jobs = list(
+    rows = (
         Job.objects.filter(state__in=(JobState.QUEUED, JobState.RUNNING))
-        .select_related("tenant")
         .order_by("submitted_at", "id")
+        .values_list(
+            "id",
+            "state",
+            "tenant_id",
+            "tenant__slug",
+            "tenant__gpu_quota",
+            "submitted_at",
+            "gpus",
+            "min_gpus",
+            "max_gpus",
+            "attained_gpu_seconds",
+            "priority",
+            "throughput_curve",
+        )
     )
     in_use: dict[int, int] = {}
-    for job in Job.objects.filter(state__in=ACTIVE_STATES).values("tenant_id", "parallelism"):
-        in_use[job["tenant_id"]] = in_use.get(job["tenant_id"], 0) + job["parallelism"]
+    for tenant_id, parallelism in Job.objects.filter(state__in=ACTIVE_STATES).values_list(
+        "tenant_id", "parallelism"
+    ):
+        in_use[tenant_id] = in_use.get(tenant_id, 0) + parallelism
+    holdings: dict[int, list[int]] = {}
+    for job_id, index in JobGpu.objects.order_by("job_id", "rank").values_list(
+        "job_id", "gpu__index"
+    ):
+        holdings.setdefault(job_id, []).append(index)
     views: list[JobView] = []
-    by_name: dict[str, Job] = {}
+    ids: dict[str, int] = {}
     epoch = now.timestamp()
-    for job in jobs:
-        name = runtime_job_name(job.pk)
-        held = job_gpus(job.pk) if job.state == JobState.RUNNING else ()
-        over_quota = in_use.get(job.tenant_id, 0) + job.min_gpus > job.tenant.gpu_quota
-        if job.state == JobState.QUEUED and over_quota:
+    for (
+        job_id,
+        state,
+        tenant_id,
+        slug,
+        quota,
+        submitted,
+        requested,
+        lo,
+        hi,
+        service,
+        priority,
+        curve_json,
+    ) in rows:
+        held = tuple(holdings.get(job_id, ())) if state == JobState.RUNNING else ()
+        if state == JobState.QUEUED and in_use.get(tenant_id, 0) + lo > quota:
             continue
-        curve = {int(k): float(v) for k, v in (job.throughput_curve or {}).items()} or None
+        name = runtime_job_name(job_id)
+        curve = {int(k): float(v) for k, v in (curve_json or {}).items()} or None
         views.append(
             JobView(
                 id=name,
-                submit_time=job.submitted_at.timestamp() - epoch,
-                requested_gpus=job.gpus,
-                tenant=job.tenant.slug,
-                min_gpus=job.min_gpus,
-                max_gpus=job.max_gpus,
+                submit_time=submitted.timestamp() - epoch,
+                requested_gpus=requested,
+                tenant=slug,
+                min_gpus=lo,
+                max_gpus=hi,
                 gpus=held,
-                attained_service=job.attained_gpu_seconds,
+                attained_service=service,
                 state=ViewState.RUNNING if held else ViewState.QUEUED,
-                priority=job.priority,
+                priority=priority,
                 throughput=curve,
             )
         )
-        by_name[name] = job
-    return Snapshot(
+        ids[name] = job_id
+    snapshot = Snapshot(
         now=0.0, cluster=Cluster(gpus=tuple(gpus), fabric_spec=cluster.spec), jobs=tuple(views)
-    ), by_name
+    )
+    return snapshot, ids

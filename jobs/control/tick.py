@@ -30,7 +30,7 @@ from fabric.allocator import Allocation
 from jobs.choices import EventKind, JobState
 from jobs.control.apply import Outbox, apply_bound, release_job, store_allocation
 from jobs.control.binding import Refused, bind
-from jobs.control.commands import runtime_job_name
+from jobs.control.commands import job_id_from_name, runtime_job_name
 from jobs.control.state import ClusterState, build_snapshot, load_allocator, read_cluster
 from jobs.models import Job, JobEvent
 from jobs.services import _apply_transition, _broadcast
@@ -130,10 +130,7 @@ def _tick(policy_name: str, now: datetime) -> TickResult:
     drain_refused: list[Refused] = []
     drains = _drain_decisions(cluster)
     if drains:
-        jobs = {
-            runtime_job_name(j.pk): j
-            for j in Job.objects.filter(pk__in=[int(d.job.split("-")[1]) for d in drains])
-        }
+        jobs = {d.job: job_id_from_name(d.job) or 0 for d in drains}
         allocator = load_allocator(cluster)
         bound, drain_refused = bind(cluster.spec, allocator, drains)
         reasons = {b.job: "migrated off a draining server" for b in bound}
