@@ -25,6 +25,7 @@ class ClusterState:
     schedulable: frozenset[int]
     holders: dict[int, int]  # gpu index -> job id
     draining: frozenset[int]
+    gpu_pks: dict[int, int]  # gpu index -> Gpu row id
 
 
 def read_cluster() -> ClusterState | None:
@@ -35,10 +36,12 @@ def read_cluster() -> ClusterState | None:
     homes: dict[int, GpuHome] = {}
     schedulable: set[int] = set()
     draining: set[int] = set()
+    gpu_pks: dict[int, int] = {}
     rows = Gpu.objects.values_list(
-        "index", "local", "server__node", "server__state", "server__last_heartbeat"
+        "id", "index", "local", "server__node", "server__state", "server__last_heartbeat"
     )
-    for index, local, node, state, heartbeat in rows:
+    for pk, index, local, node, state, heartbeat in rows:
+        gpu_pks[index] = pk
         homes[index] = GpuHome(node=node, local=local)
         if state == ServerState.UP and heartbeat is not None:
             schedulable.add(index)
@@ -51,6 +54,7 @@ def read_cluster() -> ClusterState | None:
         schedulable=frozenset(schedulable),
         holders=holders,
         draining=frozenset(draining),
+        gpu_pks=gpu_pks,
     )
 
 

@@ -135,7 +135,14 @@ def _tick(policy_name: str, now: datetime) -> TickResult:
         bound, drain_refused = bind(cluster.spec, allocator, drains)
         reasons = {b.job: "migrated off a draining server" for b in bound}
         changed += apply_bound(
-            cluster.spec, bound, jobs, cluster.homes, now, outbox, reason_override=reasons
+            cluster.spec,
+            bound,
+            jobs,
+            cluster.homes,
+            now,
+            outbox,
+            gpu_pks=cluster.gpu_pks,
+            reason_override=reasons,
         )
         cluster = read_cluster() or cluster
     snapshot, jobs = build_snapshot(cluster, now)
@@ -144,7 +151,9 @@ def _tick(policy_name: str, now: datetime) -> TickResult:
     )
     allocator = load_allocator(cluster)
     bound, refused = bind(cluster.spec, allocator, decisions)
-    changed += apply_bound(cluster.spec, bound, jobs, cluster.homes, now, outbox)
+    changed += apply_bound(
+        cluster.spec, bound, jobs, cluster.homes, now, outbox, gpu_pks=cluster.gpu_pks
+    )
     outbox.send_on_commit()
     return TickResult(
         ran=True,
