@@ -44,7 +44,7 @@ whole.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -165,53 +165,71 @@ def clos_shapes(spec: FabricSpec, z: int) -> list[tuple[int, int]]:
 
 
 def find_biclique(
-    masks: Mapping[int, int], m: int, n: int, order: Iterable[int]
+    masks: Mapping[int, int],
+    m: int,
+    n: int,
+    order: Iterable[int],
+    plane_leaves: Sequence[int] | None = None,
 ) -> tuple[int, int] | None:
     """Find ``m`` keys of ``masks`` whose bitsets share ``n`` set bits.
 
     ``masks`` maps a candidate leaf to its free-plane bitset (only leaves that
-    have the GPUs). ``order`` lists the candidates in preference order. Returns
-    ``(common_planes_mask, count)`` for the first intersection found whose set
-    of compatible leaves (all leaves whose bitset contains it) has at least
-    ``m`` members, or ``None`` if no such intersection exists (exact).
+    have the GPUs). ``order`` lists the candidates in preference order.
+    ``plane_leaves[p]``, if given, is a bitset of leaves (any superset of the
+    candidates) on which plane ``p`` is free; it saves transposing ``masks``.
+    Returns ``(common_planes_mask, count)`` for the first intersection found
+    whose set of compatible candidates (those whose bitset contains it) has at
+    least ``m`` members, or ``None`` if no such intersection exists (exact).
     """
+    order = list(order)
+    # Fast path: greedy over the preference order, keeping a leaf when the common
+    # planes stay >= n. It usually succeeds; the exact search below runs when it does not.
+    cur, taken = -1, 0
+    for leaf in order:
+        nxt = cur & masks.get(leaf, 0)
+        if nxt.bit_count() >= n:
+            cur, taken = nxt, taken + 1
+            if taken >= m:
+                return cur, taken
     cand = dict(masks)
-    good = -1
+    if plane_leaves is None:
+        width = max((mk.bit_length() for mk in cand.values()), default=0)
+        plane_leaves = [
+            sum(1 << leaf for leaf, mk in cand.items() if mk >> p & 1) for p in range(width)
+        ]
+    good = 0
+    for mk in cand.values():
+        good |= mk
     # Peel: a plane is usable only if free on >= m candidates; a candidate only if it
     # keeps >= n usable planes. Repeat to a fixpoint (like a k-core).
     while True:
         if len(cand) < m:
             return None
-        union = 0
-        for mask in cand.values():
-            union |= mask
+        cand_bits = 0
+        for leaf in cand:
+            cand_bits |= 1 << leaf
         new_good = 0
-        u = union
-        while u:
-            low = u & -u
-            c = 0
-            for mask in cand.values():
-                if mask & low:
-                    c += 1
-            if c >= m:
+        g = good
+        while g:
+            low = g & -g
+            if (plane_leaves[low.bit_length() - 1] & cand_bits).bit_count() >= m:
                 new_good |= low
-            u ^= low
-        new_good &= good
+            g ^= low
         shrunk = {
             leaf: mk & new_good for leaf, mk in cand.items() if (mk & new_good).bit_count() >= n
         }
         if len(shrunk) == len(cand) and new_good == good:
             break
         cand, good = shrunk, new_good
-    if len(cand) < m or good.bit_count() < n:
+    if good.bit_count() < n:
         return None
     # Group identical plane sets; preference = position of its best member in `order`.
     groups: dict[int, int] = {}
     rank: dict[int, int] = {}
     for pos, leaf in enumerate(order):
-        mk = cand.get(leaf)
-        if mk is None:
+        if leaf not in cand:
             continue
+        mk = cand[leaf]
         groups[mk] = groups.get(mk, 0) + 1
         rank.setdefault(mk, pos)
     glist = sorted(groups, key=lambda mk: (mk.bit_count(), rank[mk]))
@@ -259,15 +277,19 @@ class VClosAllocator:
         self.spec = spec
         self._gpl = spec.gpus_per_leaf
         self._full = (1 << self._gpl) - 1
-        self._reset()
         self._down = [0] * spec.leaves
+        self._reset()
 
     def _reset(self) -> None:
         spec = self.spec
         self._busy = [0] * spec.leaves  # GPU ports held by jobs
         self._free_up = [self._full] * spec.leaves  # uplink ports not reserved
         self._plane_use = [0] * self._gpl  # leaves on which each plane is reserved
+        self._plane_free = [
+            (1 << spec.leaves) - 1
+        ] * self._gpl  # leaves on which each plane is free
         self._allocs: dict[str, Allocation] = {}
+        self._free_cnt = [self._gpl] * spec.leaves  # popcount of _free_mask, kept in step
         self._version = 0
         self._can_place_cache: dict[int, bool] = {}
 
@@ -278,7 +300,7 @@ class VClosAllocator:
 
     def free_gpu_count(self) -> int:
         """GPUs neither held by a job nor unavailable."""
-        return sum(self._free_mask(leaf).bit_count() for leaf in range(self.spec.leaves))
+        return sum(self._free_cnt)
 
     def free_gpus_on_leaf(self, leaf: int) -> tuple[int, ...]:
         """Free global GPU ids under ``leaf``."""
@@ -310,19 +332,24 @@ class VClosAllocator:
         """Mark GPUs down or draining: never allocated until :meth:`set_available`."""
         for gpu in self._checked_gpus(gpu_ids):
             self._down[gpu // self._gpl] |= 1 << (gpu % self._gpl)
-        self._touch()
+        self._recount()
 
     def set_available(self, gpu_ids: Iterable[int]) -> None:
         """Undo :meth:`set_unavailable`."""
         for gpu in self._checked_gpus(gpu_ids):
             self._down[gpu // self._gpl] &= ~(1 << (gpu % self._gpl))
-        self._touch()
+        self._recount()
 
     def _checked_gpus(self, gpu_ids: Iterable[int]) -> list[int]:
         gpus = list(gpu_ids)
         for g in gpus:
             self.spec.check_gpu(g)
         return gpus
+
+    def _recount(self, leaves: Iterable[int] | None = None) -> None:
+        for leaf in range(self.spec.leaves) if leaves is None else leaves:
+            self._free_cnt[leaf] = self._free_mask(leaf).bit_count()
+        self._touch()
 
     def _touch(self) -> None:
         self._version += 1
@@ -364,14 +391,8 @@ class VClosAllocator:
         alloc = self._allocs.pop(job_id, None)
         if alloc is None:
             raise UnknownJobError(f"job {job_id!r} holds no allocation")
-        gpl = self._gpl
-        for g in alloc.gpus:
-            self._busy[g // gpl] &= ~(1 << (g % gpl))
-        for leaf in alloc.leaves:
-            for u in alloc.uplinks:
-                self._free_up[leaf] |= 1 << u
-                self._plane_use[u] -= 1
-        self._touch()
+        self._apply(alloc, take=False)
+        self._recount(alloc.leaves)
         return alloc
 
     def restore(self, allocations: Iterable[Allocation] | Mapping[str, Allocation]) -> None:
@@ -381,15 +402,15 @@ class VClosAllocator:
         the allocations do not fit this fabric or overlap.
         """
         allocs = list(allocations.values() if isinstance(allocations, Mapping) else allocations)
-        saved = (self._busy, self._free_up, self._plane_use, self._allocs)
+        saved = (self._busy, self._free_up, self._plane_use, self._plane_free, self._allocs)
         self._reset()
         try:
             for a in allocs:
                 self._validate_restored(a)
                 self._commit(a)
         except AllocationConflictError:
-            self._busy, self._free_up, self._plane_use, self._allocs = saved
-            self._touch()
+            self._busy, self._free_up, self._plane_use, self._plane_free, self._allocs = saved
+            self._recount()
             raise
 
     def _validate_restored(self, a: Allocation) -> None:
@@ -424,16 +445,36 @@ class VClosAllocator:
         if job_id in self._allocs:
             raise ValueError(f"job {job_id!r} already holds an allocation")
 
-    def _commit(self, a: Allocation) -> None:
+    def _apply(self, a: Allocation, take: bool) -> None:
+        """Mark ``a``'s GPUs and cables held (``take``) or free, as whole bitsets."""
         gpl = self._gpl
+        per_leaf: dict[int, int] = {}
         for g in a.gpus:
-            self._busy[g // gpl] |= 1 << (g % gpl)
-        for leaf in a.leaves:
+            leaf = g // gpl
+            per_leaf[leaf] = per_leaf.get(leaf, 0) | 1 << (g % gpl)
+        for leaf, bits in per_leaf.items():
+            self._busy[leaf] = self._busy[leaf] | bits if take else self._busy[leaf] & ~bits
+        if a.uplinks and len(a.leaves) > 1:
+            pmask = 0
             for u in a.uplinks:
-                self._free_up[leaf] &= ~(1 << u)
-                self._plane_use[u] += 1
+                pmask |= 1 << u
+            lmask = 0
+            for leaf in a.leaves:
+                lmask |= 1 << leaf
+                self._free_up[leaf] = (
+                    self._free_up[leaf] & ~pmask if take else self._free_up[leaf] | pmask
+                )
+            delta = len(a.leaves) if take else -len(a.leaves)
+            for u in a.uplinks:
+                self._plane_use[u] += delta
+                self._plane_free[u] = (
+                    self._plane_free[u] & ~lmask if take else self._plane_free[u] | lmask
+                )
+
+    def _commit(self, a: Allocation) -> None:
+        self._apply(a, take=True)
         self._allocs[a.job_id] = a
-        self._touch()
+        self._recount(a.leaves)
 
     # --- the policy ------------------------------------------------------------
 
@@ -448,7 +489,7 @@ class VClosAllocator:
                 f"{z} GPUs cannot form any m x n shape on {spec.leaves} leaves of {gpl} GPUs",
                 "too_large",
             )
-        free = [self._free_mask(leaf).bit_count() for leaf in range(spec.leaves)]
+        free = self._free_cnt
         total_free = sum(free)
         if z > total_free:
             return PlacementError(f"{z} GPUs requested, {total_free} free", "insufficient_gpus")
@@ -498,7 +539,7 @@ class VClosAllocator:
         self, masks: dict[int, int], m: int, n: int, order: list[int]
     ) -> tuple[int, int] | None:
         """Search hook: the combinatorial search here; the oracle overrides it."""
-        return find_biclique(masks, m, n, order)
+        return find_biclique(masks, m, n, order, self._plane_free)
 
     def _pick_planes(self, mask: int, n: int) -> list[int]:
         """Best-fit: the ``n`` planes of ``mask`` already reserved on the most leaves."""
@@ -558,23 +599,23 @@ class VClosAllocator:
         return sorted(chosen)
 
     def _build(self, job_id: str, leaves: list[int], n: int, planes: list[int]) -> Allocation:
-        spec, gpl = self.spec, self._gpl
+        gpl, nspines = self._gpl, self.spec.spines
+        spine_of = [u % nspines for u in planes]
         gpus: list[int] = []
         routes: dict[int, dict[int, int]] = {}
         for leaf in leaves:
             ports = self._pick_ports(leaf, n)
-            gpus += [leaf * gpl + p for p in ports]
+            base = leaf * gpl
+            gpus += [base + p for p in ports]
             if planes:
-                routes[leaf] = {
-                    p: spec.spine_of_uplink(u) for p, u in zip(ports, planes, strict=True)
-                }
-        links = sorted((leaf, spec.spine_of_uplink(u)) for leaf in leaves for u in planes)
+                routes[leaf] = dict(zip(ports, spine_of, strict=True))
+        per_leaf_links = sorted(spine_of)
         return Allocation(
             job_id=job_id,
             gpus=tuple(gpus),
             leaves=tuple(leaves),
-            spines=tuple(sorted({spec.spine_of_uplink(u) for u in planes})),
-            links=tuple(links),
+            spines=tuple(sorted(set(spine_of))),
+            links=tuple((leaf, s) for leaf in leaves for s in per_leaf_links),
             routes=routes,
             uplinks=tuple(planes),
         )
