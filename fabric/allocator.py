@@ -45,6 +45,7 @@ whole.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -397,12 +398,15 @@ class VClosAllocator:
         alloc = self._allocs.pop(job_id, None)
         if alloc is None:
             raise UnknownJobError(f"job {job_id!r} holds no allocation")
-        self._apply(alloc, take=False)
-        self._recount(alloc.leaves)
+        self._recount(self._apply(alloc, take=False))
         return alloc
 
     def restore(self, allocations: Iterable[Allocation] | Mapping[str, Allocation]) -> None:
         """Replace the current allocations by persisted ones (availability marks stay).
+
+        Accepted: what :meth:`allocate` returns; a subset of such a vClos (a job
+        that lost GPUs keeps its cables); and, without uplinks, any set of GPUs
+        (a plain reservation, e.g. GPUs held without a recorded shape).
 
         Raises :class:`AllocationConflictError` (and keeps the previous state) when
         the allocations do not fit this fabric or overlap.
@@ -441,12 +445,19 @@ class VClosAllocator:
             raise AllocationConflictError(f"job {a.job_id!r}: empty or repeated GPUs")
         if any(not 0 <= g < spec.total_gpus for g in a.gpus):
             raise AllocationConflictError(f"job {a.job_id!r}: GPU outside the fabric")
-        if sorted({g // gpl for g in a.gpus}) != sorted(a.leaves):
-            raise AllocationConflictError(f"job {a.job_id!r}: leaves do not match its GPUs")
-        if len(a.leaves) > 1 and len(a.uplinks) * len(a.leaves) != len(a.gpus):
+        if len(set(a.leaves)) != len(a.leaves) or any(not 0 <= x < spec.leaves for x in a.leaves):
             raise AllocationConflictError(
-                f"job {a.job_id!r}: uplinks do not match its GPUs per leaf"
+                f"job {a.job_id!r}: repeated leaves or a leaf outside the fabric"
             )
+        if a.uplinks:
+            # A vClos, or a subset of one (a job that lost GPUs keeps its cables).
+            per_leaf = Counter(g // gpl for g in a.gpus)
+            if not set(per_leaf) <= set(a.leaves) or max(per_leaf.values()) > len(a.uplinks):
+                raise AllocationConflictError(
+                    f"job {a.job_id!r}: GPUs outside its leaves or more per leaf than its uplinks"
+                )
+            if len(set(a.uplinks)) != len(a.uplinks):
+                raise AllocationConflictError(f"job {a.job_id!r}: repeated uplinks")
         if any(not 0 <= u < gpl for u in a.uplinks):
             raise AllocationConflictError(f"job {a.job_id!r}: uplink outside 0..{gpl - 1}")
         for g in a.gpus:
@@ -465,8 +476,8 @@ class VClosAllocator:
         if job_id in self._allocs:
             raise ValueError(f"job {job_id!r} already holds an allocation")
 
-    def _apply(self, a: Allocation, take: bool) -> None:
-        """Mark ``a``'s GPUs and cables held (``take``) or free, as whole bitsets."""
+    def _apply(self, a: Allocation, take: bool) -> list[int]:
+        """Mark ``a``'s GPUs and cables held (``take``) or free; return the leaves of its GPUs."""
         per_leaf = self._held.get(a.job_id)
         if per_leaf is None:
             gpl = self._gpl
@@ -481,7 +492,7 @@ class VClosAllocator:
             self._held.pop(a.job_id, None)
         for leaf, bits in per_leaf:
             self._busy[leaf] = self._busy[leaf] | bits if take else self._busy[leaf] & ~bits
-        if a.uplinks and len(a.leaves) > 1:
+        if a.uplinks:
             pmask = 0
             for u in a.uplinks:
                 pmask |= 1 << u
@@ -497,11 +508,12 @@ class VClosAllocator:
                 self._plane_free[u] = (
                     self._plane_free[u] & ~lmask if take else self._plane_free[u] | lmask
                 )
+        return [leaf for leaf, _ in per_leaf]
 
     def _commit(self, a: Allocation) -> None:
-        self._apply(a, take=True)
+        touched = self._apply(a, take=True)
         self._allocs[a.job_id] = a
-        self._recount(a.leaves)
+        self._recount(touched)
 
     # --- the policy ------------------------------------------------------------
 
