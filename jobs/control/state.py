@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from fabric.allocator import Allocation, VClosAllocator
 from fabric.topology import FabricSpec
 from jobs.choices import ACTIVE_STATES, JobState
 from jobs.control.commands import GpuHome, runtime_job_name
-from jobs.models import Job, JobGpu
+from jobs.control.curves import measured_curve, policy_curve
+from jobs.models import Job, JobGpu, JobMetric
 from portal.models import Fabric, Gpu, ServerState
 from scheduler.types import Cluster, GpuState, JobView, Snapshot
 from scheduler.types import Gpu as GpuView
 from scheduler.types import JobState as ViewState
+
+MEASUREMENT_WINDOW = timedelta(hours=1)
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,23 @@ def load_allocator(cluster: ClusterState) -> VClosAllocator:
     return allocator
 
 
+def _measured_curves(
+    job_ids: list[int], since: datetime, per_job: int = 200
+) -> dict[int, dict[int, float]]:
+    """Each running job's measured samples/s by parallelism (its recent progress samples)."""
+    samples: dict[int, list[tuple[int, float]]] = {}
+    rows = (
+        JobMetric.objects.filter(job_id__in=job_ids, at__gte=since)
+        .order_by("job_id", "-at")
+        .values_list("job_id", "parallelism", "samples_per_s")
+    )
+    for job_id, size, rate in rows.iterator():
+        bucket = samples.setdefault(job_id, [])
+        if len(bucket) < per_job:
+            bucket.append((size, rate))
+    return {job_id: measured_curve(points) for job_id, points in samples.items()}
+
+
 def build_snapshot(cluster: ClusterState, now: datetime) -> tuple[Snapshot, dict[str, int]]:
     """The policy's view: schedulable GPUs and the jobs it may decide on.
 
@@ -127,6 +147,7 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> tuple[Snapshot, dict
             "attained_gpu_seconds",
             "priority",
             "throughput_curve",
+            "profile_state",
         )
     )
     in_use: dict[int, int] = {}
@@ -139,6 +160,8 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> tuple[Snapshot, dict
         "job_id", "gpu__index"
     ):
         holdings.setdefault(job_id, []).append(index)
+    running_ids = [row[0] for row in rows if row[1] == JobState.RUNNING]
+    measured = _measured_curves(running_ids, now - MEASUREMENT_WINDOW)
     views: list[JobView] = []
     ids: dict[str, int] = {}
     epoch = now.timestamp()
@@ -155,12 +178,16 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> tuple[Snapshot, dict
         service,
         priority,
         curve_json,
+        profile_state,
     ) in rows:
+        if profile_state == "requested":
+            continue  # profiling: its size belongs to the runtime until the curve arrives
         held = tuple(holdings.get(job_id, ())) if state == JobState.RUNNING else ()
         if state == JobState.QUEUED and in_use.get(tenant_id, 0) + lo > quota:
             continue
         name = runtime_job_name(job_id)
-        curve = {int(k): float(v) for k, v in (curve_json or {}).items()} or None
+        profiled = {int(k): float(v) for k, v in (curve_json or {}).items()}
+        curve = policy_curve(profiled, measured.get(job_id, {}), hi)
         views.append(
             JobView(
                 id=name,

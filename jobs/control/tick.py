@@ -24,6 +24,7 @@ from datetime import datetime
 import redis
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from fabric.allocator import Allocation
@@ -32,13 +33,14 @@ from jobs.control.apply import Outbox, apply_bound, release_job, store_allocatio
 from jobs.control.binding import Refused, bind
 from jobs.control.commands import job_id_from_name, runtime_job_name
 from jobs.control.state import ClusterState, build_snapshot, load_allocator, read_cluster
-from jobs.models import Job, JobEvent
+from jobs.models import Job, JobEvent, JobGpu
 from jobs.services import _apply_transition, _broadcast
 from portal.inventory import do_mark_silent_servers_down
 from portal.metrics import record_tick
 from scheduler.placement import CountPlacement
 from scheduler.policies import get_policy
 from scheduler.types import Decision, Migrate
+from workers.protocol import Profile
 
 log = logging.getLogger(__name__)
 LOCK_KEY = "portal:scheduler-tick"
@@ -154,6 +156,7 @@ def _tick(policy_name: str, now: datetime) -> TickResult:
     changed += apply_bound(
         cluster.spec, bound, jobs, cluster.homes, now, outbox, gpu_pks=cluster.gpu_pks
     )
+    changed += _request_profiles(cluster, now, outbox)
     outbox.send_on_commit()
     return TickResult(
         ran=True,
@@ -213,6 +216,57 @@ def _recover_lost_gpus(cluster: ClusterState, now: datetime) -> list[int]:
         _broadcast(job, "job.updated")
         changed.append(job_id)
     return changed
+
+
+def _request_profiles(cluster: ClusterState, now: datetime, outbox: Outbox) -> list[int]:
+    """EDL's profile(min, max) for jobs that reached their maximum and have no curve yet.
+
+    The runtime measures samples/s from max down to min, one worker at a time;
+    its scale-ins come back as ``scale_done`` reports (GPUs released) and the
+    curve as ``profile_done``.  The policy leaves a profiling job alone.
+    """
+    candidates = Job.objects.select_for_update().filter(
+        state=JobState.RUNNING,
+        profile_state="",
+        tenant__profile_jobs=True,
+        min_gpus__lt=F("max_gpus"),
+        parallelism=F("max_gpus"),
+    )
+    requested: list[int] = []
+    for job in candidates:
+        first = (
+            JobGpu.objects.filter(job=job)
+            .order_by("rank")
+            .values_list("gpu__index", flat=True)
+            .first()
+        )
+        if first is None:
+            continue
+        job.profile_state = "requested"
+        job.save(update_fields=["profile_state"])
+        JobEvent.objects.create(
+            job=job,
+            at=now,
+            kind=EventKind.PROFILED,
+            reason=f"profiling throughput from {job.max_gpus} down to "
+            f"{job.min_gpus} GPUs, {settings.PROFILE_BATCHES} mini-batches each",
+        )
+        outbox.extend(
+            [
+                (
+                    cluster.homes[first].node,
+                    Profile(
+                        job=runtime_job_name(job.pk),
+                        command_id=f"profile-{job.pk}",
+                        min_workers=job.min_gpus,
+                        max_workers=job.max_gpus,
+                        batches_per_level=settings.PROFILE_BATCHES,
+                    ),
+                )
+            ]
+        )
+        requested.append(job.pk)
+    return requested
 
 
 def _drain_decisions(cluster: ClusterState) -> list[Decision]:
