@@ -175,6 +175,8 @@ def load_philly(
         i_gpu, i_vc = header.index("num_gpus"), header.index("cluster")
         cache: dict[str, float] = {}
         for line, row in enumerate(reader, start=2):
+            if not row:
+                continue  # blank line (the file ends with one)
             try:
                 ts_text = row[i_ts]
                 ts = cache.get(ts_text)
