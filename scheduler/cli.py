@@ -27,6 +27,7 @@ from scheduler.traces import (
     load_tiresias,
     poisson_workload,
     shared_trace,
+    vclos_workload,
 )
 
 PLACEMENTS = ("count", "consolidated", "vclos", "ecmp")
@@ -67,7 +68,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", type=Path, help="trace file (not needed for synthetic formats)")
     p.add_argument(
         "--trace-format",
-        choices=("tiresias", "philly", "edl-synthetic", "poisson"),
+        choices=("tiresias", "philly", "edl-synthetic", "poisson", "vclos-synthetic"),
         default="tiresias",
     )
     p.add_argument("--from", dest="date_from", help="philly: first submit date (YYYY-MM-DD)")
@@ -103,7 +104,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tick", type=float, help="also schedule every TICK seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=_positive_int, default=1000, help="poisson: number of jobs")
-    p.add_argument("--load", type=float, default=0.8, help="poisson: offered load")
+    p.add_argument("--load", type=float, default=0.8, help="poisson/vclos-synthetic: offered load")
     p.add_argument("--sample-every", type=float, default=60.0, help="time series step, seconds")
     p.add_argument("--on-error", choices=("skip", "fail"), default="skip")
     p.add_argument("--json", action="store_true", help="print JSON only (no progress bar)")
@@ -156,6 +157,8 @@ def load_trace(args: argparse.Namespace, total_gpus: int) -> LoadedTrace:
         )
     if fmt == "edl-synthetic":
         return edl_synthetic(seed=args.seed)
+    if fmt == "vclos-synthetic":
+        return vclos_workload(jobs=args.jobs, total_gpus=total_gpus, load=args.load, seed=args.seed)
     return poisson_workload(jobs=args.jobs, total_gpus=total_gpus, load=args.load, seed=args.seed)
 
 
@@ -181,7 +184,10 @@ def run_one(name: str, trace: LoadedTrace, args: argparse.Namespace, total: int)
     if args.placement in ("vclos", "ecmp"):
         from scheduler.fabric_placement import simulate_fabric
 
-        return simulate_fabric(trace.jobs, make_policy(name, args), args, total)
+        try:
+            return simulate_fabric(trace.jobs, make_policy(name, args), args, total)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     cfg = SimConfig(
         total_gpus=total,
         gpus_per_server=args.gpus_per_server,
