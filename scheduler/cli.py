@@ -105,6 +105,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=_positive_int, default=1000, help="poisson: number of jobs")
     p.add_argument("--load", type=float, default=0.8, help="poisson/vclos-synthetic: offered load")
+    p.add_argument(
+        "--edl-mixed", action="store_true", help="edl-synthetic: durations from 10 min to 2 h, not all 1 h"
+    )
     p.add_argument("--sample-every", type=float, default=60.0, help="time series step, seconds")
     p.add_argument("--on-error", choices=("skip", "fail"), default="skip")
     p.add_argument("--json", action="store_true", help="print JSON only (no progress bar)")
@@ -156,7 +159,7 @@ def load_trace(args: argparse.Namespace, total_gpus: int) -> LoadedTrace:
             on_error=args.on_error,
         )
     if fmt == "edl-synthetic":
-        return edl_synthetic(seed=args.seed)
+        return edl_synthetic(seed=args.seed, mixed=args.edl_mixed)
     if fmt == "vclos-synthetic":
         return vclos_workload(jobs=args.jobs, total_gpus=total_gpus, load=args.load, seed=args.seed)
     return poisson_workload(jobs=args.jobs, total_gpus=total_gpus, load=args.load, seed=args.seed)

@@ -226,20 +226,27 @@ def load_philly(
 
 
 def edl_synthetic(
-    *, jobs: int = 16, gap: float = 30.0, gpus: int = 4, duration: float = 3600.0, seed: int = 0
+    *,
+    jobs: int = 16,
+    gap: float = 30.0,
+    gpus: int = 4,
+    duration: float = 3600.0,
+    mixed: bool = False,
+    seed: int = 0,
 ) -> LoadedTrace:
     """EDL §6: one job every ``gap`` s until ``jobs``, each on ``gpus`` GPUs, models at random.
 
-    The excerpt does not give job lengths; ``duration`` (seconds at 4 GPUs) is our choice.
+    The excerpt does not give job lengths: ``duration`` (seconds at 4 GPUs) for
+    every job, or with ``mixed`` log-uniform between 10 minutes and 2 hours
+    (our choices).  Models are drawn from the nine TensorFlow-benchmark models.
     """
     rng = random.Random(seed)
-    out = tuple(
-        TraceJob(
-            id=f"s{i}", submit=i * gap, gpus=gpus, duration=duration, model=rng.choice(MODEL_NAMES)
-        )
-        for i in range(jobs)
-    )
-    return LoadedTrace(out, {})
+    out: list[TraceJob] = []
+    for i in range(jobs):
+        model = rng.choice(MODEL_NAMES[:9])
+        length = round(math.exp(rng.uniform(math.log(600), math.log(7200))), 1) if mixed else duration
+        out.append(TraceJob(id=f"s{i}", submit=i * gap, gpus=gpus, duration=length, model=model))
+    return LoadedTrace(tuple(out), {})
 
 
 def poisson_workload(
