@@ -106,7 +106,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=_positive_int, default=1000, help="poisson: number of jobs")
     p.add_argument("--load", type=float, default=0.8, help="poisson/vclos-synthetic: offered load")
     p.add_argument(
-        "--edl-mixed", action="store_true", help="edl-synthetic: durations from 10 min to 2 h, not all 1 h"
+        "--edl-mixed",
+        action="store_true",
+        help="edl-synthetic: durations from 10 min to 2 h, not all 1 h",
     )
     p.add_argument("--sample-every", type=float, default=60.0, help="time series step, seconds")
     p.add_argument("--on-error", choices=("skip", "fail"), default="skip")

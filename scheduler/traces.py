@@ -244,7 +244,9 @@ def edl_synthetic(
     out: list[TraceJob] = []
     for i in range(jobs):
         model = rng.choice(MODEL_NAMES[:9])
-        length = round(math.exp(rng.uniform(math.log(600), math.log(7200))), 1) if mixed else duration
+        length = (
+            round(math.exp(rng.uniform(math.log(600), math.log(7200))), 1) if mixed else duration
+        )
         out.append(TraceJob(id=f"s{i}", submit=i * gap, gpus=gpus, duration=length, model=model))
     return LoadedTrace(tuple(out), {})
 
