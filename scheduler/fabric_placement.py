@@ -23,7 +23,7 @@ import heapq
 import math
 import statistics
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fabric.allocator import VClosAllocator
@@ -34,6 +34,61 @@ from scheduler.policies.base import Policy
 from scheduler.simulator import JobResult, SimResult, summarize
 from scheduler.throughput import NetworkSpec, get_model, iteration_time, speedup_over_one
 from scheduler.traces import TraceJob
+from scheduler.types import Gpu, GpuState, Snapshot
+
+
+class VClosPlacement:
+    """The :class:`scheduler.placement.Placement` for ``schedule()`` on a vClos fabric.
+
+    Built from a snapshot (its ``fabric_spec`` and running ``allocations``), it
+    reserves an isolated sub-Clos per started job in a private
+    ``VClosAllocator``; preemptions in the same round free theirs first.
+    Growing a vClos job would change its shape, so grows are refused (the job
+    keeps its size; ``Migrate`` to a bigger shape is future work).
+    """
+
+    name = "vclos"
+
+    def __init__(
+        self, spec: FabricSpec, allocations: Sequence[Any] = (), down: Sequence[int] = ()
+    ) -> None:
+        self.allocator = VClosAllocator(spec)
+        self.allocator.restore(list(allocations))
+        if down:
+            self.allocator.set_unavailable(down)
+        self.placed: dict[str, Any] = {}
+
+    @classmethod
+    def from_snapshot(cls, snapshot: Snapshot) -> VClosPlacement:
+        """The placement for one ``schedule()`` call (the snapshot must carry a fabric_spec)."""
+        cluster = snapshot.cluster
+        if cluster.fabric_spec is None:
+            raise ValueError("vClos placement needs the snapshot's fabric_spec")
+        down = [g.id for g in cluster.gpus if g.state is GpuState.DOWN]
+        return cls(cluster.fabric_spec, cluster.allocations, down)
+
+    def place(
+        self,
+        n: int,
+        free: Sequence[int],
+        gpus: Mapping[int, Gpu],
+        near: Sequence[int] = (),
+        job: str = "",
+    ) -> tuple[int, ...] | None:
+        """An isolated m x n sub-Clos for a starting job, or None (also for grows)."""
+        if near or n <= 0:
+            return None
+        key = job or f"pending-{len(self.placed)}"
+        got = self.allocator.try_allocate(key, n)
+        if isinstance(got, PlacementError):
+            return None
+        self.placed[key] = got
+        return tuple(got.gpus)
+
+    def release(self, job: str) -> None:
+        """A preempted job's sub-Clos becomes free for this round's starts."""
+        if job in self.allocator.allocations():
+            self.allocator.release(job)
 
 
 class _Run:

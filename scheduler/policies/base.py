@@ -140,6 +140,7 @@ def _plan_to_decisions(
         if n <= 0:
             decisions.append(Preempt(job.id))
             free.update(current)
+            placer.release(job.id)
         elif current and n < len(current):
             keep = current[:n]
             free.update(current[n:])
@@ -148,7 +149,7 @@ def _plan_to_decisions(
             grows.append((job, n))
     for job, n in grows:
         current = views[job.id].gpus
-        extra = placer.place(n - len(current), sorted(free), gpu_info, near=current)
+        extra = placer.place(n - len(current), sorted(free), gpu_info, near=current, job=job.id)
         if extra is None:
             continue  # does not fit on real GPUs after all; the next tick retries
         free.difference_update(extra)
