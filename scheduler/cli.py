@@ -90,6 +90,11 @@ def _common(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="check demotion like the public Tiresias simulator (late checks; small traces)",
     )
+    p.add_argument(
+        "--starvation-factor",
+        type=float,
+        help="tiresias: promote a job that waited this many times its run time (default off)",
+    )
     p.add_argument("--waiting-threshold", type=int, default=10, help="elastic: N waiting jobs")
     p.add_argument(
         "--min-fraction",
@@ -175,6 +180,10 @@ def make_policy(name: str, args: argparse.Namespace) -> Any:
             params["thresholds"] = args.queue_thresholds
         if args.tiresias_compat:
             params["compat"] = True
+    if name in ("tiresias", "dlas") and args.starvation_factor is not None:
+        if args.starvation_factor <= 0:
+            raise UsageError("--starvation-factor must be positive")
+        params["starvation_factor"] = args.starvation_factor
     if name == "elastic-tiresias":
         params["waiting_threshold"] = args.waiting_threshold
         params["r"] = args.min_fraction

@@ -126,3 +126,22 @@ def test_elastic_never_overcommits_and_finishes_everything(
     assert res.summary["jobs"] == len(trace)
     assert max(res.series["busy"]) <= 16
     assert all(j.end >= j.submit for j in res.jobs)
+
+
+def test_starvation_promotion_lets_a_demoted_job_run_between_newcomers() -> None:
+    # "long" drops to queue 1 after 812.5 s on 4 GPUs; a stream of short jobs then
+    # keeps queue 0 busy. With promotion it returns to queue 0 after waiting as long
+    # as it had run, and runs again before the stream ends.
+    trace = [TraceJob("long", 0.0, 4, 5000.0)] + [
+        TraceJob(f"s{i}", 900.0 + i * 100, 4, 100.0) for i in range(40)
+    ]
+    plain = simulate(trace, get_policy("tiresias"), SimConfig(total_gpus=4))
+    promoted = simulate(
+        trace, get_policy("tiresias", starvation_factor=1.0), SimConfig(total_gpus=4)
+    )
+    long_plain = next(j for j in plain.jobs if j.id == "long")
+    long_promoted = next(j for j in promoted.jobs if j.id == "long")
+    assert long_plain.preemptions == 1
+    assert long_promoted.preemptions > 1
+    last_short = max(j.end for j in promoted.jobs if j.id != "long")
+    assert last_short > max(j.end for j in plain.jobs if j.id != "long")
