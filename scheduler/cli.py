@@ -120,6 +120,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON only (no progress bar)")
     p.add_argument("--report", type=Path, help="write a self-contained Plotly HTML report")
     p.add_argument("--jobs-csv", type=Path, help="write per-job results as CSV")
+    p.add_argument(
+        "--series-csv", type=Path, help="write the time series (busy, efficiency, queue) as CSV"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -226,6 +229,18 @@ def _write_jobs_csv(results: Sequence[SimResult], path: Path) -> None:
                             j.duration, j.model, j.preemptions, j.scale_events])  # fmt: skip
 
 
+def _write_series_csv(results: Sequence[SimResult], path: Path) -> None:
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["policy", "t", "busy_gpus", "cluster_efficiency", "queued", "running"])
+        for res in results:
+            s = res.series
+            for row in zip(
+                s["t"], s["busy"], s["efficiency"], s["queued"], s["running"], strict=False
+            ):
+                w.writerow([res.policy, *(round(x, 4) for x in row)])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     parser = build_parser()
@@ -257,6 +272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.jobs_csv:
         _write_jobs_csv(results, args.jobs_csv)
+    if args.series_csv:
+        _write_series_csv(results, args.series_csv)
     out: dict[str, Any] = {
         "trace": str(args.trace or args.trace_format),
         "gpus": total,

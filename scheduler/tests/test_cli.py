@@ -33,13 +33,16 @@ def test_compare_writes_a_self_contained_report(
 ) -> None:
     report = tmp_path / "r.html"
     jobs_csv = tmp_path / "jobs.csv"
-    code = main(["compare", *BASE, "--policies", "fifo,tiresias,elastic-tiresias",
-                 "--report", str(report), "--jobs-csv", str(jobs_csv)])  # fmt: skip
+    series_csv = tmp_path / "series.csv"
+    code = main(["compare", *BASE, "--policies", "fifo,tiresias,elastic-tiresias", "--report", str(report),
+                 "--jobs-csv", str(jobs_csv), "--series-csv", str(series_csv)])  # fmt: skip
     assert code == 0
     text = report.read_text()
     assert re.search(r"<script[^>]*\bsrc=", text) is None  # plotly.js is embedded, no CDN
     assert "Plotly.newPlot" in text and len(text) > 1_000_000
     assert len(jobs_csv.read_text().splitlines()) == 1 + 3 * 60
+    series = series_csv.read_text().splitlines()
+    assert series[0] == "policy,t,busy_gpus,cluster_efficiency,queued,running" and len(series) > 10
     assert "elastic-tiresias" in capsys.readouterr().out
 
 
