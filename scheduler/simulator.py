@@ -258,7 +258,7 @@ def simulate(trace: Sequence[TraceJob], policy: Policy, cfg: SimConfig) -> SimRe
             job.alloc = n
             job.running = True
             pause = cfg.cost.pause(old, n, resumed)
-            if pause > 0:
+            if pause > 0 and now + pause > job.resume_at:
                 job.resume_at = now + pause
             seq += 1
             heapq.heappush(comp, (job.finish_time(), seq, job, job.version))

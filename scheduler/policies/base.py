@@ -115,6 +115,8 @@ def _record_from_view(view: JobView, idx: int, now: float) -> JobRecord:
         max_gpus=view.max_gpus,
         speed=speed,
     )
+    if speed is not None and len(speed) > 1 and speed[1] > 0:
+        rec.gain_ref = 1.0 / speed[1]  # throughput(requested) / throughput(1)
     rec.attained = view.attained_service
     rec.executed = view.attained_service / max(1, len(view.gpus) or view.requested_gpus)
     rec.q_exec = rec.executed
