@@ -44,6 +44,8 @@ whole.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -54,6 +56,10 @@ from fabric.topology import FabricSpec
 
 
 def _freeze_routes(routes: Mapping[int, Mapping[int, int]]) -> Mapping[int, Mapping[int, int]]:
+    if isinstance(routes, MappingProxyType) and all(
+        isinstance(m, MappingProxyType) for m in routes.values()
+    ):
+        return routes  # built frozen by the allocator
     return MappingProxyType(
         {
             int(leaf): MappingProxyType({int(p): int(s) for p, s in m.items()})
@@ -289,6 +295,7 @@ class VClosAllocator:
             (1 << spec.leaves) - 1
         ] * self._gpl  # leaves on which each plane is free
         self._allocs: dict[str, Allocation] = {}
+        self._held: dict[str, list[tuple[int, int]]] = {}  # job -> (leaf, GPU port bits)
         self._free_cnt = [self._gpl] * spec.leaves  # popcount of _free_mask, kept in step
         self._version = 0
         self._can_place_cache: dict[int, bool] = {}
@@ -391,25 +398,42 @@ class VClosAllocator:
         alloc = self._allocs.pop(job_id, None)
         if alloc is None:
             raise UnknownJobError(f"job {job_id!r} holds no allocation")
-        self._apply(alloc, take=False)
-        self._recount(alloc.leaves)
+        self._recount(self._apply(alloc, take=False))
         return alloc
 
     def restore(self, allocations: Iterable[Allocation] | Mapping[str, Allocation]) -> None:
         """Replace the current allocations by persisted ones (availability marks stay).
 
+        Accepted: what :meth:`allocate` returns; a subset of such a vClos (a job
+        that lost GPUs keeps its cables); and, without uplinks, any set of GPUs
+        (a plain reservation, e.g. GPUs held without a recorded shape).
+
         Raises :class:`AllocationConflictError` (and keeps the previous state) when
         the allocations do not fit this fabric or overlap.
         """
         allocs = list(allocations.values() if isinstance(allocations, Mapping) else allocations)
-        saved = (self._busy, self._free_up, self._plane_use, self._plane_free, self._allocs)
+        saved = (
+            self._busy,
+            self._free_up,
+            self._plane_use,
+            self._plane_free,
+            self._allocs,
+            self._held,
+        )
         self._reset()
         try:
             for a in allocs:
                 self._validate_restored(a)
                 self._commit(a)
         except AllocationConflictError:
-            self._busy, self._free_up, self._plane_use, self._plane_free, self._allocs = saved
+            (
+                self._busy,
+                self._free_up,
+                self._plane_use,
+                self._plane_free,
+                self._allocs,
+                self._held,
+            ) = saved
             self._recount()
             raise
 
@@ -421,12 +445,19 @@ class VClosAllocator:
             raise AllocationConflictError(f"job {a.job_id!r}: empty or repeated GPUs")
         if any(not 0 <= g < spec.total_gpus for g in a.gpus):
             raise AllocationConflictError(f"job {a.job_id!r}: GPU outside the fabric")
-        if sorted({g // gpl for g in a.gpus}) != sorted(a.leaves):
-            raise AllocationConflictError(f"job {a.job_id!r}: leaves do not match its GPUs")
-        if len(a.leaves) > 1 and len(a.uplinks) * len(a.leaves) != len(a.gpus):
+        if len(set(a.leaves)) != len(a.leaves) or any(not 0 <= x < spec.leaves for x in a.leaves):
             raise AllocationConflictError(
-                f"job {a.job_id!r}: uplinks do not match its GPUs per leaf"
+                f"job {a.job_id!r}: repeated leaves or a leaf outside the fabric"
             )
+        if a.uplinks:
+            # A vClos, or a subset of one (a job that lost GPUs keeps its cables).
+            per_leaf = Counter(g // gpl for g in a.gpus)
+            if not set(per_leaf) <= set(a.leaves) or max(per_leaf.values()) > len(a.uplinks):
+                raise AllocationConflictError(
+                    f"job {a.job_id!r}: GPUs outside its leaves or more per leaf than its uplinks"
+                )
+            if len(set(a.uplinks)) != len(a.uplinks):
+                raise AllocationConflictError(f"job {a.job_id!r}: repeated uplinks")
         if any(not 0 <= u < gpl for u in a.uplinks):
             raise AllocationConflictError(f"job {a.job_id!r}: uplink outside 0..{gpl - 1}")
         for g in a.gpus:
@@ -445,16 +476,23 @@ class VClosAllocator:
         if job_id in self._allocs:
             raise ValueError(f"job {job_id!r} already holds an allocation")
 
-    def _apply(self, a: Allocation, take: bool) -> None:
-        """Mark ``a``'s GPUs and cables held (``take``) or free, as whole bitsets."""
-        gpl = self._gpl
-        per_leaf: dict[int, int] = {}
-        for g in a.gpus:
-            leaf = g // gpl
-            per_leaf[leaf] = per_leaf.get(leaf, 0) | 1 << (g % gpl)
-        for leaf, bits in per_leaf.items():
+    def _apply(self, a: Allocation, take: bool) -> list[int]:
+        """Mark ``a``'s GPUs and cables held (``take``) or free; return the leaves of its GPUs."""
+        per_leaf = self._held.get(a.job_id)
+        if per_leaf is None:
+            gpl = self._gpl
+            acc: dict[int, int] = {}
+            for g in a.gpus:
+                leaf = g // gpl
+                acc[leaf] = acc.get(leaf, 0) | 1 << (g % gpl)
+            per_leaf = list(acc.items())
+        if take:
+            self._held[a.job_id] = per_leaf
+        else:
+            self._held.pop(a.job_id, None)
+        for leaf, bits in per_leaf:
             self._busy[leaf] = self._busy[leaf] | bits if take else self._busy[leaf] & ~bits
-        if a.uplinks and len(a.leaves) > 1:
+        if a.uplinks:
             pmask = 0
             for u in a.uplinks:
                 pmask |= 1 << u
@@ -470,11 +508,12 @@ class VClosAllocator:
                 self._plane_free[u] = (
                     self._plane_free[u] & ~lmask if take else self._plane_free[u] | lmask
                 )
+        return [leaf for leaf, _ in per_leaf]
 
     def _commit(self, a: Allocation) -> None:
-        self._apply(a, take=True)
+        touched = self._apply(a, take=True)
         self._allocs[a.job_id] = a
-        self._recount(a.leaves)
+        self._recount(touched)
 
     # --- the policy ------------------------------------------------------------
 
@@ -502,25 +541,29 @@ class VClosAllocator:
             if best is not None:
                 return [best], z, []
         gpu_ok = False
+        free_up = self._free_up
+        # Best-fit preference, computed once: fullest leaves first, then busiest uplinks.
+        ranked = sorted(
+            (free[leaf], free_up[leaf].bit_count(), leaf)
+            for leaf in range(spec.leaves)
+            if free[leaf]
+        )
         for m, n in shapes:
-            eligible = [leaf for leaf in range(spec.leaves) if free[leaf] >= n]
-            if len(eligible) < m:
+            if len(ranked) - bisect_left(ranked, (n, -1, -1)) < m:
                 continue
             gpu_ok = True
-            masks = {
-                leaf: self._free_up[leaf]
-                for leaf in eligible
-                if self._free_up[leaf].bit_count() >= n
-            }
-            if len(masks) < m:
+            order = [leaf for f, up, leaf in ranked if f >= n and up >= n]
+            if len(order) < m:
                 continue
-            order = sorted(masks, key=lambda leaf: (free[leaf], masks[leaf].bit_count(), leaf))
+            masks = {leaf: free_up[leaf] for leaf in order}
             found = self._find(masks, m, n, order)
             if found is None:
                 continue
             planes_mask, _ = found
             planes = self._pick_planes(planes_mask, n)
-            pmask = sum(1 << p for p in planes)
+            pmask = 0
+            for u in planes:
+                pmask |= 1 << u
             leaves = [leaf for leaf in order if masks[leaf] & pmask == pmask][:m]
             return sorted(leaves), n, planes
         if not gpu_ok:
@@ -551,71 +594,77 @@ class VClosAllocator:
         """Choose ``n`` free ports of ``leaf``: whole free servers first, best-fit remainder."""
         gps = self.spec.gpus_per_server
         free = self._free_mask(leaf)
+        if n == self._gpl and free == self._full:
+            return list(range(n))
         server_mask = (1 << gps) - 1
         whole: list[int] = []
-        partial: list[tuple[int, int]] = []  # (free count, server)
+        partial: list[tuple[int, int, int]] = []  # (free count, server, free bits)
         for s in range(self.spec.servers_per_leaf):
             bits = free >> (s * gps) & server_mask
             if bits == server_mask:
                 whole.append(s)
             elif bits:
-                partial.append((bits.bit_count(), s))
+                partial.append((bits.bit_count(), s, bits))
 
-        def ports_of(s: int, k: int) -> list[int]:
-            bits = free >> (s * gps) & server_mask
-            out = [s * gps + i for i in range(gps) if bits >> i & 1]
-            return out[:k]
+        def lowest(s: int, bits: int, k: int) -> list[int]:
+            out: list[int] = []
+            while bits and len(out) < k:
+                low = bits & -bits
+                out.append(s * gps + low.bit_length() - 1)
+                bits ^= low
+            return out
 
         q, rem = divmod(n, gps)
         chosen: list[int] = []
         if len(whole) >= q:
             for s in whole[:q]:
-                chosen += ports_of(s, gps)
-            spare = whole[q:]
+                chosen.extend(range(s * gps, s * gps + gps))
             if rem:
-                fits = sorted(p for p in partial if p[0] >= rem)
-                if fits:
-                    chosen += ports_of(fits[0][1], rem)
-                elif spare:
-                    chosen += ports_of(spare[0], rem)
+                fits = [p for p in partial if p[0] >= rem]
+                if fits:  # best fit: the fullest partly used server that still fits
+                    _, s, bits = min(fits)
+                    chosen += lowest(s, bits, rem)
+                elif len(whole) > q:
+                    chosen.extend(range(whole[q] * gps, whole[q] * gps + rem))
                 else:
-                    need = rem
-                    for _, s in sorted(partial, reverse=True):
-                        take = ports_of(s, need)
-                        chosen += take
-                        need -= len(take)
-                        if not need:
+                    for _, s, bits in sorted(partial, reverse=True):
+                        chosen += lowest(s, bits, n - len(chosen))
+                        if len(chosen) == n:
                             break
         else:
             for s in whole:
-                chosen += ports_of(s, gps)
-            need = n - len(chosen)
-            for _, s in sorted(partial, key=lambda p: (-p[0], p[1])):
-                if not need:
+                chosen.extend(range(s * gps, s * gps + gps))
+            for _, s, bits in sorted(partial, key=lambda p: (-p[0], p[1])):
+                if len(chosen) == n:
                     break
-                take = ports_of(s, need)
-                chosen += take
-                need -= len(take)
-        return sorted(chosen)
+                chosen += lowest(s, bits, n - len(chosen))
+        chosen.sort()
+        return chosen
 
     def _build(self, job_id: str, leaves: list[int], n: int, planes: list[int]) -> Allocation:
         gpl, nspines = self._gpl, self.spec.spines
         spine_of = [u % nspines for u in planes]
         gpus: list[int] = []
-        routes: dict[int, dict[int, int]] = {}
+        routes: dict[int, Mapping[int, int]] = {}
+        held: list[tuple[int, int]] = []
         for leaf in leaves:
             ports = self._pick_ports(leaf, n)
+            bits = 0
+            for p in ports:
+                bits |= 1 << p
+            held.append((leaf, bits))
             base = leaf * gpl
             gpus += [base + p for p in ports]
             if planes:
-                routes[leaf] = dict(zip(ports, spine_of, strict=True))
+                routes[leaf] = MappingProxyType(dict(zip(ports, spine_of, strict=True)))
+        self._held[job_id] = held  # _commit reuses the bitsets instead of recomputing them
         per_leaf_links = sorted(spine_of)
         return Allocation(
             job_id=job_id,
             gpus=tuple(gpus),
             leaves=tuple(leaves),
             spines=tuple(sorted(set(spine_of))),
-            links=tuple((leaf, s) for leaf in leaves for s in per_leaf_links),
-            routes=routes,
+            links=tuple([(leaf, s) for leaf in leaves for s in per_leaf_links]),
+            routes=MappingProxyType(routes),
             uplinks=tuple(planes),
         )

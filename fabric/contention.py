@@ -149,49 +149,99 @@ def _ecmp_router(spec: FabricSpec, seed: int) -> EcmpRouting:
     return EcmpRouting(spec, seed=seed)
 
 
+CompiledStep = tuple[tuple[tuple[tuple[int, ...], float], ...], float, float]
+
+
+@lru_cache(maxsize=8192)
+def _compile_job(
+    spec: FabricSpec, gpus: tuple[int, ...], pattern: str, seed: int
+) -> tuple[tuple[CompiledStep, ...], tuple[int, ...]]:
+    """A job's distinct steps under ECMP, and which of them each step is.
+
+    A compiled step is (cross-leaf flows as (leaf-spine links, bytes), the largest
+    intra-leaf flow's bytes, the largest flow's bytes). NIC links are left out:
+    in every pattern a GPU sends and receives at most one flow per step, and a
+    GPU belongs to one job, so they are never shared. Cached per job, so the
+    simulator's repeated calls only redo the combination.
+    """
+    router = _ecmp_router(spec, seed)
+    gpl = spec.gpus_per_leaf
+    fabric_from = 2 * spec.total_gpus  # link ids below this are NIC links
+    compiled: list[CompiledStep] = []
+    ids: dict[int, int] = {}  # identical steps (ring repeats one flow set) compile once
+    order = []
+    for step in pattern_steps(pattern, gpus, 1.0, _group_size(spec, gpus)):
+        sid = ids.get(id(step.flows))
+        if sid is None:
+            cross: list[tuple[tuple[int, ...], float]] = []
+            local = 0.0
+            ideal = 0.0
+            for f in step.flows:
+                ideal = max(ideal, f.nbytes)
+                if f.src // gpl == f.dst // gpl:
+                    local = max(local, f.nbytes)
+                else:
+                    path = router.path(f.src, f.dst)
+                    cross.append((tuple(link for link in path if link >= fabric_from), f.nbytes))
+            sid = len(compiled)
+            compiled.append((tuple(cross), local, ideal))
+            ids[id(step.flows)] = sid
+        order.append(sid)
+    return tuple(compiled), tuple(order)
+
+
 @lru_cache(maxsize=4096)
 def _ecmp_slowdown_cached(
     spec: FabricSpec, jobs: tuple[tuple[int, ...], ...], pattern: str, seed: int
 ) -> tuple[float, ...]:
-    router = _ecmp_router(spec, seed)
-    per_job = [pattern_steps(pattern, gpus, 1.0, _group_size(spec, gpus)) for gpus in jobs]
-    longest = max((len(s) for s in per_job), default=0)
+    per_job = [_compile_job(spec, gpus, pattern, seed) for gpus in jobs]
+    # Global step ids: (job index, compiled id) flattened.
+    compiled: list[CompiledStep] = []
+    schedule: list[list[int]] = []
+    for steps, order in per_job:
+        base = len(compiled)
+        compiled.extend(steps)
+        schedule.append([base + sid for sid in order])
+    longest = max((len(s) for s in schedule), default=0)
     times = [0.0] * len(jobs)
     ideals = [0.0] * len(jobs)
-    seen: dict[tuple[int, ...], tuple[list[float], list[float]]] = {}
+    seen: dict[tuple[int, ...], list[float]] = {}
     for t in range(longest):
         # Step t of every job runs at the same time; shorter jobs repeat their steps
         # (training iterates). Identical combinations are computed once.
-        idx = tuple(t % len(s) if s else -1 for s in per_job)
-        key = tuple(id(per_job[j][i].flows) if i >= 0 else -1 for j, i in enumerate(idx))
+        key = tuple(s[t % len(s)] if s else -1 for s in schedule)
         hit = seen.get(key)
         if hit is None:
-            flows: list[Flow] = []
-            owner: list[int] = []
-            for j, i in enumerate(idx):
-                if i >= 0:
-                    for f in per_job[j][i].flows:
-                        flows.append(f)
-                        owner.append(j)
-            paths = [router.path(f.src, f.dst) for f in flows]
             counts: Counter[int] = Counter()
-            for p in paths:
-                counts.update(p)
-            if any(c > 1 for c in counts.values()):
-                rates = max_min_rates(paths)
-            else:
-                rates = [1.0] * len(paths)
-            jt = [0.0] * len(jobs)
-            ji = [0.0] * len(jobs)
-            for f, r, j in zip(flows, rates, owner, strict=True):
-                jt[j] = max(jt[j], f.nbytes / r)
-                ji[j] = max(ji[j], f.nbytes)
-            hit = (jt, ji)
+            for sid in key:
+                if sid >= 0:
+                    for links, _ in compiled[sid][0]:
+                        counts.update(links)
+            hot = {link for link, c in counts.items() if c > 1}
+            jt = [compiled[sid][1] if sid >= 0 else 0.0 for sid in key]
+            shared: list[tuple[int, float]] = []
+            shared_paths: list[tuple[int, ...]] = []
+            for j, sid in enumerate(key):
+                if sid < 0:
+                    continue
+                for links, nbytes in compiled[sid][0]:
+                    on_hot = tuple(link for link in links if link in hot)
+                    if on_hot:
+                        shared.append((j, nbytes))
+                        shared_paths.append(on_hot)
+                    elif nbytes > jt[j]:
+                        jt[j] = nbytes
+            # Links that carry one flow never limit it below the full rate, so the
+            # max-min computation only needs the shared links.
+            for (j, nbytes), rate in zip(shared, max_min_rates(shared_paths), strict=True):
+                jt[j] = max(jt[j], nbytes / rate)
+            hit = jt
             seen[key] = hit
-        for j in range(len(jobs)):
-            times[j] += hit[0][j]
-            ideals[j] += hit[1][j]
-    return tuple(t / i if i > 0 else 1.0 for t, i in zip(times, ideals, strict=True))
+        for j, sid in enumerate(key):
+            if sid >= 0:
+                times[j] += hit[j]
+                ideals[j] += compiled[sid][2]
+    return tuple(tm / i if i > 0 else 1.0 for tm, i in zip(times, ideals, strict=True))
 
 
 def _group_size(spec: FabricSpec, gpus: Sequence[int]) -> int:

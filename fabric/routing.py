@@ -171,13 +171,18 @@ class EcmpRouting:
         self.proto = proto
         self.flow_seed = flow_seed
         self.ids = LinkIds(spec)
+        self._gpl = spec.gpus_per_leaf
+        self._ips = [gpu_ip(spec, g) for g in range(spec.total_gpus)]
         self._cache: dict[tuple[int, int], Path] = {}
+
+    cache_limit = 2_000_000
+    """Most flow paths kept in memory; the cache starts over when full."""
 
     def five_tuple(self, src: int, dst: int) -> tuple[str, str, int, int, int]:
         """The header fields a switch hashes for the flow ``src -> dst``."""
         lo, hi = self.sport_range
         sport = lo + mmh3.hash(f"{src}>{dst}", self.flow_seed, signed=False) % (hi - lo + 1)
-        return gpu_ip(self.spec, src), gpu_ip(self.spec, dst), sport, self.dport, self.proto
+        return self._ips[src], self._ips[dst], sport, self.dport, self.proto
 
     def path(self, src: int, dst: int) -> Path:
         """Directed links of the flow ``src -> dst``."""
@@ -185,14 +190,14 @@ class EcmpRouting:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        spec, ids = self.spec, self.ids
-        ls, ld = spec.leaf_of(src), spec.leaf_of(dst)
+        spec, ids, gpl = self.spec, self.ids, self._gpl
+        ls, ld = src // gpl, dst // gpl
         if ls == ld:
             path: Path = (ids.nic_tx(src), ids.nic_rx(dst))
         else:
-            header = ",".join(map(str, self.five_tuple(src, dst)))
-            u = mmh3.hash(header, self.seed, signed=False) % spec.uplinks_per_leaf
-            spine = spec.spine_of_uplink(u)
+            header = "{},{},{},{},{}".format(*self.five_tuple(src, dst))
+            u = mmh3.hash(header, self.seed, signed=False) % gpl
+            spine = u % spec.spines
             k = spec.links_per_pair
             cable = 0 if k == 1 else mmh3.hash(header, self.seed + 1, signed=False) % k
             path = (
@@ -201,5 +206,7 @@ class EcmpRouting:
                 ids.down(ld, cable * spec.spines + spine),
                 ids.nic_rx(dst),
             )
+        if len(self._cache) >= self.cache_limit:
+            self._cache.clear()  # bounded memory for long simulations on big fabrics
         self._cache[key] = path
         return path
