@@ -54,6 +54,16 @@ def _thresholds(text: str) -> tuple[float, ...]:
     return values
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad --sizes {text!r} (use e.g. 4,8,16)") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError("job sizes must be positive")
+    return values
+
+
 def _positive_int(text: str) -> int:
     try:
         v = int(text)
@@ -109,6 +119,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tick", type=float, help="also schedule every TICK seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=_positive_int, default=1000, help="poisson: number of jobs")
+    p.add_argument(
+        "--sizes",
+        type=_sizes,
+        help="vclos-synthetic: job sizes with weights 0.75^i (default 4..64 weighted .3,.25,.2,.15,.1)",
+    )
     p.add_argument("--load", type=float, default=0.8, help="poisson/vclos-synthetic: offered load")
     p.add_argument(
         "--edl-mixed",
@@ -171,7 +186,18 @@ def load_trace(args: argparse.Namespace, total_gpus: int) -> LoadedTrace:
     if fmt == "edl-synthetic":
         return edl_synthetic(seed=args.seed, mixed=args.edl_mixed)
     if fmt == "vclos-synthetic":
-        return vclos_workload(jobs=args.jobs, total_gpus=total_gpus, load=args.load, seed=args.seed)
+        if args.sizes is None:
+            return vclos_workload(
+                jobs=args.jobs, total_gpus=total_gpus, load=args.load, seed=args.seed
+            )
+        return vclos_workload(
+            jobs=args.jobs,
+            total_gpus=total_gpus,
+            load=args.load,
+            sizes=args.sizes,
+            size_weights=None,
+            seed=args.seed,
+        )
     return poisson_workload(jobs=args.jobs, total_gpus=total_gpus, load=args.load, seed=args.seed)
 
 

@@ -290,7 +290,7 @@ def vclos_workload(
     total_gpus: int,
     load: float,
     sizes: Sequence[int] = (4, 8, 16, 32, 64),
-    size_weights: Sequence[float] = (0.3, 0.25, 0.2, 0.15, 0.1),
+    size_weights: Sequence[float] | None = (0.3, 0.25, 0.2, 0.15, 0.1),
     models: Sequence[str] = ("vgg16", "resnet50", "resnet101", "bert"),
     min_duration: float = 300.0,
     max_duration: float = 9000.0,
@@ -300,10 +300,17 @@ def vclos_workload(
 
     The authors used 8,192 GPUs, sizes 4-512 and durations 1,000-100,000 s;
     we keep the shape (sizes from 4 GPUs up, four communication-heavy models)
-    at a size whose ECMP analysis runs in seconds.
+    at a size whose ECMP analysis runs in seconds.  With ``size_weights=None``
+    the i-th size has weight 0.75**i (small jobs are the most common).
     """
     if not load > 0:
         raise TraceError("load must be positive")
+    if not sizes or any(s <= 0 for s in sizes):
+        raise TraceError("job sizes must be positive")
+    if size_weights is None:
+        size_weights = [0.75**i for i in range(len(sizes))]
+    if len(size_weights) != len(sizes):
+        raise TraceError("one weight per job size")
     rng = random.Random(seed)
     mean_gpus = sum(s * w for s, w in zip(sizes, size_weights, strict=True)) / sum(size_weights)
     mean_duration = (max_duration - min_duration) / math.log(max_duration / min_duration)
