@@ -44,7 +44,9 @@ whole.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -54,6 +56,10 @@ from fabric.topology import FabricSpec
 
 
 def _freeze_routes(routes: Mapping[int, Mapping[int, int]]) -> Mapping[int, Mapping[int, int]]:
+    if isinstance(routes, MappingProxyType) and all(
+        isinstance(m, MappingProxyType) for m in routes.values()
+    ):
+        return routes  # built frozen by the allocator
     return MappingProxyType(
         {
             int(leaf): MappingProxyType({int(p): int(s) for p, s in m.items()})
@@ -165,53 +171,71 @@ def clos_shapes(spec: FabricSpec, z: int) -> list[tuple[int, int]]:
 
 
 def find_biclique(
-    masks: Mapping[int, int], m: int, n: int, order: Iterable[int]
+    masks: Mapping[int, int],
+    m: int,
+    n: int,
+    order: Iterable[int],
+    plane_leaves: Sequence[int] | None = None,
 ) -> tuple[int, int] | None:
     """Find ``m`` keys of ``masks`` whose bitsets share ``n`` set bits.
 
     ``masks`` maps a candidate leaf to its free-plane bitset (only leaves that
-    have the GPUs). ``order`` lists the candidates in preference order. Returns
-    ``(common_planes_mask, count)`` for the first intersection found whose set
-    of compatible leaves (all leaves whose bitset contains it) has at least
-    ``m`` members, or ``None`` if no such intersection exists (exact).
+    have the GPUs). ``order`` lists the candidates in preference order.
+    ``plane_leaves[p]``, if given, is a bitset of leaves (any superset of the
+    candidates) on which plane ``p`` is free; it saves transposing ``masks``.
+    Returns ``(common_planes_mask, count)`` for the first intersection found
+    whose set of compatible candidates (those whose bitset contains it) has at
+    least ``m`` members, or ``None`` if no such intersection exists (exact).
     """
+    order = list(order)
+    # Fast path: greedy over the preference order, keeping a leaf when the common
+    # planes stay >= n. It usually succeeds; the exact search below runs when it does not.
+    cur, taken = -1, 0
+    for leaf in order:
+        nxt = cur & masks.get(leaf, 0)
+        if nxt.bit_count() >= n:
+            cur, taken = nxt, taken + 1
+            if taken >= m:
+                return cur, taken
     cand = dict(masks)
-    good = -1
+    if plane_leaves is None:
+        width = max((mk.bit_length() for mk in cand.values()), default=0)
+        plane_leaves = [
+            sum(1 << leaf for leaf, mk in cand.items() if mk >> p & 1) for p in range(width)
+        ]
+    good = 0
+    for mk in cand.values():
+        good |= mk
     # Peel: a plane is usable only if free on >= m candidates; a candidate only if it
     # keeps >= n usable planes. Repeat to a fixpoint (like a k-core).
     while True:
         if len(cand) < m:
             return None
-        union = 0
-        for mask in cand.values():
-            union |= mask
+        cand_bits = 0
+        for leaf in cand:
+            cand_bits |= 1 << leaf
         new_good = 0
-        u = union
-        while u:
-            low = u & -u
-            c = 0
-            for mask in cand.values():
-                if mask & low:
-                    c += 1
-            if c >= m:
+        g = good
+        while g:
+            low = g & -g
+            if (plane_leaves[low.bit_length() - 1] & cand_bits).bit_count() >= m:
                 new_good |= low
-            u ^= low
-        new_good &= good
+            g ^= low
         shrunk = {
             leaf: mk & new_good for leaf, mk in cand.items() if (mk & new_good).bit_count() >= n
         }
         if len(shrunk) == len(cand) and new_good == good:
             break
         cand, good = shrunk, new_good
-    if len(cand) < m or good.bit_count() < n:
+    if good.bit_count() < n:
         return None
     # Group identical plane sets; preference = position of its best member in `order`.
     groups: dict[int, int] = {}
     rank: dict[int, int] = {}
     for pos, leaf in enumerate(order):
-        mk = cand.get(leaf)
-        if mk is None:
+        if leaf not in cand:
             continue
+        mk = cand[leaf]
         groups[mk] = groups.get(mk, 0) + 1
         rank.setdefault(mk, pos)
     glist = sorted(groups, key=lambda mk: (mk.bit_count(), rank[mk]))
@@ -259,15 +283,20 @@ class VClosAllocator:
         self.spec = spec
         self._gpl = spec.gpus_per_leaf
         self._full = (1 << self._gpl) - 1
-        self._reset()
         self._down = [0] * spec.leaves
+        self._reset()
 
     def _reset(self) -> None:
         spec = self.spec
         self._busy = [0] * spec.leaves  # GPU ports held by jobs
         self._free_up = [self._full] * spec.leaves  # uplink ports not reserved
         self._plane_use = [0] * self._gpl  # leaves on which each plane is reserved
+        self._plane_free = [
+            (1 << spec.leaves) - 1
+        ] * self._gpl  # leaves on which each plane is free
         self._allocs: dict[str, Allocation] = {}
+        self._held: dict[str, list[tuple[int, int]]] = {}  # job -> (leaf, GPU port bits)
+        self._free_cnt = [self._gpl] * spec.leaves  # popcount of _free_mask, kept in step
         self._version = 0
         self._can_place_cache: dict[int, bool] = {}
 
@@ -278,7 +307,7 @@ class VClosAllocator:
 
     def free_gpu_count(self) -> int:
         """GPUs neither held by a job nor unavailable."""
-        return sum(self._free_mask(leaf).bit_count() for leaf in range(self.spec.leaves))
+        return sum(self._free_cnt)
 
     def free_gpus_on_leaf(self, leaf: int) -> tuple[int, ...]:
         """Free global GPU ids under ``leaf``."""
@@ -310,19 +339,24 @@ class VClosAllocator:
         """Mark GPUs down or draining: never allocated until :meth:`set_available`."""
         for gpu in self._checked_gpus(gpu_ids):
             self._down[gpu // self._gpl] |= 1 << (gpu % self._gpl)
-        self._touch()
+        self._recount()
 
     def set_available(self, gpu_ids: Iterable[int]) -> None:
         """Undo :meth:`set_unavailable`."""
         for gpu in self._checked_gpus(gpu_ids):
             self._down[gpu // self._gpl] &= ~(1 << (gpu % self._gpl))
-        self._touch()
+        self._recount()
 
     def _checked_gpus(self, gpu_ids: Iterable[int]) -> list[int]:
         gpus = list(gpu_ids)
         for g in gpus:
             self.spec.check_gpu(g)
         return gpus
+
+    def _recount(self, leaves: Iterable[int] | None = None) -> None:
+        for leaf in range(self.spec.leaves) if leaves is None else leaves:
+            self._free_cnt[leaf] = self._free_mask(leaf).bit_count()
+        self._touch()
 
     def _touch(self) -> None:
         self._version += 1
@@ -364,32 +398,43 @@ class VClosAllocator:
         alloc = self._allocs.pop(job_id, None)
         if alloc is None:
             raise UnknownJobError(f"job {job_id!r} holds no allocation")
-        gpl = self._gpl
-        for g in alloc.gpus:
-            self._busy[g // gpl] &= ~(1 << (g % gpl))
-        for leaf in alloc.leaves:
-            for u in alloc.uplinks:
-                self._free_up[leaf] |= 1 << u
-                self._plane_use[u] -= 1
-        self._touch()
+        self._recount(self._apply(alloc, take=False))
         return alloc
 
     def restore(self, allocations: Iterable[Allocation] | Mapping[str, Allocation]) -> None:
         """Replace the current allocations by persisted ones (availability marks stay).
 
+        Accepted: what :meth:`allocate` returns; a subset of such a vClos (a job
+        that lost GPUs keeps its cables); and, without uplinks, any set of GPUs
+        (a plain reservation, e.g. GPUs held without a recorded shape).
+
         Raises :class:`AllocationConflictError` (and keeps the previous state) when
         the allocations do not fit this fabric or overlap.
         """
         allocs = list(allocations.values() if isinstance(allocations, Mapping) else allocations)
-        saved = (self._busy, self._free_up, self._plane_use, self._allocs)
+        saved = (
+            self._busy,
+            self._free_up,
+            self._plane_use,
+            self._plane_free,
+            self._allocs,
+            self._held,
+        )
         self._reset()
         try:
             for a in allocs:
                 self._validate_restored(a)
                 self._commit(a)
         except AllocationConflictError:
-            self._busy, self._free_up, self._plane_use, self._allocs = saved
-            self._touch()
+            (
+                self._busy,
+                self._free_up,
+                self._plane_use,
+                self._plane_free,
+                self._allocs,
+                self._held,
+            ) = saved
+            self._recount()
             raise
 
     def _validate_restored(self, a: Allocation) -> None:
@@ -400,12 +445,19 @@ class VClosAllocator:
             raise AllocationConflictError(f"job {a.job_id!r}: empty or repeated GPUs")
         if any(not 0 <= g < spec.total_gpus for g in a.gpus):
             raise AllocationConflictError(f"job {a.job_id!r}: GPU outside the fabric")
-        if sorted({g // gpl for g in a.gpus}) != sorted(a.leaves):
-            raise AllocationConflictError(f"job {a.job_id!r}: leaves do not match its GPUs")
-        if len(a.leaves) > 1 and len(a.uplinks) * len(a.leaves) != len(a.gpus):
+        if len(set(a.leaves)) != len(a.leaves) or any(not 0 <= x < spec.leaves for x in a.leaves):
             raise AllocationConflictError(
-                f"job {a.job_id!r}: uplinks do not match its GPUs per leaf"
+                f"job {a.job_id!r}: repeated leaves or a leaf outside the fabric"
             )
+        if a.uplinks:
+            # A vClos, or a subset of one (a job that lost GPUs keeps its cables).
+            per_leaf = Counter(g // gpl for g in a.gpus)
+            if not set(per_leaf) <= set(a.leaves) or max(per_leaf.values()) > len(a.uplinks):
+                raise AllocationConflictError(
+                    f"job {a.job_id!r}: GPUs outside its leaves or more per leaf than its uplinks"
+                )
+            if len(set(a.uplinks)) != len(a.uplinks):
+                raise AllocationConflictError(f"job {a.job_id!r}: repeated uplinks")
         if any(not 0 <= u < gpl for u in a.uplinks):
             raise AllocationConflictError(f"job {a.job_id!r}: uplink outside 0..{gpl - 1}")
         for g in a.gpus:
@@ -424,16 +476,44 @@ class VClosAllocator:
         if job_id in self._allocs:
             raise ValueError(f"job {job_id!r} already holds an allocation")
 
-    def _commit(self, a: Allocation) -> None:
-        gpl = self._gpl
-        for g in a.gpus:
-            self._busy[g // gpl] |= 1 << (g % gpl)
-        for leaf in a.leaves:
+    def _apply(self, a: Allocation, take: bool) -> list[int]:
+        """Mark ``a``'s GPUs and cables held (``take``) or free; return the leaves of its GPUs."""
+        per_leaf = self._held.get(a.job_id)
+        if per_leaf is None:
+            gpl = self._gpl
+            acc: dict[int, int] = {}
+            for g in a.gpus:
+                leaf = g // gpl
+                acc[leaf] = acc.get(leaf, 0) | 1 << (g % gpl)
+            per_leaf = list(acc.items())
+        if take:
+            self._held[a.job_id] = per_leaf
+        else:
+            self._held.pop(a.job_id, None)
+        for leaf, bits in per_leaf:
+            self._busy[leaf] = self._busy[leaf] | bits if take else self._busy[leaf] & ~bits
+        if a.uplinks:
+            pmask = 0
             for u in a.uplinks:
-                self._free_up[leaf] &= ~(1 << u)
-                self._plane_use[u] += 1
+                pmask |= 1 << u
+            lmask = 0
+            for leaf in a.leaves:
+                lmask |= 1 << leaf
+                self._free_up[leaf] = (
+                    self._free_up[leaf] & ~pmask if take else self._free_up[leaf] | pmask
+                )
+            delta = len(a.leaves) if take else -len(a.leaves)
+            for u in a.uplinks:
+                self._plane_use[u] += delta
+                self._plane_free[u] = (
+                    self._plane_free[u] & ~lmask if take else self._plane_free[u] | lmask
+                )
+        return [leaf for leaf, _ in per_leaf]
+
+    def _commit(self, a: Allocation) -> None:
+        touched = self._apply(a, take=True)
         self._allocs[a.job_id] = a
-        self._touch()
+        self._recount(touched)
 
     # --- the policy ------------------------------------------------------------
 
@@ -448,7 +528,7 @@ class VClosAllocator:
                 f"{z} GPUs cannot form any m x n shape on {spec.leaves} leaves of {gpl} GPUs",
                 "too_large",
             )
-        free = [self._free_mask(leaf).bit_count() for leaf in range(spec.leaves)]
+        free = self._free_cnt
         total_free = sum(free)
         if z > total_free:
             return PlacementError(f"{z} GPUs requested, {total_free} free", "insufficient_gpus")
@@ -461,25 +541,29 @@ class VClosAllocator:
             if best is not None:
                 return [best], z, []
         gpu_ok = False
+        free_up = self._free_up
+        # Best-fit preference, computed once: fullest leaves first, then busiest uplinks.
+        ranked = sorted(
+            (free[leaf], free_up[leaf].bit_count(), leaf)
+            for leaf in range(spec.leaves)
+            if free[leaf]
+        )
         for m, n in shapes:
-            eligible = [leaf for leaf in range(spec.leaves) if free[leaf] >= n]
-            if len(eligible) < m:
+            if len(ranked) - bisect_left(ranked, (n, -1, -1)) < m:
                 continue
             gpu_ok = True
-            masks = {
-                leaf: self._free_up[leaf]
-                for leaf in eligible
-                if self._free_up[leaf].bit_count() >= n
-            }
-            if len(masks) < m:
+            order = [leaf for f, up, leaf in ranked if f >= n and up >= n]
+            if len(order) < m:
                 continue
-            order = sorted(masks, key=lambda leaf: (free[leaf], masks[leaf].bit_count(), leaf))
+            masks = {leaf: free_up[leaf] for leaf in order}
             found = self._find(masks, m, n, order)
             if found is None:
                 continue
             planes_mask, _ = found
             planes = self._pick_planes(planes_mask, n)
-            pmask = sum(1 << p for p in planes)
+            pmask = 0
+            for u in planes:
+                pmask |= 1 << u
             leaves = [leaf for leaf in order if masks[leaf] & pmask == pmask][:m]
             return sorted(leaves), n, planes
         if not gpu_ok:
@@ -498,7 +582,7 @@ class VClosAllocator:
         self, masks: dict[int, int], m: int, n: int, order: list[int]
     ) -> tuple[int, int] | None:
         """Search hook: the combinatorial search here; the oracle overrides it."""
-        return find_biclique(masks, m, n, order)
+        return find_biclique(masks, m, n, order, self._plane_free)
 
     def _pick_planes(self, mask: int, n: int) -> list[int]:
         """Best-fit: the ``n`` planes of ``mask`` already reserved on the most leaves."""
@@ -510,71 +594,77 @@ class VClosAllocator:
         """Choose ``n`` free ports of ``leaf``: whole free servers first, best-fit remainder."""
         gps = self.spec.gpus_per_server
         free = self._free_mask(leaf)
+        if n == self._gpl and free == self._full:
+            return list(range(n))
         server_mask = (1 << gps) - 1
         whole: list[int] = []
-        partial: list[tuple[int, int]] = []  # (free count, server)
+        partial: list[tuple[int, int, int]] = []  # (free count, server, free bits)
         for s in range(self.spec.servers_per_leaf):
             bits = free >> (s * gps) & server_mask
             if bits == server_mask:
                 whole.append(s)
             elif bits:
-                partial.append((bits.bit_count(), s))
+                partial.append((bits.bit_count(), s, bits))
 
-        def ports_of(s: int, k: int) -> list[int]:
-            bits = free >> (s * gps) & server_mask
-            out = [s * gps + i for i in range(gps) if bits >> i & 1]
-            return out[:k]
+        def lowest(s: int, bits: int, k: int) -> list[int]:
+            out: list[int] = []
+            while bits and len(out) < k:
+                low = bits & -bits
+                out.append(s * gps + low.bit_length() - 1)
+                bits ^= low
+            return out
 
         q, rem = divmod(n, gps)
         chosen: list[int] = []
         if len(whole) >= q:
             for s in whole[:q]:
-                chosen += ports_of(s, gps)
-            spare = whole[q:]
+                chosen.extend(range(s * gps, s * gps + gps))
             if rem:
-                fits = sorted(p for p in partial if p[0] >= rem)
-                if fits:
-                    chosen += ports_of(fits[0][1], rem)
-                elif spare:
-                    chosen += ports_of(spare[0], rem)
+                fits = [p for p in partial if p[0] >= rem]
+                if fits:  # best fit: the fullest partly used server that still fits
+                    _, s, bits = min(fits)
+                    chosen += lowest(s, bits, rem)
+                elif len(whole) > q:
+                    chosen.extend(range(whole[q] * gps, whole[q] * gps + rem))
                 else:
-                    need = rem
-                    for _, s in sorted(partial, reverse=True):
-                        take = ports_of(s, need)
-                        chosen += take
-                        need -= len(take)
-                        if not need:
+                    for _, s, bits in sorted(partial, reverse=True):
+                        chosen += lowest(s, bits, n - len(chosen))
+                        if len(chosen) == n:
                             break
         else:
             for s in whole:
-                chosen += ports_of(s, gps)
-            need = n - len(chosen)
-            for _, s in sorted(partial, key=lambda p: (-p[0], p[1])):
-                if not need:
+                chosen.extend(range(s * gps, s * gps + gps))
+            for _, s, bits in sorted(partial, key=lambda p: (-p[0], p[1])):
+                if len(chosen) == n:
                     break
-                take = ports_of(s, need)
-                chosen += take
-                need -= len(take)
-        return sorted(chosen)
+                chosen += lowest(s, bits, n - len(chosen))
+        chosen.sort()
+        return chosen
 
     def _build(self, job_id: str, leaves: list[int], n: int, planes: list[int]) -> Allocation:
-        spec, gpl = self.spec, self._gpl
+        gpl, nspines = self._gpl, self.spec.spines
+        spine_of = [u % nspines for u in planes]
         gpus: list[int] = []
-        routes: dict[int, dict[int, int]] = {}
+        routes: dict[int, Mapping[int, int]] = {}
+        held: list[tuple[int, int]] = []
         for leaf in leaves:
             ports = self._pick_ports(leaf, n)
-            gpus += [leaf * gpl + p for p in ports]
+            bits = 0
+            for p in ports:
+                bits |= 1 << p
+            held.append((leaf, bits))
+            base = leaf * gpl
+            gpus += [base + p for p in ports]
             if planes:
-                routes[leaf] = {
-                    p: spec.spine_of_uplink(u) for p, u in zip(ports, planes, strict=True)
-                }
-        links = sorted((leaf, spec.spine_of_uplink(u)) for leaf in leaves for u in planes)
+                routes[leaf] = MappingProxyType(dict(zip(ports, spine_of, strict=True)))
+        self._held[job_id] = held  # _commit reuses the bitsets instead of recomputing them
+        per_leaf_links = sorted(spine_of)
         return Allocation(
             job_id=job_id,
             gpus=tuple(gpus),
             leaves=tuple(leaves),
-            spines=tuple(sorted({spec.spine_of_uplink(u) for u in planes})),
-            links=tuple(links),
-            routes=routes,
+            spines=tuple(sorted(set(spine_of))),
+            links=tuple([(leaf, s) for leaf in leaves for s in per_leaf_links]),
+            routes=MappingProxyType(routes),
             uplinks=tuple(planes),
         )

@@ -34,12 +34,14 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import yaml
 
 from fabric.errors import TopologyError
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 _SPEC_KEYS = {
     "leaves",
@@ -276,6 +278,8 @@ def to_networkx(spec: FabricSpec) -> nx.MultiGraph:
     off their leaf (their NIC), and are also joined to their server with
     ``kind="nvlink"`` edges. With an OCS, each uplink is drawn as leaf-OCS-spine.
     """
+    import networkx as nx  # imported here: `import fabric` stays light for the simulator
+
     g = nx.MultiGraph(name="leaf-spine")
     for s in range(spec.spines):
         g.add_node(("spine", s), kind="spine", layer=4)

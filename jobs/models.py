@@ -61,6 +61,9 @@ class Job(models.Model):
         default=dict, blank=True, help_text="The vClos allocation (fabric.Allocation.to_dict())."
     )
     last_service_at = models.DateTimeField(null=True, blank=True)
+    profile_state = models.CharField(
+        max_length=10, blank=True, default="", help_text="'', 'requested' or 'done'."
+    )
     last_event_id = models.CharField(
         max_length=64, blank=True, default="", help_text="Newest runtime event applied."
     )

@@ -27,8 +27,13 @@ class Placement(Protocol):
         free: Sequence[int],
         gpus: Mapping[int, Gpu],
         near: Sequence[int] = (),
+        job: str = "",
     ) -> tuple[int, ...] | None:
-        """GPU ids in rank order, or None."""
+        """GPU ids in rank order, or None; ``near`` holds a growing job's GPUs."""
+        ...
+
+    def release(self, job: str) -> None:
+        """The job's GPUs (all of them) are given back in this round of decisions."""
         ...
 
 
@@ -43,11 +48,15 @@ class CountPlacement:
         free: Sequence[int],
         gpus: Mapping[int, Gpu],
         near: Sequence[int] = (),
+        job: str = "",
     ) -> tuple[int, ...] | None:
         """The ``n`` lowest free ids, or None when fewer are free."""
         if n > len(free):
             return None
         return tuple(sorted(free)[:n])
+
+    def release(self, job: str) -> None:
+        """Nothing to do: the free list is the caller's."""
 
 
 class ConsolidatedPlacement:
@@ -65,6 +74,7 @@ class ConsolidatedPlacement:
         free: Sequence[int],
         gpus: Mapping[int, Gpu],
         near: Sequence[int] = (),
+        job: str = "",
     ) -> tuple[int, ...] | None:
         """Ids packed by server then leaf, or None when fewer than ``n`` are free."""
         if n <= 0:
@@ -101,6 +111,9 @@ class ConsolidatedPlacement:
                 if len(chosen) == n:
                     return tuple(chosen)
         return None
+
+    def release(self, job: str) -> None:
+        """Nothing to do: the free list is the caller's."""
 
 
 def get_placement(name: str) -> Placement:

@@ -28,6 +28,7 @@ class JobRecord:
         "duration",
         "end_time",
         "executed",
+        "gain_ref",
         "id",
         "idx",
         "last",
@@ -91,6 +92,8 @@ class JobRecord:
         self.scale_events = 0
         self.pending_since = submit
         self.compacted = False
+        # throughput(requested)/throughput(1): turns ``rate`` into a speedup over one GPU
+        self.gain_ref = float(requested)
 
     def rate(self, n: int) -> float:
         """Progress per second on ``n`` GPUs (seconds of requested-size work per second)."""

@@ -117,16 +117,19 @@ def _percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
 
 
-def _make_record(idx: int, job: TraceJob, cfg: SimConfig) -> JobRecord:
-    if cfg.elastic:
+def _make_record(idx: int, job: TraceJob, cfg: SimConfig, elastic: bool) -> JobRecord:
+    if elastic:
         top = max(job.gpus, int(job.gpus * cfg.max_scale))
         top = min(top, cfg.total_gpus)
         low = max(1, math.ceil(job.gpus * cfg.min_fraction))
-        speed = speed_table(job.model or "resnet50", job.gpus, top, cfg.gpus_per_server)
-        return JobRecord(
+        model = job.model or "resnet50"
+        speed = speed_table(model, job.gpus, top, cfg.gpus_per_server)
+        rec = JobRecord(
             job.id, idx, job.submit, job.gpus, job.duration,
             tenant=job.tenant, model=job.model, min_gpus=low, max_gpus=top, speed=speed,
         )  # fmt: skip
+        rec.gain_ref = speedup_over_one(model, job.gpus, cfg.gpus_per_server)
+        return rec
     return JobRecord(
         job.id, idx, job.submit, job.gpus, job.duration, tenant=job.tenant, model=job.model
     )
@@ -135,10 +138,10 @@ def _make_record(idx: int, job: TraceJob, cfg: SimConfig) -> JobRecord:
 def simulate(trace: Sequence[TraceJob], policy: Policy, cfg: SimConfig) -> SimResult:
     """Replay ``trace`` (sorted by submit time) through ``policy``; returns results and figures."""
     core = policy.new_core(cfg.total_gpus)
-    records = [_make_record(i, j, cfg) for i, j in enumerate(trace)]
+    elastic = cfg.elastic or bool(getattr(policy, "elastic", False))
+    records = [_make_record(i, j, cfg, elastic) for i, j in enumerate(trace)]
     n_jobs = len(records)
     with_model = any(j.model for j in trace)
-    slow = cfg.slowdown
     comp: list[tuple[float, int, JobRecord, int]] = []
     seq = 0
     ai = 0
@@ -250,14 +253,12 @@ def simulate(trace: Sequence[TraceJob], policy: Policy, cfg: SimConfig) -> SimRe
                     job.start_time = now
             eff_sum -= contrib.pop(job, 0.0)
             c = contribution(job, n)
-            if slow is not None:
-                c /= 1.0
             contrib[job] = c
             eff_sum += c
             job.alloc = n
             job.running = True
             pause = cfg.cost.pause(old, n, resumed)
-            if pause > 0:
+            if pause > 0 and now + pause > job.resume_at:
                 job.resume_at = now + pause
             seq += 1
             heapq.heappush(comp, (job.finish_time(), seq, job, job.version))

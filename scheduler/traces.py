@@ -175,6 +175,8 @@ def load_philly(
         i_gpu, i_vc = header.index("num_gpus"), header.index("cluster")
         cache: dict[str, float] = {}
         for line, row in enumerate(reader, start=2):
+            if not row:
+                continue  # blank line (the file ends with one)
             try:
                 ts_text = row[i_ts]
                 ts = cache.get(ts_text)
@@ -224,20 +226,29 @@ def load_philly(
 
 
 def edl_synthetic(
-    *, jobs: int = 16, gap: float = 30.0, gpus: int = 4, duration: float = 3600.0, seed: int = 0
+    *,
+    jobs: int = 16,
+    gap: float = 30.0,
+    gpus: int = 4,
+    duration: float = 3600.0,
+    mixed: bool = False,
+    seed: int = 0,
 ) -> LoadedTrace:
     """EDL §6: one job every ``gap`` s until ``jobs``, each on ``gpus`` GPUs, models at random.
 
-    The excerpt does not give job lengths; ``duration`` (seconds at 4 GPUs) is our choice.
+    The excerpt does not give job lengths: ``duration`` (seconds at 4 GPUs) for
+    every job, or with ``mixed`` log-uniform between 10 minutes and 2 hours
+    (our choices).  Models are drawn from the nine TensorFlow-benchmark models.
     """
     rng = random.Random(seed)
-    out = tuple(
-        TraceJob(
-            id=f"s{i}", submit=i * gap, gpus=gpus, duration=duration, model=rng.choice(MODEL_NAMES)
+    out: list[TraceJob] = []
+    for i in range(jobs):
+        model = rng.choice(MODEL_NAMES[:9])
+        length = (
+            round(math.exp(rng.uniform(math.log(600), math.log(7200))), 1) if mixed else duration
         )
-        for i in range(jobs)
-    )
-    return LoadedTrace(out, {})
+        out.append(TraceJob(id=f"s{i}", submit=i * gap, gpus=gpus, duration=length, model=model))
+    return LoadedTrace(tuple(out), {})
 
 
 def poisson_workload(
@@ -268,6 +279,55 @@ def poisson_workload(
                 gpus=g,
                 duration=max(1.0, round(rng.expovariate(1.0 / mean_duration), 1)),
                 model=rng.choice(MODEL_NAMES),
+            )
+        )
+    return LoadedTrace(tuple(out), {})
+
+
+def vclos_workload(
+    *,
+    jobs: int,
+    total_gpus: int,
+    load: float,
+    sizes: Sequence[int] = (4, 8, 16, 32, 64),
+    size_weights: Sequence[float] | None = (0.3, 0.25, 0.2, 0.15, 0.1),
+    models: Sequence[str] = ("vgg16", "resnet50", "resnet101", "bert"),
+    min_duration: float = 300.0,
+    max_duration: float = 9000.0,
+    seed: int = 0,
+) -> LoadedTrace:
+    """A scaled-down vClos experiment: Poisson arrivals, multi-GPU jobs, log-uniform durations.
+
+    The authors used 8,192 GPUs, sizes 4-512 and durations 1,000-100,000 s;
+    we keep the shape (sizes from 4 GPUs up, four communication-heavy models)
+    at a size whose ECMP analysis runs in seconds.  With ``size_weights=None``
+    the i-th size has weight 0.75**i (small jobs are the most common).
+    """
+    if not load > 0:
+        raise TraceError("load must be positive")
+    if not sizes or any(s <= 0 for s in sizes):
+        raise TraceError("job sizes must be positive")
+    if size_weights is None:
+        size_weights = [0.75**i for i in range(len(sizes))]
+    if len(size_weights) != len(sizes):
+        raise TraceError("one weight per job size")
+    rng = random.Random(seed)
+    mean_gpus = sum(s * w for s, w in zip(sizes, size_weights, strict=True)) / sum(size_weights)
+    mean_duration = (max_duration - min_duration) / math.log(max_duration / min_duration)
+    rate = load * total_gpus / (mean_gpus * mean_duration)
+    t = 0.0
+    out: list[TraceJob] = []
+    for i in range(jobs):
+        t += rng.expovariate(rate)
+        g = rng.choices(list(sizes), weights=list(size_weights))[0]
+        d = math.exp(rng.uniform(math.log(min_duration), math.log(max_duration)))
+        out.append(
+            TraceJob(
+                id=f"v{i}",
+                submit=round(t, 3),
+                gpus=g,
+                duration=round(d, 1),
+                model=rng.choice(models),
             )
         )
     return LoadedTrace(tuple(out), {})

@@ -41,10 +41,16 @@ class Gpu:
 
 @dataclass(frozen=True, slots=True)
 class Cluster:
-    """The GPUs of the cluster; ``fabric_spec`` (a ``fabric.topology.FabricSpec``) is optional."""
+    """The GPUs of the cluster.
+
+    ``fabric_spec`` (a ``fabric.topology.FabricSpec``) and ``allocations`` (the
+    running jobs' ``fabric.allocator.Allocation`` objects) are optional; the
+    vClos placement needs both.
+    """
 
     gpus: tuple[Gpu, ...]
     fabric_spec: Any = None
+    allocations: tuple[Any, ...] = ()
 
     @property
     def total_gpus(self) -> int:

@@ -119,3 +119,29 @@ def test_biclique_search_is_exact_on_a_hard_case() -> None:
     assert found is not None and found[0].bit_count() >= 2
     assert find_biclique(masks, 4, 2, range(4)) is None  # only plane 4 is common to all
     assert find_biclique({0: 0b011, 1: 0b110, 2: 0b101}, 2, 2, range(3)) is None
+
+
+def test_restore_accepts_a_shrunk_vclos_and_plain_reservations() -> None:
+    spec = spec_2048()
+    alloc = VClosAllocator(spec)
+    a = alloc.allocate("a", 96)
+    survivors = Allocation(
+        job_id="a",
+        gpus=a.gpus[:40],  # lost every GPU of its last leaf and some of the second
+        leaves=a.leaves,
+        spines=a.spines,
+        links=a.links,
+        routes=a.routes,
+        uplinks=a.uplinks,
+    )
+    plain = Allocation(job_id="p", gpus=(2000, 2040), leaves=(62,))  # spans leaves 62 and 63
+    other = VClosAllocator(spec)
+    other.restore([survivors, plain])
+    assert other.free_gpu_count() == spec.total_gpus - 42
+    for leaf in a.leaves:  # the cables stay reserved for the job
+        assert not set(other.free_uplinks_on_leaf(leaf)) & set(a.uplinks)
+    assert other.release("a") == survivors
+    assert all(set(other.free_uplinks_on_leaf(leaf)) >= set(a.uplinks) for leaf in a.leaves)
+    too_many = Allocation(job_id="t", gpus=a.gpus[:33], leaves=a.leaves, uplinks=a.uplinks[:1])
+    with pytest.raises(AllocationConflictError):
+        other.restore([too_many])

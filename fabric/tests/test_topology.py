@@ -112,3 +112,18 @@ def test_networkx_graph_has_every_cable() -> None:
     ocs = FabricSpec(leaves=2, spines=1, servers_per_leaf=1, gpus_per_server=2, ocs=OcsSpec(2))
     go = to_networkx(ocs)
     assert go.has_edge(("leaf", 1), ("ocs", 1)) and go.has_edge(("ocs", 1), ("spine", 0))
+
+
+def test_fabric_imports_no_web_or_ml_stack() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, fabric, fabric.cli, fabric.contention, fabric.collisions;"
+        "bad = sorted({m.split('.')[0] for m in sys.modules} & {'django', 'celery', 'channels', 'torch'});"
+        "print(','.join(bad))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={}
+    )
+    assert out.stdout.strip() == ""

@@ -45,14 +45,22 @@ class Outbox:
 
 
 def send_commands(commands: Sequence[tuple[str, Command]]) -> None:
-    """Put each command on its node's queue (``agent.<node>``)."""
-    from workers.agent.client import send_command
+    """Put each command on its node's queue (``agent.<node>``), over one broker connection."""
+    from portal.celery import agent_queue, app
+    from workers.protocol import AGENT_COMMAND_TASK
 
-    for node, command in commands:
-        try:
-            send_command(node, command)
-        except Exception:  # the next tick re-derives state; a lost command is logged
-            log.exception("could not send %s to %s", command.TYPE, node)
+    try:
+        with app.producer_or_acquire() as producer:
+            for node, command in commands:
+                app.send_task(
+                    AGENT_COMMAND_TASK,
+                    args=[command.to_dict()],
+                    queue=agent_queue(node),
+                    producer=producer,
+                    ignore_result=True,
+                )
+    except Exception:  # the next tick re-derives state; lost commands are logged
+        log.exception("could not send %d agent commands", len(commands))
 
 
 def release_job(job: Job, outbox: Outbox | None, *, reason: str) -> tuple[int, ...]:
@@ -87,14 +95,25 @@ def launch_of(job: Job) -> JobLaunch:
     )
 
 
-def store_allocation(job: Job, allocation: Allocation | None, spec: FabricSpec | None) -> None:
-    """Replace the job's GPU and cable rows (the DB's uniqueness forbids double booking)."""
-    JobGpu.objects.filter(job=job).delete()
-    JobCable.objects.filter(job=job).delete()
+def store_allocation(
+    job: Job,
+    allocation: Allocation | None,
+    spec: FabricSpec | None,
+    gpu_pks: Mapping[int, int] | None = None,
+) -> None:
+    """Replace the job's GPU and cable rows (the DB's uniqueness forbids double booking).
+
+    The caller saves ``job`` (its ``allocation`` field changes here).
+    """
+    if job.allocation or job.parallelism:  # a job that holds nothing has no rows
+        JobGpu.objects.filter(job=job).delete()
+        JobCable.objects.filter(job=job).delete()
     job.allocation = allocation.to_dict() if allocation is not None else {}
     if allocation is None or spec is None:
         return
-    gpu_rows = dict(Gpu.objects.filter(index__in=allocation.gpus).values_list("index", "id"))
+    gpu_rows = gpu_pks or dict(
+        Gpu.objects.filter(index__in=allocation.gpus).values_list("index", "id")
+    )
     JobGpu.objects.bulk_create(
         JobGpu(job=job, gpu_id=gpu_rows[g], rank=rank) for rank, g in enumerate(allocation.gpus)
     )
@@ -122,17 +141,18 @@ def _describe(old: int, new: int, allocation: Allocation | None) -> str:
 def apply_bound(
     spec: FabricSpec,
     bound: Sequence[Bound],
-    jobs: Mapping[str, Job],
+    jobs: Mapping[str, int],
     homes: Mapping[int, GpuHome],
     now: datetime,
     outbox: Outbox,
     *,
+    gpu_pks: Mapping[int, int] | None = None,
     reason_override: Mapping[str, str] | None = None,
 ) -> list[int]:
     """Write every bound decision; return the ids of the jobs that changed."""
     changed: list[int] = []
     for item in bound:
-        job = Job.objects.select_for_update().get(pk=jobs[item.job].pk)
+        job = Job.objects.select_for_update().get(pk=jobs[item.job])
         if job.state not in (JobState.QUEUED, JobState.RUNNING):
             continue  # cancelled or finished since the snapshot: leave it alone
         old, new = item.old_gpus, item.new_gpus
@@ -141,13 +161,13 @@ def apply_bound(
         reason = (reason_override or {}).get(item.job) or _describe(
             len(old), len(new), item.allocation
         )
-        store_allocation(job, item.allocation, spec)
+        store_allocation(job, item.allocation, spec, gpu_pks)
+        # Each transition saves the whole job, allocation included.
         if not new:
             _apply_transition(job, JobState.QUEUED, reason=reason, at=now)
         elif not old:
-            _apply_transition(job, JobState.RUNNING, reason=reason, at=now, parallelism=len(new))
             job.last_service_at = now
-            job.save(update_fields=["last_service_at", "allocation"])
+            _apply_transition(job, JobState.RUNNING, reason=reason, at=now, parallelism=len(new))
         else:
             _apply_transition(job, JobState.SCALING, reason=reason, at=now)
             JobEvent.objects.create(
@@ -157,7 +177,6 @@ def apply_bound(
                 reason=f"switching {len(old)}→{len(new)} GPUs without stopping",
                 data={"from": list(old), "to": list(new)},
             )
-            job.save(update_fields=["allocation"])
         outbox.extend(membership_commands(launch_of(job), old, new, homes, reason=reason))
         _broadcast(job, "job.updated")
         changed.append(job.pk)

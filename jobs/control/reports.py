@@ -18,9 +18,9 @@ from django.utils import timezone
 
 from jobs.choices import ACTIVE_STATES, TERMINAL_STATES, EventKind, JobState
 from jobs.control.apply import Outbox, release_job
-from jobs.control.commands import job_id_from_name
-from jobs.models import Job, JobEvent, JobMetric
-from jobs.services import _apply_transition, _broadcast, request_tick
+from jobs.control.commands import job_id_from_name, worker_id
+from jobs.models import Job, JobEvent, JobGpu, JobMetric
+from jobs.services import _apply_transition, _broadcast, do_set_parallelism, request_tick
 from portal.inventory import do_heartbeat
 from workers.protocol import (
     Failed,
@@ -123,22 +123,48 @@ def _progress(job: Job, report: Any) -> str:
 
 def _scale_done(job: Job, report: ScaleDone) -> str:
     now = _at(report)
+    accrue_service(job, now)
+    if report.workers and job.state in ACTIVE_STATES:
+        left = keep_only_workers(job, set(report.workers))
+    else:
+        left = ()
     world = report.world or len(report.workers) or job.parallelism
+    pause = f", existing workers paused {report.pause_s:.3f} s" if report.pause_s else ""
+    where = f"at step {report.step} (generation {report.generation}){pause}"
     if job.state == JobState.SCALING:
-        accrue_service(job, now)
         job.save(update_fields=["attained_gpu_seconds", "last_service_at"])
-        pause = f", existing workers paused {report.pause_s:.3f} s" if report.pause_s else ""
         _apply_transition(
-            job,
-            JobState.RUNNING,
-            reason=f"switch done at step {report.step} (generation {report.generation}){pause}",
-            at=now,
-            parallelism=world,
+            job, JobState.RUNNING, reason=f"switch done {where}", at=now, parallelism=world
         )
-        _broadcast(job, "job.updated")
-        request_tick()
-        return "scaled"
-    return "noted"
+    elif job.state == JobState.RUNNING and world != job.parallelism:
+        job.save(update_fields=["attained_gpu_seconds", "last_service_at"])
+        why = "profiling" if job.profile_state == "requested" else "runtime"
+        do_set_parallelism(
+            job_id=job.pk,
+            parallelism=world,
+            reason=f"{why}: workers {', '.join(left) or '-'} left {where}",
+            at=now,
+        )
+    else:
+        return "noted"
+    _broadcast(job, "job.updated")
+    request_tick()
+    return "scaled"
+
+
+def keep_only_workers(job: Job, workers: set[str]) -> tuple[str, ...]:
+    """Release the GPUs of workers that are no longer members; return their worker ids."""
+    rows = list(JobGpu.objects.filter(job=job).select_related("gpu").order_by("rank"))
+    gone = [row for row in rows if worker_id(row.gpu.index) not in workers]
+    if not gone or len(gone) == len(rows):
+        return ()
+    JobGpu.objects.filter(pk__in=[row.pk for row in gone]).delete()
+    kept = [row.gpu.index for row in rows if row not in gone]
+    if job.allocation:
+        # A subset of a vClos keeps its reserved cables, still contention-free.
+        job.allocation = {**job.allocation, "gpus": kept}
+        job.save(update_fields=["allocation"])
+    return tuple(worker_id(row.gpu.index) for row in gone)
 
 
 def _recovered(job: Job, report: Recovered) -> str:
@@ -179,7 +205,8 @@ def _straggler(job: Job, report: Straggler) -> str:
 def _profile_done(job: Job, report: ProfileDone) -> str:
     curve = {str(p.workers): p.samples_per_s for p in report.curve}
     job.throughput_curve = curve
-    job.save(update_fields=["throughput_curve"])
+    job.profile_state = "done"
+    job.save(update_fields=["throughput_curve", "profile_state"])
     JobEvent.objects.create(
         job=job,
         at=_at(report),

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from fabric.allocator import Allocation, VClosAllocator
 from fabric.topology import FabricSpec
 from jobs.choices import ACTIVE_STATES, JobState
 from jobs.control.commands import GpuHome, runtime_job_name
-from jobs.models import Job, JobGpu
+from jobs.control.curves import measured_curve, policy_curve
+from jobs.models import Job, JobGpu, JobMetric
 from portal.models import Fabric, Gpu, ServerState
 from scheduler.types import Cluster, GpuState, JobView, Snapshot
 from scheduler.types import Gpu as GpuView
 from scheduler.types import JobState as ViewState
+
+MEASUREMENT_WINDOW = timedelta(hours=1)
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,7 @@ class ClusterState:
     schedulable: frozenset[int]
     holders: dict[int, int]  # gpu index -> job id
     draining: frozenset[int]
+    gpu_pks: dict[int, int]  # gpu index -> Gpu row id
 
 
 def read_cluster() -> ClusterState | None:
@@ -35,10 +39,12 @@ def read_cluster() -> ClusterState | None:
     homes: dict[int, GpuHome] = {}
     schedulable: set[int] = set()
     draining: set[int] = set()
+    gpu_pks: dict[int, int] = {}
     rows = Gpu.objects.values_list(
-        "index", "local", "server__node", "server__state", "server__last_heartbeat"
+        "id", "index", "local", "server__node", "server__state", "server__last_heartbeat"
     )
-    for index, local, node, state, heartbeat in rows:
+    for pk, index, local, node, state, heartbeat in rows:
+        gpu_pks[index] = pk
         homes[index] = GpuHome(node=node, local=local)
         if state == ServerState.UP and heartbeat is not None:
             schedulable.add(index)
@@ -51,6 +57,7 @@ def read_cluster() -> ClusterState | None:
         schedulable=frozenset(schedulable),
         holders=holders,
         draining=frozenset(draining),
+        gpu_pks=gpu_pks,
     )
 
 
@@ -66,9 +73,9 @@ def load_allocator(cluster: ClusterState) -> VClosAllocator:
     allocator = VClosAllocator(cluster.spec)
     allocations = []
     for job_id, data in Job.objects.filter(state__in=ACTIVE_STATES).values_list("id", "allocation"):
-        if data:
-            allocations.append(Allocation.from_dict(data))
-        else:  # held without a recorded shape (placement 'consolidated'): reserve the GPUs
+        if data:  # routes do not matter to the allocator's state: skip building them
+            allocations.append(Allocation.from_dict({**data, "routes": {}}))
+        else:  # held GPUs without a recorded shape: reserve them as they are
             gpus = job_gpus(job_id)
             if gpus:
                 allocations.append(
@@ -81,60 +88,123 @@ def load_allocator(cluster: ClusterState) -> VClosAllocator:
     return allocator
 
 
-def build_snapshot(cluster: ClusterState, now: datetime) -> tuple[Snapshot, dict[str, Job]]:
+def _measured_curves(
+    job_ids: list[int], since: datetime, per_job: int = 200
+) -> dict[int, dict[int, float]]:
+    """Each running job's measured samples/s by parallelism (its recent progress samples)."""
+    samples: dict[int, list[tuple[int, float]]] = {}
+    rows = (
+        JobMetric.objects.filter(job_id__in=job_ids, at__gte=since)
+        .order_by("job_id", "-at")
+        .values_list("job_id", "parallelism", "samples_per_s")
+    )
+    for job_id, size, rate in rows.iterator():
+        bucket = samples.setdefault(job_id, [])
+        if len(bucket) < per_job:
+            bucket.append((size, rate))
+    return {job_id: measured_curve(points) for job_id, points in samples.items()}
+
+
+def build_snapshot(cluster: ClusterState, now: datetime) -> tuple[Snapshot, dict[str, int]]:
     """The policy's view: schedulable GPUs and the jobs it may decide on.
 
     Jobs in the middle of a membership switch (``scaling``) are left out: the
     policy decides on them again once the switch is done.  A queued job whose
     tenant has no quota left for its request is held back (quota rule).
+    Returns the snapshot and the database id of every job in it, by name.
     """
     gpus = []
     for index in sorted(cluster.homes):
         holder = cluster.holders.get(index)
         if holder is not None:
-            state, job = GpuState.BUSY, runtime_job_name(holder)
+            state, job_name = GpuState.BUSY, runtime_job_name(holder)
         elif index in cluster.schedulable:
-            state, job = GpuState.FREE, None
+            state, job_name = GpuState.FREE, None
         else:
-            state, job = GpuState.DOWN, None
-        leaf = cluster.spec.leaf_of(index)
+            state, job_name = GpuState.DOWN, None
         gpus.append(
-            GpuView(id=index, server=cluster.spec.server_of(index), leaf=leaf, state=state, job=job)
+            GpuView(
+                id=index,
+                server=cluster.spec.server_of(index),
+                leaf=cluster.spec.leaf_of(index),
+                state=state,
+                job=job_name,
+            )
         )
-    jobs = list(
+    rows = (
         Job.objects.filter(state__in=(JobState.QUEUED, JobState.RUNNING))
-        .select_related("tenant")
         .order_by("submitted_at", "id")
+        .values_list(
+            "id",
+            "state",
+            "tenant_id",
+            "tenant__slug",
+            "tenant__gpu_quota",
+            "submitted_at",
+            "gpus",
+            "min_gpus",
+            "max_gpus",
+            "attained_gpu_seconds",
+            "priority",
+            "throughput_curve",
+            "profile_state",
+        )
     )
     in_use: dict[int, int] = {}
-    for job in Job.objects.filter(state__in=ACTIVE_STATES).values("tenant_id", "parallelism"):
-        in_use[job["tenant_id"]] = in_use.get(job["tenant_id"], 0) + job["parallelism"]
+    for tenant_id, parallelism in Job.objects.filter(state__in=ACTIVE_STATES).values_list(
+        "tenant_id", "parallelism"
+    ):
+        in_use[tenant_id] = in_use.get(tenant_id, 0) + parallelism
+    holdings: dict[int, list[int]] = {}
+    for job_id, index in JobGpu.objects.order_by("job_id", "rank").values_list(
+        "job_id", "gpu__index"
+    ):
+        holdings.setdefault(job_id, []).append(index)
+    running_ids = [row[0] for row in rows if row[1] == JobState.RUNNING]
+    measured = _measured_curves(running_ids, now - MEASUREMENT_WINDOW)
     views: list[JobView] = []
-    by_name: dict[str, Job] = {}
+    ids: dict[str, int] = {}
     epoch = now.timestamp()
-    for job in jobs:
-        name = runtime_job_name(job.pk)
-        held = job_gpus(job.pk) if job.state == JobState.RUNNING else ()
-        over_quota = in_use.get(job.tenant_id, 0) + job.min_gpus > job.tenant.gpu_quota
-        if job.state == JobState.QUEUED and over_quota:
+    for (
+        job_id,
+        state,
+        tenant_id,
+        slug,
+        quota,
+        submitted,
+        requested,
+        lo,
+        hi,
+        service,
+        priority,
+        curve_json,
+        profile_state,
+    ) in rows:
+        if profile_state == "requested":
+            continue  # profiling: its size belongs to the runtime until the curve arrives
+        held = tuple(holdings.get(job_id, ())) if state == JobState.RUNNING else ()
+        if state == JobState.QUEUED and in_use.get(tenant_id, 0) + lo > quota:
             continue
-        curve = {int(k): float(v) for k, v in (job.throughput_curve or {}).items()} or None
+        name = runtime_job_name(job_id)
+        profiled = {int(k): float(v) for k, v in (curve_json or {}).items()}
+        curve = policy_curve(profiled, measured.get(job_id, {}), hi)
         views.append(
             JobView(
                 id=name,
-                submit_time=job.submitted_at.timestamp() - epoch,
-                requested_gpus=job.gpus,
-                tenant=job.tenant.slug,
-                min_gpus=job.min_gpus,
-                max_gpus=job.max_gpus,
+                submit_time=submitted.timestamp() - epoch,
+                requested_gpus=requested,
+                tenant=slug,
+                min_gpus=lo,
+                max_gpus=hi,
                 gpus=held,
-                attained_service=job.attained_gpu_seconds,
+                attained_service=service,
                 state=ViewState.RUNNING if held else ViewState.QUEUED,
-                priority=job.priority,
+                priority=priority,
                 throughput=curve,
             )
         )
-        by_name[name] = job
-    return Snapshot(
+        ids[name] = job_id
+    snapshot = Snapshot(
         now=0.0, cluster=Cluster(gpus=tuple(gpus), fabric_spec=cluster.spec), jobs=tuple(views)
-    ), by_name
+    )
+    return snapshot, ids

@@ -24,21 +24,23 @@ from datetime import datetime
 import redis
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from fabric.allocator import Allocation
 from jobs.choices import EventKind, JobState
 from jobs.control.apply import Outbox, apply_bound, release_job, store_allocation
 from jobs.control.binding import Refused, bind
-from jobs.control.commands import runtime_job_name
+from jobs.control.commands import job_id_from_name, runtime_job_name
 from jobs.control.state import ClusterState, build_snapshot, load_allocator, read_cluster
-from jobs.models import Job, JobEvent
+from jobs.models import Job, JobEvent, JobGpu
 from jobs.services import _apply_transition, _broadcast
 from portal.inventory import do_mark_silent_servers_down
 from portal.metrics import record_tick
 from scheduler.placement import CountPlacement
 from scheduler.policies import get_policy
 from scheduler.types import Decision, Migrate
+from workers.protocol import Profile
 
 log = logging.getLogger(__name__)
 LOCK_KEY = "portal:scheduler-tick"
@@ -130,15 +132,19 @@ def _tick(policy_name: str, now: datetime) -> TickResult:
     drain_refused: list[Refused] = []
     drains = _drain_decisions(cluster)
     if drains:
-        jobs = {
-            runtime_job_name(j.pk): j
-            for j in Job.objects.filter(pk__in=[int(d.job.split("-")[1]) for d in drains])
-        }
+        jobs = {d.job: job_id_from_name(d.job) or 0 for d in drains}
         allocator = load_allocator(cluster)
         bound, drain_refused = bind(cluster.spec, allocator, drains)
         reasons = {b.job: "migrated off a draining server" for b in bound}
         changed += apply_bound(
-            cluster.spec, bound, jobs, cluster.homes, now, outbox, reason_override=reasons
+            cluster.spec,
+            bound,
+            jobs,
+            cluster.homes,
+            now,
+            outbox,
+            gpu_pks=cluster.gpu_pks,
+            reason_override=reasons,
         )
         cluster = read_cluster() or cluster
     snapshot, jobs = build_snapshot(cluster, now)
@@ -147,7 +153,10 @@ def _tick(policy_name: str, now: datetime) -> TickResult:
     )
     allocator = load_allocator(cluster)
     bound, refused = bind(cluster.spec, allocator, decisions)
-    changed += apply_bound(cluster.spec, bound, jobs, cluster.homes, now, outbox)
+    changed += apply_bound(
+        cluster.spec, bound, jobs, cluster.homes, now, outbox, gpu_pks=cluster.gpu_pks
+    )
+    changed += _request_profiles(cluster, now, outbox)
     outbox.send_on_commit()
     return TickResult(
         ran=True,
@@ -207,6 +216,57 @@ def _recover_lost_gpus(cluster: ClusterState, now: datetime) -> list[int]:
         _broadcast(job, "job.updated")
         changed.append(job_id)
     return changed
+
+
+def _request_profiles(cluster: ClusterState, now: datetime, outbox: Outbox) -> list[int]:
+    """EDL's profile(min, max) for jobs that reached their maximum and have no curve yet.
+
+    The runtime measures samples/s from max down to min, one worker at a time;
+    its scale-ins come back as ``scale_done`` reports (GPUs released) and the
+    curve as ``profile_done``.  The policy leaves a profiling job alone.
+    """
+    candidates = Job.objects.select_for_update().filter(
+        state=JobState.RUNNING,
+        profile_state="",
+        tenant__profile_jobs=True,
+        min_gpus__lt=F("max_gpus"),
+        parallelism=F("max_gpus"),
+    )
+    requested: list[int] = []
+    for job in candidates:
+        first = (
+            JobGpu.objects.filter(job=job)
+            .order_by("rank")
+            .values_list("gpu__index", flat=True)
+            .first()
+        )
+        if first is None:
+            continue
+        job.profile_state = "requested"
+        job.save(update_fields=["profile_state"])
+        JobEvent.objects.create(
+            job=job,
+            at=now,
+            kind=EventKind.PROFILED,
+            reason=f"profiling throughput from {job.max_gpus} down to "
+            f"{job.min_gpus} GPUs, {settings.PROFILE_BATCHES} mini-batches each",
+        )
+        outbox.extend(
+            [
+                (
+                    cluster.homes[first].node,
+                    Profile(
+                        job=runtime_job_name(job.pk),
+                        command_id=f"profile-{job.pk}",
+                        min_workers=job.min_gpus,
+                        max_workers=job.max_gpus,
+                        batches_per_level=settings.PROFILE_BATCHES,
+                    ),
+                )
+            ]
+        )
+        requested.append(job.pk)
+    return requested
 
 
 def _drain_decisions(cluster: ClusterState) -> list[Decision]:

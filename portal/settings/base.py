@@ -122,6 +122,7 @@ SCHEDULER_PLACEMENT = env_str("SCHEDULER_PLACEMENT", "vclos")
 AGENT_HEARTBEAT_SECONDS = env_float("AGENT_HEARTBEAT_SECONDS", 5.0)
 AGENT_DOWN_AFTER_SECONDS = env_float("AGENT_DOWN_AFTER_SECONDS", 20.0)
 DEFAULT_TENANT_GPU_QUOTA = env_int("DEFAULT_TENANT_GPU_QUOTA", 8)
+PROFILE_BATCHES = env_int("PROFILE_BATCHES", 20)  # mini-batches per level of profile(min, max)
 
 # The tick expires after one interval so that ticks never pile up behind a slow one.
 CELERY_BEAT_SCHEDULE = {

@@ -115,6 +115,8 @@ def _record_from_view(view: JobView, idx: int, now: float) -> JobRecord:
         max_gpus=view.max_gpus,
         speed=speed,
     )
+    if speed is not None and len(speed) > 1 and speed[1] > 0:
+        rec.gain_ref = 1.0 / speed[1]  # throughput(requested) / throughput(1)
     rec.attained = view.attained_service
     rec.executed = view.attained_service / max(1, len(view.gpus) or view.requested_gpus)
     rec.q_exec = rec.executed
@@ -140,6 +142,7 @@ def _plan_to_decisions(
         if n <= 0:
             decisions.append(Preempt(job.id))
             free.update(current)
+            placer.release(job.id)
         elif current and n < len(current):
             keep = current[:n]
             free.update(current[n:])
@@ -148,7 +151,7 @@ def _plan_to_decisions(
             grows.append((job, n))
     for job, n in grows:
         current = views[job.id].gpus
-        extra = placer.place(n - len(current), sorted(free), gpu_info, near=current)
+        extra = placer.place(n - len(current), sorted(free), gpu_info, near=current, job=job.id)
         if extra is None:
             continue  # does not fit on real GPUs after all; the next tick retries
         free.difference_update(extra)

@@ -86,10 +86,10 @@ class TiresiasCore(PolicyCore):
 
     # -- membership -------------------------------------------------------
     def add(self, job: JobRecord, now: float) -> None:
-        """Arrivals join the tail of queue 0."""
-        job.queue = 0
+        """Arrivals join the tail of queue 0 (a snapshot's queued job: the queue its service says)."""
+        job.queue = self.level_of(job) if job.attained > 0 else 0
         job.base = self.start_size(job)
-        self.queues[0].pending.append(job)
+        self.queues[job.queue].pending.append(job)
         self.waiting += 1
 
     def restore_running(self, job: JobRecord, now: float) -> None:
@@ -138,22 +138,27 @@ class TiresiasCore(PolicyCore):
         return level
 
     def start_size(self, job: JobRecord) -> int:
-        """GPUs a pending job asks for in a pass (Elastic-Tiresias may lower it)."""
+        """GPUs a pending job asks for in a pass."""
         return job.requested
+
+    def fit_size(self, job: JobRecord, free: int) -> int:
+        """GPUs to start a pending job with when ``free`` are left (0: it does not fit)."""
+        size = job.requested
+        return size if size <= free else 0
 
     def _bump(self, job: JobRecord) -> int:
         stamp = self._stamp.get(job, 0) + 1
         self._stamp[job] = stamp
         return stamp
 
-    def _started(self, job: JobRecord, now: float) -> None:
-        """Book the next threshold crossing of a job that runs from now on."""
+    def _started(self, job: JobRecord, now: float, gpus: int = 0) -> None:
+        """Book the next threshold crossing of a job that runs from now on (on ``gpus``)."""
         stamp = self._bump(job)
         if self.compat or job.queue >= len(self.limits):
             return
         limit = self.limits[job.queue]
         if self.by_gpu_time:
-            rate = float(job.alloc or job.base)
+            rate = float(gpus or job.alloc or job.base)
             when = now + max(0.0, limit - job.attained) / rate
         else:
             when = now + max(0.0, limit - job.q_exec)
@@ -169,9 +174,10 @@ class TiresiasCore(PolicyCore):
             self._seq += 1
             heapq.heappush(self._promote_heap, (when, self._seq, job, stamp))
 
-    def resized(self, job: JobRecord, now: float) -> None:
-        """A running job's GPU count changed: re-book its crossing (elastic)."""
-        self._started(job, now)
+    def resized(self, job: JobRecord, now: float, gpus: int) -> None:
+        """A running job's GPU count changes to ``gpus``: re-book its crossing (elastic)."""
+        job.settle(now)
+        self._started(job, now, gpus)
 
     # -- the pass -----------------------------------------------------------
     def _demote(self, job: JobRecord) -> None:
@@ -257,8 +263,8 @@ class TiresiasCore(PolicyCore):
                 n = len(pending)
                 while i < n and free > 0:
                     job = pending[i]
-                    size = self.start_size(job)
-                    if size <= free:
+                    size = self.fit_size(job, free)
+                    if size:
                         free -= size
                         job.base = size
                         started.append(job)
@@ -296,8 +302,7 @@ class TiresiasCore(PolicyCore):
         for job, _ in preempts:
             self._stopped(job, now)
         for job, n in starts:
-            job.alloc = n  # the simulator sets it too; the crossing time needs it now
-            self._started(job, now)
+            self._started(job, now, n)
         return preempts + starts
 
     def _next_check(self, now: float) -> float | None:

@@ -1,0 +1,71 @@
+"""Benchmark: the whole Philly trace (82,247 jobs) on 2,048 GPUs with tiresias and elastic-tiresias.
+
+Target: under 60 s per policy on a 2-core machine.  Prints each run's time,
+jobs/s and peak memory (the process's peak RSS so far, from getrusage) and the ratio to the
+60 s target; the last line is one JSON object with all figures.
+
+    .venv/bin/python bench/simulator.py            # both policies, whole trace
+    .venv/bin/python bench/simulator.py --quick    # one week only (a smoke run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scheduler.policies import get_policy
+from scheduler.simulator import SimConfig, simulate
+from scheduler.traces import load_philly, shared_trace
+
+TARGET_S = 60.0
+
+
+def main() -> int:
+    """Run the benchmark and print its figures."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="one week of the trace only")
+    parser.add_argument("--gpus", type=int, default=2048)
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+    trace = load_philly(
+        shared_trace("philly.csv"),
+        max_gpus=args.gpus,
+        start="2017-10-02" if args.quick else None,
+        end="2017-10-09" if args.quick else None,
+    )
+    load_s = time.perf_counter() - t0
+    print(f"loaded {len(trace.jobs)} jobs in {load_s:.2f} s (skipped {trace.skipped})")
+    figures: dict[str, object] = {"jobs": len(trace.jobs), "gpus": args.gpus, "load_s": round(load_s, 3),
+                                  "target_s": TARGET_S}  # fmt: skip
+    for name in ("tiresias", "elastic-tiresias"):
+        t = time.perf_counter()
+        res = simulate(
+            trace.jobs, get_policy(name), SimConfig(total_gpus=args.gpus, sample_every=3600.0)
+        )
+        wall = time.perf_counter() - t
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        jobs_per_s = len(trace.jobs) / wall
+        ratio = wall / TARGET_S
+        print(
+            f"{name:>17}: {wall:6.2f} s, {jobs_per_s:8.0f} jobs/s, peak RSS {peak / 2**20:6.1f} MiB, "
+            f"{ratio:.3f} x target, avg JCT {res.summary['avg_jct']:.0f} s"
+        )
+        figures[name] = {
+            "seconds": round(wall, 3),
+            "jobs_per_s": round(jobs_per_s, 1),
+            "peak_rss_mib": round(peak / 2**20, 1),
+            "ratio_to_target": round(ratio, 4),
+            "avg_jct": res.summary["avg_jct"],
+        }
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

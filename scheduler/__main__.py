@@ -1,0 +1,7 @@
+"""``python -m scheduler``."""
+
+import sys
+
+from scheduler.cli import main
+
+sys.exit(main())

@@ -1,0 +1,326 @@
+"""``python -m scheduler``: simulate one policy or compare several on a trace (no Django).
+
+Bad input (unknown options, unreadable traces, missing columns, bad
+thresholds) prints one line ``error: ...`` and exits with status 2.  Bad
+rows (negative durations, unparsable numbers, jobs larger than the cluster)
+are skipped and counted by default; ``--on-error fail`` makes the first one
+an error (status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from scheduler.policies import REGISTRY, get_policy
+from scheduler.simulator import ScalingCost, SimConfig, SimResult, simulate
+from scheduler.traces import (
+    LoadedTrace,
+    TraceError,
+    edl_synthetic,
+    load_philly,
+    load_tiresias,
+    poisson_workload,
+    shared_trace,
+    vclos_workload,
+)
+
+PLACEMENTS = ("count", "consolidated", "vclos", "ecmp")
+EPILOG = (
+    "Bad rows (negative durations, unparsable numbers, jobs larger than the cluster) are "
+    "skipped and counted in the output by default; with --on-error fail the first one is an "
+    "error. Any error exits with status 2."
+)
+
+
+class UsageError(Exception):
+    """Bad command-line input: reported in one line, exit status 2."""
+
+
+def _thresholds(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"bad --queue-thresholds {text!r} (use e.g. 3250,7200)"
+        ) from None
+    if not values or any(v <= 0 for v in values) or list(values) != sorted(set(values)):
+        raise argparse.ArgumentTypeError("queue thresholds must be positive and increasing")
+    return values
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad --sizes {text!r} (use e.g. 4,8,16)") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError("job sizes must be positive")
+    return values
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return v
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", type=Path, help="trace file (not needed for synthetic formats)")
+    p.add_argument(
+        "--trace-format",
+        choices=("tiresias", "philly", "edl-synthetic", "poisson", "vclos-synthetic"),
+        default="tiresias",
+    )
+    p.add_argument("--from", dest="date_from", help="philly: first submit date (YYYY-MM-DD)")
+    p.add_argument("--to", dest="date_to", help="philly: end date, exclusive")
+    p.add_argument("--vc", help="philly: virtual cluster id")
+    p.add_argument(
+        "--max-gpus", type=_positive_int, help="drop jobs asking for more GPUs than this"
+    )
+    p.add_argument(
+        "--duration-scale", type=float, default=1.0, help="multiply durations (x10 runs)"
+    )
+    p.add_argument("--servers", type=_positive_int, required=True)
+    p.add_argument("--gpus-per-server", type=_positive_int, required=True)
+    p.add_argument("--leaves", type=_positive_int, default=1)
+    p.add_argument("--placement", choices=PLACEMENTS, default="count")
+    p.add_argument("--queue-thresholds", type=_thresholds, help="GPU-seconds, e.g. 3250,7200")
+    p.add_argument(
+        "--tiresias-compat",
+        action="store_true",
+        help="check demotion like the public Tiresias simulator (late checks; small traces)",
+    )
+    p.add_argument(
+        "--starvation-factor",
+        type=float,
+        help="tiresias: promote a job that waited this many times its run time (default off)",
+    )
+    p.add_argument("--waiting-threshold", type=int, default=10, help="elastic: N waiting jobs")
+    p.add_argument(
+        "--min-fraction",
+        type=float,
+        default=0.5,
+        help="elastic: r, fewest GPUs as share of request",
+    )
+    p.add_argument(
+        "--max-scale", type=float, default=2.0, help="elastic: most GPUs as multiple of request"
+    )
+    p.add_argument("--cost", choices=("free", "stop-free", "stop-resume"), default="free")
+    p.add_argument("--tick", type=float, help="also schedule every TICK seconds")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=_positive_int, default=1000, help="poisson: number of jobs")
+    p.add_argument(
+        "--sizes",
+        type=_sizes,
+        help="vclos-synthetic: job sizes with weights 0.75^i (default 4..64 weighted .3,.25,.2,.15,.1)",
+    )
+    p.add_argument("--load", type=float, default=0.8, help="poisson/vclos-synthetic: offered load")
+    p.add_argument(
+        "--edl-mixed",
+        action="store_true",
+        help="edl-synthetic: durations from 10 min to 2 h, not all 1 h",
+    )
+    p.add_argument("--sample-every", type=float, default=60.0, help="time series step, seconds")
+    p.add_argument("--on-error", choices=("skip", "fail"), default="skip")
+    p.add_argument("--json", action="store_true", help="print JSON only (no progress bar)")
+    p.add_argument("--report", type=Path, help="write a self-contained Plotly HTML report")
+    p.add_argument("--jobs-csv", type=Path, help="write per-job results as CSV")
+    p.add_argument(
+        "--series-csv", type=Path, help="write the time series (busy, efficiency, queue) as CSV"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests and --help)."""
+    parser = argparse.ArgumentParser(prog="python -m scheduler", description=__doc__, epilog=EPILOG)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sim = sub.add_parser("simulate", help="run one policy", epilog=EPILOG)
+    _common(sim)
+    sim.add_argument("--policy", choices=tuple(REGISTRY), default="tiresias")
+    cmp_ = sub.add_parser("compare", help="run several policies on the same trace", epilog=EPILOG)
+    _common(cmp_)
+    cmp_.add_argument(
+        "--policies", default="fifo,tiresias,elastic-tiresias", help="comma-separated"
+    )
+    return parser
+
+
+def load_trace(args: argparse.Namespace, total_gpus: int) -> LoadedTrace:
+    """The trace the arguments name, filtered to jobs that fit the cluster."""
+    limit = min(args.max_gpus or total_gpus, total_gpus)
+    fmt = args.trace_format
+    if fmt in ("tiresias", "philly") and args.trace is None:
+        raise UsageError(f"--trace is required for --trace-format {fmt}")
+    if args.duration_scale <= 0:
+        raise UsageError("--duration-scale must be positive")
+    if (
+        args.trace is not None
+        and not args.trace.exists()
+        and shared_trace(args.trace.name).exists()
+    ):
+        args.trace = shared_trace(args.trace.name)  # a bare name means the shared data folder
+    if fmt == "tiresias":
+        return load_tiresias(
+            args.trace, duration_scale=args.duration_scale, max_gpus=limit, on_error=args.on_error
+        )
+    if fmt == "philly":
+        return load_philly(
+            args.trace,
+            start=args.date_from,
+            end=args.date_to,
+            vc=args.vc,
+            max_gpus=limit,
+            seed=args.seed,
+            on_error=args.on_error,
+        )
+    if fmt == "edl-synthetic":
+        return edl_synthetic(seed=args.seed, mixed=args.edl_mixed)
+    if fmt == "vclos-synthetic":
+        if args.sizes is None:
+            return vclos_workload(
+                jobs=args.jobs, total_gpus=total_gpus, load=args.load, seed=args.seed
+            )
+        return vclos_workload(
+            jobs=args.jobs,
+            total_gpus=total_gpus,
+            load=args.load,
+            sizes=args.sizes,
+            size_weights=None,
+            seed=args.seed,
+        )
+    return poisson_workload(jobs=args.jobs, total_gpus=total_gpus, load=args.load, seed=args.seed)
+
+
+def make_policy(name: str, args: argparse.Namespace) -> Any:
+    """A policy from its name and the relevant options."""
+    params: dict[str, Any] = {}
+    if name in ("tiresias", "dlas", "elastic-tiresias"):
+        if args.queue_thresholds:
+            params["thresholds"] = args.queue_thresholds
+        if args.tiresias_compat:
+            params["compat"] = True
+    if name in ("tiresias", "dlas") and args.starvation_factor is not None:
+        if args.starvation_factor <= 0:
+            raise UsageError("--starvation-factor must be positive")
+        params["starvation_factor"] = args.starvation_factor
+    if name == "elastic-tiresias":
+        params["waiting_threshold"] = args.waiting_threshold
+        params["r"] = args.min_fraction
+    try:
+        return get_policy(name, **params)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def run_one(name: str, trace: LoadedTrace, args: argparse.Namespace, total: int) -> SimResult:
+    """Simulate one policy with the arguments' settings."""
+    if args.placement in ("vclos", "ecmp"):
+        from scheduler.fabric_placement import simulate_fabric
+
+        try:
+            return simulate_fabric(trace.jobs, make_policy(name, args), args, total)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    cfg = SimConfig(
+        total_gpus=total,
+        gpus_per_server=args.gpus_per_server,
+        tick=args.tick,
+        cost=ScalingCost(mode=args.cost.replace("-", "_")),
+        max_scale=args.max_scale,
+        min_fraction=args.min_fraction,
+        sample_every=args.sample_every,
+        progress=not args.json and sys.stderr.isatty(),
+    )
+    return simulate(trace.jobs, make_policy(name, args), cfg)
+
+
+def _write_jobs_csv(results: Sequence[SimResult], path: Path) -> None:
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["policy", "job", "submit", "start", "end", "jct", "gpus", "duration", "model",
+                    "preemptions", "scale_events"])  # fmt: skip
+        for res in results:
+            for j in res.jobs:
+                w.writerow([res.policy, j.id, j.submit, j.start, j.end, round(j.jct, 4), j.gpus,
+                            j.duration, j.model, j.preemptions, j.scale_events])  # fmt: skip
+
+
+def _write_series_csv(results: Sequence[SimResult], path: Path) -> None:
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["policy", "t", "busy_gpus", "cluster_efficiency", "queued", "running"])
+        for res in results:
+            s = res.series
+            for row in zip(
+                s["t"], s["busy"], s["efficiency"], s["queued"], s["running"], strict=False
+            ):
+                w.writerow([res.policy, *(round(x, 4) for x in row)])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    total = args.servers * args.gpus_per_server
+    try:
+        if args.servers % args.leaves:
+            raise UsageError("--servers must be a multiple of --leaves")
+        trace = load_trace(args, total)
+        if not trace.jobs:
+            raise UsageError("no jobs left in the trace after filtering")
+        names = (
+            [args.policy]
+            if args.command == "simulate"
+            else [n.strip() for n in args.policies.split(",") if n.strip()]
+        )
+        for n in names:
+            if n not in REGISTRY:
+                raise UsageError(f"unknown policy {n!r} (choose {', '.join(REGISTRY)})")
+        results = [run_one(n, trace, args, total) for n in names]
+    except (UsageError, TraceError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.report:
+        from scheduler.report import write_report
+
+        write_report(
+            results, args.report, f"{args.command}: {args.trace or args.trace_format}", total
+        )
+    if args.jobs_csv:
+        _write_jobs_csv(results, args.jobs_csv)
+    if args.series_csv:
+        _write_series_csv(results, args.series_csv)
+    out: dict[str, Any] = {
+        "trace": str(args.trace or args.trace_format),
+        "gpus": total,
+        "skipped": trace.skipped,
+        "results": [r.summary for r in results],
+    }
+    if args.json:
+        print(
+            json.dumps(
+                out if len(results) > 1 else {**results[0].summary, "skipped": trace.skipped}
+            )
+        )
+    else:
+        if trace.skipped_total:
+            print(f"skipped {trace.skipped_total} rows: {trace.skipped}")
+        for r in results:
+            s = r.summary
+            print(
+                f"{s['policy']:>17}: {s['jobs']} jobs, avg JCT {s['avg_jct']:.2f} s, "
+                f"median {s['median_jct']:.2f} s, p95 {s['p95_jct']:.2f} s, "
+                f"queueing {s['avg_queueing_delay']:.2f} s, util {s['gpu_utilization']:.3f}, "
+                f"efficiency {s['cluster_efficiency']:.3f}, makespan {s['makespan']:.0f} s"
+            )
+    return 0

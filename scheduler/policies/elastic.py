@@ -1,0 +1,259 @@
+"""Elastic-Tiresias (EDL §5.1): Tiresias order, plus scale-in under pressure and scale-out when idle.
+
+What the excerpt says: three queues ("groups") with service quanta 500 and
+10,000 GPU-seconds; ``N = 10`` waiting jobs is the threshold; ``r = 0.5`` is
+the quality-of-service guarantee; "when all GPUs are busy and a job arrives,
+running jobs are scaled in following the R1 rule to release GPUs"; idle GPUs
+go to jobs whose throughput still grows ("as long as the scale-out does not
+decrease its throughput").  The full rules of §5.1 are not known; we follow
+the three-phase reading of a public implementation (PAPERS.md) and write our
+choices down here:
+
+1. **Tiresias allocation.**  The 2D-LAS pass of :mod:`scheduler.policies.tiresias`
+   over each job's *base* size (its requested GPUs, or its minimum once
+   compacted).  GPUs a job holds above its base ("extras", from scale-out)
+   are not protected: when starts need them they are reclaimed first, from
+   the job that loses the least speedup per GPU (lower queues first on ties).
+2. **Compaction** (our reading of R1).  If more than ``N`` jobs still wait,
+   every running job below the top queue is scaled in to its minimum,
+   ``max(min_gpus, ceil(r x requested))`` — never below ``r`` of the request
+   (our reading of ``r``) — and the pass runs again, now also starting
+   waiting jobs at their minimum when their request does not fit.  A
+   compacted job keeps the minimum as its base; it can grow again only
+   through phase 3.
+3. **Scale-out.**  While GPUs are free, give one more GPU to the running job
+   with the largest marginal gain in speedup (throughput over one GPU), up
+   to its ``max_gpus``; stop when no gain is positive.  The gains come from
+   each job's throughput curve (``JobRecord.speed``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+
+from scheduler.policies.base import Plan, Policy
+from scheduler.policies.tiresias import TiresiasCore
+from scheduler.records import JobRecord
+
+#: EDL §6: quanta of G0 and G1 are 500 and 10,000 GPU-seconds.
+ELASTIC_THRESHOLDS: tuple[float, ...] = (500.0, 10_000.0)
+
+_MIN_GAIN = 1e-9
+
+
+def min_size(job: JobRecord, r: float) -> int:
+    """The fewest GPUs a job may run on: ``ceil(r x requested)``, at least its own minimum."""
+    return max(1, min(job.requested, max(job.min_gpus, math.ceil(r * job.requested))))
+
+
+class ElasticTiresiasCore(TiresiasCore):
+    """Tiresias core plus compaction, extra-GPU reclaim and marginal-gain scale-out."""
+
+    def __init__(
+        self,
+        total_gpus: int,
+        thresholds: Sequence[float] = ELASTIC_THRESHOLDS,
+        *,
+        waiting_threshold: int = 10,
+        r: float = 0.5,
+        compat: bool = False,
+    ) -> None:
+        super().__init__(total_gpus, thresholds, compat=compat)
+        self.n_waiting = waiting_threshold
+        self.r = r
+        self._compacting = False
+        self.extra: dict[JobRecord, int] = {}
+        self.extra_total = 0
+        self._grow: list[tuple[float, int, int, JobRecord, int]] = []
+
+    # -- sizes ----------------------------------------------------------------
+    def fit_size(self, job: JobRecord, free: int) -> int:
+        """Requested GPUs if they fit; while compacting, the minimum if that fits."""
+        if job.requested <= free:
+            job.compacted = False
+            return job.requested
+        if self._compacting:
+            low = min_size(job, self.r)
+            if low <= free:
+                job.compacted = True
+                return low
+        return 0
+
+    def _gain(self, job: JobRecord, n: int) -> float:
+        """Speedup (over one GPU) gained by going from n to n+1 GPUs."""
+        return (job.rate(n + 1) - job.rate(n)) * job.gain_ref / max(job.rate(1), 1e-12)
+
+    def _push_grow(self, job: JobRecord, n: int) -> None:
+        if n < job.max_gpus:
+            gain = self._gain(job, n)
+            if gain > _MIN_GAIN:
+                heapq.heappush(self._grow, (-gain, job.queue, job.idx, job, n))
+
+    def restore_running(self, job: JobRecord, now: float) -> None:
+        """Snapshot path: a job below its request counts as compacted; above it holds extras."""
+        super().restore_running(job, now)
+        q = self.queues[job.queue]
+        if job.alloc > job.requested:
+            q.run_gpus -= job.alloc - job.requested
+            job.base = job.requested
+            self.extra[job] = job.alloc - job.requested
+            self.extra_total += job.alloc - job.requested
+        elif job.alloc < job.requested:
+            job.compacted = True
+        self._push_grow(job, job.alloc)
+
+    def remove(self, job: JobRecord, now: float) -> None:
+        """A job finished: its extras go with it."""
+        super().remove(job, now)
+        self.extra_total -= self.extra.pop(job, 0)
+
+    # -- the pass -----------------------------------------------------------------
+    def decide(self, now: float) -> Plan:
+        """Phase 1 (Tiresias), phase 2 (compaction), reclaim, phase 3 (scale-out)."""
+        self._apply_demotions(now)
+        if self._promote_heap:
+            self._apply_promotions(now)
+        target: dict[JobRecord, int] = {}
+        self._compacting = False
+        self._merge(self._pass(now), target)
+        if self.waiting > self.n_waiting:
+            self._compact(target)
+            self._compacting = True
+            self._merge(self._pass(now), target)
+            self._compacting = False
+        in_use = sum(q.run_gpus for q in self.queues) + self.extra_total
+        if in_use > self.total:
+            self._reclaim(in_use - self.total, target)
+            in_use = self.total
+        if in_use < self.total:
+            self._scale_out(self.total - in_use, target)
+        self._wake = self._next_check(now)
+        return self._emit(target, now)
+
+    def _merge(self, plan: Plan, target: dict[JobRecord, int]) -> None:
+        for job, n in plan:
+            target[job] = n
+            if n <= 0:
+                self.extra_total -= self.extra.pop(job, 0)
+            else:
+                self._push_grow(job, n)
+
+    def _compact(self, target: dict[JobRecord, int]) -> None:
+        """Scale every running job below the top queue in to its minimum (our R1)."""
+        for q in self.queues[1:]:
+            for job in list(q.running) + q.tail:
+                low = min_size(job, self.r)
+                if job.compacted and job.base <= low and job not in self.extra:
+                    continue
+                if target.get(job, 1) <= 0:
+                    continue
+                self.extra_total -= self.extra.pop(job, 0)
+                if job.base > low:
+                    q.run_gpus -= job.base - low
+                    job.base = low
+                job.compacted = True
+                target[job] = low
+                self._push_grow(job, low)
+
+    def _reclaim(self, need: int, target: dict[JobRecord, int]) -> None:
+        """Take ``need`` extra GPUs back, cheapest speedup loss first."""
+        heap: list[tuple[float, int, int, JobRecord]] = []
+        for job in self.extra:
+            cur = target.get(job, job.alloc)
+            heap.append((self._gain(job, cur - 1), -job.queue, -job.idx, job))
+        heapq.heapify(heap)
+        while need > 0 and heap:
+            _, nq, ni, job = heapq.heappop(heap)
+            cur = target.get(job, job.alloc)
+            target[job] = cur - 1
+            need -= 1
+            self.extra_total -= 1
+            left = self.extra[job] - 1
+            if left:
+                self.extra[job] = left
+                heapq.heappush(heap, (self._gain(job, cur - 2), nq, ni, job))
+            else:
+                del self.extra[job]
+            self._push_grow(job, cur - 1)
+
+    def _scale_out(self, free: int, target: dict[JobRecord, int]) -> None:
+        """Give free GPUs one at a time to the largest positive marginal gain."""
+        heap = self._grow
+        if len(heap) > 8 * (len(self.extra) + 64) + 4 * self.total:
+            heap[:] = [e for e in heap if self._grow_valid(e, target)]
+            heapq.heapify(heap)
+        while free > 0 and heap:
+            entry = heapq.heappop(heap)
+            if not self._grow_valid(entry, target):
+                continue
+            job, n = entry[3], entry[4]
+            target[job] = n + 1
+            self.extra[job] = self.extra.get(job, 0) + 1
+            self.extra_total += 1
+            free -= 1
+            self._push_grow(job, n + 1)
+
+    def _grow_valid(
+        self, entry: tuple[float, int, int, JobRecord, int], target: dict[JobRecord, int]
+    ) -> bool:
+        job, n = entry[3], entry[4]
+        cur = target.get(job)
+        if cur is None:
+            cur = job.alloc if job.running else 0
+        return cur == n and cur > 0
+
+    def _emit(self, target: dict[JobRecord, int], now: float) -> Plan:
+        shrink: Plan = []
+        grow: Plan = []
+        stop: Plan = []
+        for job, n in target.items():
+            if n <= 0:
+                if job.running:
+                    stop.append((job, 0))
+                continue
+            if job.running:
+                if n == job.alloc:
+                    continue
+                self.resized(job, now, n)
+                (shrink if n < job.alloc else grow).append((job, n))
+            else:
+                if n != job.base:
+                    self._started(job, now, n)
+                grow.append((job, n))
+        return stop + shrink + grow
+
+
+class ElasticTiresiasPolicy(Policy):
+    """Elastic-Tiresias with EDL's parameters (quanta 500/10,000, N=10, r=0.5)."""
+
+    name = "elastic-tiresias"
+    elastic = True
+
+    def __init__(
+        self,
+        thresholds: Sequence[float] = ELASTIC_THRESHOLDS,
+        *,
+        waiting_threshold: int = 10,
+        r: float = 0.5,
+        compat: bool = False,
+    ) -> None:
+        if not 0 < r <= 1:
+            raise ValueError("r must be in (0, 1]")
+        if waiting_threshold < 0:
+            raise ValueError("the waiting-jobs threshold N must be >= 0")
+        self.thresholds = tuple(float(t) for t in thresholds)
+        self.waiting_threshold = waiting_threshold
+        self.r = r
+        self.compat = compat
+
+    def new_core(self, total_gpus: int) -> ElasticTiresiasCore:
+        """A fresh Elastic-Tiresias core."""
+        return ElasticTiresiasCore(
+            total_gpus,
+            self.thresholds,
+            waiting_threshold=self.waiting_threshold,
+            r=self.r,
+            compat=self.compat,
+        )

@@ -1,0 +1,40 @@
+"""Small builders for hand-made snapshots."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduler.types import Cluster, Gpu, GpuState, JobState, JobView, Snapshot
+
+
+def cluster(servers: int = 1, per_server: int = 8, busy: dict[int, str] | None = None) -> Cluster:
+    """A uniform cluster; ``busy`` maps GPU id -> job id."""
+    busy = busy or {}
+    gpus = tuple(
+        Gpu(
+            id=s * per_server + k,
+            server=s,
+            leaf=0,
+            state=GpuState.BUSY if (s * per_server + k) in busy else GpuState.FREE,
+            job=busy.get(s * per_server + k),
+        )
+        for s in range(servers)
+        for k in range(per_server)
+    )
+    return Cluster(gpus=gpus)
+
+
+def queued(id: str, gpus: int, submit: float = 0.0, **kw: Any) -> JobView:
+    """A queued job."""
+    return JobView(id=id, submit_time=submit, requested_gpus=gpus, **kw)
+
+
+def running(id: str, gpu_ids: tuple[int, ...], submit: float = 0.0, **kw: Any) -> JobView:
+    """A running job on these GPUs."""
+    kw.setdefault("requested_gpus", len(gpu_ids))
+    return JobView(id=id, submit_time=submit, gpus=gpu_ids, state=JobState.RUNNING, **kw)
+
+
+def snapshot(now: float, clu: Cluster, *jobs: JobView) -> Snapshot:
+    """A snapshot at ``now``."""
+    return Snapshot(now=now, cluster=clu, jobs=tuple(jobs))
