@@ -26,9 +26,11 @@ from django import forms
 from django.core.cache import cache
 from django.db import transaction
 
+from fabric.errors import TopologyError
 from jobs.choices import JobState
 from jobs.models import Job
 from portal.inventory import current_spec
+from scheduler.fabric_placement import fabric_spec_for, simulate_fabric_trace
 from scheduler.policies import REGISTRY, get_policy
 from scheduler.simulator import SimConfig, simulate
 from scheduler.traces import TraceError, TraceJob, load_tiresias, shared_trace
@@ -39,6 +41,11 @@ RUN_TTL_S = 24 * 3600
 MAX_UPLOAD_BYTES = 2 * 1024 * 1024
 CDF_POINTS = 200
 SERIES_POINTS = 300
+PLACEMENTS = (
+    ("count", "GPU count (no network)"),
+    ("vclos", "vClos (isolated links)"),
+    ("ecmp", "ECMP (hashed uplinks)"),
+)
 SOURCES = (
     ("history", "This cluster's completed jobs"),
     ("60_job", "Shared Tiresias trace (60 jobs)"),
@@ -59,7 +66,7 @@ def available_policies() -> list[str]:
 
 
 class WhatIfForm(forms.Form):
-    """What to simulate: a trace, policies to compare, the cluster size, elasticity."""
+    """What to simulate: a trace, policies and placements to compare, the cluster, elasticity."""
 
     source = forms.ChoiceField(choices=SOURCES, widget=forms.RadioSelect, initial="history")
     upload = forms.FileField(required=False, label="Trace file", help_text="Tiresias CSV format.")
@@ -68,6 +75,15 @@ class WhatIfForm(forms.Form):
     )
     total_gpus = forms.IntegerField(min_value=1, max_value=100_000, label="GPUs")
     gpus_per_server = forms.IntegerField(min_value=1, max_value=64, label="GPUs/server")
+    placements = forms.MultipleChoiceField(
+        choices=PLACEMENTS,
+        widget=forms.CheckboxSelectMultiple,
+        initial=["count"],
+        help_text="vClos and ECMP place on a leaf-spine fabric and run the vClos paper's FIFO queue.",
+    )
+    leaves = forms.IntegerField(
+        min_value=1, max_value=4096, label="Leaves", help_text="For vClos/ECMP placement."
+    )
     elastic = forms.BooleanField(
         required=False, label="Elastic jobs (EDL: scale between 0.5x and 2x the request)"
     )
@@ -83,9 +99,26 @@ class WhatIfForm(forms.Form):
         spec = current_spec()
         self.fields["total_gpus"].initial = spec.total_gpus if spec else 64
         self.fields["gpus_per_server"].initial = spec.gpus_per_server if spec else 8
+        self.fields["leaves"].initial = spec.leaves if spec else 4
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
+        placements = cleaned.get("placements") or []
+        if set(placements) & {"vclos", "ecmp"}:
+            if "fifo" not in (cleaned.get("policies") or []):
+                self.add_error(
+                    "placements", "vClos and ECMP placement compare under fifo: tick it."
+                )
+            total, per, leaves = (
+                cleaned.get(k) for k in ("total_gpus", "gpus_per_server", "leaves")
+            )
+            if total and per and leaves:
+                try:
+                    fabric_spec_for(total, per, leaves)
+                except (ValueError, TopologyError) as exc:
+                    self.add_error(
+                        "leaves", f"{exc} ({total // per} servers over {leaves} leaves)."
+                    )
         upload = cleaned.get("upload")
         if cleaned.get("source") == "upload":
             if upload is None:
@@ -198,17 +231,27 @@ def compare(
     )
     too_wide = [j for j in trace if j.gpus > cfg.total_gpus]
     runnable = tuple(j for j in trace if j.gpus <= cfg.total_gpus)
+    runs = [
+        (policy, placement)
+        for policy in params["policies"]
+        for placement in params.get("placements") or ["count"]
+        if placement == "count" or policy == "fifo"
+    ]
     results = []
-    for index, name in enumerate(params["policies"]):
+    for index, (name, placement) in enumerate(runs):
         if on_policy is not None:
-            on_policy(index, name)
-        result = simulate(runnable, get_policy(name), cfg)
+            on_policy(index, len(runs), f"{name} / {placement}")
+        if placement == "count":
+            result = simulate(runnable, get_policy(name), cfg)
+        else:
+            spec = fabric_spec_for(cfg.total_gpus, cfg.gpus_per_server, int(params["leaves"]))
+            result = simulate_fabric_trace(runnable, spec, placement)
         jcts = sorted(r.jct for r in result.jobs)
         series = result.series
         keep = _thin(list(range(len(series.get("t", [])))), SERIES_POINTS)
         results.append(
             {
-                "policy": name,
+                "policy": name if placement == "count" else f"{name} / {placement}",
                 "summary": result.summary,
                 "jct_cdf": _thin(jcts, CDF_POINTS),
                 "series": {k: [v[i] for i in keep] for k, v in series.items()},
@@ -230,9 +273,8 @@ def run_whatif(run_id: str) -> None:
     if state is None or state["status"] != "queued":
         return
     params = state["params"]
-    total = len(params["policies"])
 
-    def on_policy(index: int, name: str) -> None:
+    def on_policy(index: int, total: int, name: str) -> None:
         state.update(status="running", progress=index / total, step=f"simulating {name}")
         _put(run_id, state)
 

@@ -25,8 +25,10 @@ def whatif(request: HttpRequest) -> HttpResponse:
             for k in (
                 "source",
                 "policies",
+                "placements",
                 "total_gpus",
                 "gpus_per_server",
+                "leaves",
                 "elastic",
                 "duration_scale",
             )

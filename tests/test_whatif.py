@@ -40,6 +40,8 @@ def post(client: Client, commit: Any, **fields: Any) -> Any:
     data = {
         "source": "60_job",
         "policies": ["fifo", "tiresias"],
+        "placements": ["count"],
+        "leaves": "2",
         "total_gpus": "16",
         "gpus_per_server": "4",
         "duration_scale": "1",
@@ -95,6 +97,24 @@ def test_uploaded_trace_and_its_errors(
     state = admin.get(good["Location"].rstrip("/") + ".json").json()
     assert state["status"] == "done", state
     assert state["report"]["jobs"] == 12 and state["report"]["elastic"] is True
+
+
+def test_placements_on_a_fabric(
+    admin: Client, eager: None, django_capture_on_commit_callbacks: Any
+) -> None:
+    wrong = post(
+        admin, django_capture_on_commit_callbacks, policies=["tiresias"], placements=["vclos"]
+    )
+    assert 'data-for="placements"' in wrong.content.decode()
+    uneven = post(admin, django_capture_on_commit_callbacks, placements=["vclos"], leaves="3")
+    assert 'data-for="leaves"' in uneven.content.decode()
+    response = post(
+        admin, django_capture_on_commit_callbacks, placements=["count", "vclos", "ecmp"]
+    )
+    state = admin.get(response["Location"].rstrip("/") + ".json").json()
+    assert state["status"] == "done", state
+    names = [r["policy"] for r in state["report"]["results"]]
+    assert names == ["fifo", "fifo / vclos", "fifo / ecmp", "tiresias"]
 
 
 def test_empty_history_fails_with_a_message(

@@ -27,7 +27,7 @@
       queue.push({ x: t, y: p.series.queued, name: p.policy, mode: "lines", line: { shape: "hv", color: c } });
       eff.push({ x: t, y: (p.series.efficiency || []).map((v) => v / r.total_gpus), name: p.policy, mode: "lines", line: { color: c } });
     });
-    const legend = { showlegend: true, legend: { orientation: "h", y: 1.15 } };
+    const legend = { showlegend: true, legend: { orientation: "h", y: -0.3 }, height: 330, margin: { l: 50, r: 16, t: 10, b: 90 } };
     Plotly.react("whatif-cdf", cdf, plotLayout(Object.assign({ xaxis: { title: "JCT (s)", type: "log", gridcolor: "#e3e6eb" }, yaxis: { range: [0, 1.02], tickformat: ".0%", gridcolor: "#e3e6eb" } }, legend)), config);
     Plotly.react("whatif-queue", queue, plotLayout(Object.assign({ xaxis: { title: "hours", gridcolor: "#e3e6eb" }, yaxis: { title: "queued", rangemode: "tozero", gridcolor: "#e3e6eb" } }, legend)), config);
     Plotly.react("whatif-eff", eff, plotLayout(Object.assign({ xaxis: { title: "hours", gridcolor: "#e3e6eb" }, yaxis: { title: "efficiency", rangemode: "tozero", tickformat: ".0%", gridcolor: "#e3e6eb" } }, legend)), config);

@@ -91,7 +91,9 @@ def test_whatif_shows_progress_then_the_report(
     root.check('input[name="policies"][value="srtf"]')
     root.fill("#id_total_gpus", "8")
     root.fill("#id_gpus_per_server", "4")
-    root.check("#id_elastic")
+    root.check('input[name="placements"][value="vclos"]')
+    root.check('input[name="placements"][value="ecmp"]')
+    root.fill("#id_leaves", "2")
     root.click("#whatif-form button[type=submit]")
     root.wait_for_url(re.compile(r"/whatif/[0-9a-f]{32}/$"))
     assert "Waiting for a worker" in root.inner_text("#whatif-step")
@@ -100,6 +102,9 @@ def test_whatif_shows_progress_then_the_report(
     driver("call", path="portal.whatif:run_whatif", kwargs={"run_id": run_id})
     root.wait_for_selector("#whatif-table tbody tr[data-policy=tiresias]")
     root.wait_for_function("document.querySelector('#whatif-cdf .main-svg')")
-    assert root.locator("#whatif-table tbody tr").count() == 3
+    policies = root.locator("#whatif-table tbody tr").evaluate_all(
+        "rows => rows.map(r => r.dataset.policy)"
+    )
+    assert policies == ["fifo", "fifo / vclos", "fifo / ecmp", "srtf", "tiresias"]
     screenshot(root, "whatif-report")
     root.context.close()
