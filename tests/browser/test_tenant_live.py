@@ -118,6 +118,12 @@ def test_form_errors_sit_next_to_their_fields(browser: Any, server: Server) -> N
     assert alice.locator(".field.has-error #id_min_gpus").count() == 1
     screenshot(alice, "submit-form-errors")
     alice.context.close()
+    phone = login(browser, server, "alice", width=390)
+    wait_live(phone)
+    # nothing wider than the screen except inside the scrollable table wrapper
+    assert phone.evaluate("document.documentElement.scrollWidth") <= 390
+    screenshot(phone, "dashboard-phone")
+    phone.context.close()
 
 
 def test_socket_reconnects_and_resyncs_after_server_restart(
