@@ -21,6 +21,13 @@
     badge.title = state === "live" ? "Updates arrive as they happen" : "Trying to reach the server; the page will catch up when it is back";
   }
 
+  /** A socket refused because the session ended (not because the server is away): go to login. */
+  function loggedOutCheck() {
+    fetch(location.href, { method: "HEAD", credentials: "same-origin" })
+      .then((r) => { if (r.redirected && new URL(r.url).pathname === "/login/") location.reload(); })
+      .catch(() => {});  // the server is away: keep retrying
+  }
+
   class LiveSocket {
     /**
      * @param {Array<{topic: string, id?: number}>} topics what to subscribe to
@@ -64,6 +71,7 @@
         const delay = Math.min(4000, 250 * Math.pow(2, this.attempt));
         this.attempt += 1;
         setStatus("reconnecting");
+        if (this.attempt >= 3) loggedOutCheck();
         setTimeout(() => this.connect(), delay);
       };
     }
