@@ -32,6 +32,7 @@ from workers.protocol import (
     Command,
     ExitOutcome,
     Failed,
+    Finished,
     Heartbeat,
     Migrate,
     Profile,
@@ -111,6 +112,7 @@ class JobWatch:
 
     cursor: str
     control: JobControlLike
+    ended: bool = False
     last_crash: str | None = None
     crashed_workers: set[str] = field(default_factory=set)
 
@@ -405,10 +407,17 @@ class Agent:
             del self._children[key]
             self.store.drop_worker(child.record.job, child.record.worker_id)
             outcome: ExitOutcome
+            watch = self._jobs.get(child.record.job)
             if child.stop_signal_sent is not None:
                 outcome = "stopped"
             elif code is None:
-                outcome = "lost"
+                # Adopted after a restart: the exit status is not ours to see.
+                if child.record.job in self._stops:
+                    outcome = "stopped"
+                elif watch is not None and watch.ended:
+                    outcome = "clean"
+                else:
+                    outcome = "lost"
             elif code == 0:
                 outcome = "clean"
             else:
@@ -473,6 +482,8 @@ class Agent:
             except ProtocolError as exc:
                 log.warning("job %s: skipped runtime event %s: %s", job, event_id, exc)
                 continue
+            if isinstance(report, Finished | Failed):
+                watch.ended = True
             if report is not None and self.store.claim_event(job, event_id):
                 self._report(report)
         if events:
