@@ -343,25 +343,12 @@ def test_scale_in_then_stop(agent: RunningAgent, reader: ReportReader) -> None:
     free_of(reader, agent, job)
 
 
-def test_scale_out_then_migration_with_the_leader_leaving(
-    agent: RunningAgent, reader: ReportReader
-) -> None:
+def test_migration_with_the_leader_leaving(agent: RunningAgent, reader: ReportReader) -> None:
     job = new_job()
-    send_command(agent.node, start_command(job, [0], f"start-{job}"))
+    send_command(agent.node, start_command(job, [0, 1], f"start-{job}"))
     reader.wait_for(lambda r: isinstance(r, Progress) and r.job == job, 120, "progress")
 
-    # Stop-free scale-out: a newcomer joins the running job.
-    grow = start_command(
-        job, [1], f"grow-{job}", join=True, initial_world=None,
-        workers=[{"worker_id": "w1", "slot": 1}],
-    )  # fmt: skip
-    send_command(agent.node, grow)
-    grown = reader.wait_for(
-        lambda r: isinstance(r, ScaleDone) and r.job == job and r.world == 2, 120, "scale-out"
-    )
-    assert isinstance(grown, ScaleDone) and grown.joiners == ("w1",)
-
-    # Migration: w0 (the leader) leaves and w2 joins, in one switch.
+    # w0 (rank 0, the leader) leaves; the newcomer w2 joins in the same switch.
     joining = start_command(
         job, [2], f"unused-{job}", join=True, initial_world=None,
         workers=[{"worker_id": "w2", "slot": 2}],
@@ -376,6 +363,10 @@ def test_scale_out_then_migration_with_the_leader_leaving(
     )
     assert isinstance(moved, ScaleDone)
     assert moved.leavers == ("w0",) and sorted(moved.workers) == ["w1", "w2"]
+    assert moved.world == 2
+    started = reader.of(Started, job)
+    assert [w.worker_id for w in started[-1].workers] == ["w2"]
+    assert started[-1].command_id == move.command_id
     left = reader.wait_for(
         lambda r: isinstance(r, WorkerExited) and r.job == job and r.worker_id == "w0",
         30,
