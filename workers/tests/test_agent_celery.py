@@ -91,6 +91,8 @@ class ReportReader:
         return [r for r in self.reports if isinstance(r, kind) and (job is None or r.job == job)]
 
     def close(self) -> None:
+        with contextlib.suppress(Exception):  # leave no test queue behind in a shared Redis
+            self.queue.queue.delete()
         self.queue.close()
         self.connection.release()
 
