@@ -46,6 +46,7 @@ from workers.protocol import (
     StopJob,
     Stopped,
     WorkerExited,
+    WorkerSlot,
 )
 
 log = logging.getLogger(__name__)
@@ -178,10 +179,9 @@ class Agent:
                 if isinstance(command, StartWorkers):
                     self._start_workers(command)
                 elif isinstance(command, ScaleIn):
-                    self._control(command.job).request_scale_in(
+                    self._watch(command.job).control.request_scale_in(
                         list(command.worker_ids), command.reason
                     )
-                    self._watch(command.job)
                 elif isinstance(command, Migrate):
                     self._migrate(command)
                 elif isinstance(command, StopJob):
@@ -228,12 +228,6 @@ class Agent:
                 out.append(_running(child.record))
         return tuple(out)
 
-    def _control(self, job: str) -> JobControlLike:
-        watch = self._jobs.get(job)
-        if watch is not None:
-            return watch.control
-        return self._control_factory(job)
-
     def _watch(self, job: str) -> JobWatch:
         """Start tailing a job's events (from now on, unless a cursor was saved)."""
         watch = self._jobs.get(job)
@@ -245,7 +239,7 @@ class Agent:
             self.store.save_cursor(job, cursor)
         return watch
 
-    def _check_startable(self, command: StartWorkers) -> list[Any]:
+    def _check_startable(self, command: StartWorkers) -> list[WorkerSlot]:
         """The workers of ``command`` still to start; raise if any cannot start here."""
         if command.job in self._stops:
             raise CommandRejected(f"job {command.job} is stopping on node {self.config.node}")
