@@ -611,7 +611,11 @@ class WorkerFailed(JobEventReport):
 @_report
 @dataclass(frozen=True, kw_only=True)
 class Recovered(JobEventReport):
-    """The job recovered from a failure (``mode`` is the recovery used)."""
+    """The job recovered from a failure.
+
+    ``mode`` is the recovery used; ``dead`` the workers dropped; training goes
+    on from ``restored_step`` (the checkpoint's step under consistent recovery).
+    """
 
     TYPE: ClassVar[str] = "recovered"
 
@@ -620,6 +624,7 @@ class Recovered(JobEventReport):
     step: int | None = None
     generation: int | None = None
     dead: tuple[str, ...] = ()
+    restored_step: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
