@@ -57,8 +57,10 @@ def main() -> int:
     parser.add_argument("--policy", default="elastic-tiresias")
     parser.add_argument("--churn", type=int, default=5, help="jobs finishing and arriving per tick")
     parser.add_argument(
-        "--database-url", default=os.environ.get("BENCH_DATABASE_URL",
-                                                 "postgres://postgres@127.0.0.1:5432/bench_tick")
+        "--database-url",
+        default=os.environ.get(
+            "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/bench_tick"
+        ),
     )
     parser.add_argument("--seed", type=int, default=7)
     options = parser.parse_args()
@@ -92,10 +94,17 @@ def main() -> int:
     owner = tenant.memberships.get().user
 
     def submit(size: int) -> Job:
-        data = {"name": "b", "workload": "resnet18-synthetic", "gpus": size,
-                "min_gpus": max(1, size // 2), "max_gpus": size * 2, "batch_size": 512}
-        return do_submit_job(user=owner, tenant=tenant, spec=check_job_spec(tenant=tenant,
-                                                                            data=data))
+        data = {
+            "name": "b",
+            "workload": "resnet18-synthetic",
+            "gpus": size,
+            "min_gpus": max(1, size // 2),
+            "max_gpus": size * 2,
+            "batch_size": 512,
+        }
+        return do_submit_job(
+            user=owner, tenant=tenant, spec=check_job_spec(tenant=tenant, data=data)
+        )
 
     for size in rng.choices(pool, k=options.jobs):
         submit(size)
@@ -109,8 +118,10 @@ def main() -> int:
         initial.append(run_tick(policy=options.policy).duration_s)
     active = Job.objects.filter(state__in=("running", "scaling", "queued")).count()
     running = Job.objects.filter(state__in=("running", "scaling")).count()
-    print(f"setup {time.perf_counter() - setup_start:.1f} s: {active} active jobs, "
-          f"{running} running; first ticks {[round(t * 1000) for t in initial]} ms")
+    print(
+        f"setup {time.perf_counter() - setup_start:.1f} s: {active} active jobs, "
+        f"{running} running; first ticks {[round(t * 1000) for t in initial]} ms"
+    )
 
     durations: list[float] = []
     event = 10**12
@@ -118,8 +129,15 @@ def main() -> int:
         running_ids = list(Job.objects.filter(state="running").values_list("id", flat=True))
         for job_id in rng.sample(running_ids, min(options.churn, len(running_ids))):
             event += 1
-            handle_report({"type": "finished", "node": "node-0", "job": f"job-{job_id}",
-                           "event_id": f"{event}-0", "step": 1})
+            handle_report(
+                {
+                    "type": "finished",
+                    "node": "node-0",
+                    "job": f"job-{job_id}",
+                    "event_id": f"{event}-0",
+                    "step": 1,
+                }
+            )
         for size in rng.choices(pool, k=options.churn):
             submit(size)
         heartbeats()
@@ -142,8 +160,10 @@ def main() -> int:
         "p95_vs_target": round(p95 / TARGET_P95_MS, 3),
         "first_tick_ms": round(initial[0] * 1000, 1),
     }
-    print(f"tick p50 {p50:.1f} ms, p95 {p95:.1f} ms (target {TARGET_P95_MS:.0f} ms: "
-          f"ratio {p95 / TARGET_P95_MS:.2f})")
+    print(
+        f"tick p50 {p50:.1f} ms, p95 {p95:.1f} ms (target {TARGET_P95_MS:.0f} ms: "
+        f"ratio {p95 / TARGET_P95_MS:.2f})"
+    )
     print(json.dumps(figures))
     return 0
 

@@ -80,20 +80,26 @@ def test_cross_leaf_job_reserves_cables_and_cancel_releases(alice: Any, acme: An
 
 def test_elastic_scale_out_then_in_when_others_arrive(alice: Any, acme: Any) -> None:
     nodes = demo_cluster()
+    acme.profile_jobs = False  # profiling has its own test
+    acme.save()
     first = submit(alice, acme, gpus=2, lo=1, hi=4)
     run_tick(policy="elastic-tiresias")
     first.refresh_from_db()
-    assert first.state == "running"
-    grown = first.parallelism
+    # Idle GPUs and no measurement yet (optimistic prior): it starts at its maximum.
+    assert (first.state, first.parallelism, len(held(first))) == ("running", 4, 4)
     drain_all(nodes)
-    # Report progress so the job is truly running, then fill the cluster with others.
     others = [submit(alice, acme, gpus=2, lo=1, hi=2) for _ in range(3)]
     run_tick(policy="elastic-tiresias")
     first.refresh_from_db()
     states = [Job.objects.get(pk=o.pk).state for o in others]
-    assert states.count("running") >= 2, states
-    assert JobGpu.objects.count() <= 8
-    assert grown >= 2
+    assert states == ["running"] * 3, states
+    # Its extra GPUs were reclaimed first: a stop-free scale-in, back to its request.
+    assert first.state == "scaling" and len(held(first)) == 2
+    assert JobGpu.objects.count() == 8
+    commands = [c for cmds in drain_all(nodes).values() for c in cmds]
+    scale_in = [c for c in commands if c["type"] == "scale_in"]
+    assert len(scale_in) == 1 and len(scale_in[0]["worker_ids"]) == 2
+    assert "scale in 4→2" in " ".join(first.events.values_list("reason", flat=True))
 
 
 def test_reports_progress_finish_and_replays(alice: Any, acme: Any) -> None:
@@ -209,3 +215,48 @@ def test_ticks_never_overlap(alice: Any, acme: Any) -> None:
         lock.release()
     with transaction.atomic():
         pass
+
+
+def test_profile_at_max_then_curve_drives_the_policy(alice: Any, acme: Any) -> None:
+    nodes = demo_cluster()
+    job = submit(alice, acme, gpus=2, lo=1, hi=4)
+    run_tick(policy="elastic-tiresias")
+    job.refresh_from_db()
+    assert job.parallelism == 4 and job.profile_state == "requested"
+    profile = [c for cmds in drain_all(nodes).values() for c in cmds if c["type"] == "profile"]
+    assert len(profile) == 1
+    assert (profile[0]["min_workers"], profile[0]["max_workers"]) == (1, 4)
+    # The runtime scales in level by level; each switch comes back as scale_done.
+    workers = [f"w{g}" for g in held(job)]
+    name = f"job-{job.pk}"
+    for i, world in enumerate((3, 2, 1)):
+        report = {
+            "type": "scale_done",
+            "node": "node-0",
+            "job": name,
+            "event_id": f"{10 + i}-0",
+            "world": world,
+            "workers": workers[:world],
+            "step": 20 * (i + 1),
+        }
+        assert handle_report(report) == "scaled"
+        assert len(held(job)) == world
+    # Throughput falls past 3 GPUs: the policy grows it back to 3, not 4.
+    curve = [
+        {"workers": n, "samples_per_s": v}
+        for n, v in ((4, 190.0), (3, 205.0), (2, 200.0), (1, 110.0))
+    ]
+    done = {
+        "type": "profile_done",
+        "node": "node-0",
+        "job": name,
+        "event_id": "20-0",
+        "curve": curve,
+    }
+    assert handle_report(done) == "profiled"
+    job.refresh_from_db()
+    assert job.profile_state == "done" and job.throughput_curve["2"] == 200.0
+    run_tick(policy="elastic-tiresias")
+    job.refresh_from_db()
+    assert len(held(job)) == 3  # the gain from 3 to 4 GPUs is negative
+    assert job.events.filter(kind="profiled").count() == 2

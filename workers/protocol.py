@@ -611,7 +611,11 @@ class WorkerFailed(JobEventReport):
 @_report
 @dataclass(frozen=True, kw_only=True)
 class Recovered(JobEventReport):
-    """The job recovered from a failure (``mode`` is the recovery used)."""
+    """The job recovered from a failure.
+
+    ``mode`` is the recovery used; ``dead`` the workers dropped; training goes
+    on from ``restored_step`` (the checkpoint's step under consistent recovery).
+    """
 
     TYPE: ClassVar[str] = "recovered"
 
@@ -620,6 +624,7 @@ class Recovered(JobEventReport):
     step: int | None = None
     generation: int | None = None
     dead: tuple[str, ...] = ()
+    restored_step: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -667,10 +672,11 @@ class Failed(JobReport):
 class WorkerExited(JobReport):
     """A local training process ended, and its slot is free again.
 
-    ``outcome``: ``clean`` (exit 0: finished or left the job), ``stopped``
-    (ended by the agent on a stop command), ``crashed`` (non-zero exit or
-    killed by a signal; ``exit_code`` is ``-signal`` then), ``lost`` (gone
-    while the agent was down; exit code unknown).
+    ``outcome``: ``clean`` (exit 0: finished, stopped on request, or left the
+    job), ``stopped`` (signalled by the agent after a stop command's grace
+    period), ``crashed`` (non-zero exit or killed by a signal; ``exit_code``
+    is ``-signal`` then), ``lost`` (exit status unknown: the process ended
+    while the agent was down, or was adopted by a restarted agent).
     """
 
     TYPE: ClassVar[str] = "worker_exited"

@@ -150,11 +150,13 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> tuple[Snapshot, dict
             "profile_state",
         )
     )
+    # Quota counts each job's requested share only: GPUs above it are idle extras that
+    # the policy reclaims first, so they never keep a tenant's next job waiting.
     in_use: dict[int, int] = {}
-    for tenant_id, parallelism in Job.objects.filter(state__in=ACTIVE_STATES).values_list(
-        "tenant_id", "parallelism"
-    ):
-        in_use[tenant_id] = in_use.get(tenant_id, 0) + parallelism
+    for tenant_id, parallelism, requested_gpus in Job.objects.filter(
+        state__in=ACTIVE_STATES
+    ).values_list("tenant_id", "parallelism", "gpus"):
+        in_use[tenant_id] = in_use.get(tenant_id, 0) + min(parallelism, requested_gpus)
     holdings: dict[int, list[int]] = {}
     for job_id, index in JobGpu.objects.order_by("job_id", "rank").values_list(
         "job_id", "gpu__index"

@@ -160,7 +160,7 @@ def _tick(policy_name: str, now: datetime) -> TickResult:
     outbox.send_on_commit()
     return TickResult(
         ran=True,
-        changed_jobs=tuple(changed),
+        changed_jobs=tuple(dict.fromkeys(changed)),
         refused=tuple(drain_refused + refused),
         down_nodes=down,
         decisions=len(decisions) + len(drains),

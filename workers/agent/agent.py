@@ -32,6 +32,7 @@ from workers.protocol import (
     Command,
     ExitOutcome,
     Failed,
+    Finished,
     Heartbeat,
     Migrate,
     Profile,
@@ -45,6 +46,7 @@ from workers.protocol import (
     StopJob,
     Stopped,
     WorkerExited,
+    WorkerSlot,
 )
 
 log = logging.getLogger(__name__)
@@ -111,6 +113,7 @@ class JobWatch:
 
     cursor: str
     control: JobControlLike
+    ended: bool = False
     last_crash: str | None = None
     crashed_workers: set[str] = field(default_factory=set)
 
@@ -176,10 +179,9 @@ class Agent:
                 if isinstance(command, StartWorkers):
                     self._start_workers(command)
                 elif isinstance(command, ScaleIn):
-                    self._control(command.job).request_scale_in(
+                    self._watch(command.job).control.request_scale_in(
                         list(command.worker_ids), command.reason
                     )
-                    self._watch(command.job)
                 elif isinstance(command, Migrate):
                     self._migrate(command)
                 elif isinstance(command, StopJob):
@@ -226,12 +228,6 @@ class Agent:
                 out.append(_running(child.record))
         return tuple(out)
 
-    def _control(self, job: str) -> JobControlLike:
-        watch = self._jobs.get(job)
-        if watch is not None:
-            return watch.control
-        return self._control_factory(job)
-
     def _watch(self, job: str) -> JobWatch:
         """Start tailing a job's events (from now on, unless a cursor was saved)."""
         watch = self._jobs.get(job)
@@ -243,7 +239,7 @@ class Agent:
             self.store.save_cursor(job, cursor)
         return watch
 
-    def _check_startable(self, command: StartWorkers) -> list[Any]:
+    def _check_startable(self, command: StartWorkers) -> list[WorkerSlot]:
         """The workers of ``command`` still to start; raise if any cannot start here."""
         if command.job in self._stops:
             raise CommandRejected(f"job {command.job} is stopping on node {self.config.node}")
@@ -405,10 +401,17 @@ class Agent:
             del self._children[key]
             self.store.drop_worker(child.record.job, child.record.worker_id)
             outcome: ExitOutcome
+            watch = self._jobs.get(child.record.job)
             if child.stop_signal_sent is not None:
                 outcome = "stopped"
             elif code is None:
-                outcome = "lost"
+                # Adopted after a restart: the exit status is not ours to see.
+                if child.record.job in self._stops:
+                    outcome = "stopped"
+                elif watch is not None and watch.ended:
+                    outcome = "clean"
+                else:
+                    outcome = "lost"
             elif code == 0:
                 outcome = "clean"
             else:
@@ -473,6 +476,8 @@ class Agent:
             except ProtocolError as exc:
                 log.warning("job %s: skipped runtime event %s: %s", job, event_id, exc)
                 continue
+            if isinstance(report, Finished | Failed):
+                watch.ended = True
             if report is not None and self.store.claim_event(job, event_id):
                 self._report(report)
         if events:

@@ -141,6 +141,7 @@ def report_from_event(node: str, job: str, event_id: str, event: dict[str, Any])
                 step=_optional_int(event.get("step")),
                 generation=_optional_int(event.get("generation")),
                 dead=_names(event.get("dead")),
+                restored_step=_optional_int(event.get("restored_step")),
             )
         if kind == "profile_done":
             return ProfileDone(**common, curve=_curve(event["curve"]))

@@ -414,6 +414,7 @@ class Leader:
             world=len(alive),
             dead=dead,
             step=ctx.step,
+            restored_step=plan["step"] if plan["mode"] == "consistent" else max(steps),
         )
         if self.profile is not None:
             self.profile["start"] = ctx.step + WARMUP_STEPS

@@ -6,6 +6,7 @@ leave; 2 on a bad command line; 1 on any other error.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from workers.elastic.cli import WorkerArgumentError, parse_options
@@ -24,4 +25,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: destroying live gloo groups and daemon threads there can
+    # abort the process (std::terminate) after training already ended cleanly.
+    os._exit(code)

@@ -32,11 +32,13 @@ from workers.protocol import (
     Failed,
     Finished,
     Heartbeat,
+    Migrate,
     Progress,
     Report,
     ScaleDone,
     ScaleIn,
     Started,
+    StartWorkers,
     StopJob,
     Stopped,
     WorkerExited,
@@ -89,6 +91,8 @@ class ReportReader:
         return [r for r in self.reports if isinstance(r, kind) and (job is None or r.job == job)]
 
     def close(self) -> None:
+        with contextlib.suppress(Exception):  # leave no test queue behind in a shared Redis
+            self.queue.queue.delete()
         self.queue.close()
         self.connection.release()
 
@@ -115,13 +119,9 @@ def reader(redis_url: str) -> Iterator[ReportReader]:
     reports.close()
 
 
-@pytest.fixture(scope="module")
-def agent(
-    redis_url: str, reader: ReportReader, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RunningAgent]:
-    node = f"test-{uuid.uuid4().hex[:8]}"
-    data_dir = tmp_path_factory.mktemp("agent-data")
-    log = data_dir / "agent.log"
+def launch_agent(node: str, data_dir: Path, redis_url: str, reader: ReportReader) -> RunningAgent:
+    """Start ``python -m workers.agent`` for ``node`` and wait for its first heartbeat."""
+    log = data_dir / f"agent-{time.monotonic_ns()}.log"
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "portal.settings.test",
@@ -139,6 +139,7 @@ def agent(
         "--reports-queue", reader.queue.queue.name,
         "--stop-children-on-exit",
     ]  # fmt: skip
+    launched_at = time.time()
     with open(log, "wb") as out:
         process = subprocess.Popen(
             argv, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
@@ -146,26 +147,50 @@ def agent(
     running = RunningAgent(node, process, log)
     try:
         reader.wait_for(
-            lambda r: isinstance(r, Heartbeat) and r.node == node, 90, "first heartbeat"
+            lambda r: isinstance(r, Heartbeat) and r.node == node and r.at >= launched_at,
+            90,
+            "first heartbeat",
         )
-        yield running
     except AssertionError:
         print(running.log_tail())
+        stop_agent(running)
         raise
+    return running
+
+
+def stop_agent(agent: RunningAgent) -> None:
+    """Warm shutdown (SIGTERM): with --stop-children-on-exit it ends its training processes."""
+    if agent.process.poll() is None:
+        agent.process.send_signal(signal.SIGTERM)
+    try:
+        agent.process.wait(timeout=40)
+    except subprocess.TimeoutExpired:
+        agent.process.kill()
+        agent.process.wait()
+
+
+def clean_up(node: str, redis_url: str, reader: ReportReader) -> None:
+    """End any training process the tests started that still runs; drop the node's keys."""
+    for started in reader.of(Started):
+        for worker in started.workers:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(worker.pid, signal.SIGKILL)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    for key in client.scan_iter(match=f"agent:{node}:*"):
+        client.delete(key)
+
+
+@pytest.fixture(scope="module")
+def agent(
+    redis_url: str, reader: ReportReader, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningAgent]:
+    node = f"test-{uuid.uuid4().hex[:8]}"
+    running = launch_agent(node, tmp_path_factory.mktemp("agent-data"), redis_url, reader)
+    try:
+        yield running
     finally:
-        process.send_signal(signal.SIGTERM)  # warm shutdown: ends its training processes
-        try:
-            process.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        for started in reader.of(Started):  # anything still alive was ours: end it
-            for worker in started.workers:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(worker.pid, signal.SIGKILL)
-        client = redis.Redis.from_url(redis_url, decode_responses=True)
-        for key in client.scan_iter(match=f"agent:{node}:*"):
-            client.delete(key)
+        stop_agent(running)
+        clean_up(node, redis_url, reader)
 
 
 def new_job() -> str:
@@ -191,11 +216,12 @@ def start_command(job: str, slots: list[int], command_id: str, **extra: Any) -> 
 
 
 def alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie, not yet reaped by its new parent, does not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
         return False
-    return True
+    return state != "Z"
 
 
 def free_of(reader: ReportReader, agent: RunningAgent, job: str) -> Heartbeat:
@@ -317,3 +343,88 @@ def test_scale_in_then_stop(agent: RunningAgent, reader: ReportReader) -> None:
     assert len(reader.of(Stopped, job)) == 1
     assert not any(alive(pid) for pid in pids)
     free_of(reader, agent, job)
+
+
+def test_migration_with_the_leader_leaving(agent: RunningAgent, reader: ReportReader) -> None:
+    job = new_job()
+    send_command(agent.node, start_command(job, [0, 1], f"start-{job}"))
+    reader.wait_for(lambda r: isinstance(r, Progress) and r.job == job, 120, "progress")
+
+    # w0 (rank 0, the leader) leaves; the newcomer w2 joins in the same switch.
+    joining = start_command(
+        job, [2], f"unused-{job}", join=True, initial_world=None,
+        workers=[{"worker_id": "w2", "slot": 2}],
+    )  # fmt: skip
+    assert isinstance(joining, StartWorkers)
+    move = Migrate(job=job, command_id=f"move-{job}", leaving=("w0",), joining=joining)
+    send_command(agent.node, move)
+    moved = reader.wait_for(
+        lambda r: isinstance(r, ScaleDone) and r.job == job and "w2" in r.joiners,
+        120,
+        "migration",
+    )
+    assert isinstance(moved, ScaleDone)
+    assert moved.leavers == ("w0",) and sorted(moved.workers) == ["w1", "w2"]
+    assert moved.world == 2
+    started = reader.of(Started, job)
+    assert [w.worker_id for w in started[-1].workers] == ["w2"]
+    assert started[-1].command_id == move.command_id
+    left = reader.wait_for(
+        lambda r: isinstance(r, WorkerExited) and r.job == job and r.worker_id == "w0",
+        30,
+        "exit of the leaver",
+    )
+    assert isinstance(left, WorkerExited) and left.outcome == "clean"
+    reader.wait_for(
+        lambda r: isinstance(r, Progress) and r.job == job and r.at > left.at and r.world == 2,
+        60,
+        "progress after the migration",
+    )
+    send_command(agent.node, StopJob(job=job, command_id=f"stop-{job}", grace_seconds=30))
+    reader.wait_for(lambda r: isinstance(r, Stopped) and r.job == job, 60, "stopped")
+    free_of(reader, agent, job)
+
+
+def test_a_restarted_agent_adopts_its_training_processes(
+    redis_url: str, reader: ReportReader, tmp_path: Path
+) -> None:
+    node = f"test-{uuid.uuid4().hex[:8]}"
+    first = launch_agent(node, tmp_path, redis_url, reader)
+    try:
+        job = new_job()
+        send_command(node, start_command(job, [0], f"start-{job}"))
+        started = reader.wait_for(lambda r: isinstance(r, Started) and r.job == job, 60, "started")
+        assert isinstance(started, Started)
+        [worker] = started.workers
+        reader.wait_for(lambda r: isinstance(r, Progress) and r.job == job, 120, "progress")
+
+        first.process.kill()  # the agent dies hard; training goes on
+        first.process.wait()
+        assert alive(worker.pid)
+        restarted_at = time.time()
+        second = launch_agent(node, tmp_path, redis_url, reader)
+        try:
+            beat = reader.wait_for(
+                lambda r: isinstance(r, Heartbeat) and r.node == node and r.at > restarted_at,
+                30,
+                "heartbeat of the new agent",
+            )
+            assert isinstance(beat, Heartbeat)
+            assert [(w.job, w.worker_id, w.pid) for w in beat.workers] == [(job, "w0", worker.pid)]
+            assert 0 not in beat.free_slots
+            # It still reports the job's progress, and it can stop it.
+            reader.wait_for(
+                lambda r: isinstance(r, Progress) and r.job == job and r.at > restarted_at,
+                60,
+                "progress through the new agent",
+            )
+            send_command(node, StopJob(job=job, command_id=f"stop-{job}", grace_seconds=30))
+            reader.wait_for(lambda r: isinstance(r, Stopped) and r.job == job, 60, "stopped")
+            exited = reader.of(WorkerExited, job)
+            assert [(e.worker_id, e.outcome) for e in exited] == [("w0", "stopped")]
+            assert not alive(worker.pid)
+        finally:
+            stop_agent(second)
+    finally:
+        stop_agent(first)
+        clean_up(node, redis_url, reader)

@@ -14,7 +14,10 @@ from typing import Any
 import pytest
 import redis
 from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import CommandError
 
+from workers.agent import service
 from workers.agent.agent import Agent
 from workers.agent.config import AgentConfig, AgentConfigError, detect_slots
 from workers.agent.launch import worker_argv
@@ -289,3 +292,25 @@ def test_slot_detection(monkeypatch: pytest.MonkeyPatch) -> None:
         detect_slots(9)
     with pytest.raises(AgentConfigError, match="at least 1"):
         detect_slots(0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--node", "bad node", "--cpu"], "--node must be"),
+        (["--node", "n1", "--gpus", "0", "--cpu"], "--gpus must be at least 1"),
+        (["--node", "n1", "--cpu", "--concurrency", "0"], "--concurrency must be at least 1"),
+    ],
+)
+def test_agent_command_line_refuses_bad_input(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert service.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_manage_py_agent_refuses_bad_input_with_status_2() -> None:
+    with pytest.raises(CommandError) as excinfo:
+        call_command("agent", node="bad node", cpu=True)
+    assert excinfo.value.returncode == 2

@@ -89,7 +89,15 @@ def sample_reports() -> list[Report]:
         ScaleDone(**common, event_id="2-0", world=3, step=10, workers=("w0", "w1", "w2")),
         Straggler(**common, event_id="3-0", worker_id="w1", ratio=1.6),
         WorkerFailed(**common, event_id="4-0", worker_id="w1", error="sync timeout"),
-        Recovered(**common, event_id="5-0", mode="approximate", world=1, step=11),
+        Recovered(
+            **common,
+            event_id="5-0",
+            mode="consistent",
+            world=1,
+            step=11,
+            dead=("w1",),
+            restored_step=10,
+        ),
         ProfileDone(
             **common,
             event_id="6-0",

@@ -7,16 +7,22 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from workers.agent.service import add_arguments, run_options
+from workers.agent.config import AgentConfigError
+from workers.agent.service import add_arguments, config_from_options, run
 
 
 class Command(BaseCommand):
     help = "Run the node agent: a Celery worker on queue agent.<node> that runs training processes."
+    # The agent serves no pages and uses no database: the portal's checks are not its business.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         add_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        status = run_options(argparse.Namespace(**options))
-        if status != 0:
-            raise CommandError("bad agent options", returncode=status)
+        namespace = argparse.Namespace(**options)
+        try:
+            config = config_from_options(namespace)
+        except AgentConfigError as exc:
+            raise CommandError(str(exc), returncode=2) from None
+        run(config, loglevel=namespace.loglevel)

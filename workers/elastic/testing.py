@@ -1,0 +1,222 @@
+"""A small driver for real multi-process elastic jobs, shared by the tests and the benchmark.
+
+It starts worker processes (``python -m workers.elastic.worker``), talks to the
+job through ``JobControl`` like the node agent does, and offers the checks a
+scenario ends with: every sample of the epoch used exactly once, and the final
+model equal to a single-process reference run of the same global batches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from workers.elastic import checkpoint
+from workers.elastic.control import JobControl
+from workers.elastic.sampler import ElasticSampler
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class JobRun:
+    """One elastic job of real worker processes on this machine."""
+
+    redis_url: str
+    job_id: str
+    workdir: Path
+    workload: str = "mlp-digits"
+    args: dict[str, Any] = field(default_factory=lambda: {"epochs": 1000, "hidden": 32, "seed": 3})
+    batch_size: int = 64
+    recovery: str = "consistent"
+    checkpoint_every: int = 10
+    sync_timeout_s: float = 10.0
+    extra: list[str] = field(default_factory=list)
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    last_event: str = "0"
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.control = JobControl(self.redis_url, self.job_id)
+        self.control.cleanup()
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.workdir / "ckpt"
+
+    def command(self, worker: str, initial_world: int | None, extra: list[str]) -> list[str]:
+        cmd = [
+            sys.executable, "-m", "workers.elastic.worker",
+            "--job", self.job_id, "--worker", worker, "--workload", self.workload,
+            "--args", json.dumps(self.args), "--batch-size", str(self.batch_size),
+            "--recovery", self.recovery, "--checkpoint-dir", str(self.checkpoint_dir),
+            "--checkpoint-every", str(self.checkpoint_every), "--redis-url", self.redis_url,
+            "--step-log", str(self.workdir / "logs" / f"{worker}.jsonl"),
+            "--sync-timeout", str(self.sync_timeout_s),
+        ]  # fmt: skip
+        if initial_world is not None:
+            cmd += ["--initial-world", str(initial_world)]
+        return cmd + self.extra + extra
+
+    def start(self, worker: str, initial_world: int | None = None, extra: list[str] = ()) -> None:  # type: ignore[assignment]
+        """Launch one worker process (``initial_world`` set: a generation-0 member)."""
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+        out = open(self.workdir / "logs" / f"{worker}.out", "ab")  # noqa: SIM115
+        self.procs[worker] = subprocess.Popen(
+            self.command(worker, initial_world, list(extra)),
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+    def start_initial(self, n: int, extra: dict[str, list[str]] | None = None) -> list[str]:
+        workers = [f"w{i}" for i in range(n)]
+        for w in workers:
+            self.start(w, n, (extra or {}).get(w, []))
+        return workers
+
+    def kill(self, worker: str) -> None:
+        self.procs[worker].send_signal(signal.SIGKILL)
+
+    def poll_events(self, block_ms: int = 200) -> list[tuple[str, dict[str, Any]]]:
+        new = self.control.read_events(self.last_event, block_ms=block_ms)
+        if new:
+            self.last_event = new[-1][0]
+            self.events += new
+        return new
+
+    def wait_event(
+        self,
+        kind: str,
+        timeout: float = 60.0,
+        where: Callable[[dict[str, Any]], bool] = lambda e: True,
+    ) -> dict[str, Any]:
+        """Wait for (and return) the first event of ``kind`` matching ``where`` not yet consumed."""
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while True:
+            for _id, event in self.events[seen:]:
+                if event["kind"] == kind and where(event) and not event.get("_used"):
+                    event["_used"] = True
+                    return event
+            seen = len(self.events)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {kind} event within {timeout}s; log tail:\n{self.tail()}")
+            dead = {w: p.returncode for w, p in self.procs.items() if p.poll() not in (None, 0)}
+            if dead and kind not in ("worker_failed", "recovered"):
+                killed = {w for w, rc in dead.items() if rc == -signal.SIGKILL}
+                if set(dead) - killed:
+                    raise RuntimeError(f"workers failed: {dead}\n{self.tail()}")
+            self.poll_events()
+
+    def wait_step(self, step: int, timeout: float = 60.0) -> dict[str, Any]:
+        return self.wait_event("progress", timeout, lambda e: e["step"] >= step)
+
+    def stop_and_wait(self, timeout: float = 60.0) -> int:
+        """Graceful stop; return the step at which the job stopped."""
+        self.control.request_stop("test over")
+        event = self.wait_event("finished", timeout)
+        self.wait_exit(timeout)
+        return int(event["step"])
+
+    def wait_exit(self, timeout: float = 60.0) -> dict[str, int]:
+        deadline = time.monotonic() + timeout
+        codes: dict[str, int] = {}
+        for worker, proc in self.procs.items():
+            try:
+                codes[worker] = proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                codes[worker] = -999
+        return codes
+
+    def terminate(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    def tail(self, lines: int = 15) -> str:
+        chunks = []
+        for path in sorted((self.workdir / "logs").glob("*.out")):
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+            chunks.append(f"== {path.name}\n" + "\n".join(text))
+        return "\n".join(chunks)
+
+    # -- checks ------------------------------------------------------------------------
+    def step_records(self) -> dict[int, list[dict[str, Any]]]:
+        """Per step, the records of the generation that last ran it (replays win)."""
+        by_step: dict[int, list[dict[str, Any]]] = {}
+        for path in (self.workdir / "logs").glob("*.jsonl"):
+            for line in path.read_text().splitlines():
+                rec = json.loads(line)
+                by_step.setdefault(rec["step"], []).append(rec)
+        final: dict[int, list[dict[str, Any]]] = {}
+        for step, recs in by_step.items():
+            last_gen = max(r["gen"] for r in recs)
+            final[step] = [r for r in recs if r["gen"] == last_gen]
+        return final
+
+    def final_model(self) -> dict[str, torch.Tensor]:
+        state = checkpoint.load_latest(str(self.checkpoint_dir), self.job_id)
+        assert state is not None, "no checkpoint"
+        return state["model"]
+
+
+def check_samples(
+    records: dict[int, list[dict[str, Any]]], sampler: ElasticSampler, steps: int
+) -> None:
+    """Every step 0..steps-1 ran once over exactly its global batch; epochs use each sample once."""
+    assert sorted(records) == list(range(steps)), "steps missing or extra"
+    per_epoch: dict[int, list[int]] = {}
+    for step in range(steps):
+        recs = records[step]
+        worlds = {r["world"] for r in recs}
+        assert len(worlds) == 1 and len(recs) == worlds.pop(), f"step {step}: partial membership"
+        used = sorted(i for r in recs for i in r["indices"])
+        assert used == sorted(sampler.global_indices(step).tolist()), f"step {step}: wrong samples"
+        per_epoch.setdefault(sampler.epoch_of(step), []).extend(used)
+    for epoch, used in per_epoch.items():
+        assert len(used) == len(set(used)), f"epoch {epoch}: a sample seen twice"
+        complete = (epoch + 1) * sampler.steps_per_epoch <= steps
+        if complete:
+            assert len(used) == sampler.num_samples, f"epoch {epoch}: samples skipped"
+
+
+def reference_model(args: dict[str, Any], batch_size: int, steps: int) -> dict[str, torch.Tensor]:
+    """``mlp-digits`` trained in one process over the same global batches (no elasticity)."""
+    from workers.catalog import validate_args
+    from workers.workloads import prepare
+
+    full = validate_args("mlp-digits", args)
+    prepared = prepare("mlp-digits", full, torch.device("cpu"))
+    sampler = ElasticSampler(prepared.num_samples, batch_size, prepared.seed)
+    model, optimizer = prepared.model, prepared.optimizer
+    for step in range(steps):
+        idx = sampler.global_indices(step)
+        optimizer.zero_grad()
+        x, y = prepared.batch(idx)
+        F.cross_entropy(model(x), y, reduction="sum").backward()
+        for p in model.parameters():
+            assert p.grad is not None
+            p.grad.div_(len(idx))
+        optimizer.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
