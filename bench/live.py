@@ -22,6 +22,7 @@ import asyncio
 import base64
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -32,6 +33,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 TARGET_P95_MS = 500.0
+# dashboard.js reloads its snapshot 0.3-1.0 s after a state change (at most once in that time)
+RESYNC_DELAY_S = (0.3, 1.0)
 
 
 class Socket:
@@ -98,26 +101,66 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
-async def follow(sock: Socket, job: int, arrivals: list[float], expected: int) -> None:
+async def fetch_snapshot(port: int, cookie: str, path: str) -> int:
+    """GET a snapshot as a page's resync does (HTTP/1.1, one connection); returns the status."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nCookie: {cookie}\r\n"
+        "Connection: close\r\n\r\n".encode()
+    )
+    status = await reader.readline()
+    await reader.read()
+    writer.close()
+    return int(status.split()[1])
+
+
+async def follow(
+    sock: Socket, job: int, arrivals: list[float], expected: int, resync: Any = None
+) -> None:
+    """Record arrival times; with ``resync``, also reload the snapshot as pages do."""
+    pending: asyncio.Task[Any] | None = None
+
+    async def later() -> None:
+        await asyncio.sleep(random.uniform(*RESYNC_DELAY_S))
+        await resync()
+
     while len(arrivals) < expected:
         event = await sock.receive()
         if event.get("job") == job and event.get("type") == "job.updated":
             arrivals.append(time.time())
+            if resync is not None and (pending is None or pending.done()):
+                pending = asyncio.create_task(later())
+    if pending is not None:
+        await pending
 
 
 async def run_phase(
-    driver: Any, page: Any, sockets: list[Socket], job: int, changes: int, gap_s: float
+    driver: Any,
+    page: Any,
+    sockets: list[Socket],
+    job: int,
+    changes: int,
+    gap_s: float,
+    resync: Any = None,
 ) -> tuple[list[float], list[float]]:
     """Make ``changes`` changes; return latencies (ms) seen by the sockets and by the browser."""
     await page.evaluate("window.__portalLive.log.length = 0")
     arrivals: list[list[float]] = [[] for _ in sockets]
     tasks = [
-        asyncio.create_task(follow(s, job, a, changes))
+        asyncio.create_task(follow(s, job, a, changes, resync))
         for s, a in zip(sockets, arrivals, strict=True)
     ]
     starts: list[float] = []
     for i in range(changes):
-        answer = await asyncio.to_thread(driver, "parallelism", job=job, parallelism=2 - (i % 2))
+        if resync is None:  # parallelism changes: pages patch them in place
+            answer = await asyncio.to_thread(
+                driver, "parallelism", job=job, parallelism=2 - (i % 2)
+            )
+        else:  # the job leaves and re-enters the queue: every page reloads its snapshot
+            state = "queued" if i % 2 == 0 else "running"
+            answer = await asyncio.to_thread(
+                driver, "transition", job=job, state=state, parallelism=None if i % 2 == 0 else 1
+            )
         starts.append(answer["t0"])
         await asyncio.sleep(gap_s)
     await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
@@ -142,7 +185,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     from tests.browser.harness import CHROMIUM, CHROMIUM_ARGS, start_portal
 
     with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:
-        server, driver, _ = start_portal(Path(tmp))
+        server, driver, tenants = start_portal(Path(tmp))
         pw = await async_playwright().start()
         try:
             chromium = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -165,12 +208,22 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             sockets = []
             for _ in range(args.clients - 1):
                 sock = await Socket.connect(server.port, cookie)
-                await sock.send({"type": "subscribe", "topic": "tenant", "id": 1})
+                await sock.send({"type": "subscribe", "topic": "tenant", "id": tenants["acme"]})
                 assert (await sock.receive())["type"] == "subscribed"
                 sockets.append(sock)
+            resync = None
+            if args.resync:
+                tenant_path = f"/live/tenants/{tenants['acme']}/jobs.json"
+                statuses: list[int] = []
+
+                async def resync() -> None:
+                    statuses.append(await fetch_snapshot(server.port, cookie, tenant_path))
+
             loaded_sockets, loaded_browser = await run_phase(
-                driver, page, sockets, job, args.changes, args.gap
+                driver, page, sockets, job, args.changes, args.gap, resync
             )
+            if args.resync:
+                assert statuses and set(statuses) == {200}, set(statuses)
             for sock in sockets:
                 sock.close()
             await chromium.close()
@@ -185,6 +238,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "bench": "live",
         "clients": args.clients,
+        "resync": args.resync,
         "changes": args.changes,
         "baseline_1_browser": base,
         "browser_with_load": browser,
@@ -200,6 +254,11 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=100, help="connected clients (>= 1)")
     parser.add_argument("--changes", type=int, default=40, help="state changes to time")
     parser.add_argument("--gap", type=float, default=0.15, help="seconds between changes")
+    parser.add_argument(
+        "--resync",
+        action="store_true",
+        help="socket clients also reload the dashboard snapshot after events, as pages do",
+    )
     args = parser.parse_args()
     if args.clients < 1 or args.changes < 1 or args.gap < 0:
         print("bench/live.py: --clients and --changes must be >= 1, --gap >= 0", file=sys.stderr)

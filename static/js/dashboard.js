@@ -40,38 +40,71 @@
     if (node) node.textContent = text;
   }
 
+  let counts = null;  // state -> number of the tenant's jobs, from the last snapshot
+
+  function showCounts() {
+    setTile("count-queued", counts.queued + counts.pending);
+    setTile("count-running", counts.running + counts.scaling);
+    setTile("count-completed", counts.completed);
+  }
+
   function applySnapshot(snap) {
     body.replaceChildren(...snap.jobs.map(renderRow));
     table.hidden = snap.jobs.length === 0;
     if (empty) empty.hidden = snap.jobs.length !== 0;
-    const c = snap.counts;
+    counts = Object.assign({}, snap.counts);
     setTile("quota-use", snap.in_use + " / " + snap.quota);
-    setTile("count-queued", c.queued + c.pending);
-    setTile("count-running", c.running + c.scaling);
-    setTile("count-completed", c.completed);
+    showCounts();
     setTile("jct-mean", seconds(snap.jct.mean));
     setTile("jct-p95", seconds(snap.jct.p95));
   }
 
-  const resync = () => fetchJSON("/live/tenants/" + tenant + "/jobs.json").then(applySnapshot).catch(console.error);
-  const resyncSoon = throttle(resync, 300);
-  const resyncLater = throttle(resync, 1000);
+  let quota = Number((document.getElementById("quota-use").textContent.split("/")[1] || "0").trim());
+
+  /** GPUs in use from the rows on the page (active jobs are recent, so they are listed). */
+  function recountInUse() {
+    let used = 0;
+    for (const tr of body.querySelectorAll("tr")) {
+      if (tr.dataset.state === "running" || tr.dataset.state === "scaling") used += Number(tr.querySelector('[data-field="parallelism"]').textContent) || 0;
+    }
+    setTile("quota-use", used + " / " + quota);
+  }
+
+  const resync = () => fetchJSON("/live/tenants/" + tenant + "/jobs.json").then((snap) => { quota = snap.quota; applySnapshot(snap); }).catch(console.error);
+  // A state change moves counts and queue positions: reload soon. Progress without its
+  // figures in the event: reload now and then. Parallelism and GPU-time: patched here.
+  // Reload (coalesced, jittered so that many pages do not ask at once) only for what the
+  // event cannot tell: queue positions (a job entered or left the queue), JCT (a job
+  // completed), a row this page has not seen, progress figures the event does not carry.
+  // State counts, parallelism, GPUs in use and GPU-time are patched from the event.
+  const resyncSoon = throttle(resync, 300, 700);
+  const resyncSlow = throttle(resync, 5000, 2000);
 
   function onEvent(event) {
     if (event.tenant !== tenant || !event.job) return;
     const row = document.getElementById("job-" + event.job);
     if (!row) { resyncSoon(); return; }
-    const stateChanged = row.dataset.state !== event.state;
-    if (event.state) {
+    const before = row.dataset.state;
+    const stateChanged = event.state !== undefined && before !== event.state;
+    if (stateChanged) {
       row.dataset.state = event.state;
       const badge = row.querySelector('[data-field="state"]');
       badge.textContent = event.state;
       badge.className = "state state-" + event.state;
+      if (counts && before in counts && event.state in counts) {
+        counts[before] -= 1;
+        counts[event.state] += 1;
+        showCounts();
+      }
     }
     if (event.parallelism !== undefined) row.querySelector('[data-field="parallelism"]').textContent = event.parallelism;
     if (event.attained_gpu_seconds !== undefined) row.querySelector('[data-field="attained_gpu_seconds"]').textContent = seconds(event.attained_gpu_seconds);
-    // steps, throughput, tiles and queue positions are not in the event: reload, coalesced
-    if (stateChanged) resyncSoon(); else resyncLater();
+    if (event.step !== undefined) row.replaceChild(progressCell(event), row.querySelector('[data-field="progress"]'));
+    if (event.samples_per_s !== undefined && event.samples_per_s !== null) row.querySelector('[data-field="throughput"]').textContent = event.samples_per_s.toFixed(0) + "/s";
+    recountInUse();
+    const queueMoved = stateChanged && (before === "queued" || event.state === "queued" || before === "pending");
+    if (queueMoved || (stateChanged && event.state === "completed") || !counts) resyncSoon();
+    else if (event.type === "job.progress" && event.step === undefined) resyncSlow();
   }
 
   new LiveSocket([{ topic: "tenant", id: tenant }], { onEvent, resync });

@@ -85,7 +85,7 @@
   }
 
   const resync = () => fetchJSON("/live/jobs/" + jobId + ".json").then(apply).catch(console.error);
-  const resyncSoon = throttle(resync, 300);
+  const resyncSoon = throttle(resync, 300, 300);
 
   function onEvent(event) {
     if (event.job !== jobId) return;

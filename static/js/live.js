@@ -93,12 +93,13 @@
     };
   }
 
-  /** Run fn once, `ms` after the first of a burst of calls (never starved by a steady stream). */
-  function throttle(fn, ms) {
+  /** Run fn once, `ms` (plus up to `jitter` ms, so that many pages do not reload in step)
+   *  after the first of a burst of calls; never starved by a steady stream. */
+  function throttle(fn, ms, jitter) {
     let timer = null;
     return function () {
       if (timer !== null) return;
-      timer = setTimeout(() => { timer = null; fn(); }, ms);
+      timer = setTimeout(() => { timer = null; fn(); }, ms + Math.random() * (jitter || 0));
     };
   }
 

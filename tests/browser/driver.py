@@ -88,13 +88,14 @@ def handle(request: dict[str, Any]) -> Any:
     if op == "seed":
         return seed()
     if op == "transition":
+        started = time.time()
         job = do_transition(
             job_id=request["job"],
             to_state=request["state"],
             reason=request.get("reason", "driven by the browser test"),
             parallelism=request.get("parallelism"),
         )
-        return {"job": job.pk, "state": job.state}
+        return {"job": job.pk, "state": job.state, "t0": started}
     if op == "parallelism":
         started = time.time()  # wall clock: receivers in other processes compare against it
         job = do_set_parallelism(
