@@ -48,6 +48,21 @@ def speedup(curve: dict[str, Any] | None, gpus: int) -> float:
     return nearest_v / base * gpus / nearest_n
 
 
+def gpu_efficiency(curve: dict[str, Any] | None, gpus: int, measured: float | None) -> float | None:
+    """How busy each of a job's GPUs is: thr(n) / (n thr(1)), measured when possible.
+
+    Measured throughput over the profiled single-GPU throughput when both are
+    known; else the profile's own thr(n)/(n thr(1)); None when nothing is known.
+    """
+    if gpus <= 0 or not curve:
+        return None
+    points = {int(k): float(v) for k, v in curve.items() if float(v) > 0}
+    single = points.get(1)
+    if single and measured:
+        return round(min(1.0, measured / (gpus * single)), 3)
+    return round(min(1.0, speedup(curve, gpus) / gpus), 3)
+
+
 def timeline(since: datetime | None, now: datetime, total_gpus: int) -> dict[str, list[Any]]:
     """Queue length, GPUs in use and cluster efficiency over [since, now]."""
     relevant = Job.objects.all()
@@ -127,9 +142,23 @@ def cluster_snapshot(window: str = DEFAULT_WINDOW) -> dict[str, Any]:
     cables = list(JobCable.objects.values_list("leaf", "port", "spine", "job_id"))
     holders = {g[4] for g in gpus if g[4] is not None} | {c[3] for c in cables}
     jobs = {
-        str(pk): {"name": name, "tenant": tenant, "state": st, "parallelism": par}
-        for pk, name, tenant, st, par in Job.objects.filter(pk__in=holders).values_list(
-            "pk", "name", "tenant__slug", "state", "parallelism"
+        str(pk): {
+            "name": name,
+            "tenant": tenant,
+            "state": st,
+            "parallelism": par,
+            "gpu_efficiency": gpu_efficiency(curve, par, rate),
+        }
+        for pk, name, tenant, st, par, curve, rate in Job.objects.filter(
+            pk__in=holders
+        ).values_list(
+            "pk",
+            "name",
+            "tenant__slug",
+            "state",
+            "parallelism",
+            "throughput_curve",
+            "samples_per_s",
         )
     }
     total = len(gpus)

@@ -12,7 +12,7 @@ from django.test import Client
 from jobs.control.tick import run_tick
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
-from portal.cluster_data import speedup
+from portal.cluster_data import gpu_efficiency, speedup
 from portal.inventory import do_heartbeat
 from portal.models import Server, Tenant
 
@@ -130,3 +130,11 @@ def test_speedup_uses_the_profile_or_assumes_linear() -> None:
     assert speedup(curve, 2) == pytest.approx(1.8)
     assert speedup(curve, 3) == pytest.approx(2.4)
     assert speedup(curve, 0) == 0.0
+
+
+def test_gpu_efficiency_measured_or_profiled() -> None:
+    curve = {"1": 100.0, "2": 180.0, "4": 300.0}
+    assert gpu_efficiency(curve, 4, 280.0) == 0.7  # measured 280/s over 4 x 100/s
+    assert gpu_efficiency(curve, 4, None) == 0.75  # the profile's 300/(4 x 100)
+    assert gpu_efficiency(None, 4, 280.0) is None
+    assert gpu_efficiency(curve, 1, 150.0) == 1.0  # capped

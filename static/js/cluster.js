@@ -96,13 +96,14 @@
     for (const [index, leaf, slot, local, job] of snap.gpus) {
       const s = servers[leaf + ":" + slot];
       const port = slot * f.gpus_per_server + local;
-      z[leaf][port] = s.state !== "up" ? -1 : job === null ? 0 : 1;
-      text[leaf][port] = "GPU " + index + " · " + s.node + " · " + (job === null ? (s.state === "up" ? "idle" : s.state) : "job " + job);
+      const eff = job === null ? null : (snap.jobs[job] || {}).gpu_efficiency;
+      z[leaf][port] = s.state !== "up" && job === null ? -1 : job === null ? 0 : eff == null ? 1 : Math.max(0.05, eff);
+      text[leaf][port] = "GPU " + index + " · " + s.node + " · " + (job === null ? (s.state === "up" ? "idle" : s.state) : "job " + job + (eff == null ? " (not profiled yet)" : " · " + (eff * 100).toFixed(0) + "% efficient"));
     }
     const x = [];
     for (let slot = 0; slot < f.servers_per_leaf; slot++) for (let g = 0; g < f.gpus_per_server; g++) x.push("s" + slot + ":g" + g);
     Plotly.react("heatmap", [{ z: z, x: x, y: [...Array(f.leaves).keys()].map((l) => "leaf " + l), text: text, type: "heatmap", hoverinfo: "text", zmin: -1, zmax: 1, xgap: 2, ygap: 2, showscale: false,
-      colorscale: [[0, DOWN], [0.33, DOWN], [0.34, IDLE], [0.66, IDLE], [0.67, "#2f6fed"], [1, "#2f6fed"]] }],
+      colorscale: [[0, DOWN], [0.499, DOWN], [0.5, IDLE], [0.52, "#c9d8fb"], [1, "#1a4fc4"]] }],
       plotLayout({ height: Math.max(200, 40 * f.leaves + 80), xaxis: { type: "category", tickangle: -45 }, yaxis: { autorange: "reversed", type: "category" } }), config);
   }
 

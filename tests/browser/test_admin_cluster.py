@@ -52,6 +52,8 @@ def test_admin_edits_topology_and_sees_jobs_coloured(
     driver("heartbeats")
     driver("tick")
     driver("server_state", node="node-7", state="down")
+    driver("report", kind="profile", job=wide, curve=[[1, 100.0], [4, 340.0], [8, 560.0]])
+    driver("report", kind="progress", job=wide, step=50, samples_per_s=520.0, world=8)
     root.goto("/cluster/topology/")
     screenshot(root, "topology-editor")
 
@@ -70,6 +72,9 @@ def test_admin_edits_topology_and_sees_jobs_coloured(
     assert traces[f"job {narrow}"]["colour"] != colour
     assert traces["down GPUs"]["n"] == 2
     assert root.inner_text("#tile-allocated") == "10 / 16"
+    heat = root.evaluate("document.getElementById('heatmap').data[0].z")
+    assert heat[0][0] == 0.65  # 520/s measured over 8 x 100/s profiled on one GPU
+    assert heat[3][3] == -1  # node-7 is down
     screenshot(root, "cluster-view")
 
     # a job leaves: the view follows without a reload
