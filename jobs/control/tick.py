@@ -29,7 +29,13 @@ from django.utils import timezone
 
 from fabric.allocator import Allocation
 from jobs.choices import EventKind, JobState
-from jobs.control.apply import Outbox, apply_bound, release_job, store_allocation
+from jobs.control.apply import (
+    Outbox,
+    apply_bound,
+    note_waiting,
+    release_job,
+    store_allocation,
+)
 from jobs.control.binding import Refused, bind
 from jobs.control.commands import job_id_from_name, runtime_job_name
 from jobs.control.state import ClusterState, build_snapshot, load_allocator, read_cluster
@@ -147,16 +153,19 @@ def _tick(policy_name: str, now: datetime) -> TickResult:
             reason_override=reasons,
         )
         cluster = read_cluster() or cluster
-    snapshot, jobs = build_snapshot(cluster, now)
+    snapshot, ids, held_back = build_snapshot(cluster, now)
     decisions: Sequence[Decision] = get_policy(policy_name).schedule(
         snapshot, placement=CountPlacement()
     )
     allocator = load_allocator(cluster)
     bound, refused = bind(cluster.spec, allocator, decisions)
     changed += apply_bound(
-        cluster.spec, bound, jobs, cluster.homes, now, outbox, gpu_pks=cluster.gpu_pks
+        cluster.spec, bound, ids, cluster.homes, now, outbox, gpu_pks=cluster.gpu_pks
     )
     changed += _request_profiles(cluster, now, outbox)
+    waiting = {ids[r.job]: r.reason for r in refused if r.job in ids}
+    waiting.update(held_back)
+    note_waiting(waiting, now)
     outbox.send_on_commit()
     return TickResult(
         ran=True,
