@@ -38,6 +38,7 @@ from jobs.control.apply import (
 )
 from jobs.control.binding import Refused, bind
 from jobs.control.commands import job_id_from_name, runtime_job_name
+from jobs.control.quota import enforce_quotas
 from jobs.control.state import ClusterState, build_snapshot, load_allocator, read_cluster
 from jobs.models import Job, JobEvent, JobGpu
 from jobs.services import _apply_transition, _broadcast
@@ -153,10 +154,11 @@ def _tick(policy_name: str, now: datetime) -> TickResult:
             reason_override=reasons,
         )
         cluster = read_cluster() or cluster
-    snapshot, ids, held_back = build_snapshot(cluster, now)
+    snapshot, ids, held_back, book = build_snapshot(cluster, now)
     decisions: Sequence[Decision] = get_policy(policy_name).schedule(
         snapshot, placement=CountPlacement()
     )
+    decisions, over_quota = enforce_quotas(decisions, {v.id: v for v in snapshot.jobs}, book)
     allocator = load_allocator(cluster)
     bound, refused = bind(cluster.spec, allocator, decisions)
     changed += apply_bound(
@@ -165,6 +167,7 @@ def _tick(policy_name: str, now: datetime) -> TickResult:
     changed += _request_profiles(cluster, now, outbox)
     waiting = {ids[r.job]: r.reason for r in refused if r.job in ids}
     waiting.update(held_back)
+    waiting.update({ids[name]: reason for name, reason in over_quota.items()})
     note_waiting(waiting, now)
     outbox.send_on_commit()
     return TickResult(
