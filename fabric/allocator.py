@@ -28,12 +28,14 @@ at most one flow on a directed link per step.
 State is a pair of bitsets per leaf (Python ints): free GPU ports and free
 uplink ports. Finding an ``m x n`` shape is finding ``n`` planes common to the
 free-uplink sets of ``m`` leaves that each have ``n`` free GPUs, i.e. a
-biclique. The search (:func:`find_biclique`) peels planes free on fewer than
-``m`` candidate leaves and leaves with fewer than ``n`` surviving planes until
-nothing changes, groups leaves by identical plane sets, then runs a depth-first
-search over intersections of those sets in best-fit order (busiest leaves
-first), with memoisation of visited intersections and a popcount bound. It is
-exact: if it finds nothing, no shape exists.
+biclique. The search (:func:`find_biclique`) first walks the candidates in
+best-fit order keeping a leaf while the common free planes stay ``>= n`` (this
+greedy pass almost always succeeds); otherwise it peels planes free on fewer
+than ``m`` candidate leaves and leaves with fewer than ``n`` surviving planes
+until nothing changes, groups leaves by identical plane sets, then runs a
+depth-first search over intersections of those sets in best-fit order (busiest
+leaves first), with memoisation of visited intersections and a popcount
+bound. It is exact: if it finds nothing, no shape exists.
 
 Best-fit everywhere: among solutions' planes, the ones already reserved on the
 most leaves are used first; leaves are taken fullest first; within a leaf,
@@ -542,17 +544,25 @@ class VClosAllocator:
                 return [best], z, []
         gpu_ok = False
         free_up = self._free_up
-        # Best-fit preference, computed once: fullest leaves first, then busiest uplinks.
-        ranked = sorted(
-            (free[leaf], free_up[leaf].bit_count(), leaf)
-            for leaf in range(spec.leaves)
-            if free[leaf]
-        )
+        # Best-fit preference, computed once: fullest leaves first, then busiest uplinks,
+        # then leaf id; packed into one int per leaf because ints sort much faster.
+        lb = spec.leaves.bit_length()
+        ub = (gpl + 1).bit_length()
+        fs = lb + ub
+        ranked = [
+            f << fs | up.bit_count() << lb | leaf
+            for leaf, (f, up) in enumerate(zip(free, free_up, strict=True))
+            if f
+        ]
+        ranked.sort()
+        leaf_mask = (1 << lb) - 1
+        up_mask = (1 << ub) - 1
         for m, n in shapes:
-            if len(ranked) - bisect_left(ranked, (n, -1, -1)) < m:
+            first = bisect_left(ranked, n << fs)
+            if len(ranked) - first < m:
                 continue
             gpu_ok = True
-            order = [leaf for f, up, leaf in ranked if f >= n and up >= n]
+            order = [k & leaf_mask for k in ranked[first:] if (k >> lb) & up_mask >= n]
             if len(order) < m:
                 continue
             masks = {leaf: free_up[leaf] for leaf in order}
@@ -586,9 +596,19 @@ class VClosAllocator:
 
     def _pick_planes(self, mask: int, n: int) -> list[int]:
         """Best-fit: the ``n`` planes of ``mask`` already reserved on the most leaves."""
-        avail = [u for u in range(self._gpl) if mask >> u & 1]
-        avail.sort(key=lambda u: (-self._plane_use[u], u))
-        return sorted(avail[:n])
+        use, ub = self._plane_use, self._gpl.bit_length()
+        top = self.spec.leaves
+        keys = []
+        bits = mask
+        while bits:
+            low = bits & -bits
+            u = low.bit_length() - 1
+            keys.append((top - use[u]) << ub | u)  # most used first, then lowest index
+            bits ^= low
+        keys.sort()
+        out = [k & ((1 << ub) - 1) for k in keys[:n]]
+        out.sort()
+        return out
 
     def _pick_ports(self, leaf: int, n: int) -> list[int]:
         """Choose ``n`` free ports of ``leaf``: whole free servers first, best-fit remainder."""
