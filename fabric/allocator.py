@@ -596,6 +596,8 @@ class VClosAllocator:
 
     def _pick_planes(self, mask: int, n: int) -> list[int]:
         """Best-fit: the ``n`` planes of ``mask`` already reserved on the most leaves."""
+        if mask.bit_count() == n:  # no choice to make
+            return [u for u in range(mask.bit_length()) if mask >> u & 1]
         use, ub = self._plane_use, self._gpl.bit_length()
         top = self.spec.leaves
         keys = []
@@ -669,9 +671,12 @@ class VClosAllocator:
         held: list[tuple[int, int]] = []
         for leaf in leaves:
             ports = self._pick_ports(leaf, n)
-            bits = 0
-            for p in ports:
-                bits |= 1 << p
+            if n == gpl:
+                bits = self._full
+            else:
+                bits = 0
+                for p in ports:
+                    bits |= 1 << p
             held.append((leaf, bits))
             base = leaf * gpl
             gpus += [base + p for p in ports]
