@@ -32,10 +32,13 @@ biclique. The search (:func:`find_biclique`) first walks the candidates in
 best-fit order keeping a leaf while the common free planes stay ``>= n`` (this
 greedy pass almost always succeeds); otherwise it peels planes free on fewer
 than ``m`` candidate leaves and leaves with fewer than ``n`` surviving planes
-until nothing changes, groups leaves by identical plane sets, then runs a
-depth-first search over intersections of those sets in best-fit order (busiest
-leaves first), with memoisation of visited intersections and a popcount
-bound. It is exact: if it finds nothing, no shape exists.
+until nothing changes, then runs an exact depth-first search
+(:func:`_grouped_search`) on the smaller side (planes when ``n < m``, else
+leaves): items with identical bitsets grouped, intersections explored in
+best-fit order, each node tightened by a k-core step and memoised. If it finds
+nothing, no shape exists. (The problem is a balanced biclique, NP-hard in
+general; vClos states are structured and searches take microseconds, see
+``docs/benchmarks.md`` for random worst cases.)
 
 Best-fit everywhere: among solutions' planes, the ones already reserved on the
 most leaves are used first; leaves are taken fullest first; within a leaf,
