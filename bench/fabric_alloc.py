@@ -211,6 +211,49 @@ def head_to_head(
     }
 
 
+def stress(count: int, limit_s: float, seed: int) -> dict[str, float | int]:
+    """Random (unstructured) 64-leaf x 32-plane states: the searches' hard cases.
+
+    vClos states are structured (a job takes the same planes on all its leaves);
+    random free-uplink sets near the feasibility threshold are where an exact
+    search has to work. CP-SAT gets ``limit_s`` per instance; when it stops
+    without an answer it counts as ``cpsat_unknown``.
+    """
+    rng = random.Random(seed)
+    fast_ms: list[float] = []
+    cp_ms: list[float] = []
+    disagree = unknown = feasible = 0
+    for _ in range(count):
+        density = rng.choice([0.3, 0.5, 0.7, 0.85])
+        masks = {
+            leaf: sum(1 << p for p in range(32) if rng.random() < density) for leaf in range(64)
+        }
+        n = rng.choice([2, 4, 8, 16])
+        m = rng.choice([2, 3, 4, 6, 8, 12, 16, 24, 32])
+        order = sorted(masks, key=lambda leaf: (masks[leaf].bit_count(), leaf))
+        t0 = time.perf_counter()
+        a = find_biclique(masks, m, n, order)
+        fast_ms.append((time.perf_counter() - t0) * 1e3)
+        t0 = time.perf_counter()
+        b = solve_biclique_cpsat(masks, m, n, 32, limit_s)
+        cp_ms.append((time.perf_counter() - t0) * 1e3)
+        feasible += a is not None
+        if b is None and a is not None:
+            unknown += 1  # CP-SAT timed out; a solution exists
+        elif (a is None) != (b is None):
+            disagree += 1
+    return {
+        "instances": count,
+        "feasible": feasible,
+        "disagree": disagree,
+        "cpsat_unknown": unknown,
+        "fast_mean_ms": round(statistics.fmean(fast_ms or [0.0]), 3),
+        "fast_max_ms": round(max(fast_ms, default=0.0), 3),
+        "cpsat_mean_ms": round(statistics.fmean(cp_ms or [0.0]), 3),
+        "cpsat_max_ms": round(max(cp_ms, default=0.0), 3),
+    }
+
+
 def pct(xs: list[float], q: float) -> float:
     """The ``q``-quantile (nearest rank), 0.0 for no data."""
     if not xs:
@@ -237,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--repeat", type=int, default=3, help="replays per allocator; per call the fastest"
     )
+    ap.add_argument("--stress", type=int, default=30, help="random hard search instances (0: skip)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--full", action="store_true", help="oracle on the whole sequence (slow)")
     args = ap.parse_args(argv)
@@ -315,7 +359,17 @@ def main(argv: list[str] | None = None) -> int:
             f"feasibility disagreements: {h2h['disagree']}"
         )
         sys.stdout.flush()
-    print(json.dumps(result, sort_keys=True))
+    out: dict[str, object] = dict(result)
+    if args.stress > 0:
+        st = stress(args.stress, args.oracle_limit, args.seed)
+        out["stress"] = st
+        print(f"== {st['instances']} random 64 x 32 search instances ({st['feasible']} feasible)")
+        print(
+            f"  fast mean {st['fast_mean_ms']} ms (max {st['fast_max_ms']}), CP-SAT mean "
+            f"{st['cpsat_mean_ms']} ms (max {st['cpsat_max_ms']}); CP-SAT without an answer "
+            f"in {args.oracle_limit:g} s: {st['cpsat_unknown']}; disagreements: {st['disagree']}"
+        )
+    print(json.dumps(out, sort_keys=True))
     return 0
 
 

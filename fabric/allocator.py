@@ -28,12 +28,17 @@ at most one flow on a directed link per step.
 State is a pair of bitsets per leaf (Python ints): free GPU ports and free
 uplink ports. Finding an ``m x n`` shape is finding ``n`` planes common to the
 free-uplink sets of ``m`` leaves that each have ``n`` free GPUs, i.e. a
-biclique. The search (:func:`find_biclique`) peels planes free on fewer than
-``m`` candidate leaves and leaves with fewer than ``n`` surviving planes until
-nothing changes, groups leaves by identical plane sets, then runs a depth-first
-search over intersections of those sets in best-fit order (busiest leaves
-first), with memoisation of visited intersections and a popcount bound. It is
-exact: if it finds nothing, no shape exists.
+biclique. The search (:func:`find_biclique`) first walks the candidates in
+best-fit order keeping a leaf while the common free planes stay ``>= n`` (this
+greedy pass almost always succeeds); otherwise it peels planes free on fewer
+than ``m`` candidate leaves and leaves with fewer than ``n`` surviving planes
+until nothing changes, then runs an exact depth-first search
+(:func:`_grouped_search`) on the smaller side (planes when ``n < m``, else
+leaves): items with identical bitsets grouped, intersections explored in
+best-fit order, each node tightened by a k-core step and memoised. If it finds
+nothing, no shape exists. (The problem is a balanced biclique, NP-hard in
+general; vClos states are structured and searches take microseconds, see
+``docs/benchmarks.md`` for random worst cases.)
 
 Best-fit everywhere: among solutions' planes, the ones already reserved on the
 most leaves are used first; leaves are taken fullest first; within a leaf,
@@ -229,46 +234,122 @@ def find_biclique(
         cand, good = shrunk, new_good
     if good.bit_count() < n:
         return None
-    # Group identical plane sets; preference = position of its best member in `order`.
+    if n < m:
+        # Fewer planes to choose than leaves: search on the plane side (the problem is
+        # symmetric), where intersections of leaf sets shrink below m within a few
+        # steps, then map the answer back to a set of planes.
+        cand_bits = 0
+        for leaf in cand:
+            cand_bits |= 1 << leaf
+        columns: dict[int, int] = {}
+        g = good
+        while g:
+            low = g & -g
+            p = low.bit_length() - 1
+            columns[p] = plane_leaves[p] & cand_bits
+            g ^= low
+        busiest = sorted(columns, key=lambda p: (columns[p].bit_count(), p))
+        hit = _grouped_search(columns, n, m, busiest, cand_bits)
+        if hit is None:
+            return None
+        leaves_mask, _ = hit
+        planes_mask = 0
+        for p, col in columns.items():
+            if col & leaves_mask == leaves_mask:
+                planes_mask |= 1 << p
+        return planes_mask, leaves_mask.bit_count()
+    return _grouped_search(cand, m, n, order, good)
+
+
+def _grouped_search(
+    items: Mapping[int, int], k_a: int, k_b: int, order: Sequence[int], universe: int
+) -> tuple[int, int] | None:
+    """Exact search for a set of ``>= k_b`` bits contained in ``>= k_a`` of ``items``' masks.
+
+    Items with identical masks form a group (taking one means taking all: the
+    count only grows). Depth-first over intersections of group masks in
+    ``order`` (preference), starting from ``universe``; at every node the
+    intersection is tightened by dropping bits that fewer than ``k_a`` still
+    viable items contain (no solution below the node can use them), nodes are
+    memoised, and a branch stops when the viable items number fewer than ``k_a``.
+    Returns ``(intersection, items containing it)`` or ``None``.
+    """
     groups: dict[int, int] = {}
     rank: dict[int, int] = {}
-    for pos, leaf in enumerate(order):
-        if leaf not in cand:
+    for pos, key in enumerate(order):
+        if key not in items:
             continue
-        mk = cand[leaf]
+        mk = items[key]
         groups[mk] = groups.get(mk, 0) + 1
         rank.setdefault(mk, pos)
     glist = sorted(groups, key=lambda mk: (mk.bit_count(), rank[mk]))
-    sizes = [groups[mk] for mk in glist]
+    # Items expanded to bit positions: group j owns item bits gbits[j]; column[b] is the
+    # set of items whose mask has bit b, so "items containing b among V" is a popcount.
+    gbits: list[int] = []
+    column: dict[int, int] = {}
+    nxt = 0
+    for mk in glist:
+        size = groups[mk]
+        bits = ((1 << size) - 1) << nxt
+        nxt += size
+        gbits.append(bits)
+        rest = mk
+        while rest:
+            low = rest & -rest
+            b = low.bit_length() - 1
+            column[b] = column.get(b, 0) | bits
+            rest ^= low
 
-    def closure(cur: int) -> int:
-        return sum(sz for mk, sz in zip(glist, sizes, strict=True) if mk & cur == cur)
+    def tighten(cur: int) -> tuple[int, int]:
+        """Drop bits of ``cur`` held by fewer than ``k_a`` viable items; return (cur, viable)."""
+        while True:
+            viable = 0
+            for mk, bits in zip(glist, gbits, strict=True):
+                if (mk & cur).bit_count() >= k_b:
+                    viable |= bits
+            if viable.bit_count() < k_a:
+                return 0, 0
+            kept = 0
+            rest = cur
+            while rest:
+                low = rest & -rest
+                if (column.get(low.bit_length() - 1, 0) & viable).bit_count() >= k_a:
+                    kept |= low
+                rest ^= low
+            if kept == cur:
+                return cur, viable
+            if kept.bit_count() < k_b:
+                return 0, 0
+            cur = kept
 
-    def potential(cur: int) -> int:
-        return sum(sz for mk, sz in zip(glist, sizes, strict=True) if (mk & cur).bit_count() >= n)
+    def holders(cur: int) -> int:
+        return sum(
+            bits.bit_count() for mk, bits in zip(glist, gbits, strict=True) if mk & cur == cur
+        )
 
     seen: dict[int, int] = {}
 
     def dfs(start: int, cur: int) -> tuple[int, int] | None:
         for j in range(start, len(glist)):
             new = cur & glist[j]
-            if new.bit_count() < n:
+            if new.bit_count() < k_b:
+                continue
+            new, viable = tighten(new)
+            if not viable:
                 continue
             prev = seen.get(new)
             if prev is not None and prev <= j:
                 continue
             seen[new] = j
-            cnt = closure(new)
-            if cnt >= m:
+            cnt = holders(new)
+            if cnt >= k_a:
                 return new, cnt
-            if potential(new) < m:
-                continue
             found = dfs(j + 1, new)
             if found is not None:
                 return found
         return None
 
-    return dfs(0, good)
+    return dfs(0, universe)
 
 
 class VClosAllocator:
@@ -542,17 +623,25 @@ class VClosAllocator:
                 return [best], z, []
         gpu_ok = False
         free_up = self._free_up
-        # Best-fit preference, computed once: fullest leaves first, then busiest uplinks.
-        ranked = sorted(
-            (free[leaf], free_up[leaf].bit_count(), leaf)
-            for leaf in range(spec.leaves)
-            if free[leaf]
-        )
+        # Best-fit preference, computed once: fullest leaves first, then busiest uplinks,
+        # then leaf id; packed into one int per leaf because ints sort much faster.
+        lb = spec.leaves.bit_length()
+        ub = (gpl + 1).bit_length()
+        fs = lb + ub
+        ranked = [
+            f << fs | up.bit_count() << lb | leaf
+            for leaf, (f, up) in enumerate(zip(free, free_up, strict=True))
+            if f
+        ]
+        ranked.sort()
+        leaf_mask = (1 << lb) - 1
+        up_mask = (1 << ub) - 1
         for m, n in shapes:
-            if len(ranked) - bisect_left(ranked, (n, -1, -1)) < m:
+            first = bisect_left(ranked, n << fs)
+            if len(ranked) - first < m:
                 continue
             gpu_ok = True
-            order = [leaf for f, up, leaf in ranked if f >= n and up >= n]
+            order = [k & leaf_mask for k in ranked[first:] if (k >> lb) & up_mask >= n]
             if len(order) < m:
                 continue
             masks = {leaf: free_up[leaf] for leaf in order}
@@ -586,9 +675,21 @@ class VClosAllocator:
 
     def _pick_planes(self, mask: int, n: int) -> list[int]:
         """Best-fit: the ``n`` planes of ``mask`` already reserved on the most leaves."""
-        avail = [u for u in range(self._gpl) if mask >> u & 1]
-        avail.sort(key=lambda u: (-self._plane_use[u], u))
-        return sorted(avail[:n])
+        if mask.bit_count() == n:  # no choice to make
+            return [u for u in range(mask.bit_length()) if mask >> u & 1]
+        use, ub = self._plane_use, self._gpl.bit_length()
+        top = self.spec.leaves
+        keys = []
+        bits = mask
+        while bits:
+            low = bits & -bits
+            u = low.bit_length() - 1
+            keys.append((top - use[u]) << ub | u)  # most used first, then lowest index
+            bits ^= low
+        keys.sort()
+        out = [k & ((1 << ub) - 1) for k in keys[:n]]
+        out.sort()
+        return out
 
     def _pick_ports(self, leaf: int, n: int) -> list[int]:
         """Choose ``n`` free ports of ``leaf``: whole free servers first, best-fit remainder."""
@@ -649,9 +750,12 @@ class VClosAllocator:
         held: list[tuple[int, int]] = []
         for leaf in leaves:
             ports = self._pick_ports(leaf, n)
-            bits = 0
-            for p in ports:
-                bits |= 1 << p
+            if n == gpl:
+                bits = self._full
+            else:
+                bits = 0
+                for p in ports:
+                    bits |= 1 << p
             held.append((leaf, bits))
             base = leaf * gpl
             gpus += [base + p for p in ports]

@@ -182,6 +182,10 @@ def pattern_steps(
     ``hring`` needs ``group_size`` (GPUs per leaf of the job); without it, it uses
     a single group (a plain ring's shape).
     """
+    if pattern not in PATTERNS:
+        raise ValueError(f"unknown pattern {pattern!r}; expected one of {', '.join(PATTERNS)}")
+    if len(gpus) < 2:
+        return []
     if pattern == "ring":
         return ring_allreduce(gpus, nbytes)
     if pattern == "hd":
@@ -190,6 +194,4 @@ def pattern_steps(
         return hierarchical_ring(gpus, nbytes, group_size or len(gpus))
     if pattern == "a2a":
         return all_to_all(gpus, nbytes)
-    if pattern == "pipeline":
-        return pipeline(gpus, nbytes)
-    raise ValueError(f"unknown pattern {pattern!r}; expected one of {', '.join(PATTERNS)}")
+    return pipeline(gpus, nbytes)

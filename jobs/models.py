@@ -61,6 +61,9 @@ class Job(models.Model):
         default=dict, blank=True, help_text="The vClos allocation (fabric.Allocation.to_dict())."
     )
     last_service_at = models.DateTimeField(null=True, blank=True)
+    wait_reason = models.CharField(
+        max_length=300, blank=True, default="", help_text="Why a queued job is not running."
+    )
     profile_state = models.CharField(
         max_length=10, blank=True, default="", help_text="'', 'requested' or 'done'."
     )

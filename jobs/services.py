@@ -131,6 +131,21 @@ def _int_field(
     return value
 
 
+def placement_problem(gpus: int) -> str | None:
+    """Why ``gpus`` GPUs can never be placed on this cluster's fabric (None if they can)."""
+    from fabric.allocator import clos_shapes
+    from portal.inventory import current_spec
+
+    spec = current_spec()
+    if spec is None or gpus <= spec.gpus_per_leaf or clos_shapes(spec, gpus):
+        return None
+    return (
+        f"{gpus} GPUs cannot form an isolated m x n block on this fabric ({spec.leaves} leaves "
+        f"of {spec.gpus_per_leaf} GPUs): ask for at most {spec.gpus_per_leaf}, or a size "
+        "that splits evenly over an allowed number of leaves"
+    )
+
+
 def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
     """Validate a submission for ``tenant`` and return it normalized.
 
@@ -198,6 +213,11 @@ def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
             )
         if batch_size is not None and batch_size < max_gpus:
             errors.add("batch_size", "The global batch needs at least one sample per GPU.")
+        for field, size in (("gpus", gpus), ("min_gpus", min_gpus)):
+            problem = placement_problem(size)
+            if problem:
+                errors.add(field, problem)
+                break
     errors.raise_if_any()
     assert gpus is not None and min_gpus is not None and max_gpus is not None
     assert batch_size is not None and priority is not None and interval is not None

@@ -45,6 +45,7 @@ def do_create_tenant(
     password: str | None = None,
     gpu_quota: int = 8,
     email: str = "",
+    profile_jobs: bool = True,
 ) -> TenantCreated:
     """Create a tenant and make ``owner_username`` its owner (creating that user if needed)."""
     check_slug(slug)
@@ -63,7 +64,9 @@ def do_create_tenant(
     elif password:
         owner.set_password(password)
         owner.save(update_fields=["password"])
-    tenant = Tenant.objects.create(slug=slug, name=name or slug, gpu_quota=gpu_quota)
+    tenant = Tenant.objects.create(
+        slug=slug, name=name or slug, gpu_quota=gpu_quota, profile_jobs=profile_jobs
+    )
     Membership.objects.create(user=owner, tenant=tenant, role=Role.OWNER)
     return TenantCreated(tenant=tenant, owner_created=created)
 

@@ -260,3 +260,25 @@ def test_profile_at_max_then_curve_drives_the_policy(alice: Any, acme: Any) -> N
     job.refresh_from_db()
     assert len(held(job)) == 3  # the gain from 3 to 4 GPUs is negative
     assert job.events.filter(kind="profiled").count() == 2
+
+
+def test_unplaceable_sizes_are_refused_and_waiting_jobs_say_why(
+    alice: Any, acme: Any, token_client: Any
+) -> None:
+    demo_cluster()
+    client = token_client(alice)
+    response = client.post(
+        "/api/v1/jobs/", {"name": "six", "workload": "mlp-digits", "gpus": 6}, format="json"
+    )
+    assert response.status_code == 400
+    assert "cannot form an isolated" in response.json()["errors"]["gpus"][0]
+    acme.gpu_quota = 4
+    acme.save()
+    first = submit(alice, acme, gpus=4)
+    second = submit(alice, acme, gpus=2)
+    run_tick(policy="fifo")
+    second.refresh_from_db()
+    assert Job.objects.get(pk=first.pk).state == "running"
+    assert second.state == "queued" and "quota" in second.wait_reason
+    run_tick(policy="fifo")  # an unchanged reason is not recorded twice
+    assert second.events.filter(reason__startswith="waiting:").count() == 1

@@ -345,7 +345,9 @@ class StartWorkers(Command):
     ``initial_world`` is not used.  Starting a worker id that already runs on
     this node does nothing.  ``checkpoint_every`` = 0 turns periodic
     checkpoints off; ``checkpoint_dir`` defaults to the agent's
-    ``<PORTAL_DATA_DIR>/checkpoints/<job>``.
+    ``<PORTAL_DATA_DIR>/checkpoints/<job>``; ``sync_timeout_s`` is how long a
+    worker waits for a peer's synchronisation before the peer counts as failed
+    (the runtime's default when null).
     """
 
     TYPE: ClassVar[str] = "start_workers"
@@ -361,6 +363,7 @@ class StartWorkers(Command):
     checkpoint_dir: str | None = None
     checkpoint_minutes: float | None = None
     max_steps: int | None = None
+    sync_timeout_s: float | None = None
 
     def validate(self) -> None:
         super().validate()
@@ -375,6 +378,8 @@ class StartWorkers(Command):
         _at_least(self.max_steps, 1, "start_workers.max_steps")
         if self.checkpoint_minutes is not None and self.checkpoint_minutes <= 0:
             raise ProtocolError("start_workers.checkpoint_minutes must be positive")
+        if self.sync_timeout_s is not None and self.sync_timeout_s <= 0:
+            raise ProtocolError("start_workers.sync_timeout_s must be positive")
         if not self.workers:
             raise ProtocolError("start_workers.workers must not be empty")
         _check_ids(tuple(w.worker_id for w in self.workers), "start_workers.workers.worker_id")

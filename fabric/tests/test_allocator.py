@@ -145,3 +145,28 @@ def test_restore_accepts_a_shrunk_vclos_and_plain_reservations() -> None:
     too_many = Allocation(job_id="t", gpus=a.gpus[:33], leaves=a.leaves, uplinks=a.uplinks[:1])
     with pytest.raises(AllocationConflictError):
         other.restore([too_many])
+
+
+def test_search_agrees_with_the_cpsat_oracle() -> None:
+    import random
+
+    from fabric.oracle import OracleAllocator, solve_biclique_cpsat
+
+    rng = random.Random(7)
+    for _ in range(25):
+        leaves, planes = rng.randint(2, 12), rng.randint(1, 8)
+        density = rng.choice([0.4, 0.6, 0.8])
+        masks = {
+            leaf: sum(1 << p for p in range(planes) if rng.random() < density)
+            for leaf in range(leaves)
+        }
+        m, n = rng.randint(1, leaves), rng.randint(1, planes)
+        fast = find_biclique(masks, m, n, list(masks))
+        exact = solve_biclique_cpsat(masks, m, n, planes, time_limit_s=10.0)
+        assert (fast is None) == (exact is None), (masks, m, n)
+    # The oracle-backed allocator makes the same kind of placements through the same API.
+    spec = FabricSpec(leaves=4, spines=4, servers_per_leaf=2, gpus_per_server=2)
+    for alloc in (VClosAllocator(spec), OracleAllocator(spec)):
+        alloc.allocate("a", 3)
+        b = alloc.allocate("b", 8)
+        assert len(b.leaves) == 2 and len(b.uplinks) == 4

@@ -126,3 +126,12 @@ def test_same_vclos_jobs_collide_under_ecmp_but_not_under_source_routing() -> No
     assert ecmp.mean_slowdown > 1.05
     assert source.p_contention == 0.0 and source.mean_slowdown == 1.0
     assert dict(source.worst_link_hist) == {1: 30}
+
+
+def test_ecmp_slowdown_edge_cases() -> None:
+    assert ecmp_slowdown(SPEC, [], "ring") == ()
+    assert ecmp_slowdown(SPEC, [[3], []], "hring") == (1.0, 1.0)
+    with pytest.raises(ValueError, match="unknown pattern"):
+        ecmp_slowdown(SPEC, [[0, 20]], "butterfly")
+    with pytest.raises(ValueError):
+        ecmp_slowdown(SPEC, [[0, 99_999]], "ring")

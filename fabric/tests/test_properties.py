@@ -165,9 +165,9 @@ def test_random_churn_keeps_every_invariant(spec: FabricSpec, seq: list[tuple[st
 
 @SETTINGS
 @given(
-    masks=st.lists(st.integers(0, 2**6 - 1), min_size=1, max_size=7),
-    m=st.integers(1, 7),
-    n=st.integers(1, 6),
+    masks=st.lists(st.integers(0, 2**8 - 1), min_size=1, max_size=9),
+    m=st.integers(1, 9),
+    n=st.integers(1, 8),
 )
 def test_biclique_search_is_exact(masks: list[int], m: int, n: int) -> None:
     table = dict(enumerate(masks))

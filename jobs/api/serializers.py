@@ -37,6 +37,11 @@ class JobSerializer(serializers.ModelSerializer[Job]):
             "attained_gpu_seconds",
             "jct_seconds",
             "failure_reason",
+            "wait_reason",
+            "step",
+            "samples_per_s",
+            "loss",
+            "throughput_curve",
             "tenant",
         ]
         read_only_fields = fields

@@ -83,6 +83,19 @@ def release_job(job: Job, outbox: Outbox | None, *, reason: str) -> tuple[int, .
     return held
 
 
+def note_waiting(job_ids: Mapping[int, str], now: datetime) -> None:
+    """Record why queued jobs wait (an event only when the reason changes)."""
+    for job in Job.objects.filter(pk__in=job_ids, state=JobState.QUEUED):
+        reason = job_ids[job.pk][:300]
+        if job.wait_reason != reason:
+            job.wait_reason = reason
+            job.save(update_fields=["wait_reason"])
+            JobEvent.objects.create(
+                job=job, at=now, kind=EventKind.NOTE, reason=f"waiting: {reason}"[:500]
+            )
+            _broadcast(job, "job.updated")
+
+
 def launch_of(job: Job) -> JobLaunch:
     """The fixed part of a job's StartWorkers commands."""
     return JobLaunch(
@@ -167,6 +180,7 @@ def apply_bound(
             _apply_transition(job, JobState.QUEUED, reason=reason, at=now)
         elif not old:
             job.last_service_at = now
+            job.wait_reason = ""
             _apply_transition(job, JobState.RUNNING, reason=reason, at=now, parallelism=len(new))
         else:
             _apply_transition(job, JobState.SCALING, reason=reason, at=now)

@@ -10,6 +10,7 @@ from fabric.topology import FabricSpec
 from jobs.choices import ACTIVE_STATES, JobState
 from jobs.control.commands import GpuHome, runtime_job_name
 from jobs.control.curves import measured_curve, policy_curve
+from jobs.control.quota import QuotaBook
 from jobs.models import Job, JobGpu, JobMetric
 from portal.models import Fabric, Gpu, ServerState
 from scheduler.types import Cluster, GpuState, JobView, Snapshot
@@ -105,13 +106,17 @@ def _measured_curves(
     return {job_id: measured_curve(points) for job_id, points in samples.items()}
 
 
-def build_snapshot(cluster: ClusterState, now: datetime) -> tuple[Snapshot, dict[str, int]]:
+def build_snapshot(
+    cluster: ClusterState, now: datetime
+) -> tuple[Snapshot, dict[str, int], dict[int, str], QuotaBook]:
     """The policy's view: schedulable GPUs and the jobs it may decide on.
 
     Jobs in the middle of a membership switch (``scaling``) are left out: the
     policy decides on them again once the switch is done.  A queued job whose
     tenant has no quota left for its request is held back (quota rule).
-    Returns the snapshot and the database id of every job in it, by name.
+    Returns the snapshot, the database id of every job in it by name, and the
+    queued jobs held back by their tenant's quota (id -> reason), and the quota
+    book that the tick checks the policy's starts against.
     """
     gpus = []
     for index in sorted(cluster.homes):
@@ -166,6 +171,8 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> tuple[Snapshot, dict
     measured = _measured_curves(running_ids, now - MEASUREMENT_WINDOW)
     views: list[JobView] = []
     ids: dict[str, int] = {}
+    held_back: dict[int, str] = {}
+    book = QuotaBook()
     epoch = now.timestamp()
     for (
         job_id,
@@ -186,7 +193,12 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> tuple[Snapshot, dict
             continue  # profiling: its size belongs to the runtime until the curve arrives
         held = tuple(holdings.get(job_id, ())) if state == JobState.RUNNING else ()
         if state == JobState.QUEUED and in_use.get(tenant_id, 0) + lo > quota:
+            held_back[job_id] = (
+                f"tenant {slug} holds {in_use.get(tenant_id, 0)} of its {quota}-GPU quota"
+            )
             continue
+        book.quota[slug] = quota
+        book.in_use[slug] = in_use.get(tenant_id, 0)
         name = runtime_job_name(job_id)
         profiled = {int(k): float(v) for k, v in (curve_json or {}).items()}
         curve = policy_curve(profiled, measured.get(job_id, {}), hi)
@@ -209,4 +221,4 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> tuple[Snapshot, dict
     snapshot = Snapshot(
         now=0.0, cluster=Cluster(gpus=tuple(gpus), fabric_spec=cluster.spec), jobs=tuple(views)
     )
-    return snapshot, ids
+    return snapshot, ids, held_back, book

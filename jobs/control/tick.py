@@ -29,9 +29,16 @@ from django.utils import timezone
 
 from fabric.allocator import Allocation
 from jobs.choices import EventKind, JobState
-from jobs.control.apply import Outbox, apply_bound, release_job, store_allocation
+from jobs.control.apply import (
+    Outbox,
+    apply_bound,
+    note_waiting,
+    release_job,
+    store_allocation,
+)
 from jobs.control.binding import Refused, bind
 from jobs.control.commands import job_id_from_name, runtime_job_name
+from jobs.control.quota import enforce_quotas
 from jobs.control.state import ClusterState, build_snapshot, load_allocator, read_cluster
 from jobs.models import Job, JobEvent, JobGpu
 from jobs.services import _apply_transition, _broadcast
@@ -147,16 +154,21 @@ def _tick(policy_name: str, now: datetime) -> TickResult:
             reason_override=reasons,
         )
         cluster = read_cluster() or cluster
-    snapshot, jobs = build_snapshot(cluster, now)
+    snapshot, ids, held_back, book = build_snapshot(cluster, now)
     decisions: Sequence[Decision] = get_policy(policy_name).schedule(
         snapshot, placement=CountPlacement()
     )
+    decisions, over_quota = enforce_quotas(decisions, {v.id: v for v in snapshot.jobs}, book)
     allocator = load_allocator(cluster)
     bound, refused = bind(cluster.spec, allocator, decisions)
     changed += apply_bound(
-        cluster.spec, bound, jobs, cluster.homes, now, outbox, gpu_pks=cluster.gpu_pks
+        cluster.spec, bound, ids, cluster.homes, now, outbox, gpu_pks=cluster.gpu_pks
     )
     changed += _request_profiles(cluster, now, outbox)
+    waiting = {ids[r.job]: r.reason for r in refused if r.job in ids}
+    waiting.update(held_back)
+    waiting.update({ids[name]: reason for name, reason in over_quota.items()})
+    note_waiting(waiting, now)
     outbox.send_on_commit()
     return TickResult(
         ran=True,

@@ -39,6 +39,8 @@ def worker_argv(config: AgentConfig, command: StartWorkers, worker: WorkerSlot) 
         argv += ["--checkpoint-minutes", repr(command.checkpoint_minutes)]
     if command.max_steps is not None:
         argv += ["--max-steps", str(command.max_steps)]
+    if command.sync_timeout_s is not None:
+        argv += ["--sync-timeout", repr(command.sync_timeout_s)]
     return argv
 
 

@@ -34,6 +34,7 @@ from workers.protocol import (
     Heartbeat,
     Migrate,
     Progress,
+    Recovered,
     Report,
     ScaleDone,
     ScaleIn,
@@ -42,6 +43,7 @@ from workers.protocol import (
     StopJob,
     Stopped,
     WorkerExited,
+    WorkerFailed,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.stack]
@@ -428,3 +430,39 @@ def test_a_restarted_agent_adopts_its_training_processes(
     finally:
         stop_agent(first)
         clean_up(node, redis_url, reader)
+
+
+def test_runtime_recovery_after_a_crash_is_forwarded(
+    agent: RunningAgent, reader: ReportReader
+) -> None:
+    job = new_job()
+    command = start_command(job, [0, 1], f"start-{job}", recovery="approximate", sync_timeout_s=3.0)
+    send_command(agent.node, command)
+    started = reader.wait_for(lambda r: isinstance(r, Started) and r.job == job, 60, "started")
+    assert isinstance(started, Started)
+    victim = next(w for w in started.workers if w.worker_id == "w1")
+    reader.wait_for(
+        lambda r: isinstance(r, Progress) and r.job == job and r.world == 2, 120, "progress"
+    )
+
+    os.kill(victim.pid, signal.SIGKILL)
+
+    crashed = reader.wait_for(
+        lambda r: isinstance(r, WorkerExited) and r.job == job, 30, "exit of the victim"
+    )
+    assert isinstance(crashed, WorkerExited) and crashed.outcome == "crashed"
+    failed = reader.wait_for(
+        lambda r: isinstance(r, WorkerFailed) and r.job == job, 60, "worker_failed"
+    )
+    assert isinstance(failed, WorkerFailed) and failed.worker_id == "w1"
+    recovered = reader.wait_for(
+        lambda r: isinstance(r, Recovered) and r.job == job, 60, "recovered"
+    )
+    assert isinstance(recovered, Recovered)
+    assert recovered.mode == "approximate" and recovered.world == 1 and recovered.dead == ("w1",)
+    reader.wait_for(
+        lambda r: isinstance(r, Progress) and r.job == job and r.world == 1, 60, "progress"
+    )
+    assert not reader.of(Failed, job)  # the job lives on: no job failure reported
+    send_command(agent.node, StopJob(job=job, command_id=f"stop-{job}", grace_seconds=30))
+    reader.wait_for(lambda r: isinstance(r, Stopped) and r.job == job, 60, "stopped")

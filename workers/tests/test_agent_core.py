@@ -233,11 +233,12 @@ def test_worker_command_line_is_accepted_by_the_runtime(tmp_path: Path) -> None:
     config = AgentConfig(
         node="n1", device="cuda", slots=4, redis_url="redis://h:1/0", data_dir=tmp_path
     )
-    first = Command.from_dict(start_payload("j1", "c1", [0, 3], max_steps=5))
+    first = Command.from_dict(start_payload("j1", "c1", [0, 3], max_steps=5, sync_timeout_s=7.5))
     argv = worker_argv(config, first, first.workers[1])  # type: ignore[attr-defined]
     options = parse_options(argv[3:])
     assert (options.job_id, options.worker_id, options.device) == ("j1", "w3", "cuda:3")
     assert options.initial_world == 2 and options.max_steps == 5
+    assert options.sync_timeout_s == 7.5
     assert options.checkpoint_dir == str(tmp_path / "checkpoints" / "j1")
     assert options.args == {"epochs": 1, "hidden": 128, "lr": 0.05, "seed": 0}
     joiner = Command.from_dict(start_payload("j1", "c2", [1], join=True, checkpoint_dir="/ck"))

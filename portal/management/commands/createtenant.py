@@ -20,6 +20,11 @@ class Command(BaseCommand):
         parser.add_argument("--password", help="password for the owner (sets or changes it)")
         parser.add_argument("--name", help="display name (defaults to the slug)")
         parser.add_argument("--gpu-quota", type=int, default=8, help="most GPUs held at once")
+        parser.add_argument(
+            "--no-profile",
+            action="store_true",
+            help="do not profile each job's throughput curve on its first run",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -29,6 +34,7 @@ class Command(BaseCommand):
                 name=options["name"],
                 password=options["password"],
                 gpu_quota=options["gpu_quota"],
+                profile_jobs=not options["no_profile"],
             )
         except TenancyError as exc:
             raise CommandError(str(exc)) from exc
