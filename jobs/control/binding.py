@@ -59,6 +59,33 @@ def _single_leaf(spec: FabricSpec, job: str, gpus: Sequence[int]) -> Allocation:
     )
 
 
+def _keep_in_place(
+    spec: FabricSpec, allocator: VClosAllocator, old: Allocation, size: int
+) -> tuple[int, ...] | None:
+    """GPUs for a resize that leave the job's current workers where they are, if any.
+
+    Shrinking keeps the GPUs the job has on one of its leaves; growing a job
+    that lives under one leaf adds free GPUs of that same leaf.  Either way the
+    result sits under a single leaf and needs no spine link.  (``old`` has been
+    released on ``allocator``, so its GPUs count as free here.)
+    """
+    by_leaf: dict[int, list[int]] = {}
+    for gpu in old.gpus:
+        by_leaf.setdefault(spec.leaf_of(gpu), []).append(gpu)
+    if size <= len(old.gpus):
+        for gpus in sorted(by_leaf.values(), key=len, reverse=True):
+            if len(gpus) >= size:
+                return tuple(gpus[:size])
+        return None
+    if len(by_leaf) != 1:
+        return None
+    (leaf,) = by_leaf
+    extra = [g for g in allocator.free_gpus_on_leaf(leaf) if g not in set(old.gpus)]
+    if len(old.gpus) + len(extra) < size:
+        return None
+    return tuple(old.gpus) + tuple(extra[: size - len(old.gpus)])
+
+
 def _target_size(decision: Decision, current: Mapping[str, Allocation]) -> int:
     if isinstance(decision, Preempt):
         return 0
@@ -95,12 +122,11 @@ def bind(
                 allocator.release(job)
             bound.append(Bound(job, old_gpus, None))
             continue
-        if isinstance(decision, Migrate | Start) or old is None or size > len(old_gpus):
-            keep: tuple[int, ...] | None = None
-        else:  # a shrink: keep a prefix when the job lives under one leaf
-            keep = old_gpus[:size] if len(old.leaves) == 1 else None
         if old is not None:
             allocator.release(job)
+        keep = None
+        if old is not None and not isinstance(decision, Migrate | Start):
+            keep = _keep_in_place(spec, allocator, old, size)
         if keep is not None:
             allocation = _single_leaf(spec, job, keep)
             allocator.restore([*allocator.allocations().values(), allocation])

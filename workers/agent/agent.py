@@ -170,6 +170,9 @@ class Agent:
 
     def apply(self, command: Command) -> str:
         """Apply a parsed command once (see ``receive``)."""
+        starting = command.joining if isinstance(command, Migrate) else command
+        if isinstance(starting, StartWorkers):
+            self._wait_for_slots(starting)
         with self._lock:
             if self.store.was_applied(command.command_id):
                 log.info("command %s replayed: no-op", command.command_id)
@@ -204,6 +207,28 @@ class Agent:
             self.store.mark_applied(command.command_id)
             log.info("applied %s %s for job %s", command.TYPE, command.command_id, command.job)
             return "applied"
+
+    def _wait_for_slots(self, command: StartWorkers) -> None:
+        """Give workers that are leaving these slots time to exit before starting others.
+
+        The control plane hands a GPU to a new worker as soon as its previous
+        worker is told to leave (scale-in, migration, stop); that worker may
+        still be finishing its last mini-batch.  Waiting here (the supervisor
+        thread reaps it meanwhile) turns that race into a short delay; a slot
+        still busy after ``slot_wait_seconds`` is rejected as before.
+        """
+        deadline = time.monotonic() + self.config.slot_wait_seconds
+        while True:
+            with self._lock:
+                used = {child.record.slot for child in self._children.values()}
+                busy = [
+                    w
+                    for w in command.workers
+                    if (command.job, w.worker_id) not in self._children and w.slot in used
+                ]
+            if not busy or time.monotonic() >= deadline:
+                return
+            time.sleep(0.2)
 
     def _answer_replay(self, command: Command) -> None:
         # The first answer may have been lost: confirm what runs, start nothing.

@@ -35,6 +35,7 @@ class AgentConfig:
     heartbeat_expires_seconds: float = 20.0
     poll_seconds: float = 0.25
     stop_kill_after_seconds: float = 10.0
+    slot_wait_seconds: float = 60.0
     stop_children_on_exit: bool = False
     concurrency: int = 4
     python: str = sys.executable

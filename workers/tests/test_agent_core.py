@@ -6,6 +6,7 @@ path has its own end-to-end test in test_agent_celery.py).
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -315,3 +316,32 @@ def test_manage_py_agent_refuses_bad_input_with_status_2() -> None:
     with pytest.raises(CommandError) as excinfo:
         call_command("agent", node="bad node", cpu=True)
     assert excinfo.value.returncode == 2
+
+
+def test_start_on_a_slot_still_held_by_a_leaving_worker_waits_for_it(
+    node: str, redis_url: str, tmp_path: Path, job: str
+) -> None:
+    import threading
+
+    from workers.elastic.control import JobControl
+
+    agent, sent = make_agent(node, redis_url, tmp_path, slots=1)
+    agent.start()
+    other = f"{job}-next"
+    try:
+        assert agent.receive(start_payload(job, "first", [0], args={"epochs": 500})) == "applied"
+        results: list[str] = []
+        second = threading.Thread(
+            target=lambda: results.append(agent.receive(start_payload(other, "second", [0])))
+        )
+        second.start()  # the slot is busy: the command waits instead of being rejected
+        time.sleep(1.0)
+        assert results == [] and not sent.of(Rejected)
+        stop = {"type": "stop_job", "job": job, "command_id": "stop-first", "grace_seconds": 1.0}
+        assert agent.receive(stop) == "applied"
+        second.join(timeout=60)
+        assert results == ["applied"]
+        assert [r.job for r in agent.running()] == [other]
+    finally:
+        agent.close(stop_children=True)
+        JobControl(redis_url, other).cleanup()
