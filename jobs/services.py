@@ -251,6 +251,8 @@ def job_payload(job: Job, kind: str) -> dict[str, Any]:
         "state": job.state,
         "parallelism": job.parallelism,
         "attained_gpu_seconds": round(job.attained_gpu_seconds, 1),
+        "step": job.step,
+        "samples_per_s": None if job.samples_per_s is None else round(job.samples_per_s, 1),
     }
 
 
@@ -385,6 +387,7 @@ def do_add_service(*, job_id: int, gpu_seconds: float) -> Job:
     job = Job.objects.select_for_update().get(pk=job_id)
     job.attained_gpu_seconds += gpu_seconds
     job.save(update_fields=["attained_gpu_seconds", "updated_at"])
+    _broadcast(job, "job.updated")
     return job
 
 

@@ -253,6 +253,7 @@ def _worker_exited(job: Job, report: WorkerExited) -> str:
     if report.log_tail:
         job.log_tail = (job.log_tail + report.log_tail)[-LOG_TAIL_CHARS:]
         job.save(update_fields=["log_tail"])
+        _broadcast(job, "job.log")
     if report.outcome == "crashed":
         JobEvent.objects.create(
             job=job,
