@@ -158,6 +158,8 @@ def test_events_arrive_after_commit_only(alice: Any, acme: Tenant) -> None:
             "tenant": acme.pk,
             "state": "running",
             "parallelism": 2,
+            "step": 0,
+            "samples_per_s": None,
             "attained_gpu_seconds": 0.0,
         }
         await comm.disconnect()
