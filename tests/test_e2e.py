@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_stack import free_port, wait_http
+from tests.test_stack import free_port, start_stack, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
@@ -71,14 +71,8 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
 
         redis.Redis.from_url(redis_url).flushdb()
         env["REDIS_URL"] = redis_url
-    log = (tmp_path / "stack.log").open("w+")
-    proc = subprocess.Popen(
-        [sys.executable, "manage.py", "runstack", "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    proc = start_stack(tmp_path, port, env)
+    log = (tmp_path / "stack.log").open()
     try:
         wait_http(f"http://127.0.0.1:{port}/login/", timeout=120)
         manage_env = env  # same data dir: the embedded Redis, if any, is shared

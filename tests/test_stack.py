@@ -42,6 +42,18 @@ def wait_http(url: str, timeout: float) -> int:
     raise AssertionError(f"{url} did not answer within {timeout} s")
 
 
+def start_stack(tmp_path: Path, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Run ``manage.py runstack`` with ``env``, its output in ``tmp_path/stack.log``."""
+    log = (tmp_path / "stack.log").open("w+")
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "runstack", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+
 def children_of(pid: int) -> list[int]:
     out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
     return [int(p) for p in out.stdout.split()]
@@ -55,14 +67,7 @@ def test_runstack_on_embedded_defaults(tmp_path: Path) -> None:
         DJANGO_SETTINGS_MODULE="portal.settings.dev",
         PYTHONUNBUFFERED="1",
     )
-    log = (tmp_path / "stack.log").open("w+")
-    proc = subprocess.Popen(
-        [sys.executable, "manage.py", "runstack", "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    proc = start_stack(tmp_path, port, env)
     try:
         assert wait_http(f"http://127.0.0.1:{port}/login/", timeout=90) == 200
         kids = children_of(proc.pid)
@@ -89,8 +94,7 @@ def test_runstack_on_embedded_defaults(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=60)
-        log.seek(0)
-        output = log.read()
+        output = (tmp_path / "stack.log").read_text()
     assert code == 0, output
     assert "GPU portal: http://127.0.0.1" in output and "demo / demo" in output
     for pid in kids:

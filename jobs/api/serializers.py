@@ -6,6 +6,7 @@ from rest_framework import serializers
 
 from jobs.choices import RecoveryMode
 from jobs.models import Job, JobEvent
+from jobs.services import JOB_FIELDS
 from workers.catalog import WORKLOADS
 
 
@@ -19,16 +20,7 @@ class JobSerializer(serializers.ModelSerializer[Job]):
         model = Job
         fields = [
             "id",
-            "name",
-            "workload",
-            "args",
-            "gpus",
-            "min_gpus",
-            "max_gpus",
-            "batch_size",
-            "priority",
-            "recovery",
-            "checkpoint_interval",
+            *JOB_FIELDS,  # what a client submits, then what the system adds
             "state",
             "parallelism",
             "submitted_at",
