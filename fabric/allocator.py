@@ -482,6 +482,16 @@ class VClosAllocator:
         self._recount(self._apply(alloc, take=False))
         return alloc
 
+    def reserve(self, allocation: Allocation) -> None:
+        """Add one persisted allocation to the current state (what :meth:`restore` accepts).
+
+        Raises :class:`AllocationConflictError` (and changes nothing) when it does
+        not fit this fabric or overlaps what is already held.  Cheaper than
+        :meth:`restore` when only one job changes.
+        """
+        self._validate_restored(allocation)
+        self._commit(allocation)
+
     def restore(self, allocations: Iterable[Allocation] | Mapping[str, Allocation]) -> None:
         """Replace the current allocations by persisted ones (availability marks stay).
 

@@ -170,3 +170,17 @@ def test_search_agrees_with_the_cpsat_oracle() -> None:
         alloc.allocate("a", 3)
         b = alloc.allocate("b", 8)
         assert len(b.leaves) == 2 and len(b.uplinks) == 4
+
+
+def test_reserve_adds_one_allocation_or_refuses_an_overlap() -> None:
+    from fabric.errors import AllocationConflictError
+
+    spec = FabricSpec(leaves=2, spines=2, servers_per_leaf=2, gpus_per_server=2)
+    allocator = VClosAllocator(spec)
+    taken = allocator.allocate("a", 8)
+    allocator.release("a")
+    allocator.reserve(taken)
+    assert allocator.free_gpu_count() == 0 and dict(allocator.allocations()) == {"a": taken}
+    with pytest.raises(AllocationConflictError):
+        allocator.reserve(taken)
+    assert dict(allocator.allocations()) == {"a": taken}

@@ -129,13 +129,13 @@ def bind(
             keep = _keep_in_place(spec, allocator, old, size)
         if keep is not None:
             allocation = _single_leaf(spec, job, keep)
-            allocator.restore([*allocator.allocations().values(), allocation])
+            allocator.reserve(allocation)
             bound.append(Bound(job, old_gpus, allocation))
             continue
         result = allocator.try_allocate(job, size)
         if isinstance(result, PlacementError):
             if old is not None:  # put the job back where it was
-                allocator.restore([*allocator.allocations().values(), old])
+                allocator.reserve(old)
             refused.append(Refused(job, result.reason))
             continue
         if (
@@ -145,6 +145,6 @@ def bind(
         ):
             result = old  # same GPUs: keep the old rank order, nothing moves
             allocator.release(job)
-            allocator.restore([*allocator.allocations().values(), old])
+            allocator.reserve(old)
         bound.append(Bound(job, old_gpus, result))
     return bound, refused
