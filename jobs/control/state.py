@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from fabric.allocator import Allocation, VClosAllocator
 from fabric.topology import FabricSpec
@@ -69,13 +70,27 @@ def job_gpus(job_id: int) -> tuple[int, ...]:
     )
 
 
+def _held_shape(data: dict[str, Any]) -> Allocation:
+    """What the allocator's state needs of a persisted allocation: GPUs, leaves, uplinks.
+
+    Spines, links and routes follow from those and are skipped: this runs for
+    every running job on every tick.
+    """
+    return Allocation(
+        job_id=data["job"],
+        gpus=tuple(data["gpus"]),
+        leaves=tuple(data["leaves"]),
+        uplinks=tuple(data.get("uplinks", ())),
+    )
+
+
 def load_allocator(cluster: ClusterState) -> VClosAllocator:
     """A vClos allocator holding every running job's allocation; other GPUs blocked as needed."""
     allocator = VClosAllocator(cluster.spec)
     allocations = []
     for job_id, data in Job.objects.filter(state__in=ACTIVE_STATES).values_list("id", "allocation"):
-        if data:  # routes do not matter to the allocator's state: skip building them
-            allocations.append(Allocation.from_dict({**data, "routes": {}}))
+        if data:
+            allocations.append(_held_shape(data))
         else:  # held GPUs without a recorded shape: reserve them as they are
             gpus = job_gpus(job_id)
             if gpus:
