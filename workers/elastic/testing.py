@@ -42,7 +42,7 @@ class JobRun:
     recovery: str = "consistent"
     checkpoint_every: int = 10
     sync_timeout_s: float = 10.0
-    extra: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=lambda: ["--dtype", "float64"])
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     last_event: str = "0"
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
@@ -196,7 +196,9 @@ def check_samples(
             assert len(used) == sampler.num_samples, f"epoch {epoch}: samples skipped"
 
 
-def reference_model(args: dict[str, Any], batch_size: int, steps: int) -> dict[str, torch.Tensor]:
+def reference_model(
+    args: dict[str, Any], batch_size: int, steps: int, dtype: torch.dtype = torch.float64
+) -> dict[str, torch.Tensor]:
     """``mlp-digits`` trained in one process over the same global batches (no elasticity)."""
     from workers.catalog import validate_args
     from workers.workloads import prepare
@@ -204,11 +206,12 @@ def reference_model(args: dict[str, Any], batch_size: int, steps: int) -> dict[s
     full = validate_args("mlp-digits", args)
     prepared = prepare("mlp-digits", full, torch.device("cpu"))
     sampler = ElasticSampler(prepared.num_samples, batch_size, prepared.seed)
-    model, optimizer = prepared.model, prepared.optimizer
+    model, optimizer = prepared.model.to(dtype), prepared.optimizer
     for step in range(steps):
         idx = sampler.global_indices(step)
         optimizer.zero_grad()
         x, y = prepared.batch(idx)
+        x = x.to(dtype)
         F.cross_entropy(model(x), y, reduction="sum").backward()
         for p in model.parameters():
             assert p.grad is not None

@@ -19,7 +19,7 @@ from workers.elastic.sampler import ElasticSampler
 from workers.elastic.testing import JobRun, check_samples, max_difference, reference_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
-TOLERANCE = 1e-4
+TOLERANCE = 1e-6  # float64 workers: float32 runs diverge chaotically after ~1000 steps
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_sigkill_of_a_worker_then_of_the_leader(job: JobRun, mode: str) -> None:
 
 
 def test_straggler_detected_and_removed(job: JobRun) -> None:
-    job.extra = ["--drop-stragglers"]
+    job.extra += ["--drop-stragglers"]
     job.start_initial(3, extra={"w2": ["--slow-ms", "40"]})
     straggler = job.wait_event("straggler", 60)
     assert straggler["worker"] == "w2" and straggler["ratio"] > 1.2
