@@ -258,7 +258,7 @@ class ElasticContext:
         plan = self._joiner_plan
         assert plan is not None
         gen = plan["generation"]
-        group = self._built.get(gen)
+        group = self._built.pop(gen, None)
         if group is None:
             raise ElasticError(f"generation {gen} could not be built: {self._build_error.get(gen)}")
         self.group, self.generation, self.members = group, gen, list(plan["members"])
@@ -463,8 +463,12 @@ class ElasticContext:
         failed_gen = self.generation
         log(self.me, f"generation {failed_gen} failed at step {self.step}: {str(exc)[:160]}")
         self.state = "recovering"
+        group, self.group = self.group, None
         with contextlib.suppress(Exception):  # best effort; the sync timeout is the fallback
-            self.group.abort()  # closes our connections so blocked peers fail fast too
+            group.abort()
+        # Dropping the last reference closes our connections, so that peers still blocked
+        # on us in the same collective fail now instead of at their sync timeout.
+        del group
         self._actions.clear()
         self.redis.hset(self.keys.survivors(failed_gen), self.me, self.step)
         deadline = time.monotonic() + self.opts.sync_timeout_s * 4 + 30
