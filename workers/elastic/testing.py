@@ -170,6 +170,13 @@ class JobRun:
             final[step] = [r for r in recs if r["gen"] == last_gen]
         return final
 
+    def step_records_raw(self) -> list[dict[str, Any]]:
+        """Every step record of every worker, replays included."""
+        out: list[dict[str, Any]] = []
+        for path in (self.workdir / "logs").glob("*.jsonl"):
+            out += [json.loads(line) for line in path.read_text().splitlines()]
+        return out
+
     def final_model(self) -> dict[str, torch.Tensor]:
         state = checkpoint.load_latest(str(self.checkpoint_dir), self.job_id)
         assert state is not None, "no checkpoint"
