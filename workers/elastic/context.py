@@ -273,7 +273,7 @@ class ElasticContext:
                 if restored is not None:  # a restarted job: earlier plans are void
                     restored.update(plan_seen=0, actions={})
             state = self._state() if restored is None else restored
-            state = comm.broadcast_object(
+            state = comm.broadcast_state(
                 self.group, state if self.rank == 0 else None, 0, self.device
             )
             self._load_state(state, restored is not None or self.rank != 0)
@@ -284,7 +284,7 @@ class ElasticContext:
         else:
             # ready: the model is prepared and the communicator built; wait for the switch
             self.redis.sadd(self.keys.ready(gen), self.me)
-            state = comm.broadcast_object(self.group, None, plan["source"], self.device)
+            state = comm.broadcast_state(self.group, None, plan["source"], self.device)
             self._load_state(state, True)
             if self.redis.get(self.keys.leader) == self.me:
                 self._become_leader()
@@ -445,7 +445,8 @@ class ElasticContext:
         old = self.group
         self.group, self.generation, self.members = group, gen, list(plan["members"])
         if plan["joiners"]:
-            comm.broadcast_object(self.group, self._state(), plan["source"], self.device)
+            mine = self._state() if self.rank == plan["source"] else None
+            comm.broadcast_state(self.group, mine, plan["source"], self.device, want=False)
         self.last_pause_s = time.perf_counter() - t0
         self.redis.hset(self.keys.pauses(gen), self.me, self.last_pause_s)
         del old
@@ -494,7 +495,7 @@ class ElasticContext:
             self._actions.clear()
         else:
             mine = self._state() if self.rank == plan["source"] else None
-            state = comm.broadcast_object(self.group, mine, plan["source"], self.device)
+            state = comm.broadcast_state(self.group, mine, plan["source"], self.device)
             self._load_state(state, self.rank != plan["source"])
         self.plan_seen = int(plan["plan_seq"])
         self._actions.clear()
