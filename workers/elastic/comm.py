@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+BUILD_TIMEOUT = timedelta(seconds=120)
+
 
 def build_group(
     store: dist.Store, generation: int, rank: int, size: int, device: torch.device, timeout_s: float
@@ -29,7 +31,11 @@ def build_group(
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
         return dist.ProcessGroupNCCL(prefixed, rank, size, opts)
-    return dist.ProcessGroupGloo(prefixed, rank, size, timeout)
+    # The rendezvous may wait for a newcomer that is still importing torch on a busy
+    # machine: give it time, then hold collectives to the job's sync timeout.
+    group = dist.ProcessGroupGloo(prefixed, rank, size, max(timeout, BUILD_TIMEOUT))
+    group._set_default_timeout(timeout)
+    return group
 
 
 def allreduce_sum(group: Any, tensor: torch.Tensor) -> None:
@@ -37,7 +43,14 @@ def allreduce_sum(group: Any, tensor: torch.Tensor) -> None:
     group.allreduce([tensor]).wait()
 
 
-def broadcast_object(group: Any, obj: Any, root: int, device: torch.device) -> Any:
+def _bcast(group: Any, tensor: torch.Tensor, root: int, timeout_s: float | None) -> None:
+    timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
+    group.broadcast(tensor, root, timeout).wait()
+
+
+def broadcast_object(
+    group: Any, obj: Any, root: int, device: torch.device, timeout_s: float | None = None
+) -> Any:
     """Send ``obj`` (anything ``torch.save`` takes) from ``root`` to every member.
 
     Two collectives: the byte length, then the bytes as one uint8 tensor, so a
@@ -52,11 +65,11 @@ def broadcast_object(group: Any, obj: Any, root: int, device: torch.device) -> A
     else:
         length = torch.zeros(1, dtype=torch.int64)
     length = length.to(device)
-    group.broadcast(length, root).wait()
+    _bcast(group, length, root, timeout_s)
     if not is_root:
         payload = torch.empty(int(length.item()), dtype=torch.uint8)
     payload = payload.to(device)
-    group.broadcast(payload, root).wait()
+    _bcast(group, payload, root, timeout_s)
     if is_root:
         return obj
     data = payload.cpu().numpy().tobytes()
@@ -100,7 +113,12 @@ def _fill(obj: Any, buffers: dict[str, torch.Tensor]) -> Any:
 
 
 def broadcast_state(
-    group: Any, state: Any, root: int, device: torch.device, want: bool = True
+    group: Any,
+    state: Any,
+    root: int,
+    device: torch.device,
+    want: bool = True,
+    timeout_s: float | None = None,
 ) -> Any:
     """Send a state (nested dicts/lists of tensors and plain values) from ``root`` to all.
 
@@ -112,7 +130,9 @@ def broadcast_state(
     flats: dict[str, list[torch.Tensor]] = {}
     sizes: dict[str, int] = {}
     skeleton = _strip(state, flats, sizes) if is_root else None
-    header = broadcast_object(group, (skeleton, sizes) if is_root else None, root, device)
+    header = broadcast_object(
+        group, (skeleton, sizes) if is_root else None, root, device, timeout_s
+    )
     if is_root:
         for key in sorted(sizes):
             buffer = torch.cat(flats[key]).to(device)

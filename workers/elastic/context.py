@@ -52,6 +52,7 @@ from workers.elastic.store import RedisStore
 LEASE_MS = 3000
 ALIVE_MS = 3000
 BEAT_S = 0.5
+JOIN_WAIT_S = 600.0
 CTRL_FIXED = 3  # plan seq, loss sum, sample count; then one compute time per rank
 
 
@@ -284,7 +285,10 @@ class ElasticContext:
         else:
             # ready: the model is prepared and the communicator built; wait for the switch
             self.redis.sadd(self.keys.ready(gen), self.me)
-            state = comm.broadcast_state(self.group, None, plan["source"], self.device)
+            # a newcomer may wait here for several mini-batches (the leader's k, others' readiness)
+            state = comm.broadcast_state(
+                self.group, None, plan["source"], self.device, timeout_s=JOIN_WAIT_S
+            )
             self._load_state(state, True)
             if self.redis.get(self.keys.leader) == self.me:
                 self._become_leader()
