@@ -39,6 +39,7 @@ class WorkerOptions:
     scale_lead_ms: float
     drop_stragglers: bool
     slow_ms: float
+    dtype: str = "float32"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drop-stragglers", action="store_true", help="scale in detected stragglers")
     p.add_argument(
         "--slow-ms", type=float, default=0.0, help="inject a delay per mini-batch (tests)"
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "float64"),
+        default="float32",
+        help="parameter and input precision (float64: bit-level comparisons in tests)",
     )
     return p
 
@@ -128,4 +135,5 @@ def parse_options(argv: list[str] | None = None) -> WorkerOptions:
         scale_lead_ms=ns.scale_lead_ms,
         drop_stragglers=ns.drop_stragglers,
         slow_ms=ns.slow_ms,
+        dtype=ns.dtype,
     )

@@ -11,11 +11,14 @@ training, and dropped afterwards.
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+BUILD_TIMEOUT = timedelta(seconds=120)
 
 
 def build_group(
@@ -28,7 +31,11 @@ def build_group(
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
         return dist.ProcessGroupNCCL(prefixed, rank, size, opts)
-    return dist.ProcessGroupGloo(prefixed, rank, size, timeout)
+    # The rendezvous may wait for a newcomer that is still importing torch on a busy
+    # machine: give it time, then hold collectives to the job's sync timeout.
+    group = dist.ProcessGroupGloo(prefixed, rank, size, max(timeout, BUILD_TIMEOUT))
+    group._set_default_timeout(timeout)
+    return group
 
 
 def allreduce_sum(group: Any, tensor: torch.Tensor) -> None:
@@ -36,7 +43,14 @@ def allreduce_sum(group: Any, tensor: torch.Tensor) -> None:
     group.allreduce([tensor]).wait()
 
 
-def broadcast_object(group: Any, obj: Any, root: int, device: torch.device) -> Any:
+def _bcast(group: Any, tensor: torch.Tensor, root: int, timeout_s: float | None) -> None:
+    timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
+    group.broadcast(tensor, root, timeout).wait()
+
+
+def broadcast_object(
+    group: Any, obj: Any, root: int, device: torch.device, timeout_s: float | None = None
+) -> Any:
     """Send ``obj`` (anything ``torch.save`` takes) from ``root`` to every member.
 
     Two collectives: the byte length, then the bytes as one uint8 tensor, so a
@@ -51,12 +65,83 @@ def broadcast_object(group: Any, obj: Any, root: int, device: torch.device) -> A
     else:
         length = torch.zeros(1, dtype=torch.int64)
     length = length.to(device)
-    group.broadcast(length, root).wait()
+    _bcast(group, length, root, timeout_s)
     if not is_root:
         payload = torch.empty(int(length.item()), dtype=torch.uint8)
     payload = payload.to(device)
-    group.broadcast(payload, root).wait()
+    _bcast(group, payload, root, timeout_s)
     if is_root:
         return obj
     data = payload.cpu().numpy().tobytes()
     return torch.load(io.BytesIO(data), map_location=device, weights_only=False)
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Where a tensor of a broadcast state sits in the flat buffer of its dtype."""
+
+    dtype: str
+    offset: int
+    shape: tuple[int, ...]
+
+
+def _strip(obj: Any, flats: dict[str, list[torch.Tensor]], sizes: dict[str, int]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        key = str(obj.dtype).removeprefix("torch.")
+        slot = _Slot(key, sizes.get(key, 0), tuple(obj.shape))
+        flats.setdefault(key, []).append(obj.detach().reshape(-1))
+        sizes[key] = slot.offset + obj.numel()
+        return slot
+    if isinstance(obj, dict):
+        return {k: _strip(v, flats, sizes) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_strip(v, flats, sizes) for v in obj)
+    return obj
+
+
+def _fill(obj: Any, buffers: dict[str, torch.Tensor]) -> Any:
+    if isinstance(obj, _Slot):
+        n = 1
+        for d in obj.shape:
+            n *= d
+        return buffers[obj.dtype][obj.offset : obj.offset + n].view(obj.shape).clone()
+    if isinstance(obj, dict):
+        return {k: _fill(v, buffers) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_fill(v, buffers) for v in obj)
+    return obj
+
+
+def broadcast_state(
+    group: Any,
+    state: Any,
+    root: int,
+    device: torch.device,
+    want: bool = True,
+    timeout_s: float | None = None,
+) -> Any:
+    """Send a state (nested dicts/lists of tensors and plain values) from ``root`` to all.
+
+    One small pickled skeleton, then one flat buffer per dtype: the tensors
+    travel without serialisation, which is most of a model's bytes. A member
+    that already holds the state passes ``want=False`` and skips unpacking.
+    """
+    is_root = group.rank() == root
+    flats: dict[str, list[torch.Tensor]] = {}
+    sizes: dict[str, int] = {}
+    skeleton = _strip(state, flats, sizes) if is_root else None
+    header = broadcast_object(
+        group, (skeleton, sizes) if is_root else None, root, device, timeout_s
+    )
+    if is_root:
+        for key in sorted(sizes):
+            buffer = torch.cat(flats[key]).to(device)
+            group.broadcast(buffer, root).wait()
+        return state
+    skeleton, sizes = header
+    buffers = {}
+    for key in sorted(sizes):
+        buffer = torch.empty(sizes[key], dtype=getattr(torch, key), device=device)
+        group.broadcast(buffer, root).wait()
+        buffers[key] = buffer
+    return _fill(skeleton, buffers) if want else None

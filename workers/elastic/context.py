@@ -52,6 +52,7 @@ from workers.elastic.store import RedisStore
 LEASE_MS = 3000
 ALIVE_MS = 3000
 BEAT_S = 0.5
+JOIN_WAIT_S = 600.0
 CTRL_FIXED = 3  # plan seq, loss sum, sample count; then one compute time per rank
 
 
@@ -258,7 +259,7 @@ class ElasticContext:
         plan = self._joiner_plan
         assert plan is not None
         gen = plan["generation"]
-        group = self._built.get(gen)
+        group = self._built.pop(gen, None)
         if group is None:
             raise ElasticError(f"generation {gen} could not be built: {self._build_error.get(gen)}")
         self.group, self.generation, self.members = group, gen, list(plan["members"])
@@ -273,7 +274,7 @@ class ElasticContext:
                 if restored is not None:  # a restarted job: earlier plans are void
                     restored.update(plan_seen=0, actions={})
             state = self._state() if restored is None else restored
-            state = comm.broadcast_object(
+            state = comm.broadcast_state(
                 self.group, state if self.rank == 0 else None, 0, self.device
             )
             self._load_state(state, restored is not None or self.rank != 0)
@@ -284,7 +285,10 @@ class ElasticContext:
         else:
             # ready: the model is prepared and the communicator built; wait for the switch
             self.redis.sadd(self.keys.ready(gen), self.me)
-            state = comm.broadcast_object(self.group, None, plan["source"], self.device)
+            # a newcomer may wait here for several mini-batches (the leader's k, others' readiness)
+            state = comm.broadcast_state(
+                self.group, None, plan["source"], self.device, timeout_s=JOIN_WAIT_S
+            )
             self._load_state(state, True)
             if self.redis.get(self.keys.leader) == self.me:
                 self._become_leader()
@@ -445,7 +449,8 @@ class ElasticContext:
         old = self.group
         self.group, self.generation, self.members = group, gen, list(plan["members"])
         if plan["joiners"]:
-            comm.broadcast_object(self.group, self._state(), plan["source"], self.device)
+            mine = self._state() if self.rank == plan["source"] else None
+            comm.broadcast_state(self.group, mine, plan["source"], self.device, want=False)
         self.last_pause_s = time.perf_counter() - t0
         self.redis.hset(self.keys.pauses(gen), self.me, self.last_pause_s)
         del old
@@ -463,8 +468,12 @@ class ElasticContext:
         failed_gen = self.generation
         log(self.me, f"generation {failed_gen} failed at step {self.step}: {str(exc)[:160]}")
         self.state = "recovering"
+        group, self.group = self.group, None
         with contextlib.suppress(Exception):  # best effort; the sync timeout is the fallback
-            self.group.abort()  # closes our connections so blocked peers fail fast too
+            group.abort()
+        # Dropping the last reference closes our connections, so that peers still blocked
+        # on us in the same collective fail now instead of at their sync timeout.
+        del group
         self._actions.clear()
         self.redis.hset(self.keys.survivors(failed_gen), self.me, self.step)
         deadline = time.monotonic() + self.opts.sync_timeout_s * 4 + 30
@@ -490,7 +499,7 @@ class ElasticContext:
             self._actions.clear()
         else:
             mine = self._state() if self.rank == plan["source"] else None
-            state = comm.broadcast_object(self.group, mine, plan["source"], self.device)
+            state = comm.broadcast_state(self.group, mine, plan["source"], self.device)
             self._load_state(state, self.rank != plan["source"])
         self.plan_seen = int(plan["plan_seq"])
         self._actions.clear()

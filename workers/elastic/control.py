@@ -45,7 +45,8 @@ class JobStatus:
 
     ``state`` is one of ``starting`` (no leader has written yet), ``running``,
     ``scaling``, ``recovering``, ``profiling``, ``stopping``, ``finished``,
-    ``failed``. ``throughput_curve`` maps a worker count to samples/s once a
+    ``stopped``. A worker that cannot go on reports a ``failed`` event and
+    exits non-zero; whether that fails the job is the agent's call. ``throughput_curve`` maps a worker count to samples/s once a
     profile has run (empty before).
     """
 

@@ -85,14 +85,20 @@ class Leader:
                 log(self.ctx.me, f"leader: {type(exc).__name__}: {exc}")
             time.sleep(0.02)
 
-    def _tick(self) -> None:
+    def _refresh_lease(self) -> bool:
+        """Extend the lease (every 0.5 s at most); False once another worker holds it."""
         now = time.monotonic()
         if now - self._last_lease > 0.5:
             if not self.redis.eval(REFRESH_LEASE, 1, self.keys.leader, self.ctx.me, LEASE_MS):
                 log(self.ctx.me, "lost the leader lease")
                 self.active = False
-                return
+                return False
             self._last_lease = now
+        return True
+
+    def _tick(self) -> None:
+        if not self._refresh_lease():
+            return
         with self.lock:
             self._drain_rpc()
             self._read_control()
@@ -358,8 +364,9 @@ class Leader:
         else:
             curve = {int(n): v for n, v in self.curve.items()}
             self.profile = None
-            emit_event(self.redis, self.keys, "profile_done", curve=curve)
+            self._save_meta()
             self._set_state("running")
+            emit_event(self.redis, self.keys, "profile_done", curve=curve)
         self._save_meta()
 
     # -- failure -------------------------------------------------------------------------------
@@ -379,6 +386,8 @@ class Leader:
             ]
             if len(survivors) + len(dead) >= len(members) or time.monotonic() > deadline:
                 break
+            if not self._refresh_lease():
+                return
             time.sleep(0.05)
         alive = [m for m in members if m in survivors]
         dead = [m for m in members if m not in survivors]
@@ -392,9 +401,10 @@ class Leader:
             "source": steps.index(max(steps)),
             "step": checkpoint.latest_step(ctx.opts.checkpoint_dir, ctx.opts.job_id),
         }
+        if not self.redis.set(self.keys.recovery(failed), json.dumps(plan), nx=True):
+            return  # a previous leader already decided this recovery
         for worker in dead:
             emit_event(self.redis, self.keys, "worker_failed", worker=worker, generation=failed)
-        self.redis.set(self.keys.recovery(failed), json.dumps(plan))
         log(ctx.me, f"recovery of generation {failed}: survivors {alive}, dead {dead}")
         self.op = None
         self.pending = []
@@ -402,7 +412,7 @@ class Leader:
         # wait for the survivors to come back, then report
         until = time.monotonic() + ctx.opts.sync_timeout_s + 30
         while self.redis.scard(self.keys.k("recovered", gen)) < len(alive):
-            if time.monotonic() > until or not self.active:
+            if time.monotonic() > until or not self._refresh_lease():
                 break
             time.sleep(0.05)
         emit_event(

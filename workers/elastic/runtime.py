@@ -20,6 +20,8 @@ def run_worker(options: WorkerOptions) -> int:
     ctx = ElasticContext(options)  # the background thread registers from here on
     try:
         prepared = workloads.prepare(options.workload, options.args, ctx.device)
+        dtype = getattr(torch, options.dtype)
+        prepared.model.to(dtype)  # in place: the optimizer keeps the same parameters
         sampler = ElasticSampler(prepared.num_samples, options.batch_size, prepared.seed)
         ctx.attach(
             prepared.model,
@@ -27,7 +29,7 @@ def run_worker(options: WorkerOptions) -> int:
             sampler,
             prepared.total_steps_for(options.batch_size),
         )
-        train(ctx, prepared)
+        train(ctx, prepared, dtype)
     except ElasticError as exc:
         log(options.worker_id, f"error: {exc}")
         ctx.fail(str(exc))
@@ -36,7 +38,7 @@ def run_worker(options: WorkerOptions) -> int:
     return 0
 
 
-def train(ctx: ElasticContext, prepared: workloads.Prepared) -> None:
+def train(ctx: ElasticContext, prepared: workloads.Prepared, dtype: torch.dtype) -> None:
     """The ordinary PyTorch loop, wrapped by the elastic context."""
     model, optimizer = prepared.model, prepared.optimizer
     model.train()
@@ -45,6 +47,8 @@ def train(ctx: ElasticContext, prepared: workloads.Prepared) -> None:
         loss_sum = 0.0
         if len(batch.indices):
             x, y = prepared.batch(batch.indices)
+            if x.is_floating_point():
+                x = x.to(dtype)
             loss = F.cross_entropy(model(x), y, reduction="sum")
             loss.backward()
             loss_sum = float(loss.item())

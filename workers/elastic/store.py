@@ -20,9 +20,14 @@ class RedisStore(dist.Store):
 
     def __init__(self, url: str, prefix: str, timeout: timedelta = timedelta(seconds=60)) -> None:
         super().__init__()
+        self._url = url
         self._client = redis.Redis.from_url(url)
         self._prefix = prefix
         self._timeout = timeout
+
+    def clone(self) -> RedisStore:
+        """Another handle on the same keys (the state lives in Redis, not in this object)."""
+        return RedisStore(self._url, self._prefix, self._timeout)
 
     def _k(self, key: str) -> str:
         return self._prefix + key

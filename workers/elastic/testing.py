@@ -42,7 +42,7 @@ class JobRun:
     recovery: str = "consistent"
     checkpoint_every: int = 10
     sync_timeout_s: float = 10.0
-    extra: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=lambda: ["--dtype", "float64"])
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     last_event: str = "0"
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
@@ -170,6 +170,13 @@ class JobRun:
             final[step] = [r for r in recs if r["gen"] == last_gen]
         return final
 
+    def step_records_raw(self) -> list[dict[str, Any]]:
+        """Every step record of every worker, replays included."""
+        out: list[dict[str, Any]] = []
+        for path in (self.workdir / "logs").glob("*.jsonl"):
+            out += [json.loads(line) for line in path.read_text().splitlines()]
+        return out
+
     def final_model(self) -> dict[str, torch.Tensor]:
         state = checkpoint.load_latest(str(self.checkpoint_dir), self.job_id)
         assert state is not None, "no checkpoint"
@@ -177,26 +184,49 @@ class JobRun:
 
 
 def check_samples(
-    records: dict[int, list[dict[str, Any]]], sampler: ElasticSampler, steps: int
+    records: dict[int, list[dict[str, Any]]],
+    sampler: ElasticSampler,
+    steps: int,
+    killed: bool = False,
 ) -> None:
-    """Every step 0..steps-1 ran once over exactly its global batch; epochs use each sample once."""
+    """Every step 0..steps-1 ran once over exactly its global batch; epochs use each sample once.
+
+    A SIGKILLed worker may die between committing a step and logging it: with
+    ``killed``, the last step of a generation may lack records, and its missing
+    shards are then taken from the sampler (the records present must match it).
+    """
     assert sorted(records) == list(range(steps)), "steps missing or extra"
+    last_of_gen: dict[int, int] = {}
+    for step, recs in records.items():
+        gen = recs[0]["gen"]
+        last_of_gen[gen] = max(last_of_gen.get(gen, -1), step)
     per_epoch: dict[int, list[int]] = {}
     for step in range(steps):
         recs = records[step]
         worlds = {r["world"] for r in recs}
-        assert len(worlds) == 1 and len(recs) == worlds.pop(), f"step {step}: partial membership"
-        used = sorted(i for r in recs for i in r["indices"])
+        assert len(worlds) == 1, f"step {step}: mixed memberships"
+        world = worlds.pop()
+        ranks = [r["rank"] for r in recs]
+        assert len(ranks) == len(set(ranks)), f"step {step}: a rank ran twice"
+        for r in recs:
+            expected = sampler.local_indices(step, r["rank"], world).tolist()
+            assert r["indices"] == expected, f"step {step}: wrong shard"
+        if len(recs) < world:
+            assert killed and last_of_gen[recs[0]["gen"]] == step, f"step {step}: partial"
+        used = sorted(
+            i for rank in range(world) for i in sampler.local_indices(step, rank, world).tolist()
+        )
         assert used == sorted(sampler.global_indices(step).tolist()), f"step {step}: wrong samples"
         per_epoch.setdefault(sampler.epoch_of(step), []).extend(used)
     for epoch, used in per_epoch.items():
         assert len(used) == len(set(used)), f"epoch {epoch}: a sample seen twice"
-        complete = (epoch + 1) * sampler.steps_per_epoch <= steps
-        if complete:
+        if (epoch + 1) * sampler.steps_per_epoch <= steps:
             assert len(used) == sampler.num_samples, f"epoch {epoch}: samples skipped"
 
 
-def reference_model(args: dict[str, Any], batch_size: int, steps: int) -> dict[str, torch.Tensor]:
+def reference_model(
+    args: dict[str, Any], batch_size: int, steps: int, dtype: torch.dtype = torch.float64
+) -> dict[str, torch.Tensor]:
     """``mlp-digits`` trained in one process over the same global batches (no elasticity)."""
     from workers.catalog import validate_args
     from workers.workloads import prepare
@@ -204,11 +234,13 @@ def reference_model(args: dict[str, Any], batch_size: int, steps: int) -> dict[s
     full = validate_args("mlp-digits", args)
     prepared = prepare("mlp-digits", full, torch.device("cpu"))
     sampler = ElasticSampler(prepared.num_samples, batch_size, prepared.seed)
-    model, optimizer = prepared.model, prepared.optimizer
+    torch.set_num_threads(1)
+    model, optimizer = prepared.model.to(dtype), prepared.optimizer
     for step in range(steps):
         idx = sampler.global_indices(step)
         optimizer.zero_grad()
         x, y = prepared.batch(idx)
+        x = x.to(dtype)
         F.cross_entropy(model(x), y, reduction="sum").backward()
         for p in model.parameters():
             assert p.grad is not None

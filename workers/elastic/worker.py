@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 
 from workers.elastic.cli import WorkerArgumentError, parse_options
 
@@ -21,7 +22,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from workers.elastic.runtime import run_worker  # torch is imported only past parsing
 
-    return run_worker(options)
+    try:
+        return run_worker(options)
+    except Exception:  # any other error: say what, exit 1 (the agent reports it)
+        traceback.print_exc()
+        return 1
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from workers.elastic.sampler import ElasticSampler
 from workers.elastic.testing import JobRun, check_samples, max_difference, reference_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
-TOLERANCE = 1e-4
+TOLERANCE = 1e-6  # float64 workers: float32 runs diverge chaotically after ~1000 steps
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +40,13 @@ def job(redis_url: str, tmp_path: Path) -> Iterator[JobRun]:
     run.control.cleanup()
 
 
-def finish_and_check(job: JobRun) -> int:
+def finish_and_check(job: JobRun, killed: bool = False) -> int:
     """Stop the job, then check samples and the model against the reference."""
     stopped = job.stop_and_wait()
     codes = job.wait_exit()
     assert all(code == 0 for w, code in codes.items() if code != -9), (codes, job.tail())
     sampler = ElasticSampler(1797, job.batch_size, job.args["seed"])
-    check_samples(job.step_records(), sampler, stopped)
+    check_samples(job.step_records(), sampler, stopped, killed)
     expected = reference_model(job.args, job.batch_size, stopped)
     assert max_difference(job.final_model(), expected) < TOLERANCE
     return stopped
@@ -105,11 +105,11 @@ def test_sigkill_of_a_worker_then_of_the_leader(job: JobRun, mode: str) -> None:
             assert recovered["restored_step"] % job.checkpoint_every == 0
         job.wait_step(recovered["step"] + 10)
     assert job.control.status().leader not in (None, leader)
-    finish_and_check(job)
+    finish_and_check(job, killed=True)
 
 
 def test_straggler_detected_and_removed(job: JobRun) -> None:
-    job.extra = ["--drop-stragglers"]
+    job.extra += ["--drop-stragglers"]
     job.start_initial(3, extra={"w2": ["--slow-ms", "40"]})
     straggler = job.wait_event("straggler", 60)
     assert straggler["worker"] == "w2" and straggler["ratio"] > 1.2

@@ -1,0 +1,354 @@
+"""Benchmark: stop-free scaling (this runtime) against stop-resume (torchrun's elastic launcher).
+
+Same model in both (ResNet-18 on synthetic 16x16 images, global batch 20,
+checkpoint every 10 mini-batches, gloo on the CPU, one process per slot):
+
+* ours: 4 workers train; a 5th starts (scale-out 4->5), later leaves (scale-in
+  5->4); then a slowed-down newcomer joins, is detected as a straggler and
+  removed; then ``profile(2, 4)``.
+* torchrun ``--nnodes=4:5`` with the c10d rendezvous (tuned:
+  ``last_call_timeout=1``, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``): a 5th
+  agent joins, then is terminated; each change restarts every worker from the
+  last checkpoint.
+
+Pause of the existing workers = the mini-batch interval that contains the
+switch minus the normal mini-batch time. Timings on a shared 2-core machine
+are noisy. The last line is one JSON object.
+
+    .venv/bin/python bench/elastic_scaling.py            # default, a few minutes
+    .venv/bin/python bench/elastic_scaling.py --skip-torchrun
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+ARGS = {"steps": 100_000, "image_size": 16, "num_classes": 10, "lr": 0.01, "seed": 0}
+BATCH = 20
+CKPT_EVERY = 10
+
+
+def now() -> float:
+    return time.time()
+
+
+def ends(records: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    return sorted((r["step"], r["t"]) for r in records)
+
+
+def gap_pause(step_ends: list[tuple[int, float]], switch_step: int) -> tuple[float, float]:
+    """(pause, batch time): the interval ending the first post-switch step minus the median."""
+    times = dict(step_ends)
+    before = [
+        times[s] - times[s - 1]
+        for s in range(switch_step - 6, switch_step)
+        if s - 1 in times and s in times
+    ]
+    after = [
+        times[s + 1] - times[s]
+        for s in range(switch_step + 1, switch_step + 6)
+        if s in times and s + 1 in times
+    ]
+    batch = statistics.median(before + after)
+    interval = times[switch_step + 1] - times[switch_step]
+    return max(0.0, interval - batch), batch
+
+
+# -- ours --------------------------------------------------------------------------------------
+def run_ours(redis_url: str, workdir: Path, profile_batches: int) -> dict[str, Any]:
+    from workers.elastic.testing import JobRun
+
+    job = JobRun(
+        redis_url,
+        f"bench{os.getpid()}",
+        workdir / "ours",
+        workload="resnet18-synthetic",
+        args=dict(ARGS),
+        batch_size=BATCH,
+        checkpoint_every=CKPT_EVERY,
+        sync_timeout_s=60.0,
+        extra=["--drop-stragglers"],
+    )
+    out: dict[str, Any] = {}
+    try:
+        job.start_initial(4)
+        job.wait_step(8, timeout=300)
+        t_start = now()
+        job.start("w4")
+        grown = job.wait_event("scale_done", 300)
+        first = job.wait_event("progress", 120, lambda e: e["world"] == 5)
+        del first
+        job.wait_step(grown["step"] + 8, timeout=120)
+        records = job.step_records_raw()
+        pauses = []
+        for w in ("w0", "w1", "w2", "w3"):
+            pause, batch = gap_pause(
+                ends([r for r in records if r["worker"] == w]), grown["step"] - 1
+            )
+            pauses.append((pause, batch))
+        newcomer_first = min(r["t"] for r in records if r["worker"] == "w4")
+        out["scale_out_pause_s"] = max(p for p, _ in pauses)
+        out["scale_out_switch_s"] = max(
+            float(v)
+            for v in job.control.redis.hgetall(
+                job.control.keys.pauses(grown["generation"])
+            ).values()
+        )
+        out["newcomer_ready_s"] = newcomer_first - t_start
+        out["batch_time_s"] = statistics.median(b for _, b in pauses)
+        print(f"ours scale-out 4->5: pause {out['scale_out_pause_s']:.3f}s "
+              f"(switch+broadcast {out['scale_out_switch_s']:.3f}s), batch {out['batch_time_s']:.3f}s, "
+              f"newcomer end-to-end {out['newcomer_ready_s']:.1f}s", flush=True)  # fmt: skip
+
+        job.control.request_scale_in(["w4"], "bench")
+        shrunk = job.wait_event("scale_done", 120)
+        job.wait_step(shrunk["step"] + 8, timeout=120)
+        records = job.step_records_raw()
+        pauses = [
+            gap_pause(ends([r for r in records if r["worker"] == w]), shrunk["step"] - 1)
+            for w in ("w0", "w1", "w2", "w3")
+        ]
+        out["scale_in_pause_s"] = max(p for p, _ in pauses)
+        out["scale_in_batch_time_s"] = statistics.median(b for _, b in pauses)
+        print(f"ours scale-in 5->4: pause {out['scale_in_pause_s']:.3f}s "
+              f"(batch {out['scale_in_batch_time_s']:.3f}s)", flush=True)  # fmt: skip
+
+        slow_ms = int(1000 * out["batch_time_s"] / 2)
+        job.start("w5", extra=["--slow-ms", str(slow_ms)])
+        joined = job.wait_event("scale_done", 300)
+        t_joined = now()
+        straggler = job.wait_event("straggler", 300)
+        t_detected = now()
+        removed = job.wait_event("scale_done", 300, lambda e: "w5" in e["leavers"])
+        t_removed = now()
+        del joined, straggler, removed
+        out["straggler_detect_s"] = t_detected - t_joined
+        out["straggler_remove_s"] = t_removed - t_detected
+        print(f"ours straggler (+{slow_ms} ms/batch): detected {out['straggler_detect_s']:.1f}s "
+              f"after joining, removed {out['straggler_remove_s']:.1f}s later", flush=True)  # fmt: skip
+
+        t0 = now()
+        job.control.request_profile(2, 4, batches_per_level=profile_batches)
+        profile = job.wait_event("profile_done", 600)
+        out["profile_s"] = now() - t0
+        out["profile_curve"] = profile["curve"]
+        print(f"ours profile(2, 4), {profile_batches} batches a level: {out['profile_s']:.1f}s, "
+              f"curve {profile['curve']}", flush=True)  # fmt: skip
+        job.stop_and_wait(120)
+    finally:
+        job.terminate()
+        job.control.cleanup()
+    return out
+
+
+# -- torchrun --------------------------------------------------------------------------------
+def torchrun_worker(workdir: Path, max_steps: int) -> None:
+    """The stop-resume baseline's training script (run by torchrun on every node)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    from workers.elastic import checkpoint
+    from workers.workloads.resnet_synthetic import ResNet18
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    torch.manual_seed(0)
+    model = ResNet18(10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    state = checkpoint.load_latest(str(workdir / "ckpt"), "torchrun")
+    step = 0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step = int(state["step"])
+    ddp = DistributedDataParallel(model)
+    pool = torch.randn(256, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    log = open(workdir / f"tr-{restart}-{rank}.jsonl", "a")  # noqa: SIM115
+    log.write(json.dumps({"event": "start", "t": now(), "step": step, "world": world}) + "\n")
+    log.flush()
+    while step < max_steps and not (workdir / "stop").exists():
+        idx = torch.arange(step * BATCH, (step + 1) * BATCH)[rank::world]
+        optimizer.zero_grad()
+        F.cross_entropy(ddp(pool[idx % 256]), idx % 10).backward()
+        optimizer.step()
+        step += 1
+        log.write(json.dumps({"event": "step", "t": now(), "step": step, "world": world}) + "\n")
+        log.flush()
+        if rank == 0 and step % CKPT_EVERY == 0:
+            checkpoint.save(
+                str(workdir / "ckpt"),
+                "torchrun",
+                step,
+                {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+            )
+    dist.destroy_process_group()
+
+
+def torchrun_timeline(workdir: Path) -> list[dict[str, Any]]:
+    rows = []
+    for path in workdir.glob("tr-*-0.jsonl"):
+        for line in path.read_text().splitlines():
+            rows.append(json.loads(line))
+    return sorted(rows, key=lambda r: r["t"])
+
+
+def torchrun_pause(
+    rows: list[dict[str, Any]], t_change: float, new_world: int
+) -> tuple[float, float, int]:
+    """(pause, batch time, redone steps) around a membership change at ``t_change``."""
+    steps = [r for r in rows if r["event"] == "step" and r["t"] >= t_change - 120]
+    first_new = next(
+        i for i, r in enumerate(steps) if r["world"] == new_world and r["t"] > t_change
+    )
+    old, new = steps[:first_new], steps[first_new:]
+    last_old = old[-1]
+    before = [b["t"] - a["t"] for a, b in itertools.pairwise(old) if b["step"] == a["step"] + 1][
+        -8:
+    ]
+    after = [b["t"] - a["t"] for a, b in itertools.pairwise(new) if b["step"] == a["step"] + 1][:8]
+    batch = statistics.median(before + after)
+    pause = new[0]["t"] - last_old["t"] - batch
+    return max(0.0, pause), batch, last_old["step"] - new[0]["step"] + 1
+
+
+def run_torchrun(workdir: Path) -> dict[str, Any]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(REPO),
+        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+    )
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=4:5", "--nproc_per_node=1",
+        "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=bench",
+        "--rdzv_conf=last_call_timeout=1", "--max_restarts=10", "--monitor_interval=0.5",
+        str(Path(__file__).resolve()), "--torchrun-worker", str(workdir),
+    ]  # fmt: skip
+    agents: list[subprocess.Popen[bytes]] = []
+
+    def start_agent(i: int) -> None:
+        out = open(workdir / f"agent{i}.out", "ab")  # noqa: SIM115
+        agents.append(
+            subprocess.Popen(
+                cmd, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        )
+        time.sleep(0.2 if i == 0 else 0)
+
+    def wait_for(pred: Any, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not pred(torchrun_timeline(workdir)):
+            if time.monotonic() > deadline:
+                raise TimeoutError("torchrun baseline did not progress")
+            time.sleep(0.5)
+
+    out: dict[str, Any] = {}
+    try:
+        for i in range(4):
+            start_agent(i)
+        wait_for(lambda rows: sum(r["event"] == "step" for r in rows) >= 14, 600)
+        t_out = now()
+        start_agent(4)
+        wait_for(lambda rows: sum(r["event"] == "step" and r["world"] == 5 for r in rows) >= 8, 600)
+        rows = torchrun_timeline(workdir)
+        pause, batch, redone = torchrun_pause(rows, t_out, 5)
+        out.update(
+            stop_resume_pause_s=pause,
+            stop_resume_batch_time_s=batch,
+            stop_resume_redone_steps=redone,
+        )
+        print(
+            f"torchrun scale-out 4->5: pause {pause:.1f}s (batch {batch:.3f}s, {redone} steps redone)",
+            flush=True,
+        )
+
+        t_in = now()
+        os.killpg(agents[4].pid, signal.SIGTERM)
+        wait_for(
+            lambda rows: (
+                sum(r["event"] == "step" and r["world"] == 4 and r["t"] > t_in for r in rows) >= 8
+            ),
+            600,
+        )
+        rows = torchrun_timeline(workdir)
+        pause_in, _, redone_in = torchrun_pause([r for r in rows if r["t"] > t_out], t_in, 4)
+        out.update(
+            stop_resume_scale_in_pause_s=pause_in, stop_resume_scale_in_redone_steps=redone_in
+        )
+        print(
+            f"torchrun scale-in 5->4: pause {pause_in:.1f}s ({redone_in} steps redone)", flush=True
+        )
+    finally:
+        (workdir / "stop").touch()
+        for agent in agents:
+            try:
+                agent.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(agent.pid, signal.SIGKILL)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--torchrun-worker", metavar="DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--skip-torchrun", action="store_true", help="measure only this runtime")
+    parser.add_argument(
+        "--profile-batches", type=int, default=4, help="mini-batches a profile level"
+    )
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    if args.torchrun_worker:
+        torchrun_worker(Path(args.torchrun_worker), 100_000)
+        return 0
+    from portal.embedded_redis import ensure_running
+
+    with tempfile.TemporaryDirectory(prefix="edl-bench-") as tmp:
+        workdir = Path(tmp)
+        redis_url = os.environ.get("REDIS_URL") or ensure_running(workdir)
+        result = run_ours(redis_url, workdir, args.profile_batches)
+        if not args.skip_torchrun:
+            result.update(run_torchrun(workdir / "torchrun"))
+    if "stop_resume_pause_s" in result:
+        ratio = result["scale_out_pause_s"] / result["stop_resume_pause_s"]
+        result["scale_out_pause_ratio"] = ratio
+        # stop-resume profiling: one restart per level plus the same measuring batches
+        levels = 3
+        result["stop_resume_profile_s_est"] = levels * (
+            result["stop_resume_pause_s"]
+            + (args.profile_batches + 2) * result["stop_resume_batch_time_s"]
+        )
+        result["profile_ratio_est"] = result["profile_s"] / result["stop_resume_profile_s_est"]
+        print(f"scale-out pause: ours / stop-resume = {ratio:.3%} (target <= 5%)")
+        print(f"profile(2, 4): ours {result['profile_s']:.1f}s vs stop-resume est. "
+              f"{result['stop_resume_profile_s_est']:.1f}s ({result['profile_ratio_est']:.0%})")  # fmt: skip
+    print(f"scale-in pause {result['scale_in_pause_s']:.3f}s vs batch {result['batch_time_s']:.3f}s "
+          f"(target: within one batch)")  # fmt: skip
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
