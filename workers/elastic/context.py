@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import io
 import itertools
 import json
 import math
@@ -286,9 +287,12 @@ class ElasticContext:
             # ready: the model is prepared and the communicator built; wait for the switch
             self.redis.sadd(self.keys.ready(gen), self.me)
             # a newcomer may wait here for several mini-batches (the leader's k, others' readiness)
-            state = comm.broadcast_state(
-                self.group, None, plan["source"], self.device, timeout_s=JOIN_WAIT_S
-            )
+            if plan.get("handoff"):
+                state = self._take_state(gen)
+            else:
+                state = comm.broadcast_state(
+                    self.group, None, plan["source"], self.device, timeout_s=JOIN_WAIT_S
+                )
             self._load_state(state, True)
             if self.redis.get(self.keys.leader) == self.me:
                 self._become_leader()
@@ -296,6 +300,25 @@ class ElasticContext:
         self._t_step = time.perf_counter()
         self.step_ends.append((self.step, time.perf_counter()))
         log(self.me, f"training: generation {gen}, rank {self.rank}/{self.world}, step {self.step}")
+
+    def _leave_state(self, generation: int) -> None:
+        """Leave the training state in Redis for newcomers that replace every worker."""
+        buffer = io.BytesIO()
+        torch.save(self._state(), buffer)
+        raw = redis.Redis.from_url(self.opts.redis_url)
+        raw.set(self.keys.handoff(generation), buffer.getvalue(), ex=int(JOIN_WAIT_S))
+        log(self.me, f"left the state for generation {generation} ({buffer.tell()} bytes)")
+
+    def _take_state(self, generation: int) -> dict[str, Any]:
+        """Wait for the state the last leader left at the switch, and read it."""
+        raw = redis.Redis.from_url(self.opts.redis_url)
+        deadline = time.monotonic() + JOIN_WAIT_S
+        while (blob := raw.get(self.keys.handoff(generation))) is None:
+            if time.monotonic() > deadline:
+                raise ElasticError(f"no state was left for generation {generation}")
+            time.sleep(0.05)
+        state: dict[str, Any] = torch.load(io.BytesIO(blob), map_location=self.device)
+        return state
 
     def _state(self) -> dict[str, Any]:
         assert self.model is not None and self.optimizer is not None
@@ -435,6 +458,8 @@ class ElasticContext:
         gen = plan["generation"]
         if self.me not in plan["members"]:
             if self.is_leader:
+                if plan.get("handoff"):
+                    self._leave_state(gen)
                 self.leader.hand_off(plan["members"][0], plan)
             self.exit_reason = "left"
             log(self.me, f"leaving at step {self.step} (generation {gen})")

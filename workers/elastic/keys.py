@@ -80,6 +80,10 @@ class JobKeys:
         """The recovery plan (JSON) after ``generation`` failed."""
         return self.k("recovery", generation)
 
+    def handoff(self, generation: int) -> str:
+        """The training state left by the last leader when every worker of a job moves."""
+        return self.k("handoff", generation)
+
     def pauses(self, generation: int) -> str:
         """Hash worker -> seconds it stood still while switching to ``generation``."""
         return self.k("pauses", generation)

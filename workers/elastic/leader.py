@@ -188,7 +188,8 @@ class Leader:
     def _prepare(self, leavers: list[str], joiners: list[str], reason: str) -> None:
         ctx = self.ctx
         gen = int(self.redis.incr(self.keys.gen_counter))
-        members = [w for w in ctx.members if w not in leavers] + joiners
+        staying = [w for w in ctx.members if w not in leavers]
+        members = staying + joiners
         plan = {
             "kind": "prepare",
             "generation": gen,
@@ -197,6 +198,9 @@ class Leader:
             "joiners": joiners,
             "leavers": leavers,
             "source": 0,
+            # Every worker moves: no member can broadcast the state, so the leaving
+            # leader leaves it in Redis at the switch and the newcomers load it from there.
+            "handoff": not staying,
             "reason": reason,
         }
         self._publish(plan)

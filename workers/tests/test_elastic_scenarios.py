@@ -85,6 +85,21 @@ def test_scale_out_scale_in_and_migration_in_one_job(job: JobRun) -> None:
     finish_and_check(job)
 
 
+def test_migration_that_moves_every_worker(job: JobRun) -> None:
+    """2 -> 2 on other slots: nobody stays, so the leaving leader leaves the state in Redis."""
+    job.start_initial(2)
+    job.wait_step(20)
+    job.control.request_migration(["w0", "w1"], "drain", joiners=2)
+    job.start("w2")
+    job.start("w3")
+    moved = job.wait_event("scale_done", 90)
+    assert sorted(moved["members"]) == ["w2", "w3"] and sorted(moved["leavers"]) == ["w0", "w1"]
+    assert moved["new_leader"] in ("w2", "w3")
+    assert job.procs["w0"].wait(timeout=30) == 0 and job.procs["w1"].wait(timeout=30) == 0
+    job.wait_step(moved["step"] + 10)
+    finish_and_check(job)
+
+
 @pytest.mark.parametrize("mode", ["consistent", "approximate"])
 def test_sigkill_of_a_worker_then_of_the_leader(job: JobRun, mode: str) -> None:
     job.recovery = mode
