@@ -282,3 +282,59 @@ def test_unplaceable_sizes_are_refused_and_waiting_jobs_say_why(
     assert second.state == "queued" and "quota" in second.wait_reason
     run_tick(policy="fifo")  # an unchanged reason is not recorded twice
     assert second.events.filter(reason__startswith="waiting:").count() == 1
+
+
+def test_cancel_during_scaling_releases_everything_and_late_reports_change_nothing(
+    alice: Any, acme: Any
+) -> None:
+    nodes = demo_cluster()
+    acme.profile_jobs = False
+    acme.save()
+    job = submit(alice, acme, gpus=2, lo=1, hi=4)
+    run_tick(policy="elastic-tiresias")
+    others = [submit(alice, acme, gpus=2, lo=2, hi=2) for _ in range(3)]
+    run_tick(policy="elastic-tiresias")  # reclaims job's extras: a scale-in switch
+    job.refresh_from_db()
+    assert job.state == "scaling"
+    drain_all(nodes)
+    do_cancel_job(user=alice, job_id=job.pk)
+    job.refresh_from_db()
+    assert job.state == "cancelled" and not held(job)
+    stops = [c for cmds in drain_all(nodes).values() for c in cmds]
+    assert stops and {c["type"] for c in stops} == {"stop_job"}
+    late = {
+        "type": "scale_done",
+        "node": "node-0",
+        "job": f"job-{job.pk}",
+        "event_id": "9-0",
+        "world": 2,
+        "workers": ["w0", "w1"],
+        "step": 5,
+    }
+    assert handle_report(late) == "noted"
+    assert Job.objects.get(pk=job.pk).state == "cancelled"
+    assert all(Job.objects.get(pk=o.pk).state == "running" for o in others)
+
+
+def test_silent_agent_is_marked_down_and_its_jobs_recover(alice: Any, acme: Any) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from portal.inventory import do_heartbeat
+
+    nodes = demo_cluster()
+    job = submit(alice, acme, gpus=2)
+    run_tick(policy="fifo")
+    node = Server.objects.get(gpu_set__index=held(job)[0]).node
+    # Every other agent keeps reporting; this one went silent a minute ago.
+    for other in nodes:
+        at = timezone.now() - timedelta(seconds=60) if other == node else timezone.now()
+        do_heartbeat(node=other, info={}, at=at)
+    result = run_tick(policy="fifo")
+    assert result.down_nodes == (node,)
+    job.refresh_from_db()
+    assert job.state == "running"  # requeued and placed again on live servers
+    assert node not in {Server.objects.get(gpu_set__index=g).node for g in held(job)}
+    do_heartbeat(node=node, info={})
+    assert Server.objects.get(node=node).state == "up"  # back once it reports again
