@@ -112,7 +112,6 @@ def store_allocation(
     job: Job,
     allocation: Allocation | None,
     spec: FabricSpec | None,
-    gpu_pks: Mapping[int, int] | None = None,
 ) -> None:
     """Replace the job's GPU and cable rows (the DB's uniqueness forbids double booking).
 
@@ -124,9 +123,7 @@ def store_allocation(
     job.allocation = allocation.to_dict() if allocation is not None else {}
     if allocation is None or spec is None:
         return
-    gpu_rows = gpu_pks or dict(
-        Gpu.objects.filter(index__in=allocation.gpus).values_list("index", "id")
-    )
+    gpu_rows = dict(Gpu.objects.filter(index__in=allocation.gpus).values_list("index", "id"))
     JobGpu.objects.bulk_create(
         JobGpu(job=job, gpu_id=gpu_rows[g], rank=rank) for rank, g in enumerate(allocation.gpus)
     )
@@ -159,7 +156,6 @@ def apply_bound(
     now: datetime,
     outbox: Outbox,
     *,
-    gpu_pks: Mapping[int, int] | None = None,
     reason_override: Mapping[str, str] | None = None,
 ) -> list[int]:
     """Write every bound decision; return the ids of the jobs that changed."""
@@ -174,7 +170,7 @@ def apply_bound(
         reason = (reason_override or {}).get(item.job) or _describe(
             len(old), len(new), item.allocation
         )
-        store_allocation(job, item.allocation, spec, gpu_pks)
+        store_allocation(job, item.allocation, spec)
         # Each transition saves the whole job, allocation included.
         if not new:
             _apply_transition(job, JobState.QUEUED, reason=reason, at=now)

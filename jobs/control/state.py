@@ -13,7 +13,7 @@ from jobs.control.commands import GpuHome, runtime_job_name
 from jobs.control.curves import measured_curve, policy_curve
 from jobs.control.quota import QuotaBook
 from jobs.models import Job, JobGpu, JobMetric
-from portal.models import Fabric, Gpu, ServerState
+from portal.models import Fabric, Server, ServerState
 from scheduler.types import Cluster, GpuState, JobView, Snapshot
 from scheduler.types import Gpu as GpuView
 from scheduler.types import JobState as ViewState
@@ -29,37 +29,47 @@ class ClusterState:
     homes: dict[int, GpuHome]
     schedulable: frozenset[int]
     holders: dict[int, int]  # gpu index -> job id
+    holdings: dict[int, list[int]]  # job id -> its GPUs in rank order
     draining: frozenset[int]
-    gpu_pks: dict[int, int]  # gpu index -> Gpu row id
 
 
 def read_cluster() -> ClusterState | None:
-    """The fabric, where every GPU lives, which are schedulable now, who holds what."""
+    """The fabric, where every GPU lives, which are schedulable now, who holds what.
+
+    GPU ids follow from each server's position (the fabric's numbering), so
+    this reads the servers, not every GPU row.
+    """
     fabric = Fabric.objects.filter(pk=1).first()
     if fabric is None:
         return None
+    spec = fabric.spec()
     homes: dict[int, GpuHome] = {}
     schedulable: set[int] = set()
     draining: set[int] = set()
-    gpu_pks: dict[int, int] = {}
-    rows = Gpu.objects.values_list(
-        "id", "index", "local", "server__node", "server__state", "server__last_heartbeat"
-    )
-    for pk, index, local, node, state, heartbeat in rows:
-        gpu_pks[index] = pk
-        homes[index] = GpuHome(node=node, local=local)
+    servers = Server.objects.values_list("node", "leaf", "slot", "state", "last_heartbeat")
+    for node, leaf, slot, state, heartbeat in servers:
+        first = leaf * spec.gpus_per_leaf + slot * spec.gpus_per_server
+        indices = range(first, first + spec.gpus_per_server)
+        for local, index in enumerate(indices):
+            homes[index] = GpuHome(node=node, local=local)
         if state == ServerState.UP and heartbeat is not None:
-            schedulable.add(index)
+            schedulable.update(indices)
         elif state == ServerState.DRAINING:
-            draining.add(index)
-    holders = dict(JobGpu.objects.values_list("gpu__index", "job_id"))
+            draining.update(indices)
+    holders: dict[int, int] = {}
+    holdings: dict[int, list[int]] = {}
+    for job_id, index in JobGpu.objects.order_by("job_id", "rank").values_list(
+        "job_id", "gpu__index"
+    ):
+        holders[index] = job_id
+        holdings.setdefault(job_id, []).append(index)
     return ClusterState(
-        spec=fabric.spec(),
+        spec=spec,
         homes=homes,
         schedulable=frozenset(schedulable),
         holders=holders,
+        holdings=holdings,
         draining=frozenset(draining),
-        gpu_pks=gpu_pks,
     )
 
 
@@ -177,11 +187,7 @@ def build_snapshot(
         state__in=ACTIVE_STATES
     ).values_list("tenant_id", "parallelism", "gpus"):
         in_use[tenant_id] = in_use.get(tenant_id, 0) + min(parallelism, requested_gpus)
-    holdings: dict[int, list[int]] = {}
-    for job_id, index in JobGpu.objects.order_by("job_id", "rank").values_list(
-        "job_id", "gpu__index"
-    ):
-        holdings.setdefault(job_id, []).append(index)
+    holdings = cluster.holdings
     running_ids = [row[0] for row in rows if row[1] == JobState.RUNNING]
     measured = _measured_curves(running_ids, now - MEASUREMENT_WINDOW)
     views: list[JobView] = []

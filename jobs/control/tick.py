@@ -150,7 +150,6 @@ def _tick(policy_name: str, now: datetime) -> TickResult:
             cluster.homes,
             now,
             outbox,
-            gpu_pks=cluster.gpu_pks,
             reason_override=reasons,
         )
         cluster = read_cluster() or cluster
@@ -161,9 +160,7 @@ def _tick(policy_name: str, now: datetime) -> TickResult:
     decisions, over_quota = enforce_quotas(decisions, {v.id: v for v in snapshot.jobs}, book)
     allocator = load_allocator(cluster)
     bound, refused = bind(cluster.spec, allocator, decisions)
-    changed += apply_bound(
-        cluster.spec, bound, ids, cluster.homes, now, outbox, gpu_pks=cluster.gpu_pks
-    )
+    changed += apply_bound(cluster.spec, bound, ids, cluster.homes, now, outbox)
     changed += _request_profiles(cluster, now, outbox)
     waiting = {ids[r.job]: r.reason for r in refused if r.job in ids}
     waiting.update(held_back)
