@@ -16,8 +16,10 @@ replaces the guess, so a job whose throughput stops rising stops growing.
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 
 
 def measured_curve(samples: Iterable[tuple[int, float]]) -> dict[int, float]:
@@ -29,10 +31,17 @@ def measured_curve(samples: Iterable[tuple[int, float]]) -> dict[int, float]:
     return {size: statistics.median(rates) for size, rates in by_size.items()}
 
 
+@functools.cache
+def _linear_prior(max_gpus: int) -> Mapping[int, float]:
+    return MappingProxyType({n: float(n) for n in range(1, max_gpus + 1)})
+
+
 def policy_curve(
     profiled: Mapping[int, float], measured: Mapping[int, float], max_gpus: int
-) -> dict[int, float]:
+) -> Mapping[int, float]:
     """A samples/s value for every size 1..max_gpus (profiled > measured > linear prior)."""
+    if not profiled and not measured:
+        return _linear_prior(max_gpus)  # most queued jobs: one shared, read-only curve
     known = {**measured, **profiled}
     known = {n: v for n, v in known.items() if n >= 1 and v > 0}
     if known:

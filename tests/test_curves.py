@@ -1,0 +1,21 @@
+"""Throughput curves the live policy sees (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs.control.curves import measured_curve, policy_curve
+
+
+def test_measured_curve_is_the_median_per_size() -> None:
+    samples = [(2, 100.0), (2, 120.0), (2, 400.0), (4, 150.0), (0, 5.0), (3, -1.0)]
+    assert measured_curve(samples) == {2: 120.0, 4: 150.0}
+
+
+def test_profile_beats_measurement_beats_the_linear_prior() -> None:
+    assert dict(policy_curve({}, {}, 3)) == {1: 1.0, 2: 2.0, 3: 3.0}
+    curve = policy_curve({2: 90.0}, {2: 200.0, 4: 100.0}, 6)
+    assert curve[2] == 90.0  # the profile wins
+    assert curve[1] == pytest.approx(45.0)  # below the smallest known: scaled from it
+    assert curve[3] == pytest.approx(95.0)  # between known sizes: interpolated
+    assert curve[6] == pytest.approx(150.0)  # above: linear from the largest measured
