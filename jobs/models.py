@@ -57,6 +57,9 @@ class Job(models.Model):
     throughput_curve = models.JSONField(
         default=dict, blank=True, help_text="Profiled samples/s by GPU count (EDL profile())."
     )
+    measured_curve = models.JSONField(
+        default=dict, blank=True, help_text="Measured samples/s by GPU count (running average)."
+    )
     allocation = models.JSONField(
         default=dict, blank=True, help_text="The vClos allocation (fabric.Allocation.to_dict())."
     )

@@ -220,7 +220,8 @@ def test_ticks_never_overlap(alice: Any, acme: Any) -> None:
 def test_profile_at_max_then_curve_drives_the_policy(alice: Any, acme: Any) -> None:
     nodes = demo_cluster()
     job = submit(alice, acme, gpus=2, lo=1, hi=4)
-    run_tick(policy="elastic-tiresias")
+    run_tick(policy="elastic-tiresias")  # starts it at its maximum (idle GPUs)
+    run_tick(policy="elastic-tiresias")  # it runs at its maximum: profile it
     job.refresh_from_db()
     assert job.parallelism == 4 and job.profile_state == "requested"
     profile = [c for cmds in drain_all(nodes).values() for c in cmds if c["type"] == "profile"]

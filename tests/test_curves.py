@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.control.curves import measured_curve, policy_curve
+from jobs.control.curves import policy_curve, record_measurement
 
 
-def test_measured_curve_is_the_median_per_size() -> None:
-    samples = [(2, 100.0), (2, 120.0), (2, 400.0), (4, 150.0), (0, 5.0), (3, -1.0)]
-    assert measured_curve(samples) == {2: 120.0, 4: 150.0}
+def test_measurements_are_a_running_average_per_size() -> None:
+    curve = record_measurement({}, 2, 100.0)
+    assert curve == {"2": 100.0}
+    curve = record_measurement(curve, 2, 200.0, weight=0.25)
+    assert curve == {"2": 125.0}
+    curve = record_measurement(curve, 4, 150.0)
+    assert record_measurement(curve, 0, 5.0) == curve == {"2": 125.0, "4": 150.0}
+    assert record_measurement(curve, 3, -1.0) == curve
 
 
 def test_profile_beats_measurement_beats_the_linear_prior() -> None:

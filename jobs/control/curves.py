@@ -4,8 +4,8 @@ Elastic-Tiresias grows a job while its throughput still rises, so it needs a
 samples/s figure for every size in the job's range.  In order of trust:
 
 1. the curve of the job's ``profile(min, max)`` (EDL §4), when it ran;
-2. what the job measured while running at each size (median of its progress
-   reports at that parallelism);
+2. what the job measured while running at each size (a running average of its
+   progress reports at that parallelism, kept on the job);
 3. for sizes never seen: linear in the GPU count from the per-GPU rate at the
    largest measured size (or 1 sample/s per GPU with no data at all).
 
@@ -17,18 +17,27 @@ replaces the guess, so a job whose throughput stops rising stops growing.
 from __future__ import annotations
 
 import functools
-import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType
 
+MEASUREMENT_WEIGHT = 0.3  # weight of the newest progress report in a size's running average
 
-def measured_curve(samples: Iterable[tuple[int, float]]) -> dict[int, float]:
-    """Median samples/s per parallelism from (parallelism, samples/s) progress samples."""
-    by_size: dict[int, list[float]] = {}
-    for size, rate in samples:
-        if size > 0 and rate > 0:
-            by_size.setdefault(size, []).append(rate)
-    return {size: statistics.median(rates) for size, rates in by_size.items()}
+
+def record_measurement(
+    curve: Mapping[str, float], size: int, rate: float, weight: float = MEASUREMENT_WEIGHT
+) -> dict[str, float]:
+    """The job's measured curve after one progress report at ``size`` GPUs.
+
+    Kept on the job as an exponentially weighted average per size (JSON keys
+    are strings), so the tick reads one small dict per job, not its history.
+    """
+    updated = dict(curve)
+    if size <= 0 or rate <= 0:
+        return updated
+    key = str(size)
+    previous = updated.get(key)
+    updated[key] = rate if previous is None else (1 - weight) * previous + weight * rate
+    return updated
 
 
 @functools.cache

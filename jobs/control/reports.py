@@ -19,6 +19,7 @@ from django.utils import timezone
 from jobs.choices import ACTIVE_STATES, TERMINAL_STATES, EventKind, JobState
 from jobs.control.apply import Outbox, release_job
 from jobs.control.commands import job_id_from_name, worker_id
+from jobs.control.curves import record_measurement
 from jobs.models import Job, JobEvent, JobGpu, JobMetric
 from jobs.services import _apply_transition, _broadcast, do_set_parallelism, request_tick
 from portal.inventory import do_heartbeat
@@ -106,8 +107,16 @@ def _progress(job: Job, report: Any) -> str:
     job.step = report.step
     job.samples_per_s = report.samples_per_s
     job.loss = report.loss
+    job.measured_curve = record_measurement(job.measured_curve, report.world, report.samples_per_s)
     job.save(
-        update_fields=["step", "samples_per_s", "loss", "attained_gpu_seconds", "last_service_at"]
+        update_fields=[
+            "step",
+            "samples_per_s",
+            "loss",
+            "attained_gpu_seconds",
+            "last_service_at",
+            "measured_curve",
+        ]
     )
     JobMetric.objects.create(
         job=job,

@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from fabric.allocator import Allocation, VClosAllocator
 from fabric.topology import FabricSpec
 from jobs.choices import ACTIVE_STATES, JobState
 from jobs.control.commands import GpuHome, runtime_job_name
-from jobs.control.curves import measured_curve, policy_curve
+from jobs.control.curves import policy_curve
 from jobs.control.quota import QuotaBook
-from jobs.models import Job, JobGpu, JobMetric
+from jobs.models import Job, JobGpu
 from portal.models import Fabric, Server, ServerState
 from scheduler.types import Cluster, GpuState, JobView, Snapshot
 from scheduler.types import Gpu as GpuView
 from scheduler.types import JobState as ViewState
-
-MEASUREMENT_WINDOW = timedelta(hours=1)
 
 
 @dataclass(frozen=True)
@@ -114,34 +112,24 @@ def load_allocator(cluster: ClusterState) -> VClosAllocator:
     return allocator
 
 
-def _measured_curves(
-    job_ids: list[int], since: datetime, per_job: int = 200
-) -> dict[int, dict[int, float]]:
-    """Each running job's measured samples/s by parallelism (its recent progress samples)."""
-    samples: dict[int, list[tuple[int, float]]] = {}
-    rows = (
-        JobMetric.objects.filter(job_id__in=job_ids, at__gte=since)
-        .order_by("job_id", "-at")
-        .values_list("job_id", "parallelism", "samples_per_s")
-    )
-    for job_id, size, rate in rows.iterator():
-        bucket = samples.setdefault(job_id, [])
-        if len(bucket) < per_job:
-            bucket.append((size, rate))
-    return {job_id: measured_curve(points) for job_id, points in samples.items()}
+@dataclass(frozen=True)
+class PolicyInput:
+    """What the tick hands the policy, and what it needs to act on the answer."""
+
+    snapshot: Snapshot
+    ids: dict[str, int]  # job name in the snapshot -> database id
+    held_back: dict[int, str]  # queued jobs kept out by their tenant's quota -> why
+    book: QuotaBook  # quota and use per tenant, to check the policy's starts
+    profile_candidates: tuple[int, ...]  # running at max, never profiled, tenant profiles
 
 
-def build_snapshot(
-    cluster: ClusterState, now: datetime
-) -> tuple[Snapshot, dict[str, int], dict[int, str], QuotaBook]:
+def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
     """The policy's view: schedulable GPUs and the jobs it may decide on.
 
     Jobs in the middle of a membership switch (``scaling``) are left out: the
     policy decides on them again once the switch is done.  A queued job whose
     tenant has no quota left for its request is held back (quota rule).
-    Returns the snapshot, the database id of every job in it by name, and the
-    queued jobs held back by their tenant's quota (id -> reason), and the quota
-    book that the tick checks the policy's starts against.
+    Returns the snapshot with what the tick needs next to it (``PolicyInput``).
     """
     gpus = []
     for index in sorted(cluster.homes):
@@ -177,7 +165,9 @@ def build_snapshot(
             "attained_gpu_seconds",
             "priority",
             "throughput_curve",
+            "measured_curve",
             "profile_state",
+            "tenant__profile_jobs",
         )
     )
     # Quota counts each job's requested share only: GPUs above it are idle extras that
@@ -188,12 +178,11 @@ def build_snapshot(
     ).values_list("tenant_id", "parallelism", "gpus"):
         in_use[tenant_id] = in_use.get(tenant_id, 0) + min(parallelism, requested_gpus)
     holdings = cluster.holdings
-    running_ids = [row[0] for row in rows if row[1] == JobState.RUNNING]
-    measured = _measured_curves(running_ids, now - MEASUREMENT_WINDOW)
     views: list[JobView] = []
     ids: dict[str, int] = {}
     held_back: dict[int, str] = {}
     book = QuotaBook()
+    profile_candidates: list[int] = []
     epoch = now.timestamp()
     for (
         job_id,
@@ -208,11 +197,15 @@ def build_snapshot(
         service,
         priority,
         curve_json,
+        measured_json,
         profile_state,
+        tenant_profiles,
     ) in rows:
         if profile_state == "requested":
             continue  # profiling: its size belongs to the runtime until the curve arrives
         held = tuple(holdings.get(job_id, ())) if state == JobState.RUNNING else ()
+        if tenant_profiles and not profile_state and lo < hi and len(held) == hi:
+            profile_candidates.append(job_id)
         if state == JobState.QUEUED and in_use.get(tenant_id, 0) + lo > quota:
             held_back[job_id] = (
                 f"tenant {slug} holds {in_use.get(tenant_id, 0)} of its {quota}-GPU quota"
@@ -222,7 +215,8 @@ def build_snapshot(
         book.in_use[slug] = in_use.get(tenant_id, 0)
         name = runtime_job_name(job_id)
         profiled = {int(k): float(v) for k, v in (curve_json or {}).items()}
-        curve = policy_curve(profiled, measured.get(job_id, {}), hi)
+        measured = {int(k): float(v) for k, v in (measured_json or {}).items()}
+        curve = policy_curve(profiled, measured, hi)
         views.append(
             JobView(
                 id=name,
@@ -242,4 +236,4 @@ def build_snapshot(
     snapshot = Snapshot(
         now=0.0, cluster=Cluster(gpus=tuple(gpus), fabric_spec=cluster.spec), jobs=tuple(views)
     )
-    return snapshot, ids, held_back, book
+    return PolicyInput(snapshot, ids, held_back, book, tuple(profile_candidates))

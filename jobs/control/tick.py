@@ -153,17 +153,18 @@ def _tick(policy_name: str, now: datetime) -> TickResult:
             reason_override=reasons,
         )
         cluster = read_cluster() or cluster
-    snapshot, ids, held_back, book = build_snapshot(cluster, now)
+    view = build_snapshot(cluster, now)
+    snapshot, ids = view.snapshot, view.ids
     decisions: Sequence[Decision] = get_policy(policy_name).schedule(
         snapshot, placement=CountPlacement()
     )
-    decisions, over_quota = enforce_quotas(decisions, {v.id: v for v in snapshot.jobs}, book)
+    decisions, over_quota = enforce_quotas(decisions, {v.id: v for v in snapshot.jobs}, view.book)
     allocator = load_allocator(cluster)
     bound, refused = bind(cluster.spec, allocator, decisions)
     changed += apply_bound(cluster.spec, bound, ids, cluster.homes, now, outbox)
-    changed += _request_profiles(cluster, now, outbox)
+    changed += _request_profiles(cluster, view.profile_candidates, now, outbox)
     waiting = {ids[r.job]: r.reason for r in refused if r.job in ids}
-    waiting.update(held_back)
+    waiting.update(view.held_back)
     waiting.update({ids[name]: reason for name, reason in over_quota.items()})
     note_waiting(waiting, now)
     outbox.send_on_commit()
@@ -227,14 +228,19 @@ def _recover_lost_gpus(cluster: ClusterState, now: datetime) -> list[int]:
     return changed
 
 
-def _request_profiles(cluster: ClusterState, now: datetime, outbox: Outbox) -> list[int]:
+def _request_profiles(
+    cluster: ClusterState, candidates: Sequence[int], now: datetime, outbox: Outbox
+) -> list[int]:
     """EDL's profile(min, max) for jobs that reached their maximum and have no curve yet.
 
     The runtime measures samples/s from max down to min, one worker at a time;
     its scale-ins come back as ``scale_done`` reports (GPUs released) and the
     curve as ``profile_done``.  The policy leaves a profiling job alone.
     """
-    candidates = Job.objects.select_for_update().filter(
+    if not candidates:
+        return []
+    jobs = Job.objects.select_for_update().filter(
+        pk__in=candidates,  # from the snapshot; re-checked here, the tick may have moved them
         state=JobState.RUNNING,
         profile_state="",
         tenant__profile_jobs=True,
@@ -242,7 +248,7 @@ def _request_profiles(cluster: ClusterState, now: datetime, outbox: Outbox) -> l
         parallelism=F("max_gpus"),
     )
     requested: list[int] = []
-    for job in candidates:
+    for job in jobs:
         first = (
             JobGpu.objects.filter(job=job)
             .order_by("rank")
