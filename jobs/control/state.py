@@ -150,11 +150,12 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
             )
         )
     rows = (
-        Job.objects.filter(state__in=(JobState.QUEUED, JobState.RUNNING))
+        Job.objects.filter(state__in=(JobState.QUEUED, JobState.RUNNING, JobState.SCALING))
         .order_by("submitted_at", "id")
         .values_list(
             "id",
             "state",
+            "parallelism",
             "tenant_id",
             "tenant__slug",
             "tenant__gpu_quota",
@@ -173,10 +174,9 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
     # Quota counts each job's requested share only: GPUs above it are idle extras that
     # the policy reclaims first, so they never keep a tenant's next job waiting.
     in_use: dict[int, int] = {}
-    for tenant_id, parallelism, requested_gpus in Job.objects.filter(
-        state__in=ACTIVE_STATES
-    ).values_list("tenant_id", "parallelism", "gpus"):
-        in_use[tenant_id] = in_use.get(tenant_id, 0) + min(parallelism, requested_gpus)
+    for row in rows:
+        if row[1] in ACTIVE_STATES:
+            in_use[row[3]] = in_use.get(row[3], 0) + min(row[2], row[7])
     holdings = cluster.holdings
     views: list[JobView] = []
     ids: dict[str, int] = {}
@@ -187,6 +187,7 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
     for (
         job_id,
         state,
+        _parallelism,
         tenant_id,
         slug,
         quota,
@@ -201,8 +202,8 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
         profile_state,
         tenant_profiles,
     ) in rows:
-        if profile_state == "requested":
-            continue  # profiling: its size belongs to the runtime until the curve arrives
+        if state == JobState.SCALING or profile_state == "requested":
+            continue  # switching or profiling: its size belongs to the runtime for now
         held = tuple(holdings.get(job_id, ())) if state == JobState.RUNNING else ()
         if tenant_profiles and not profile_state and lo < hi and len(held) == hi:
             profile_candidates.append(job_id)
