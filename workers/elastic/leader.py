@@ -240,41 +240,34 @@ class Leader:
         """The main thread moved to ``plan``'s generation."""
         with self.lock:
             self.detector.reset()
-            emit_event(
-                self.redis,
-                self.keys,
-                "scale_done",
-                generation=plan["generation"],
-                world=len(plan["members"]),
-                members=plan["members"],
-                joiners=plan["joiners"],
-                leavers=plan["leavers"],
-                pause_s=pause_s,
-                step=self.ctx.step,
-            )
+            self._emit_scale_done(plan, pause_s)
             self.op = None
             if self.profile is not None:
                 self.profile["start"] = self.ctx.step + WARMUP_STEPS
             self._set_state("running" if self.profile is None else "profiling")
+
+    def _emit_scale_done(self, plan: dict[str, Any], pause_s: float, **extra: Any) -> None:
+        """Tell the world (the agent, the control plane) that ``plan``'s switch happened."""
+        emit_event(
+            self.redis,
+            self.keys,
+            "scale_done",
+            generation=plan["generation"],
+            world=len(plan["members"]),
+            members=plan["members"],
+            joiners=plan["joiners"],
+            leavers=plan["leavers"],
+            pause_s=pause_s,
+            step=self.ctx.step,
+            **extra,
+        )
 
     def hand_off(self, successor: str, plan: dict[str, Any]) -> None:
         """This worker leaves at this switch: pass the lease (and the metadata) on."""
         with self.lock:
             self.active = False
             self.op = None
-            emit_event(
-                self.redis,
-                self.keys,
-                "scale_done",
-                generation=plan["generation"],
-                world=len(plan["members"]),
-                members=plan["members"],
-                joiners=plan["joiners"],
-                leavers=plan["leavers"],
-                pause_s=0.0,
-                step=self.ctx.step,
-                new_leader=successor,
-            )
+            self._emit_scale_done(plan, 0.0, new_leader=successor)
             self.redis.hset(
                 self.keys.meta,
                 mapping={"generation": plan["generation"], "members": json.dumps(plan["members"])},
