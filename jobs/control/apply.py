@@ -19,8 +19,8 @@ from fabric.topology import FabricSpec
 from jobs.choices import EventKind, JobState
 from jobs.control.binding import Bound
 from jobs.control.commands import GpuHome, JobLaunch, membership_commands
-from jobs.models import Job, JobCable, JobEvent, JobGpu
-from jobs.services import _apply_transition, _broadcast
+from jobs.models import Job, JobCable, JobGpu
+from jobs.services import _apply_transition, _broadcast, _record
 from portal.models import Gpu
 from workers.protocol import Command
 
@@ -90,9 +90,7 @@ def note_waiting(job_ids: Mapping[int, str], now: datetime) -> None:
         if job.wait_reason != reason:
             job.wait_reason = reason
             job.save(update_fields=["wait_reason"])
-            JobEvent.objects.create(
-                job=job, at=now, kind=EventKind.NOTE, reason=f"waiting: {reason}"[:500]
-            )
+            _record(job, EventKind.NOTE, now, reason=f"waiting: {reason}")
             _broadcast(job, "job.updated")
 
 
@@ -180,10 +178,10 @@ def apply_bound(
             _apply_transition(job, JobState.RUNNING, reason=reason, at=now, parallelism=len(new))
         else:
             _apply_transition(job, JobState.SCALING, reason=reason, at=now)
-            JobEvent.objects.create(
-                job=job,
-                at=now,
-                kind=EventKind.MIGRATED if len(old) == len(new) else EventKind.NOTE,
+            _record(
+                job,
+                EventKind.MIGRATED if len(old) == len(new) else EventKind.NOTE,
+                now,
                 reason=f"switching {len(old)}→{len(new)} GPUs without stopping",
                 data={"from": list(old), "to": list(new)},
             )

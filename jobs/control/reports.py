@@ -20,8 +20,14 @@ from jobs.choices import ACTIVE_STATES, TERMINAL_STATES, EventKind, JobState
 from jobs.control.apply import Outbox, release_job
 from jobs.control.commands import job_id_from_name, worker_id
 from jobs.control.curves import record_measurement
-from jobs.models import Job, JobEvent, JobGpu, JobMetric
-from jobs.services import _apply_transition, _broadcast, do_set_parallelism, request_tick
+from jobs.models import Job, JobGpu, JobMetric
+from jobs.services import (
+    _apply_transition,
+    _broadcast,
+    _record,
+    do_set_parallelism,
+    request_tick,
+)
 from portal.inventory import do_heartbeat
 from workers.protocol import (
     Failed,
@@ -141,11 +147,13 @@ def _scale_done(job: Job, report: ScaleDone) -> str:
     pause = f", existing workers paused {report.pause_s:.3f} s" if report.pause_s else ""
     where = f"at step {report.step} (generation {report.generation}){pause}"
     if job.state == JobState.SCALING:
-        job.save(update_fields=["attained_gpu_seconds", "last_service_at"])
+        # The transition saves the whole job, the service just accrued included.
         _apply_transition(
             job, JobState.RUNNING, reason=f"switch done {where}", at=now, parallelism=world
         )
+        _broadcast(job, "job.updated")
     elif job.state == JobState.RUNNING and world != job.parallelism:
+        # do_set_parallelism reads the job again (and broadcasts): save the service first.
         job.save(update_fields=["attained_gpu_seconds", "last_service_at"])
         why = "profiling" if job.profile_state == "requested" else "runtime"
         do_set_parallelism(
@@ -156,7 +164,6 @@ def _scale_done(job: Job, report: ScaleDone) -> str:
         )
     else:
         return "noted"
-    _broadcast(job, "job.updated")
     request_tick()
     return "scaled"
 
@@ -178,10 +185,10 @@ def keep_only_workers(job: Job, workers: set[str]) -> tuple[str, ...]:
 
 def _recovered(job: Job, report: Recovered) -> str:
     now = _at(report)
-    JobEvent.objects.create(
-        job=job,
-        at=now,
-        kind=EventKind.RECOVERED,
+    _record(
+        job,
+        EventKind.RECOVERED,
+        now,
         reason=f"{report.mode} recovery after losing {', '.join(report.dead)}",
         from_parallelism=job.parallelism,
         to_parallelism=report.world,
@@ -191,20 +198,20 @@ def _recovered(job: Job, report: Recovered) -> str:
 
 
 def _worker_failed(job: Job, report: WorkerFailed) -> str:
-    JobEvent.objects.create(
-        job=job,
-        at=_at(report),
-        kind=EventKind.NOTE,
-        reason=f"worker {report.worker_id} dropped: {report.error}"[:500],
+    _record(
+        job,
+        EventKind.NOTE,
+        _at(report),
+        reason=f"worker {report.worker_id} dropped: {report.error}",
     )
     return "noted"
 
 
 def _straggler(job: Job, report: Straggler) -> str:
-    JobEvent.objects.create(
-        job=job,
-        at=_at(report),
-        kind=EventKind.STRAGGLER,
+    _record(
+        job,
+        EventKind.STRAGGLER,
+        _at(report),
         reason=f"worker {report.worker_id} is {report.ratio:.2f}x slower than the median",
         data={"worker": report.worker_id, "ratio": report.ratio},
     )
@@ -216,10 +223,10 @@ def _profile_done(job: Job, report: ProfileDone) -> str:
     job.throughput_curve = curve
     job.profile_state = "done"
     job.save(update_fields=["throughput_curve", "profile_state"])
-    JobEvent.objects.create(
-        job=job,
-        at=_at(report),
-        kind=EventKind.PROFILED,
+    _record(
+        job,
+        EventKind.PROFILED,
+        _at(report),
         reason="throughput profiled at "
         + ", ".join(f"{n} GPUs: {v:.0f}/s" for n, v in curve.items()),
         data={"curve": curve},
@@ -233,8 +240,7 @@ def _finished(job: Job, report: Finished) -> str:
     if job.state not in ACTIVE_STATES:
         return "stale"
     now = _at(report)
-    accrue_service(job, now)
-    job.save(update_fields=["attained_gpu_seconds", "last_service_at"])
+    accrue_service(job, now)  # saved with the transition below
     release_job(job, None, reason="finished")
     _apply_transition(
         job, JobState.COMPLETED, reason=f"training finished at step {report.step}", at=now
@@ -264,10 +270,10 @@ def _worker_exited(job: Job, report: WorkerExited) -> str:
         job.save(update_fields=["log_tail"])
         _broadcast(job, "job.log")
     if report.outcome == "crashed":
-        JobEvent.objects.create(
-            job=job,
-            at=_at(report),
-            kind=EventKind.NOTE,
+        _record(
+            job,
+            EventKind.NOTE,
+            _at(report),
             reason=f"worker {report.worker_id} crashed (exit {report.exit_code})",
         )
     return "noted"

@@ -71,13 +71,6 @@ def read_cluster() -> ClusterState | None:
     )
 
 
-def job_gpus(job_id: int) -> tuple[int, ...]:
-    """A job's GPUs in rank order."""
-    return tuple(
-        JobGpu.objects.filter(job_id=job_id).order_by("rank").values_list("gpu__index", flat=True)
-    )
-
-
 def _held_shape(data: dict[str, Any]) -> Allocation:
     """What the allocator's state needs of a persisted allocation: GPUs, leaves, uplinks.
 
@@ -99,12 +92,10 @@ def load_allocator(cluster: ClusterState) -> VClosAllocator:
     for job_id, data in Job.objects.filter(state__in=ACTIVE_STATES).values_list("id", "allocation"):
         if data:
             allocations.append(_held_shape(data))
-        else:  # held GPUs without a recorded shape: reserve them as they are
-            gpus = job_gpus(job_id)
-            if gpus:
-                allocations.append(
-                    Allocation(runtime_job_name(job_id), gpus, (cluster.spec.leaf_of(gpus[0]),))
-                )
+        elif gpus := tuple(cluster.holdings.get(job_id, ())):
+            # held GPUs without a recorded shape: reserve them as they are
+            leaves = tuple(sorted({cluster.spec.leaf_of(g) for g in gpus}))
+            allocations.append(Allocation(runtime_job_name(job_id), gpus, leaves))
     allocator.restore(allocations)
     # Held GPUs of draining servers are blocked too: a job released there lands elsewhere.
     blocked = [g for g in range(cluster.spec.total_gpus) if g not in cluster.schedulable]

@@ -15,6 +15,7 @@ killed half-way (its transaction rolls back) is repaired by the next one.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -40,8 +41,8 @@ from jobs.control.binding import Refused, bind
 from jobs.control.commands import job_id_from_name, runtime_job_name
 from jobs.control.quota import enforce_quotas
 from jobs.control.state import ClusterState, build_snapshot, load_allocator, read_cluster
-from jobs.models import Job, JobEvent, JobGpu
-from jobs.services import _apply_transition, _broadcast
+from jobs.models import Job
+from jobs.services import _apply_transition, _broadcast, _record
 from portal.inventory import do_mark_silent_servers_down
 from portal.metrics import record_tick
 from scheduler.placement import CountPlacement
@@ -114,15 +115,7 @@ def run_tick(
             log.warning("the tick outlived its lock (%.0f s)", lock_timeout_s)
     duration = time.perf_counter() - started
     record_tick(duration)
-    return TickResult(
-        ran=True,
-        duration_s=duration,
-        changed_jobs=result.changed_jobs,
-        refused=result.refused,
-        down_nodes=result.down_nodes,
-        decisions=result.decisions,
-        notes=result.notes,
-    )
+    return dataclasses.replace(result, duration_s=duration)
 
 
 def _tick(policy_name: str, now: datetime) -> TickResult:
@@ -191,23 +184,15 @@ def _recover_lost_gpus(cluster: ClusterState, now: datetime) -> list[int]:
         survivors = tuple(g for g in held if g not in lost)
         if survivors and allocation is not None:
             # A subset of a vClos keeps its reserved cables: still contention-free.
-            kept = Allocation(
-                job_id=allocation.job_id,
-                gpus=survivors,
-                leaves=allocation.leaves,
-                spines=allocation.spines,
-                links=allocation.links,
-                routes=allocation.routes,
-                uplinks=allocation.uplinks,
-            )
+            kept = dataclasses.replace(allocation, gpus=survivors)
             store_allocation(job, kept, cluster.spec)
             previous = job.parallelism
             job.parallelism = len(survivors)
             job.save(update_fields=["allocation", "parallelism"])
-            JobEvent.objects.create(
-                job=job,
-                at=now,
-                kind=EventKind.RECOVERED,
+            _record(
+                job,
+                EventKind.RECOVERED,
+                now,
                 reason=f"lost GPUs {sorted(lost)} (server down): {job.recovery} recovery on "
                 f"{len(survivors)} survivors",
                 from_parallelism=previous,
@@ -249,20 +234,18 @@ def _request_profiles(
     )
     requested: list[int] = []
     for job in jobs:
-        first = (
-            JobGpu.objects.filter(job=job)
-            .order_by("rank")
-            .values_list("gpu__index", flat=True)
-            .first()
-        )
-        if first is None:
+        # Jobs this tick changed are no longer running at their maximum (filtered out
+        # above), so the holdings read at the start of the tick are still theirs.
+        held = cluster.holdings.get(job.pk)
+        if not held:
             continue
+        first = held[0]
         job.profile_state = "requested"
         job.save(update_fields=["profile_state"])
-        JobEvent.objects.create(
-            job=job,
-            at=now,
-            kind=EventKind.PROFILED,
+        _record(
+            job,
+            EventKind.PROFILED,
+            now,
             reason=f"profiling throughput from {job.max_gpus} down to "
             f"{job.min_gpus} GPUs, {settings.PROFILE_BATCHES} mini-batches each",
         )
@@ -285,11 +268,8 @@ def _request_profiles(
 
 
 def _drain_decisions(cluster: ClusterState) -> list[Decision]:
-    jobs: dict[int, int] = {}
-    for gpu, job_id in cluster.holders.items():
-        if gpu in cluster.draining:
-            jobs[job_id] = jobs.get(job_id, 0)
+    draining_jobs = {job_id for gpu, job_id in cluster.holders.items() if gpu in cluster.draining}
     decisions: list[Decision] = []
-    for job in Job.objects.filter(pk__in=jobs, state=JobState.RUNNING):
+    for job in Job.objects.filter(pk__in=draining_jobs, state=JobState.RUNNING):
         decisions.append(Migrate(runtime_job_name(job.pk), tuple(range(job.parallelism))))
     return decisions
