@@ -323,7 +323,7 @@ def main() -> int:
     if args.torchrun_worker:
         torchrun_worker(Path(args.torchrun_worker), 100_000)
         return 0
-    from portal.embedded_redis import ensure_running
+    from utilities.embedded_redis import ensure_running
 
     with tempfile.TemporaryDirectory(prefix="edl-bench-") as tmp:
         workdir = Path(tmp)

@@ -76,13 +76,13 @@ def main() -> int:
     from django.db import connection
     from django.utils import timezone
 
+    from inventory.models import Server
+    from inventory.services import do_load_topology
     from jobs.control.reports import handle_report
     from jobs.control.tick import run_tick
     from jobs.models import Job
     from jobs.services import check_job_spec, do_submit_job
-    from portal.inventory import do_load_topology
-    from portal.models import Server
-    from portal.services import do_create_tenant
+    from tenancy.services import do_create_tenant
 
     call_command("migrate", verbosity=0)
     rng = random.Random(options.seed)

@@ -8,7 +8,7 @@ from django import forms
 
 from jobs.choices import RecoveryMode
 from jobs.services import JobValidationError, check_job_spec
-from portal.models import Tenant
+from tenancy.models import Tenant
 from workers.catalog import WORKLOADS
 
 

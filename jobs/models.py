@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import models
 
 from jobs.choices import EventKind, JobState, RecoveryMode
-from portal.models import Tenant, TenantOwnedQuerySet
+from tenancy.models import Tenant, TenantOwnedQuerySet
 
 
 class JobQuerySet(TenantOwnedQuerySet):
@@ -131,7 +131,7 @@ class JobGpu(models.Model):
     """One GPU held by a running job, with its rank; a GPU can belong to one job only."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="gpu_slots")
-    gpu = models.OneToOneField("portal.Gpu", on_delete=models.PROTECT, related_name="assignment")
+    gpu = models.OneToOneField("inventory.Gpu", on_delete=models.PROTECT, related_name="assignment")
     rank = models.PositiveIntegerField()
 
     class Meta:

@@ -26,9 +26,9 @@ from jobs.choices import (
 )
 from jobs.models import Job, JobEvent
 from jobs.stats import JctStats, completed_jcts, summarize
-from portal.models import Tenant
-from portal.realtime import CLUSTER_GROUP, broadcast_on_commit, job_group, tenant_group
-from portal.services import can_write
+from tenancy.models import Tenant
+from tenancy.services import can_write
+from utilities.realtime import CLUSTER_GROUP, broadcast_on_commit, job_group, tenant_group
 from workers.catalog import WORKLOADS, WorkloadArgumentError, validate_args
 
 MAX_GPUS_PER_JOB = 4096
@@ -134,7 +134,7 @@ def _int_field(
 def placement_problem(gpus: int) -> str | None:
     """Why ``gpus`` GPUs can never be placed on this cluster's fabric (None if they can)."""
     from fabric.allocator import clos_shapes
-    from portal.inventory import current_spec
+    from inventory.services import current_spec
 
     spec = current_spec()
     if spec is None or gpus <= spec.gpus_per_leaf or clos_shapes(spec, gpus):

@@ -10,11 +10,11 @@ from django.views.decorators.http import require_POST
 
 from jobs.choices import TERMINAL_STATES
 from jobs.forms import JobForm
+from jobs.live import job_snapshot
 from jobs.models import Job
 from jobs.services import JobError, do_cancel_job, do_submit_job
-from portal.live_data import job_snapshot
-from portal.models import Tenant
-from portal.services import can_write
+from tenancy.models import Tenant
+from tenancy.services import can_write
 
 
 @login_required

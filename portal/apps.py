@@ -1,4 +1,4 @@
-"""The portal app: tenancy, pages, API plumbing."""
+"""The portal app: the top of the house — pages, live read models, consumers, what-if."""
 
 from django.apps import AppConfig
 

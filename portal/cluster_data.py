@@ -22,11 +22,11 @@ from typing import Any
 from django.db.models import Q
 from django.utils import timezone
 
+from inventory.models import Gpu, Server
+from inventory.services import current_spec
 from jobs.choices import ACTIVE_STATES, JobState
 from jobs.models import Job, JobCable, JobEvent
 from jobs.stats import completed_jcts, summarize
-from portal.inventory import current_spec
-from portal.models import Gpu, Server
 
 WINDOWS = {"1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400, "all": None}
 DEFAULT_WINDOW = "24h"

@@ -13,8 +13,15 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from portal.cluster_data import DEFAULT_WINDOW, WINDOWS, cluster_snapshot
-from portal.inventory import (
+from inventory.forms import (
+    SERVER_ACTIONS,
+    GeneratorForm,
+    ImportForm,
+    ServerForm,
+    field_for_message,
+)
+from inventory.models import Server
+from inventory.services import (
     InventoryError,
     current_spec,
     do_add_server,
@@ -23,14 +30,7 @@ from portal.inventory import (
     do_set_server_state,
     export_topology,
 )
-from portal.models import Server
-from portal.topology_forms import (
-    SERVER_ACTIONS,
-    GeneratorForm,
-    ImportForm,
-    ServerForm,
-    field_for_message,
-)
+from portal.cluster_data import DEFAULT_WINDOW, WINDOWS, cluster_snapshot
 
 
 def admin_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:

@@ -22,8 +22,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from jobs.models import Job
-from portal.models import Tenant
-from portal.realtime import CLUSTER_GROUP, job_group, tenant_group
+from tenancy.models import Tenant
+from utilities.realtime import CLUSTER_GROUP, job_group, tenant_group
 
 log = logging.getLogger(__name__)
 
@@ -116,5 +116,5 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         await self.send_json({"type": "subscribed", "topic": topic, "id": ident})
 
     async def portal_event(self, message: dict[str, Any]) -> None:
-        """A broadcast from ``portal.realtime``: pass the event on as it is."""
+        """A broadcast from ``utilities.realtime``: pass the event on as it is."""
         await self.send_json(message["event"])

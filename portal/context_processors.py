@@ -12,6 +12,6 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return {"nav_tenants": []}
-    from portal.models import Tenant
+    from tenancy.models import Tenant
 
     return {"nav_tenants": list(Tenant.objects.restrict(user).order_by("slug"))}

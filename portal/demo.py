@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from portal.models import Tenant
-from portal.services import do_create_tenant
+from tenancy.models import Tenant
+from tenancy.services import do_create_tenant
 
 DEMO_FABRIC = {"leaves": 2, "spines": 2, "servers_per_leaf": 2, "gpus_per_server": 2}
 DEMO_ADMIN = ("admin", "admin")
@@ -43,7 +43,7 @@ def ensure_demo_data() -> DemoCredentials:
 
 def ensure_demo_fabric() -> None:
     """Load the 8-slot demo fabric (2 leaves, 2 spines, 2 servers/leaf, 2 GPUs/server) once."""
-    from portal.inventory import current_spec, do_load_topology
+    from inventory.services import current_spec, do_load_topology
 
     if current_spec() is None:
         do_load_topology(DEMO_FABRIC)

@@ -7,9 +7,9 @@ from django.http import HttpRequest, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET
 
+from jobs.live import job_snapshot, tenant_snapshot
 from jobs.models import Job
-from portal.live_data import job_snapshot, tenant_snapshot
-from portal.models import Tenant
+from tenancy.models import Tenant
 
 
 @login_required

@@ -14,10 +14,10 @@ from django.http import HttpRequest, HttpResponse
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from inventory.models import Gpu, ServerState
 from jobs.choices import ACTIVE_STATES, EventKind, JobState
 from jobs.models import Job, JobEvent, JobGpu
 from jobs.stats import completed_jcts
-from portal.models import Gpu, ServerState
 
 TICK_STATS_KEY = "portal:metrics:tick"
 JCT_BUCKETS = (30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400, float("inf"))

@@ -7,11 +7,11 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_http_methods
 
+from jobs.live import tenant_snapshot
 from jobs.models import Job
 from portal.api.errors import json_not_found, json_server_error
-from portal.live_data import tenant_snapshot
-from portal.models import Tenant
-from portal.services import do_issue_token
+from tenancy.models import Tenant
+from tenancy.services import do_issue_token
 
 
 def _selected_tenant(request: HttpRequest) -> Tenant | None:

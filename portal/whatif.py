@@ -27,9 +27,9 @@ from django.core.cache import cache
 from django.db import transaction
 
 from fabric.errors import TopologyError
+from inventory.services import current_spec
 from jobs.choices import JobState
 from jobs.models import Job
-from portal.inventory import current_spec
 from scheduler.fabric_placement import fabric_spec_for, simulate_fabric_trace
 from scheduler.policies import REGISTRY, get_policy
 from scheduler.simulator import SimConfig, simulate

@@ -9,8 +9,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
-from portal.models import Role, Tenant
-from portal.services import do_add_member, do_create_tenant, do_issue_token
+from tenancy.models import Role, Tenant
+from tenancy.services import do_add_member, do_create_tenant, do_issue_token
 
 
 @pytest.fixture

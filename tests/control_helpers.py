@@ -6,9 +6,9 @@ from typing import Any
 
 from django.utils import timezone
 
+from inventory.models import Server
+from inventory.services import do_heartbeat, do_load_topology
 from portal.celery import agent_queue, app
-from portal.inventory import do_heartbeat, do_load_topology
-from portal.models import Server
 
 DEMO = {"leaves": 2, "spines": 2, "servers_per_leaf": 2, "gpus_per_server": 2}
 

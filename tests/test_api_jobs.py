@@ -10,7 +10,7 @@ from rest_framework.test import APIClient
 from jobs.choices import JobState
 from jobs.models import Job, JobEvent
 from jobs.services import do_transition
-from portal.models import Role
+from tenancy.models import Role
 from tests.conftest import job_body
 
 pytestmark = pytest.mark.django_db
@@ -93,7 +93,7 @@ def test_viewer_cannot_submit_and_multi_tenant_user_must_choose(
     assert "no tenant" in response.json()["message"]
 
     both = make_user("carol", acme)
-    from portal.services import do_add_member
+    from tenancy.services import do_add_member
 
     do_add_member(tenant=globex, user=both)
     client = token_client(both)

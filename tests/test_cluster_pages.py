@@ -9,12 +9,13 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from inventory.models import Server
+from inventory.services import do_heartbeat
 from jobs.control.tick import run_tick
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
 from portal.cluster_data import gpu_efficiency, speedup
-from portal.inventory import do_heartbeat
-from portal.models import Server, Tenant
+from tenancy.models import Tenant
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ from django.contrib.auth import authenticate, get_user_model
 from django.core.management import CommandError, call_command
 from rest_framework.authtoken.models import Token
 
-from portal.models import Membership, Role, Tenant
+from tenancy.models import Membership, Role, Tenant
 
 pytestmark = pytest.mark.django_db
 

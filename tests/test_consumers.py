@@ -20,7 +20,7 @@ from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job, do_transition
 from portal.asgi import application
 from portal.consumers import CLOSE_UNAUTHENTICATED
-from portal.models import Tenant
+from tenancy.models import Tenant
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

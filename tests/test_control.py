@@ -7,12 +7,12 @@ from typing import Any
 import pytest
 from django.db import transaction
 
+from inventory.models import Server
+from inventory.services import do_set_server_state
 from jobs.control.reports import handle_report
 from jobs.control.tick import run_tick
 from jobs.models import Job, JobCable, JobGpu
 from jobs.services import check_job_spec, do_cancel_job, do_submit_job
-from portal.inventory import do_set_server_state
-from portal.models import Server
 from tests.control_helpers import demo_cluster, drain_all
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -322,7 +322,7 @@ def test_silent_agent_is_marked_down_and_its_jobs_recover(alice: Any, acme: Any)
 
     from django.utils import timezone
 
-    from portal.inventory import do_heartbeat
+    from inventory.services import do_heartbeat
 
     nodes = demo_cluster()
     job = submit(alice, acme, gpus=2)

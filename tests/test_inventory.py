@@ -13,8 +13,8 @@ from django.core.management import CommandError, call_command
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from jobs.models import JobCable, JobGpu
-from portal.inventory import (
+from inventory.models import Fabric, Gpu, Server, ServerState
+from inventory.services import (
     InventoryError,
     do_add_server,
     do_heartbeat,
@@ -24,7 +24,7 @@ from portal.inventory import (
     do_set_server_state,
     export_topology,
 )
-from portal.models import Fabric, Gpu, Server, ServerState
+from jobs.models import JobCable, JobGpu
 
 pytestmark = pytest.mark.django_db
 DEMO = {"leaves": 2, "spines": 2, "servers_per_leaf": 2, "gpus_per_server": 2}

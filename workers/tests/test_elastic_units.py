@@ -31,7 +31,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     url = os.environ.get("REDIS_URL")
     if url:
         return url
-    from portal.embedded_redis import ensure_running
+    from utilities.embedded_redis import ensure_running
 
     return ensure_running(tmp_path_factory.mktemp("redis"))
 

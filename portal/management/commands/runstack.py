@@ -13,6 +13,7 @@ from django.db.models import Count
 
 from portal.demo import ensure_demo_data, ensure_demo_fabric
 from portal.stack import ProcessSpec, Stack, python_module
+from utilities.embedded_redis import ensure_running
 
 
 def stack_processes(
@@ -62,7 +63,7 @@ def stack_processes(
             )
         )
     if agents:
-        from portal.models import Server
+        from inventory.models import Server
 
         servers = Server.objects.annotate(gpus=Count("gpu_set")).order_by("leaf", "slot")
         for node, gpus in servers.values_list("node", "gpus"):
@@ -104,6 +105,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if settings.REDIS_IS_EMBEDDED:  # settings only name it; the stack owns the server
+            ensure_running(settings.DATA_DIR)
         call_command("migrate", interactive=False, verbosity=0)
         creds = ensure_demo_data()
         if not options["no_demo_fabric"]:

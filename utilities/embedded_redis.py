@@ -9,8 +9,11 @@ shares it with every process that runs against that directory:
     data_dir/redis/pid    its process id
     data_dir/redis/lock   serialises concurrent starts
 
-The process that started the server owns it and stops it at exit; every other
-process only reuses it.  The same client code talks to this server and to a
+The port is chosen once and recorded, so settings can name the server's URL
+without starting anything (``recorded_url``); whoever needs the server running —
+``runstack``, the test setup — calls ``ensure_running``, which starts it on the
+recorded port.  The process that started the server owns it and stops it at
+exit; every other process only reuses it.  The same client code talks to this server and to a
 production ``REDIS_URL``: only the URL differs.
 """
 
@@ -65,11 +68,32 @@ def _read_port(state_dir: Path) -> int | None:
         return None
 
 
+def recorded_url(data_dir: Path) -> str:
+    """The URL of the embedded Redis for ``data_dir``, recording a free port on first use.
+
+    Starts nothing: settings call this at import time.
+    """
+    state_dir = data_dir / "redis"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with open(state_dir / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        port = _read_port(state_dir)
+        if port is None:
+            port = _free_port()
+            (state_dir / "port").write_text(str(port))
+    return _url(port)
+
+
+def _url(port: int) -> str:
+    return f"redis://127.0.0.1:{port}/0"
+
+
 def ensure_running(data_dir: Path, *, startup_timeout: float = 10.0) -> str:
     """Return the URL of the embedded Redis for ``data_dir``, starting it if needed.
 
-    Sets ``REDIS_URL`` in ``os.environ`` so that child processes (Celery
-    workers, agents, training processes) inherit the same server.
+    The server listens on the recorded port (a new free port is recorded only if
+    another program has taken it).  Sets ``REDIS_URL`` in ``os.environ`` so that
+    child processes (Celery workers, agents, training processes) inherit it.
     """
     state_dir = data_dir / "redis"
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -77,14 +101,24 @@ def ensure_running(data_dir: Path, *, startup_timeout: float = 10.0) -> str:
         fcntl.flock(lock, fcntl.LOCK_EX)
         port = _read_port(state_dir)
         if port is None or not _answers_ping(port):
-            port = _start(state_dir, startup_timeout)
-    url = f"redis://127.0.0.1:{port}/0"
+            port = _start(state_dir, port, startup_timeout)
+    url = _url(port)
     os.environ["REDIS_URL"] = url
     return url
 
 
-def _start(state_dir: Path, startup_timeout: float) -> int:
-    port = _free_port()
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _start(state_dir: Path, recorded: int | None, startup_timeout: float) -> int:
+    port = recorded if recorded is not None and _port_is_free(recorded) else _free_port()
+    (state_dir / "port").write_text(str(port))
     args = [
         str(server_binary()),
         "--bind", "127.0.0.1",
@@ -104,7 +138,6 @@ def _start(state_dir: Path, startup_timeout: float) -> int:
             log = (state_dir / "redis.log").read_text(errors="replace")[-500:]
             raise EmbeddedRedisError(f"embedded redis-server did not start: {log}")
         time.sleep(0.02)
-    (state_dir / "port").write_text(str(port))
     (state_dir / "pid").write_text(str(proc.pid))
     if not _OWNED:
         atexit.register(stop_owned)

@@ -1,4 +1,4 @@
-"""Forms of the admin topology editor; the rules themselves live in ``portal.inventory``."""
+"""Forms of the admin topology editor; the rules themselves live in ``inventory.services``."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from django.db.models import QuerySet
 from jobs.choices import ACTIVE_STATES, EventKind, JobState
 from jobs.models import Job
 from jobs.services import tenant_jct_stats
-from portal.models import Tenant
+from tenancy.models import Tenant
 
 ROW_LIMIT = 200
 METRIC_LIMIT = 2000

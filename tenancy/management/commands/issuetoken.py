@@ -7,7 +7,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from portal.services import do_issue_token
+from tenancy.services import do_issue_token
 
 
 class Command(BaseCommand):

@@ -31,6 +31,7 @@ class Fabric(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        db_table = "portal_fabric"  # moved from the portal app: same table, no data moved
         constraints = [models.CheckConstraint(condition=models.Q(pk=1), name="single_fabric")]
 
     def __str__(self) -> str:
@@ -70,6 +71,7 @@ class Server(models.Model):
     agent_info = models.JSONField(default=dict, blank=True)
 
     class Meta:
+        db_table = "portal_server"  # moved from the portal app: same table, no data moved
         ordering = ["leaf", "slot"]
         constraints = [
             models.UniqueConstraint(fields=["leaf", "slot"], name="one_server_per_position")
@@ -87,6 +89,7 @@ class Gpu(models.Model):
     local = models.PositiveIntegerField(help_text="Device index on its server.")
 
     class Meta:
+        db_table = "portal_gpu"  # moved from the portal app: same table, no data moved
         ordering = ["index"]
         constraints = [
             models.UniqueConstraint(fields=["server", "local"], name="one_gpu_per_device")

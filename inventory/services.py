@@ -17,8 +17,8 @@ from django.utils import timezone
 
 from fabric.errors import TopologyError
 from fabric.topology import FabricSpec
-from portal.models import Fabric, Gpu, Server, ServerState
-from portal.realtime import CLUSTER_GROUP, broadcast_on_commit
+from inventory.models import Fabric, Gpu, Server, ServerState
+from utilities.realtime import CLUSTER_GROUP, broadcast_on_commit
 
 NODE_NAME_MAX = 64
 MISSED_HEARTBEATS = "missed heartbeats"
@@ -115,9 +115,12 @@ def current_spec() -> FabricSpec | None:
 
 
 def _allocated_gpu_indices() -> set[int]:
-    from jobs.models import JobGpu  # jobs depends on portal, not the reverse: imported late
+    """GPUs some job holds, read through the reverse of the jobs app's assignment relation.
 
-    return set(JobGpu.objects.values_list("gpu__index", flat=True))
+    Inventory sits below jobs: it never imports them, it only asks which GPUs
+    have an ``assignment``.
+    """
+    return set(Gpu.objects.filter(assignment__isnull=False).values_list("index", flat=True))
 
 
 def _create_server(spec: FabricSpec, leaf: int, slot: int, node: str) -> Server:

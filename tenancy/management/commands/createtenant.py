@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from portal.services import TenancyError, do_create_tenant
+from tenancy.services import TenancyError, do_create_tenant
 
 
 class Command(BaseCommand):

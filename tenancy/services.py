@@ -10,7 +10,7 @@ from django.db import transaction
 from django.utils.text import slugify
 from rest_framework.authtoken.models import Token
 
-from portal.models import WRITE_ROLES, Membership, Role, Tenant
+from tenancy.models import WRITE_ROLES, Membership, Role, Tenant
 
 
 class TenancyError(ValueError):

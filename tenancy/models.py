@@ -72,6 +72,7 @@ class Tenant(models.Model):
     objects = TenantQuerySet.as_manager()
 
     class Meta:
+        db_table = "portal_tenant"  # moved from the portal app: same table, no data moved
         ordering = ["slug"]
         constraints = [
             models.CheckConstraint(
@@ -94,6 +95,7 @@ class Membership(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
+        db_table = "portal_membership"  # moved from the portal app: same table, no data moved
         ordering = ["tenant__slug", "user__username"]
         constraints = [
             models.UniqueConstraint(fields=["user", "tenant"], name="one_membership_per_tenant")

@@ -2,7 +2,7 @@
 
 from django.contrib import admin
 
-from portal.models import Membership, Tenant
+from tenancy.models import Membership, Tenant
 
 
 class MembershipInline(admin.TabularInline):  # type: ignore[type-arg]

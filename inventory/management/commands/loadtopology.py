@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from portal.inventory import InventoryError, do_load_topology
+from inventory.services import InventoryError, do_load_topology
 
 
 class Command(BaseCommand):

@@ -1,0 +1,1 @@
+"""Inventory: the fabric, its servers and GPUs, and their states (up, draining, down)."""

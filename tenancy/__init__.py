@@ -1,0 +1,1 @@
+"""Tenancy: tenants, members and roles, API tokens, and ``restrict(user)`` scoping."""
