@@ -1,8 +1,9 @@
 """Job services: ``check_*`` functions validate, ``do_*`` functions change state.
 
-Every write to a Job or JobEvent goes through this module; views, API viewsets,
-Celery tasks and consumers call it and never save models themselves.  Live
-updates are broadcast after the transaction commits.
+What people and tokens do to jobs (submit, cancel, change priority or range)
+goes through here; views, API viewsets, Celery tasks and consumers call it and
+never save models themselves.  State changes, events and live updates go
+through ``jobs.lifecycle``, placements through ``jobs.holdings``.
 """
 
 from __future__ import annotations
@@ -17,18 +18,17 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 from django.utils import timezone
 
-from jobs.choices import (
-    TERMINAL_STATES,
-    EventKind,
-    JobState,
-    RecoveryMode,
-    can_transition,
-)
-from jobs.models import Job, JobEvent
+from fabric.allocator import clos_shapes
+from inventory.services import current_spec
+from jobs.choices import TERMINAL_STATES, EventKind, JobState, RecoveryMode
+from jobs.errors import JobConflictError, JobError, JobPermissionError, JobValidationError
+from jobs.holdings import release
+from jobs.lifecycle import broadcast, record, request_tick, transition
+from jobs.models import Job
+from jobs.outbox import Outbox
 from jobs.stats import JctStats, completed_jcts, summarize
 from tenancy.models import Tenant
 from tenancy.services import can_write
-from utilities.realtime import CLUSTER_GROUP, broadcast_on_commit, job_group, tenant_group
 from workers.catalog import WORKLOADS, WorkloadArgumentError, validate_args
 
 MAX_GPUS_PER_JOB = 4096
@@ -47,33 +47,6 @@ JOB_FIELDS = (
     "recovery",
     "checkpoint_interval",
 )
-
-
-class JobError(Exception):
-    """A refused job request; ``errors`` maps field names to messages."""
-
-    status = 400
-
-    def __init__(self, message: str, errors: Mapping[str, list[str]] | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.errors: dict[str, list[str]] = dict(errors or {})
-
-
-class JobValidationError(JobError):
-    """The request's fields are invalid (HTTP 400)."""
-
-
-class JobPermissionError(JobError):
-    """The user may read but not change this job (HTTP 403)."""
-
-    status = 403
-
-
-class JobConflictError(JobError):
-    """The request makes no sense in the job's current state (HTTP 409)."""
-
-    status = 409
 
 
 @dataclass(frozen=True)
@@ -133,9 +106,6 @@ def _int_field(
 
 def placement_problem(gpus: int) -> str | None:
     """Why ``gpus`` GPUs can never be placed on this cluster's fabric (None if they can)."""
-    from fabric.allocator import clos_shapes
-    from inventory.services import current_spec
-
     spec = current_spec()
     if spec is None or gpus <= spec.gpus_per_leaf or clos_shapes(spec, gpus):
         return None
@@ -235,37 +205,6 @@ def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
     )
 
 
-def request_tick() -> None:
-    """Ask for a scheduler tick soon after this transaction commits (debounced)."""
-    from jobs.control.tick import request_tick_on_commit
-
-    request_tick_on_commit()
-
-
-def job_payload(job: Job, kind: str) -> dict[str, Any]:
-    """The small live-update message for a change of ``job``."""
-    return {
-        "type": kind,
-        "job": job.pk,
-        "tenant": job.tenant_id,
-        "state": job.state,
-        "parallelism": job.parallelism,
-        "attained_gpu_seconds": round(job.attained_gpu_seconds, 1),
-        "step": job.step,
-        "samples_per_s": None if job.samples_per_s is None else round(job.samples_per_s, 1),
-    }
-
-
-def _broadcast(job: Job, kind: str) -> None:
-    broadcast_on_commit(
-        (tenant_group(job.tenant_id), job_group(job.pk), CLUSTER_GROUP), job_payload(job, kind)
-    )
-
-
-def _record(job: Job, kind: str, at: datetime, reason: str = "", **fields: Any) -> JobEvent:
-    return JobEvent.objects.create(job=job, at=at, kind=kind, reason=reason[:500], **fields)
-
-
 @transaction.atomic
 def do_submit_job(
     *, user: AbstractBaseUser, tenant: Tenant, spec: JobSpec, at: datetime | None = None
@@ -289,67 +228,16 @@ def do_submit_job(
         checkpoint_interval=spec.checkpoint_interval,
         submitted_at=now,
     )
-    _record(
+    record(
         job,
         EventKind.SUBMITTED,
         now,
         f"submitted by {user.get_username()}",
         to_state=JobState.PENDING,
     )
-    _apply_transition(job, JobState.QUEUED, reason="accepted: waiting for GPUs", at=now)
-    _broadcast(job, "job.created")
+    transition(job, JobState.QUEUED, reason="accepted: waiting for GPUs", at=now)
+    broadcast(job, "job.created")
     request_tick()
-    return job
-
-
-def _apply_transition(
-    job: Job, to_state: str, *, reason: str, at: datetime, parallelism: int | None = None
-) -> None:
-    if not can_transition(job.state, to_state):
-        raise JobConflictError(f"a {job.state} job cannot become {to_state}")
-    from_state, from_parallelism = job.state, job.parallelism
-    job.state = to_state
-    if to_state == JobState.RUNNING and job.started_at is None:
-        job.started_at = at
-    if to_state in TERMINAL_STATES:
-        job.finished_at = at
-        job.parallelism = 0
-    elif to_state == JobState.QUEUED:
-        job.parallelism = 0
-    if parallelism is not None and to_state not in TERMINAL_STATES:
-        job.parallelism = parallelism
-    job.save()
-    _record(
-        job,
-        EventKind.PREEMPTED
-        if from_state in (JobState.RUNNING, JobState.SCALING) and to_state == JobState.QUEUED
-        else EventKind.STATE,
-        at,
-        reason,
-        from_state=from_state,
-        to_state=to_state,
-        from_parallelism=from_parallelism,
-        to_parallelism=job.parallelism,
-    )
-
-
-@transaction.atomic
-def do_transition(
-    *,
-    job_id: int,
-    to_state: str,
-    reason: str,
-    at: datetime | None = None,
-    parallelism: int | None = None,
-) -> Job:
-    """Move a job along its lifecycle, recording why; refuses transitions that make no sense."""
-    if to_state not in JobState.values:
-        raise JobValidationError(f"unknown state {to_state!r}")
-    job = Job.objects.select_for_update().get(pk=job_id)
-    _apply_transition(
-        job, to_state, reason=reason, at=at or timezone.now(), parallelism=parallelism
-    )
-    _broadcast(job, "job.updated")
     return job
 
 
@@ -367,7 +255,7 @@ def do_set_parallelism(
         previous = job.parallelism
         job.parallelism = parallelism
         job.save(update_fields=["parallelism", "updated_at"])
-        _record(
+        record(
             job,
             EventKind.SCALED,
             at or timezone.now(),
@@ -375,19 +263,7 @@ def do_set_parallelism(
             from_parallelism=previous,
             to_parallelism=parallelism,
         )
-        _broadcast(job, "job.updated")
-    return job
-
-
-@transaction.atomic
-def do_add_service(*, job_id: int, gpu_seconds: float) -> Job:
-    """Add attained service (GPU-seconds) to a job, as the control plane measures it."""
-    if gpu_seconds < 0:
-        raise JobValidationError("attained service only grows")
-    job = Job.objects.select_for_update().get(pk=job_id)
-    job.attained_gpu_seconds += gpu_seconds
-    job.save(update_fields=["attained_gpu_seconds", "updated_at"])
-    _broadcast(job, "job.updated")
+        broadcast(job, "job.updated")
     return job
 
 
@@ -403,14 +279,12 @@ def do_cancel_job(*, user: AbstractBaseUser | AnonymousUser, job_id: int, reason
     _check_writable(user, job)
     if job.state in TERMINAL_STATES:
         raise JobConflictError(f"job {job.pk} is already {job.state}")
-    from jobs.control.apply import Outbox, release_job  # control builds on these services
-
     why = reason or f"cancelled by {user.get_username()}"
     outbox = Outbox()
-    release_job(job, outbox, reason=why)  # a graceful stop of its workers, GPUs freed
-    _apply_transition(job, JobState.CANCELLED, reason=why, at=timezone.now())
+    outbox.stop_workers(job, release(job), reason=why)  # a graceful stop, GPUs freed
+    transition(job, JobState.CANCELLED, reason=why, at=timezone.now())
     outbox.send_on_commit()
-    _broadcast(job, "job.updated")
+    broadcast(job, "job.updated")
     request_tick()
     return job
 
@@ -447,7 +321,7 @@ def do_update_job(
     errors.raise_if_any()
     now = timezone.now()
     if priority is not None and priority != job.priority:
-        _record(
+        record(
             job,
             EventKind.PRIORITY,
             now,
@@ -456,7 +330,7 @@ def do_update_job(
         )
         job.priority = priority
     if (new_min, new_max) != (job.min_gpus, job.max_gpus):
-        _record(
+        record(
             job,
             EventKind.RANGE,
             now,
@@ -465,7 +339,7 @@ def do_update_job(
         )
         job.min_gpus, job.max_gpus = new_min, new_max
     job.save()
-    _broadcast(job, "job.updated")
+    broadcast(job, "job.updated")
     return job
 
 
@@ -477,3 +351,21 @@ def tenant_jct_stats(tenant: Tenant, since: datetime | None = None) -> JctStats:
 def cluster_jct_stats(since: datetime | None = None) -> JctStats:
     """JCT statistics of every completed job in the cluster."""
     return summarize(completed_jcts(Job.objects.all(), since))
+
+
+__all__ = [
+    "JOB_FIELDS",
+    "JobConflictError",
+    "JobError",
+    "JobPermissionError",
+    "JobSpec",
+    "JobValidationError",
+    "check_job_spec",
+    "cluster_jct_stats",
+    "do_cancel_job",
+    "do_set_parallelism",
+    "do_submit_job",
+    "do_update_job",
+    "placement_problem",
+    "tenant_jct_stats",
+]

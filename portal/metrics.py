@@ -7,8 +7,6 @@ and kept in Redis so that every process (web, Celery) contributes to one value.
 
 from __future__ import annotations
 
-import redis
-from django.conf import settings
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
@@ -16,32 +14,11 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from inventory.models import Gpu, ServerState
 from jobs.choices import ACTIVE_STATES, EventKind, JobState
+from jobs.control.tick_stats import read_tick_stats
 from jobs.models import Job, JobEvent, JobGpu
 from jobs.stats import completed_jcts
 
-TICK_STATS_KEY = "portal:metrics:tick"
 JCT_BUCKETS = (30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400, float("inf"))
-
-
-def record_tick(duration_s: float) -> None:
-    """Remember one tick's duration (count, sum, last) for the metrics endpoint."""
-    try:
-        client = redis.Redis.from_url(settings.REDIS_URL)
-        pipe = client.pipeline()
-        pipe.hincrby(TICK_STATS_KEY, "count", 1)
-        pipe.hincrbyfloat(TICK_STATS_KEY, "sum", duration_s)
-        pipe.hset(TICK_STATS_KEY, "last", duration_s)
-        pipe.execute()
-    except redis.RedisError:
-        pass  # metrics must never break a tick
-
-
-def _tick_stats() -> dict[str, float]:
-    try:
-        raw = redis.Redis.from_url(settings.REDIS_URL).hgetall(TICK_STATS_KEY)
-    except redis.RedisError:
-        return {}
-    return {k.decode(): float(v) for k, v in raw.items()}
 
 
 def build_registry() -> CollectorRegistry:
@@ -88,7 +65,7 @@ def build_registry() -> CollectorRegistry:
     for kind in kinds:
         scale.labels(kind).set(event_counts.get(kind, 0))
 
-    tick = _tick_stats()
+    tick = read_tick_stats()
     Gauge(
         "portal_tick_seconds_last", "Duration of the last scheduler tick.", registry=registry
     ).set(tick.get("last", 0.0))

@@ -9,9 +9,9 @@ from rest_framework.test import APIClient
 
 from jobs.choices import JobState
 from jobs.models import Job, JobEvent
-from jobs.services import do_transition
 from tenancy.models import Role
 from tests.conftest import job_body
+from tests.job_steps import move
 
 pytestmark = pytest.mark.django_db
 
@@ -147,7 +147,7 @@ def test_admin_sees_every_tenant(token_client: Any, alice: Any, bob: Any, make_u
 def test_filter_by_state_and_paging(token_client: Any, alice: Any) -> None:
     client = token_client(alice)
     ids = [submit(client, name=f"j{i}").json()["id"] for i in range(5)]
-    do_transition(job_id=ids[0], to_state=JobState.RUNNING, reason="test", parallelism=2)
+    move(job_id=ids[0], to_state=JobState.RUNNING, reason="test", parallelism=2)
     running = client.get("/api/v1/jobs/?state=running").json()
     assert [j["id"] for j in running["results"]] == [ids[0]]
     both = client.get("/api/v1/jobs/?state=running,queued").json()

@@ -17,10 +17,11 @@ from django.db import transaction
 from django.test import Client
 
 from jobs.models import Job
-from jobs.services import check_job_spec, do_submit_job, do_transition
+from jobs.services import check_job_spec, do_submit_job
 from portal.asgi import application
 from portal.consumers import CLOSE_UNAUTHENTICATED
 from tenancy.models import Tenant
+from tests.job_steps import move
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -105,7 +106,7 @@ def test_member_joins_own_tenant_but_not_another(alice: Any, acme: Tenant, globe
         assert (await subscribe(comm, "tenant", "1"))["type"] == "subscribe.refused"
         assert (await subscribe(comm, "nonsense", 1))["type"] == "subscribe.refused"
         # events of the foreign tenant never reach this socket
-        await sync_to_async(do_transition)(
+        await sync_to_async(move)(
             job_id=foreign_job.pk, to_state="running", reason="test", parallelism=1
         )
         assert await comm.receive_nothing(timeout=0.5)
@@ -134,7 +135,7 @@ def test_events_arrive_after_commit_only(alice: Any, acme: Tenant) -> None:
 
     def change_in_transaction(proceed: Any, committed: Any) -> None:
         with transaction.atomic():
-            do_transition(job_id=job.pk, to_state="running", reason="placed", parallelism=2)
+            move(job_id=job.pk, to_state="running", reason="placed", parallelism=2)
             proceed.set()  # the change is made but not yet committed
             committed.wait(5)
 

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from jobs.choices import ALLOWED_TRANSITIONS, JobState, can_transition
+from jobs.control.reports import accrue_service
+from jobs.lifecycle import save_fields
 from jobs.models import Job
 from jobs.services import (
     JobConflictError,
     JobValidationError,
     check_job_spec,
-    do_add_service,
     do_set_parallelism,
     do_submit_job,
-    do_transition,
 )
+from tests.job_steps import move
 
 pytestmark = pytest.mark.django_db
 
@@ -29,6 +32,16 @@ def queued_job(alice: Any, acme: Any) -> Job:
     return do_submit_job(user=alice, tenant=acme, spec=spec)
 
 
+def _accrue(job: Job, *, seconds: tuple[float, ...]) -> Job:
+    """Account service as progress reports do, ``seconds`` apart (at the job's parallelism)."""
+    at = job.last_service_at = timezone.now()
+    for step in seconds:
+        at += timedelta(seconds=step)
+        accrue_service(job, at)
+    save_fields(job, "attained_gpu_seconds", "last_service_at")
+    return Job.objects.get(pk=job.pk)
+
+
 ALL_PAIRS = [(a, b) for a in JobState.values for b in JobState.values if a != b]
 
 
@@ -39,20 +52,18 @@ def test_transition_table(source: str, target: str) -> None:
 
 
 def test_full_elastic_life(queued_job: Job) -> None:
-    job = do_transition(
-        job_id=queued_job.pk, to_state=JobState.RUNNING, reason="placed", parallelism=2
-    )
+    job = move(job_id=queued_job.pk, to_state=JobState.RUNNING, reason="placed", parallelism=2)
     assert job.started_at is not None and job.parallelism == 2
     first_start = job.started_at
-    job = do_transition(job_id=job.pk, to_state=JobState.SCALING, reason="scale out")
+    job = move(job_id=job.pk, to_state=JobState.SCALING, reason="scale out")
     job = do_set_parallelism(job_id=job.pk, parallelism=4, reason="idle GPUs")
-    job = do_transition(job_id=job.pk, to_state=JobState.RUNNING, reason="switched")
-    job = do_transition(job_id=job.pk, to_state=JobState.QUEUED, reason="preempted by LAS")
+    job = move(job_id=job.pk, to_state=JobState.RUNNING, reason="switched")
+    job = move(job_id=job.pk, to_state=JobState.QUEUED, reason="preempted by LAS")
     assert job.parallelism == 0
-    job = do_transition(job_id=job.pk, to_state=JobState.RUNNING, reason="resumed", parallelism=1)
+    job = move(job_id=job.pk, to_state=JobState.RUNNING, reason="resumed", parallelism=1)
     assert job.started_at == first_start  # first start is kept
-    job = do_add_service(job_id=job.pk, gpu_seconds=120.0)
-    job = do_transition(job_id=job.pk, to_state=JobState.COMPLETED, reason="done")
+    job = _accrue(job, seconds=(60.0, 60.0))  # one GPU for two minutes of reports
+    job = move(job_id=job.pk, to_state=JobState.COMPLETED, reason="done")
     assert job.finished_at is not None and job.parallelism == 0
     assert job.attained_gpu_seconds == 120.0
     history = list(job.events.values_list("kind", "to_state", "to_parallelism"))
@@ -81,11 +92,11 @@ def test_full_elastic_life(queued_job: Job) -> None:
 )
 def test_nonsense_transitions_are_refused(queued_job: Job, path: list[str], bad: str) -> None:
     for state in path:
-        do_transition(job_id=queued_job.pk, to_state=state, reason="setup", parallelism=1)
+        move(job_id=queued_job.pk, to_state=state, reason="setup", parallelism=1)
     before = Job.objects.get(pk=queued_job.pk)
     events = before.events.count()
     with pytest.raises(JobConflictError):
-        do_transition(job_id=queued_job.pk, to_state=bad, reason="nonsense")
+        move(job_id=queued_job.pk, to_state=bad, reason="nonsense")
     after = Job.objects.get(pk=queued_job.pk)
     assert after.state == before.state and after.events.count() == events
 
@@ -93,10 +104,10 @@ def test_nonsense_transitions_are_refused(queued_job: Job, path: list[str], bad:
 def test_parallelism_only_for_running_jobs(queued_job: Job) -> None:
     with pytest.raises(JobConflictError):
         do_set_parallelism(job_id=queued_job.pk, parallelism=2, reason="x")
-    do_transition(job_id=queued_job.pk, to_state=JobState.RUNNING, reason="x", parallelism=2)
+    move(job_id=queued_job.pk, to_state=JobState.RUNNING, reason="x", parallelism=2)
     with pytest.raises(JobValidationError):
         do_set_parallelism(job_id=queued_job.pk, parallelism=0, reason="x")
+    job = Job.objects.get(pk=queued_job.pk)
+    assert _accrue(job, seconds=(-30.0,)).attained_gpu_seconds == 0  # service only grows
     with pytest.raises(JobValidationError):
-        do_add_service(job_id=queued_job.pk, gpu_seconds=-1)
-    with pytest.raises(JobValidationError):
-        do_transition(job_id=queued_job.pk, to_state="exploded", reason="x")
+        move(job_id=queued_job.pk, to_state="exploded", reason="x")

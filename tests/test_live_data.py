@@ -12,8 +12,9 @@ from django.utils import timezone
 
 from jobs.live import job_snapshot, tenant_snapshot
 from jobs.models import Job, JobMetric
-from jobs.services import check_job_spec, do_set_parallelism, do_submit_job, do_transition
+from jobs.services import check_job_spec, do_set_parallelism, do_submit_job
 from tenancy.models import Tenant
+from tests.job_steps import move
 
 pytestmark = pytest.mark.django_db
 
@@ -45,7 +46,7 @@ def test_tenant_snapshot_counts_queue_and_quota(
     first = submit(alice, acme, "a")
     submit(bob, globex, "b")  # another tenant's job is ahead in the cluster queue
     third = submit(alice, acme, "c", gpus=2)
-    do_transition(job_id=first.pk, to_state="running", reason="t", parallelism=3)
+    move(job_id=first.pk, to_state="running", reason="t", parallelism=3)
     snap = tenant_snapshot(acme, Job.objects.restrict(alice))
     rows = {row["id"]: row for row in snap["jobs"]}
     assert set(rows) == {first.pk, third.pk}
@@ -66,7 +67,7 @@ def test_tenant_snapshot_query_count_does_not_grow_with_jobs(alice: Any, acme: T
 
 def test_job_snapshot_series(alice: Any, acme: Tenant) -> None:
     job = submit(alice, acme)
-    do_transition(job_id=job.pk, to_state="running", reason="placed", parallelism=1)
+    move(job_id=job.pk, to_state="running", reason="placed", parallelism=1)
     do_set_parallelism(job_id=job.pk, parallelism=4, reason="grew onto idle GPUs")
     now = timezone.now()
     for step in (10, 20, 30):

@@ -13,10 +13,10 @@ from jobs.services import (
     check_job_spec,
     cluster_jct_stats,
     do_submit_job,
-    do_transition,
     tenant_jct_stats,
 )
 from jobs.stats import percentile, summarize
+from tests.job_steps import move
 
 
 def test_summary_matches_hand_computation() -> None:
@@ -42,10 +42,8 @@ def test_services_count_completed_jobs_per_tenant(
             tenant=tenant, data={"name": "j", "workload": "mlp-digits", "gpus": 1}
         )
         job = do_submit_job(user=user, tenant=tenant, spec=spec, at=t0)
-        do_transition(job_id=job.pk, to_state=JobState.RUNNING, reason="r", parallelism=1, at=t0)
-        do_transition(
-            job_id=job.pk, to_state=state, reason="done", at=t0 + timedelta(seconds=seconds)
-        )
+        move(job_id=job.pk, to_state=JobState.RUNNING, reason="r", parallelism=1, at=t0)
+        move(job_id=job.pk, to_state=state, reason="done", at=t0 + timedelta(seconds=seconds))
 
     finished(alice, acme, 100)
     finished(alice, acme, 300)

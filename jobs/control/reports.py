@@ -17,18 +17,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from inventory.services import do_heartbeat
-from jobs.agent_commands import job_id_from_name, worker_id
+from jobs import holdings
+from jobs.agent_commands import job_id_from_name
 from jobs.choices import ACTIVE_STATES, TERMINAL_STATES, EventKind, JobState
-from jobs.control.apply import Outbox, release_job
 from jobs.control.curves import record_measurement
-from jobs.models import Job, JobGpu, JobMetric
-from jobs.services import (
-    _apply_transition,
-    _broadcast,
-    _record,
-    do_set_parallelism,
-    request_tick,
-)
+from jobs.lifecycle import broadcast, record, record_metric, request_tick, save_fields, transition
+from jobs.models import Job
+from jobs.outbox import Outbox
+from jobs.services import do_set_parallelism
 from workers.protocol import (
     Failed,
     Finished,
@@ -94,7 +90,7 @@ def handle_report(payload: Any) -> str:
             if _event_key(report.event_id) <= _event_key(job.last_event_id):
                 return "duplicate"
             job.last_event_id = report.event_id
-            job.save(update_fields=["last_event_id"])
+            save_fields(job, "last_event_id")
         handler = _HANDLERS.get(type(report))
         if handler is None:
             return "noted"
@@ -114,25 +110,24 @@ def _progress(job: Job, report: Any) -> str:
     job.samples_per_s = report.samples_per_s
     job.loss = report.loss
     job.measured_curve = record_measurement(job.measured_curve, report.world, report.samples_per_s)
-    job.save(
-        update_fields=[
-            "step",
-            "samples_per_s",
-            "loss",
-            "attained_gpu_seconds",
-            "last_service_at",
-            "measured_curve",
-        ]
+    save_fields(
+        job,
+        "step",
+        "samples_per_s",
+        "loss",
+        "attained_gpu_seconds",
+        "last_service_at",
+        "measured_curve",
     )
-    JobMetric.objects.create(
-        job=job,
+    record_metric(
+        job,
         at=now,
         step=report.step,
         parallelism=report.world,
         samples_per_s=report.samples_per_s,
         loss=report.loss,
     )
-    _broadcast(job, "job.progress")
+    broadcast(job, "job.progress")
     return "progress"
 
 
@@ -140,7 +135,7 @@ def _scale_done(job: Job, report: ScaleDone) -> str:
     now = _at(report)
     accrue_service(job, now)
     if report.workers and job.state in ACTIVE_STATES:
-        left = keep_only_workers(job, set(report.workers))
+        left = holdings.keep_only_workers(job, set(report.workers))
     else:
         left = ()
     world = report.world or len(report.workers) or job.parallelism
@@ -148,13 +143,11 @@ def _scale_done(job: Job, report: ScaleDone) -> str:
     where = f"at step {report.step} (generation {report.generation}){pause}"
     if job.state == JobState.SCALING:
         # The transition saves the whole job, the service just accrued included.
-        _apply_transition(
-            job, JobState.RUNNING, reason=f"switch done {where}", at=now, parallelism=world
-        )
-        _broadcast(job, "job.updated")
+        transition(job, JobState.RUNNING, reason=f"switch done {where}", at=now, parallelism=world)
+        broadcast(job, "job.updated")
     elif job.state == JobState.RUNNING and world != job.parallelism:
         # do_set_parallelism reads the job again (and broadcasts): save the service first.
-        job.save(update_fields=["attained_gpu_seconds", "last_service_at"])
+        save_fields(job, "attained_gpu_seconds", "last_service_at")
         why = "profiling" if job.profile_state == "requested" else "runtime"
         do_set_parallelism(
             job_id=job.pk,
@@ -168,24 +161,9 @@ def _scale_done(job: Job, report: ScaleDone) -> str:
     return "scaled"
 
 
-def keep_only_workers(job: Job, workers: set[str]) -> tuple[str, ...]:
-    """Release the GPUs of workers that are no longer members; return their worker ids."""
-    rows = list(JobGpu.objects.filter(job=job).select_related("gpu").order_by("rank"))
-    gone = [row for row in rows if worker_id(row.gpu.index) not in workers]
-    if not gone or len(gone) == len(rows):
-        return ()
-    JobGpu.objects.filter(pk__in=[row.pk for row in gone]).delete()
-    kept = [row.gpu.index for row in rows if row not in gone]
-    if job.allocation:
-        # A subset of a vClos keeps its reserved cables, still contention-free.
-        job.allocation = {**job.allocation, "gpus": kept}
-        job.save(update_fields=["allocation"])
-    return tuple(worker_id(row.gpu.index) for row in gone)
-
-
 def _recovered(job: Job, report: Recovered) -> str:
     now = _at(report)
-    _record(
+    record(
         job,
         EventKind.RECOVERED,
         now,
@@ -198,7 +176,7 @@ def _recovered(job: Job, report: Recovered) -> str:
 
 
 def _worker_failed(job: Job, report: WorkerFailed) -> str:
-    _record(
+    record(
         job,
         EventKind.NOTE,
         _at(report),
@@ -208,7 +186,7 @@ def _worker_failed(job: Job, report: WorkerFailed) -> str:
 
 
 def _straggler(job: Job, report: Straggler) -> str:
-    _record(
+    record(
         job,
         EventKind.STRAGGLER,
         _at(report),
@@ -222,8 +200,8 @@ def _profile_done(job: Job, report: ProfileDone) -> str:
     curve = {str(p.workers): p.samples_per_s for p in report.curve}
     job.throughput_curve = curve
     job.profile_state = "done"
-    job.save(update_fields=["throughput_curve", "profile_state"])
-    _record(
+    save_fields(job, "throughput_curve", "profile_state")
+    record(
         job,
         EventKind.PROFILED,
         _at(report),
@@ -241,11 +219,9 @@ def _finished(job: Job, report: Finished) -> str:
         return "stale"
     now = _at(report)
     accrue_service(job, now)  # saved with the transition below
-    release_job(job, None, reason="finished")
-    _apply_transition(
-        job, JobState.COMPLETED, reason=f"training finished at step {report.step}", at=now
-    )
-    _broadcast(job, "job.updated")
+    holdings.release(job)  # its workers have exited: nothing to stop
+    transition(job, JobState.COMPLETED, reason=f"training finished at step {report.step}", at=now)
+    broadcast(job, "job.updated")
     request_tick()
     return "completed"
 
@@ -255,11 +231,11 @@ def _failed(job: Job, report: Failed) -> str:
         return "noted"
     now = _at(report)
     outbox = Outbox()
-    release_job(job, outbox, reason="failed")
+    outbox.stop_workers(job, holdings.release(job), reason="failed")
     job.failure_reason = report.error[:500]
-    _apply_transition(job, JobState.FAILED, reason=f"failed: {report.error}"[:500], at=now)
+    transition(job, JobState.FAILED, reason=f"failed: {report.error}"[:500], at=now)
     outbox.send_on_commit()
-    _broadcast(job, "job.updated")
+    broadcast(job, "job.updated")
     request_tick()
     return "failed"
 
@@ -267,10 +243,10 @@ def _failed(job: Job, report: Failed) -> str:
 def _worker_exited(job: Job, report: WorkerExited) -> str:
     if report.log_tail:
         job.log_tail = (job.log_tail + report.log_tail)[-LOG_TAIL_CHARS:]
-        job.save(update_fields=["log_tail"])
-        _broadcast(job, "job.log")
+        save_fields(job, "log_tail")
+        broadcast(job, "job.log")
     if report.outcome == "crashed":
-        _record(
+        record(
             job,
             EventKind.NOTE,
             _at(report),

@@ -30,30 +30,26 @@ from django.utils import timezone
 
 from fabric.allocator import Allocation
 from inventory.services import do_mark_silent_servers_down
+from jobs import holdings
 from jobs.agent_commands import job_id_from_name, runtime_job_name
 from jobs.choices import EventKind, JobState
-from jobs.control.apply import (
-    Outbox,
-    apply_bound,
-    note_waiting,
-    release_job,
-    store_allocation,
-)
+from jobs.control.apply import apply_bound, note_waiting
 from jobs.control.binding import Refused, bind
 from jobs.control.quota import enforce_quotas
 from jobs.control.state import ClusterState, build_snapshot, load_allocator, read_cluster
+from jobs.control.tick_stats import record_tick
+from jobs.lifecycle import TICK_TASK, broadcast, record, save_fields, transition
 from jobs.models import Job
-from jobs.services import _apply_transition, _broadcast, _record
-from portal.metrics import record_tick
+from jobs.outbox import Outbox
 from scheduler.placement import CountPlacement
 from scheduler.policies import get_policy
 from scheduler.types import Decision, Migrate
 from workers.protocol import Profile
 
+__all__ = ["TICK_TASK", "TickResult", "run_tick"]
+
 log = logging.getLogger(__name__)
 LOCK_KEY = "portal:scheduler-tick"
-DEBOUNCE_KEY = "portal:tick-requested"
-TICK_TASK = "control.scheduler_tick"
 
 
 @dataclass(frozen=True)
@@ -71,27 +67,6 @@ class TickResult:
 
 def _redis() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL)
-
-
-def request_tick_on_commit(delay_s: float = 0.3) -> None:
-    """Schedule one extra tick shortly after commit; many requests in a burst make one tick."""
-
-    def enqueue() -> None:
-        try:
-            if _redis().set(DEBOUNCE_KEY, "1", nx=True, px=int(delay_s * 1000) + 200):
-                from portal.celery import app
-
-                app.send_task(
-                    TICK_TASK,
-                    countdown=delay_s,
-                    queue="portal",
-                    expires=settings.TICK_SECONDS * 4,
-                    ignore_result=True,
-                )
-        except Exception:  # the periodic tick still runs; an extra one is an optimisation
-            log.warning("could not request a scheduler tick", exc_info=True)
-
-    transaction.on_commit(enqueue)
 
 
 def run_tick(
@@ -184,12 +159,11 @@ def _recover_lost_gpus(cluster: ClusterState, now: datetime) -> list[int]:
         survivors = tuple(g for g in held if g not in lost)
         if survivors and allocation is not None:
             # A subset of a vClos keeps its reserved cables: still contention-free.
-            kept = dataclasses.replace(allocation, gpus=survivors)
-            store_allocation(job, kept, cluster.spec)
+            holdings.shrink_to(job, survivors, cluster.spec)
             previous = job.parallelism
             job.parallelism = len(survivors)
-            job.save(update_fields=["allocation", "parallelism"])
-            _record(
+            save_fields(job, "parallelism")
+            record(
                 job,
                 EventKind.RECOVERED,
                 now,
@@ -199,16 +173,16 @@ def _recover_lost_gpus(cluster: ClusterState, now: datetime) -> list[int]:
                 to_parallelism=len(survivors),
             )
         else:
-            release_job(job, None, reason="server down")
+            holdings.release(job)  # its workers died with their servers: nothing to stop
             if job.state in (JobState.RUNNING, JobState.SCALING):
-                _apply_transition(
+                transition(
                     job,
                     JobState.QUEUED,
                     at=now,
                     reason="every server of the job went down: requeued, it "
                     "resumes from its latest checkpoint",
                 )
-        _broadcast(job, "job.updated")
+        broadcast(job, "job.updated")
         changed.append(job_id)
     return changed
 
@@ -241,8 +215,8 @@ def _request_profiles(
             continue
         first = held[0]
         job.profile_state = "requested"
-        job.save(update_fields=["profile_state"])
-        _record(
+        save_fields(job, "profile_state")
+        record(
             job,
             EventKind.PROFILED,
             now,

@@ -82,14 +82,15 @@ def report(kind: str, job: int, **fields: Any) -> str:
 
 def handle(request: dict[str, Any]) -> Any:
     """Apply one request and return a JSON-able result."""
-    from jobs.services import do_set_parallelism, do_transition
+    from jobs.services import do_set_parallelism
+    from tests.job_steps import move
 
     op = request["op"]
     if op == "seed":
         return seed()
     if op == "transition":
         started = time.time()
-        job = do_transition(
+        job = move(
             job_id=request["job"],
             to_state=request["state"],
             reason=request.get("reason", "driven by the browser test"),

@@ -1,0 +1,86 @@
+"""What a job holds: its GPUs (with ranks) and reserved cables, and its vClos allocation.
+
+The single writer of ``JobGpu``/``JobCable`` rows and of ``Job.allocation``:
+both always describe the same placement, so nothing else may change either.
+The database's uniqueness constraints forbid double booking a GPU or a cable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from fabric.allocator import Allocation
+from fabric.topology import FabricSpec
+from inventory.models import Gpu
+from jobs.agent_commands import GpuHome, worker_id
+from jobs.models import Job, JobCable, JobGpu
+
+
+def held_gpus(job: Job) -> tuple[int, ...]:
+    """The GPU indices ``job`` holds, in rank order."""
+    return tuple(
+        JobGpu.objects.filter(job=job).order_by("rank").values_list("gpu__index", flat=True)
+    )
+
+
+def gpu_homes(indices: Iterable[int]) -> dict[int, GpuHome]:
+    """Where each GPU lives: its server's agent node and its local device index."""
+    return {
+        index: GpuHome(node=node, local=local)
+        for index, node, local in Gpu.objects.filter(index__in=list(indices)).values_list(
+            "index", "server__node", "local"
+        )
+    }
+
+
+def store(job: Job, allocation: Allocation | None, spec: FabricSpec | None) -> None:
+    """Make ``job`` hold exactly ``allocation`` (nothing when None): rows and JSON together."""
+    if job.allocation or job.parallelism:  # a job that holds nothing has no rows
+        JobGpu.objects.filter(job=job).delete()
+        JobCable.objects.filter(job=job).delete()
+    job.allocation = allocation.to_dict() if allocation is not None else {}
+    job.save(update_fields=["allocation"])
+    if allocation is None or spec is None:
+        return
+    gpu_rows = dict(Gpu.objects.filter(index__in=allocation.gpus).values_list("index", "id"))
+    JobGpu.objects.bulk_create(
+        JobGpu(job=job, gpu_id=gpu_rows[g], rank=rank) for rank, g in enumerate(allocation.gpus)
+    )
+    JobCable.objects.bulk_create(
+        JobCable(job=job, leaf=leaf, port=port, spine=spec.spine_of_uplink(port))
+        for leaf, port in allocation.cables()
+    )
+
+
+def release(job: Job) -> tuple[int, ...]:
+    """Free every GPU and cable ``job`` holds; return the GPUs it held, in rank order."""
+    held = held_gpus(job)
+    if held:
+        store(job, None, None)
+    return held
+
+
+def shrink_to(job: Job, survivors: tuple[int, ...], spec: FabricSpec) -> None:
+    """Keep only ``survivors`` of the job's GPUs (a subset of a vClos keeps its cables)."""
+    allocation = Allocation.from_dict(job.allocation)
+    store(job, dataclasses.replace(allocation, gpus=survivors), spec)
+
+
+def keep_only_workers(job: Job, workers: set[str]) -> tuple[str, ...]:
+    """Release the GPUs of workers that are no longer members; return their worker ids.
+
+    Nothing changes when every worker or none would go (the runtime's report
+    then describes a job that is leaving or untouched, not a shrink).
+    """
+    rows = list(JobGpu.objects.filter(job=job).select_related("gpu").order_by("rank"))
+    gone = [row for row in rows if worker_id(row.gpu.index) not in workers]
+    if not gone or len(gone) == len(rows):
+        return ()
+    JobGpu.objects.filter(pk__in=[row.pk for row in gone]).delete()
+    kept = [row.gpu.index for row in rows if row not in gone]
+    if job.allocation:
+        # A subset of a vClos keeps its reserved cables, still contention-free.
+        job.allocation = {**job.allocation, "gpus": kept}
+        job.save(update_fields=["allocation"])
+    return tuple(worker_id(row.gpu.index) for row in gone)

@@ -1,0 +1,141 @@
+"""The one door for a job's state: transitions, history events, live updates, tick requests.
+
+Every change of a job's state goes through :func:`transition`, which checks
+it against the lifecycle table (``jobs.choices``), saves the job and records
+a :class:`~jobs.models.JobEvent`; :func:`record` adds any other event.
+Browsers hear about a change through :func:`broadcast`, after the transaction
+commits; :func:`request_tick` asks the control plane for a tick, also after
+commit.  Services and the control plane call these; nothing else writes a
+job's state or history.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+import redis
+from celery import current_app
+from django.conf import settings
+from django.db import transaction
+
+from jobs.choices import TERMINAL_STATES, EventKind, JobState, can_transition
+from jobs.errors import JobConflictError, JobValidationError
+from jobs.models import Job, JobEvent, JobMetric
+from utilities.realtime import CLUSTER_GROUP, broadcast_on_commit, job_group, tenant_group
+
+log = logging.getLogger(__name__)
+
+TICK_TASK = "control.scheduler_tick"
+TICK_DEBOUNCE_KEY = "portal:tick-requested"
+REASON_MAX = 500
+
+
+def job_payload(job: Job, kind: str) -> dict[str, Any]:
+    """The small live-update message for a change of ``job``."""
+    return {
+        "type": kind,
+        "job": job.pk,
+        "tenant": job.tenant_id,
+        "state": job.state,
+        "parallelism": job.parallelism,
+        "attained_gpu_seconds": round(job.attained_gpu_seconds, 1),
+        "step": job.step,
+        "samples_per_s": None if job.samples_per_s is None else round(job.samples_per_s, 1),
+    }
+
+
+def broadcast(job: Job, kind: str) -> None:
+    """Tell the job's tenant, its page and the cluster view about ``job``, after commit."""
+    broadcast_on_commit(
+        (tenant_group(job.tenant_id), job_group(job.pk), CLUSTER_GROUP), job_payload(job, kind)
+    )
+
+
+def record(job: Job, kind: str, at: datetime, reason: str = "", **fields: Any) -> JobEvent:
+    """Add one event to the job's history (reasons are cut to 500 characters)."""
+    return JobEvent.objects.create(job=job, at=at, kind=kind, reason=reason[:REASON_MAX], **fields)
+
+
+def transition(
+    job: Job, to_state: str, *, reason: str, at: datetime, parallelism: int | None = None
+) -> None:
+    """Move ``job`` to ``to_state`` (saving the whole job) and record why.
+
+    Refuses unknown states (``JobValidationError``) and transitions the
+    lifecycle table does not allow (``JobConflictError``).  A job that leaves the
+    GPUs (queued or terminal) holds no parallelism.
+    """
+    if to_state not in JobState.values:
+        raise JobValidationError(f"unknown state {to_state!r}")
+    if not can_transition(job.state, to_state):
+        raise JobConflictError(f"a {job.state} job cannot become {to_state}")
+    from_state, from_parallelism = job.state, job.parallelism
+    job.state = to_state
+    if to_state == JobState.RUNNING and job.started_at is None:
+        job.started_at = at
+    if to_state in TERMINAL_STATES:
+        job.finished_at = at
+        job.parallelism = 0
+    elif to_state == JobState.QUEUED:
+        job.parallelism = 0
+    if parallelism is not None and to_state not in TERMINAL_STATES:
+        job.parallelism = parallelism
+    job.save()
+    preempted = from_state in (JobState.RUNNING, JobState.SCALING) and to_state == JobState.QUEUED
+    record(
+        job,
+        EventKind.PREEMPTED if preempted else EventKind.STATE,
+        at,
+        reason,
+        from_state=from_state,
+        to_state=to_state,
+        from_parallelism=from_parallelism,
+        to_parallelism=job.parallelism,
+    )
+
+
+def save_fields(job: Job, *fields: str) -> None:
+    """Persist the named fields of ``job`` that a service or the control plane just set.
+
+    The single place a job's non-state fields are written (progress, curves,
+    wait reason, logs); its state only changes through :func:`transition`.
+    """
+    if "state" in fields:
+        raise ValueError("a job's state changes only through transition()")
+    job.save(update_fields=list(fields))
+
+
+def request_tick(delay_s: float = 0.3) -> None:
+    """Ask for one scheduler tick shortly after commit; a burst of requests makes one tick."""
+
+    def enqueue() -> None:
+        try:
+            client = redis.Redis.from_url(settings.REDIS_URL)
+            if client.set(TICK_DEBOUNCE_KEY, "1", nx=True, px=int(delay_s * 1000) + 200):
+                current_app.send_task(
+                    TICK_TASK,
+                    countdown=delay_s,
+                    queue="portal",
+                    expires=settings.TICK_SECONDS * 4,
+                    ignore_result=True,
+                )
+        except Exception:  # the periodic tick still runs; an extra one is an optimisation
+            log.warning("could not request a scheduler tick", exc_info=True)
+
+    transaction.on_commit(enqueue)
+
+
+def record_metric(
+    job: Job, *, at: datetime, step: int, parallelism: int, samples_per_s: float, loss: float | None
+) -> None:
+    """Add one progress sample to the job's time series (its charts)."""
+    JobMetric.objects.create(
+        job=job,
+        at=at,
+        step=step,
+        parallelism=parallelism,
+        samples_per_s=samples_per_s,
+        loss=loss,
+    )

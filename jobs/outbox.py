@@ -1,0 +1,76 @@
+"""Agent commands collected during a transaction and sent once it commits.
+
+Commands go to each node's queue (``agent.<node>``) through the Celery app
+that is current (the portal's in the control plane), over one broker
+connection; a command lost on the way is re-derived by the next tick.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from celery import current_app
+from django.db import transaction
+
+from jobs.agent_commands import JobLaunch, membership_commands
+from jobs.holdings import gpu_homes
+from jobs.models import Job
+from workers.protocol import AGENT_COMMAND_TASK, Command, agent_queue
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Outbox:
+    """Agent commands collected during a transaction, sent once it commits."""
+
+    commands: list[tuple[str, Command]] = field(default_factory=list)
+
+    def extend(self, commands: Iterable[tuple[str, Command]]) -> None:
+        """Queue commands as ``(node, command)`` pairs."""
+        self.commands.extend(commands)
+
+    def stop_workers(self, job: Job, held: Sequence[int], *, reason: str) -> None:
+        """Queue a graceful stop of the workers ``job`` ran on ``held`` GPUs."""
+        if held:
+            self.extend(
+                membership_commands(launch_of(job), held, (), gpu_homes(held), reason=reason)
+            )
+
+    def send_on_commit(self) -> None:
+        """Register the sending with the current transaction."""
+        pending = list(self.commands)
+        self.commands.clear()
+        if pending:
+            transaction.on_commit(lambda: send_commands(pending))
+
+
+def send_commands(commands: Sequence[tuple[str, Command]]) -> None:
+    """Put each command on its node's queue (``agent.<node>``), over one broker connection."""
+    app = current_app
+    try:
+        with app.producer_or_acquire() as producer:
+            for node, command in commands:
+                app.send_task(
+                    AGENT_COMMAND_TASK,
+                    args=[command.to_dict()],
+                    queue=agent_queue(node),
+                    producer=producer,
+                    ignore_result=True,
+                )
+    except Exception:  # the next tick re-derives state; lost commands are logged
+        log.exception("could not send %d agent commands", len(commands))
+
+
+def launch_of(job: Job) -> JobLaunch:
+    """The fixed part of a job's StartWorkers commands."""
+    return JobLaunch(
+        job_id=job.pk,
+        workload=job.workload,
+        args=job.args,
+        batch_size=job.batch_size,
+        recovery=job.recovery,
+        checkpoint_every=job.checkpoint_interval,
+    )
