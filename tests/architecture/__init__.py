@@ -1,0 +1,1 @@
+"""The house's rules of direction, checked on every ``make test``."""
