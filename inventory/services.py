@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
@@ -276,7 +276,7 @@ def do_heartbeat(*, node: str, info: Mapping[str, Any], at: datetime | None = No
 @transaction.atomic
 def do_mark_silent_servers_down(*, now: datetime, after_seconds: float) -> list[str]:
     """Mark down every up/draining server whose agent has been silent too long."""
-    cutoff = now - timezone.timedelta(seconds=after_seconds)
+    cutoff = now - timedelta(seconds=after_seconds)
     silent = Server.objects.select_for_update().filter(
         state__in=(ServerState.UP, ServerState.DRAINING), last_heartbeat__lt=cutoff
     )

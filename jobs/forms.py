@@ -7,7 +7,7 @@ from typing import Any
 from django import forms
 
 from jobs.choices import RecoveryMode
-from jobs.services import JobValidationError, check_job_spec
+from jobs.services import JobSpec, JobValidationError, check_job_spec
 from tenancy.models import Tenant
 from workers.catalog import WORKLOADS
 
@@ -40,7 +40,7 @@ class JobForm(forms.Form):
         self.fields["tenant"].queryset = tenants  # type: ignore[attr-defined]
         if tenants.count() == 1:
             self.fields["tenant"].initial = tenants.first()
-        self.spec = None
+        self.spec: JobSpec | None = None
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}

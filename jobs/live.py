@@ -75,7 +75,7 @@ def parallelism_series(job: Job) -> dict[str, list[Any]]:
         "at", "to_parallelism"
     ):
         times.append(at.isoformat())
-        values.append(int(to_parallelism))
+        values.append(int(to_parallelism or 0))
     end = job.finished_at.isoformat() if job.finished_at else None
     if end and times[-1] != end:
         times.append(end)

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
@@ -207,7 +207,11 @@ def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
 
 @transaction.atomic
 def do_submit_job(
-    *, user: AbstractBaseUser, tenant: Tenant, spec: JobSpec, at: datetime | None = None
+    *,
+    user: AbstractBaseUser | AnonymousUser,
+    tenant: Tenant,
+    spec: JobSpec,
+    at: datetime | None = None,
 ) -> Job:
     """Create a job for ``tenant`` and put it in the queue."""
     if not can_write(user, tenant):
@@ -215,7 +219,7 @@ def do_submit_job(
     now = at or timezone.now()
     job = Job.objects.create(
         tenant=tenant,
-        submitter=user,
+        submitter_id=cast(int, user.pk),  # can_write refused anonymous users
         name=spec.name,
         workload=spec.workload,
         args=spec.args,
@@ -246,7 +250,7 @@ def do_set_parallelism(
     *, job_id: int, parallelism: int, reason: str, at: datetime | None = None
 ) -> Job:
     """Record that a running job now holds ``parallelism`` GPUs."""
-    job = Job.objects.select_for_update().get(pk=job_id)
+    job: Job = Job.objects.select_for_update().get(pk=job_id)
     if job.state not in (JobState.RUNNING, JobState.SCALING):
         raise JobConflictError(f"a {job.state} job has no parallelism to change")
     if parallelism < 1:
@@ -275,7 +279,7 @@ def _check_writable(user: AbstractBaseUser | AnonymousUser, job: Job) -> None:
 @transaction.atomic
 def do_cancel_job(*, user: AbstractBaseUser | AnonymousUser, job_id: int, reason: str = "") -> Job:
     """Cancel a job that has not finished; its GPUs are released."""
-    job = Job.objects.select_for_update().select_related("tenant").get(pk=job_id)
+    job: Job = Job.objects.select_for_update().select_related("tenant").get(pk=job_id)
     _check_writable(user, job)
     if job.state in TERMINAL_STATES:
         raise JobConflictError(f"job {job.pk} is already {job.state}")
@@ -299,7 +303,7 @@ def do_update_job(
     max_gpus: int | None = None,
 ) -> Job:
     """Change a job's priority or elastic range; the requested GPUs must stay inside the range."""
-    job = Job.objects.select_for_update().select_related("tenant").get(pk=job_id)
+    job: Job = Job.objects.select_for_update().select_related("tenant").get(pk=job_id)
     _check_writable(user, job)
     if job.state in TERMINAL_STATES:
         raise JobConflictError(f"job {job.pk} is {job.state}: nothing to change")

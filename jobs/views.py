@@ -27,7 +27,7 @@ def submit_job(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and form.is_valid() and form.spec is not None:
         try:
             job = do_submit_job(
-                user=request.user,  # type: ignore[arg-type]
+                user=request.user,
                 tenant=form.cleaned_data["tenant"],
                 spec=form.spec,
             )

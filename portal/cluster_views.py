@@ -80,7 +80,13 @@ def _editor(request: HttpRequest, **forms: Any) -> HttpResponse:
     return render(request, "cluster/topology.html", context, status=status)
 
 
-def _load(request: HttpRequest, data: Any, form: Any, field: str | None) -> HttpResponse | None:
+def _load(
+    request: HttpRequest,
+    data: Any,
+    form: Any,
+    field: str | Callable[[str], str | None] | None,
+) -> HttpResponse | None:
+    """Load a topology; on refusal put the error on ``field`` (or the field it names)."""
     try:
         result = do_load_topology(data)
     except InventoryError as exc:

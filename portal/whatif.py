@@ -147,7 +147,8 @@ def _key(run_id: str) -> str:
 
 def get_run(run_id: str) -> dict[str, Any] | None:
     """The run's state: status (queued/running/done/failed), progress 0-1, report or error."""
-    return cache.get(_key(run_id))
+    state: dict[str, Any] | None = cache.get(_key(run_id))
+    return state
 
 
 def _put(run_id: str, state: dict[str, Any]) -> None:
@@ -266,7 +267,7 @@ def compare(
     }
 
 
-@shared_task(name="portal.whatif.run", ignore_result=True)  # type: ignore[misc]
+@shared_task(name="portal.whatif.run", ignore_result=True)
 def run_whatif(run_id: str) -> None:
     """Run one what-if comparison; progress and the report go to the run's cache entry."""
     state = get_run(run_id)

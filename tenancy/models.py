@@ -40,7 +40,7 @@ class TenantQuerySet(models.QuerySet["Tenant"]):
             return self.none()
         if _is_admin(user):
             return self.all()
-        return self.filter(memberships__user=user).distinct()
+        return self.filter(memberships__user_id=user.pk).distinct()
 
     def writable_by(self, user: AbstractBaseUser | AnonymousUser) -> TenantQuerySet:
         """The tenants in which ``user`` may submit and change jobs."""
@@ -48,7 +48,9 @@ class TenantQuerySet(models.QuerySet["Tenant"]):
             return self.none()
         if _is_admin(user):
             return self.all()
-        return self.filter(memberships__user=user, memberships__role__in=WRITE_ROLES).distinct()
+        return self.filter(
+            memberships__user_id=user.pk, memberships__role__in=WRITE_ROLES
+        ).distinct()
 
 
 class Tenant(models.Model):

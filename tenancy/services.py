@@ -82,9 +82,11 @@ def do_add_member(*, tenant: Tenant, user: AbstractBaseUser, role: str = Role.ME
     return membership
 
 
-def do_issue_token(*, user: AbstractBaseUser) -> str:
-    """Return ``user``'s API token, creating it on first use."""
-    token, _ = Token.objects.get_or_create(user=user)
+def do_issue_token(*, user: AbstractBaseUser | AnonymousUser) -> str:
+    """Return ``user``'s API token, creating it on first use (signed-in users only)."""
+    if not user.is_authenticated:
+        raise TenancyError("only a signed-in user has an API token")
+    token, _ = Token.objects.get_or_create(user_id=user.pk)
     return str(token.key)
 
 
@@ -92,9 +94,9 @@ def can_write(user: AbstractBaseUser | AnonymousUser, tenant: Tenant) -> bool:
     """Whether ``user`` may submit or change jobs in ``tenant``."""
     if not user.is_authenticated:
         return False
-    if user.is_staff:
+    if getattr(user, "is_staff", False):
         return True
-    return Membership.objects.filter(user=user, tenant=tenant, role__in=WRITE_ROLES).exists()
+    return Membership.objects.filter(user_id=user.pk, tenant=tenant, role__in=WRITE_ROLES).exists()
 
 
 def resolve_tenant_for_write(user: AbstractBaseUser | AnonymousUser, slug: str | None) -> Tenant:

@@ -7,13 +7,16 @@ from rest_framework import serializers
 from jobs.choices import RecoveryMode
 from jobs.models import Job, JobEvent
 from jobs.services import JOB_FIELDS
+from tenancy.models import Tenant
 from workers.catalog import WORKLOADS
 
 
 class JobSerializer(serializers.ModelSerializer[Job]):
     """A job, as the API returns it."""
 
-    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    tenant: serializers.SlugRelatedField[Tenant] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
     jct_seconds = serializers.FloatField(read_only=True, allow_null=True)
 
     class Meta:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
@@ -58,7 +58,7 @@ def _object_body(request: Request, allowed: set[str]) -> dict[str, Any]:
 class JobViewSet(
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
-    viewsets.GenericViewSet,
+    viewsets.GenericViewSet[Job],
 ):
     """Submit, list, inspect, change and cancel training jobs of your tenants."""
 
@@ -87,7 +87,7 @@ class JobViewSet(
         body = _object_body(request, set(JobCreateSerializer().fields))
         tenant = resolve_tenant_for_write(request.user, body.pop("tenant", None))
         spec = check_job_spec(tenant=tenant, data=body)
-        job = do_submit_job(user=request.user, tenant=tenant, spec=spec)  # type: ignore[arg-type]
+        job = do_submit_job(user=request.user, tenant=tenant, spec=spec)
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=JobUpdateSerializer, responses=JobSerializer)
@@ -114,7 +114,7 @@ class JobViewSet(
     def events(self, request: Request, pk: str | None = None) -> Response:
         """The job's history: every change of state or parallelism, with its reason."""
         job = self.get_object()
-        page = self.paginate_queryset(job.events.all())
+        page = self.paginate_queryset(cast(Any, job.events.all()))  # events, not jobs
         serializer = JobEventSerializer(page, many=True)
         return self.get_paginated_response(serializer.data)
 

@@ -30,4 +30,8 @@ def read_tick_stats() -> dict[str, float]:
         raw = redis.Redis.from_url(settings.REDIS_URL).hgetall(TICK_STATS_KEY)
     except redis.RedisError:
         return {}
-    return {k.decode(): float(v) for k, v in raw.items()}
+    return {_text(k): float(v) for k, v in raw.items()}
+
+
+def _text(key: bytes | str) -> str:
+    return key.decode() if isinstance(key, bytes) else key

@@ -30,7 +30,9 @@ class TenantSerializer(serializers.ModelSerializer[Tenant]):
 class MembershipSerializer(serializers.ModelSerializer[Membership]):
     """A membership, from the user's side."""
 
-    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    tenant: serializers.SlugRelatedField[Tenant] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
 
     class Meta:
         model = Membership

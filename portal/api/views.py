@@ -23,7 +23,11 @@ class MeView(APIView):
         return Response(MeSerializer(request.user).data)
 
 
-class TenantViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class TenantViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    viewsets.GenericViewSet[Tenant],
+):
     """Tenants the user belongs to (every tenant for cluster admins)."""
 
     serializer_class = TenantSerializer

@@ -84,7 +84,7 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": DATA_DIR / "portal.sqlite3",
+            "NAME": str(DATA_DIR / "portal.sqlite3"),
             # Several processes (web, Celery, agents) share the file: wait for locks.
             "OPTIONS": {"timeout": 30, "transaction_mode": "IMMEDIATE"},
         }

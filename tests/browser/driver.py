@@ -146,7 +146,7 @@ def main() -> None:
     import django
 
     django.setup()
-    print(json.dumps({"ready": True}), flush=True)
+    _answer({"ready": True})
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -155,7 +155,13 @@ def main() -> None:
         except Exception as exc:
             answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
             traceback.print_exc(file=sys.stderr)
-        print(json.dumps(answer), flush=True)
+        _answer(answer)
+
+
+def _answer(message: dict[str, Any]) -> None:
+    """One JSON line on stdout: the harness reads the driver's answers there."""
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -139,8 +139,12 @@ class Command(BaseCommand):
                 worker=not options["no_worker"],
                 beat=not options["no_beat"],
             ),
-            log=lambda line: print(f"[runstack] {line}", flush=True),
+            log=self._log,
         )
         stack.start()
         status = stack.watch()
         sys.exit(status)
+
+    def _log(self, line: str) -> None:
+        self.stdout.write(f"[runstack] {line}")
+        self.stdout.flush()
