@@ -83,7 +83,7 @@ def report(kind: str, job: int, **fields: Any) -> str:
 def handle(request: dict[str, Any]) -> Any:
     """Apply one request and return a JSON-able result."""
     from jobs.services import do_set_parallelism
-    from tests.job_steps import move
+    from tests.jobs.steps import move
 
     op = request["op"]
     if op == "seed":

@@ -19,7 +19,7 @@ from jobs.services import (
     do_set_parallelism,
     do_submit_job,
 )
-from tests.job_steps import move
+from tests.jobs.steps import move
 
 pytestmark = pytest.mark.django_db
 

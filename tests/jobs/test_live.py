@@ -14,7 +14,7 @@ from jobs.live import job_snapshot, tenant_snapshot
 from jobs.models import Job, JobMetric
 from jobs.services import check_job_spec, do_set_parallelism, do_submit_job
 from tenancy.models import Tenant
-from tests.job_steps import move
+from tests.jobs.steps import move
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ from django.test import Client
 
 from jobs.control.tick import run_tick
 from jobs.services import check_job_spec, do_submit_job
-from tests.control_helpers import demo_cluster
+from tests.jobs.control_helpers import demo_cluster
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

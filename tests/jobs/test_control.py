@@ -13,7 +13,7 @@ from jobs.control.reports import handle_report
 from jobs.control.tick import run_tick
 from jobs.models import Job, JobCable, JobGpu
 from jobs.services import check_job_spec, do_cancel_job, do_submit_job
-from tests.control_helpers import demo_cluster, drain_all
+from tests.jobs.control_helpers import demo_cluster, drain_all
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,7 +11,7 @@ from jobs.choices import JobState
 from jobs.models import Job, JobEvent
 from tenancy.models import Role
 from tests.conftest import job_body
-from tests.job_steps import move
+from tests.jobs.steps import move
 
 pytestmark = pytest.mark.django_db
 

@@ -21,7 +21,7 @@ from jobs.services import check_job_spec, do_submit_job
 from portal.asgi import application
 from portal.consumers import CLOSE_UNAUTHENTICATED
 from tenancy.models import Tenant
-from tests.job_steps import move
+from tests.jobs.steps import move
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

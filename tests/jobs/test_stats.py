@@ -16,7 +16,7 @@ from jobs.services import (
     tenant_jct_stats,
 )
 from jobs.stats import percentile, summarize
-from tests.job_steps import move
+from tests.jobs.steps import move
 
 
 def test_summary_matches_hand_computation() -> None:
