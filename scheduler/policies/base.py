@@ -14,6 +14,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
+from scheduler.curves import relative_speeds
 from scheduler.placement import ConsolidatedPlacement, Placement
 from scheduler.records import JobRecord
 from scheduler.types import Decision, JobView, Migrate, Preempt, Scale, Snapshot, Start
@@ -96,13 +97,8 @@ def _view_order(view: JobView) -> tuple[int, float, float, str]:
 def _record_from_view(view: JobView, idx: int, now: float) -> JobRecord:
     speed: list[float] | None = None
     if view.throughput:
-        ref = view.throughput.get(view.requested_gpus) or max(view.throughput.values())
         top = max(max(view.throughput), view.max_gpus or 0, view.requested_gpus)
-        speed = [0.0] * (top + 1)
-        last = 0.0
-        for n in range(1, top + 1):
-            last = view.throughput.get(n, last)
-            speed[n] = last / ref if ref > 0 else 0.0
+        speed = relative_speeds(view.throughput, view.requested_gpus, top)
     remaining = view.remaining_work if view.remaining_work is not None else float("inf")
     rec = JobRecord(
         view.id,
