@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from scheduler.quota import QuotaBook, enforce_quotas
-from scheduler.types import JobState, JobView, Preempt, Scale, Start
+from scheduler.types import Decision, JobState, JobView, Preempt, Scale, Start
 
 
 def test_starts_over_quota_are_dropped_and_preemptions_free_their_share() -> None:
@@ -14,7 +14,7 @@ def test_starts_over_quota_are_dropped_and_preemptions_free_their_share() -> Non
         "grow": JobView("grow", 0.0, 2, tenant="u", gpus=(4, 5), state=JobState.RUNNING),
     }
     book = QuotaBook(quota={"t": 8, "u": 2}, in_use={"t": 8, "u": 2})
-    decisions = [Start("a", (6, 7, 8, 9)), Preempt("old"), Start("b", (10, 11, 12, 13)),
+    decisions: list[Decision] = [Start("a", (6, 7, 8, 9)), Preempt("old"), Start("b", (10, 11, 12, 13)),
                  Scale("grow", (4, 5, 14))]  # fmt: skip
     kept, dropped = enforce_quotas(decisions, views, book)
     assert kept == [decisions[0], decisions[1], decisions[3]]  # growth is not a start
