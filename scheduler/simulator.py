@@ -40,7 +40,7 @@ from typing import Any
 
 from fabric.topology import FabricSpec
 from scheduler.fabric_placement import Contention, sim_placement
-from scheduler.placement import SimPlacement
+from scheduler.placement import CountOnly, SimPlacement
 from scheduler.policies.base import Plan, Policy
 from scheduler.records import JobRecord
 from scheduler.throughput import (
@@ -254,9 +254,7 @@ class Accounting:
         )  # fmt: skip
 
     def sample(self, now: float, queued: int) -> None:
-        """Append one point to the time series when ``sample_every`` has passed."""
-        if now < self.next_sample:
-            return
+        """Append one point to the time series (the loop calls it once ``next_sample`` is due)."""
         series = self.series
         series["t"].append(now)
         series["busy"].append(self.used)
@@ -302,6 +300,7 @@ def simulate(
     n_jobs = len(records)
     first = trace[0].submit if trace else 0.0
     fabric_aware = placement.name != "count"
+    by_count = isinstance(placement, CountOnly)  # never refuses and holds nothing: skip the calls
     acct = Accounting(cfg, first, any(j.model for j in trace), fabric_aware)
     net = NetworkSpec(gpus_per_server=cfg.gpus_per_server)
     if cfg.fabric is not None:
@@ -392,7 +391,7 @@ def simulate(
             blocked = False
             for job, n in plan:
                 gpus: tuple[int, ...] | None = ()
-                if n > 0 and not (job.running and n == job.alloc):
+                if n > 0 and not by_count and not (job.running and n == job.alloc):
                     gpus = None if blocked and not job.running else placement.place(job.id, n)
                     if gpus is None and not blocked and not job.running and 0 < job.base < n:
                         # An elastic start with extras no shape fits: start on the base
@@ -446,7 +445,8 @@ def simulate(
             plan = core.decide(now)
         if changed and contention is not None:
             acct.worst_slowdown = refresh_paces(now)
-        acct.sample(now, core.waiting_count())
+        if now >= acct.next_sample:
+            acct.sample(now, core.waiting_count())
         if bar is not None and done - bar.n >= 200:
             bar.update(done - bar.n)
     if bar is not None:
