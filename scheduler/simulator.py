@@ -213,24 +213,24 @@ class Accounting:
             return speedup_over_one(job.model or "resnet50", n, self.gpus_per_server)
         return float(n)
 
-    def _rebook(self, job: JobRecord, n: int) -> None:
-        self.eff_sum -= self.contrib.pop(job, 0.0)
-        c = self._contribution(job, n)
-        self.contrib[job] = c
-        self.eff_sum += c
-
     def started(self, job: JobRecord, n: int) -> None:
         """A queued job got ``n`` GPUs."""
         self.running += 1
         self.used += n
-        self._rebook(job, n)
+        self.eff_sum -= self.contrib.pop(job, 0.0)
+        c = self._contribution(job, n)
+        self.contrib[job] = c
+        self.eff_sum += c
 
     def resized(self, job: JobRecord, old: int, n: int) -> None:
         """A running job went from ``old`` to ``n`` GPUs."""
         self.scale_events += 1
         job.scale_events += 1
         self.used += n - old
-        self._rebook(job, n)
+        self.eff_sum -= self.contrib.pop(job, 0.0)
+        c = self._contribution(job, n)
+        self.contrib[job] = c
+        self.eff_sum += c
 
     def preempted(self, job: JobRecord, old: int, was_running: bool) -> None:
         """A job was told to stop (it counts as a preemption even if it held nothing)."""
