@@ -6,6 +6,7 @@ jobs/s and peak memory (the process's peak RSS so far, from getrusage) and the r
 
     .venv/bin/python bench/simulator.py            # both policies, whole trace
     .venv/bin/python bench/simulator.py --quick    # one week only (a smoke run)
+    .venv/bin/python bench/simulator.py --placement vclos   # fabric-aware (16 leaves)
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from scheduler.fabric_placement import SIM_PLACEMENTS, fabric_spec_for
 from scheduler.policies import get_policy
 from scheduler.simulator import SimConfig, simulate
 from scheduler.traces import load_philly, shared_trace
@@ -31,7 +33,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="one week of the trace only")
     parser.add_argument("--gpus", type=int, default=2048)
+    parser.add_argument("--placement", choices=SIM_PLACEMENTS, default="count")
+    parser.add_argument("--leaves", type=int, default=16, help="fabric leaves (not for count)")
     args = parser.parse_args()
+    fabric = None
+    if args.placement != "count":
+        fabric = fabric_spec_for(args.gpus, 8, args.leaves)
     t0 = time.perf_counter()
     trace = load_philly(
         shared_trace("philly.csv"),
@@ -42,12 +49,13 @@ def main() -> int:
     load_s = time.perf_counter() - t0
     print(f"loaded {len(trace.jobs)} jobs in {load_s:.2f} s (skipped {trace.skipped})")
     figures: dict[str, object] = {"jobs": len(trace.jobs), "gpus": args.gpus, "load_s": round(load_s, 3),
-                                  "target_s": TARGET_S}  # fmt: skip
+                                  "target_s": TARGET_S, "placement": args.placement}  # fmt: skip
     for name in ("tiresias", "elastic-tiresias"):
         t = time.perf_counter()
-        res = simulate(
-            trace.jobs, get_policy(name), SimConfig(total_gpus=args.gpus, sample_every=3600.0)
+        cfg = SimConfig(
+            total_gpus=args.gpus, sample_every=3600.0, placement=args.placement, fabric=fabric
         )
+        res = simulate(trace.jobs, get_policy(name), cfg)
         wall = time.perf_counter() - t
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
         jobs_per_s = len(trace.jobs) / wall

@@ -26,6 +26,14 @@ class InputError(Exception):
     """Bad command-line input; becomes a one-line message and exit status 2."""
 
 
+def _out(line: str) -> None:
+    sys.stdout.write(line + "\n")
+
+
+def _err(line: str) -> None:
+    sys.stderr.write(line + "\n")
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise InputError(message)
@@ -115,20 +123,20 @@ def cmd_allocate(args: argparse.Namespace) -> int:
         else:
             results.append(_result(res))
     if args.json:
-        print(json.dumps(results))
+        _out(json.dumps(results))
     else:
         for r in results:
             if "error" in r:
-                print(f"{r['job']}: not placed ({r['code']}): {r['error']}")
+                _out(f"{r['job']}: not placed ({r['code']}): {r['error']}")
                 continue
             if r.get("released"):
-                print(f"{r['job']}: {len(r['gpus'])} GPUs on leaves {r['leaves']} (released later)")
+                _out(f"{r['job']}: {len(r['gpus'])} GPUs on leaves {r['leaves']} (released later)")
             else:
-                print(
+                _out(
                     f"{r['job']}: {len(r['gpus'])} GPUs on leaves {r['leaves']}"
                     + (f" via spines {r['spines']}" if r["spines"] else " (single leaf)")
                 )
-        print(f"free GPUs: {alloc.free_gpu_count()} of {spec.total_gpus}")
+        _out(f"free GPUs: {alloc.free_gpu_count()} of {spec.total_gpus}")
     return 0
 
 
@@ -195,7 +203,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         },
     }
     if args.json:
-        print(json.dumps(summary))
+        _out(json.dumps(summary))
     else:
         for job, r in per_job.items():
             state = (
@@ -203,20 +211,20 @@ def cmd_check(args: argparse.Namespace) -> int:
                 if not r["contended_steps"]
                 else f"{r['contended_steps']} contended steps"
             )
-            print(f"{job}: {state}, max {r['max_flows']} flows/link, slowdown {r['slowdown']}")
+            _out(f"{job}: {state}, max {r['max_flows']} flows/link, slowdown {r['slowdown']}")
             for link in r["links"]:
-                print(f"  shared: {link}")
+                _out(f"  shared: {link}")
         t = summary["together"]
         state = (
             "contention-free"
             if not t["contended_steps"]
             else f"{t['contended_steps']} contended steps"
         )
-        print(
+        _out(
             f"all jobs together: {state}, max {t['max_flows']} flows/link, slowdown {t['slowdown']}"
         )
         for link in t["links"]:
-            print(f"  shared: {link}")
+            _out(f"  shared: {link}")
     return 0
 
 
@@ -262,13 +270,13 @@ def cmd_collisions(args: argparse.Namespace) -> int:
             rows.append(row)
             if not args.json:
                 hist = " ".join(f"{w}:{c}" for w, c in st.worst_link_hist)
-                print(
+                _out(
                     f"{leaves:4d} leaves {spec.total_gpus:6d} GPUs {st.jobs:4d} jobs  {placement:6s}+{routing:6s} "
                     f"P(contention)={st.p_contention:6.1%}  jobs slowed={st.slowed_job_fraction:6.1%}  "
                     f"mean slowdown={st.mean_slowdown:5.2f}  worst-link flows [{hist}]"
                 )
     if args.json:
-        print(json.dumps(rows))
+        _out(json.dumps(rows))
     return 0
 
 
@@ -316,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return status
     except (InputError, FabricError, ValueError) as exc:
         msg = " ".join(str(exc).split()) or type(exc).__name__
-        print(f"error: {msg}", file=sys.stderr)
+        _err(f"error: {msg}")
         return 2
 
 

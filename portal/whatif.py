@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from fabric.errors import TopologyError
 from inventory.services import current_spec
 from jobs.choices import JobState
 from jobs.models import Job
-from scheduler.fabric_placement import fabric_spec_for, simulate_fabric_trace
+from scheduler.fabric_placement import fabric_spec_for
 from scheduler.policies import REGISTRY, get_policy
 from scheduler.simulator import SimConfig, simulate
 from scheduler.traces import TraceError, TraceJob, load_tiresias, shared_trace
@@ -246,7 +247,8 @@ def compare(
             result = simulate(runnable, get_policy(name), cfg)
         else:
             spec = fabric_spec_for(cfg.total_gpus, cfg.gpus_per_server, int(params["leaves"]))
-            result = simulate_fabric_trace(runnable, spec, placement)
+            on_fabric = replace(cfg, placement=placement, fabric=spec)
+            result = simulate(runnable, get_policy(name), on_fabric)
         jcts = sorted(r.jct for r in result.jobs)
         series = result.series
         keep = _thin(list(range(len(series.get("t", [])))), SERIES_POINTS)

@@ -1,6 +1,9 @@
 """``python -m scheduler``: simulate one policy or compare several on a trace (no Django).
 
-Bad input (unknown options, unreadable traces, missing columns, bad
+Every policy runs with every placement (``--placement count|consolidated|vclos|ecmp``;
+the fabric ones on ``--leaves`` leaves) through the one simulator loop.
+
+Bad input (unknown options or choices, unreadable traces, missing columns, bad
 thresholds) prints one line ``error: ...`` and exits with status 2.  Bad
 rows (negative durations, unparsable numbers, jobs larger than the cluster)
 are skipped and counted by default; ``--on-error fail`` makes the first one
@@ -15,8 +18,10 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from fabric.errors import TopologyError
+from scheduler.fabric_placement import SIM_PLACEMENTS, fabric_spec_for
 from scheduler.policies import REGISTRY, get_policy
 from scheduler.simulator import ScalingCost, SimConfig, SimResult, simulate
 from scheduler.traces import (
@@ -30,7 +35,7 @@ from scheduler.traces import (
     vclos_workload,
 )
 
-PLACEMENTS = ("count", "consolidated", "vclos", "ecmp")
+PLACEMENTS = SIM_PLACEMENTS
 EPILOG = (
     "Bad rows (negative durations, unparsable numbers, jobs larger than the cluster) are "
     "skipped and counted in the output by default; with --on-error fail the first one is an "
@@ -40,6 +45,22 @@ EPILOG = (
 
 class UsageError(Exception):
     """Bad command-line input: reported in one line, exit status 2."""
+
+
+def _out(line: str) -> None:
+    sys.stdout.write(line + "\n")
+
+
+def _err(line: str) -> None:
+    sys.stderr.write(line + "\n")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (then exit status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Report ``message`` in one line and exit with status 2."""
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 def _thresholds(text: str) -> tuple[float, ...]:
@@ -142,7 +163,12 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and --help)."""
-    parser = argparse.ArgumentParser(prog="python -m scheduler", description=__doc__, epilog=EPILOG)
+    parser = _Parser(
+        prog="python -m scheduler",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sim = sub.add_parser("simulate", help="run one policy", epilog=EPILOG)
     _common(sim)
@@ -223,14 +249,13 @@ def make_policy(name: str, args: argparse.Namespace) -> Any:
 
 
 def run_one(name: str, trace: LoadedTrace, args: argparse.Namespace, total: int) -> SimResult:
-    """Simulate one policy with the arguments' settings."""
-    if args.placement in ("vclos", "ecmp"):
-        from scheduler.fabric_placement import simulate_fabric
-
+    """Simulate one policy with the arguments' settings (placement included)."""
+    fabric = None
+    if args.placement != "count":
         try:
-            return simulate_fabric(trace.jobs, make_policy(name, args), args, total)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+            fabric = fabric_spec_for(total, args.gpus_per_server, args.leaves)
+        except (ValueError, TopologyError) as exc:
+            raise UsageError(f"no fabric for --placement {args.placement}: {exc}") from None
     cfg = SimConfig(
         total_gpus=total,
         gpus_per_server=args.gpus_per_server,
@@ -240,6 +265,9 @@ def run_one(name: str, trace: LoadedTrace, args: argparse.Namespace, total: int)
         min_fraction=args.min_fraction,
         sample_every=args.sample_every,
         progress=not args.json and sys.stderr.isatty(),
+        placement=args.placement,
+        fabric=fabric,
+        seed=args.seed,
     )
     return simulate(trace.jobs, make_policy(name, args), cfg)
 
@@ -288,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UsageError(f"unknown policy {n!r} (choose {', '.join(REGISTRY)})")
         results = [run_one(n, trace, args, total) for n in names]
     except (UsageError, TraceError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _err(f"error: {exc}")
         return 2
     if args.report:
         from scheduler.report import write_report
@@ -307,20 +335,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "results": [r.summary for r in results],
     }
     if args.json:
-        print(
-            json.dumps(
-                out if len(results) > 1 else {**results[0].summary, "skipped": trace.skipped}
-            )
-        )
+        one = {**results[0].summary, "skipped": trace.skipped}
+        if "skipped" in results[0].summary:  # jobs the placement could never hold
+            one["unplaceable"] = results[0].summary["skipped"]
+        _out(json.dumps(out if len(results) > 1 else one))
     else:
         if trace.skipped_total:
-            print(f"skipped {trace.skipped_total} rows: {trace.skipped}")
+            _out(f"skipped {trace.skipped_total} rows: {trace.skipped}")
         for r in results:
             s = r.summary
-            print(
+            line = (
                 f"{s['policy']:>17}: {s['jobs']} jobs, avg JCT {s['avg_jct']:.2f} s, "
                 f"median {s['median_jct']:.2f} s, p95 {s['p95_jct']:.2f} s, "
                 f"queueing {s['avg_queueing_delay']:.2f} s, util {s['gpu_utilization']:.3f}, "
                 f"efficiency {s['cluster_efficiency']:.3f}, makespan {s['makespan']:.0f} s"
             )
+            if "mean_max_slowdown" in s:
+                line += f", mean worst slowdown {s['mean_max_slowdown']:.2f}"
+            _out(line)
     return 0

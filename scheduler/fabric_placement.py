@@ -1,62 +1,80 @@
 """Fabric-aware placement: vClos (isolated sub-Clos per job) versus ECMP-shared.
 
-Two placements over a ``fabric.topology.FabricSpec`` leaf-spine network:
+Over a ``fabric.topology.FabricSpec`` leaf-spine network::
 
-* ``vclos``: a job gets an ``m x n`` sub-Clos from ``fabric.allocator.VClosAllocator``;
-  its links are its own, so its communication never slows down, but it waits
-  until such a shape is free.
-* ``ecmp``: a job gets any free GPUs (the lowest ids, as a count scheduler
-  would hand them out after churn); flows are hashed onto uplinks and the
-  fabric's link-load analysis (``fabric.contention.ecmp_slowdown``) gives each
-  running job a slowdown >= 1 of its communication time.
+         spine 0 ... spine S-1
+          /   \\      /    \\          vclos: a job owns an m x n sub-Clos (m leaves,
+       leaf 0 ... leaf L-1            n GPUs and n uplinks on each): no contention,
+       |  |  |    |  |  |             but it waits until such a shape is free.
+       GPUs        GPUs               ecmp: any free GPUs (lowest ids); flows are
+                                      hashed onto shared uplinks, which slows the
+                                      communication of every job that collides.
 
-:func:`simulate_fabric` replays a trace with a strict FIFO queue (head-of-line
-blocking, as in the vClos authors' runs) and rigid jobs; a job's progress rate
-is ``iteration_time(n) / iteration_time(n, slowdown)`` from the throughput
-model, so the slowdown touches only the communication part.
+Everything here is placement-specific; the event loop is
+:func:`scheduler.simulator.simulate` for every placement and policy.
+
+* :class:`VClosPlacement`: the :class:`scheduler.placement.Placement` for
+  ``schedule()`` on a vClos fabric (starts only).
+* :class:`VClosBinder`: the simulator's vClos placement; it binds every
+  decision through :func:`scheduler.binding.bind`, the function the control
+  plane binds its decisions with.
+* :class:`EcmpContention`: the simulator's link-contention model, per running
+  job a slowdown >= 1 of its communication (``fabric.contention.ecmp_slowdown``).
+* :func:`sim_placement`: a placement (and contention model) by name.
 """
 
 from __future__ import annotations
 
-import argparse
-import heapq
-import math
-import statistics
-from collections import deque
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Protocol
 
-from fabric.allocator import VClosAllocator
+from fabric.allocator import Allocation, VClosAllocator
 from fabric.contention import ecmp_slowdown
-from fabric.errors import PlacementError
 from fabric.topology import FabricSpec
-from scheduler.policies.base import Policy
-from scheduler.simulator import JobResult, SimResult, summarize
-from scheduler.throughput import NetworkSpec, get_model, iteration_time, speedup_over_one
-from scheduler.traces import TraceJob
-from scheduler.types import Gpu, GpuState, Snapshot
+from scheduler.binding import bind
+from scheduler.placement import (
+    ConsolidatedPlacement,
+    CountOnly,
+    CountPlacement,
+    FreeList,
+    SimPlacement,
+)
+from scheduler.types import Cluster, Decision, Gpu, GpuState, Preempt, Scale, Snapshot, Start
+
+#: Every placement the simulator (and ``python -m scheduler``) accepts.
+SIM_PLACEMENTS = ("count", "consolidated", "vclos", "ecmp")
+
+
+def _sized(n: int) -> tuple[int, ...]:
+    # bind() reads only the size of a decision's GPU tuple: which GPUs is its choice.
+    return tuple(range(n))
 
 
 class VClosPlacement:
     """The :class:`scheduler.placement.Placement` for ``schedule()`` on a vClos fabric.
 
     Built from a snapshot (its ``fabric_spec`` and running ``allocations``), it
-    reserves an isolated sub-Clos per started job in a private
+    binds an isolated sub-Clos per started job on a private
     ``VClosAllocator``; preemptions in the same round free theirs first.
-    Growing a vClos job would change its shape, so grows are refused (the job
-    keeps its size; ``Migrate`` to a bigger shape is future work).
+    Growing a vClos job would change its shape, so grows are refused here (the
+    job keeps its size; the control plane's binding may migrate it instead).
     """
 
     name = "vclos"
 
     def __init__(
-        self, spec: FabricSpec, allocations: Sequence[Any] = (), down: Sequence[int] = ()
+        self,
+        spec: FabricSpec,
+        allocations: Sequence[Allocation] = (),
+        down: Sequence[int] = (),
     ) -> None:
+        self.spec = spec
         self.allocator = VClosAllocator(spec)
         self.allocator.restore(list(allocations))
         if down:
             self.allocator.set_unavailable(down)
-        self.placed: dict[str, Any] = {}
+        self.placed: dict[str, Allocation] = {}
 
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot) -> VClosPlacement:
@@ -79,33 +97,76 @@ class VClosPlacement:
         if near or n <= 0:
             return None
         key = job or f"pending-{len(self.placed)}"
-        got = self.allocator.try_allocate(key, n)
-        if isinstance(got, PlacementError):
+        bound, _refused = bind(self.spec, self.allocator, [Start(key, _sized(n))])
+        if not bound or bound[0].allocation is None:
             return None
-        self.placed[key] = got
-        return tuple(got.gpus)
+        self.placed[key] = bound[0].allocation
+        return bound[0].new_gpus
 
     def release(self, job: str) -> None:
         """A preempted job's sub-Clos becomes free for this round's starts."""
         if job in self.allocator.allocations():
-            self.allocator.release(job)
+            bind(self.spec, self.allocator, [Preempt(job)])
 
 
-class _Run:
-    __slots__ = ("gpus", "job", "last", "rate", "remaining", "start", "version")
+class VClosBinder:
+    """The simulator's vClos placement: each decision goes through :func:`bind`.
 
-    def __init__(self, job: TraceJob, gpus: tuple[int, ...], now: float) -> None:
-        self.job = job
-        self.gpus = gpus
-        self.remaining = job.duration
-        self.rate = 1.0
-        self.last = now
-        self.start = now
-        self.version = 0
+    Starts get an ``m x n`` sub-Clos; resizes keep the workers in place when
+    they can (one leaf) and otherwise get a new shape (a migration); a
+    decision no free shape fits is refused and the job keeps what it had.
+    """
 
-    def settle(self, now: float) -> None:
-        self.remaining -= (now - self.last) * self.rate
-        self.last = now
+    name = "vclos"
+
+    def __init__(self, spec: FabricSpec) -> None:
+        self.spec = spec
+        self.allocator = VClosAllocator(spec)
+        self._admits: dict[int, bool] = {}
+
+    def admits(self, n: int) -> bool:
+        """Whether an ``n``-GPU shape exists on the empty fabric (memoised per size)."""
+        known = self._admits.get(n)
+        if known is None:
+            known = n <= self.spec.total_gpus and VClosAllocator(self.spec).can_place(n)
+            self._admits[n] = known
+        return known
+
+    def place(self, job: str, n: int) -> tuple[int, ...] | None:
+        """Bind a start (queued job) or a resize (running job); None when refused."""
+        decision: Decision
+        if job in self.allocator.allocations():
+            decision = Scale(job, _sized(n))
+        else:
+            decision = Start(job, _sized(n))
+        bound, _refused = bind(self.spec, self.allocator, [decision])
+        return bound[0].new_gpus if bound else None
+
+    def release(self, job: str) -> None:
+        """Free the job's sub-Clos (a preemption is bound as one, a completion just frees)."""
+        if job in self.allocator.allocations():
+            bind(self.spec, self.allocator, [Preempt(job)])
+
+
+class Contention(Protocol):
+    """Link contention: a slowdown >= 1 of each job's communication, given where all run."""
+
+    def slowdowns(self, placed: Sequence[tuple[int, ...]]) -> Sequence[float]:
+        """One factor per job of ``placed`` (multi-GPU jobs' GPUs in rank order), in order."""
+        ...
+
+
+@dataclass(frozen=True)
+class EcmpContention:
+    """ECMP: every job's flows hashed onto shared uplinks (``pattern`` collectives, hash ``seed``)."""
+
+    spec: FabricSpec
+    pattern: str = "ring"
+    seed: int = 0
+
+    def slowdowns(self, placed: Sequence[tuple[int, ...]]) -> Sequence[float]:
+        """The fabric's max-min analysis of all jobs' flows at once."""
+        return ecmp_slowdown(self.spec, placed, self.pattern, self.seed)
 
 
 def fabric_spec_for(total_gpus: int, gpus_per_server: int, leaves: int) -> FabricSpec:
@@ -122,171 +183,35 @@ def fabric_spec_for(total_gpus: int, gpus_per_server: int, leaves: int) -> Fabri
     )
 
 
-def simulate_fabric_trace(
-    trace: Sequence[TraceJob],
-    spec: FabricSpec,
-    mode: str,
+def sim_placement(
+    name: str,
+    total_gpus: int,
+    gpus_per_server: int,
+    fabric: FabricSpec | None = None,
     *,
-    pattern: str = "ring",
     seed: int = 0,
-    sample_every: float = 60.0,
-) -> SimResult:
-    """FIFO with head-of-line blocking on a fabric, placement ``vclos`` or ``ecmp``."""
-    if mode not in ("vclos", "ecmp"):
-        raise ValueError(f"unknown fabric placement {mode!r}")
-    total = spec.total_gpus
-    net = NetworkSpec(
-        gpus_per_server=spec.gpus_per_server, network_bytes_per_s=spec.link_gbps * 1e9 / 8
-    )
-    allocator = VClosAllocator(spec) if mode == "vclos" else None
-    free: set[int] = set(range(total))
-    queue: deque[TraceJob] = deque()
-    running: dict[str, _Run] = {}
-    comp: list[tuple[float, int, str, int]] = []
-    seq = 0
-    ai = 0
-    first = trace[0].submit if trace else 0.0
-    prev = first
-    busy_area = 0.0
-    eff_area = 0.0
-    used = 0
-    eff_sum = 0.0
-    results: list[JobResult] = []
-    series: dict[str, list[float]] = {
-        "t": [],
-        "busy": [],
-        "efficiency": [],
-        "queued": [],
-        "running": [],
-        "slowdown": [],
-    }
-    next_sample = first
-    skipped = 0
-    base_iter: dict[tuple[str, int], float] = {}
+) -> tuple[SimPlacement, Contention | None]:
+    """A fresh simulator placement by name, and its contention model (None: links are free).
 
-    def rate_for(job: TraceJob, n: int, slowdown: float) -> float:
-        model = get_model(job.model or "resnet50")
-        key = (model.name, n)
-        ref = base_iter.get(key)
-        if ref is None:
-            ref = iteration_time(model, n, net)
-            base_iter[key] = ref
-        return ref / iteration_time(model, n, net, slowdown) if slowdown > 1.0 else 1.0
-
-    def push(run: _Run) -> None:
-        nonlocal seq
-        run.version += 1
-        seq += 1
-        end = run.last + max(run.remaining, 0.0) / run.rate
-        heapq.heappush(comp, (end, seq, run.job.id, run.version))
-
-    def refresh_rates(now: float) -> float:
-        if mode != "ecmp" or not running:
-            return 1.0
-        runs = [r for r in running.values() if len(r.gpus) > 1]
-        if not runs:
-            return 1.0
-        slow = ecmp_slowdown(spec, [r.gpus for r in runs], pattern, seed)
-        for r, s in zip(runs, slow, strict=True):
-            new = rate_for(r.job, len(r.gpus), s)
-            if new != r.rate:
-                r.settle(now)
-                r.rate = new
-                push(r)
-        return max(slow)
-
-    n_jobs = len(trace)
-    worst = 1.0
-    while ai < n_jobs or comp:
-        while comp and (comp[0][2] not in running or running[comp[0][2]].version != comp[0][3]):
-            heapq.heappop(comp)
-        t_comp = comp[0][0] if comp else math.inf
-        t_arr = trace[ai].submit if ai < n_jobs else math.inf
-        now = min(t_comp, t_arr)
-        if now == math.inf:
-            break
-        busy_area += used * (now - prev)
-        eff_area += eff_sum * (now - prev)
-        prev = now
-        changed = False
-        while comp and comp[0][0] <= now:
-            _, _, jid, version = heapq.heappop(comp)
-            run = running.get(jid)
-            if run is None or run.version != version:
-                continue
-            del running[jid]
-            free.update(run.gpus)
-            if allocator is not None:
-                allocator.release(jid)
-            used -= len(run.gpus)
-            eff_sum -= speedup_over_one(
-                run.job.model or "resnet50", len(run.gpus), spec.gpus_per_server
-            )
-            j = run.job
-            results.append(
-                JobResult(j.id, j.submit, run.start, now, j.gpus, j.duration, j.model, 0, 0)
-            )
-            changed = True
-        while ai < n_jobs and trace[ai].submit <= now:
-            job = trace[ai]
-            ai += 1
-            if job.gpus > total:
-                skipped += 1
-                continue
-            queue.append(job)
-        while queue:
-            job = queue[0]
-            gpus: tuple[int, ...] | None
-            if allocator is not None:
-                got = allocator.try_allocate(job.id, job.gpus)
-                if isinstance(got, PlacementError):
-                    if got.code == "too_large":
-                        queue.popleft()
-                        skipped += 1
-                        continue
-                    break
-                gpus = tuple(got.gpus)
-            else:
-                if len(free) < job.gpus:
-                    break
-                gpus = tuple(sorted(free)[: job.gpus])
-            queue.popleft()
-            free.difference_update(gpus)
-            run = _Run(job, gpus, now)
-            running[job.id] = run
-            used += len(gpus)
-            eff_sum += speedup_over_one(job.model or "resnet50", len(gpus), spec.gpus_per_server)
-            push(run)
-            changed = True
-        if changed:
-            worst = refresh_rates(now)
-        if now >= next_sample:
-            series["t"].append(now)
-            series["busy"].append(used)
-            series["efficiency"].append(eff_sum)
-            series["queued"].append(len(queue))
-            series["running"].append(len(running))
-            series["slowdown"].append(worst)
-            next_sample = now + sample_every
-    results.sort(key=lambda r: (r.submit, r.id))
-    summary = summarize(
-        results, total, busy_area, eff_area, first, prev, 0, 0, unfinished=n_jobs - len(results)
-    )
-    summary["policy"] = f"fifo+{mode}"
-    summary["skipped"] = skipped
-    slow = series["slowdown"]
-    summary["mean_max_slowdown"] = round(statistics.fmean(slow), 4) if slow else 1.0
-    return SimResult(f"fifo+{mode}", tuple(results), series, summary)
-
-
-def simulate_fabric(
-    trace: Sequence[TraceJob], policy: Policy, args: argparse.Namespace, total: int
-) -> SimResult:
-    """CLI adapter: vClos/ECMP placement runs the FIFO queue of the vClos paper."""
-    if policy.name != "fifo":
-        raise ValueError(
-            "--placement vclos/ecmp runs the vClos paper's FIFO queue: use --policy fifo"
-        )
-    spec = fabric_spec_for(total, args.gpus_per_server, args.leaves)
-    extra: dict[str, Any] = {"seed": args.seed, "sample_every": args.sample_every}
-    return simulate_fabric_trace(trace, spec, args.placement, **extra)
+    ``count`` (no GPU ids), ``consolidated`` (fewest servers, then leaves),
+    ``vclos`` (isolated sub-Clos through ``bind()``) or ``ecmp`` (lowest free
+    ids, ECMP contention with hash ``seed``).  The fabric ones need ``fabric``;
+    ``consolidated`` uses its leaves when given (one leaf otherwise).
+    """
+    if name == "count":
+        return CountOnly(), None
+    if name not in SIM_PLACEMENTS:
+        raise ValueError(f"unknown placement {name!r} (choose {', '.join(SIM_PLACEMENTS)})")
+    if fabric is not None and fabric.total_gpus != total_gpus:
+        raise ValueError(f"the fabric has {fabric.total_gpus} GPUs, the cluster {total_gpus}")
+    servers = total_gpus // gpus_per_server
+    if name == "consolidated":
+        per_leaf = fabric.servers_per_leaf if fabric is not None else servers
+        gpus = Cluster.uniform(servers, gpus_per_server, per_leaf).gpus
+        return FreeList(ConsolidatedPlacement(), gpus), None
+    if fabric is None:
+        raise ValueError(f"{name} placement needs a fabric (leaves and spines)")
+    if name == "vclos":
+        return VClosBinder(fabric), None
+    gpus = Cluster.uniform(servers, gpus_per_server, fabric.servers_per_leaf).gpus
+    return FreeList(CountPlacement(), gpus, name="ecmp"), EcmpContention(fabric, seed=seed)

@@ -3,8 +3,18 @@
 A :class:`Placement` only chooses GPU ids; policies decide sizes.  ``count``
 takes the lowest free ids (the Tiresias simulator's "count" scheme ignores
 locality), ``consolidated`` packs a job onto as few servers, then leaves, as
-it can (best fit).  The fabric-aware strategies (vClos, ECMP) live in
-:mod:`scheduler.fabric_placement` and plug in through the same protocol.
+it can (best fit).  The vClos strategy lives in
+:mod:`scheduler.fabric_placement` and plugs in through the same protocol.
+
+The simulator places through a :class:`SimPlacement`, which owns the
+cluster's GPUs for a whole run::
+
+    policy core: (job, n GPUs) ──> SimPlacement.place(job, n) ──> GPU ids, or None (refused)
+                                   ├─ CountOnly      no ids at all (the default, fastest)
+                                   ├─ FreeList       ids from a Placement above (consolidated,
+                                   │                 or lowest ids for ECMP)
+                                   └─ VClosBinder    scheduler.binding.bind() on a VClosAllocator
+                                                     (in scheduler.fabric_placement)
 """
 
 from __future__ import annotations
@@ -114,6 +124,81 @@ class ConsolidatedPlacement:
 
     def release(self, job: str) -> None:
         """Nothing to do: the free list is the caller's."""
+
+
+class SimPlacement(Protocol):
+    """The simulator's side of placement: it holds every job's GPUs for the whole run."""
+
+    name: str
+
+    def admits(self, n: int) -> bool:
+        """Whether a job of ``n`` GPUs could ever be placed (on the empty cluster)."""
+        ...
+
+    def place(self, job: str, n: int) -> tuple[int, ...] | None:
+        """Give ``job`` exactly ``n`` GPUs (start, grow or shrink); None: refused, nothing changes."""
+        ...
+
+    def release(self, job: str) -> None:
+        """The job stopped (finished or preempted): all its GPUs are free."""
+        ...
+
+
+class CountOnly:
+    """Placement by count alone: every decision fits (the policy counted), no GPU ids."""
+
+    name = "count"
+
+    def admits(self, n: int) -> bool:
+        """Always: a job larger than the cluster simply never starts (and is reported)."""
+        return True
+
+    def place(self, job: str, n: int) -> tuple[int, ...] | None:
+        """No ids: the count model needs none."""
+        return ()
+
+    def release(self, job: str) -> None:
+        """Nothing is held."""
+
+
+class FreeList:
+    """GPU ids from a :class:`Placement` over a free list the simulator keeps.
+
+    Shrinking keeps the first GPUs of the job (rank order); growing asks the
+    placement for the extra GPUs next to the job's own, as ``schedule()`` does.
+    """
+
+    def __init__(self, placement: Placement, gpus: Sequence[Gpu], name: str = "") -> None:
+        self.name = name or placement.name
+        self.placement = placement
+        self.gpus = {g.id: g for g in gpus}
+        self.free = set(self.gpus)
+        self.held: dict[str, tuple[int, ...]] = {}
+
+    def admits(self, n: int) -> bool:
+        """A job fits the empty cluster when it asks for at most all of its GPUs."""
+        return n <= len(self.gpus)
+
+    def place(self, job: str, n: int) -> tuple[int, ...] | None:
+        """Keep a prefix to shrink; add GPUs chosen by the placement to start or grow."""
+        current = self.held.get(job, ())
+        if n <= len(current):
+            self.free.update(current[n:])
+            chosen = current[:n]
+        else:
+            extra = self.placement.place(
+                n - len(current), sorted(self.free), self.gpus, near=current, job=job
+            )
+            if extra is None:
+                return None
+            self.free.difference_update(extra)
+            chosen = current + extra
+        self.held[job] = chosen
+        return chosen
+
+    def release(self, job: str) -> None:
+        """Return the job's GPUs to the free list."""
+        self.free.update(self.held.pop(job, ()))
 
 
 def get_placement(name: str) -> Placement:

@@ -17,7 +17,9 @@ class JobRecord:
     ``speed[n]`` is the progress rate on ``n`` GPUs relative to the requested
     size (1.0 at ``requested``; a rigid job has no table and runs at 1.0).
     ``attained`` is GPU-seconds received since the last starvation promotion;
-    ``executed`` is seconds run in total.
+    ``executed`` is seconds run in total.  ``pace`` (1.0 unless the simulator
+    models link contention) multiplies the progress rate: a job whose
+    all-reduce shares uplinks progresses more slowly than its table says.
     """
 
     __slots__ = (
@@ -35,6 +37,7 @@ class JobRecord:
         "max_gpus",
         "min_gpus",
         "model",
+        "pace",
         "pending_since",
         "preemptions",
         "q_exec",
@@ -92,6 +95,7 @@ class JobRecord:
         self.scale_events = 0
         self.pending_since = submit
         self.compacted = False
+        self.pace = 1.0
         # throughput(requested)/throughput(1): turns ``rate`` into a speedup over one GPU
         self.gain_ref = float(requested)
 
@@ -112,7 +116,7 @@ class JobRecord:
         if self.running:
             busy_from = self.last if self.last > self.resume_at else self.resume_at
             if now > busy_from:
-                self.remaining -= (now - busy_from) * self.rate(self.alloc)
+                self.remaining -= (now - busy_from) * self.rate(self.alloc) * self.pace
             self.attained += self.alloc * dt
             self.executed += dt
             self.q_exec += dt
@@ -121,7 +125,7 @@ class JobRecord:
     def finish_time(self) -> float:
         """When the job ends if nothing changes (it must be running)."""
         start = self.last if self.last > self.resume_at else self.resume_at
-        rate = self.rate(self.alloc)
+        rate = self.rate(self.alloc) * self.pace
         return start + (self.remaining / rate if self.remaining > 0 else 0.0)
 
     def __repr__(self) -> str:

@@ -1,15 +1,31 @@
 """Discrete-event simulator: replays a trace through a policy core on a GPU cluster.
 
-Events, in this order at one timestamp (as the public Tiresias simulator):
-completions release GPUs, arrivals join (in trace order), then one
-scheduling pass.  The pass also runs when the policy asks for a wake-up
-(demotion checks) and, optionally, on a periodic tick.  Completions sit in a
+One event loop for every policy and every placement::
+
+    next event = min(completion heap, next arrival, policy wake-up, --tick)
+      1. completions      job done: placement.release, accounting.finished, core.remove
+      2. arrivals         in trace order: core.add (a job no placement could ever
+                          hold, e.g. no vClos shape of its size, is skipped)
+      3. one pass         core.decide(now) -> [(job, n GPUs)], 0 = preempt
+                          each change: placement.place(job, n) -> GPU ids | None
+                            placed:   accounting.started / resized / preempted,
+                                      new completion time on the heap
+                            refused:  the job keeps what it had; core.unplaced()
+                                      (FIFO: the starts behind it wait too)
+      4. contention       if anything moved: slowdown of every running job's
+                          communication -> its pace -> new completion times
+    accounting integrates busy GPUs and cluster efficiency between events
+
+At one timestamp the order is the public Tiresias simulator's: completions
+release GPUs, arrivals join, then one scheduling pass.  Completions sit in a
 heap with lazy invalidation, so an event costs what changed.
 
-Placement here is by count; GPU ids only matter to fabric-aware experiments
-(:mod:`scheduler.fabric_placement`), which use a communication slowdown
-instead.  Scaling and preemption costs are parameters (all free by default,
-as in the Tiresias simulator).
+Placements (``SimConfig.placement``, see :func:`scheduler.fabric_placement.sim_placement`):
+``count`` (no GPU ids: the policy's count is the placement, the fastest and
+the Tiresias simulator's scheme), ``consolidated``, ``vclos`` (bound through
+:func:`scheduler.binding.bind`, as in production) and ``ecmp`` (lowest free
+ids, with ECMP link contention).  Scaling and preemption costs are parameters
+(all free by default, as in the Tiresias simulator).
 """
 
 from __future__ import annotations
@@ -18,13 +34,22 @@ import heapq
 import math
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.policies.base import Policy
+from fabric.topology import FabricSpec
+from scheduler.fabric_placement import Contention, sim_placement
+from scheduler.placement import CountOnly, SimPlacement
+from scheduler.policies.base import Plan, Policy
 from scheduler.records import JobRecord
-from scheduler.throughput import speed_table, speedup_over_one
+from scheduler.throughput import (
+    NetworkSpec,
+    contention_pace,
+    get_model,
+    speed_table,
+    speedup_over_one,
+)
 from scheduler.traces import TraceJob
 
 
@@ -62,9 +87,9 @@ class SimConfig:
 
     ``elastic`` gives every job a speed table from the throughput model with
     ``max_scale`` x requested GPUs at most and ``min_fraction`` x requested at
-    least; ``comm_slowdown`` maps (job, GPUs) to a factor >= 1 on its
-    communication time (ECMP contention); ``sample_every`` thins the time
-    series (seconds).
+    least; ``sample_every`` thins the time series (seconds).  ``placement``
+    names the placement (``count``, ``consolidated``, ``vclos``, ``ecmp``);
+    the fabric ones need ``fabric``, and ``seed`` is ECMP's hash seed.
     """
 
     total_gpus: int
@@ -76,7 +101,9 @@ class SimConfig:
     min_fraction: float = 0.5
     sample_every: float = 60.0
     progress: bool = False
-    slowdown: Callable[[TraceJob], float] | None = None
+    placement: str = "count"
+    fabric: FabricSpec | None = None
+    seed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,51 +162,190 @@ def _make_record(idx: int, job: TraceJob, cfg: SimConfig, elastic: bool) -> JobR
     )
 
 
-def simulate(trace: Sequence[TraceJob], policy: Policy, cfg: SimConfig) -> SimResult:
-    """Replay ``trace`` (sorted by submit time) through ``policy``; returns results and figures."""
+class Accounting:
+    """What a run adds up: busy GPUs, cluster efficiency, counters, time series, results.
+
+    Between two events the loop calls :meth:`advance`; every change the
+    placement accepted is booked here, so the summary and the series come
+    from one place whatever the policy and the placement.
+    """
+
+    def __init__(self, cfg: SimConfig, first: float, with_model: bool, fabric: bool) -> None:
+        self.total = cfg.total_gpus
+        self.gpus_per_server = cfg.gpus_per_server
+        self.sample_every = cfg.sample_every
+        self.with_model = with_model
+        self.first = first
+        self.prev = first
+        self.next_sample = first
+        self.used = 0
+        self.eff_sum = 0.0
+        self.busy_area = 0.0
+        self.eff_area = 0.0
+        self.running = 0
+        self.scale_events = 0
+        self.preemptions = 0
+        self.worst_slowdown = 1.0
+        self.contrib: dict[JobRecord, float] = {}
+        self.results: list[JobResult] = []
+        self.series: dict[str, list[float]] = {
+            "t": [],
+            "busy": [],
+            "efficiency": [],
+            "queued": [],
+            "running": [],
+        }
+        if fabric:
+            self.series["slowdown"] = []
+
+    def advance(self, now: float) -> None:
+        """Integrate busy GPUs and efficiency up to ``now``."""
+        if now > self.prev:
+            dt = now - self.prev
+            self.busy_area += self.used * dt
+            self.eff_area += self.eff_sum * dt
+            self.prev = now
+
+    def _contribution(self, job: JobRecord, n: int) -> float:
+        if n <= 0:
+            return 0.0
+        if self.with_model:
+            return speedup_over_one(job.model or "resnet50", n, self.gpus_per_server)
+        return float(n)
+
+    def started(self, job: JobRecord, n: int) -> None:
+        """A queued job got ``n`` GPUs."""
+        self.running += 1
+        self.used += n
+        self.eff_sum -= self.contrib.pop(job, 0.0)
+        c = self._contribution(job, n)
+        self.contrib[job] = c
+        self.eff_sum += c
+
+    def resized(self, job: JobRecord, old: int, n: int) -> None:
+        """A running job went from ``old`` to ``n`` GPUs."""
+        self.scale_events += 1
+        job.scale_events += 1
+        self.used += n - old
+        self.eff_sum -= self.contrib.pop(job, 0.0)
+        c = self._contribution(job, n)
+        self.contrib[job] = c
+        self.eff_sum += c
+
+    def preempted(self, job: JobRecord, old: int, was_running: bool) -> None:
+        """A job was told to stop (it counts as a preemption even if it held nothing)."""
+        if was_running:
+            self.used -= old
+            self.eff_sum -= self.contrib.pop(job, 0.0)
+            self.running -= 1
+        job.preemptions += 1
+        self.preemptions += 1
+
+    def finished(self, job: JobRecord, now: float) -> None:
+        """A running job completed at ``now``."""
+        self.used -= job.alloc
+        self.eff_sum -= self.contrib.pop(job, 0.0)
+        self.running -= 1
+        self.results.append(
+            JobResult(
+                job.id, job.submit, job.start_time if job.start_time is not None else now,
+                now, job.requested, job.duration, job.model, job.preemptions, job.scale_events,
+            )
+        )  # fmt: skip
+
+    def sample(self, now: float, queued: int) -> None:
+        """Append one point to the time series (the loop calls it once ``next_sample`` is due)."""
+        series = self.series
+        series["t"].append(now)
+        series["busy"].append(self.used)
+        series["efficiency"].append(self.eff_sum)
+        series["queued"].append(queued)
+        series["running"].append(self.running)
+        if "slowdown" in series:
+            series["slowdown"].append(self.worst_slowdown)
+        self.next_sample = now + self.sample_every
+
+    def summary(self, unfinished: int) -> dict[str, Any]:
+        """The JSON summary (see :func:`summarize`)."""
+        self.results.sort(key=lambda r: (r.submit, r.id))
+        return summarize(
+            self.results, self.total, self.busy_area, self.eff_area, self.first, self.prev,
+            self.scale_events, self.preemptions, unfinished=unfinished,
+        )  # fmt: skip
+
+
+def simulate(
+    trace: Sequence[TraceJob],
+    policy: Policy,
+    cfg: SimConfig,
+    *,
+    placement: SimPlacement | None = None,
+    contention: Contention | None = None,
+) -> SimResult:
+    """Replay ``trace`` (sorted by submit time) through ``policy``; returns results and figures.
+
+    The placement and its contention model come from ``cfg.placement`` unless
+    ``placement`` is given (then ``contention`` goes with it; None: links are
+    free).  With any placement but ``count`` the policy is reported as
+    ``policy+placement`` and the summary adds ``skipped`` (jobs no placement
+    could ever hold) and ``mean_max_slowdown``.
+    """
+    if placement is None:
+        placement, contention = sim_placement(
+            cfg.placement, cfg.total_gpus, cfg.gpus_per_server, cfg.fabric, seed=cfg.seed
+        )
     core = policy.new_core(cfg.total_gpus)
     elastic = cfg.elastic or bool(getattr(policy, "elastic", False))
     records = [_make_record(i, j, cfg, elastic) for i, j in enumerate(trace)]
     n_jobs = len(records)
-    with_model = any(j.model for j in trace)
+    first = trace[0].submit if trace else 0.0
+    fabric_aware = placement.name != "count"
+    by_count = isinstance(placement, CountOnly)  # never refuses and holds nothing: skip the calls
+    acct = Accounting(cfg, first, any(j.model for j in trace), fabric_aware)
+    net = NetworkSpec(gpus_per_server=cfg.gpus_per_server)
+    if cfg.fabric is not None:
+        net = NetworkSpec(
+            gpus_per_server=cfg.gpus_per_server,
+            network_bytes_per_s=cfg.fabric.link_gbps * 1e9 / 8,
+        )
+    # Running jobs' GPUs in start order: the input of the contention model.
+    held: dict[JobRecord, tuple[int, ...]] = {}
     comp: list[tuple[float, int, JobRecord, int]] = []
     seq = 0
     ai = 0
-    used = 0
-    eff_sum = 0.0
-    busy_area = 0.0
-    eff_area = 0.0
-    first = trace[0].submit if trace else 0.0
-    prev = first
-    results: list[JobResult] = []
-    series: dict[str, list[float]] = {
-        "t": [],
-        "busy": [],
-        "efficiency": [],
-        "queued": [],
-        "running": [],
-    }
-    next_sample = first
-    scale_events = 0
-    preemptions = 0
-    running_count = 0
+    skipped = 0
     tick = cfg.tick
     next_tick = first + tick if tick else math.inf
-    contrib: dict[JobRecord, float] = {}
+
+    def push(job: JobRecord) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(comp, (job.finish_time(), seq, job, job.version))
+
+    def refresh_paces(now: float) -> float:
+        """Re-pace every running job after a change; returns the worst slowdown."""
+        if contention is None or not held:
+            return 1.0
+        multi = [(job, gpus) for job, gpus in held.items() if len(gpus) > 1]
+        slow = contention.slowdowns([gpus for _, gpus in multi]) if multi else ()
+        factor = {job: s for (job, _), s in zip(multi, slow, strict=True)}
+        for job, gpus in held.items():
+            s = factor.get(job, 1.0)
+            model = get_model(job.model or "resnet50")
+            pace = contention_pace(model, len(gpus), net, s)
+            if pace != job.pace:
+                job.settle(now)
+                job.pace = pace
+                job.version += 1
+                push(job)
+        return max(slow, default=1.0)
 
     bar: Any = None
     if cfg.progress:
-        from tqdm import tqdm
+        from tqdm import tqdm  # optional: only a terminal run shows a progress bar
 
         bar = tqdm(total=n_jobs, file=sys.stderr, unit="job", mininterval=0.5)
     done = 0
-
-    def contribution(job: JobRecord, n: int) -> float:
-        if n <= 0:
-            return 0.0
-        if with_model:
-            return speedup_over_one(job.model or "resnet50", n, cfg.gpus_per_server)
-        return float(n)
 
     while ai < n_jobs or comp:
         while comp and comp[0][2].version != comp[0][3]:
@@ -191,13 +357,10 @@ def simulate(trace: Sequence[TraceJob], policy: Policy, cfg: SimConfig) -> SimRe
         now = min(t_comp, t_arr, t_wake, next_tick)
         if now == math.inf:
             break  # nothing runs and nothing arrives: the rest can never be placed
-        if now > prev:
-            dt = now - prev
-            busy_area += used * dt
-            eff_area += eff_sum * dt
-            prev = now
+        acct.advance(now)
         if now >= next_tick:
-            next_tick = now + tick if tick and (running_count or ai < n_jobs) else math.inf
+            next_tick = now + tick if tick and (acct.running or ai < n_jobs) else math.inf
+        changed = False
         # 1. completions
         while comp and comp[0][0] <= now:
             _, _, job, version = heapq.heappop(comp)
@@ -206,82 +369,98 @@ def simulate(trace: Sequence[TraceJob], policy: Policy, cfg: SimConfig) -> SimRe
             job.settle(now)
             job.remaining = 0.0
             core.remove(job, now)
-            used -= job.alloc
-            eff_sum -= contrib.pop(job, 0.0)
-            running_count -= 1
+            placement.release(job.id)
+            held.pop(job, None)
+            acct.finished(job, now)
             job.running = False
             job.end_time = now
             job.version += 1
-            results.append(
-                JobResult(
-                    job.id, job.submit, job.start_time if job.start_time is not None else now,
-                    now, job.requested, job.duration, job.model, job.preemptions, job.scale_events,
-                )
-            )  # fmt: skip
             done += 1
+            changed = True
         # 2. arrivals
         while ai < n_jobs and records[ai].submit <= now:
-            core.add(records[ai], now)
-            ai += 1
-        # 3. one pass
-        for job, n in core.decide(now):
-            job.settle(now)
-            old = job.alloc if job.running else 0
-            resumed = not job.running and job.start_time is not None
-            job.version += 1
-            if n <= 0:
-                if job.running:
-                    used -= old
-                    eff_sum -= contrib.pop(job, 0.0)
-                    running_count -= 1
-                job.running = False
-                job.alloc = 0
-                job.preemptions += 1
-                preemptions += 1
-                continue
-            if job.running:
-                if n == old:
-                    job.version -= 1
-                    continue
-                scale_events += 1
-                job.scale_events += 1
-                used += n - old
+            if placement.admits(records[ai].requested):
+                core.add(records[ai], now)
             else:
-                running_count += 1
-                used += n
-                if job.start_time is None:
-                    job.start_time = now
-            eff_sum -= contrib.pop(job, 0.0)
-            c = contribution(job, n)
-            contrib[job] = c
-            eff_sum += c
-            job.alloc = n
-            job.running = True
-            pause = cfg.cost.pause(old, n, resumed)
-            if pause > 0 and now + pause > job.resume_at:
-                job.resume_at = now + pause
-            seq += 1
-            heapq.heappush(comp, (job.finish_time(), seq, job, job.version))
-        if now >= next_sample:
-            series["t"].append(now)
-            series["busy"].append(used)
-            series["efficiency"].append(eff_sum)
-            series["queued"].append(core.waiting_count())
-            series["running"].append(running_count)
-            next_sample = now + cfg.sample_every
+                skipped += 1
+            ai += 1
+        # 3. one pass (and, after refusals, one more that goes around the refused jobs)
+        plan = core.decide(now)
+        for retry in (False, True):
+            refused: Plan = []
+            blocked = False
+            for job, n in plan:
+                gpus: tuple[int, ...] | None = ()
+                if n > 0 and not by_count and not (job.running and n == job.alloc):
+                    gpus = None if blocked and not job.running else placement.place(job.id, n)
+                    if gpus is None and not blocked and not job.running and 0 < job.base < n:
+                        # An elastic start with extras no shape fits: start on the base
+                        # size alone; the core hears that the extras were refused.
+                        refused.append((job, n))
+                        n = job.base
+                        gpus = placement.place(job.id, n)
+                        if gpus is None:
+                            continue
+                    elif gpus is None:
+                        refused.append((job, n))
+                        blocked = blocked or (core.blocking and not job.running)
+                        continue
+                job.settle(now)
+                old = job.alloc if job.running else 0
+                resumed = not job.running and job.start_time is not None
+                job.version += 1
+                if n <= 0:
+                    acct.preempted(job, old, job.running)
+                    placement.release(job.id)
+                    held.pop(job, None)
+                    job.running = False
+                    job.alloc = 0
+                    job.pace = 1.0
+                    changed = True
+                    continue
+                if job.running:
+                    if n == old:
+                        job.version -= 1
+                        continue
+                    acct.resized(job, old, n)
+                else:
+                    acct.started(job, n)
+                    if job.start_time is None:
+                        job.start_time = now
+                if contention is not None:
+                    held[job] = gpus or ()
+                job.alloc = n
+                job.running = True
+                pause = cfg.cost.pause(old, n, resumed)
+                if pause > 0 and now + pause > job.resume_at:
+                    job.resume_at = now + pause
+                push(job)
+                changed = True
+            if not refused:
+                break
+            core.unplaced(refused, now)
+            core.note_refused(refused, now)
+            if retry or core.blocking:
+                break
+            plan = core.decide(now)
+        if changed and contention is not None:
+            acct.worst_slowdown = refresh_paces(now)
+        if now >= acct.next_sample:
+            acct.sample(now, core.waiting_count())
         if bar is not None and done - bar.n >= 200:
             bar.update(done - bar.n)
     if bar is not None:
         bar.update(done - bar.n)
         bar.close()
 
-    results.sort(key=lambda r: (r.submit, r.id))
-    summary = summarize(
-        results, cfg.total_gpus, busy_area, eff_area, first, prev, scale_events, preemptions,
-        unfinished=n_jobs - len(results),
-    )  # fmt: skip
-    summary["policy"] = policy.name
-    return SimResult(policy.name, tuple(results), series, summary)
+    summary = acct.summary(unfinished=n_jobs - skipped - len(acct.results))
+    name = policy.name if not fabric_aware else f"{policy.name}+{placement.name}"
+    summary["policy"] = name
+    if fabric_aware:
+        summary["skipped"] = skipped
+        slow = acct.series["slowdown"]
+        summary["mean_max_slowdown"] = round(statistics.fmean(slow), 4) if slow else 1.0
+    return SimResult(name, tuple(acct.results), acct.series, summary)
 
 
 def summarize(

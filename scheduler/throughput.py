@@ -88,6 +88,15 @@ def throughput(
     return model.batch / iteration_time(model, n, net, slowdown)
 
 
+def contention_pace(
+    model: ModelSpec, n: int, net: NetworkSpec = DEFAULT_NETWORK, slowdown: float = 1.0
+) -> float:
+    """Progress rate on ``n`` GPUs with communication slowed by ``slowdown``, relative to none."""
+    if slowdown <= 1.0 or n <= 1:
+        return 1.0
+    return iteration_time(model, n, net) / iteration_time(model, n, net, slowdown)
+
+
 def efficiency(model: ModelSpec, n: int, net: NetworkSpec = DEFAULT_NETWORK) -> float:
     """Per-GPU efficiency: throughput(n) / (n * throughput(1))."""
     return throughput(model, n, net) / (n * throughput(model, 1, net))

@@ -14,6 +14,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
+from scheduler.curves import relative_speeds
 from scheduler.placement import ConsolidatedPlacement, Placement
 from scheduler.records import JobRecord
 from scheduler.types import Decision, JobView, Migrate, Preempt, Scale, Snapshot, Start
@@ -25,8 +26,16 @@ Plan = list[tuple[JobRecord, int]]
 class PolicyCore(ABC):
     """Incremental scheduling state over :class:`JobRecord` objects."""
 
+    #: True for a strictly ordered queue (FIFO): when placement refuses a start,
+    #: the starts behind it in the same pass are refused too (head-of-line blocking).
+    blocking = False
+
     def __init__(self, total_gpus: int) -> None:
         self.total = total_gpus
+        # Jobs whose start placement refused at ``refused_at``: a second pass at the
+        # same time goes around them (see ``held_back``).
+        self.refused: set[JobRecord] = set()
+        self.refused_at = -1.0
 
     @abstractmethod
     def add(self, job: JobRecord, now: float) -> None:
@@ -47,6 +56,26 @@ class PolicyCore(ABC):
 
     def mark_running(self, job: JobRecord, now: float) -> None:  # noqa: B027 - optional hook
         """Hook for cores that keep running/pending sets apart."""
+
+    def unplaced(self, refused: Plan, now: float) -> None:
+        """Placement refused these changes of the last pass (in plan order); undo them.
+
+        Each job keeps what it had before the pass: a refused start stays
+        queued, a refused resize keeps its GPUs.  Placement by count never
+        refuses, so only fabric-aware placements call this.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot run with a refusing placement")
+
+    def note_refused(self, refused: Plan, now: float) -> None:
+        """Remember the queued jobs refused at ``now`` so another pass then goes around them."""
+        if self.refused_at != now:
+            self.refused = set()
+            self.refused_at = now
+        self.refused.update(job for job, _ in refused if not job.running)
+
+    def held_back(self, now: float) -> set[JobRecord]:
+        """Queued jobs a pass at ``now`` must not start (placement refused them at ``now``)."""
+        return self.refused if self.refused_at == now else set()
 
     def next_wakeup(self) -> float | None:
         """The next time this core wants a pass with no other event (None: never)."""
@@ -96,13 +125,8 @@ def _view_order(view: JobView) -> tuple[int, float, float, str]:
 def _record_from_view(view: JobView, idx: int, now: float) -> JobRecord:
     speed: list[float] | None = None
     if view.throughput:
-        ref = view.throughput.get(view.requested_gpus) or max(view.throughput.values())
         top = max(max(view.throughput), view.max_gpus or 0, view.requested_gpus)
-        speed = [0.0] * (top + 1)
-        last = 0.0
-        for n in range(1, top + 1):
-            last = view.throughput.get(n, last)
-            speed[n] = last / ref if ref > 0 else 0.0
+        speed = relative_speeds(view.throughput, view.requested_gpus, top)
     remaining = view.remaining_work if view.remaining_work is not None else float("inf")
     rec = JobRecord(
         view.id,

@@ -109,6 +109,37 @@ class ElasticTiresiasCore(TiresiasCore):
         super().remove(job, now)
         self.extra_total -= self.extra.pop(job, 0)
 
+    def unplaced(self, refused: Plan, now: float) -> None:
+        """Undo refused changes: a start loses its extras and waits; a resize keeps its GPUs.
+
+        A refused growth drops the extras it would have added; a refused
+        shrink keeps the GPUs above the job's new base as extras, which the
+        next pass reclaims first when starts need them.
+        """
+        starts: Plan = []
+        for job, n in refused:
+            if not job.running:
+                self.extra_total -= self.extra.pop(job, 0)
+                starts.append((job, n))
+                continue
+            delta = n - job.alloc
+            if delta > 0:
+                take = min(self.extra.get(job, 0), delta)
+                left = self.extra.get(job, 0) - take
+                if left:
+                    self.extra[job] = left
+                else:
+                    self.extra.pop(job, None)
+                self.extra_total -= take
+            elif delta < 0:
+                self.extra[job] = self.extra.get(job, 0) - delta
+                self.extra_total -= delta
+            self.resized(job, now, job.alloc)
+            self._push_grow(job, job.alloc)
+        super().unplaced(starts, now)
+        if len(starts) < len(refused):
+            self._wake = self._next_check(now)
+
     # -- the pass -----------------------------------------------------------------
     def decide(self, now: float) -> Plan:
         """Phase 1 (Tiresias), phase 2 (compaction), reclaim, phase 3 (scale-out)."""

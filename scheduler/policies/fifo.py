@@ -11,6 +11,8 @@ from scheduler.records import JobRecord
 class FifoCore(PolicyCore):
     """Jobs start in arrival order; the first one that does not fit blocks all behind it."""
 
+    blocking = True
+
     def __init__(self, total_gpus: int) -> None:
         super().__init__(total_gpus)
         self.queue: deque[JobRecord] = deque()
@@ -40,6 +42,12 @@ class FifoCore(PolicyCore):
             self.used += job.requested
             plan.append((job, job.requested))
         return plan
+
+    def unplaced(self, refused: Plan, now: float) -> None:
+        """Refused starts go back to the head of the queue, in their order."""
+        for job, _ in reversed(refused):
+            self.queue.appendleft(job)
+            self.used -= job.requested
 
     def waiting_count(self) -> int:
         """Jobs queued."""

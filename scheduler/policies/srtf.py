@@ -37,7 +37,10 @@ class SrtfCore(PolicyCore):
         free = self.total
         plan: Plan = []
         starts: Plan = []
+        skip = self.held_back(now) if self.refused else None
         for job in self.jobs:
+            if skip and job in skip and not job.running:
+                continue
             if job.requested <= free:
                 free -= job.requested
                 if not job.running:
@@ -45,6 +48,9 @@ class SrtfCore(PolicyCore):
             elif job.running:
                 plan.append((job, 0))
         return plan + starts
+
+    def unplaced(self, refused: Plan, now: float) -> None:
+        """Nothing to undo: every pass decides again from the jobs' own state."""
 
     def waiting_count(self) -> int:
         """Jobs without GPUs."""

@@ -179,6 +179,23 @@ class TiresiasCore(PolicyCore):
         job.settle(now)
         self._started(job, now, gpus)
 
+    def unplaced(self, refused: Plan, now: float) -> None:
+        """Refused starts leave the running set and wait at the head of their queue."""
+        back: dict[int, list[JobRecord]] = {}
+        for job, _ in refused:
+            q = self.queues[job.queue]
+            if job.running or job not in q.running:
+                continue
+            del q.running[job]
+            q.run_gpus -= job.base
+            back.setdefault(job.queue, []).append(job)
+            self.waiting += 1
+            self._bump(job)  # its booked threshold crossing is void
+        for level, jobs in back.items():
+            self.queues[level].pending[:0] = jobs
+        if back:
+            self._wake = self._next_check(now)  # the refused jobs' crossings are void
+
     # -- the pass -----------------------------------------------------------
     def _demote(self, job: JobRecord) -> None:
         q = self.queues[job.queue]
@@ -240,6 +257,7 @@ class TiresiasCore(PolicyCore):
 
     def _pass(self, now: float) -> Plan:
         free = self.total
+        skip = self.held_back(now) if self.refused else None
         preempts: Plan = []
         starts: Plan = []
         for q in self.queues:
@@ -263,7 +281,7 @@ class TiresiasCore(PolicyCore):
                 n = len(pending)
                 while i < n and free > 0:
                     job = pending[i]
-                    size = self.fit_size(job, free)
+                    size = self.fit_size(job, free) if not (skip and job in skip) else 0
                     if size:
                         free -= size
                         job.base = size

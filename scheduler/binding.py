@@ -1,0 +1,150 @@
+"""Binding: turn a policy's decisions into concrete vClos allocations (pure, no ORM).
+
+The policy (``scheduler``) decides *how many* GPUs each job gets; binding asks
+the vClos allocator (``fabric``) *which* GPUs and cables, so that no two jobs
+ever share a leaf-spine link.  A job whose new size fits inside what it holds
+on one leaf keeps its GPUs (no migration); any other resize gets a fresh
+``m x n`` shape and, where the GPUs change, becomes one stop-free membership
+switch (EDL's migration = scale-in + scale-out merged).
+
+Binding works on a scratch copy of the allocator state: decisions are bound in
+order (shrinks and preemptions first, so their GPUs are free for the rest),
+and a decision that cannot be placed is refused with the allocator's reason;
+nothing is half-applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from fabric.allocator import Allocation, VClosAllocator
+from fabric.errors import PlacementError
+from fabric.topology import FabricSpec
+from scheduler.types import Decision, Migrate, Preempt, Scale, Start
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A decision with its placement: ``allocation`` is None for a preemption."""
+
+    job: str
+    old_gpus: tuple[int, ...]
+    allocation: Allocation | None
+
+    @property
+    def new_gpus(self) -> tuple[int, ...]:
+        """GPUs in rank order after the change (empty when preempted)."""
+        return self.allocation.gpus if self.allocation else ()
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A decision that could not be placed now, and why."""
+
+    job: str
+    reason: str
+
+
+def _single_leaf(spec: FabricSpec, job: str, gpus: Sequence[int]) -> Allocation:
+    leaf = spec.leaf_of(gpus[0])
+    return Allocation(
+        job_id=job,
+        gpus=tuple(gpus),
+        leaves=(leaf,),
+        spines=(),
+        links=(),
+        routes={},
+        uplinks=(),
+    )
+
+
+def _keep_in_place(
+    spec: FabricSpec, allocator: VClosAllocator, old: Allocation, size: int
+) -> tuple[int, ...] | None:
+    """GPUs for a resize that leave the job's current workers where they are, if any.
+
+    Shrinking keeps the GPUs the job has on one of its leaves; growing a job
+    that lives under one leaf adds free GPUs of that same leaf.  Either way the
+    result sits under a single leaf and needs no spine link.  (``old`` has been
+    released on ``allocator``, so its GPUs count as free here.)
+    """
+    by_leaf: dict[int, list[int]] = {}
+    for gpu in old.gpus:
+        by_leaf.setdefault(spec.leaf_of(gpu), []).append(gpu)
+    if size <= len(old.gpus):
+        for gpus in sorted(by_leaf.values(), key=len, reverse=True):
+            if len(gpus) >= size:
+                return tuple(gpus[:size])
+        return None
+    if len(by_leaf) != 1:
+        return None
+    (leaf,) = by_leaf
+    extra = [g for g in allocator.free_gpus_on_leaf(leaf) if g not in set(old.gpus)]
+    if len(old.gpus) + len(extra) < size:
+        return None
+    return tuple(old.gpus) + tuple(extra[: size - len(old.gpus)])
+
+
+def _target_size(decision: Decision, current: Mapping[str, Allocation]) -> int:
+    if isinstance(decision, Preempt):
+        return 0
+    return len(decision.gpus)
+
+
+def _order(decisions: Iterable[Decision], current: Mapping[str, Allocation]) -> list[Decision]:
+    """Releases first (preempt, shrink), then growth and starts, each in the policy's order."""
+
+    def key(item: tuple[int, Decision]) -> tuple[int, int]:
+        index, decision = item
+        held = len(current[decision.job].gpus) if decision.job in current else 0
+        return (0 if _target_size(decision, current) < held else 1, index)
+
+    return [d for _, d in sorted(enumerate(decisions), key=key)]
+
+
+def bind(
+    spec: FabricSpec,
+    allocator: VClosAllocator,
+    decisions: Iterable[Decision],
+) -> tuple[list[Bound], list[Refused]]:
+    """Place every decision on ``allocator`` (mutated: it ends in the bound state)."""
+    current = dict(allocator.allocations())
+    bound: list[Bound] = []
+    refused: list[Refused] = []
+    for decision in _order(decisions, current):
+        job = decision.job
+        old = current.get(job)
+        old_gpus = old.gpus if old else ()
+        size = _target_size(decision, current)
+        if isinstance(decision, Preempt) or size == 0:
+            if old is not None:
+                allocator.release(job)
+            bound.append(Bound(job, old_gpus, None))
+            continue
+        if old is not None:
+            allocator.release(job)
+        keep = None
+        if old is not None and not isinstance(decision, Migrate | Start):
+            keep = _keep_in_place(spec, allocator, old, size)
+        if keep is not None:
+            allocation = _single_leaf(spec, job, keep)
+            allocator.reserve(allocation)
+            bound.append(Bound(job, old_gpus, allocation))
+            continue
+        result = allocator.try_allocate(job, size)
+        if isinstance(result, PlacementError):
+            if old is not None:  # put the job back where it was
+                allocator.reserve(old)
+            refused.append(Refused(job, result.reason))
+            continue
+        if (
+            isinstance(decision, Scale | Migrate)
+            and old is not None
+            and set(result.gpus) == set(old_gpus)
+        ):
+            result = old  # same GPUs: keep the old rank order, nothing moves
+            allocator.release(job)
+            allocator.reserve(old)
+        bound.append(Bound(job, old_gpus, result))
+    return bound, refused
