@@ -16,7 +16,6 @@ is one), so it needs no sampling process:
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from itertools import pairwise
 from typing import Any
 
 from django.db.models import Q
@@ -27,40 +26,11 @@ from inventory.services import current_spec
 from jobs.choices import ACTIVE_STATES, JobState
 from jobs.models import Job, JobCable, JobEvent
 from jobs.stats import completed_jcts, summarize
+from scheduler.curves import gpu_efficiency, speedup
 
 WINDOWS = {"1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400, "all": None}
 DEFAULT_WINDOW = "24h"
 TIMELINE_POINTS = 600
-
-
-def speedup(curve: dict[str, Any] | None, gpus: int) -> float:
-    """thr(n)/thr(1) from a profiled curve, interpolated; ``n`` when there is no profile."""
-    if gpus <= 0:
-        return 0.0
-    points = sorted((int(k), float(v)) for k, v in (curve or {}).items() if float(v) > 0)
-    if not points:
-        return float(gpus)
-    base = dict(points).get(1) or points[0][1] / points[0][0]
-    for (n0, v0), (n1, v1) in pairwise(points):
-        if n0 <= gpus <= n1:
-            return (v0 + (v1 - v0) * (gpus - n0) / (n1 - n0)) / base
-    nearest_n, nearest_v = points[-1] if gpus > points[-1][0] else points[0]
-    return nearest_v / base * gpus / nearest_n
-
-
-def gpu_efficiency(curve: dict[str, Any] | None, gpus: int, measured: float | None) -> float | None:
-    """How busy each of a job's GPUs is: thr(n) / (n thr(1)), measured when possible.
-
-    Measured throughput over the profiled single-GPU throughput when both are
-    known; else the profile's own thr(n)/(n thr(1)); None when nothing is known.
-    """
-    if gpus <= 0 or not curve:
-        return None
-    points = {int(k): float(v) for k, v in curve.items() if float(v) > 0}
-    single = points.get(1)
-    if single and measured:
-        return round(min(1.0, measured / (gpus * single)), 3)
-    return round(min(1.0, speedup(curve, gpus) / gpus), 3)
 
 
 def timeline(since: datetime | None, now: datetime, total_gpus: int) -> dict[str, list[Any]]:

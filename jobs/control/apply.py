@@ -16,10 +16,10 @@ from fabric.topology import FabricSpec
 from jobs import holdings
 from jobs.agent_commands import GpuHome, membership_commands
 from jobs.choices import EventKind, JobState
-from jobs.control.binding import Bound
 from jobs.lifecycle import broadcast, record, save_fields, transition
 from jobs.models import Job
 from jobs.outbox import Outbox, launch_of
+from scheduler.binding import Bound
 
 
 def note_waiting(job_ids: Mapping[int, str], now: datetime) -> None:

@@ -20,11 +20,11 @@ from inventory.services import do_heartbeat
 from jobs import holdings
 from jobs.agent_commands import job_id_from_name
 from jobs.choices import ACTIVE_STATES, TERMINAL_STATES, EventKind, JobState
-from jobs.control.curves import record_measurement
 from jobs.lifecycle import broadcast, record, record_metric, request_tick, save_fields, transition
 from jobs.models import Job
 from jobs.outbox import Outbox
 from jobs.services import do_set_parallelism
+from scheduler.curves import record_measurement
 from workers.protocol import (
     Failed,
     Finished,

@@ -11,9 +11,9 @@ from fabric.topology import FabricSpec
 from inventory.models import Fabric, Server, ServerState
 from jobs.agent_commands import GpuHome, runtime_job_name
 from jobs.choices import ACTIVE_STATES, JobState
-from jobs.control.curves import policy_curve
-from jobs.control.quota import QuotaBook
 from jobs.models import Job, JobGpu
+from scheduler.curves import policy_curve
+from scheduler.quota import QuotaBook
 from scheduler.types import Cluster, GpuState, JobView, Snapshot
 from scheduler.types import Gpu as GpuView
 from scheduler.types import JobState as ViewState

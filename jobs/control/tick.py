@@ -34,15 +34,15 @@ from jobs import holdings
 from jobs.agent_commands import job_id_from_name, runtime_job_name
 from jobs.choices import EventKind, JobState
 from jobs.control.apply import apply_bound, note_waiting
-from jobs.control.binding import Refused, bind
-from jobs.control.quota import enforce_quotas
 from jobs.control.state import ClusterState, build_snapshot, load_allocator, read_cluster
 from jobs.control.tick_stats import record_tick
 from jobs.lifecycle import TICK_TASK, broadcast, record, save_fields, transition
 from jobs.models import Job
 from jobs.outbox import Outbox
+from scheduler.binding import Refused, bind
 from scheduler.placement import CountPlacement
 from scheduler.policies import get_policy
+from scheduler.quota import enforce_quotas
 from scheduler.types import Decision, Migrate
 from workers.protocol import Profile
 

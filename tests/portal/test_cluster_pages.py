@@ -14,7 +14,7 @@ from inventory.services import do_heartbeat
 from jobs.control.tick import run_tick
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
-from portal.cluster_data import gpu_efficiency, speedup
+from scheduler.curves import gpu_efficiency, speedup
 from tenancy.models import Tenant
 
 pytestmark = pytest.mark.django_db
