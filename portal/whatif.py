@@ -106,10 +106,6 @@ class WhatIfForm(forms.Form):
         cleaned = super().clean() or {}
         placements = cleaned.get("placements") or []
         if set(placements) & {"vclos", "ecmp"}:
-            if "fifo" not in (cleaned.get("policies") or []):
-                self.add_error(
-                    "placements", "vClos and ECMP placement compare under fifo: tick it."
-                )
             total, per, leaves = (
                 cleaned.get(k) for k in ("total_gpus", "gpus_per_server", "leaves")
             )
@@ -237,8 +233,7 @@ def compare(
         (policy, placement)
         for policy in params["policies"]
         for placement in params.get("placements") or ["count"]
-        if placement == "count" or policy == "fifo"
-    ]
+    ]  # every policy on every placement: one simulator loop serves them all
     results = []
     for index, (name, placement) in enumerate(runs):
         if on_policy is not None:

@@ -110,6 +110,16 @@ def test_whatif_shows_progress_then_the_report(
     policies = root.locator("#whatif-table tbody tr").evaluate_all(
         "rows => rows.map(r => r.dataset.policy)"
     )
-    assert policies == ["fifo", "fifo / vclos", "fifo / ecmp", "srtf", "tiresias"]
+    assert policies == [
+        "fifo",
+        "fifo / vclos",
+        "fifo / ecmp",
+        "srtf",
+        "srtf / vclos",
+        "srtf / ecmp",
+        "tiresias",
+        "tiresias / vclos",
+        "tiresias / ecmp",
+    ]
     screenshot(root, "whatif-report")
     root.context.close()
