@@ -124,9 +124,9 @@ def reader(redis_url: str) -> Iterator[ReportReader]:
 def launch_agent(node: str, data_dir: Path, redis_url: str, reader: ReportReader) -> RunningAgent:
     """Start ``python -m workers.agent`` for ``node`` and wait for its first heartbeat."""
     log = data_dir / f"agent-{time.monotonic_ns()}.log"
+    # No Django settings: the agent configures itself from the environment.
     env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "portal.settings.test",
+        **{k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
         "REDIS_URL": redis_url,
         "PORTAL_DATA_DIR": str(data_dir),
         "AGENT_HEARTBEAT_SECONDS": "1",
