@@ -6,6 +6,7 @@ path has its own end-to-end test in test_agent_celery.py).
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from workers.agent.config import AgentConfig, AgentConfigError, detect_slots
 from workers.agent.launch import worker_argv
 from workers.agent.reports import report_from_event
 from workers.agent.store import AgentStore, WorkerRecord
+from workers.clock import ManualClock
 from workers.elastic.cli import parse_options
 from workers.elastic.control import JobControl, emit_event
 from workers.protocol import (
@@ -345,3 +347,69 @@ def test_start_on_a_slot_still_held_by_a_leaving_worker_waits_for_it(
     finally:
         agent.close(stop_children=True)
         JobControl(redis_url, other).cleanup()
+
+
+def test_heartbeats_follow_the_injected_clock(node: str, redis_url: str, tmp_path: Path) -> None:
+    clock = ManualClock()
+    config = AgentConfig(
+        node=node,
+        device="cpu",
+        slots=1,
+        redis_url=redis_url,
+        data_dir=tmp_path,
+        heartbeat_seconds=5.0,
+    )
+    sent = Collected()
+    agent = Agent(config, AgentStore.from_url(redis_url, node), send=sent, clock=clock)
+    agent.tick()
+    agent.tick()
+    assert len(sent.of(Heartbeat)) == 1  # the first pass beats, the next waits its interval
+    clock.advance(4.9)
+    agent.tick()
+    assert len(sent.of(Heartbeat)) == 1
+    clock.advance(0.1)
+    agent.tick()
+    assert len(sent.of(Heartbeat)) == 2
+
+
+def test_stop_deadline_follows_the_injected_clock(
+    node: str, redis_url: str, tmp_path: Path, job: str
+) -> None:
+    """SIGTERM only once the grace has passed on the clock, SIGKILL after the kill delay."""
+    import signal
+    import subprocess
+
+    from workers.agent.processes import Child
+
+    clock = ManualClock()
+    config = AgentConfig(node=node, device="cpu", slots=1, redis_url=redis_url, data_dir=tmp_path)
+    sent = Collected()
+    agent = Agent(config, AgentStore.from_url(redis_url, node), send=sent, clock=clock)
+    # A stand-in for a training process that ignores SIGTERM (only SIGKILL ends it).
+    proc = subprocess.Popen(
+        ["sh", "-c", "trap '' TERM; while :; do sleep 0.05; done"], start_new_session=True
+    )
+    try:
+        record = WorkerRecord(job, "w0", 0, proc.pid, str(tmp_path / "w0.log"), clock.now())
+        agent.processes.children[(job, "w0")] = Child(record=record, popen=proc)
+        stop = {"type": "stop_job", "job": job, "command_id": "s1", "grace_seconds": 20.0}
+        assert agent.receive(stop) == "applied"
+        clock.advance(19.0)
+        agent.tick()
+        assert agent.processes.children[(job, "w0")].stop_signal_sent is None
+        clock.advance(1.0)
+        agent.tick()
+        assert agent.processes.children[(job, "w0")].stop_signal_sent == clock.now()
+        assert proc.poll() is None  # SIGTERM is ignored
+        clock.advance(config.stop_kill_after_seconds + 0.1)
+        agent.tick()
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+        agent.tick()
+        [exited] = sent.of(WorkerExited)
+        assert exited.outcome == "stopped" and exited.exit_code == -signal.SIGKILL
+        [stopped] = sent.of(Stopped)
+        assert stopped.command_id == "s1"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(timeout=10)
