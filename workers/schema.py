@@ -16,10 +16,12 @@ Pure Python: no Django, Celery or torch.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar, Union
 
@@ -121,7 +123,7 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         if issubclass(tp, Message):
             # A nested message keeps its "type" on the wire; it must be the right one.
             value = dict(value)
-            nested_type = value.pop("type", tp.TYPE)
+            nested_type = value.pop(tp.KEY, tp.TYPE)
             if nested_type != tp.TYPE:
                 raise ProtocolError(f"{path} must be a {tp.TYPE}, not {nested_type!r}")
         try:
@@ -223,6 +225,10 @@ class Record:
             raise ProtocolError(f"{path}: missing field(s) {', '.join(missing)}")
         return cls(**data)
 
+    def to_json(self) -> str:
+        """``to_dict()`` as JSON text."""
+        return json.dumps(self.to_dict())
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON object for this record (tuples become lists)."""
         out: dict[str, Any] = {}
@@ -243,24 +249,26 @@ def _plain(value: Any) -> Any:
 
 @dataclass(frozen=True, kw_only=True)
 class Message(Record):
-    """A record that travels on its own: its JSON carries ``type``."""
+    """A record that travels on its own: its JSON carries its ``TYPE`` under ``KEY``."""
 
     TYPE: ClassVar[str] = ""
+    KEY: ClassVar[str] = "type"
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object for this message, ``type`` first."""
-        return {"type": self.TYPE, **super().to_dict()}
+        """The JSON object for this message, the type key first."""
+        return {self.KEY: self.TYPE, **super().to_dict()}
 
 
-def parse(data: Any, registry: dict[str, type[Any]], kind: str) -> Any:
+def parse(data: Any, registry: Mapping[str, type[Any]], kind: str, key: str = "type") -> Any:
+    """The ``Message`` of ``registry`` named by ``data[key]``, built from the other fields."""
     if not isinstance(data, dict):
         raise ProtocolError(f"a {kind} must be a JSON object, not {type(data).__name__}")
-    type_name = data.get("type")
+    type_name = data.get(key)
     if not isinstance(type_name, str):
-        raise ProtocolError(f"a {kind} needs a string field 'type'")
+        raise ProtocolError(f"a {kind} needs a string field {key!r}")
     cls = registry.get(type_name)
     if cls is None:
         known = ", ".join(sorted(registry))
-        raise ProtocolError(f"unknown {kind} type {type_name!r} (known: {known})")
-    fields = {key: value for key, value in data.items() if key != "type"}
+        raise ProtocolError(f"unknown {kind} {key} {type_name!r} (known: {known})")
+    fields = {name: value for name, value in data.items() if name != key}
     return cls.from_fields(fields, type_name)

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from workers import workloads
 from workers.elastic.cli import WorkerOptions
-from workers.elastic.context import ElasticContext, ElasticError, log
+from workers.elastic.constants import ElasticError, log
+from workers.elastic.context import ElasticContext
 from workers.elastic.sampler import ElasticSampler
 
 
