@@ -18,7 +18,7 @@ import os
 import threading
 from collections.abc import Mapping
 
-from celery import Celery
+from celery import Celery  # type: ignore[import-untyped]
 
 from workers.protocol import REPORTS_QUEUE
 

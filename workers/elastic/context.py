@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -46,7 +45,7 @@ import torch
 from workers.clock import SYSTEM_CLOCK, Clock
 from workers.elastic import comm, gradients
 from workers.elastic.cli import WorkerOptions
-from workers.elastic.constants import JOIN_WAIT_S, ElasticError, log
+from workers.elastic.constants import ElasticError, log
 from workers.elastic.keys import JobKeys
 from workers.elastic.leader import Leader
 from workers.elastic.lease import Beat, Lease
@@ -101,7 +100,6 @@ class ElasticContext:
         # observations for the leader
         self.last_loss = math.nan
         self.times = StepTimes()
-        self.compute_times: deque[dict[str, float]] = deque(maxlen=50)
         self.last_pause_s = 0.0
         self._t_step = clock.monotonic()
         self.leader: Leader | None = None
@@ -228,28 +226,13 @@ class ElasticContext:
         self.view.move_to(group, gen, plan.members)
         self.training = training
         if joined.first_generation:
-            restored = None
             if self.rank == 0:
                 self.lease.claim_first()
-                restored = self.transfer.latest_checkpoint()
-                if restored is not None:  # a restarted job: earlier plans are void
-                    restored.update(plan_seen=0, actions={})
-            mine = (
-                (training.snapshot() if restored is None else restored) if self.rank == 0 else None
-            )
-            state = self.transfer.broadcast(group, mine, 0)
-            training.load(state, restored is not None or self.rank != 0)
-            if restored is None:  # consistent recovery needs a step to go back to
-                self.transfer.maybe_checkpoint(training, self.rank, force=True)
+            self.transfer.start_first_generation(training, group, self.rank)
         else:
             # ready: the model is prepared and the communicator built; wait for the switch
             self.redis.sadd(self.keys.ready(gen), self.me)
-            # a newcomer may wait here for several mini-batches (the leader's k, others' readiness)
-            if plan.handoff:
-                state = self.transfer.take(gen)
-            else:
-                state = self.transfer.broadcast(group, None, plan.source, timeout_s=JOIN_WAIT_S)
-            training.load(state, True)
+            self.transfer.join_running(training, group, plan)
         if self.lease.is_mine():
             self._become_leader()
         self.state = "running"
@@ -297,7 +280,6 @@ class ElasticContext:
             return False
         synced = gradients.unpack(flat, self._params, self.members)
         self.last_loss = synced.mean_loss
-        self.compute_times.append(synced.times)
         if leader is not None:
             leader.observe_times(synced.times)
         self.plans.learn(self.training, synced.plan_seq)

@@ -43,23 +43,19 @@ from workers.elastic.messages import (
     MigrateRequest,
     PreparePlan,
     ProfileRequest,
-    ProgressEvent,
-    ScaleDoneEvent,
     ScaleInRequest,
     StopPlan,
     StopRequest,
-    StragglerEvent,
     SwitchPlan,
-    finite_or_none,
     publish,
     request_from_entry,
     rpc_from_json,
 )
 from workers.elastic.profiling import Profiler
-from workers.elastic.straggler import StragglerDetector
+from workers.elastic.redis_io import read_stream, text, text_or_none
+from workers.elastic.reporting import JobReporter
 from workers.schema import ProtocolError
 
-PROGRESS_EVERY_S = 0.5
 TICK_S = 0.02
 
 
@@ -115,9 +111,7 @@ class Leader:
         self.profiler = Profiler(self)
         self.pending: list[str] = []
         self.op: Operation | None = None
-        self.detector = StragglerDetector()
-        self.reported: set[str] = set()
-        self._last_progress = -math.inf
+        self.reports = JobReporter(client, self.keys, self.meta, clock)
         self._thread = threading.Thread(target=self._run, daemon=True, name="edl-leader")
 
     def start(self) -> None:
@@ -167,7 +161,7 @@ class Leader:
                 self._check_ready()
 
     def _drain_rpc(self) -> None:
-        while (raw := self.redis.lpop(self.keys.rpc)) is not None:
+        while (raw := text_or_none(self.redis.lpop(self.keys.rpc))) is not None:
             try:
                 worker = rpc_from_json(raw).worker
             except ProtocolError as exc:
@@ -177,17 +171,14 @@ class Leader:
                 self.pending.append(worker)
 
     def _read_control(self) -> None:
-        answer = self.redis.xread({self.keys.control: self.meta.cursor}, count=100)
-        changed = False
-        for _stream, entries in answer or []:
-            for entry_id, fields in entries:
-                self.meta.cursor = entry_id
-                changed = True
-                try:
-                    self.meta.queue.append(request_from_entry(fields))
-                except ProtocolError as exc:
-                    log(self.view.me, f"leader: dropped control request {entry_id}: {exc}")
-        if changed:
+        entries = read_stream(self.redis, self.keys.control, self.meta.cursor, 100)
+        for entry_id, fields in entries:
+            self.meta.cursor = entry_id
+            try:
+                self.meta.queue.append(request_from_entry(fields))
+            except ProtocolError as exc:
+                log(self.view.me, f"leader: dropped control request {entry_id}: {exc}")
+        if entries:
             self.save_meta()
 
     # -- operations ------------------------------------------------------------------------
@@ -265,7 +256,7 @@ class Leader:
     def _check_ready(self) -> None:
         assert self.op is not None and self.op.plan is not None
         plan = self.op.plan
-        ready = self.redis.smembers(self.keys.ready(plan.generation))
+        ready = {text(w) for w in self.redis.smembers(self.keys.ready(plan.generation))}
         if set(plan.members) <= set(ready):
             switch = SwitchPlan.of(plan, self._k())
             self._publish(switch)
@@ -290,34 +281,17 @@ class Leader:
     def on_switched(self, plan: SwitchPlan, pause_s: float) -> None:
         """The main thread moved to ``plan``'s generation."""
         with self.lock:
-            self.detector.reset()
-            self._emit_scale_done(plan, pause_s)
+            self.reports.scale_done(plan, pause_s, self.view.step)
             self.op = None
             self.profiler.restart_level()
             self.set_state("profiling" if self.profiler.active else "running")
-
-    def _emit_scale_done(
-        self, plan: SwitchPlan, pause_s: float, new_leader: str | None = None
-    ) -> None:
-        """Tell the world (the agent, the control plane) that ``plan``'s switch happened."""
-        event = ScaleDoneEvent(
-            generation=plan.generation,
-            world=len(plan.members),
-            members=plan.members,
-            joiners=plan.joiners,
-            leavers=plan.leavers,
-            pause_s=pause_s,
-            step=self.view.step,
-            new_leader=new_leader,
-        )
-        publish(self.redis, self.keys, event)
 
     def hand_off(self, successor: str, plan: SwitchPlan) -> None:
         """This worker leaves at this switch: pass the lease (and the metadata) on."""
         with self.lock:
             self.active = False
             self.op = None
-            self._emit_scale_done(plan, 0.0, new_leader=successor)
+            self.reports.scale_done(plan, 0.0, self.view.step, new_leader=successor)
             self.meta.save_membership(plan.generation, list(plan.members))
             self.save_meta(generation=False)
             self.lease.hand_to(successor)
@@ -326,34 +300,14 @@ class Leader:
     def observe_times(self, times: dict[str, float]) -> None:
         """Per-worker compute times of the mini-batch just synchronised."""
         view = self.view
-        for worker, ratio in self.detector.observe(times):
-            if worker in self.reported:
-                continue
-            self.reported.add(worker)
-            event = StragglerEvent(worker=worker, ratio=ratio, step=view.step)
-            publish(self.redis, self.keys, event)
-            log(view.me, f"straggler {worker} ({ratio:.2f}x median)")
+        for worker in self.reports.new_stragglers(view, times):
             if view.opts.drop_stragglers and view.world > 1:
                 with self.lock:
                     self.meta.queue.append(ScaleInRequest(workers=(worker,), reason="straggler"))
 
     def on_step(self) -> None:
         """After each committed mini-batch: metadata and progress."""
-        view = self.view
-        t_b = view.batch_time()
-        sps = view.opts.batch_size / t_b if t_b > 0 else 0.0
-        self.meta.save_step(view, sps)
-        now = self.clock.monotonic()
-        if now - self._last_progress >= PROGRESS_EVERY_S:
-            self._last_progress = now
-            event = ProgressEvent(
-                step=view.step,
-                samples_per_s=sps,
-                loss=finite_or_none(view.last_loss),
-                world=view.world,
-                generation=view.generation,
-            )
-            publish(self.redis, self.keys, event)
+        self.reports.step_done(self.view)
 
     def on_finish(self, reason: str) -> None:
         """Training ended (or everyone stops): final status, then drop the coordination keys."""

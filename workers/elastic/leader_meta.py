@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import redis
 
@@ -20,6 +20,7 @@ from workers.elastic.cli import WorkerOptions
 from workers.elastic.constants import log
 from workers.elastic.keys import JobKeys
 from workers.elastic.messages import ControlRequest, ProfileState, request_from_dict
+from workers.elastic.redis_io import hash_fields, set_fields
 from workers.schema import ProtocolError
 
 
@@ -55,7 +56,7 @@ class LeaderMeta:
     @classmethod
     def read(cls, client: redis.Redis, keys: JobKeys, me: str) -> LeaderMeta:
         """What the previous leader left (nothing for a new job)."""
-        raw = client.hgetall(keys.meta)
+        raw = hash_fields(client, keys.meta)
         meta = cls(client, keys, me, cursor=str(raw.get("cursor", "0")))
         try:
             queued = json.loads(raw.get("queue", "[]"))
@@ -80,7 +81,7 @@ class LeaderMeta:
 
     def save(self, view: StepView, profile: ProfileState | None, generation: bool = True) -> None:
         """Write what a successor needs (and, if ``generation``, the current membership)."""
-        mapping: dict[str, Any] = {
+        mapping: dict[str, str | int | float] = {
             "cursor": self.cursor,
             "queue": json.dumps([request.to_dict() for request in self.queue]),
             "curve": json.dumps(self.curve),
@@ -91,19 +92,20 @@ class LeaderMeta:
         if generation:
             mapping["generation"] = view.generation
             mapping["members"] = json.dumps(view.members)
-        self.client.hset(self.keys.meta, mapping=mapping)
+        set_fields(self.client, self.keys.meta, mapping)
 
     def save_membership(self, generation: int, members: list[str]) -> None:
         """The membership after a switch this leader will not see (it leaves at it)."""
-        self.client.hset(
-            self.keys.meta, mapping={"generation": generation, "members": json.dumps(members)}
+        set_fields(
+            self.client, self.keys.meta, {"generation": generation, "members": json.dumps(members)}
         )
 
     def save_step(self, view: StepView, samples_per_s: float) -> None:
         """Progress after a committed mini-batch."""
-        self.client.hset(
+        set_fields(
+            self.client,
             self.keys.meta,
-            mapping={
+            {
                 "step": view.step,
                 "epoch": view.epoch,
                 "samples_per_s": samples_per_s,

@@ -19,6 +19,7 @@ from workers.elastic.cli import WorkerOptions
 from workers.elastic.constants import ALIVE_MS, log
 from workers.elastic.keys import JobKeys
 from workers.elastic.messages import RecoveredEvent, RecoveryPlan, WorkerFailedEvent, publish
+from workers.elastic.redis_io import hash_fields
 
 
 class RecoveringJob(Protocol):
@@ -61,7 +62,7 @@ def coordinate_recovery(leader: RecoveryHost) -> None:
     leader.set_state("recovering")
     deadline = clock.monotonic() + view.opts.sync_timeout_s + 2 * ALIVE_MS / 1000 + 5
     while True:
-        survivors = client.hgetall(keys.survivors(failed))
+        survivors = hash_fields(client, keys.survivors(failed))
         dead = [m for m in members if m not in survivors and not client.exists(keys.alive(m))]
         if len(survivors) + len(dead) >= len(members) or clock.monotonic() > deadline:
             break

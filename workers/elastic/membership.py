@@ -32,6 +32,7 @@ from workers.elastic.messages import (
     Register,
     reply_from_json,
 )
+from workers.elastic.redis_io import hash_fields
 from workers.elastic.store import RedisStore
 
 
@@ -200,7 +201,7 @@ class Registration:
             if self.clock.monotonic() > deadline:
                 raise ElasticError("generation 0 did not fill up")
             self.clock.sleep(0.02)
-        by_slot = self.redis.hgetall(self.keys.k("gen0members"))
+        by_slot = hash_fields(self.redis, self.keys.k("gen0members"))
         members = tuple(by_slot[str(i)] for i in range(n))
         plan = PreparePlan(generation=0, base_generation=-1, members=members, reason="gen0")
         self.builder.build(plan)

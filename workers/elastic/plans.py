@@ -61,9 +61,11 @@ class PlanFollower:
             training.actions.setdefault(training.step + plan.k, []).append(plan)
         elif self.view.me in plan.members:  # a PreparePlan
             gen, me = plan.generation, self.view.me
-            self.builder.build_in_background(
-                plan, lambda: self.redis.sadd(self.keys.ready(gen), me)
-            )
+
+            def ready() -> None:
+                self.redis.sadd(self.keys.ready(gen), me)
+
+            self.builder.build_in_background(plan, ready)
 
     def carry_out(self, training: TrainingState) -> str | None:
         """Do what is due at the committed step; return an exit reason if this worker leaves."""

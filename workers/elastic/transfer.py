@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import redis
 import torch
@@ -20,7 +20,7 @@ from workers.elastic import checkpoint, comm
 from workers.elastic.cli import WorkerOptions
 from workers.elastic.constants import JOIN_WAIT_S, ElasticError, log
 from workers.elastic.keys import JobKeys
-from workers.elastic.messages import Plan, plan_from_dict
+from workers.elastic.messages import Plan, PreparePlan, plan_from_dict
 
 
 @dataclass
@@ -93,6 +93,26 @@ class StateTransfer:
         """The checkpoint of ``step``."""
         return checkpoint.load_step(self.opts.checkpoint_dir, self.opts.job_id, step)
 
+    # -- joining ----------------------------------------------------------------------
+    def start_first_generation(self, training: TrainingState, group: Any, rank: int) -> None:
+        """Generation 0: everyone takes rank 0's state (the latest checkpoint on a restart)."""
+        restored = self.latest_checkpoint() if rank == 0 else None
+        if restored is not None:  # a restarted job: earlier plans are void
+            restored.update(plan_seen=0, actions={})
+        mine = (training.snapshot() if restored is None else restored) if rank == 0 else None
+        state = self.broadcast(group, mine, 0)
+        training.load(state, restored is not None or rank != 0)
+        if restored is None:  # consistent recovery needs a step to go back to
+            self.maybe_checkpoint(training, rank, force=True)
+
+    def join_running(self, training: TrainingState, group: Any, plan: PreparePlan) -> None:
+        """A ready newcomer: wait (several mini-batches, maybe) for the state at its switch."""
+        if plan.handoff:
+            state = self.take(plan.generation)
+        else:
+            state = self.broadcast(group, None, plan.source, timeout_s=JOIN_WAIT_S)
+        training.load(state, True)
+
     # -- broadcasts over the process group ---------------------------------------------
     def broadcast(
         self,
@@ -119,7 +139,7 @@ class StateTransfer:
     def take(self, generation: int) -> dict[str, Any]:
         """Wait for the state the last leader left at the switch, and read it."""
         deadline = self.clock.monotonic() + JOIN_WAIT_S
-        while (blob := self._raw.get(self.keys.handoff(generation))) is None:
+        while (blob := cast(bytes | None, self._raw.get(self.keys.handoff(generation)))) is None:
             if self.clock.monotonic() > deadline:
                 raise ElasticError(f"no state was left for generation {generation}")
             self.clock.sleep(0.05)

@@ -38,6 +38,7 @@ from workers.protocol import (
     Rejected,
     Report,
     ScaleDone,
+    StartWorkers,
     Stopped,
     WorkerExited,
 )
@@ -144,7 +145,7 @@ def test_scale_in_replay_is_a_no_op(
     assert agent.receive(command) == "applied"
     assert agent.receive(command) == "replayed"
     control = JobControl(redis_url, job)
-    requests = client.xrange(control.keys.control)
+    requests: Any = client.xrange(control.keys.control)
     assert len(requests) == 1
     assert requests[0][1]["kind"] == "scale_in"
 
@@ -175,7 +176,8 @@ def test_stop_of_a_job_with_nothing_here_reports_stopped(
     agent.tick()
     [stopped] = sent.of(Stopped)
     assert stopped.job == job and stopped.command_id == "st1"
-    assert client.xrange(JobControl(redis_url, job).keys.control)[0][1]["kind"] == "stop"
+    requests: Any = client.xrange(JobControl(redis_url, job).keys.control)
+    assert requests[0][1]["kind"] == "stop"
     assert agent.store.stops() == {}
 
 
@@ -237,7 +239,8 @@ def test_worker_command_line_is_accepted_by_the_runtime(tmp_path: Path) -> None:
         node="n1", device="cuda", slots=4, redis_url="redis://h:1/0", data_dir=tmp_path
     )
     first = Command.from_dict(start_payload("j1", "c1", [0, 3], max_steps=5, sync_timeout_s=7.5))
-    argv = worker_argv(config, first, first.workers[1])  # type: ignore[attr-defined]
+    assert isinstance(first, StartWorkers)
+    argv = worker_argv(config, first, first.workers[1])
     options = parse_options(argv[3:])
     assert (options.job_id, options.worker_id, options.device) == ("j1", "w3", "cuda:3")
     assert options.initial_world == 2 and options.max_steps == 5
@@ -245,7 +248,8 @@ def test_worker_command_line_is_accepted_by_the_runtime(tmp_path: Path) -> None:
     assert options.checkpoint_dir == str(tmp_path / "checkpoints" / "j1")
     assert options.args == {"epochs": 1, "hidden": 128, "lr": 0.05, "seed": 0}
     joiner = Command.from_dict(start_payload("j1", "c2", [1], join=True, checkpoint_dir="/ck"))
-    options = parse_options(worker_argv(config, joiner, joiner.workers[0])[3:])  # type: ignore[attr-defined]
+    assert isinstance(joiner, StartWorkers)
+    options = parse_options(worker_argv(config, joiner, joiner.workers[0])[3:])
     assert options.initial_world is None  # a newcomer is not told a world size
     assert options.checkpoint_dir == "/ck"
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits
+from sklearn.datasets import load_digits  # type: ignore[import-untyped]
 from torch import nn
 
 from workers.workloads import Prepared
