@@ -302,6 +302,8 @@ class RuntimeEvent(RuntimeMessage):
 
 @dataclass(frozen=True, kw_only=True)
 class ProgressEvent(RuntimeEvent):
+    """Progress of the job (at most every 0.5 s): step, samples/s, mean loss."""
+
     TYPE: ClassVar[str] = "progress"
     step: int
     samples_per_s: float
@@ -312,6 +314,8 @@ class ProgressEvent(RuntimeEvent):
 
 @dataclass(frozen=True, kw_only=True)
 class ScaleDoneEvent(RuntimeEvent):
+    """A switch happened: the new membership, who joined and left, the pause."""
+
     TYPE: ClassVar[str] = "scale_done"
     generation: int
     world: int
@@ -325,6 +329,8 @@ class ScaleDoneEvent(RuntimeEvent):
 
 @dataclass(frozen=True, kw_only=True)
 class StragglerEvent(RuntimeEvent):
+    """A worker was slower than 1.2x the median for 10 mini-batches in a row."""
+
     TYPE: ClassVar[str] = "straggler"
     worker: str
     ratio: float
@@ -333,6 +339,8 @@ class StragglerEvent(RuntimeEvent):
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerFailedEvent(RuntimeEvent):
+    """A member of a failed generation neither survived nor kept its liveness key."""
+
     TYPE: ClassVar[str] = "worker_failed"
     worker: str
     generation: int
@@ -340,6 +348,8 @@ class WorkerFailedEvent(RuntimeEvent):
 
 @dataclass(frozen=True, kw_only=True)
 class RecoveredEvent(RuntimeEvent):
+    """The survivors of a failed generation train again."""
+
     TYPE: ClassVar[str] = "recovered"
     mode: RecoveryMode
     generation: int
@@ -351,12 +361,16 @@ class RecoveredEvent(RuntimeEvent):
 
 @dataclass(frozen=True, kw_only=True)
 class ProfileDoneEvent(RuntimeEvent):
+    """The throughput curve of a profile (worker count as text -> samples/s)."""
+
     TYPE: ClassVar[str] = "profile_done"
     curve: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
 class FinishedEvent(RuntimeEvent):
+    """Training ended (``finished``) or stopped on request (``stopped``)."""
+
     TYPE: ClassVar[str] = "finished"
     step: int
     reason: str
@@ -364,6 +378,8 @@ class FinishedEvent(RuntimeEvent):
 
 @dataclass(frozen=True, kw_only=True)
 class FailedEvent(RuntimeEvent):
+    """A worker cannot continue (it exits non-zero)."""
+
     TYPE: ClassVar[str] = "failed"
     worker: str
     error: str

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workers.workloads import Prepared
+from workers.workloads.base import Prepared
 
 POOL = 256
 SAMPLES = 50_000
