@@ -47,6 +47,12 @@ def now() -> float:
     return time.time()
 
 
+def say(line: str) -> None:
+    """One line of the report on stdout, at once (the run takes minutes)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def ends(records: list[dict[str, Any]]) -> list[tuple[int, float]]:
     return sorted((r["step"], r["t"]) for r in records)
 
@@ -111,9 +117,9 @@ def run_ours(redis_url: str, workdir: Path, profile_batches: int) -> dict[str, A
         )
         out["newcomer_ready_s"] = newcomer_first - t_start
         out["batch_time_s"] = statistics.median(b for _, b in pauses)
-        print(f"ours scale-out 4->5: pause {out['scale_out_pause_s']:.3f}s "
+        say(f"ours scale-out 4->5: pause {out['scale_out_pause_s']:.3f}s "
               f"(switch+broadcast {out['scale_out_switch_s']:.3f}s), batch {out['batch_time_s']:.3f}s, "
-              f"newcomer end-to-end {out['newcomer_ready_s']:.1f}s", flush=True)  # fmt: skip
+              f"newcomer end-to-end {out['newcomer_ready_s']:.1f}s")  # fmt: skip
 
         job.control.request_scale_in(["w4"], "bench")
         shrunk = job.wait_event("scale_done", 120)
@@ -125,8 +131,8 @@ def run_ours(redis_url: str, workdir: Path, profile_batches: int) -> dict[str, A
         ]
         out["scale_in_pause_s"] = max(p for p, _ in pauses)
         out["scale_in_batch_time_s"] = statistics.median(b for _, b in pauses)
-        print(f"ours scale-in 5->4: pause {out['scale_in_pause_s']:.3f}s "
-              f"(batch {out['scale_in_batch_time_s']:.3f}s)", flush=True)  # fmt: skip
+        say(f"ours scale-in 5->4: pause {out['scale_in_pause_s']:.3f}s "
+              f"(batch {out['scale_in_batch_time_s']:.3f}s)")  # fmt: skip
 
         slow_ms = int(1000 * out["batch_time_s"] / 2)
         job.start("w5", extra=["--slow-ms", str(slow_ms)])
@@ -139,16 +145,16 @@ def run_ours(redis_url: str, workdir: Path, profile_batches: int) -> dict[str, A
         del joined, straggler, removed
         out["straggler_detect_s"] = t_detected - t_joined
         out["straggler_remove_s"] = t_removed - t_detected
-        print(f"ours straggler (+{slow_ms} ms/batch): detected {out['straggler_detect_s']:.1f}s "
-              f"after joining, removed {out['straggler_remove_s']:.1f}s later", flush=True)  # fmt: skip
+        say(f"ours straggler (+{slow_ms} ms/batch): detected {out['straggler_detect_s']:.1f}s "
+              f"after joining, removed {out['straggler_remove_s']:.1f}s later")  # fmt: skip
 
         t0 = now()
         job.control.request_profile(2, 4, batches_per_level=profile_batches)
         profile = job.wait_event("profile_done", 600)
         out["profile_s"] = now() - t0
         out["profile_curve"] = profile["curve"]
-        print(f"ours profile(2, 4), {profile_batches} batches a level: {out['profile_s']:.1f}s, "
-              f"curve {profile['curve']}", flush=True)  # fmt: skip
+        say(f"ours profile(2, 4), {profile_batches} batches a level: {out['profile_s']:.1f}s, "
+              f"curve {profile['curve']}")  # fmt: skip
         job.stop_and_wait(120)
     finally:
         job.terminate()
@@ -280,9 +286,8 @@ def run_torchrun(workdir: Path) -> dict[str, Any]:
             stop_resume_batch_time_s=batch,
             stop_resume_redone_steps=redone,
         )
-        print(
-            f"torchrun scale-out 4->5: pause {pause:.1f}s (batch {batch:.3f}s, {redone} steps redone)",
-            flush=True,
+        say(
+            f"torchrun scale-out 4->5: pause {pause:.1f}s (batch {batch:.3f}s, {redone} steps redone)"
         )
 
         t_in = now()
@@ -298,9 +303,7 @@ def run_torchrun(workdir: Path) -> dict[str, Any]:
         out.update(
             stop_resume_scale_in_pause_s=pause_in, stop_resume_scale_in_redone_steps=redone_in
         )
-        print(
-            f"torchrun scale-in 5->4: pause {pause_in:.1f}s ({redone_in} steps redone)", flush=True
-        )
+        say(f"torchrun scale-in 5->4: pause {pause_in:.1f}s ({redone_in} steps redone)")
     finally:
         (workdir / "stop").touch()
         for agent in agents:
@@ -341,12 +344,12 @@ def main() -> int:
             + (args.profile_batches + 2) * result["stop_resume_batch_time_s"]
         )
         result["profile_ratio_est"] = result["profile_s"] / result["stop_resume_profile_s_est"]
-        print(f"scale-out pause: ours / stop-resume = {ratio:.3%} (target <= 5%)")
-        print(f"profile(2, 4): ours {result['profile_s']:.1f}s vs stop-resume est. "
+        say(f"scale-out pause: ours / stop-resume = {ratio:.3%} (target <= 5%)")
+        say(f"profile(2, 4): ours {result['profile_s']:.1f}s vs stop-resume est. "
               f"{result['stop_resume_profile_s_est']:.1f}s ({result['profile_ratio_est']:.0%})")  # fmt: skip
-    print(f"scale-in pause {result['scale_in_pause_s']:.3f}s vs batch {result['batch_time_s']:.3f}s "
+    say(f"scale-in pause {result['scale_in_pause_s']:.3f}s vs batch {result['batch_time_s']:.3f}s "
           f"(target: within one batch)")  # fmt: skip
-    print(json.dumps(result))
+    say(json.dumps(result))
     return 0
 
 

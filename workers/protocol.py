@@ -20,19 +20,17 @@ tests share it freely.
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import re
 import time
-import types
-import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, TypeVar, Union
+from typing import Any, ClassVar, Literal
 
 from workers.catalog import WorkloadArgumentError, validate_args
+from workers.schema import Message, Record, at_least, check_id, check_ids, parse
+from workers.schema import ProtocolError as ProtocolError  # part of the protocol's API
+from workers.schema import check_name as check_name  # part of the protocol's API
 
 AGENT_COMMAND_TASK = "agent.command"
-"""Celery task name of a command; sent on ``portal.celery.agent_queue(node)``."""
+"""Celery task name of a command; sent on ``agent_queue(node)``."""
 
 REPORT_TASK = "control.agent_report"
 """Celery task name of a report; the control plane implements it (``jobs`` app)."""
@@ -44,258 +42,17 @@ Recovery = Literal["consistent", "approximate"]
 DeviceKind = Literal["cpu", "cuda"]
 ExitOutcome = Literal["clean", "stopped", "crashed", "lost"]
 
-_MAX_ID_LENGTH = 200
-_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
-
-class ProtocolError(ValueError):
-    """A message that does not follow the protocol; the text says what is wrong."""
-
-
-# --------------------------------------------------------------------------- checking
-
-
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if tp is type(None):
-        return "null"
-    if origin in (Union, types.UnionType):
-        return " or ".join(_type_name(arg) for arg in typing.get_args(tp))
-    if origin is Literal:
-        return "one of " + ", ".join(repr(arg) for arg in typing.get_args(tp))
-    if origin is tuple:
-        return f"list of {_type_name(typing.get_args(tp)[0])} values"
-    if origin is dict:
-        return "object"
-    if dataclasses.is_dataclass(tp):
-        return "object"
-    if tp is float:
-        return "number"
-    if tp is int:
-        return "integer"
-    if tp is str:
-        return "string"
-    if tp is bool:
-        return "boolean"
-    return str(tp)
-
-
-def _json_value(value: Any, path: str) -> Any:
-    """Accept only JSON-representable values (so a message survives the broker)."""
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ProtocolError(f"{path} must be a finite number")
-        return value
-    if isinstance(value, list | tuple):
-        return [_json_value(item, f"{path}[{i}]") for i, item in enumerate(value)]
-    if isinstance(value, dict):
-        out = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise ProtocolError(f"{path} must have string keys")
-            out[key] = _json_value(item, f"{path}.{key}")
-        return out
-    raise ProtocolError(f"{path} must be JSON data, not {type(value).__name__}")
-
-
-def _convert(value: Any, tp: Any, path: str) -> Any:
-    """Return ``value`` checked against the annotation ``tp`` (lists become tuples)."""
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return _json_value(value, path)
-    if tp is type(None):
-        if value is not None:
-            raise ProtocolError(f"{path} must be null")
-        return None
-    if origin in (Union, types.UnionType):
-        options = typing.get_args(tp)
-        if value is None and type(None) in options:
-            return None
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return _convert(value, option, path)
-            except ProtocolError:
-                continue
-        raise ProtocolError(f"{path} must be {_type_name(tp)}")
-    if origin is Literal:
-        if value not in typing.get_args(tp) or isinstance(value, bool):
-            raise ProtocolError(f"{path} must be {_type_name(tp)}, not {value!r}")
-        return value
-    if origin is tuple:
-        if not isinstance(value, list | tuple):
-            raise ProtocolError(f"{path} must be a {_type_name(tp)}")
-        item_type = typing.get_args(tp)[0]
-        return tuple(_convert(item, item_type, f"{path}[{i}]") for i, item in enumerate(value))
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ProtocolError(f"{path} must be an object")
-        return _json_value(value, path)
-    if isinstance(tp, type) and issubclass(tp, _Record):
-        if isinstance(value, tp):
-            return value
-        if not isinstance(value, dict):
-            raise ProtocolError(f"{path} must be an object")
-        if issubclass(tp, Message):
-            # A nested message keeps its "type" on the wire; it must be the right one.
-            value = dict(value)
-            nested_type = value.pop("type", tp.TYPE)
-            if nested_type != tp.TYPE:
-                raise ProtocolError(f"{path} must be a {tp.TYPE}, not {nested_type!r}")
-        try:
-            return tp._from_fields(value, path)
-        except ProtocolError as exc:
-            if str(exc).startswith(path):
-                raise
-            raise ProtocolError(f"{path}: {exc}") from None
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ProtocolError(f"{path} must be a boolean")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ProtocolError(f"{path} must be an integer")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ProtocolError(f"{path} must be a number")
-        if not math.isfinite(value):
-            raise ProtocolError(f"{path} must be a finite number")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ProtocolError(f"{path} must be a string")
-        return value
-    raise TypeError(f"protocol: unsupported annotation {tp!r} at {path}")  # a bug, not input
-
-
-def _check_id(value: str, path: str) -> None:
-    if (
-        not value
-        or len(value) > _MAX_ID_LENGTH
-        or not value.isprintable()
-        or value != value.strip()
-    ):
-        raise ProtocolError(
-            f"{path} must be a non-empty printable string of at most {_MAX_ID_LENGTH} "
-            "characters without surrounding spaces"
-        )
-
-
-def check_name(value: str, path: str) -> None:
-    """Refuse a job, worker or node id that is unsafe in Redis keys, queues, command lines."""
-    if not _NAME_PATTERN.fullmatch(value):
-        raise ProtocolError(
-            f"{path} must be 1-128 letters, digits, '.', '_' or '-' (starting with a letter "
-            f"or digit), not {value!r}"
-        )
-
-
-def _check_ids(values: tuple[str, ...], path: str) -> None:
-    if not values:
-        raise ProtocolError(f"{path} must not be empty")
-    for i, value in enumerate(values):
-        check_name(value, f"{path}[{i}]")
-    duplicates = sorted({v for v in values if values.count(v) > 1})
-    if duplicates:
-        raise ProtocolError(f"{path} repeats {', '.join(duplicates)}")
-
-
-def _at_least(value: float | None, minimum: float, path: str) -> None:
-    if value is not None and value < minimum:
-        raise ProtocolError(f"{path} must be at least {minimum}, not {value}")
-
-
-R = TypeVar("R", bound="_Record")
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Record:
-    """Base of every protocol dataclass: type checks on construction, dict round trip."""
-
-    def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
-        prefix = f"{self.TYPE}." if isinstance(self, Message) else ""
-        for f in dataclasses.fields(self):
-            converted = _convert(getattr(self, f.name), hints[f.name], f"{prefix}{f.name}")
-            object.__setattr__(self, f.name, converted)
-        self.validate()
-
-    def validate(self) -> None:
-        """Semantic checks beyond types; raise ``ProtocolError``."""
-
-    @classmethod
-    def _from_fields(cls: type[R], data: dict[str, Any], path: str) -> R:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(str(key) for key in data if key not in names)
-        if unknown:
-            raise ProtocolError(f"{path}: unknown field(s) {', '.join(unknown)}")
-        missing = sorted(
-            f.name
-            for f in dataclasses.fields(cls)
-            if f.name not in data
-            and f.default is dataclasses.MISSING
-            and f.default_factory is dataclasses.MISSING
-        )
-        if missing:
-            raise ProtocolError(f"{path}: missing field(s) {', '.join(missing)}")
-        return cls(**data)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON object for this record (tuples become lists)."""
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            out[f.name] = _plain(getattr(self, f.name))
-        return out
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, _Record):
-        return value.to_dict()
-    if isinstance(value, tuple | list):
-        return [_plain(item) for item in value]
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    return value
-
-
-@dataclass(frozen=True, kw_only=True)
-class Message(_Record):
-    """A record that travels on its own: its JSON carries ``type``."""
-
-    TYPE: ClassVar[str] = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON object for this message, ``type`` first."""
-        return {"type": self.TYPE, **super().to_dict()}
-
-
-_COMMANDS: dict[str, type[Command]] = {}
-_REPORTS: dict[str, type[Report]] = {}
-
-
-def _parse(data: Any, registry: dict[str, type[Any]], kind: str) -> Any:
-    if not isinstance(data, dict):
-        raise ProtocolError(f"a {kind} must be a JSON object, not {type(data).__name__}")
-    type_name = data.get("type")
-    if not isinstance(type_name, str):
-        raise ProtocolError(f"a {kind} needs a string field 'type'")
-    cls = registry.get(type_name)
-    if cls is None:
-        known = ", ".join(sorted(registry))
-        raise ProtocolError(f"unknown {kind} type {type_name!r} (known: {known})")
-    fields = {key: value for key, value in data.items() if key != "type"}
-    return cls._from_fields(fields, type_name)
+def agent_queue(node: str) -> str:
+    """Name of the Celery queue that the agent of ``node`` consumes."""
+    return f"agent.{node}"
 
 
 # --------------------------------------------------------------------------- commands
 
 
 @dataclass(frozen=True, kw_only=True)
-class WorkerSlot(_Record):
+class WorkerSlot(Record):
     """One worker to start and the local slot (GPU index or CPU slot) it gets."""
 
     worker_id: str
@@ -303,7 +60,7 @@ class WorkerSlot(_Record):
 
     def validate(self) -> None:
         check_name(self.worker_id, "worker_id")
-        _at_least(self.slot, 0, "slot")
+        at_least(self.slot, 0, "slot")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,13 +72,17 @@ class Command(Message):
 
     def validate(self) -> None:
         check_name(self.job, f"{self.TYPE}.job")
-        _check_id(self.command_id, f"{self.TYPE}.command_id")
+        check_id(self.command_id, f"{self.TYPE}.command_id")
 
     @staticmethod
     def from_dict(data: Any) -> Command:
         """Parse and check a command; raise ``ProtocolError`` if it is not one."""
-        command: Command = _parse(data, _COMMANDS, "command")
+        command: Command = parse(data, _COMMANDS, "command")
         return command
+
+
+_COMMANDS: dict[str, type[Command]] = {}
+_REPORTS: dict[str, type[Report]] = {}
 
 
 def _command(cls: type[Any]) -> Any:
@@ -372,17 +133,17 @@ class StartWorkers(Command):
         except WorkloadArgumentError as exc:
             raise ProtocolError(f"start_workers: {exc}") from None
         object.__setattr__(self, "args", dict(full_args))
-        _at_least(self.batch_size, 1, "start_workers.batch_size")
-        _at_least(self.checkpoint_every, 0, "start_workers.checkpoint_every")
-        _at_least(self.initial_world, 1, "start_workers.initial_world")
-        _at_least(self.max_steps, 1, "start_workers.max_steps")
+        at_least(self.batch_size, 1, "start_workers.batch_size")
+        at_least(self.checkpoint_every, 0, "start_workers.checkpoint_every")
+        at_least(self.initial_world, 1, "start_workers.initial_world")
+        at_least(self.max_steps, 1, "start_workers.max_steps")
         if self.checkpoint_minutes is not None and self.checkpoint_minutes <= 0:
             raise ProtocolError("start_workers.checkpoint_minutes must be positive")
         if self.sync_timeout_s is not None and self.sync_timeout_s <= 0:
             raise ProtocolError("start_workers.sync_timeout_s must be positive")
         if not self.workers:
             raise ProtocolError("start_workers.workers must not be empty")
-        _check_ids(tuple(w.worker_id for w in self.workers), "start_workers.workers.worker_id")
+        check_ids(tuple(w.worker_id for w in self.workers), "start_workers.workers.worker_id")
         slots = [w.slot for w in self.workers]
         if len(set(slots)) != len(slots):
             raise ProtocolError("start_workers.workers gives one slot to two workers")
@@ -418,7 +179,7 @@ class ScaleIn(Command):
 
     def validate(self) -> None:
         super().validate()
-        _check_ids(self.worker_ids, "scale_in.worker_ids")
+        check_ids(self.worker_ids, "scale_in.worker_ids")
 
 
 @_command
@@ -442,7 +203,7 @@ class Migrate(Command):
 
     def validate(self) -> None:
         super().validate()
-        _check_ids(self.leaving, "migrate.leaving")
+        check_ids(self.leaving, "migrate.leaving")
         if self.joining.job != self.job:
             raise ProtocolError("migrate.joining.job must be the migrating job")
         if not self.joining.join:
@@ -466,7 +227,7 @@ class StopJob(Command):
 
     def validate(self) -> None:
         super().validate()
-        _at_least(self.grace_seconds, 0.0, "stop_job.grace_seconds")
+        at_least(self.grace_seconds, 0.0, "stop_job.grace_seconds")
 
 
 @_command
@@ -482,8 +243,8 @@ class Profile(Command):
 
     def validate(self) -> None:
         super().validate()
-        _at_least(self.min_workers, 1, "profile.min_workers")
-        _at_least(self.batches_per_level, 2, "profile.batches_per_level")
+        at_least(self.min_workers, 1, "profile.min_workers")
+        at_least(self.batches_per_level, 2, "profile.batches_per_level")
         if self.max_workers < self.min_workers:
             raise ProtocolError("profile.max_workers must be at least min_workers")
 
@@ -504,7 +265,7 @@ class Report(Message):
     @staticmethod
     def from_dict(data: Any) -> Report:
         """Parse and check a report; raise ``ProtocolError`` if it is not one."""
-        report: Report = _parse(data, _REPORTS, "report")
+        report: Report = parse(data, _REPORTS, "report")
         return report
 
 
@@ -531,11 +292,11 @@ class JobEventReport(JobReport):
 
     def validate(self) -> None:
         super().validate()
-        _check_id(self.event_id, f"{self.TYPE}.event_id")
+        check_id(self.event_id, f"{self.TYPE}.event_id")
 
 
 @dataclass(frozen=True, kw_only=True)
-class RunningWorker(_Record):
+class RunningWorker(Record):
     """A training process that an agent runs."""
 
     job: str
@@ -633,7 +394,7 @@ class Recovered(JobEventReport):
 
 
 @dataclass(frozen=True, kw_only=True)
-class CurvePoint(_Record):
+class CurvePoint(Record):
     """Throughput of the job at one parallelism."""
 
     workers: int
@@ -729,7 +490,7 @@ class Heartbeat(Report):
 
     def validate(self) -> None:
         super().validate()
-        _at_least(self.slots, 0, "heartbeat.slots")
+        at_least(self.slots, 0, "heartbeat.slots")
 
 
 def command_types() -> dict[str, type[Command]]:

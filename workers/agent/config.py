@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from workers.protocol import REPORTS_QUEUE, DeviceKind
+
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
 WORKER_MODULE = "workers.elastic.worker"
 """The training process entry point (``python -m WORKER_MODULE ...``)."""
@@ -52,6 +55,49 @@ class AgentConfig:
     def log_path(self, job: str, worker_id: str) -> Path:
         """Where the output of one training process goes."""
         return self.data_dir / "logs" / f"agent-{self.node}" / job / f"{worker_id}.log"
+
+
+@dataclass(frozen=True)
+class AgentEnvironment:
+    """The settings an agent reads from its environment (no Django project needed).
+
+    ``REDIS_URL`` (required: the runtime's coordination store, and the broker
+    unless ``CELERY_BROKER_URL`` says otherwise), ``PORTAL_DATA_DIR``
+    (default ``<repo>/var``), ``AGENT_HEARTBEAT_SECONDS`` (default 5),
+    ``AGENT_DOWN_AFTER_SECONDS`` (default 20).
+    """
+
+    redis_url: str
+    data_dir: Path
+    heartbeat_seconds: float = 5.0
+    down_after_seconds: float = 20.0
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str] | None = None) -> AgentEnvironment:
+        """Read the environment (``os.environ`` by default); raise AgentConfigError if bad."""
+        env = os.environ if environ is None else environ
+        redis_url = env.get("REDIS_URL", "")
+        if not redis_url:
+            raise AgentConfigError("REDIS_URL is not set: the agent needs the job store")
+        return cls(
+            redis_url=redis_url,
+            data_dir=Path(env.get("PORTAL_DATA_DIR") or REPO_ROOT / "var").resolve(),
+            heartbeat_seconds=_positive(env, "AGENT_HEARTBEAT_SECONDS", 5.0),
+            down_after_seconds=_positive(env, "AGENT_DOWN_AFTER_SECONDS", 20.0),
+        )
+
+
+def _positive(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise AgentConfigError(f"{name} must be a number, not {raw!r}") from None
+    if not value > 0:
+        raise AgentConfigError(f"{name} must be positive, not {raw!r}")
+    return value
 
 
 def detect_slots(gpus: int | None, *, force_cpu: bool = False) -> tuple[DeviceKind, int]:

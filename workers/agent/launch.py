@@ -8,10 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from workers.agent.config import AgentConfig
+from workers.agent.config import REPO_ROOT, AgentConfig
 from workers.protocol import StartWorkers, WorkerSlot
-
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def worker_argv(config: AgentConfig, command: StartWorkers, worker: WorkerSlot) -> list[str]:

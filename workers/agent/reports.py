@@ -7,6 +7,9 @@ import logging
 import math
 from typing import Any
 
+from celery import Celery  # type: ignore[import-untyped]
+
+from workers.agent.celery_app import agent_app
 from workers.protocol import (
     REPORT_TASK,
     REPORTS_QUEUE,
@@ -28,17 +31,21 @@ log = logging.getLogger(__name__)
 
 
 def send_report(
-    report: Report, *, queue: str = REPORTS_QUEUE, expires: float | None = None
+    report: Report,
+    *,
+    queue: str = REPORTS_QUEUE,
+    expires: float | None = None,
+    app: Celery | None = None,
 ) -> bool:
     """Send one report to the control plane as the Celery task ``REPORT_TASK``.
 
-    The only place where reports leave the agent.  Returns False (and logs)
-    when the broker refuses it: a lost report must not take the agent down.
+    The only place where reports leave the agent (through ``app``, by default
+    the agent's own).  Returns False (and logs) when the broker refuses it: a
+    lost report must not take the agent down.
     """
-    from portal.celery import app
-
+    sender = app if app is not None else agent_app()
     try:
-        app.send_task(
+        sender.send_task(
             REPORT_TASK, args=[report.to_dict()], queue=queue, expires=expires, ignore_result=True
         )
     except Exception:  # the broker's errors are many and transport-specific
@@ -47,9 +54,11 @@ def send_report(
     return True
 
 
-def send_heartbeat(report: Heartbeat, *, queue: str, expires_seconds: float) -> bool:
+def send_heartbeat(
+    report: Heartbeat, *, queue: str, expires_seconds: float, app: Celery | None = None
+) -> bool:
     """A heartbeat expires: a stale one says nothing once a newer one exists."""
-    return send_report(report, queue=queue, expires=expires_seconds)
+    return send_report(report, queue=queue, expires=expires_seconds, app=app)
 
 
 def _optional_number(value: Any) -> float | None:

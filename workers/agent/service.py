@@ -4,22 +4,34 @@ The agent owns long-lived child processes, so the Celery worker runs with the
 ``threads`` pool: tasks execute in the agent's own process, next to the
 supervisor thread that watches the children (started on ``worker_ready``,
 stopped on ``worker_shutdown``).
+
+No Django here: settings come from the environment (``AgentEnvironment``)
+and the Celery app is the agent's own (``workers.agent.celery_app``), so a
+GPU server runs ``python -m workers.agent`` with only ``REDIS_URL`` set.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
+from celery import Celery  # type: ignore[import-untyped]
+
 from workers.agent.agent import Agent
-from workers.agent.config import AgentConfig, AgentConfigError, detect_slots
+from workers.agent.celery_app import BrokerNotConfigured, agent_app
+from workers.agent.config import AgentConfig, AgentConfigError, AgentEnvironment, detect_slots
 from workers.agent.reports import send_heartbeat, send_report
 from workers.agent.store import AgentStore
-from workers.protocol import AGENT_COMMAND_TASK, REPORTS_QUEUE, ProtocolError, check_name
+from workers.protocol import (
+    AGENT_COMMAND_TASK,
+    REPORTS_QUEUE,
+    ProtocolError,
+    agent_queue,
+    check_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +45,12 @@ def current_agent() -> Agent:
     return _AGENT
 
 
-def _register_task() -> None:
-    from portal.celery import app
-
+def _register_task(app: Celery) -> None:
     if AGENT_COMMAND_TASK in app.tasks:
         return
 
-    @app.task(name=AGENT_COMMAND_TASK, ignore_result=True, acks_late=True)
-    def agent_command(payload: Any) -> str:
+    @app.task(name=AGENT_COMMAND_TASK, ignore_result=True, acks_late=True)  # type: ignore[untyped-decorator]
+    def agent_command(payload: Any) -> str:  # pragma: no cover - runs in the agent process
         """Apply one command of workers.protocol on this node."""
         return current_agent().receive(payload)
 
@@ -99,10 +109,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loglevel", default="INFO")
 
 
-def config_from_options(options: argparse.Namespace) -> AgentConfig:
-    """Build the agent's settings from parsed options and Django settings."""
-    from django.conf import settings
-
+def config_from_options(
+    options: argparse.Namespace, environ: Mapping[str, str] | None = None
+) -> AgentConfig:
+    """Build the agent's settings from parsed options and the environment (``AgentEnvironment``)."""
     try:
         check_name(options.node, "--node")
     except ProtocolError as exc:
@@ -110,46 +120,51 @@ def config_from_options(options: argparse.Namespace) -> AgentConfig:
     if options.concurrency < 1:
         raise AgentConfigError("--concurrency must be at least 1")
     device, slots = detect_slots(options.gpus, force_cpu=options.cpu)
-    heartbeat = float(settings.AGENT_HEARTBEAT_SECONDS)
+    env = AgentEnvironment.read(environ)
     return AgentConfig(
         node=options.node,
         device=device,
         slots=slots,
-        redis_url=settings.REDIS_URL,
-        data_dir=Path(settings.DATA_DIR),
+        redis_url=env.redis_url,
+        data_dir=env.data_dir,
         reports_queue=options.reports_queue,
-        heartbeat_seconds=heartbeat,
-        heartbeat_expires_seconds=max(heartbeat, float(settings.AGENT_DOWN_AFTER_SECONDS)),
+        heartbeat_seconds=env.heartbeat_seconds,
+        heartbeat_expires_seconds=max(env.heartbeat_seconds, env.down_after_seconds),
         stop_children_on_exit=options.stop_children_on_exit,
         concurrency=options.concurrency,
     )
 
 
-def make_agent(config: AgentConfig) -> Agent:
-    """An agent that reports through Celery and remembers in the configured Redis."""
+def make_agent(config: AgentConfig, app: Celery) -> Agent:
+    """An agent that reports through ``app`` and remembers in the configured Redis."""
     return Agent(
         config,
         AgentStore.from_url(config.redis_url, config.node),
-        send=lambda report: send_report(report, queue=config.reports_queue),
+        send=lambda report: send_report(report, queue=config.reports_queue, app=app),
         send_heartbeat=lambda beat: send_heartbeat(
-            beat, queue=config.reports_queue, expires_seconds=config.heartbeat_expires_seconds
+            beat,
+            queue=config.reports_queue,
+            expires_seconds=config.heartbeat_expires_seconds,
+            app=app,
         ),
     )
 
 
-def run(config: AgentConfig, loglevel: str = "INFO") -> None:
-    """Run the agent until the Celery worker stops (SIGTERM/SIGINT: warm shutdown)."""
+def run(config: AgentConfig, loglevel: str = "INFO", app: Celery | None = None) -> None:
+    """Run the agent until the Celery worker stops (SIGTERM/SIGINT: warm shutdown).
+
+    ``app`` defaults to the agent's own Celery app (broker from the environment).
+    """
     global _AGENT
-    from celery.signals import worker_ready, worker_shutdown
+    from celery.signals import (  # type: ignore[import-untyped]
+        worker_ready,
+        worker_shutdown,
+    )
 
-    from portal.celery import agent_queue, app
-
-    # The agent serves no pages and touches no database: the portal's system checks
-    # (URLs, models) are not its business, and one failing must not stop the agents.
-    os.environ.setdefault("CELERY_SKIP_CHECKS", "1")
-    _AGENT = make_agent(config)
+    app = app if app is not None else agent_app()
+    _AGENT = make_agent(config, app)
     _AGENT.restore()
-    _register_task()
+    _register_task(app)
     worker_ready.connect(_on_worker_ready, weak=False, dispatch_uid="agent-ready")
     worker_shutdown.connect(_on_worker_shutdown, weak=False, dispatch_uid="agent-shutdown")
     argv = [
@@ -167,7 +182,6 @@ def run(config: AgentConfig, loglevel: str = "INFO") -> None:
 
 def main(argv: list[str] | None = None, prog: str = "python -m workers.agent") -> int:
     """Entry point of ``python -m workers.agent``; exit status 2 on bad input."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings.dev")
     options = build_parser(prog).parse_args(argv)
     return run_options(options)
 
@@ -176,8 +190,9 @@ def run_options(options: argparse.Namespace) -> int:
     """Run from parsed options (shared with the management command)."""
     try:
         config = config_from_options(options)
-    except AgentConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        app = agent_app()
+    except (AgentConfigError, BrokerNotConfigured) as exc:
+        sys.stderr.write(f"error: {exc}\n")
         return 2
-    run(config, loglevel=options.loglevel)
+    run(config, loglevel=options.loglevel, app=app)
     return 0

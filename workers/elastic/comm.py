@@ -18,14 +18,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+# torch.distributed re-exports these from here; its stub does not say so.
+from torch._C._distributed_c10d import PrefixStore, Store
+
 BUILD_TIMEOUT = timedelta(seconds=120)
 
 
 def build_group(
-    store: dist.Store, generation: int, rank: int, size: int, device: torch.device, timeout_s: float
+    store: Store, generation: int, rank: int, size: int, device: torch.device, timeout_s: float
 ) -> Any:
     """Construct (collectively, blocking) the process group of one generation."""
-    prefixed = dist.PrefixStore(f"gen{generation}/", store)
+    prefixed = PrefixStore(f"gen{generation}/", store)
     timeout = timedelta(seconds=timeout_s)
     if device.type == "cuda":
         opts = dist.ProcessGroupNCCL.Options()

@@ -25,6 +25,7 @@ from typing import Any
 import redis
 
 from workers.elastic.keys import JobKeys
+from workers.elastic.redis_io import hash_fields, read_stream, text_or_none
 
 EVENT_KINDS = (
     "progress",
@@ -121,8 +122,8 @@ class JobControl:
     # observations ---------------------------------------------------------------
     def status(self) -> JobStatus:
         """The job's metadata as the leader last wrote it."""
-        raw = self.redis.hgetall(self.keys.meta)
-        leader = self.redis.get(self.keys.leader)
+        raw = hash_fields(self.redis, self.keys.meta)
+        leader = text_or_none(self.redis.get(self.keys.leader))
         if not raw:
             return JobStatus(leader=leader)
         curve = {int(n): float(v) for n, v in json.loads(raw.get("curve", "{}")).items()}
@@ -146,13 +147,11 @@ class JobControl:
         Pass the last id you saw to continue; ``block_ms`` waits that long for
         the first new event (None: do not wait).
         """
-        answer = self.redis.xread({self.keys.events: last_id}, count=1000, block=block_ms)
         out: list[tuple[str, dict[str, Any]]] = []
-        for _stream, entries in answer or []:
-            for event_id, fields in entries:
-                body = json.loads(fields.get("data", "{}"))
-                body["kind"] = fields.get("kind", "unknown")
-                out.append((str(event_id), body))
+        for event_id, fields in read_stream(self.redis, self.keys.events, last_id, 1000, block_ms):
+            body = json.loads(fields.get("data", "{}"))
+            body["kind"] = fields.get("kind", "unknown")
+            out.append((event_id, body))
         return out
 
     def cleanup(self) -> None:

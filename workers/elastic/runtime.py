@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from workers import workloads
 from workers.elastic.cli import WorkerOptions
-from workers.elastic.context import ElasticContext, ElasticError, log
+from workers.elastic.constants import ElasticError, log
+from workers.elastic.context import ElasticContext
 from workers.elastic.sampler import ElasticSampler
 
 
@@ -50,7 +51,7 @@ def train(ctx: ElasticContext, prepared: workloads.Prepared, dtype: torch.dtype)
             if x.is_floating_point():
                 x = x.to(dtype)
             loss = F.cross_entropy(model(x), y, reduction="sum")
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             loss_sum = float(loss.item())
         if not ctx.sync_gradients(loss_sum, len(batch.indices)):
             continue

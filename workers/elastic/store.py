@@ -14,8 +14,11 @@ from datetime import timedelta
 import redis
 import torch.distributed as dist
 
+# torch.distributed re-exports these from here; its stub does not say so.
+from torch._C._distributed_c10d import Store
 
-class RedisStore(dist.Store):
+
+class RedisStore(Store):
     """The subset of the c10d store protocol that gloo and NCCL rendezvous use."""
 
     def __init__(self, url: str, prefix: str, timeout: timedelta = timedelta(seconds=60)) -> None:
@@ -39,7 +42,7 @@ class RedisStore(dist.Store):
         self.wait([key])
         value = self._client.get(self._k(key))
         assert value is not None
-        return bytes(value)
+        return value if isinstance(value, bytes) else value.encode()
 
     def add(self, key: str, value: int) -> int:
         return int(self._client.incrby(self._k(key), value))

@@ -180,7 +180,8 @@ class JobRun:
     def final_model(self) -> dict[str, torch.Tensor]:
         state = checkpoint.load_latest(str(self.checkpoint_dir), self.job_id)
         assert state is not None, "no checkpoint"
-        return state["model"]
+        model: dict[str, torch.Tensor] = state["model"]
+        return model
 
 
 def check_samples(
@@ -241,7 +242,7 @@ def reference_model(
         optimizer.zero_grad()
         x, y = prepared.batch(idx)
         x = x.to(dtype)
-        F.cross_entropy(model(x), y, reduction="sum").backward()
+        F.cross_entropy(model(x), y, reduction="sum").backward()  # type: ignore[no-untyped-call]
         for p in model.parameters():
             assert p.grad is not None
             p.grad.div_(len(idx))

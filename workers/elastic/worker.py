@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = parse_options(argv)
     except WorkerArgumentError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        sys.stderr.write(f"error: {exc}\n")
         return 2
     from workers.elastic.runtime import run_worker  # torch is imported only past parsing
 

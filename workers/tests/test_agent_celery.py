@@ -56,10 +56,12 @@ class ReportReader:
     """Reads the agent's report tasks off their queue and keeps every report seen."""
 
     def __init__(self, url: str, queue: str) -> None:
-        self.connection = kombu.Connection(url)
+        # kombu is only partly typed: its objects are used as Any here.
+        broker: Any = kombu
+        self.connection = broker.Connection(url)
         # Declared before the agent starts, so that no report is dropped unrouted.
         self.queue = self.connection.SimpleQueue(
-            kombu.Queue(queue, kombu.Exchange(queue, type="direct"), routing_key=queue)
+            broker.Queue(queue, broker.Exchange(queue, type="direct"), routing_key=queue)
         )
         self.reports: list[Report] = []
 
@@ -124,9 +126,9 @@ def reader(redis_url: str) -> Iterator[ReportReader]:
 def launch_agent(node: str, data_dir: Path, redis_url: str, reader: ReportReader) -> RunningAgent:
     """Start ``python -m workers.agent`` for ``node`` and wait for its first heartbeat."""
     log = data_dir / f"agent-{time.monotonic_ns()}.log"
+    # No Django settings: the agent configures itself from the environment.
     env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "portal.settings.test",
+        **{k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
         "REDIS_URL": redis_url,
         "PORTAL_DATA_DIR": str(data_dir),
         "AGENT_HEARTBEAT_SECONDS": "1",
@@ -154,7 +156,7 @@ def launch_agent(node: str, data_dir: Path, redis_url: str, reader: ReportReader
             "first heartbeat",
         )
     except AssertionError:
-        print(running.log_tail())
+        sys.stdout.write(running.log_tail() + "\n")
         stop_agent(running)
         raise
     return running
@@ -257,14 +259,11 @@ def test_training_reports_progress_and_finish_and_replays_are_no_ops(
     finished = reader.wait_for(lambda r: isinstance(r, Finished) and r.job == job, 120, "finish")
     assert isinstance(finished, Finished) and finished.reason == "finished"
     assert finished.step == 400
-    exits = [
-        reader.wait_for(
-            lambda r, w=w: isinstance(r, WorkerExited) and r.job == job and r.worker_id == w,
-            30,
-            f"exit of {w}",
-        )
-        for w in ("w0", "w1")
-    ]
+
+    def exit_of(worker: str) -> Callable[[Report], bool]:
+        return lambda r: isinstance(r, WorkerExited) and r.job == job and r.worker_id == worker
+
+    exits = [reader.wait_for(exit_of(w), 30, f"exit of {w}") for w in ("w0", "w1")]
     assert all(isinstance(e, WorkerExited) and e.outcome == "clean" for e in exits)
     assert all(e.exit_code == 0 for e in exits)  # type: ignore[attr-defined]
 

@@ -6,6 +6,7 @@ path has its own end-to-end test in test_agent_celery.py).
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from workers.agent.config import AgentConfig, AgentConfigError, detect_slots
 from workers.agent.launch import worker_argv
 from workers.agent.reports import report_from_event
 from workers.agent.store import AgentStore, WorkerRecord
+from workers.clock import ManualClock
 from workers.elastic.cli import parse_options
 from workers.elastic.control import JobControl, emit_event
 from workers.protocol import (
@@ -36,6 +38,7 @@ from workers.protocol import (
     Rejected,
     Report,
     ScaleDone,
+    StartWorkers,
     Stopped,
     WorkerExited,
 )
@@ -142,7 +145,7 @@ def test_scale_in_replay_is_a_no_op(
     assert agent.receive(command) == "applied"
     assert agent.receive(command) == "replayed"
     control = JobControl(redis_url, job)
-    requests = client.xrange(control.keys.control)
+    requests: Any = client.xrange(control.keys.control)
     assert len(requests) == 1
     assert requests[0][1]["kind"] == "scale_in"
 
@@ -173,7 +176,8 @@ def test_stop_of_a_job_with_nothing_here_reports_stopped(
     agent.tick()
     [stopped] = sent.of(Stopped)
     assert stopped.job == job and stopped.command_id == "st1"
-    assert client.xrange(JobControl(redis_url, job).keys.control)[0][1]["kind"] == "stop"
+    requests: Any = client.xrange(JobControl(redis_url, job).keys.control)
+    assert requests[0][1]["kind"] == "stop"
     assert agent.store.stops() == {}
 
 
@@ -235,7 +239,8 @@ def test_worker_command_line_is_accepted_by_the_runtime(tmp_path: Path) -> None:
         node="n1", device="cuda", slots=4, redis_url="redis://h:1/0", data_dir=tmp_path
     )
     first = Command.from_dict(start_payload("j1", "c1", [0, 3], max_steps=5, sync_timeout_s=7.5))
-    argv = worker_argv(config, first, first.workers[1])  # type: ignore[attr-defined]
+    assert isinstance(first, StartWorkers)
+    argv = worker_argv(config, first, first.workers[1])
     options = parse_options(argv[3:])
     assert (options.job_id, options.worker_id, options.device) == ("j1", "w3", "cuda:3")
     assert options.initial_world == 2 and options.max_steps == 5
@@ -243,7 +248,8 @@ def test_worker_command_line_is_accepted_by_the_runtime(tmp_path: Path) -> None:
     assert options.checkpoint_dir == str(tmp_path / "checkpoints" / "j1")
     assert options.args == {"epochs": 1, "hidden": 128, "lr": 0.05, "seed": 0}
     joiner = Command.from_dict(start_payload("j1", "c2", [1], join=True, checkpoint_dir="/ck"))
-    options = parse_options(worker_argv(config, joiner, joiner.workers[0])[3:])  # type: ignore[attr-defined]
+    assert isinstance(joiner, StartWorkers)
+    options = parse_options(worker_argv(config, joiner, joiner.workers[0])[3:])
     assert options.initial_world is None  # a newcomer is not told a world size
     assert options.checkpoint_dir == "/ck"
 
@@ -345,3 +351,69 @@ def test_start_on_a_slot_still_held_by_a_leaving_worker_waits_for_it(
     finally:
         agent.close(stop_children=True)
         JobControl(redis_url, other).cleanup()
+
+
+def test_heartbeats_follow_the_injected_clock(node: str, redis_url: str, tmp_path: Path) -> None:
+    clock = ManualClock()
+    config = AgentConfig(
+        node=node,
+        device="cpu",
+        slots=1,
+        redis_url=redis_url,
+        data_dir=tmp_path,
+        heartbeat_seconds=5.0,
+    )
+    sent = Collected()
+    agent = Agent(config, AgentStore.from_url(redis_url, node), send=sent, clock=clock)
+    agent.tick()
+    agent.tick()
+    assert len(sent.of(Heartbeat)) == 1  # the first pass beats, the next waits its interval
+    clock.advance(4.9)
+    agent.tick()
+    assert len(sent.of(Heartbeat)) == 1
+    clock.advance(0.1)
+    agent.tick()
+    assert len(sent.of(Heartbeat)) == 2
+
+
+def test_stop_deadline_follows_the_injected_clock(
+    node: str, redis_url: str, tmp_path: Path, job: str
+) -> None:
+    """SIGTERM only once the grace has passed on the clock, SIGKILL after the kill delay."""
+    import signal
+    import subprocess
+
+    from workers.agent.processes import Child
+
+    clock = ManualClock()
+    config = AgentConfig(node=node, device="cpu", slots=1, redis_url=redis_url, data_dir=tmp_path)
+    sent = Collected()
+    agent = Agent(config, AgentStore.from_url(redis_url, node), send=sent, clock=clock)
+    # A stand-in for a training process that ignores SIGTERM (only SIGKILL ends it).
+    proc = subprocess.Popen(
+        ["sh", "-c", "trap '' TERM; while :; do sleep 0.05; done"], start_new_session=True
+    )
+    try:
+        record = WorkerRecord(job, "w0", 0, proc.pid, str(tmp_path / "w0.log"), clock.now())
+        agent.processes.children[(job, "w0")] = Child(record=record, popen=proc)
+        stop = {"type": "stop_job", "job": job, "command_id": "s1", "grace_seconds": 20.0}
+        assert agent.receive(stop) == "applied"
+        clock.advance(19.0)
+        agent.tick()
+        assert agent.processes.children[(job, "w0")].stop_signal_sent is None
+        clock.advance(1.0)
+        agent.tick()
+        assert agent.processes.children[(job, "w0")].stop_signal_sent == clock.now()
+        assert proc.poll() is None  # SIGTERM is ignored
+        clock.advance(config.stop_kill_after_seconds + 0.1)
+        agent.tick()
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+        agent.tick()
+        [exited] = sent.of(WorkerExited)
+        assert exited.outcome == "stopped" and exited.exit_code == -signal.SIGKILL
+        [stopped] = sent.of(Stopped)
+        assert stopped.command_id == "s1"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(timeout=10)

@@ -10,6 +10,7 @@ import threading
 import uuid
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -143,7 +144,7 @@ def test_control_api_round_trip(redis_url: str) -> None:
         assert ctl.status().state == "starting"
         ctl.request_scale_in(["w1"], "why")
         ctl.request_migration(["w2"], "move")
-        entries = ctl.redis.xrange(ctl.keys.control)
+        entries: Any = ctl.redis.xrange(ctl.keys.control)
         assert [e[1]["kind"] for e in entries] == ["scale_in", "migrate"]
         assert json.loads(entries[1][1]["payload"])["joiners"] == 1
         emit_event(ctl.redis, ctl.keys, "progress", step=3, samples_per_s=1.0, loss=0.5, world=2)

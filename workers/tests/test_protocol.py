@@ -81,7 +81,7 @@ def sample_commands() -> list[Command]:
 
 def sample_reports() -> list[Report]:
     worker = RunningWorker(job="job-1", worker_id="w0", slot=0, pid=123)
-    common = {"node": "gpu-1", "job": "job-1"}
+    common: dict[str, Any] = {"node": "gpu-1", "job": "job-1"}
     return [
         Started(**common, command_id="c1", workers=(worker,)),
         Progress(**common, event_id="1-0", step=3, samples_per_s=812.5, loss=1.25, world=2),

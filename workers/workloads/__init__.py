@@ -7,27 +7,16 @@ background thread joins the job.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-
-@dataclass
-class Prepared:
-    """A workload ready to train: ``batch(indices)`` gives inputs and labels on the device."""
-
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    num_samples: int
-    total_steps_for: Callable[[int], int]  # global batch -> total mini-batches
-    batch: Callable[[Any], tuple[torch.Tensor, torch.Tensor]]
-    seed: int
+from workers.workloads.base import Prepared as Prepared  # the type every workload returns
 
 
 def prepare(name: str, args: dict[str, Any], device: torch.device) -> Prepared:
     """Build the named workload (names as in ``workers.catalog.WORKLOADS``)."""
+    # Imported on demand: each pulls in its own data libraries (scikit-learn for the digits).
     if name == "mlp-digits":
         from workers.workloads import mlp_digits
 

@@ -6,10 +6,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits
+from sklearn.datasets import load_digits  # type: ignore[import-untyped]
 from torch import nn
 
-from workers.workloads import Prepared
+from workers.workloads.base import Prepared
 
 
 def build_model(hidden: int) -> nn.Module:

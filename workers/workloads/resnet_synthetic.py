@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workers.workloads import Prepared
+from workers.workloads.base import Prepared
 
 POOL = 256
 SAMPLES = 50_000
@@ -59,7 +59,8 @@ class ResNet18(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.layers(self.stem(x))
-        return self.fc(torch.flatten(F.adaptive_avg_pool2d(out, 1), 1))
+        logits: torch.Tensor = self.fc(torch.flatten(F.adaptive_avg_pool2d(out, 1), 1))
+        return logits
 
 
 def prepare(args: dict[str, Any], device: torch.device) -> Prepared:

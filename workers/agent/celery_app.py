@@ -1,0 +1,66 @@
+"""The agent's own Celery application, configured from the environment.
+
+A GPU server runs the agent without the portal's Django project: the broker
+comes from ``CELERY_BROKER_URL`` (else ``REDIS_URL``).  The settings match
+the control plane's app where the two meet on the wire: JSON only (a peer
+that can write to the broker must not be able to make us unpickle),
+late acknowledgement (a command redelivered after a crash is completed, see
+``docs/agent.md``), one message prefetched at a time, and the same queue
+names (``agent.<node>`` for commands, ``portal`` for reports).
+
+The app is built on first use, not at import, so importing the agent
+connects to nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+
+from celery import Celery  # type: ignore[import-untyped]
+
+from workers.protocol import REPORTS_QUEUE
+
+
+class BrokerNotConfigured(RuntimeError):
+    """Neither ``CELERY_BROKER_URL`` nor ``REDIS_URL`` is set."""
+
+
+def broker_url(environ: Mapping[str, str] | None = None) -> str:
+    """The broker of the agent's Celery app: ``CELERY_BROKER_URL``, else ``REDIS_URL``."""
+    env = os.environ if environ is None else environ
+    url = env.get("CELERY_BROKER_URL") or env.get("REDIS_URL")
+    if not url:
+        raise BrokerNotConfigured("no broker: set CELERY_BROKER_URL or REDIS_URL")
+    return url
+
+
+def make_app(broker: str) -> Celery:
+    """A Celery app for the agent protocol on ``broker``."""
+    app = Celery("workers.agent", broker=broker, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        task_acks_late=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=REPORTS_QUEUE,
+        broker_connection_retry_on_startup=True,
+        task_ignore_result=True,
+        worker_hijack_root_logger=True,
+    )
+    return app
+
+
+_app: Celery | None = None
+_app_lock = threading.Lock()
+
+
+def agent_app() -> Celery:
+    """The process's agent app (built from the environment on first use)."""
+    global _app
+    with _app_lock:
+        if _app is None:
+            _app = make_app(broker_url())
+        return _app

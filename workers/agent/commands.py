@@ -1,0 +1,236 @@
+"""Applying the control plane's commands on one node, each once.
+
+Idempotency: each command id is remembered in Redis once applied, and a
+replay is answered without acting again.  The actions themselves are
+idempotent too (starting a worker id that already runs does nothing), so a
+command redelivered after a crash in the middle of applying it is safe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from workers.agent.config import AgentConfig
+from workers.agent.events import EventForwarder
+from workers.agent.processes import ProcessTable
+from workers.agent.store import AgentStore
+from workers.clock import Clock
+from workers.protocol import (
+    Command,
+    Failed,
+    Migrate,
+    Profile,
+    ProtocolError,
+    Rejected,
+    Report,
+    ScaleIn,
+    Started,
+    StartWorkers,
+    StopJob,
+    WorkerSlot,
+)
+
+log = logging.getLogger(__name__)
+
+
+class CommandRejected(Exception):
+    """A command that cannot be applied here; nothing was changed."""
+
+
+class CommandHandler:
+    """Parses, checks and applies commands against the process table and the watched jobs."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        store: AgentStore,
+        processes: ProcessTable,
+        events: EventForwarder,
+        send: Callable[[Report], object],
+        lock: threading.RLock,
+        clock: Clock,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.processes = processes
+        self.events = events
+        self._send = send
+        self._lock = lock
+        self.clock = clock
+
+    def receive(self, payload: Any) -> str:
+        """Parse and apply one command message; the answer says what happened.
+
+        ``applied``, ``replayed`` (seen before: nothing done) or ``rejected``
+        (bad message or impossible here: nothing changed, a ``rejected``
+        report says why).
+        """
+        try:
+            command = Command.from_dict(payload)
+        except ProtocolError as exc:
+            log.warning("rejected a malformed command: %s", exc)
+            command_id = payload.get("command_id") if isinstance(payload, dict) else None
+            job = payload.get("job") if isinstance(payload, dict) else None
+            self._send(
+                Rejected(
+                    node=self.config.node,
+                    error=str(exc),
+                    command_id=command_id if isinstance(command_id, str) else None,
+                    job=job if isinstance(job, str) else None,
+                )
+            )
+            return "rejected"
+        return self.apply(command)
+
+    def apply(self, command: Command) -> str:
+        """Apply a parsed command once (see ``receive``)."""
+        starting = command.joining if isinstance(command, Migrate) else command
+        if isinstance(starting, StartWorkers):
+            self._wait_for_slots(starting)
+        with self._lock:
+            if self.store.was_applied(command.command_id):
+                log.info("command %s replayed: no-op", command.command_id)
+                self._answer_replay(command)
+                return "replayed"
+            try:
+                self._dispatch(command)
+            except CommandRejected as exc:
+                log.warning("rejected %s %s: %s", command.TYPE, command.command_id, exc)
+                self._send(
+                    Rejected(
+                        node=self.config.node,
+                        error=str(exc),
+                        command_id=command.command_id,
+                        job=command.job,
+                    )
+                )
+                return "rejected"
+            self.store.mark_applied(command.command_id)
+            log.info("applied %s %s for job %s", command.TYPE, command.command_id, command.job)
+            return "applied"
+
+    def _dispatch(self, command: Command) -> None:
+        if isinstance(command, StartWorkers):
+            self._start_workers(command)
+        elif isinstance(command, ScaleIn):
+            self.events.watch(command.job).control.request_scale_in(
+                list(command.worker_ids), command.reason
+            )
+        elif isinstance(command, Migrate):
+            self._migrate(command)
+        elif isinstance(command, StopJob):
+            self.events.watch(command.job).control.request_stop(
+                command.reason or "stopped by the control plane"
+            )
+            self.processes.stop(command.job, command.command_id, command.grace_seconds)
+        elif isinstance(command, Profile):
+            self._profile(command)
+        else:  # pragma: no cover - the registry has no other type
+            raise CommandRejected(f"unsupported command {command.TYPE}")
+
+    def _wait_for_slots(self, command: StartWorkers) -> None:
+        """Give workers that are leaving these slots time to exit before starting others.
+
+        The control plane hands a GPU to a new worker as soon as its previous
+        worker is told to leave (scale-in, migration, stop); that worker may
+        still be finishing its last mini-batch.  Waiting here (the supervisor
+        thread reaps it meanwhile) turns that race into a short delay; a slot
+        still busy after ``slot_wait_seconds`` is rejected as before.
+        """
+        deadline = self.clock.monotonic() + self.config.slot_wait_seconds
+        while True:
+            with self._lock:
+                used = self.processes.slot_holders()
+                busy = [
+                    w
+                    for w in command.workers
+                    if not self.processes.has(command.job, w.worker_id) and w.slot in used
+                ]
+            if not busy or self.clock.monotonic() >= deadline:
+                return
+            self.clock.sleep(0.2)
+
+    def _answer_replay(self, command: Command) -> None:
+        # The first answer may have been lost: confirm what runs, start nothing.
+        if isinstance(command, StartWorkers | Migrate):
+            start = command if isinstance(command, StartWorkers) else command.joining
+            running = self.processes.running_of(start)
+            if running:
+                self._send(
+                    Started(
+                        node=self.config.node,
+                        job=command.job,
+                        command_id=command.command_id,
+                        workers=running,
+                    )
+                )
+
+    def _check_startable(self, command: StartWorkers) -> list[WorkerSlot]:
+        """The workers of ``command`` still to start; raise if any cannot start here."""
+        if command.job in self.processes.stops:
+            raise CommandRejected(f"job {command.job} is stopping on node {self.config.node}")
+        to_start = []
+        used = self.processes.slot_holders()
+        for worker in command.workers:
+            if self.processes.has(command.job, worker.worker_id):
+                continue  # already runs: starting it again is a no-op
+            if worker.slot >= self.config.slots:
+                raise CommandRejected(
+                    f"slot {worker.slot} does not exist on node {self.config.node} "
+                    f"({self.config.slots} slots)"
+                )
+            holder = used.get(worker.slot)
+            if holder is not None:
+                raise CommandRejected(
+                    f"slot {worker.slot} is busy with worker {holder[1]} of job {holder[0]}"
+                )
+            to_start.append(worker)
+        return to_start
+
+    def _start_workers(self, command: StartWorkers, *, announce: bool = True) -> None:
+        to_start = self._check_startable(command)
+        watch = self.events.watch(command.job)
+        if announce and command.join and len(to_start) > 1:
+            # Newcomers that arrive together share one communicator switch.
+            watch.control.announce_joiners([w.worker_id for w in to_start])
+        for worker in to_start:
+            try:
+                self.processes.start(command, worker)
+            except OSError as exc:
+                self._send(
+                    Failed(
+                        node=self.config.node,
+                        job=command.job,
+                        error=f"could not start worker {worker.worker_id}: {exc}",
+                    )
+                )
+        self._send(
+            Started(
+                node=self.config.node,
+                job=command.job,
+                command_id=command.command_id,
+                workers=self.processes.running_of(command),
+            )
+        )
+
+    def _migrate(self, command: Migrate) -> None:
+        self._check_startable(command.joining)  # refuse before asking the job anything
+        watch = self.events.watch(command.job)
+        joiners = command.joiners if command.joiners is not None else len(command.joining.workers)
+        watch.control.request_migration(list(command.leaving), command.reason, joiners=joiners)
+        self._start_workers(
+            dataclasses.replace(command.joining, command_id=command.command_id), announce=False
+        )
+
+    def _profile(self, command: Profile) -> None:
+        watch = self.events.watch(command.job)
+        try:
+            watch.control.request_profile(
+                command.min_workers, command.max_workers, command.batches_per_level
+            )
+        except ValueError as exc:
+            raise CommandRejected(str(exc)) from None

@@ -1,0 +1,125 @@
+"""The leader lease and the liveness beat of one worker.
+
+::
+
+    edl:{job}:alive:{worker}   PX ALIVE_MS, refreshed every BEAT_S by every worker's beat thread
+    edl:{job}:leader           worker id, SET NX PX LEASE_MS; refreshed by the leader
+                               (compare-and-expire), handed on by compare-and-set
+
+The beat thread takes a lapsed lease (the leader died) or notices one handed
+to it (the leader left) and then calls ``on_lead``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import redis
+
+from workers.clock import Clock
+from workers.elastic.constants import ALIVE_MS, BEAT_S, FINISHED, LEASE_MS, log
+from workers.elastic.keys import JobKeys
+
+REFRESH_LEASE = (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then "
+    "return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
+)
+HAND_LEASE = (
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then "
+    "return redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) end return 0"
+)
+
+
+class Lease:
+    """The job's leader lease as seen by one worker."""
+
+    def __init__(self, client: redis.Redis, keys: JobKeys, me: str, clock: Clock) -> None:
+        self.redis = client
+        self.keys = keys
+        self.me = me
+        self.clock = clock
+        self._last_refresh = clock.monotonic()
+
+    def holder(self) -> str | None:
+        """Who holds the lease now (None: nobody)."""
+        value = self.redis.get(self.keys.leader)
+        return None if value is None else str(value)
+
+    def is_mine(self) -> bool:
+        """Whether this worker holds the lease."""
+        return self.holder() == self.me
+
+    def take(self) -> bool:
+        """Take a free lease, or find it handed to us; True if it is ours now."""
+        taken = self.redis.set(self.keys.leader, self.me, nx=True, px=LEASE_MS)
+        return bool(taken) or self.is_mine()
+
+    def claim_first(self) -> None:
+        """Generation 0's rank 0: clear a finished job's tombstone, then take the lease."""
+        if self.holder() == FINISHED:  # restart of a stopped job
+            self.redis.delete(self.keys.leader)
+        self.redis.set(self.keys.leader, self.me, nx=True, px=LEASE_MS)
+
+    def refresh(self) -> bool:
+        """Extend the lease (every ``BEAT_S`` at most); False once another worker holds it."""
+        now = self.clock.monotonic()
+        if now - self._last_refresh > BEAT_S:
+            if not self.redis.eval(REFRESH_LEASE, 1, self.keys.leader, self.me, LEASE_MS):
+                return False
+            self._last_refresh = now
+        return True
+
+    def hand_to(self, successor: str) -> None:
+        """Pass the lease to ``successor`` (only if it is still ours)."""
+        self.redis.eval(HAND_LEASE, 1, self.keys.leader, self.me, successor, LEASE_MS)
+
+    def release(self) -> None:
+        """Let the lease lapse at once (only if it is still ours)."""
+        self.redis.eval(REFRESH_LEASE, 1, self.keys.leader, self.me, 1)
+
+    def tombstone(self, ttl_ms: int = 30_000) -> None:
+        """Mark the job ended, so that peers finishing a moment later do not take over."""
+        self.redis.set(self.keys.leader, FINISHED, px=ttl_ms)
+
+
+class Beat:
+    """A daemon thread that keeps this worker's liveness key fresh and watches the lease."""
+
+    def __init__(
+        self,
+        lease: Lease,
+        eligible: Callable[[], bool],
+        on_lead: Callable[[], None],
+        clock: Clock,
+    ) -> None:
+        self.lease = lease
+        self._eligible = eligible
+        self._on_lead = on_lead
+        self.clock = clock
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="edl-beat")
+
+    def start(self) -> None:
+        """Start beating."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop beating (the liveness key then lapses unless deleted)."""
+        self._stop.set()
+
+    def beat_once(self) -> None:
+        """Refresh the liveness key; lead if eligible and the lease is (or became) ours."""
+        lease = self.lease
+        lease.redis.set(lease.keys.alive(lease.me), "1", px=ALIVE_MS)
+        if self._eligible() and lease.take():
+            # a lapsed lease (leader died) or one handed to us (leader left)
+            self._on_lead()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.beat_once()
+            except redis.RedisError as exc:
+                log(self.lease.me, f"redis unavailable: {exc}")
+            self._stop.wait(BEAT_S)

@@ -1,0 +1,208 @@
+"""Membership of one worker: its generation, its communicator, and how it gets the next one.
+
+::
+
+    Registration (thread, at start)          GroupBuilder
+      generation 0: fill gen0members ──┐       build(plan)             blocking
+      newcomer: rpc register → reply ──┴──▶    build_in_background()   while training goes on
+                                               take(generation)        the built group, or ElasticError
+
+``Membership`` is the current view (identical on every member after each
+step); a switch or a recovery replaces it as a whole.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+import torch
+
+from workers.clock import Clock
+from workers.elastic import comm
+from workers.elastic.constants import ElasticError, log
+from workers.elastic.keys import JobKeys
+from workers.elastic.messages import (
+    PreparePlan,
+    RecoveryPlan,
+    Refused,
+    Register,
+    reply_from_json,
+)
+from workers.elastic.redis_io import hash_fields
+from workers.elastic.store import RedisStore
+
+
+@dataclass
+class Membership:
+    """This worker's generation, its members (in rank order) and their process group."""
+
+    me: str
+    generation: int = -1
+    members: list[str] = field(default_factory=list)
+    group: Any = None
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank in the current generation."""
+        return self.members.index(self.me)
+
+    @property
+    def world(self) -> int:
+        """Size of the current generation."""
+        return len(self.members)
+
+    def move_to(self, group: Any, generation: int, members: tuple[str, ...] | list[str]) -> None:
+        """Adopt a new generation and its group."""
+        self.group, self.generation, self.members = group, generation, list(members)
+
+
+class GroupBuilder:
+    """Builds the process groups of the generations this worker belongs to."""
+
+    def __init__(
+        self, store: RedisStore, me: str, device: torch.device, sync_timeout_s: float
+    ) -> None:
+        self.store = store
+        self.me = me
+        self.device = device
+        self.sync_timeout_s = sync_timeout_s
+        self._building: dict[int, threading.Thread] = {}
+        self._built: dict[int, Any] = {}
+        self._errors: dict[int, BaseException] = {}
+
+    def build(self, plan: PreparePlan | RecoveryPlan) -> bool:
+        """Build the group of ``plan`` (blocking); False if that failed."""
+        gen = plan.generation
+        try:
+            group = comm.build_group(
+                self.store,
+                gen,
+                plan.members.index(self.me),
+                len(plan.members),
+                self.device,
+                self.sync_timeout_s,
+            )
+        except Exception as exc:
+            self._errors[gen] = exc
+            return False
+        self._built[gen] = group
+        return True
+
+    def build_in_background(self, plan: PreparePlan, on_built: Callable[[], None]) -> None:
+        """Build the group of ``plan`` in a thread; call ``on_built`` once it is built."""
+        gen = plan.generation
+        if gen in self._building:
+            return
+
+        def run() -> None:
+            if self.build(plan):
+                on_built()
+
+        thread = threading.Thread(target=run, daemon=True, name=f"edl-build-{gen}")
+        self._building[gen] = thread
+        thread.start()
+
+    def is_built(self, generation: int) -> bool:
+        """Whether the group of ``generation`` is built and not taken yet."""
+        return generation in self._built
+
+    def take(self, generation: int, failure: str) -> Any:
+        """The built group of ``generation`` (waiting for its build).
+
+        Raises ElasticError ``"<failure>: <why the build failed>"`` if there is none.
+        """
+        thread = self._building.pop(generation, None)
+        if thread is not None:
+            thread.join()
+        group = self._built.pop(generation, None)
+        if group is None:
+            raise ElasticError(f"{failure}: {self._errors.get(generation)}")
+        return group
+
+
+@dataclass(frozen=True)
+class Joined:
+    """Where registration put this worker: the plan of its first generation."""
+
+    plan: PreparePlan
+    first_generation: bool
+
+
+class Registration:
+    """Finds this worker's first generation and builds its group, in a background thread."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: JobKeys,
+        me: str,
+        initial_world: int | None,
+        sync_timeout_s: float,
+        builder: GroupBuilder,
+        clock: Clock,
+    ) -> None:
+        self.redis = client
+        self.keys = keys
+        self.me = me
+        self.initial_world = initial_world
+        self.sync_timeout_s = sync_timeout_s
+        self.builder = builder
+        self.clock = clock
+        self._result: Joined | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True, name="edl-register")
+
+    def start(self) -> None:
+        """Register in the background."""
+        self._thread.start()
+
+    def wait(self) -> Joined:
+        """The outcome of registration (blocking); ElasticError if it failed."""
+        self._thread.join()
+        if self._error is not None:
+            raise ElasticError(f"could not join: {self._error}")
+        assert self._result is not None
+        return self._result
+
+    def _run(self) -> None:
+        try:
+            self._result = self._register()
+        except BaseException as exc:  # surfaced to the main thread by wait()
+            self._error = exc
+
+    def _register(self) -> Joined:
+        n = self.initial_world
+        if n is not None:
+            slot = int(self.redis.incr(self.keys.k("gen0slot"))) - 1
+            if slot < n:
+                return self._first_generation(slot, n)
+        # a newcomer: register with the leader over the RPC list, wait for its answer
+        while True:
+            self.redis.rpush(self.keys.rpc, Register(worker=self.me).to_json())
+            reply = self.redis.blpop([self.keys.reply(self.me)], timeout=300)
+            if reply is None:
+                raise ElasticError("no leader answered the registration")
+            answer = reply_from_json(reply[1])
+            if isinstance(answer, Refused):
+                raise ElasticError(f"registration refused: {answer.reason}")
+            self.builder.build(answer)
+            if self.builder.is_built(answer.generation):
+                return Joined(answer, first_generation=False)
+            log(self.me, f"generation {answer.generation} failed to build; registering again")
+
+    def _first_generation(self, slot: int, n: int) -> Joined:
+        self.redis.hset(self.keys.k("gen0members"), str(slot), self.me)
+        deadline = self.clock.monotonic() + self.sync_timeout_s * 4
+        while self.redis.hlen(self.keys.k("gen0members")) < n:
+            if self.clock.monotonic() > deadline:
+                raise ElasticError("generation 0 did not fill up")
+            self.clock.sleep(0.02)
+        by_slot = hash_fields(self.redis, self.keys.k("gen0members"))
+        members = tuple(by_slot[str(i)] for i in range(n))
+        plan = PreparePlan(generation=0, base_generation=-1, members=members, reason="gen0")
+        self.builder.build(plan)
+        return Joined(plan, first_generation=True)

@@ -1,0 +1,106 @@
+"""Following the leader's plans: learn them at a mini-batch, carry them out k mini-batches later.
+
+::
+
+    all-reduce at t ── plan seq n ──▶ read plan:{seen+1..n}
+        prepare (I am a member) ──▶ build its group in the background ──▶ ready:{g} += me
+        switch / stop           ──▶ actions[t + k]
+    end of mini-batch t + k ──▶ switch: leavers leave; the rest swap groups (+ broadcast to joiners)
+                              stop:   leave the loop
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import redis
+
+from workers.clock import Clock
+from workers.elastic.constants import log
+from workers.elastic.keys import JobKeys
+from workers.elastic.leader import Leader
+from workers.elastic.membership import GroupBuilder, Membership
+from workers.elastic.messages import Plan, StopPlan, SwitchPlan, plan_from_json
+from workers.elastic.transfer import StateTransfer, TrainingState
+
+
+class PlanFollower:
+    """One member's side of the leader's plans."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: JobKeys,
+        view: Membership,
+        builder: GroupBuilder,
+        transfer: StateTransfer,
+        clock: Clock,
+        leader: Callable[[], Leader | None],
+    ) -> None:
+        self.redis = client
+        self.keys = keys
+        self.view = view
+        self.builder = builder
+        self.transfer = transfer
+        self.clock = clock
+        self._leader = leader
+        self.last_pause_s = 0.0
+
+    def learn(self, training: TrainingState, seq: int) -> None:
+        """Read the plans up to ``seq``: every member learns them at this same mini-batch."""
+        while training.plan_seen < seq:
+            training.plan_seen += 1
+            raw = self.redis.get(self.keys.plan(training.plan_seen))
+            if raw is not None:
+                self._accept(training, plan_from_json(raw))
+
+    def _accept(self, training: TrainingState, plan: Plan) -> None:
+        if plan.base_generation != self.view.generation:
+            return  # issued for an older membership
+        if isinstance(plan, SwitchPlan | StopPlan):
+            training.actions.setdefault(training.step + plan.k, []).append(plan)
+        elif self.view.me in plan.members:  # a PreparePlan
+            gen, me = plan.generation, self.view.me
+
+            def ready() -> None:
+                self.redis.sadd(self.keys.ready(gen), me)
+
+            self.builder.build_in_background(plan, ready)
+
+    def carry_out(self, training: TrainingState) -> str | None:
+        """Do what is due at the committed step; return an exit reason if this worker leaves."""
+        reason = None
+        for plan in training.actions.pop(training.step, []):
+            if isinstance(plan, SwitchPlan):
+                if not self._switch(training, plan):
+                    reason = "left"
+            elif isinstance(plan, StopPlan):
+                reason = "stopped"
+        return reason
+
+    def _switch(self, training: TrainingState, plan: SwitchPlan) -> bool:
+        """Move to the plan's generation; False if this worker leaves instead."""
+        me, gen = self.view.me, plan.generation
+        leader = self._leader()
+        if me not in plan.members:
+            if leader is not None:
+                if plan.handoff:
+                    self.transfer.leave(training, gen)
+                leader.hand_off(plan.members[0], plan)
+            log(me, f"leaving at step {training.step} (generation {gen})")
+            return False
+        t0 = self.clock.monotonic()
+        group = self.builder.take(gen, f"generation {gen} was not built")
+        self.view.move_to(group, gen, plan.members)
+        if plan.joiners:
+            mine = training.snapshot() if self.view.rank == plan.source else None
+            self.transfer.broadcast(group, mine, plan.source, want=False)
+        self.last_pause_s = self.clock.monotonic() - t0
+        self.redis.hset(self.keys.pauses(gen), me, self.last_pause_s)
+        if leader is not None:
+            leader.on_switched(plan, self.last_pause_s)
+        log(
+            me,
+            f"switched to generation {gen}: rank {self.view.rank}/{self.view.world} at step {training.step}",
+        )
+        return True

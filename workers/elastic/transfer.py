@@ -1,0 +1,150 @@
+"""The training state and how it moves: checkpoints, broadcasts to newcomers, hand-off in Redis.
+
+``TrainingState`` is what a worker must share to be interchangeable with
+another: model, optimizer, committed step, the plans it has seen and the
+switches it has scheduled.  ``snapshot()`` is its wire form (tensors and
+plain data only, so the Redis hand-off loads with ``weights_only``).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import redis
+import torch
+
+from workers.clock import Clock
+from workers.elastic import checkpoint, comm
+from workers.elastic.cli import WorkerOptions
+from workers.elastic.constants import JOIN_WAIT_S, ElasticError, log
+from workers.elastic.keys import JobKeys
+from workers.elastic.messages import Plan, PreparePlan, plan_from_dict
+
+
+@dataclass
+class TrainingState:
+    """What a worker trains with and what it has agreed to do next."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    step: int = 0
+    plan_seen: int = 0
+    actions: dict[int, list[Plan]] = field(default_factory=dict)
+    """Plans to carry out at the end of a given committed step (switch, stop)."""
+
+    def snapshot(self) -> dict[str, Any]:
+        """The state as a dict of tensors and plain data."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "step": self.step,
+            "plan_seen": self.plan_seen,
+            "actions": {at: [p.to_dict() for p in plans] for at, plans in self.actions.items()},
+        }
+
+    def load(self, state: dict[str, Any], load_tensors: bool) -> None:
+        """Adopt a snapshot (tensors only if ``load_tensors``: the source keeps its own)."""
+        if load_tensors:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+        self.plan_seen = int(state.get("plan_seen", self.plan_seen))
+        self.actions = {
+            int(at): [plan_from_dict(p) for p in plans]
+            for at, plans in state.get("actions", {}).items()
+        }
+
+
+class StateTransfer:
+    """Moves a worker's ``TrainingState``: to disk, to peers, through Redis."""
+
+    def __init__(self, options: WorkerOptions, device: torch.device, clock: Clock) -> None:
+        self.opts = options
+        self.me = options.worker_id
+        self.keys = JobKeys(options.job_id)
+        self.device = device
+        self.clock = clock
+        self._raw = redis.Redis.from_url(options.redis_url)  # bytes, not text
+        self._last_checkpoint = clock.monotonic()
+
+    # -- checkpoints (rank 0 writes) ----------------------------------------------------
+    def maybe_checkpoint(self, state: TrainingState, rank: int, force: bool = False) -> None:
+        """Write a checkpoint if one is due (every N steps and/or M minutes) or forced."""
+        if rank != 0:
+            return
+        every = self.opts.checkpoint_every
+        minutes = self.opts.checkpoint_minutes
+        due = force or (every > 0 and state.step % every == 0)
+        if minutes is not None and self.clock.monotonic() - self._last_checkpoint >= minutes * 60:
+            due = True
+        if due:
+            checkpoint.save(
+                self.opts.checkpoint_dir, self.opts.job_id, state.step, state.snapshot()
+            )
+            self._last_checkpoint = self.clock.monotonic()
+
+    def latest_checkpoint(self) -> dict[str, Any] | None:
+        """The newest checkpoint of the job, if any."""
+        return checkpoint.load_latest(self.opts.checkpoint_dir, self.opts.job_id)
+
+    def checkpoint_at(self, step: int) -> dict[str, Any]:
+        """The checkpoint of ``step``."""
+        return checkpoint.load_step(self.opts.checkpoint_dir, self.opts.job_id, step)
+
+    # -- joining ----------------------------------------------------------------------
+    def start_first_generation(self, training: TrainingState, group: Any, rank: int) -> None:
+        """Generation 0: everyone takes rank 0's state (the latest checkpoint on a restart)."""
+        restored = self.latest_checkpoint() if rank == 0 else None
+        if restored is not None:  # a restarted job: earlier plans are void
+            restored.update(plan_seen=0, actions={})
+        mine = (training.snapshot() if restored is None else restored) if rank == 0 else None
+        state = self.broadcast(group, mine, 0)
+        training.load(state, restored is not None or rank != 0)
+        if restored is None:  # consistent recovery needs a step to go back to
+            self.maybe_checkpoint(training, rank, force=True)
+
+    def join_running(self, training: TrainingState, group: Any, plan: PreparePlan) -> None:
+        """A ready newcomer: wait (several mini-batches, maybe) for the state at its switch."""
+        if plan.handoff:
+            state = self.take(plan.generation)
+        else:
+            state = self.broadcast(group, None, plan.source, timeout_s=JOIN_WAIT_S)
+        training.load(state, True)
+
+    # -- broadcasts over the process group ---------------------------------------------
+    def broadcast(
+        self,
+        group: Any,
+        snapshot: dict[str, Any] | None,
+        source: int,
+        *,
+        want: bool = True,
+        timeout_s: float | None = None,
+    ) -> Any:
+        """Broadcast a snapshot from rank ``source`` (None on the receivers); return it."""
+        return comm.broadcast_state(
+            group, snapshot, source, self.device, want=want, timeout_s=timeout_s
+        )
+
+    # -- hand-off through Redis (when every worker of a job moves) ----------------------
+    def leave(self, state: TrainingState, generation: int) -> None:
+        """Leave the training state in Redis for newcomers that replace every worker."""
+        buffer = io.BytesIO()
+        torch.save(state.snapshot(), buffer)
+        self._raw.set(self.keys.handoff(generation), buffer.getvalue(), ex=int(JOIN_WAIT_S))
+        log(self.me, f"left the state for generation {generation} ({buffer.tell()} bytes)")
+
+    def take(self, generation: int) -> dict[str, Any]:
+        """Wait for the state the last leader left at the switch, and read it."""
+        deadline = self.clock.monotonic() + JOIN_WAIT_S
+        while (blob := cast(bytes | None, self._raw.get(self.keys.handoff(generation)))) is None:
+            if self.clock.monotonic() > deadline:
+                raise ElasticError(f"no state was left for generation {generation}")
+            self.clock.sleep(0.05)
+        # weights_only: Redis is writable by peers, so nothing in it may run code.
+        state: dict[str, Any] = torch.load(
+            io.BytesIO(blob), map_location=self.device, weights_only=True
+        )
+        return state

@@ -1,0 +1,202 @@
+"""The runtime's timing logic and message checks, driven by a manual clock (no sleeping).
+
+The leader runs here in the test's thread (``tick()`` called by hand) against
+the real Redis, reading a stand-in for its worker (``JobView``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+import redis
+
+from workers.clock import ManualClock
+from workers.elastic.cli import WorkerOptions, parse_options
+from workers.elastic.constants import BEAT_S
+from workers.elastic.control import JobControl
+from workers.elastic.keys import JobKeys
+from workers.elastic.leader import Leader
+from workers.elastic.lease import Lease
+from workers.elastic.messages import (
+    PreparePlan,
+    StopPlan,
+    SwitchPlan,
+    plan_from_json,
+    reply_from_json,
+    request_from_entry,
+)
+from workers.elastic.reporting import PROGRESS_EVERY_S
+from workers.elastic.timing import StepTimes
+from workers.schema import ProtocolError
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
+
+
+@pytest.fixture
+def job(redis_url: str) -> Iterator[str]:
+    name = f"clk{uuid.uuid4().hex[:8]}"
+    yield name
+    JobControl(redis_url, name).cleanup()
+
+
+@dataclass
+class View:
+    """A worker as the leader sees it, set by the test."""
+
+    me: str
+    opts: WorkerOptions
+    keys: JobKeys
+    state: str = "running"
+    generation: int = 0
+    members: list[str] = field(default_factory=list)
+    step: int = 0
+    epoch: int = 0
+    last_loss: float = 0.5
+    t_b: float = 0.1
+
+    @property
+    def world(self) -> int:
+        return len(self.members)
+
+    def batch_time(self) -> float:
+        return self.t_b
+
+    def throughput_since(self, step: int) -> tuple[int, float]:
+        return 0, 0.0
+
+
+def make_leader(redis_url: str, job: str, clock: ManualClock) -> tuple[Leader, View]:
+    opts = parse_options(
+        ["--job", job, "--worker", "w0", "--workload", "mlp-digits", "--batch-size", "32",
+         "--checkpoint-dir", "/tmp/unused", "--redis-url", redis_url, "--sync-timeout", "10"]
+    )  # fmt: skip
+    view = View(me="w0", opts=opts, keys=JobKeys(job), members=["w0", "w1"])
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client.set(view.keys.leader, "w0")
+    return Leader(view, client, clock), view
+
+
+def events(redis_url: str, job: str, kind: str) -> list[dict[str, object]]:
+    return [e for _id, e in JobControl(redis_url, job).read_events() if e["kind"] == kind]
+
+
+def test_step_times_give_the_median_batch_and_the_throughput() -> None:
+    clock, times = ManualClock(), StepTimes()
+    for step, gap in enumerate([0.1, 0.3, 0.2, 0.2], start=1):
+        clock.advance(gap)
+        times.mark(step, clock.monotonic())
+    assert times.batch_time() == pytest.approx(0.2)
+    batches, seconds = times.throughput_since(2)
+    assert batches == 2 and seconds == pytest.approx(0.4)
+    assert times.throughput_since(99) == (0, 0.0)
+
+
+def test_lease_is_refreshed_at_most_every_beat_and_lost_to_another_holder(
+    redis_url: str, job: str
+) -> None:
+    clock = ManualClock()
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    keys = JobKeys(job)
+    lease = Lease(client, keys, "w0", clock)
+    assert lease.take() and lease.is_mine()
+    client.set(keys.leader, "w1")  # someone else holds it now
+    assert lease.refresh()  # within the beat: no round trip, nothing noticed yet
+    clock.advance(BEAT_S + 0.01)
+    assert not lease.refresh()
+    client.set(keys.leader, "w0", px=1000)
+    assert lease.refresh()
+    clock.advance(BEAT_S + 0.01)
+    assert lease.refresh() and int(client.pttl(keys.leader)) > 1000  # extended
+
+
+def test_a_generation_that_never_gets_ready_is_given_up_on_the_clock(
+    redis_url: str, job: str
+) -> None:
+    clock = ManualClock()
+    leader, view = make_leader(redis_url, job, clock)
+    leader.prepare([], ["w2"], "scale_out")
+    assert leader.op is not None and leader.op.phase == "prepare"
+    patience = 2 * view.opts.sync_timeout_s + 30
+    clock.advance(patience - 1)
+    leader.tick()
+    assert leader.op is not None and leader.op.phase == "prepare"
+    clock.advance(2)
+    leader.tick()
+    assert leader.op is None
+    assert leader.redis.hget(leader.keys.meta, "state") == "running"
+
+
+def test_ready_members_get_a_switch_step_from_the_batch_time(redis_url: str, job: str) -> None:
+    clock = ManualClock()
+    leader, _view = make_leader(redis_url, job, clock)
+    leader.prepare([], ["w2"], "scale_out")
+    reply = reply_from_json(str(leader.redis.lpop(leader.keys.reply("w2"))))
+    assert isinstance(reply, PreparePlan) and reply.members == ("w0", "w1", "w2")
+    leader.redis.sadd(leader.keys.ready(reply.generation), "w0", "w1", "w2")
+    leader.tick()
+    switch = plan_from_json(str(leader.redis.get(leader.keys.plan(leader.published_seq))))
+    assert isinstance(switch, SwitchPlan) and switch.k == 5  # ceil(500 ms / 100 ms)
+
+
+def test_progress_is_reported_at_most_every_half_second(redis_url: str, job: str) -> None:
+    clock = ManualClock()
+    leader, view = make_leader(redis_url, job, clock)
+    for _ in range(3):
+        view.step += 1
+        leader.on_step()
+    assert len(events(redis_url, job, "progress")) == 1
+    clock.advance(PROGRESS_EVERY_S)
+    view.step += 1
+    leader.on_step()
+    progress = events(redis_url, job, "progress")
+    assert [e["step"] for e in progress] == [1, 4]
+
+
+def test_a_malformed_control_request_is_dropped_and_the_next_one_served(
+    redis_url: str, job: str
+) -> None:
+    clock = ManualClock()
+    leader, _view = make_leader(redis_url, job, clock)
+    control = JobControl(redis_url, job)
+    control.redis.xadd(control.keys.control, {"kind": "scale_in", "payload": '{"reason": 3}'})
+    control.redis.xadd(control.keys.control, {"kind": "reboot", "payload": "{}"})
+    control.request_stop("enough")
+    leader.tick()
+    plan = plan_from_json(str(leader.redis.get(leader.keys.plan(leader.published_seq))))
+    assert isinstance(plan, StopPlan) and plan.reason == "enough" and plan.k == 5
+    assert leader.meta.queue == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ('{"kind": "switch", "generation": 1}', "switch: missing field"),
+        ('{"kind": "explode"}', "unknown plan kind 'explode'"),
+        ('{"kind": "prepare", "generation": 1, "base_generation": 0, "members": []}', "members"),
+        (
+            '{"kind": "stop", "base_generation": 0, "k": "soon"}',
+            "stop.k must be an integer",
+        ),
+        ("not json", "not JSON"),
+    ],
+)
+def test_malformed_plans_are_refused_with_a_clear_error(raw: str, message: str) -> None:
+    with pytest.raises(ProtocolError, match=message):
+        plan_from_json(raw)
+
+
+def test_control_entries_round_trip_the_control_api_payloads() -> None:
+    request = request_from_entry(
+        {"kind": "migrate", "payload": json.dumps({"workers": ["w1"], "joiners": 2, "reason": "x"})}
+    )
+    assert request.to_dict() == {"kind": "migrate", "workers": ["w1"], "joiners": 2, "reason": "x"}
+    with pytest.raises(ProtocolError, match=r"profile\.max"):
+        request_from_entry({"kind": "profile", "payload": '{"min": 3, "max": 2, "batches": 5}'})
