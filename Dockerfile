@@ -3,11 +3,14 @@ FROM python:3.11-slim
 WORKDIR /app
 ENV PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY pyproject.toml README.md ./
-COPY portal ./portal
-COPY jobs ./jobs
-COPY scheduler ./scheduler
 COPY fabric ./fabric
+COPY scheduler ./scheduler
 COPY workers ./workers
+COPY utilities ./utilities
+COPY tenancy ./tenancy
+COPY inventory ./inventory
+COPY jobs ./jobs
+COPY portal ./portal
 RUN pip install --no-cache-dir .
 COPY . .
 EXPOSE 8000

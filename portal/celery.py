@@ -1,7 +1,8 @@
-"""The Celery application shared by the control plane workers, beat and node agents.
+"""The control plane's Celery application: the worker (tick, reports, what-if) and beat.
 
-Configuration comes from Django settings (``CELERY_*``).  Node agents consume
-their own queue ``agent.<node>``; control-plane tasks use the ``portal`` queue.
+Configuration comes from Django settings (``CELERY_*``); control-plane tasks
+use the ``portal`` queue.  Node agents run their own app
+(``workers.agent.celery_app``) on ``agent.<node>`` queues.
 """
 
 from __future__ import annotations
@@ -15,8 +16,3 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings.dev")
 app = Celery("portal")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
-
-
-def agent_queue(node: str) -> str:
-    """Name of the queue that the agent of ``node`` consumes."""
-    return f"agent.{node}"

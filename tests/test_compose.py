@@ -10,6 +10,8 @@ from typing import Any
 import yaml
 from django.core.management import get_commands
 
+from tests.architecture.imports import LAYERS
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -60,5 +62,5 @@ def test_every_command_names_a_real_entry_point() -> None:
 
 def test_dockerfile_copies_every_package() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
-    for package in ("portal", "jobs", "scheduler", "fabric", "workers"):
+    for package in LAYERS:
         assert f"COPY {package} ./{package}" in dockerfile

@@ -501,8 +501,3 @@ def command_types() -> dict[str, type[Command]]:
 def report_types() -> dict[str, type[Report]]:
     """Every report type by its ``type`` name."""
     return dict(_REPORTS)
-
-
-def agent_queue(node: str) -> str:
-    """Name of the queue that the agent of ``node`` consumes."""
-    return f"agent.{node}"

@@ -8,7 +8,8 @@ from django.utils import timezone
 
 from inventory.models import Server
 from inventory.services import do_heartbeat, do_load_topology
-from portal.celery import agent_queue, app
+from portal.celery import app
+from workers.protocol import agent_queue
 
 DEMO = {"leaves": 2, "spines": 2, "servers_per_leaf": 2, "gpus_per_server": 2}
 

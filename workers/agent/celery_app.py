@@ -18,7 +18,7 @@ import os
 import threading
 from collections.abc import Mapping
 
-from celery import Celery  # type: ignore[import-untyped]
+from celery import Celery
 
 from workers.protocol import REPORTS_QUEUE
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from celery import Celery  # type: ignore[import-untyped]
+from celery import Celery
 
 from workers.agent.celery_app import agent_app
 from workers.protocol import AGENT_COMMAND_TASK, Command, agent_queue

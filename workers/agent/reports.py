@@ -7,7 +7,7 @@ import logging
 import math
 from typing import Any
 
-from celery import Celery  # type: ignore[import-untyped]
+from celery import Celery
 
 from workers.agent.celery_app import agent_app
 from workers.protocol import (

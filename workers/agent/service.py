@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from celery import Celery  # type: ignore[import-untyped]
+from celery import Celery
 
 from workers.agent.agent import Agent
 from workers.agent.celery_app import BrokerNotConfigured, agent_app
@@ -49,7 +49,7 @@ def _register_task(app: Celery) -> None:
     if AGENT_COMMAND_TASK in app.tasks:
         return
 
-    @app.task(name=AGENT_COMMAND_TASK, ignore_result=True, acks_late=True)  # type: ignore[untyped-decorator]
+    @app.task(name=AGENT_COMMAND_TASK, ignore_result=True, acks_late=True)
     def agent_command(payload: Any) -> str:  # pragma: no cover - runs in the agent process
         """Apply one command of workers.protocol on this node."""
         return current_agent().receive(payload)
@@ -156,7 +156,7 @@ def run(config: AgentConfig, loglevel: str = "INFO", app: Celery | None = None) 
     ``app`` defaults to the agent's own Celery app (broker from the environment).
     """
     global _AGENT
-    from celery.signals import (  # type: ignore[import-untyped]
+    from celery.signals import (
         worker_ready,
         worker_shutdown,
     )

@@ -1,12 +1,21 @@
-"""``python manage.py agent --node NAME [--gpus N]``: run the node agent (see docs/agent.md)."""
+"""``python manage.py agent --node NAME [--gpus N]``: the node agent with the portal's settings.
+
+A GPU server runs ``python -m workers.agent`` with ``REDIS_URL`` in its
+environment and no Django at all; this command is the convenience for a
+machine that has the portal's settings (the embedded Redis, the data
+directory), which it hands to the agent as that environment.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from workers.agent.celery_app import make_app
 from workers.agent.config import AgentConfigError
 from workers.agent.service import add_arguments, config_from_options, run
 
@@ -21,8 +30,15 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         namespace = argparse.Namespace(**options)
+        environ = {
+            **os.environ,
+            "REDIS_URL": str(settings.REDIS_URL),
+            "PORTAL_DATA_DIR": str(settings.DATA_DIR),
+            "AGENT_HEARTBEAT_SECONDS": str(settings.AGENT_HEARTBEAT_SECONDS),
+            "AGENT_DOWN_AFTER_SECONDS": str(settings.AGENT_DOWN_AFTER_SECONDS),
+        }
         try:
-            config = config_from_options(namespace)
+            config = config_from_options(namespace, environ=environ)
         except AgentConfigError as exc:
             raise CommandError(str(exc), returncode=2) from None
-        run(config, loglevel=namespace.loglevel)
+        run(config, loglevel=namespace.loglevel, app=make_app(str(settings.CELERY_BROKER_URL)))
