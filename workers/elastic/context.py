@@ -118,18 +118,9 @@ class ElasticContext:
             clock,
         )
         self._registration.start()
-        self._recovery = WorkerRecovery(
-            self.redis,
-            self.keys,
-            self.view,
-            self.builder,
-            self.transfer,
-            options.sync_timeout_s,
-            clock,
-        )
-        self.plans = PlanFollower(
-            self.redis, self.keys, self.view, self.builder, self.transfer, clock, self._leading
-        )
+        parts = (self.redis, self.keys, self.view, self.builder, self.transfer, clock)
+        self._recovery = WorkerRecovery(*parts, options.sync_timeout_s)
+        self.plans = PlanFollower(*parts, self._leading)
         self._beat = Beat(self.lease, self._may_lead, self._become_leader, clock)
         self._beat.start()
 

@@ -16,8 +16,8 @@ It also drives failure recovery (``leader_recovery.py``), straggler reports,
 profiling (``profiling.py``), and writes the job's metadata hash, which a
 successor reads when it takes over (``LeaderMeta``).
 
-The leader reads its worker through ``JobView`` only: it does not import the
-context, which imports it.
+The leader reads its worker through ``JobView`` only (``views.py``): it does not
+import the context, which imports it.
 """
 
 from __future__ import annotations
@@ -25,14 +25,12 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal
 
 import redis
 
 from workers.clock import Clock
-from workers.elastic.cli import WorkerOptions
 from workers.elastic.constants import log
-from workers.elastic.keys import JobKeys
 from workers.elastic.leader_meta import LeaderMeta
 from workers.elastic.leader_recovery import coordinate_recovery
 from workers.elastic.lease import Lease
@@ -54,36 +52,10 @@ from workers.elastic.messages import (
 from workers.elastic.profiling import Profiler
 from workers.elastic.redis_io import read_stream, text, text_or_none
 from workers.elastic.reporting import JobReporter
+from workers.elastic.views import JobView
 from workers.schema import ProtocolError
 
 TICK_S = 0.02
-
-
-class JobView(Protocol):
-    """What the leader reads of the worker it runs in (an ``ElasticContext``)."""
-
-    @property
-    def me(self) -> str: ...
-    @property
-    def opts(self) -> WorkerOptions: ...
-    @property
-    def keys(self) -> JobKeys: ...
-    @property
-    def state(self) -> str: ...
-    @property
-    def generation(self) -> int: ...
-    @property
-    def members(self) -> list[str]: ...
-    @property
-    def world(self) -> int: ...
-    @property
-    def step(self) -> int: ...
-    @property
-    def epoch(self) -> int: ...
-    @property
-    def last_loss(self) -> float: ...
-    def batch_time(self) -> float: ...
-    def throughput_since(self, step: int) -> tuple[int, float]: ...
 
 
 @dataclass(frozen=True)

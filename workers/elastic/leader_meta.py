@@ -12,33 +12,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import redis
 
-from workers.elastic.cli import WorkerOptions
 from workers.elastic.constants import log
 from workers.elastic.keys import JobKeys
 from workers.elastic.messages import ControlRequest, ProfileState, request_from_dict
 from workers.elastic.redis_io import hash_fields, set_fields
+from workers.elastic.views import StepView
 from workers.schema import ProtocolError
-
-
-class StepView(Protocol):
-    """What a step's metadata is made of (a ``JobView``)."""
-
-    @property
-    def opts(self) -> WorkerOptions: ...
-    @property
-    def generation(self) -> int: ...
-    @property
-    def members(self) -> list[str]: ...
-    @property
-    def step(self) -> int: ...
-    @property
-    def epoch(self) -> int: ...
-    @property
-    def last_loss(self) -> float: ...
 
 
 @dataclass

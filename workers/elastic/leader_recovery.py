@@ -15,33 +15,18 @@ import redis
 
 from workers.clock import Clock
 from workers.elastic import checkpoint
-from workers.elastic.cli import WorkerOptions
 from workers.elastic.constants import ALIVE_MS, log
 from workers.elastic.keys import JobKeys
 from workers.elastic.messages import RecoveredEvent, RecoveryPlan, WorkerFailedEvent, publish
 from workers.elastic.redis_io import hash_fields
-
-
-class RecoveringJob(Protocol):
-    """What recovery reads of the worker (a ``JobView``)."""
-
-    @property
-    def me(self) -> str: ...
-    @property
-    def opts(self) -> WorkerOptions: ...
-    @property
-    def generation(self) -> int: ...
-    @property
-    def members(self) -> list[str]: ...
-    @property
-    def step(self) -> int: ...
+from workers.elastic.views import WorkerView
 
 
 class RecoveryHost(Protocol):
     """What recovery uses of its leader."""
 
     @property
-    def view(self) -> RecoveringJob: ...
+    def view(self) -> WorkerView: ...
     @property
     def redis(self) -> redis.Redis: ...
     @property

@@ -34,6 +34,7 @@ from workers.elastic.messages import (
 )
 from workers.elastic.redis_io import hash_fields
 from workers.elastic.store import RedisStore
+from workers.elastic.transfer import StateTransfer
 
 
 @dataclass
@@ -122,6 +123,18 @@ class GroupBuilder:
         if group is None:
             raise ElasticError(f"{failure}: {self._errors.get(generation)}")
         return group
+
+
+@dataclass(eq=False)
+class MemberParts:
+    """The context's parts a member changes generation with (``PlanFollower``, ``WorkerRecovery``)."""
+
+    redis: redis.Redis
+    keys: JobKeys
+    view: Membership
+    builder: GroupBuilder
+    transfer: StateTransfer
+    clock: Clock
 
 
 @dataclass(frozen=True)

@@ -12,39 +12,21 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
-import redis
-
-from workers.clock import Clock
 from workers.elastic.constants import log
-from workers.elastic.keys import JobKeys
 from workers.elastic.leader import Leader
-from workers.elastic.membership import GroupBuilder, Membership
+from workers.elastic.membership import MemberParts
 from workers.elastic.messages import Plan, StopPlan, SwitchPlan, plan_from_json
-from workers.elastic.transfer import StateTransfer, TrainingState
+from workers.elastic.transfer import TrainingState
 
 
-class PlanFollower:
+@dataclass(eq=False)
+class PlanFollower(MemberParts):
     """One member's side of the leader's plans."""
 
-    def __init__(
-        self,
-        client: redis.Redis,
-        keys: JobKeys,
-        view: Membership,
-        builder: GroupBuilder,
-        transfer: StateTransfer,
-        clock: Clock,
-        leader: Callable[[], Leader | None],
-    ) -> None:
-        self.redis = client
-        self.keys = keys
-        self.view = view
-        self.builder = builder
-        self.transfer = transfer
-        self.clock = clock
-        self._leader = leader
-        self.last_pause_s = 0.0
+    leading: Callable[[], Leader | None]  # the leader while this worker leads, else None
+    last_pause_s: float = field(default=0.0, init=False)
 
     def learn(self, training: TrainingState, seq: int) -> None:
         """Read the plans up to ``seq``: every member learns them at this same mini-batch."""
@@ -81,7 +63,7 @@ class PlanFollower:
     def _switch(self, training: TrainingState, plan: SwitchPlan) -> bool:
         """Move to the plan's generation; False if this worker leaves instead."""
         me, gen = self.view.me, plan.generation
-        leader = self._leader()
+        leader = self.leading()
         if me not in plan.members:
             if leader is not None:
                 if plan.handoff:

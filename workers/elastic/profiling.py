@@ -15,29 +15,13 @@ from typing import Protocol
 
 import redis
 
-from workers.elastic.cli import WorkerOptions
 from workers.elastic.constants import log
 from workers.elastic.keys import JobKeys
 from workers.elastic.leader_meta import LeaderMeta
 from workers.elastic.messages import ProfileDoneEvent, ProfileRequest, ProfileState, publish
+from workers.elastic.views import ProfiledJob
 
 WARMUP_STEPS = 2
-
-
-class ProfiledJob(Protocol):
-    """What the profiler reads of the worker (a ``JobView``)."""
-
-    @property
-    def me(self) -> str: ...
-    @property
-    def opts(self) -> WorkerOptions: ...
-    @property
-    def members(self) -> list[str]: ...
-    @property
-    def world(self) -> int: ...
-    @property
-    def step(self) -> int: ...
-    def throughput_since(self, step: int) -> tuple[int, float]: ...
 
 
 class ProfileHost(Protocol):

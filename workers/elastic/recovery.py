@@ -12,37 +12,19 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
-import redis
-
-from workers.clock import Clock
 from workers.elastic.constants import ElasticError, log
-from workers.elastic.keys import JobKeys
-from workers.elastic.membership import GroupBuilder, Membership
+from workers.elastic.membership import MemberParts
 from workers.elastic.messages import RecoveryPlan
-from workers.elastic.transfer import StateTransfer, TrainingState
+from workers.elastic.transfer import TrainingState
 
 
-class WorkerRecovery:
+@dataclass(eq=False)
+class WorkerRecovery(MemberParts):
     """Brings one worker through the failure of its generation."""
 
-    def __init__(
-        self,
-        client: redis.Redis,
-        keys: JobKeys,
-        view: Membership,
-        builder: GroupBuilder,
-        transfer: StateTransfer,
-        sync_timeout_s: float,
-        clock: Clock,
-    ) -> None:
-        self.redis = client
-        self.keys = keys
-        self.view = view
-        self.builder = builder
-        self.transfer = transfer
-        self.sync_timeout_s = sync_timeout_s
-        self.clock = clock
+    sync_timeout_s: float
 
     def recover(self, training: TrainingState, exc: BaseException) -> bool:
         """Recover from ``exc``; False if the recovery plan drops this worker."""

@@ -7,12 +7,10 @@ Events go to the job's stream (``publish``), step metadata to its hash
 from __future__ import annotations
 
 import math
-from typing import Protocol
 
 import redis
 
 from workers.clock import Clock
-from workers.elastic.cli import WorkerOptions
 from workers.elastic.constants import log
 from workers.elastic.keys import JobKeys
 from workers.elastic.leader_meta import LeaderMeta
@@ -25,30 +23,9 @@ from workers.elastic.messages import (
     publish,
 )
 from workers.elastic.straggler import StragglerDetector
+from workers.elastic.views import ReportedJob
 
 PROGRESS_EVERY_S = 0.5
-
-
-class ReportedJob(Protocol):
-    """What the reports read of the worker (a ``JobView``)."""
-
-    @property
-    def me(self) -> str: ...
-    @property
-    def opts(self) -> WorkerOptions: ...
-    @property
-    def generation(self) -> int: ...
-    @property
-    def members(self) -> list[str]: ...
-    @property
-    def world(self) -> int: ...
-    @property
-    def step(self) -> int: ...
-    @property
-    def epoch(self) -> int: ...
-    @property
-    def last_loss(self) -> float: ...
-    def batch_time(self) -> float: ...
 
 
 class JobReporter:
