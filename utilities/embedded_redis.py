@@ -52,7 +52,8 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _answers_ping(port: int, timeout: float = 0.5) -> bool:
+def answers_ping(port: int, timeout: float = 0.5) -> bool:
+    """Whether a Redis server answers PING on loopback ``port``."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as conn:
             conn.sendall(b"PING\r\n")
@@ -100,7 +101,7 @@ def ensure_running(data_dir: Path, *, startup_timeout: float = 10.0) -> str:
     with open(state_dir / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         port = _read_port(state_dir)
-        if port is None or not _answers_ping(port):
+        if port is None or not answers_ping(port):
             port = _start(state_dir, port, startup_timeout)
     url = _url(port)
     os.environ["REDIS_URL"] = url
@@ -132,7 +133,7 @@ def _start(state_dir: Path, recorded: int | None, startup_timeout: float) -> int
     ]  # fmt: skip
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + startup_timeout
-    while not _answers_ping(port):
+    while not answers_ping(port):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             log = (state_dir / "redis.log").read_text(errors="replace")[-500:]
