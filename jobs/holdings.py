@@ -7,7 +7,6 @@ The database's uniqueness constraints forbid double booking a GPU or a cable.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 
 from fabric.allocator import Allocation
@@ -35,12 +34,17 @@ def gpu_homes(indices: Iterable[int]) -> dict[int, GpuHome]:
 
 
 def store(job: Job, allocation: Allocation | None, spec: FabricSpec | None) -> None:
-    """Make ``job`` hold exactly ``allocation`` (nothing when None): rows and JSON together."""
+    """Make ``job`` hold exactly ``allocation`` (nothing when None): rows and JSON together.
+
+    The rows are written here; ``job.allocation`` is set here and persisted by
+    the caller with the rest of the job it is changing anyway (a
+    ``lifecycle.transition`` saves the whole job, else ``lifecycle.save_fields``),
+    so a tick writes each changed job once.
+    """
     if job.allocation or job.parallelism:  # a job that holds nothing has no rows
         JobGpu.objects.filter(job=job).delete()
         JobCable.objects.filter(job=job).delete()
     job.allocation = allocation.to_dict() if allocation is not None else {}
-    job.save(update_fields=["allocation"])
     if allocation is None or spec is None:
         return
     gpu_rows = dict(Gpu.objects.filter(index__in=allocation.gpus).values_list("index", "id"))
@@ -58,13 +62,8 @@ def release(job: Job) -> tuple[int, ...]:
     held = held_gpus(job)
     if held:
         store(job, None, None)
+        job.save(update_fields=["allocation"])
     return held
-
-
-def shrink_to(job: Job, survivors: tuple[int, ...], spec: FabricSpec) -> None:
-    """Keep only ``survivors`` of the job's GPUs (a subset of a vClos keeps its cables)."""
-    allocation = Allocation.from_dict(job.allocation)
-    store(job, dataclasses.replace(allocation, gpus=survivors), spec)
 
 
 def keep_only_workers(job: Job, workers: set[str]) -> tuple[str, ...]:

@@ -70,7 +70,7 @@ def apply_bound(
         reason = (reason_override or {}).get(item.job) or _describe(
             len(old), len(new), item.allocation
         )
-        holdings.store(job, item.allocation, spec)
+        holdings.store(job, item.allocation, spec)  # saved with the transition below
         if not new:
             transition(job, JobState.QUEUED, reason=reason, at=now)
         elif not old:

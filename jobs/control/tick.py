@@ -159,10 +159,10 @@ def _recover_lost_gpus(cluster: ClusterState, now: datetime) -> list[int]:
         survivors = tuple(g for g in held if g not in lost)
         if survivors and allocation is not None:
             # A subset of a vClos keeps its reserved cables: still contention-free.
-            holdings.shrink_to(job, survivors, cluster.spec)
+            holdings.store(job, dataclasses.replace(allocation, gpus=survivors), cluster.spec)
             previous = job.parallelism
             job.parallelism = len(survivors)
-            save_fields(job, "parallelism")
+            save_fields(job, "allocation", "parallelism")
             record(
                 job,
                 EventKind.RECOVERED,
