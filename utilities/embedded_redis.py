@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 _OWNED: list[subprocess.Popen[bytes]] = []
@@ -69,15 +70,22 @@ def _read_port(state_dir: Path) -> int | None:
         return None
 
 
+@contextlib.contextmanager
+def _locked_state(data_dir: Path) -> Iterator[Path]:
+    """The server's state directory under ``data_dir``, held under its lock file."""
+    state_dir = data_dir / "redis"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with open(state_dir / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield state_dir
+
+
 def recorded_url(data_dir: Path) -> str:
     """The URL of the embedded Redis for ``data_dir``, recording a free port on first use.
 
     Starts nothing: settings call this at import time.
     """
-    state_dir = data_dir / "redis"
-    state_dir.mkdir(parents=True, exist_ok=True)
-    with open(state_dir / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _locked_state(data_dir) as state_dir:
         port = _read_port(state_dir)
         if port is None:
             port = _free_port()
@@ -96,10 +104,7 @@ def ensure_running(data_dir: Path, *, startup_timeout: float = 10.0) -> str:
     another program has taken it).  Sets ``REDIS_URL`` in ``os.environ`` so that
     child processes (Celery workers, agents, training processes) inherit it.
     """
-    state_dir = data_dir / "redis"
-    state_dir.mkdir(parents=True, exist_ok=True)
-    with open(state_dir / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _locked_state(data_dir) as state_dir:
         port = _read_port(state_dir)
         if port is None or not answers_ping(port):
             port = _start(state_dir, port, startup_timeout)
