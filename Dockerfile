@@ -6,9 +6,11 @@ COPY pyproject.toml README.md ./
 COPY fabric ./fabric
 COPY scheduler ./scheduler
 COPY workers ./workers
+COPY edl ./edl
 COPY utilities ./utilities
 COPY tenancy ./tenancy
 COPY inventory ./inventory
+COPY bundles ./bundles
 COPY jobs ./jobs
 COPY portal ./portal
 RUN pip install --no-cache-dir .

@@ -25,6 +25,14 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from workers.catalog import WorkloadArgumentError, validate_args
+from workers.program import (
+    Launcher,
+    ProgramError,
+    check_code_id,
+    check_entrypoint,
+    check_env,
+    check_launcher,
+)
 from workers.schema import Message, Record, at_least, check_id, check_ids, parse
 from workers.schema import ProtocolError as ProtocolError  # part of the protocol's API
 from workers.schema import check_name as check_name  # part of the protocol's API
@@ -57,10 +65,54 @@ class WorkerSlot(Record):
 
     worker_id: str
     slot: int
+    rank: int | None = None
 
     def validate(self) -> None:
         check_name(self.worker_id, "worker_id")
         at_least(self.slot, 0, "slot")
+        at_least(self.rank, 0, "rank")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Program(Record):
+    """A tenant's program from a code bundle, and how to launch it (``workers.program``).
+
+    ``code`` is the bundle's id (the sha256 of its archive) and ``code_path``
+    the archive's path in the artifact store.  ``entrypoint`` is argv: a Python
+    file of the bundle, then its arguments.  For ``launcher: torchrun``,
+    ``generation`` counts the job's runs (a resize stops and starts it again),
+    ``world_size`` and ``group_rank`` (this node's index) complete the torchrun
+    contract, and rank 0's node answers on ``master_addr:master_port``.
+    """
+
+    code: str
+    code_path: str
+    entrypoint: tuple[str, ...]
+    launcher: Launcher
+    env: dict[str, str] = field(default_factory=dict)
+    generation: int = 0
+    world_size: int = 1
+    group_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+
+    def validate(self) -> None:
+        try:
+            check_code_id(self.code)
+            check_entrypoint(self.entrypoint)
+            check_launcher(self.launcher)
+            object.__setattr__(self, "env", check_env(self.env))
+        except ProgramError as exc:
+            raise ProtocolError(f"program.{exc}") from None
+        parts = self.code_path.split("/")
+        if not self.code_path or self.code_path.startswith("/") or ".." in parts:
+            raise ProtocolError("program.code_path must be a relative path in the store")
+        at_least(self.generation, 0, "program.generation")
+        at_least(self.world_size, 1, "program.world_size")
+        at_least(self.group_rank, 0, "program.group_rank")
+        if not 1 <= self.master_port <= 65535:
+            raise ProtocolError("program.master_port must be a TCP port (1-65535)")
+        check_name(self.master_addr, "program.master_addr")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,8 +165,8 @@ class StartWorkers(Command):
 
     TYPE: ClassVar[str] = "start_workers"
 
-    workload: str
-    args: dict[str, Any]
+    workload: str = ""
+    args: dict[str, Any] = field(default_factory=dict)
     batch_size: int
     recovery: Recovery
     checkpoint_every: int
@@ -125,14 +177,19 @@ class StartWorkers(Command):
     checkpoint_minutes: float | None = None
     max_steps: int | None = None
     sync_timeout_s: float | None = None
+    program: Program | None = None
 
     def validate(self) -> None:
         super().validate()
-        try:
-            full_args = validate_args(self.workload, self.args)
-        except WorkloadArgumentError as exc:
-            raise ProtocolError(f"start_workers: {exc}") from None
-        object.__setattr__(self, "args", dict(full_args))
+        if self.program is not None:
+            if self.workload or self.args:
+                raise ProtocolError("start_workers: give either workload or program, not both")
+        else:
+            try:
+                full_args = validate_args(self.workload, self.args)
+            except WorkloadArgumentError as exc:
+                raise ProtocolError(f"start_workers: {exc}") from None
+            object.__setattr__(self, "args", dict(full_args))
         at_least(self.batch_size, 1, "start_workers.batch_size")
         at_least(self.checkpoint_every, 0, "start_workers.checkpoint_every")
         at_least(self.initial_world, 1, "start_workers.initial_world")
@@ -487,10 +544,12 @@ class Heartbeat(Report):
     slots: int
     free_slots: tuple[int, ...]
     workers: tuple[RunningWorker, ...]
+    address: str = "127.0.0.1"
 
     def validate(self) -> None:
         super().validate()
         at_least(self.slots, 0, "heartbeat.slots")
+        check_name(self.address, "heartbeat.address")
 
 
 def command_types() -> dict[str, type[Command]]:

@@ -94,6 +94,9 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         options = typing.get_args(tp)
         if value is None and type(None) in options:
             return None
+        real = [option for option in options if option is not type(None)]
+        if len(real) == 1:  # Optional[X]: X's own message says what is wrong
+            return _convert(value, real[0], path)
         for option in options:
             if option is type(None):
                 continue

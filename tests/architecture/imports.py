@@ -27,9 +27,11 @@ LAYERS: tuple[str, ...] = (
     "fabric",
     "scheduler",
     "workers",
+    "edl",
     "utilities",
     "tenancy",
     "inventory",
+    "bundles",
     "jobs",
     "portal",
 )

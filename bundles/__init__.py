@@ -1,0 +1,1 @@
+"""Code bundles: the archives of tenants' own training programs (upload, list, store)."""

@@ -1,0 +1,1 @@
+"""The elastic SDK: the public face of ``workers.elastic`` for user programs."""
