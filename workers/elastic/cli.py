@@ -7,8 +7,10 @@ same command line without importing torch.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,20 +104,7 @@ def parse_options(argv: list[str] | None = None) -> WorkerOptions:
         args = validate_args(ns.workload, raw)
     except WorkloadArgumentError as exc:
         raise WorkerArgumentError(str(exc)) from exc
-    if ns.batch_size < 1:
-        raise WorkerArgumentError("--batch-size must be >= 1")
-    if ns.checkpoint_every < 0:
-        raise WorkerArgumentError("--checkpoint-every must be >= 0")
-    if ns.initial_world is not None and ns.initial_world < 1:
-        raise WorkerArgumentError("--initial-world must be >= 1")
-    if not ns.redis_url:
-        raise WorkerArgumentError("no Redis: pass --redis-url or set REDIS_URL")
-    if not (ns.device == "cpu" or ns.device.startswith("cuda")):
-        raise WorkerArgumentError("--device must be cpu or cuda:K")
-    for name in ("job", "worker"):
-        value = getattr(ns, name)
-        if not value or any(c in value for c in " :{}\n"):
-            raise WorkerArgumentError(f"--{name} {value!r} is not a valid id")
+    _check(ns)
     return WorkerOptions(
         job_id=ns.job,
         worker_id=ns.worker,
@@ -137,3 +126,53 @@ def parse_options(argv: list[str] | None = None) -> WorkerOptions:
         slow_ms=ns.slow_ms,
         dtype=ns.dtype,
     )
+
+
+def _check(ns: Any) -> None:
+    """The checks every worker's options pass, from a command line or from the environment."""
+    if ns.batch_size < 1:
+        raise WorkerArgumentError("--batch-size must be >= 1")
+    if ns.checkpoint_every < 0:
+        raise WorkerArgumentError("--checkpoint-every must be >= 0")
+    if ns.initial_world is not None and ns.initial_world < 1:
+        raise WorkerArgumentError("--initial-world must be >= 1")
+    if not ns.redis_url:
+        raise WorkerArgumentError("no Redis: pass --redis-url or set REDIS_URL")
+    if not (ns.device == "cpu" or ns.device.startswith("cuda")):
+        raise WorkerArgumentError("--device must be cpu or cuda:K")
+    for name in ("job", "worker"):
+        value = getattr(ns, name)
+        if not value or any(c in value for c in " :{}\n"):
+            raise WorkerArgumentError(f"--{name} {value!r} is not a valid id")
+
+
+OPTIONS_ENV = "EDL_OPTIONS"
+"""The variable that hands a user program (``launcher: edl``) its worker options, as JSON."""
+
+
+def options_to_env(options: WorkerOptions) -> str:
+    """``options`` as the JSON value of ``OPTIONS_ENV`` (the agent's side of the contract)."""
+    return json.dumps(dataclasses.asdict(options), sort_keys=True)
+
+
+def options_from_env(environ: Mapping[str, str] | None = None) -> WorkerOptions:
+    """The worker options the edl launcher put in ``OPTIONS_ENV``; raise WorkerArgumentError."""
+    env = os.environ if environ is None else environ
+    text = env.get(OPTIONS_ENV)
+    if not text:
+        raise WorkerArgumentError(
+            f"{OPTIONS_ENV} is not set: run this program as a job with launcher 'edl'"
+        )
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise WorkerArgumentError(f"{OPTIONS_ENV} is not JSON: {exc.msg}") from None
+    names = {f.name for f in dataclasses.fields(WorkerOptions)}
+    if not isinstance(raw, dict) or set(raw) - names:
+        raise WorkerArgumentError(f"{OPTIONS_ENV} must be an object of the worker's options")
+    try:
+        options = WorkerOptions(**raw)
+    except TypeError as exc:
+        raise WorkerArgumentError(f"{OPTIONS_ENV}: {exc}") from None
+    _check(argparse.Namespace(**{**raw, "job": options.job_id, "worker": options.worker_id}))
+    return options
