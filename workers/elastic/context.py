@@ -126,6 +126,16 @@ class ElasticContext:
 
     # -- what the loop and the leader read ----------------------------------------------
     @property
+    def batch_size(self) -> int:
+        """The job's global mini-batch: fixed, whatever the number of workers."""
+        return self.opts.batch_size
+
+    @property
+    def checkpoint_dir(self) -> str:
+        """Where the runtime keeps the job's checkpoints (model, optimizer, step)."""
+        return self.opts.checkpoint_dir
+
+    @property
     def rank(self) -> int:
         """This worker's rank in the current generation."""
         return self.view.rank

@@ -1,8 +1,17 @@
-"""One worker process: join the job, prepare the workload, train until done or told to leave."""
+"""Running one elastic worker: a program's ``main(ctx)`` inside an elastic context.
+
+The one way to write a training program, for the built-in workloads and for
+tenants' own (``edl.run``): the program gets an ``ElasticContext``, prepares
+its model while the context joins the job in the background, attaches, and
+loops over ``ctx.steps()``.  ``run_elastic`` owns what surrounds that: threads,
+reporting a failure to the job, the exit status.
+"""
 
 from __future__ import annotations
 
 import os
+import traceback
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -13,30 +22,47 @@ from workers.elastic.constants import ElasticError, log
 from workers.elastic.context import ElasticContext
 from workers.elastic.sampler import ElasticSampler
 
+Main = Callable[[ElasticContext], None]
+"""A training program: everything after ``ctx = ElasticContext(...)``."""
 
-def run_worker(options: WorkerOptions) -> int:
-    """Run the job's named workload elastically; return the process exit status."""
+
+def run_elastic(options: WorkerOptions, main: Main) -> int:
+    """Run ``main`` as one worker of the job; return the process exit status (0 or 1)."""
     if options.device == "cpu":
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     ctx = ElasticContext(options)  # the background thread registers from here on
     try:
-        prepared = workloads.prepare(options.workload, options.args, ctx.device)
-        dtype = getattr(torch, options.dtype)
-        prepared.model.to(dtype)  # in place: the optimizer keeps the same parameters
-        sampler = ElasticSampler(prepared.num_samples, options.batch_size, prepared.seed)
-        ctx.attach(
-            prepared.model,
-            prepared.optimizer,
-            sampler,
-            prepared.total_steps_for(options.batch_size),
-        )
-        train(ctx, prepared, dtype)
+        main(ctx)
     except ElasticError as exc:
         log(options.worker_id, f"error: {exc}")
         ctx.fail(str(exc))
         return 1
+    except Exception as exc:  # the program's own bug: say what, and tell the job
+        traceback.print_exc()
+        ctx.fail(f"{type(exc).__name__}: {exc}"[:500])
+        return 1
     log(options.worker_id, f"exit ({ctx.exit_reason}) at step {ctx.step}")
     return 0
+
+
+def run_worker(options: WorkerOptions) -> int:
+    """Run the job's named built-in workload elastically; return the process exit status."""
+    return run_elastic(options, lambda ctx: builtin_main(ctx, options))
+
+
+def builtin_main(ctx: ElasticContext, options: WorkerOptions) -> None:
+    """A built-in workload (``workers/workloads``), written as any SDK program is."""
+    prepared = workloads.prepare(options.workload, options.args, ctx.device)
+    dtype = getattr(torch, options.dtype)
+    prepared.model.to(dtype)  # in place: the optimizer keeps the same parameters
+    sampler = ElasticSampler(prepared.num_samples, ctx.batch_size, prepared.seed)
+    ctx.attach(
+        prepared.model,
+        prepared.optimizer,
+        sampler,
+        prepared.total_steps_for(ctx.batch_size),
+    )
+    train(ctx, prepared, dtype)
 
 
 def train(ctx: ElasticContext, prepared: workloads.Prepared, dtype: torch.dtype) -> None:
