@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     # Our apps, bottom to top: each may import only those above it in this list.
     "tenancy",
     "inventory",
+    "bundles",
     "jobs",
     "portal",
 ]
@@ -128,6 +129,12 @@ AGENT_HEARTBEAT_SECONDS = env_float("AGENT_HEARTBEAT_SECONDS", 5.0)
 AGENT_DOWN_AFTER_SECONDS = env_float("AGENT_DOWN_AFTER_SECONDS", 20.0)
 DEFAULT_TENANT_GPU_QUOTA = env_int("DEFAULT_TENANT_GPU_QUOTA", 8)
 PROFILE_BATCHES = env_int("PROFILE_BATCHES", 20)  # mini-batches per level of profile(min, max)
+
+# --- Code bundles: the archives tenants upload, and the store that keeps them for the agents.
+CODE_MAX_FILES = env_int("CODE_MAX_FILES", 10_000)
+CODE_MAX_BYTES = env_int("CODE_MAX_BYTES", 50 * 1024 * 1024)  # the archive as uploaded
+CODE_MAX_UNPACKED_BYTES = env_int("CODE_MAX_UNPACKED_BYTES", 500 * 1024 * 1024)
+ARTIFACT_URL = env_str("ARTIFACT_URL", f"file://{DATA_DIR / 'artifacts'}")
 
 # The tick expires after one interval so that ticks never pile up behind a slow one.
 CELERY_BEAT_SCHEDULE = {
