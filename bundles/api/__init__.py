@@ -1,0 +1,1 @@
+"""The code bundles REST API (``/api/v1/code/``)."""
