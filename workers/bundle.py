@@ -278,7 +278,8 @@ class _Counted:
 
 
 def _tar_entries(path: Path, limits: BundleLimits) -> Iterator[_Entry]:
-    limit = limits.max_unpacked_bytes + (limits.max_files + 2) * _TAR_SLACK_PER_ENTRY
+    # tar reads ahead of the entry being counted: leave room so that entry is the one named.
+    limit = limits.max_unpacked_bytes + (limits.max_files + 2) * _TAR_SLACK_PER_ENTRY + 2 * CHUNK
     with path.open("rb") as raw, gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
         tar = _open_tar(_Counted(unzipped, limit))
         with tar, _reading("The archive is corrupt"):

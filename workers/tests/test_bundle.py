@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import os
 import stat
 import tarfile
@@ -248,3 +249,20 @@ def test_a_zip_header_that_lies_about_sizes_does_not_fool_the_count(tmp_path: Pa
         data[at : at + 4] = (10).to_bytes(4, "little")
     path.write_bytes(bytes(data))
     assert "corrupt" in _refusal(path)
+
+
+def test_a_bomb_names_its_entry_even_with_few_files_allowed(bombs: dict[str, Path]) -> None:
+    """tar reads ahead of the entry being counted; the entry's own count still trips first."""
+    limits = BundleLimits(max_files=1, max_unpacked_bytes=10 * bundle.MiB)
+    assert "'zeros.bin'" in _refusal(bombs["tar.gz"], limits)
+
+
+def test_tar_headers_are_counted_too(tmp_path: Path) -> None:
+    """A 20 MB pax header (tar's own bytes, not a file's) is stopped by the stream count."""
+    path = tmp_path / "header-bomb.tgz"
+    with tarfile.open(path, "w:gz", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("small.py")
+        info.pax_headers = {"comment": "x" * (20 * bundle.MiB)}
+        tar.addfile(info, io.BytesIO(b""))
+    message = _refusal(path, BundleLimits(max_files=5, max_unpacked_bytes=bundle.MiB))
+    assert "unpacks to more than" in message
