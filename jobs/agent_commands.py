@@ -9,6 +9,13 @@ from ``old`` to ``new`` GPUs is: joiners = new - old, leavers = old - new.
                             joiners' node, StartWorkers(join=True) to the other nodes
     start (old empty)       StartWorkers(initial_world=len(new)) on each node
     stop (new empty)        StopJob on each node that hosts workers
+
+A tenant's program (``JobLaunch.program``) rides in every StartWorkers.  A
+``torchrun`` program cannot change size while it runs, so any change with
+both ``old`` and ``new`` is stop-resume: StopJob on the old nodes (SIGTERM,
+then the grace period), StartWorkers of the next run on the new nodes (the
+agents start it once the old processes have exited); ranks follow the order
+of ``new``, which is the allocation's order.
 """
 
 from __future__ import annotations
@@ -18,7 +25,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workers.protocol import Command, Migrate, ScaleIn, StartWorkers, StopJob, WorkerSlot
+from workers.protocol import (
+    Command,
+    Migrate,
+    Program,
+    ScaleIn,
+    StartWorkers,
+    StopJob,
+    WorkerSlot,
+)
 
 JOB_NAME_PREFIX = "job-"
 
@@ -42,8 +57,32 @@ def worker_id(gpu: int) -> str:
 
 
 @dataclass(frozen=True)
+class ProgramLaunch:
+    """A tenant's program: its bundle, entrypoint argv, launcher and environment.
+
+    ``generation`` is the run the next start belongs to (torchrun), ``master_port``
+    the port rank 0 listens on, ``grace_seconds`` how long a stopped torchrun
+    program has between SIGTERM and SIGKILL.
+    """
+
+    code: str
+    code_path: str
+    entrypoint: tuple[str, ...]
+    launcher: str
+    env: Mapping[str, str]
+    generation: int
+    master_port: int
+    grace_seconds: float
+
+    @property
+    def restarts_to_resize(self) -> bool:
+        """Whether a change of GPUs stops the program and starts it again (torchrun)."""
+        return self.launcher == "torchrun"
+
+
+@dataclass(frozen=True)
 class JobLaunch:
-    """What every StartWorkers of a job carries."""
+    """What every StartWorkers of a job carries: a built-in workload, or a program."""
 
     job_id: int
     workload: str
@@ -51,14 +90,16 @@ class JobLaunch:
     batch_size: int
     recovery: str
     checkpoint_every: int
+    program: ProgramLaunch | None = None
 
 
 @dataclass(frozen=True)
 class GpuHome:
-    """Where a GPU lives: its server's agent node and its device index there."""
+    """Where a GPU lives: its server's agent node, its device index there, the node's address."""
 
     node: str
     local: int
+    address: str = "127.0.0.1"
 
 
 def _command_id(prefix: str) -> str:
@@ -72,6 +113,24 @@ def _by_node(gpus: Sequence[int], homes: Mapping[int, GpuHome]) -> dict[str, lis
     return grouped
 
 
+def _program(
+    program: ProgramLaunch, node: str, everyone: Sequence[int], homes: Mapping[int, GpuHome]
+) -> Program:
+    nodes = list(dict.fromkeys(homes[g].node for g in everyone))  # in rank order
+    return Program(
+        code=program.code,
+        code_path=program.code_path,
+        entrypoint=program.entrypoint,
+        launcher=program.launcher,  # type: ignore[arg-type]
+        env=dict(program.env),
+        generation=program.generation,
+        world_size=len(everyone),
+        group_rank=nodes.index(node),
+        master_addr=homes[everyone[0]].address,
+        master_port=program.master_port,
+    )
+
+
 def _start(
     launch: JobLaunch,
     gpus: Sequence[int],
@@ -79,19 +138,46 @@ def _start(
     *,
     join: bool,
     initial_world: int | None,
+    everyone: Sequence[int],
 ) -> StartWorkers:
+    """Start ``gpus`` (all on one node) of a job that will run on ``everyone``."""
+    rank = {g: r for r, g in enumerate(everyone)}
+    program = launch.program
     return StartWorkers(
         job=runtime_job_name(launch.job_id),
         command_id=_command_id("start"),
-        workload=launch.workload,
-        args=dict(launch.args),
+        workload="" if program else launch.workload,
+        args={} if program else dict(launch.args),
         batch_size=launch.batch_size,
         recovery=launch.recovery,  # type: ignore[arg-type]
         checkpoint_every=launch.checkpoint_every,
-        workers=tuple(WorkerSlot(worker_id=worker_id(g), slot=homes[g].local) for g in gpus),
+        workers=tuple(
+            WorkerSlot(worker_id=worker_id(g), slot=homes[g].local, rank=rank[g]) for g in gpus
+        ),
         initial_world=initial_world,
         join=join,
+        program=_program(program, homes[gpus[0]].node, everyone, homes) if program else None,
     )
+
+
+def _stops(
+    launch: JobLaunch, gpus: Sequence[int], homes: Mapping[int, GpuHome], reason: str
+) -> list[tuple[str, Command]]:
+    grace = {"grace_seconds": launch.program.grace_seconds} if launch.program else {}
+    name = runtime_job_name(launch.job_id)
+    return [
+        (node, StopJob(job=name, command_id=_command_id("stop"), reason=reason[:200], **grace))
+        for node in _by_node(gpus, homes)
+    ]
+
+
+def _starts(
+    launch: JobLaunch, new: Sequence[int], homes: Mapping[int, GpuHome]
+) -> list[tuple[str, Command]]:
+    return [
+        (node, _start(launch, gpus, homes, join=False, initial_world=len(new), everyone=new))
+        for node, gpus in _by_node(new, homes).items()
+    ]
 
 
 def membership_commands(
@@ -107,15 +193,11 @@ def membership_commands(
     joiners = [g for g in new if g not in set(old)]
     leavers = [g for g in old if g not in set(new)]
     if not new:
-        return [
-            (node, StopJob(job=name, command_id=_command_id("stop"), reason=reason[:200]))
-            for node in _by_node(old, homes)
-        ]
+        return _stops(launch, old, homes, reason)
     if not old:
-        return [
-            (node, _start(launch, gpus, homes, join=False, initial_world=len(new)))
-            for node, gpus in _by_node(new, homes).items()
-        ]
+        return _starts(launch, new, homes)
+    if launch.program is not None and launch.program.restarts_to_resize:
+        return _stops(launch, old, homes, reason) + _starts(launch, new, homes)
     commands: list[tuple[str, Command]] = []
     joiner_nodes = list(_by_node(joiners, homes).items())
     if leavers and joiner_nodes:
@@ -127,7 +209,9 @@ def membership_commands(
                     job=name,
                     command_id=_command_id("migrate"),
                     leaving=tuple(worker_id(g) for g in leavers),
-                    joining=_start(launch, first_gpus, homes, join=True, initial_world=None),
+                    joining=_start(
+                        launch, first_gpus, homes, join=True, initial_world=None, everyone=new
+                    ),
                     joiners=len(joiners),
                     reason=reason[:200],
                 ),
@@ -148,5 +232,7 @@ def membership_commands(
             )
         )
     for node, gpus in joiner_nodes:
-        commands.append((node, _start(launch, gpus, homes, join=True, initial_world=None)))
+        commands.append(
+            (node, _start(launch, gpus, homes, join=True, initial_world=None, everyone=new))
+        )
     return commands

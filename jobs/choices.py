@@ -17,6 +17,13 @@ class JobState(models.TextChoices):
     CANCELLED = "cancelled", "Cancelled"
 
 
+class Launcher(models.TextChoices):
+    """How a job's processes are started (``workers.program``); built-in workloads use edl."""
+
+    EDL = "edl", "edl (elastic SDK: resized without stopping)"
+    TORCHRUN = "torchrun", "torchrun (unmodified DDP: a resize restarts it)"
+
+
 class RecoveryMode(models.TextChoices):
     """How a job recovers from a lost worker (EDL §4)."""
 

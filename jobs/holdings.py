@@ -24,12 +24,16 @@ def held_gpus(job: Job) -> tuple[int, ...]:
 
 
 def gpu_homes(indices: Iterable[int]) -> dict[int, GpuHome]:
-    """Where each GPU lives: its server's agent node and its local device index."""
+    """Where each GPU lives: its server's agent node, local device index and address.
+
+    The address is the one its agent's heartbeats give (loopback until one has).
+    """
+    rows = Gpu.objects.filter(index__in=list(indices)).values_list(
+        "index", "server__node", "local", "server__agent_info__address"
+    )
     return {
-        index: GpuHome(node=node, local=local)
-        for index, node, local in Gpu.objects.filter(index__in=list(indices)).values_list(
-            "index", "server__node", "local"
-        )
+        index: GpuHome(node=node, local=local, address=address or "127.0.0.1")
+        for index, node, local, address in rows
     }
 
 

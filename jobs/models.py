@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from jobs.choices import EventKind, JobState, RecoveryMode
+from jobs.choices import EventKind, JobState, Launcher, RecoveryMode
 from tenancy.models import Tenant, TenantOwnedQuerySet
 
 
@@ -25,8 +25,29 @@ class Job(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="submitted_jobs"
     )
     name = models.CharField(max_length=100)
-    workload = models.CharField(max_length=64)
+    workload = models.CharField(
+        max_length=64, blank=True, help_text="Built-in workload; empty for a program."
+    )
     args = models.JSONField(default=dict, blank=True)
+    code = models.ForeignKey(
+        "bundles.CodeBundle",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="jobs",
+        help_text="The program's code bundle; null for a built-in workload.",
+    )
+    entrypoint = models.CharField(
+        max_length=2000, blank=True, default="", help_text="Python file of the bundle, arguments."
+    )
+    launcher = models.CharField(max_length=10, choices=Launcher.choices, default=Launcher.EDL)
+    env = models.JSONField(default=dict, blank=True, help_text="The program's own variables.")
+    generation = models.PositiveIntegerField(
+        default=0, help_text="Runs of a torchrun program: each start or restart is a new one."
+    )
+    finished_workers = models.JSONField(
+        default=list, blank=True, help_text="Workers of this run that exited cleanly (torchrun)."
+    )
     gpus = models.PositiveIntegerField(help_text="GPUs requested.")
     min_gpus = models.PositiveIntegerField()
     max_gpus = models.PositiveIntegerField()

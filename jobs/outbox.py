@@ -8,13 +8,15 @@ connection; a command lost on the way is re-derived by the next tick.
 from __future__ import annotations
 
 import logging
+import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from celery import current_app
+from django.conf import settings
 from django.db import transaction
 
-from jobs.agent_commands import JobLaunch, membership_commands
+from jobs.agent_commands import JobLaunch, ProgramLaunch, membership_commands
 from jobs.holdings import gpu_homes
 from jobs.models import Job
 from workers.protocol import AGENT_COMMAND_TASK, Command, agent_queue
@@ -73,4 +75,22 @@ def launch_of(job: Job) -> JobLaunch:
         batch_size=job.batch_size,
         recovery=job.recovery,
         checkpoint_every=job.checkpoint_interval,
+        program=program_of(job),
+    )
+
+
+def program_of(job: Job) -> ProgramLaunch | None:
+    """The program half of a job's StartWorkers (None for a built-in workload)."""
+    bundle = job.code
+    if bundle is None:
+        return None
+    return ProgramLaunch(
+        code=bundle.sha256,
+        code_path=bundle.store_path,
+        entrypoint=tuple(shlex.split(job.entrypoint)),
+        launcher=job.launcher,
+        env=dict(job.env),
+        generation=job.generation,
+        master_port=settings.TORCHRUN_PORT_BASE + job.pk % settings.TORCHRUN_PORT_SPAN,
+        grace_seconds=settings.TORCHRUN_GRACE_SECONDS,
     )

@@ -26,6 +26,7 @@ from jobs.holdings import release
 from jobs.lifecycle import broadcast, record, request_tick, transition
 from jobs.models import Job
 from jobs.outbox import Outbox
+from jobs.program_spec import PROGRAM_FIELDS, ProgramSpec, check_program, wants_program
 from jobs.stats import JctStats, completed_jcts, summarize
 from tenancy.models import Tenant
 from tenancy.services import can_write
@@ -35,6 +36,7 @@ MAX_GPUS_PER_JOB = 4096
 MAX_BATCH_SIZE = 1 << 20
 MAX_ARGS_BYTES = 4096
 NAME_MAX = 100
+PROGRAM_BATCH_SIZE = 256  # a program's default global batch (edl: the runtime's batch)
 JOB_FIELDS = (
     "name",
     "workload",
@@ -46,6 +48,7 @@ JOB_FIELDS = (
     "priority",
     "recovery",
     "checkpoint_interval",
+    *PROGRAM_FIELDS,
 )
 
 
@@ -63,6 +66,7 @@ class JobSpec:
     priority: int
     recovery: str
     checkpoint_interval: int
+    program: ProgramSpec | None = None
 
 
 class _Errors:
@@ -116,11 +120,41 @@ def placement_problem(gpus: int) -> str | None:
     )
 
 
+def _check_workload(data: Mapping[str, Any], errors: _Errors) -> tuple[str, dict[str, int | float]]:
+    """A built-in workload and its arguments (empty when refused)."""
+    if data.get("env"):
+        errors.add("env", "Only a program (code) takes environment variables.")
+    if data.get("launcher") not in (None, "", "edl"):
+        errors.add("launcher", "Built-in workloads run on the edl launcher.")
+    workload = data.get("workload")
+    args: dict[str, int | float] = {}
+    if not isinstance(workload, str) or workload not in WORKLOADS:
+        errors.add("workload", f"Unknown workload; choose one of: {', '.join(sorted(WORKLOADS))}.")
+        return "", args
+    raw_args = data.get("args")
+    if isinstance(raw_args, str):
+        try:
+            raw_args = json.loads(raw_args) if raw_args.strip() else {}
+        except json.JSONDecodeError:
+            errors.add("args", "Must be a JSON object.")
+            raw_args = {}
+    if len(json.dumps(raw_args, default=str)) > MAX_ARGS_BYTES:
+        errors.add("args", f"At most {MAX_ARGS_BYTES} bytes of JSON.")
+    else:
+        try:
+            args = validate_args(workload, raw_args)
+        except WorkloadArgumentError as exc:
+            errors.add("args", str(exc))
+    return workload, args
+
+
 def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
     """Validate a submission for ``tenant`` and return it normalized.
 
     Rules: known fields only; name 1-100 printable characters; a known workload
-    with valid arguments (at most 4 KiB of JSON); ``1 <= min_gpus <= gpus <=
+    with valid arguments (at most 4 KiB of JSON), or a program: one of the
+    tenant's code bundles, an entrypoint in it, a launcher and the user's
+    variables (``jobs.program_spec``); ``1 <= min_gpus <= gpus <=
     max_gpus``; requested GPUs within the tenant's quota; a global batch of at
     least one sample per GPU at ``max_gpus``; priority 0-100; a recovery mode.
     """
@@ -138,31 +172,24 @@ def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
     elif not name.isprintable():
         errors.add("name", "Only printable characters.")
 
-    workload = data.get("workload")
+    program = None
+    workload: str = ""
     args: dict[str, int | float] = {}
-    if not isinstance(workload, str) or workload not in WORKLOADS:
-        errors.add("workload", f"Unknown workload; choose one of: {', '.join(sorted(WORKLOADS))}.")
-        workload = ""
+    if wants_program(data):
+        program = check_program(tenant, data, errors.add)
     else:
-        raw_args = data.get("args")
-        if isinstance(raw_args, str):
-            try:
-                raw_args = json.loads(raw_args) if raw_args.strip() else {}
-            except json.JSONDecodeError:
-                errors.add("args", "Must be a JSON object.")
-                raw_args = {}
-        if len(json.dumps(raw_args, default=str)) > MAX_ARGS_BYTES:
-            errors.add("args", f"At most {MAX_ARGS_BYTES} bytes of JSON.")
-        else:
-            try:
-                args = validate_args(workload, raw_args)
-            except WorkloadArgumentError as exc:
-                errors.add("args", str(exc))
+        workload, args = _check_workload(data, errors)
 
     gpus = _int_field(data, errors, "gpus", 1, MAX_GPUS_PER_JOB, None)
     min_gpus = _int_field(data, errors, "min_gpus", 1, MAX_GPUS_PER_JOB, gpus)
     max_gpus = _int_field(data, errors, "max_gpus", 1, MAX_GPUS_PER_JOB, gpus)
-    default_batch = WORKLOADS[workload].default_batch_size if workload else None
+    default_batch = (
+        WORKLOADS[workload].default_batch_size
+        if workload
+        else PROGRAM_BATCH_SIZE
+        if wants_program(data)
+        else None
+    )
     batch_size = _int_field(data, errors, "batch_size", 1, MAX_BATCH_SIZE, default_batch)
     priority = _int_field(data, errors, "priority", 0, 100, 50)
     interval = _int_field(data, errors, "checkpoint_interval", 1, 1_000_000, 50)
@@ -202,7 +229,19 @@ def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
         priority=priority,
         recovery=str(recovery),
         checkpoint_interval=interval,
+        program=program,
     )
+
+
+def _program_fields(program: ProgramSpec | None) -> dict[str, Any]:
+    if program is None:
+        return {}
+    return {
+        "code": program.bundle,
+        "entrypoint": program.entrypoint_text,
+        "launcher": program.launcher,
+        "env": program.env,
+    }
 
 
 @transaction.atomic
@@ -231,6 +270,7 @@ def do_submit_job(
         recovery=spec.recovery,
         checkpoint_interval=spec.checkpoint_interval,
         submitted_at=now,
+        **_program_fields(spec.program),
     )
     record(
         job,

@@ -500,6 +500,9 @@ class WorkerExited(JobReport):
     period), ``crashed`` (non-zero exit or killed by a signal; ``exit_code``
     is ``-signal`` then), ``lost`` (exit status unknown: the process ended
     while the agent was down, or was adopted by a restarted agent).
+    ``generation`` is the program's run (``Program.generation``; null for a
+    built-in workload); ``reason`` the agent's diagnosis of a crash, e.g. a
+    sandbox limit that was reached.
     """
 
     TYPE: ClassVar[str] = "worker_exited"
@@ -509,6 +512,8 @@ class WorkerExited(JobReport):
     exit_code: int | None
     outcome: ExitOutcome
     log_tail: str = ""
+    generation: int | None = None
+    reason: str = ""
 
 
 @_report

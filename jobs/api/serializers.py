@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from jobs.choices import RecoveryMode
+from bundles.models import CodeBundle
+from jobs.choices import Launcher, RecoveryMode
 from jobs.models import Job, JobEvent
 from jobs.services import JOB_FIELDS
 from tenancy.models import Tenant
@@ -18,6 +19,9 @@ class JobSerializer(serializers.ModelSerializer[Job]):
         slug_field="slug", read_only=True
     )
     jct_seconds = serializers.FloatField(read_only=True, allow_null=True)
+    code: serializers.SlugRelatedField[CodeBundle] = serializers.SlugRelatedField(
+        slug_field="sha256", read_only=True, allow_null=True
+    )
 
     class Meta:
         model = Job
@@ -37,6 +41,7 @@ class JobSerializer(serializers.ModelSerializer[Job]):
             "samples_per_s",
             "loss",
             "throughput_curve",
+            "generation",
             "tenant",
         ]
         read_only_fields = fields
@@ -46,8 +51,29 @@ class JobCreateSerializer(serializers.Serializer[Job]):
     """What a client sends to submit a job (documents the schema; rules live in the service)."""
 
     name = serializers.CharField(max_length=100)
-    workload = serializers.ChoiceField(choices=sorted(WORKLOADS))
+    workload = serializers.ChoiceField(
+        choices=sorted(WORKLOADS), required=False, help_text="A built-in workload, or give code."
+    )
     args = serializers.DictField(required=False, help_text="Workload arguments.")
+    code = serializers.CharField(
+        required=False, help_text="A code bundle id (sha256, from POST /api/v1/code/)."
+    )
+    entrypoint = serializers.CharField(
+        required=False,
+        help_text="With code: a Python file of the bundle and its arguments, e.g. "
+        "'train.py --epochs 3' (split with shell rules, never run through a shell).",
+    )
+    launcher = serializers.ChoiceField(
+        choices=Launcher.choices,
+        required=False,
+        help_text="With code: 'edl' (elastic SDK, resized without stopping) or 'torchrun' "
+        "(unmodified DDP; a resize restarts it from its CHECKPOINT_DIR).",
+    )
+    env = serializers.DictField(
+        child=serializers.CharField(allow_blank=True),
+        required=False,
+        help_text="With code: the program's own variables (NAME: value; at most 64, 4 KiB).",
+    )
     gpus = serializers.IntegerField(min_value=1)
     min_gpus = serializers.IntegerField(min_value=1, required=False)
     max_gpus = serializers.IntegerField(min_value=1, required=False)

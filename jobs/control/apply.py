@@ -11,11 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
+from django.conf import settings
+
 from fabric.allocator import Allocation
 from fabric.topology import FabricSpec
 from jobs import holdings
 from jobs.agent_commands import GpuHome, membership_commands
-from jobs.choices import EventKind, JobState
+from jobs.choices import EventKind, JobState, Launcher
 from jobs.lifecycle import broadcast, record, save_fields, transition
 from jobs.models import Job
 from jobs.outbox import Outbox, launch_of
@@ -71,12 +73,27 @@ def apply_bound(
             len(old), len(new), item.allocation
         )
         holdings.store(job, item.allocation, spec)  # saved with the transition below
+        restarts = job.code_id is not None and job.launcher == Launcher.TORCHRUN
+        if restarts and new:
+            job.generation += 1  # each start of a torchrun program is a new run
+            job.finished_workers = []
         if not new:
             transition(job, JobState.QUEUED, reason=reason, at=now)
         elif not old:
             job.last_service_at = now
             job.wait_reason = ""
             transition(job, JobState.RUNNING, reason=reason, at=now, parallelism=len(new))
+        elif restarts:
+            transition(job, JobState.SCALING, reason=reason, at=now)
+            record(
+                job,
+                EventKind.NOTE,
+                now,
+                reason=f"torchrun: stopping {len(old)} workers (SIGTERM, grace "
+                f"{settings.TORCHRUN_GRACE_SECONDS:g} s), restarting at {len(new)} as run "
+                f"{job.generation}; the program resumes from its CHECKPOINT_DIR",
+                data={"from": list(old), "to": list(new), "generation": job.generation},
+            )
         else:
             transition(job, JobState.SCALING, reason=reason, at=now)
             record(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import transaction
@@ -20,9 +20,10 @@ from inventory.services import do_heartbeat
 from jobs import holdings
 from jobs.agent_commands import job_id_from_name
 from jobs.choices import ACTIVE_STATES, TERMINAL_STATES, EventKind, JobState
+from jobs.control import program_exits
+from jobs.control.endings import accrue_service, complete_job, fail_job
 from jobs.lifecycle import broadcast, record, record_metric, request_tick, save_fields, transition
 from jobs.models import Job
-from jobs.outbox import Outbox
 from jobs.services import do_set_parallelism
 from scheduler.curves import record_measurement
 from workers.protocol import (
@@ -38,13 +39,13 @@ from workers.protocol import (
     Rejected,
     Report,
     ScaleDone,
+    Started,
     Straggler,
     WorkerExited,
     WorkerFailed,
 )
 
 log = logging.getLogger(__name__)
-MAX_SERVICE_GAP = timedelta(seconds=60)  # longer silences are not counted as service
 LOG_TAIL_CHARS = 4000
 
 
@@ -54,14 +55,6 @@ def _event_key(event_id: str) -> tuple[int, ...]:
         return tuple(int(part) for part in event_id.split("-"))
     except ValueError:
         return ()
-
-
-def accrue_service(job: Job, now: datetime) -> None:
-    """Add GPU-seconds for the time since the last accounting at the current parallelism."""
-    if job.last_service_at is not None and job.parallelism:
-        gap = min(max(now - job.last_service_at, timedelta(0)), MAX_SERVICE_GAP)
-        job.attained_gpu_seconds += job.parallelism * gap.total_seconds()
-    job.last_service_at = now
 
 
 def handle_report(payload: Any) -> str:
@@ -217,26 +210,14 @@ def _finished(job: Job, report: Finished) -> str:
         return "noted"
     if job.state not in ACTIVE_STATES:
         return "stale"
-    now = _at(report)
-    accrue_service(job, now)  # saved with the transition below
-    holdings.release(job)  # its workers have exited: nothing to stop
-    transition(job, JobState.COMPLETED, reason=f"training finished at step {report.step}", at=now)
-    broadcast(job, "job.updated")
-    request_tick()
+    complete_job(job, f"training finished at step {report.step}", _at(report))
     return "completed"
 
 
 def _failed(job: Job, report: Failed) -> str:
     if job.state in TERMINAL_STATES:
         return "noted"
-    now = _at(report)
-    outbox = Outbox()
-    outbox.stop_workers(job, holdings.release(job), reason="failed")
-    job.failure_reason = report.error[:500]
-    transition(job, JobState.FAILED, reason=f"failed: {report.error}"[:500], at=now)
-    outbox.send_on_commit()
-    broadcast(job, "job.updated")
-    request_tick()
+    fail_job(job, report.error, _at(report))
     return "failed"
 
 
@@ -245,6 +226,9 @@ def _worker_exited(job: Job, report: WorkerExited) -> str:
         job.log_tail = (job.log_tail + report.log_tail)[-LOG_TAIL_CHARS:]
         save_fields(job, "log_tail")
         broadcast(job, "job.log")
+    decided = program_exits.on_worker_exited(job, report, _at(report))
+    if decided is not None:
+        return decided
     if report.outcome == "crashed":
         record(
             job,
@@ -253,6 +237,10 @@ def _worker_exited(job: Job, report: WorkerExited) -> str:
             reason=f"worker {report.worker_id} crashed (exit {report.exit_code})",
         )
     return "noted"
+
+
+def _started(job: Job, report: Started) -> str:
+    return program_exits.on_started(job, report, _at(report))
 
 
 _HANDLERS: dict[type[Report], Callable[[Job, Any], str]] = {
@@ -265,4 +253,5 @@ _HANDLERS: dict[type[Report], Callable[[Job, Any], str]] = {
     Finished: _finished,
     Failed: _failed,
     WorkerExited: _worker_exited,
+    Started: _started,
 }

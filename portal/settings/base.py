@@ -127,6 +127,13 @@ TICK_SECONDS = env_float("TICK_SECONDS", 3.0)
 SCHEDULER_POLICY = env_str("SCHEDULER_POLICY", "elastic-tiresias")
 AGENT_HEARTBEAT_SECONDS = env_float("AGENT_HEARTBEAT_SECONDS", 5.0)
 AGENT_DOWN_AFTER_SECONDS = env_float("AGENT_DOWN_AFTER_SECONDS", 20.0)
+
+# Tenants' own programs (launcher "torchrun"): a resize stops the processes (SIGTERM, then
+# this grace, then SIGKILL) and starts them again; rank 0 listens on
+# TORCHRUN_PORT_BASE + job id modulo TORCHRUN_PORT_SPAN.
+TORCHRUN_GRACE_SECONDS = env_float("TORCHRUN_GRACE_SECONDS", 30.0)
+TORCHRUN_PORT_BASE = env_int("TORCHRUN_PORT_BASE", 29500)
+TORCHRUN_PORT_SPAN = env_int("TORCHRUN_PORT_SPAN", 10000)
 DEFAULT_TENANT_GPU_QUOTA = env_int("DEFAULT_TENANT_GPU_QUOTA", 8)
 PROFILE_BATCHES = env_int("PROFILE_BATCHES", 20)  # mini-batches per level of profile(min, max)
 

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from jobs.choices import ALLOWED_TRANSITIONS, JobState, can_transition
-from jobs.control.reports import accrue_service
+from jobs.control.endings import accrue_service
 from jobs.lifecycle import save_fields
 from jobs.models import Job
 from jobs.services import (

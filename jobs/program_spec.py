@@ -1,0 +1,122 @@
+"""Checking the program half of a job submission: code bundle, entrypoint, launcher, env.
+
+A job runs either a built-in ``workload`` or a tenant's ``code`` bundle. For a
+bundle, the entrypoint must name a Python file that is in it, the launcher is
+``edl`` or ``torchrun``, and ``env`` holds only the user's own variables (the
+rules of ``workers.program``).  Every refusal names its field.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from bundles.models import CodeBundle
+from tenancy.models import Tenant
+from workers.program import (
+    ProgramError,
+    check_code_id,
+    check_env,
+    check_launcher,
+    split_entrypoint,
+)
+
+PROGRAM_FIELDS = ("code", "entrypoint", "launcher", "env")
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ProgramSpec:
+    """A checked program: the tenant's bundle, argv, launcher and variables."""
+
+    bundle: CodeBundle
+    entrypoint: tuple[str, ...]
+    launcher: str
+    env: dict[str, str]
+
+    @property
+    def entrypoint_text(self) -> str:
+        """The entrypoint as one shell-quoted line (what the job shows)."""
+        return shlex.join(self.entrypoint)
+
+
+def wants_program(data: Mapping[str, Any]) -> bool:
+    """Whether a submission asks for a code bundle rather than a built-in workload."""
+    return any(data.get(name) not in (None, "") for name in ("code", "entrypoint"))
+
+
+def check_program(
+    tenant: Tenant, data: Mapping[str, Any], add_error: Callable[[str, str], None]
+) -> ProgramSpec | None:
+    """Check the program fields of ``data`` for ``tenant``; report each problem by field."""
+    bundle = _bundle(tenant, data.get("code"), add_error)
+    entrypoint = _checked(add_error, lambda: split_entrypoint(data.get("entrypoint") or ""))
+    if bundle is not None and entrypoint:
+        files = {str(item.get("path")) for item in bundle.files}
+        if entrypoint[0] not in files:
+            add_error(
+                "entrypoint", f"{entrypoint[0]!r} is not a file of bundle {bundle.sha256[:12]}."
+            )
+            entrypoint = None
+    raw_launcher = data.get("launcher")
+    launcher = None
+    if not raw_launcher:
+        add_error("launcher", "Required with code: 'edl' or 'torchrun'.")
+    else:
+        launcher = _checked(add_error, lambda: check_launcher(str(raw_launcher)))
+    env = _checked(add_error, lambda: check_env(parse_env(data.get("env"))))
+    if data.get("workload"):
+        add_error("workload", "Give either a built-in workload or code, not both.")
+    if data.get("args"):
+        add_error("args", "A program takes its arguments in entrypoint.")
+    if bundle is None or not entrypoint or launcher is None or env is None:
+        return None
+    return ProgramSpec(bundle=bundle, entrypoint=entrypoint, launcher=launcher, env=env)
+
+
+def parse_env(raw: Any) -> Any:
+    """``env`` as sent: an object, or (from a form) JSON text or ``NAME=value`` lines."""
+    if raw is None or raw == "":
+        return {}
+    if not isinstance(raw, str):
+        return raw
+    text = raw.strip()
+    if text.startswith("{"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            raise ProgramError("env", "is not a JSON object") from None
+    env: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, sep, value = line.partition("=")
+        if not sep:
+            raise ProgramError("env", f"line {number} is not NAME=value")
+        env[name.strip()] = value
+    return env
+
+
+def _bundle(tenant: Tenant, code: Any, add_error: Callable[[str, str], None]) -> CodeBundle | None:
+    if _checked(add_error, lambda: check_code_id(code)) is None:
+        return None
+    bundle = CodeBundle.objects.filter(tenant=tenant, sha256=code).first()
+    if bundle is None:
+        add_error(
+            "code",
+            f"No code bundle {code[:12]}… in tenant {tenant.slug}: upload it with "
+            "POST /api/v1/code/ first.",
+        )
+    return bundle
+
+
+def _checked(add_error: Callable[[str, str], None], check: Callable[[], T]) -> T | None:
+    try:
+        return check()
+    except ProgramError as exc:
+        add_error(exc.field, exc.message[:1].upper() + exc.message[1:] + ".")
+        return None
