@@ -23,7 +23,10 @@ def submit_job(request: HttpRequest) -> HttpResponse:
     tenants = Tenant.objects.writable_by(request.user)
     # Only a tenant named in the URL overrides the form's default (the user's only tenant).
     initial = {"tenant": request.GET["tenant"]} if request.GET.get("tenant") else {}
-    form = JobForm(request.POST or None, tenants=tenants, initial=initial)
+    form = JobForm(
+        request.POST or None, request.FILES or None, tenants=tenants, user=request.user,
+        initial=initial,
+    )  # fmt: skip
     if request.method == "POST" and form.is_valid() and form.spec is not None:
         try:
             job = do_submit_job(

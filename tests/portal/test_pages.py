@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import io
+import tarfile
 from typing import Any
 
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
 from jobs.models import Job
@@ -102,3 +105,66 @@ def test_token_page(alice: Any) -> None:
     from rest_framework.authtoken.models import Token
 
     assert Token.objects.get(user=alice).key in page
+
+
+def program_form(**overrides: Any) -> dict[str, Any]:
+    form: dict[str, Any] = {
+        "tenant": "acme",
+        "name": "mine",
+        "source": "program",
+        "entrypoint": "train.py --epochs 2",
+        "launcher": "torchrun",
+        "env": "MY_FLAG=1\nOTHER=two words",
+        "gpus": "2",
+        "priority": "50",
+        "recovery": "consistent",
+        "checkpoint_interval": "10",
+    }
+    form.update(overrides)
+    return form
+
+
+def targz(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_submit_form_uploads_a_program_and_runs_it(
+    alice: Any, tmp_path: Any, settings: Any
+) -> None:
+    settings.ARTIFACT_URL = f"file://{tmp_path}"
+    client = logged_in(alice)
+    page = client.get("/jobs/new/").content.decode()
+    assert 'name="archive"' in page and 'name="entrypoint"' in page and "js/submit.js" in page
+    archive = SimpleUploadedFile("code.tgz", targz({"train.py": b"print(1)\n"}))
+    response = client.post("/jobs/new/", program_form(archive=archive))
+    assert response.status_code == 302, response.content.decode()[:2000]
+    job = Job.objects.get()
+    assert job.code is not None and job.entrypoint == "train.py --epochs 2"
+    assert job.launcher == "torchrun" and job.env == {"MY_FLAG": "1", "OTHER": "two words"}
+    # The bundle is offered again on the next visit, and a job can pick it.
+    sha = job.code.sha256
+    assert sha[:12] in client.get("/jobs/new/").content.decode()
+    again = client.post("/jobs/new/", program_form(code=sha, name="again"))
+    assert again.status_code == 302 and Job.objects.count() == 2
+
+
+def test_submit_form_refuses_a_hostile_archive_at_its_field(
+    alice: Any, tmp_path: Any, settings: Any
+) -> None:
+    settings.ARTIFACT_URL = f"file://{tmp_path}"
+    archive = SimpleUploadedFile("code.tgz", targz({"../escape.py": b"x"}))
+    page = logged_in(alice).post("/jobs/new/", program_form(archive=archive))
+    assert page.status_code == 200 and b'data-for="archive"' in page.content
+    assert Job.objects.count() == 0 and not any(tmp_path.rglob("*.tar.gz"))
+
+
+def test_submit_form_program_without_code_says_so(alice: Any) -> None:
+    page = logged_in(alice).post("/jobs/new/", program_form())
+    assert page.status_code == 200 and b"bundle id" in page.content
+    assert Job.objects.count() == 0
