@@ -31,7 +31,7 @@ def job_row(job: Job, positions: dict[int, int]) -> dict[str, Any]:
     return {
         "id": job.pk,
         "name": job.name,
-        "workload": job.workload,
+        "workload": job.runs,
         "state": job.state,
         "gpus": job.gpus,
         "min_gpus": job.min_gpus,

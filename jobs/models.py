@@ -121,6 +121,13 @@ class Job(models.Model):
         return f"job {self.pk} ({self.name})"
 
     @property
+    def runs(self) -> str:
+        """What the job runs, in a few words: a built-in workload, or launcher and entrypoint."""
+        if not self.code_id:
+            return self.workload
+        return f"{self.launcher}: {self.entrypoint}"
+
+    @property
     def jct_seconds(self) -> float | None:
         """Job completion time (finished - submitted), once the job has finished."""
         if self.finished_at is None:

@@ -45,7 +45,9 @@ def submit_job(request: HttpRequest) -> HttpResponse:
 @login_required
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     """A job live: parallelism and throughput over time, its profile, history and log."""
-    job = get_object_or_404(Job.objects.restrict(request.user).select_related("tenant"), pk=job_id)
+    job = get_object_or_404(
+        Job.objects.restrict(request.user).select_related("tenant", "code"), pk=job_id
+    )
     return render(
         request,
         "jobs/detail.html",

@@ -168,3 +168,14 @@ def test_submit_form_program_without_code_says_so(alice: Any) -> None:
     page = logged_in(alice).post("/jobs/new/", program_form())
     assert page.status_code == 200 and b"bundle id" in page.content
     assert Job.objects.count() == 0
+
+
+def test_job_page_shows_the_program(alice: Any, acme: Any, tmp_path: Any, settings: Any) -> None:
+    settings.ARTIFACT_URL = f"file://{tmp_path}"
+    client = logged_in(alice)
+    archive = SimpleUploadedFile("code.tgz", targz({"train.py": b"print(1)\n"}))
+    response = client.post("/jobs/new/", program_form(archive=archive, env="SECRET_THING=<b>x</b>"))
+    page = client.get(response["Location"]).content.decode()
+    job = Job.objects.get()
+    assert job.code is not None and job.code.sha256 in page
+    assert "torchrun: train.py --epochs 2" in page and "SECRET_THING=&lt;b&gt;x&lt;/b&gt;" in page
