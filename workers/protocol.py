@@ -516,6 +516,53 @@ class WorkerExited(JobReport):
     reason: str = ""
 
 
+LOG_TEXT_MAX_CHARS = 65536
+"""The most characters of output that one ``log_lines`` report carries."""
+
+
+@_report
+@dataclass(frozen=True, kw_only=True)
+class LogLines(JobReport):
+    """New output of one training process: bytes ``[offset, offset + size)`` of its log file.
+
+    ``log_id`` names the file (a file created again gets a new id, and its
+    offsets start over at 0).  ``text`` is those bytes decoded as UTF-8 with
+    invalid bytes replaced, at most ``LOG_TEXT_MAX_CHARS`` characters; ``size``
+    is how many bytes of the file they were (default: the UTF-8 length of
+    ``text``), so offsets stay right even where a byte was replaced.  ``rank``
+    and ``generation`` tag the process when the agent knows them.
+    """
+
+    TYPE: ClassVar[str] = "log_lines"
+
+    worker_id: str
+    log_id: str
+    offset: int
+    text: str
+    size: int | None = None
+    rank: int | None = None
+    generation: int | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        check_name(self.worker_id, "log_lines.worker_id")
+        check_id(self.log_id, "log_lines.log_id")
+        at_least(self.offset, 0, "log_lines.offset")
+        at_least(self.size, 0, "log_lines.size")
+        at_least(self.rank, 0, "log_lines.rank")
+        at_least(self.generation, 0, "log_lines.generation")
+        if len(self.text) > LOG_TEXT_MAX_CHARS:
+            raise ProtocolError(
+                f"log_lines.text must be at most {LOG_TEXT_MAX_CHARS} characters, "
+                f"not {len(self.text)}"
+            )
+
+    @property
+    def byte_size(self) -> int:
+        """How many bytes of the log file ``text`` covers."""
+        return len(self.text.encode()) if self.size is None else self.size
+
+
 @_report
 @dataclass(frozen=True, kw_only=True)
 class Stopped(JobReport):

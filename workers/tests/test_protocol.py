@@ -15,6 +15,7 @@ from workers.protocol import (
     Failed,
     Finished,
     Heartbeat,
+    LogLines,
     Migrate,
     Profile,
     ProfileDone,
@@ -111,6 +112,7 @@ def sample_reports() -> list[Report]:
         WorkerExited(
             **common, worker_id="w0", slot=0, exit_code=-9, outcome="crashed", log_tail="x"
         ),
+        LogLines(**common, worker_id="w0", log_id="gpu-1-7-ab", offset=10, text="a\n", rank=0),
         Stopped(**common, command_id="c4"),
         Rejected(node="gpu-1", error="slot 9 does not exist", command_id="c9", job="job-1"),
         Heartbeat(node="gpu-1", device="cpu", slots=2, free_slots=(1,), workers=(worker,)),
@@ -391,3 +393,13 @@ def test_arbitrary_input_parses_or_raises_protocol_error(data: dict[str, Any]) -
     except ProtocolError:
         return
     assert Command.from_dict(command.to_dict()) == command
+
+
+def test_log_lines_limits_its_text_and_names_bad_fields() -> None:
+    common: dict[str, Any] = {"node": "gpu-1", "job": "job-1", "worker_id": "w0", "log_id": "l1"}
+    assert LogLines(**common, offset=0, text="é\n").byte_size == 3
+    assert LogLines(**common, offset=0, text="\ufffd", size=1).byte_size == 1
+    with pytest.raises(ProtocolError, match=r"log_lines\.text"):
+        LogLines(**common, offset=0, text="x" * 65537)
+    with pytest.raises(ProtocolError, match=r"log_lines\.offset"):
+        LogLines(**common, offset=-1, text="")
