@@ -24,6 +24,7 @@ from workers.agent.commands import CommandRejected as CommandRejected  # re-expo
 from workers.agent.config import AgentConfig
 from workers.agent.events import EventForwarder, JobControlLike, default_control_factory
 from workers.agent.launch import log_tail
+from workers.agent.log_shipper import LogOffsets, LogShipper
 from workers.agent.processes import Exit, ProcessTable, running
 from workers.agent.store import AgentStore, WorkerRecord
 from workers.clock import SYSTEM_CLOCK, Clock
@@ -69,6 +70,7 @@ class Agent:
         self.commands = CommandHandler(
             config, store, self.processes, self.events, send, self._lock, clock
         )
+        self.logs = LogShipper(config.node, LogOffsets(store.redis, config.node), send, clock)
         self._next_heartbeat = clock.monotonic()
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
@@ -104,6 +106,7 @@ class Agent:
         """One supervision pass: reap processes, enforce stops, forward events, heartbeat."""
         with self._lock:
             self._reap()
+            self.logs.ship(self.processes.records())
             self.processes.enforce_stops()
             for job in list(self.events.jobs):
                 self.events.forward(job)
@@ -153,6 +156,7 @@ class Agent:
         )
         if outcome == "crashed":
             self.events.note_crash(record.job, record.worker_id, code)
+        self.logs.flush(record)  # every line before the exit report
         self._send(
             WorkerExited(
                 node=self.config.node,
