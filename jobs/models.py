@@ -207,3 +207,63 @@ class JobMetric(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} step {self.step}: {self.samples_per_s:.1f} samples/s"
+
+
+class LogStream(models.Model):
+    """One log file of one worker of a job, as far as the control plane holds it.
+
+    ``end`` is the byte offset up to which the file has arrived and ``gaps``
+    the ranges below it still missing (reports can arrive out of order): a
+    replayed or overlapping report is cut against them.  ``stored_bytes`` is
+    how many of its bytes are still kept (``LOG_MAX_BYTES`` drops the oldest).
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_streams")
+    node = models.CharField(max_length=128)
+    log_id = models.CharField(max_length=200)
+    worker_id = models.CharField(max_length=128)
+    end = models.BigIntegerField(default=0)
+    gaps = models.JSONField(
+        default=list, blank=True, help_text="[start, stop) byte ranges below end not yet seen."
+    )
+    stored_bytes = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "node", "log_id"], name="one_log_stream")
+        ]
+
+    def __str__(self) -> str:
+        return f"log {self.log_id} of job {self.job_id} ({self.end} bytes)"
+
+
+class LogChunk(models.Model):
+    """A piece of a job's output: bytes ``[offset, offset + size)`` of one log file.
+
+    Read in ``id`` order, the chunks are the job's whole log.  A marker chunk
+    (empty ``log_id``) stands where older chunks were dropped for
+    ``LOG_MAX_BYTES``; its ``offset`` counts the bytes dropped.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_chunks")
+    node = models.CharField(max_length=128)
+    worker_id = models.CharField(max_length=128)
+    log_id = models.CharField(max_length=200)
+    offset = models.BigIntegerField()
+    rank = models.PositiveIntegerField(null=True, blank=True)
+    generation = models.PositiveIntegerField(null=True, blank=True)
+    text = models.TextField()
+    size = models.PositiveIntegerField(help_text="Bytes of the log file that text covers.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["job", "id"], name="logchunk_job_id")]
+
+    def __str__(self) -> str:
+        return f"log of job {self.job_id}: {self.worker_id} @{self.offset}+{self.size}"
+
+    @property
+    def is_marker(self) -> bool:
+        """Whether this chunk stands for dropped older output."""
+        return not self.log_id

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rest_framework import serializers
 
 from bundles.models import CodeBundle
@@ -117,3 +119,22 @@ class JobEventSerializer(serializers.ModelSerializer[JobEvent]):
             "data",
         ]
         read_only_fields = fields
+
+
+class LogLineSerializer(serializers.Serializer[Any]):
+    """One line of a job's output (the schema of ``GET /jobs/{id}/logs/``)."""
+
+    cursor = serializers.CharField(help_text="Opaque; pass it as since= to read what follows.")
+    worker = serializers.CharField(help_text="Worker id; empty on a dropped-output marker.")
+    rank = serializers.IntegerField(allow_null=True)
+    generation = serializers.IntegerField(allow_null=True)
+    node = serializers.CharField()
+    text = serializers.CharField(help_text="The line as text (never HTML), without its newline.")
+
+
+class JobLogSerializer(serializers.Serializer[Any]):
+    """A page of a job's output."""
+
+    lines = LogLineSerializer(many=True)
+    cursor = serializers.CharField(help_text="The last line's cursor (or since's when none).")
+    done = serializers.BooleanField(help_text="The job is over and every line was read.")

@@ -5,19 +5,23 @@ from __future__ import annotations
 from typing import Any, cast
 
 from django.db.models import QuerySet
+from django.http import HttpResponseBase
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from jobs.api.logs import EventStreamRenderer, check_log_query, follow_response, log_page
 from jobs.api.serializers import (
     JobCancelSerializer,
     JobCreateSerializer,
     JobEventSerializer,
+    JobLogSerializer,
     JobSerializer,
     JobUpdateSerializer,
 )
@@ -117,6 +121,34 @@ class JobViewSet(
         page = self.paginate_queryset(cast(Any, job.events.all()))  # events, not jobs
         serializer = JobEventSerializer(page, many=True)
         return self.get_paginated_response(serializer.data)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "tail", OpenApiTypes.INT, description="Lines (default 1000, max 10000)."
+            ),
+            OpenApiParameter("since", OpenApiTypes.STR, description="A cursor: lines after it."),
+            OpenApiParameter("worker", OpenApiTypes.STR, description="Only this worker's lines."),
+            OpenApiParameter(
+                "follow",
+                OpenApiTypes.BOOL,
+                description="1: Server-Sent Events (text/event-stream), one data: line per log "
+                "line, then event: end when the job is over.",
+            ),
+        ],
+        responses={
+            (200, "application/json"): JobLogSerializer,
+            (200, "text/event-stream"): OpenApiTypes.STR,
+        },
+    )
+    @action(detail=True, methods=["get"], renderer_classes=[JSONRenderer, EventStreamRenderer])
+    def logs(self, request: Request, pk: str | None = None) -> HttpResponseBase:
+        """The job's whole output as lines, tagged with worker, rank, generation and node."""
+        job = self.get_object()
+        query = check_log_query(request.query_params)
+        if query.follow:
+            return follow_response(job, query)
+        return Response(log_page(job, query))
 
 
 class JctStatsView(APIView):

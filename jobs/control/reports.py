@@ -22,6 +22,7 @@ from jobs.agent_commands import job_id_from_name
 from jobs.choices import ACTIVE_STATES, TERMINAL_STATES, EventKind, JobState
 from jobs.control import program_exits
 from jobs.control.endings import accrue_service, complete_job, fail_job
+from jobs.control.logs import log_lines
 from jobs.lifecycle import broadcast, record, record_metric, request_tick, save_fields, transition
 from jobs.models import Job
 from jobs.services import do_set_parallelism
@@ -32,6 +33,7 @@ from workers.protocol import (
     Heartbeat,
     JobEventReport,
     JobReport,
+    LogLines,
     ProfileDone,
     Progress,
     ProtocolError,
@@ -254,4 +256,5 @@ _HANDLERS: dict[type[Report], Callable[[Job, Any], str]] = {
     Failed: _failed,
     WorkerExited: _worker_exited,
     Started: _started,
+    LogLines: log_lines,
 }

@@ -136,6 +136,7 @@ TORCHRUN_PORT_BASE = env_int("TORCHRUN_PORT_BASE", 29500)
 TORCHRUN_PORT_SPAN = env_int("TORCHRUN_PORT_SPAN", 10000)
 DEFAULT_TENANT_GPU_QUOTA = env_int("DEFAULT_TENANT_GPU_QUOTA", 8)
 PROFILE_BATCHES = env_int("PROFILE_BATCHES", 20)  # mini-batches per level of profile(min, max)
+LOG_MAX_BYTES = env_int("LOG_MAX_BYTES", 64 * 1024 * 1024)  # a job's stored output; oldest dropped
 
 # --- Code bundles: the archives tenants upload, and the store that keeps them for the agents.
 CODE_MAX_FILES = env_int("CODE_MAX_FILES", 10_000)

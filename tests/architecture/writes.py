@@ -19,8 +19,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-WRITERS = frozenset({"jobs.lifecycle", "jobs.holdings", "jobs.services"})
-JOB_MODELS = frozenset({"Job", "JobEvent", "JobGpu", "JobCable", "JobMetric"})
+WRITERS = frozenset({"jobs.lifecycle", "jobs.holdings", "jobs.services", "jobs.logs"})
+JOB_MODELS = frozenset(
+    {"Job", "JobEvent", "JobGpu", "JobCable", "JobMetric", "LogChunk", "LogStream"}
+)
 WRITE_METHODS = frozenset(
     {
         "save",
