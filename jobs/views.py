@@ -11,6 +11,7 @@ from django.views.decorators.http import require_POST
 from jobs.choices import TERMINAL_STATES
 from jobs.forms import JobForm
 from jobs.live import job_snapshot
+from jobs.logs import log_workers, tail_lines
 from jobs.models import Job
 from jobs.services import JobError, do_cancel_job, do_submit_job
 from tenancy.models import Tenant
@@ -42,17 +43,25 @@ def submit_job(request: HttpRequest) -> HttpResponse:
     return render(request, "jobs/submit.html", {"form": form, "has_tenants": tenants.exists()})
 
 
+PAGE_LOG_LINES = 1000
+"""Lines of output a job page opens with (the API reads further back)."""
+
+
 @login_required
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     """A job live: parallelism and throughput over time, its profile, history and log."""
     job = get_object_or_404(
         Job.objects.restrict(request.user).select_related("tenant", "code"), pk=job_id
     )
+    log_lines = tail_lines(job, count=PAGE_LOG_LINES)
     return render(
         request,
         "jobs/detail.html",
         {
             "job": job,
+            "log_lines": log_lines,
+            "log_cursor": log_lines[-1].cursor if log_lines else "",
+            "log_workers": log_workers(job),
             "events": job.events.all(),
             "snapshot": job_snapshot(job),
             "can_cancel": job.state not in TERMINAL_STATES and can_write(request.user, job.tenant),

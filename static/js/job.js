@@ -38,14 +38,58 @@
       plotLayout({ xaxis: { title: "GPUs", dtick: 1, gridcolor: "#e3e6eb" }, yaxis: { title: "samples/s", rangemode: "tozero", gridcolor: "#e3e6eb" } }), config);
   }
 
-  function drawLog(lines) {
-    if (!lines || !lines.length) return;
-    const pre = document.getElementById("job-log");
-    pre.textContent = lines.join("\n");
-    pre.hidden = false;
-    document.getElementById("job-log-empty").hidden = true;
-    pre.scrollTop = pre.scrollHeight;
+  // The job's whole output: the page opens with its last lines, job.log events append
+  // the new ones, a reconnect reads what was missed (since the last cursor).  Lines are
+  // text nodes, never HTML.
+  const logPre = document.getElementById("job-log");
+  const logSelect = document.getElementById("job-log-worker");
+  const LOG_KEEP_CHARS = 4000000;
+  let logCursor = document.getElementById("job-log-card").dataset.cursor || "";
+
+  function cursorAfter(a, b) {
+    if (!b) return true;
+    const x = a.split("-").map(Number), y = b.split("-").map(Number);
+    return x[0] > y[0] || (x[0] === y[0] && x[1] > y[1]);
   }
+
+  function addWorkerOption(worker) {
+    if (!worker || [...logSelect.options].some((o) => o.value === worker)) return;
+    const option = el("option", {}, worker);
+    option.value = worker;
+    logSelect.appendChild(option);
+  }
+
+  function appendLog(lines) {
+    const wanted = logSelect.value;
+    const fresh = lines.filter((l) => cursorAfter(l.cursor, logCursor));
+    if (!fresh.length) return;
+    logCursor = fresh[fresh.length - 1].cursor;
+    fresh.forEach((l) => addWorkerOption(l.worker));
+    const shown = fresh.filter((l) => !wanted || !l.worker || l.worker === wanted);
+    if (!shown.length) return;
+    const atBottom = logPre.scrollTop + logPre.clientHeight >= logPre.scrollHeight - 4;
+    logPre.appendChild(document.createTextNode(shown.map((l) => (l.worker ? "[" + l.worker + "] " : "") + l.text + "\n").join("")));
+    if (logPre.textContent.length > LOG_KEEP_CHARS) {
+      const text = logPre.textContent;
+      const from = text.indexOf("\n", text.length - LOG_KEEP_CHARS / 2) + 1;
+      logPre.textContent = text.slice(from);
+    }
+    logPre.hidden = false;
+    document.getElementById("job-log-empty").hidden = true;
+    if (atBottom) logPre.scrollTop = logPre.scrollHeight;
+  }
+
+  function loadLog(replace) {
+    const worker = logSelect.value ? "&worker=" + encodeURIComponent(logSelect.value) : "";
+    const query = replace ? "tail=1000" : "tail=10000&since=" + encodeURIComponent(logCursor || "0-0");
+    return fetchJSON("/api/v1/jobs/" + jobId + "/logs/?" + query + worker).then((page) => {
+      if (replace) { logPre.textContent = ""; logCursor = ""; }
+      appendLog(page.lines);
+      if (!page.lines.length && !logCursor) logCursor = page.cursor;
+    });
+  }
+  logSelect.addEventListener("change", () => loadLog(true).catch(console.error));
+  if (!logPre.hidden) logPre.scrollTop = logPre.scrollHeight;
 
   function drawEvents(events) {
     const body = document.getElementById("events-body");
@@ -80,7 +124,6 @@
     drawParallelism(snap.parallelism_series);
     drawThroughput(snap.throughput_series);
     drawProfile(snap.profile);
-    drawLog(snap.log);
     drawEvents(snap.events);
   }
 
@@ -89,6 +132,10 @@
 
   function onEvent(event) {
     if (event.job !== jobId) return;
+    if (event.type === "job.log") {
+      if (event.lines) appendLog(event.lines);
+      return;
+    }
     if (event.state) setState(event.state);
     if (event.parallelism !== undefined) document.getElementById("job-parallelism").textContent = event.parallelism;
     if (event.attained_gpu_seconds !== undefined) document.getElementById("job-gpu-time").textContent = seconds(event.attained_gpu_seconds);
@@ -96,5 +143,6 @@
   }
 
   apply(JSON.parse(document.getElementById("job-snapshot").textContent));
-  new LiveSocket([{ topic: "job", id: jobId }], { onEvent, resync });
+  const resyncAll = () => { resync(); loadLog(false).catch(console.error); };
+  new LiveSocket([{ topic: "job", id: jobId }], { onEvent, resync: resyncAll });
 })();

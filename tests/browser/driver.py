@@ -63,7 +63,7 @@ def report(kind: str, job: int, **fields: Any) -> str:
     from workers import protocol
 
     _EVENT_SEQ[0] += 1
-    common = {"node": "node-0", "job": runtime_job_name(job)}
+    common: dict[str, Any] = {"node": "node-0", "job": runtime_job_name(job)}
     event = {**common, "event_id": f"{int(time.time() * 1000)}-{_EVENT_SEQ[0]}"}
     message: Any
     if kind == "progress":
@@ -72,8 +72,8 @@ def report(kind: str, job: int, **fields: Any) -> str:
         curve = tuple(protocol.CurvePoint(workers=n, samples_per_s=v) for n, v in fields["curve"])
         message = protocol.ProfileDone(**event, curve=curve)
     elif kind == "log":
-        message = protocol.WorkerExited(
-            **common, worker_id="w0", slot=0, exit_code=0, outcome="clean", log_tail=fields["text"]
+        message = protocol.LogLines(
+            **common, worker_id="w0", log_id="node-0-1-browser", offset=0, text=fields["text"]
         )
     else:
         raise ValueError(f"unknown report kind {kind!r}")
