@@ -19,11 +19,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from django.http import StreamingHttpResponse
 from rest_framework.exceptions import ValidationError
 from rest_framework.renderers import BaseRenderer
@@ -40,6 +40,10 @@ LAST_LINE = 999_999
 """A line index past every line of a chunk (a chunk has at most 65537 lines)."""
 START_CURSOR = format_cursor(0, 0)
 """Before every line: ``since`` from here reads the log from its start."""
+
+
+Poll = Callable[[tuple[int, int]], Awaitable[tuple[list[LogLine], bool]]]
+"""Reads the lines after a cursor, and whether the job is over (an async call)."""
 
 
 class EventStreamRenderer(BaseRenderer):
@@ -99,8 +103,8 @@ def read_lines(job: Job, query: LogQuery) -> tuple[list[LogLine], bool]:
     terminal = job.state in TERMINAL_STATES
     if query.since is None:
         return tail_lines(job, count=query.tail, worker=query.worker), terminal
-    lines = lines_after(job, query.since, limit=query.tail, worker=query.worker)
-    return lines, terminal and len(lines) < query.tail
+    lines = lines_after(job, query.since, limit=query.tail + 1, worker=query.worker)
+    return lines[: query.tail], terminal and len(lines) <= query.tail
 
 
 def log_page(job: Job, query: LogQuery) -> dict[str, Any]:
@@ -120,8 +124,9 @@ def poll_job(
 ) -> tuple[list[LogLine], bool]:
     """New lines after ``cursor`` and whether the job is over (read again from the database)."""
     job = Job.objects.get(pk=job_id)
-    lines = lines_after(job, cursor, limit=MAX_TAIL, worker=worker)
-    return lines, job.state in TERMINAL_STATES and len(lines) < MAX_TAIL
+    terminal = job.state in TERMINAL_STATES  # read first: lines stored after it come next time
+    lines = lines_after(job, cursor, limit=MAX_TAIL + 1, worker=worker)
+    return lines[:MAX_TAIL], terminal and len(lines) <= MAX_TAIL
 
 
 def _event(line: LogLine) -> str:
@@ -131,7 +136,7 @@ def _event(line: LogLine) -> str:
 async def follow_events(
     first: list[LogLine],
     cursor: tuple[int, int],
-    poll: Callable[[tuple[int, int]], tuple[list[LogLine], bool]],
+    poll: Poll,
     *,
     poll_seconds: float = POLL_SECONDS,
     heartbeat_seconds: float = HEARTBEAT_SECONDS,
@@ -144,7 +149,7 @@ async def follow_events(
         cursor = parse_cursor(first[-1].cursor)
     quiet_since = monotonic()
     while True:
-        lines, done = await sync_to_async(poll)(cursor)
+        lines, done = await poll(cursor)
         for line in lines:
             yield _event(line)
         if lines:
@@ -171,7 +176,13 @@ def follow_response(job: Job, query: LogQuery) -> StreamingHttpResponse:
     else:
         first, start = [], query.since
     job_id, worker = job.pk, query.worker
-    events = follow_events(first, start, lambda cursor: poll_job(job_id, cursor, worker))
+
+    def read(cursor: tuple[int, int]) -> tuple[list[LogLine], bool]:
+        return poll_job(job_id, cursor, worker)
+
+    # database_sync_to_async: the polling thread's stale connections are closed, as in consumers.
+    poll = cast(Poll, database_sync_to_async(read))
+    events = follow_events(first, start, poll)
     response = StreamingHttpResponse(events, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
