@@ -11,7 +11,8 @@
         ├── send LogLines         text decoded as UTF-8 with replacement, size in bytes
         └── remember the offset   Redis hash agent:<node>:logs  "<job>/<worker>" -> JSON
 
-The offset is saved after each report is handed to ``send``, so a restarted
+The offset is saved after each report is handed to ``send`` (unless ``send``
+returns False: the broker refused it, and the next pass tries again), so a restarted
 agent goes on where the last one stopped: a line is neither sent twice nor
 lost (the control plane drops a range it already holds, should a report be
 sent and the agent die before saving).  A file that was deleted and created
@@ -212,7 +213,8 @@ class LogShipper:
                     self._partial_since.setdefault(key, self.clock.monotonic())
                     break
                 self._partial_since.pop(key, None)
-                self._send(self._report(record, position, data[:size]))
+                if self._send(self._report(record, position, data[:size])) is False:
+                    break  # the broker refused it: the same bytes go again next pass
                 position = LogPosition(position.log_id, position.inode, position.offset + size)
                 self.offsets.save(*key, position)
                 sent += 1

@@ -226,3 +226,20 @@ def test_missing_file_sends_nothing(tmp_path: Path, offsets: LogOffsets) -> None
 )
 def test_cut(data: bytes, at_eof: bool, final: bool, expected: int) -> None:
     assert cut(data, at_eof=at_eof, final=final) == expected
+
+
+def test_a_refused_report_is_sent_again(tmp_path: Path, offsets: LogOffsets) -> None:
+    clock = ManualClock()
+    refused: list[Report] = []
+
+    def broker_down(report: Report) -> bool:
+        refused.append(report)
+        return False
+
+    logs = LogShipper("gpu-1", offsets, broker_down, clock)
+    w = worker(tmp_path, b"one\n")
+    logs.ship([w])  # send_report said False: the broker is down
+    sent = Shipped()
+    clock.advance(1)
+    LogShipper("gpu-1", offsets, sent, clock).ship([w])
+    assert len(refused) == 1 and sent.text() == HEADER.decode() + "one\n"
