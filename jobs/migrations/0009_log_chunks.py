@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0007_models_moved_to_tenancy_inventory'),
+        ('jobs', '0008_programs'),
     ]
 
     operations = [
