@@ -35,7 +35,7 @@ WRITE_METHODS = frozenset(
         "update_or_create",
     }
 )
-APP_PACKAGES = ("utilities", "tenancy", "inventory", "jobs", "portal")
+APP_PACKAGES = ("utilities", "tenancy", "inventory", "bundles", "jobs", "portal")
 SETUP_PACKAGES = ("tests", "bench", "conftest")  # fixtures may build rows directly
 
 
