@@ -5,9 +5,16 @@ broker, Channels layer, the elastic runtime's coordination store).  This module
 starts the bundled binary on a loopback port, once per data directory, and
 shares it with every process that runs against that directory:
 
-    data_dir/redis/port   the TCP port of the running server
-    data_dir/redis/pid    its process id
-    data_dir/redis/lock   serialises concurrent starts
+    data_dir/redis/port       the TCP port of the running server
+    data_dir/redis/password   its password (mode 0600, random, made once)
+    data_dir/redis/conf       its configuration (mode 0600: holds ``requirepass``)
+    data_dir/redis/pid        its process id
+    data_dir/redis/lock       serialises concurrent starts
+
+The server requires the password (``requirepass``), so no client without it
+is answered, not even a tenant's program on the same host (it shares the
+host's network for torch.distributed); URLs carry it as
+``redis://:PASSWORD@127.0.0.1:PORT/0``.
 
 The port is chosen once and recorded, so settings can name the server's URL
 without starting anything (``recorded_url``); whoever needs the server running —
@@ -23,6 +30,7 @@ import atexit
 import contextlib
 import fcntl
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -53,14 +61,47 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def answers_ping(port: int, timeout: float = 0.5) -> bool:
-    """Whether a Redis server answers PING on loopback ``port``."""
+def answers_ping(port: int, timeout: float = 0.5, password: str | None = None) -> bool:
+    """Whether a Redis server answers PING on loopback ``port`` (after AUTH, given a password)."""
+    hello = b"PING\r\n"
+    if password is not None:
+        hello = _command("AUTH", password) + hello
+    expected = (b"+OK\r\n" if password is not None else b"") + b"+PONG\r\n"
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as conn:
-            conn.sendall(b"PING\r\n")
-            return conn.recv(16).startswith(b"+PONG")
+            conn.sendall(hello)
+            answer = b""
+            while len(answer) < len(expected):
+                chunk = conn.recv(64)
+                if not chunk:
+                    break
+                answer += chunk
+            return answer.startswith(expected)
     except OSError:
         return False
+
+
+def _command(*parts: str) -> bytes:
+    """One command in the Redis protocol (RESP): safe for any password."""
+    out = f"*{len(parts)}\r\n".encode()
+    for part in parts:
+        raw = part.encode()
+        out += f"${len(raw)}\r\n".encode() + raw + b"\r\n"
+    return out
+
+
+def _password(state_dir: Path) -> str:
+    """The server's password, made once and kept readable by this user only."""
+    path = state_dir / "password"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    password = secrets.token_hex(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(password)
+    return password
 
 
 def _read_port(state_dir: Path) -> int | None:
@@ -90,11 +131,12 @@ def recorded_url(data_dir: Path) -> str:
         if port is None:
             port = _free_port()
             (state_dir / "port").write_text(str(port))
-    return _url(port)
+        password = _password(state_dir)
+    return _url(port, password)
 
 
-def _url(port: int) -> str:
-    return f"redis://127.0.0.1:{port}/0"
+def _url(port: int, password: str) -> str:
+    return f"redis://:{password}@127.0.0.1:{port}/0"
 
 
 def ensure_running(data_dir: Path, *, startup_timeout: float = 10.0) -> str:
@@ -106,9 +148,10 @@ def ensure_running(data_dir: Path, *, startup_timeout: float = 10.0) -> str:
     """
     with _locked_state(data_dir) as state_dir:
         port = _read_port(state_dir)
-        if port is None or not answers_ping(port):
-            port = _start(state_dir, port, startup_timeout)
-    url = _url(port)
+        password = _password(state_dir)
+        if port is None or not answers_ping(port, password=password):
+            port = _start(state_dir, port, password, startup_timeout)
+    url = _url(port, password)
     os.environ["REDIS_URL"] = url
     return url
 
@@ -122,11 +165,17 @@ def _port_is_free(port: int) -> bool:
     return True
 
 
-def _start(state_dir: Path, recorded: int | None, startup_timeout: float) -> int:
+def _start(state_dir: Path, recorded: int | None, password: str, startup_timeout: float) -> int:
     port = recorded if recorded is not None and _port_is_free(recorded) else _free_port()
     (state_dir / "port").write_text(str(port))
+    # The password goes in a private file, not on the command line (ps shows that).
+    conf = state_dir / "conf"
+    fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f'requirepass "{password}"\n')
     args = [
         str(server_binary()),
+        str(conf),
         "--bind", "127.0.0.1",
         "--port", str(port),
         "--dir", str(state_dir),
@@ -138,7 +187,7 @@ def _start(state_dir: Path, recorded: int | None, startup_timeout: float) -> int
     ]  # fmt: skip
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + startup_timeout
-    while not answers_ping(port):
+    while not answers_ping(port, password=password):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             log = (state_dir / "redis.log").read_text(errors="replace")[-500:]
