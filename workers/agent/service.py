@@ -132,6 +132,7 @@ def config_from_options(
         heartbeat_expires_seconds=max(env.heartbeat_seconds, env.down_after_seconds),
         stop_children_on_exit=options.stop_children_on_exit,
         concurrency=options.concurrency,
+        sandbox=env.sandbox,
     )
 
 

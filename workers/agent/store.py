@@ -29,7 +29,16 @@ FORWARD_CLAIM_TTL_SECONDS = 24 * 3600
 
 @dataclass(frozen=True)
 class WorkerRecord:
-    """A training process the agent started (its desired state: running)."""
+    """A training process the agent started (its desired state: running).
+
+    A tenant program's process also has ``launcher`` (``edl`` or
+    ``torchrun``; None for a built-in workload), its ``rank`` and the job's
+    ``generation``; ``sandboxed`` says ``pid`` is bubblewrap's, ``cgroup``
+    names its pids cgroup (removed once it exits), and ``start_ticks`` (the
+    kernel's start time of ``pid``) lets a restarted agent recognise it
+    without reading its command line.  Records written before these fields
+    existed load with the defaults.
+    """
 
     job: str
     worker_id: str
@@ -37,6 +46,12 @@ class WorkerRecord:
     pid: int
     log_path: str
     started_at: float
+    rank: int | None = None
+    generation: int | None = None
+    launcher: str | None = None
+    sandboxed: bool = False
+    start_ticks: int | None = None
+    cgroup: str | None = None
 
     @property
     def key(self) -> str:
@@ -45,10 +60,15 @@ class WorkerRecord:
 
 @dataclass(frozen=True)
 class StopRecord:
-    """A job the agent was told to stop, and when it ends the stragglers itself."""
+    """A job the agent was told to stop, and when it ends the stragglers itself.
+
+    SIGTERM goes out at ``deadline``, SIGKILL ``kill_after`` seconds later
+    (None: the agent's ``stop_kill_after_seconds``).
+    """
 
     command_id: str
     deadline: float
+    kill_after: float | None = None
 
 
 class AgentStore:
