@@ -1,0 +1,239 @@
+"""A tenant program's process: its directories, command line, environment and mounts (pure).
+
+Per job, on each node that runs it (created by the agent)::
+
+    <data_dir>/jobs/<job>/checkpoints        CHECKPOINT_DIR  read-write, shared by its workers
+    <data_dir>/jobs/<job>/artifacts          ARTIFACT_DIR    read-write, shared by its workers
+    <data_dir>/jobs/<job>/scratch/<worker>   SCRATCH_DIR and HOME, read-write, one per worker
+
+(Built-in workloads keep ``<data_dir>/checkpoints/<job>``.)  The program runs
+``python <code dir>/<entrypoint[0]> <entrypoint[1:]...>`` in its code directory
+(the bundle unpacked read-only), never through a shell, with exactly the
+environment built here and nothing of the agent's own (no secrets, no broker
+or database URLs).
+
+Launchers:
+
+- ``torchrun``: the torchrun contract (RANK, LOCAL_RANK, WORLD_SIZE, ...,
+  MASTER_ADDR/PORT), so an unmodified ``init_process_group(init_method="env://")``
+  script runs; a resize stops the job and starts it again one generation on
+  (TORCHELASTIC_RESTART_COUNT).
+- ``edl``: the worker options of the elastic runtime as JSON in
+  ``EDL_OPTIONS`` (``workers.elastic.cli``), with the job's own Redis user in
+  their ``redis_url``, and ``PYTHONPATH`` naming the SDK packages only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from workers.agent.config import REPO_ROOT, AgentConfig
+from workers.agent.sandbox import Mounts
+from workers.elastic.cli import OPTIONS_ENV, WorkerOptions, options_to_env
+from workers.protocol import Program, StartWorkers, WorkerSlot
+
+SDK_PACKAGES: tuple[str, ...] = ("edl", "workers")
+"""The repository's packages a program may import (``edl`` and what it imports: ``workers``)."""
+
+DEFAULT_SYNC_TIMEOUT_S = 30.0
+DEFAULT_SCALE_LEAD_MS = 500.0
+
+
+@dataclass(frozen=True)
+class JobDirs:
+    """A program job's directories on this node (see the module docstring)."""
+
+    root: Path
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def artifacts(self) -> Path:
+        return self.root / "artifacts"
+
+    def scratch(self, worker_id: str) -> Path:
+        """One worker's private scratch directory (its HOME)."""
+        return self.root / "scratch" / worker_id
+
+    def create(self, worker_id: str) -> None:
+        """Make the job's and the worker's directories (an adapter's step)."""
+        for path in (self.checkpoints, self.artifacts, self.scratch(worker_id)):
+            path.mkdir(parents=True, exist_ok=True)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one worker of a start command sits among that command's workers on this node."""
+
+    local_rank: int
+    local_world_size: int
+    rank: int
+
+
+def placement(command: StartWorkers, worker: WorkerSlot) -> Placement:
+    """LOCAL_RANK (order in the command), LOCAL_WORLD_SIZE, RANK (given, else group-derived)."""
+    local_rank = command.workers.index(worker)
+    local_world = len(command.workers)
+    program = command.program
+    group_rank = program.group_rank if program is not None else 0
+    rank = worker.rank if worker.rank is not None else group_rank * local_world + local_rank
+    return Placement(local_rank=local_rank, local_world_size=local_world, rank=rank)
+
+
+def venv_dir(python: str) -> Path:
+    """The environment that holds the ``python`` executable (``<venv>/bin/python``)."""
+    return Path(python).parent.parent
+
+
+def program_argv(python: str, code_dir: Path, entrypoint: tuple[str, ...]) -> list[str]:
+    """``python <code_dir>/<script> <args...>``."""
+    return [python, str(code_dir / entrypoint[0]), *entrypoint[1:]]
+
+
+def base_env(
+    config: AgentConfig, dirs: JobDirs, worker_id: str, program: Program
+) -> dict[str, str]:
+    """What every program process gets, before its launcher's variables."""
+    env = dict(program.env)
+    scratch = dirs.scratch(worker_id)
+    env.update(
+        PATH=os.pathsep.join(
+            [str(venv_dir(config.python) / "bin"), "/usr/local/bin", "/usr/bin", "/bin"]
+        ),
+        HOME=str(scratch),
+        TMPDIR="/tmp",
+        LANG="C.UTF-8",
+        PYTHONUNBUFFERED="1",
+        CHECKPOINT_DIR=str(dirs.checkpoints),
+        ARTIFACT_DIR=str(dirs.artifacts),
+        SCRATCH_DIR=str(scratch),
+    )
+    if config.device == "cpu":
+        # One process per slot: intra-op threads would fight each other.
+        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    return env
+
+
+def torchrun_env(
+    config: AgentConfig, command: StartWorkers, worker: WorkerSlot, dirs: JobDirs
+) -> dict[str, str]:
+    """The torchrun contract for one process (plus the base environment)."""
+    program = _program(command)
+    where = placement(command, worker)
+    env = base_env(config, dirs, worker.worker_id, program)
+    env.update(
+        RANK=str(where.rank),
+        LOCAL_RANK=str(where.local_rank),
+        WORLD_SIZE=str(program.world_size),
+        LOCAL_WORLD_SIZE=str(where.local_world_size),
+        GROUP_RANK=str(program.group_rank),
+        ROLE_RANK=str(where.rank),
+        ROLE_WORLD_SIZE=str(program.world_size),
+        MASTER_ADDR=program.master_addr,
+        MASTER_PORT=str(program.master_port),
+        TORCHELASTIC_RESTART_COUNT=str(program.generation),
+        TORCHELASTIC_RUN_ID=command.job,
+    )
+    if config.device == "cuda":
+        # torchrun's scripts pick cuda:LOCAL_RANK: the command's slots, in order.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(w.slot) for w in command.workers)
+    return env
+
+
+def edl_options(
+    config: AgentConfig, command: StartWorkers, worker: WorkerSlot, dirs: JobDirs, redis_url: str
+) -> WorkerOptions:
+    """The elastic runtime's options of one process, as ``worker_argv`` gives a built-in's."""
+    return WorkerOptions(
+        job_id=command.job,
+        worker_id=worker.worker_id,
+        workload="",
+        args={},
+        batch_size=command.batch_size,
+        recovery=command.recovery,
+        checkpoint_dir=str(dirs.checkpoints),
+        checkpoint_every=command.checkpoint_every,
+        checkpoint_minutes=command.checkpoint_minutes,
+        initial_world=None if command.join else command.initial_world,
+        # The process sees only its own GPU (CUDA_VISIBLE_DEVICES), as device 0.
+        device="cuda:0" if config.device == "cuda" else "cpu",
+        redis_url=redis_url,
+        max_steps=command.max_steps,
+        step_log=None,
+        sync_timeout_s=command.sync_timeout_s or DEFAULT_SYNC_TIMEOUT_S,
+        scale_lead_ms=DEFAULT_SCALE_LEAD_MS,
+        drop_stragglers=False,
+        slow_ms=0.0,
+    )
+
+
+def edl_env(
+    config: AgentConfig,
+    command: StartWorkers,
+    worker: WorkerSlot,
+    dirs: JobDirs,
+    redis_url: str,
+    sdk_root: Path = REPO_ROOT,
+) -> dict[str, str]:
+    """The edl launcher's environment: ``EDL_OPTIONS``, the SDK on ``PYTHONPATH``."""
+    env = base_env(config, dirs, worker.worker_id, _program(command))
+    env[OPTIONS_ENV] = options_to_env(edl_options(config, command, worker, dirs, redis_url))
+    env["PYTHONPATH"] = str(sdk_root)
+    if config.device == "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = str(worker.slot)
+    return env
+
+
+def program_mounts(
+    config: AgentConfig,
+    dirs: JobDirs,
+    worker_id: str,
+    code_dir: Path,
+    *,
+    repo_root: Path = REPO_ROOT,
+    base_prefix: Path,
+    home: Path = Path("/root"),
+) -> Mounts:
+    """What one worker's sandbox hides and binds back (``workers.agent.sandbox``)."""
+    venv = venv_dir(config.python)
+    real_venv = venv.resolve()
+    python_home = base_prefix.resolve()
+    hide = {repo_root, config.data_dir, home, *config.sandbox.hide}
+    cache_root = code_dir.parent  # the other bundles unpacked next to this one
+    if cache_root != Path("/") and not any(
+        p == cache_root or cache_root in p.parents for p in (venv, real_venv, python_home)
+    ):
+        hide.add(cache_root)
+    if real_venv.parent != repo_root and (real_venv.parent / "pyproject.toml").exists():
+        hide.add(real_venv.parent)  # the venv is another checkout's: hide that repository too
+    if config.sandbox.database_file is not None:
+        hide.add(config.sandbox.database_file.parent)
+    read_only = {
+        venv,
+        real_venv,
+        python_home,
+        code_dir,
+        *(repo_root / name for name in SDK_PACKAGES),
+    }
+    writable = (dirs.checkpoints, dirs.artifacts, dirs.scratch(worker_id))
+    return Mounts(
+        hide=tuple(sorted(hide)),
+        read_only=tuple(sorted(read_only)),
+        writable=writable,
+    )
+
+
+def _program(command: StartWorkers) -> Program:
+    if command.program is None:
+        raise ValueError(f"start_workers {command.command_id} has no program")
+    return command.program
+
+
+def redacted(env: Mapping[str, str]) -> str:
+    """The variable names of an environment, for the log (values may hold credentials)."""
+    return " ".join(sorted(env))
