@@ -25,7 +25,8 @@ from workers.agent.config import AgentConfig
 from workers.agent.events import EventForwarder, JobControlLike, default_control_factory
 from workers.agent.launch import log_tail
 from workers.agent.log_shipper import LogOffsets, LogShipper
-from workers.agent.processes import Exit, ProcessTable, running
+from workers.agent.processes import Exit, ProcessTable, ResolveCode, no_code_cache, running
+from workers.agent.redis_acl import delete_job_user
 from workers.agent.store import AgentStore, WorkerRecord
 from workers.clock import SYSTEM_CLOCK, Clock
 from workers.protocol import (
@@ -53,6 +54,7 @@ class Agent:
         *,
         send_heartbeat: Callable[[Heartbeat], object] | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        resolve_code: ResolveCode = no_code_cache,
     ) -> None:
         self.config = config
         self.store = store
@@ -60,7 +62,8 @@ class Agent:
         self._send = send
         self._send_heartbeat = send_heartbeat or send
         self._lock = threading.RLock()
-        self.processes = ProcessTable(config, store, clock)
+        # resolve_code: a program's unpacked bundle (the node's code cache).
+        self.processes = ProcessTable(config, store, clock, resolve_code)
         self.events = EventForwarder(
             config.node,
             store,
@@ -132,7 +135,7 @@ class Agent:
 
     def _reap(self) -> None:
         for exit_ in self.processes.reap():
-            self._report_exit(exit_.record, exit_.code, self._outcome(exit_))
+            self._report_exit(exit_.record, exit_.code, self._outcome(exit_), exit_.reason)
 
     def _outcome(self, exit_: Exit) -> ExitOutcome:
         if exit_.signalled:
@@ -144,7 +147,9 @@ class Agent:
             return "clean" if self.events.ended(exit_.record.job) else "lost"
         return "clean" if exit_.code == 0 else "crashed"
 
-    def _report_exit(self, record: WorkerRecord, code: int | None, outcome: ExitOutcome) -> None:
+    def _report_exit(
+        self, record: WorkerRecord, code: int | None, outcome: ExitOutcome, reason: str = ""
+    ) -> None:
         tail = log_tail(record.log_path) if outcome in ("crashed", "lost") else ""
         log.log(
             logging.WARNING if outcome == "crashed" else logging.INFO,
@@ -166,6 +171,8 @@ class Agent:
                 exit_code=code,
                 outcome=outcome,
                 log_tail=tail,
+                generation=record.generation,
+                reason=reason,
             )
         )
 
@@ -176,6 +183,8 @@ class Agent:
                 continue
             watch = self.events.jobs[job]
             stop = self.processes.stops.pop(job, None)
+            if job in self.processes.job_users and (stop is not None or watch.ended):
+                self._drop_job_user(job)
             if stop is not None:
                 self.store.drop_stop(job)
                 self._send(Stopped(node=self.config.node, job=job, command_id=stop.command_id))
@@ -189,11 +198,23 @@ class Agent:
                 )
             self.events.forget(job)
 
+    def _drop_job_user(self, job: str) -> None:
+        self.processes.job_users.discard(job)
+        try:
+            delete_job_user(self.store.redis, job)
+        except Exception:  # the control plane deletes it too when it cleans the job up
+            log.exception("could not delete the Redis user of job %s", job)
+
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        """Start the supervisor thread (idempotent)."""
+        """Start the supervisor thread (idempotent); say whether tenant programs can run."""
         if self._thread is not None:
             return
+        refused = self.processes.sandbox_refusal()
+        if refused is not None:
+            log.error("%s (built-in workloads still run)", refused)
+        elif self.config.sandbox.mode == "off":
+            log.warning("SANDBOX=off: tenant programs will run unsandboxed")
         self._stop_event.clear()
         self._thread = threading.Thread(target=self._run, name="agent-supervisor", daemon=True)
         self._thread.start()

@@ -127,6 +127,7 @@ class CommandHandler:
                 command.reason or "stopped by the control plane"
             )
             self.processes.stop(command.job, command.command_id, command.grace_seconds)
+            self.processes.enforce_stops()  # a torchrun program's SIGTERM goes out now
         elif isinstance(command, Profile):
             self._profile(command)
         else:  # pragma: no cover - the registry has no other type
@@ -139,20 +140,32 @@ class CommandHandler:
         worker is told to leave (scale-in, migration, stop); that worker may
         still be finishing its last mini-batch.  Waiting here (the supervisor
         thread reaps it meanwhile) turns that race into a short delay; a slot
-        still busy after ``slot_wait_seconds`` is rejected as before.
+        still busy after ``slot_wait_seconds`` is rejected as before.  A
+        program's next generation (a torchrun resize is stop-resume) waits
+        likewise for the job's stop on this node to complete, and for its own
+        worker ids of an older generation to exit.
         """
         deadline = self.clock.monotonic() + self.config.slot_wait_seconds
         while True:
             with self._lock:
-                used = self.processes.slot_holders()
-                busy = [
-                    w
-                    for w in command.workers
-                    if not self.processes.has(command.job, w.worker_id) and w.slot in used
-                ]
-            if not busy or self.clock.monotonic() >= deadline:
+                blocked = self._blocked(command)
+            if not blocked or self.clock.monotonic() >= deadline:
                 return
             self.clock.sleep(0.2)
+
+    def _blocked(self, command: StartWorkers) -> bool:
+        generation = command.program.generation if command.program is not None else None
+        if generation is not None and command.job in self.processes.stops:
+            return True
+        used = self.processes.slot_holders()
+        for w in command.workers:
+            if self.processes.has(command.job, w.worker_id):
+                if self.processes.older(command.job, w.worker_id, generation):
+                    return True
+                continue
+            if w.slot in used:
+                return True
+        return False
 
     def _answer_replay(self, command: Command) -> None:
         # The first answer may have been lost: confirm what runs, start nothing.
@@ -173,9 +186,19 @@ class CommandHandler:
         """The workers of ``command`` still to start; raise if any cannot start here."""
         if command.job in self.processes.stops:
             raise CommandRejected(f"job {command.job} is stopping on node {self.config.node}")
+        if command.program is not None:
+            refused = self.processes.sandbox_refusal()
+            if refused is not None:
+                raise CommandRejected(refused)
+        generation = command.program.generation if command.program is not None else None
         to_start = []
         used = self.processes.slot_holders()
         for worker in command.workers:
+            if self.processes.older(command.job, worker.worker_id, generation):
+                raise CommandRejected(
+                    f"worker {worker.worker_id} of job {command.job} still runs "
+                    f"from an older generation on node {self.config.node}"
+                )
             if self.processes.has(command.job, worker.worker_id):
                 continue  # already runs: starting it again is a no-op
             if worker.slot >= self.config.slots:
@@ -200,7 +223,8 @@ class CommandHandler:
         for worker in to_start:
             try:
                 self.processes.start(command, worker)
-            except OSError as exc:
+            except (OSError, ValueError, RuntimeError) as exc:
+                # RuntimeError: ProgramUnavailable, or the code cache's own errors.
                 self._send(
                     Failed(
                         node=self.config.node,

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from workers.agent.config import REPO_ROOT, AgentConfig
@@ -56,8 +57,19 @@ def worker_env(config: AgentConfig) -> dict[str, str]:
     return env
 
 
-def spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    """Start a process in its own session with stdout and stderr appended to ``log_path``."""
+def spawn(
+    argv: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    *,
+    cwd: Path = REPO_ROOT,
+    preexec_fn: Callable[[], None] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start a process in its own session with stdout and stderr appended to ``log_path``.
+
+    ``env`` is the process's whole environment; ``preexec_fn`` runs in the
+    child before exec (a program's resource limits).
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv)}\n".encode())
@@ -70,8 +82,9 @@ def spawn(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Po
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
-            cwd=REPO_ROOT,
+            cwd=cwd,
             start_new_session=True,
+            preexec_fn=preexec_fn,
         )
 
 
@@ -102,6 +115,21 @@ def process_matches(pid: int, job: str, worker_id: str, module: str) -> bool:
         return False
     args = raw.decode(errors="replace").split("\0")
     return module in args and _flag(args, "--job") == job and _flag(args, "--worker") == worker_id
+
+
+def same_process(pid: int, start_ticks: int) -> bool:
+    """Whether ``pid`` is alive, not a zombie, and started at ``start_ticks``.
+
+    How a restarted agent recognises a tenant program's process: its command
+    line is bubblewrap's (or the user's), but pid and kernel start time
+    together name one process for the machine's uptime.
+    """
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = status.rsplit(")", 1)[-1].split()
+    return fields[0] != "Z" and int(fields[19]) == start_ticks
 
 
 def _flag(args: list[str], name: str) -> str | None:

@@ -1,5 +1,12 @@
 """The agent's process table: the training processes it runs and the stops it enforces.
 
+Built-in workloads run ``python -m workers.elastic.worker`` as before.  A
+tenant program (``StartWorkers.program``) runs from its unpacked code
+directory, which an injected ``resolve_code(program) -> Path`` provides (the
+node's code cache), under the sandbox (``workers.agent.sandbox``) with its
+limits (``workers.agent.limits``) and its launcher's environment
+(``workers.agent.programs``).
+
 Not thread-safe on its own: the ``Agent`` calls it under its one lock.
 """
 
@@ -10,13 +17,46 @@ import logging
 import os
 import signal
 import subprocess
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from workers.agent import limits, redis_acl
 from workers.agent.config import AgentConfig
-from workers.agent.launch import process_matches, spawn, worker_argv, worker_env
+from workers.agent.launch import (
+    log_tail,
+    process_matches,
+    same_process,
+    spawn,
+    worker_argv,
+    worker_env,
+)
+from workers.agent.programs import (
+    JobDirs,
+    edl_env,
+    placement,
+    program_argv,
+    program_mounts,
+    torchrun_env,
+)
+from workers.agent.sandbox import bwrap_argv, bwrap_binary, refusal, sandbox_problem
 from workers.agent.store import AgentStore, StopRecord, WorkerRecord
 from workers.clock import Clock
-from workers.protocol import RunningWorker, StartWorkers, WorkerSlot
+from workers.protocol import Program, RunningWorker, StartWorkers, WorkerSlot
+
+ResolveCode = Callable[[Program], Path]
+"""The unpacked, read-only code directory of a program's bundle (the node's code cache)."""
+
+
+class ProgramUnavailable(RuntimeError):
+    """A tenant program cannot start on this node (no code, no sandbox)."""
+
+
+def no_code_cache(program: Program) -> Path:
+    """The default ``ResolveCode``: this agent was given no code cache."""
+    raise ProgramUnavailable(f"no code cache configured: cannot unpack bundle {program.code}")
+
 
 log = logging.getLogger(__name__)
 
@@ -37,22 +77,59 @@ class Child:
         if self.popen is not None:
             code = self.popen.poll()
             return code is not None, code
-        alive = process_matches(self.record.pid, self.record.job, self.record.worker_id, module)
-        return not alive, None
+        return not is_alive(self.record, module), None
 
-    def signal(self, signum: int) -> None:
-        """Signal the process's whole group (the worker and anything it started)."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.record.pid, signum)
+    def signal(self, signum: int) -> bool:
+        """Signal the process's whole group (the worker and anything it started).
+
+        A sandboxed program is not in bubblewrap's group (``--new-session``):
+        SIGTERM goes to every process below bubblewrap but bubblewrap's own
+        (so the program may end gracefully), SIGKILL to all of them and to
+        every member of its pids cgroup.  False when there was nobody to
+        signal yet (a sandbox still starting): the caller tries again.
+        """
+        if not self.record.sandboxed:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.record.pid, signum)
+            return True
+        if signum == signal.SIGKILL:
+            targets = [self.record.pid, *limits.descendants(self.record.pid)]
+            targets += limits.members(self.record.cgroup)
+        else:
+            targets = [
+                pid for pid in limits.descendants(self.record.pid) if _command_name(pid) != "bwrap"
+            ]
+        for pid in targets:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+        return bool(targets)
+
+
+def is_alive(record: WorkerRecord, module: str) -> bool:
+    """Whether the process of ``record`` still runs (pid not reused by another process)."""
+    if record.start_ticks is not None:
+        return same_process(record.pid, record.start_ticks)
+    return process_matches(record.pid, record.job, record.worker_id, module)
+
+
+def _command_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 @dataclass(frozen=True)
 class Exit:
-    """A child that has exited: its record, its exit code (None: adopted), how it was ended."""
+    """A child that has exited: its record, its exit code (None: adopted), how it was ended.
+
+    ``reason``: the sandbox limit that ended a program, when it can be told.
+    """
 
     record: WorkerRecord
     code: int | None
     signalled: bool
+    reason: str = ""
 
 
 def running(record: WorkerRecord) -> RunningWorker:
@@ -65,17 +142,34 @@ def running(record: WorkerRecord) -> RunningWorker:
 class ProcessTable:
     """Which training process runs in which slot, and which jobs are being stopped."""
 
-    def __init__(self, config: AgentConfig, store: AgentStore, clock: Clock) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        store: AgentStore,
+        clock: Clock,
+        resolve_code: ResolveCode = no_code_cache,
+    ) -> None:
         self.config = config
         self.store = store
         self.clock = clock
+        self.resolve_code = resolve_code
         self.children: dict[ChildKey, Child] = {}
         self.stops: dict[str, StopRecord] = {}
+        self.job_users: set[str] = set()
+        """Jobs whose Redis user this agent created (deleted when the job ends here)."""
+        self._leftover_cgroups: list[str] = []
 
     # ------------------------------------------------------------------ queries
     def has(self, job: str, worker_id: str) -> bool:
         """Whether ``worker_id`` of ``job`` runs here."""
         return (job, worker_id) in self.children
+
+    def older(self, job: str, worker_id: str, generation: int | None) -> bool:
+        """Whether ``worker_id`` of ``job`` runs here from a generation before ``generation``."""
+        child = self.children.get((job, worker_id))
+        if child is None or generation is None or child.record.generation is None:
+            return False
+        return child.record.generation < generation
 
     def slot_holders(self) -> dict[int, ChildKey]:
         """Busy slots and who holds them."""
@@ -104,8 +198,22 @@ class ProcessTable:
         return tuple(out)
 
     # ------------------------------------------------------------------ changes
+    def sandbox_refusal(self) -> str | None:
+        """Why tenant programs cannot start here (None: they can); bwrap is probed once."""
+        settings = self.config.sandbox
+        if settings.mode == "off":
+            return None
+        problem = sandbox_problem(settings.bwrap)
+        return refusal(problem) if problem is not None else None
+
     def start(self, command: StartWorkers, worker: WorkerSlot) -> WorkerRecord:
-        """Start one training process (raises OSError if it cannot start)."""
+        """Start one training process.
+
+        Raises OSError if it cannot start, ``ProgramUnavailable`` (or what
+        ``resolve_code`` raises) if a program cannot.
+        """
+        if command.program is not None:
+            return self._start_program(command, command.program, worker)
         log_path = self.config.log_path(command.job, worker.worker_id)
         argv = worker_argv(self.config, command, worker)
         popen = spawn(argv, worker_env(self.config), log_path)
@@ -122,9 +230,82 @@ class ProcessTable:
         log.info("started worker %s of job %s (pid %d)", worker.worker_id, command.job, popen.pid)
         return record
 
+    def _start_program(
+        self, command: StartWorkers, program: Program, worker: WorkerSlot
+    ) -> WorkerRecord:
+        refused = self.sandbox_refusal()
+        if refused is not None:
+            raise ProgramUnavailable(refused)
+        settings = self.config.sandbox
+        code_dir = self.resolve_code(program)
+        dirs = JobDirs(self.config.job_dir(command.job))
+        dirs.create(worker.worker_id)
+        if program.launcher == "edl":
+            url = redis_acl.job_url(self.store.redis, self.config.redis_url, command.job)
+            self.job_users.add(command.job)
+            env = edl_env(self.config, command, worker, dirs, url)
+        else:
+            env = torchrun_env(self.config, command, worker, dirs)
+        argv = program_argv(self.config.python, code_dir, program.entrypoint)
+        sandboxed = settings.mode == "on"
+        if sandboxed:
+            mounts = program_mounts(
+                self.config, dirs, worker.worker_id, code_dir, base_prefix=Path(sys.base_prefix)
+            )
+            argv = bwrap_argv(
+                settings.bwrap or bwrap_binary(),
+                mounts,
+                argv,
+                cwd=code_dir,
+                die_with_parent=settings.die_with_agent,
+            )
+        else:
+            log.warning(
+                "SANDBOX=off: worker %s of job %s runs tenant code unsandboxed",
+                worker.worker_id,
+                command.job,
+            )
+        name = f"portal-{self.config.node}-{command.job}-{worker.worker_id}-{program.generation}"
+        cgroup = limits.create_pids_cgroup(settings, name)
+        log_path = self.config.log_path(command.job, worker.worker_id)
+        try:
+            popen = spawn(
+                argv, env, log_path, cwd=code_dir, preexec_fn=limits.preexec(settings, cgroup)
+            )
+        except BaseException:
+            if cgroup is not None:
+                limits.remove_cgroup(cgroup)
+            raise
+        record = WorkerRecord(
+            job=command.job,
+            worker_id=worker.worker_id,
+            slot=worker.slot,
+            pid=popen.pid,
+            log_path=str(log_path),
+            started_at=self.clock.now(),
+            rank=placement(command, worker).rank,
+            generation=program.generation,
+            launcher=program.launcher,
+            sandboxed=sandboxed,
+            start_ticks=limits.start_ticks(popen.pid),
+            cgroup=str(cgroup) if cgroup is not None else None,
+        )
+        self.children[(command.job, worker.worker_id)] = Child(record=record, popen=popen)
+        self.store.save_worker(record)
+        log.info(
+            "started worker %s of job %s, program %s generation %d (pid %d%s)",
+            worker.worker_id,
+            command.job,
+            program.launcher,
+            program.generation,
+            popen.pid,
+            ", sandboxed" if sandboxed else "",
+        )
+        return record
+
     def adopt(self, record: WorkerRecord) -> bool:
         """Adopt a process a previous agent started; False (and forget it) if it is gone."""
-        if process_matches(record.pid, record.job, record.worker_id, self.config.worker_module):
+        if is_alive(record, self.config.worker_module):
             self.children[(record.job, record.worker_id)] = Child(record=record, popen=None)
             log.info(
                 "adopted worker %s of job %s (pid %d)", record.worker_id, record.job, record.pid
@@ -134,8 +315,16 @@ class ProcessTable:
         return False
 
     def stop(self, job: str, command_id: str, grace_seconds: float) -> None:
-        """Remember that ``job`` stops here: its processes are signalled after the grace."""
-        record = StopRecord(command_id=command_id, deadline=self.clock.now() + grace_seconds)
+        """Remember that ``job`` stops here: its processes are signalled after the grace.
+
+        A torchrun program has no runtime to ask: its processes get SIGTERM at
+        once and SIGKILL after the grace (torchrun's own semantics).
+        """
+        now = self.clock.now()
+        if any(child.record.launcher == "torchrun" for child in self.of_job(job)):
+            record = StopRecord(command_id=command_id, deadline=now, kill_after=grace_seconds)
+        else:
+            record = StopRecord(command_id=command_id, deadline=now + grace_seconds)
         self.stops[job] = record
         self.store.save_stop(job, record)
 
@@ -148,8 +337,32 @@ class ProcessTable:
                 continue
             del self.children[key]
             self.store.drop_worker(child.record.job, child.record.worker_id)
-            exits.append(Exit(child.record, code, child.stop_signal_sent is not None))
+            exits.append(
+                Exit(
+                    child.record,
+                    code,
+                    child.stop_signal_sent is not None,
+                    self._diagnose(child.record, code),
+                )
+            )
+        self._remove_cgroups()
         return exits
+
+    def _diagnose(self, record: WorkerRecord, code: int | None) -> str:
+        if record.generation is None:
+            return ""  # a built-in workload: no sandbox limits
+        tail = log_tail(record.log_path) if code != 0 else ""
+        reason = limits.exit_reason(self.config.sandbox, code, tail, record.cgroup)
+        if record.cgroup is not None:
+            self._leftover_cgroups.append(record.cgroup)
+        return reason
+
+    def _remove_cgroups(self) -> None:
+        """Remove the cgroups of exited programs (retried while the last members die)."""
+        for path in list(self._leftover_cgroups):
+            limits.remove_cgroup(path)
+            if not os.path.exists(path):
+                self._leftover_cgroups.remove(path)
 
     def enforce_stops(self) -> None:
         """SIGTERM what is left of a stopping job after its grace, SIGKILL a while later."""
@@ -157,16 +370,21 @@ class ProcessTable:
         for job, stop in self.stops.items():
             if now < stop.deadline:
                 continue
+            kill_after = (
+                stop.kill_after
+                if stop.kill_after is not None
+                else self.config.stop_kill_after_seconds
+            )
             for child in self.of_job(job):
                 if child.stop_signal_sent is None:
-                    log.info(
-                        "stop deadline passed: SIGTERM to worker %s of job %s",
-                        child.record.worker_id,
-                        job,
-                    )
-                    child.stop_signal_sent = now
-                    child.signal(signal.SIGTERM)
-                elif now - child.stop_signal_sent > self.config.stop_kill_after_seconds:
+                    if child.signal(signal.SIGTERM):
+                        child.stop_signal_sent = now
+                        log.info(
+                            "stop deadline passed: SIGTERM to worker %s of job %s",
+                            child.record.worker_id,
+                            job,
+                        )
+                elif now - child.stop_signal_sent > kill_after:
                     child.signal(signal.SIGKILL)
 
     def end_all(self) -> None:
