@@ -1,0 +1,600 @@
+"""Tenant programs through the agent's real launch path: real bwrap, real processes, real Redis.
+
+Each hostile case is a tiny Python "bundle" run as a job's program; what it
+could and could not do comes back in its log (one JSON line) and in the
+agent's reports.  The test directories live under /var/tmp, not /tmp: a
+sandbox's /tmp is private, so a data directory under /tmp would be unseen for
+the wrong reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import textwrap
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+from django.conf import settings
+
+from workers.agent.agent import Agent
+from workers.agent.config import REPO_ROOT, AgentConfig, SandboxSettings
+from workers.agent.redis_acl import delete_job_user, job_url
+from workers.agent.store import AgentStore
+from workers.elastic.control import JobControl
+from workers.protocol import Rejected, Report, Started, Stopped, WorkerExited
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+CODE = "ab" * 32
+OTHER_CODE = "cd" * 32
+FAKE_SECRET = "s3cr3t-agent-key-never-shown"
+FAKE_DATABASE = "postgres://portal:hunter2@db.internal/portal"
+
+
+class Collected:
+    def __init__(self) -> None:
+        self.reports: list[Report] = []
+
+    def __call__(self, report: Report) -> None:
+        self.reports.append(report)
+
+    def of(self, kind: type[Any]) -> list[Any]:
+        return [r for r in self.reports if isinstance(r, kind)]
+
+
+@dataclass
+class Host:
+    """A node's directories for one test, outside /tmp."""
+
+    base: Path
+
+    @property
+    def data_dir(self) -> Path:
+        return self.base / "data"
+
+    @property
+    def code_root(self) -> Path:
+        return self.base / "code"
+
+    @property
+    def database(self) -> Path:
+        return self.base / "db" / "portal.sqlite3"
+
+    def bundle(self, code: str, script: str, name: str = "main.py") -> Path:
+        path = self.code_root / code
+        path.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(textwrap.dedent(script))
+        return path
+
+
+@pytest.fixture
+def host() -> Iterator[Host]:
+    base = Path("/var/tmp") / f"portal-sandbox-{uuid.uuid4().hex[:8]}"
+    made = Host(base)
+    made.data_dir.mkdir(parents=True)
+    made.database.parent.mkdir(parents=True)
+    made.database.write_text("portal database: tenants, tokens")
+    (made.data_dir / "agent-private.txt").write_text("agent private")
+    made.bundle(OTHER_CODE, "OTHER_TENANT_SOURCE = 1\n", "other.py")
+    yield made
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return str(settings.REDIS_URL)
+
+
+@pytest.fixture
+def job(redis_url: str) -> Iterator[str]:
+    name = f"job-{uuid.uuid4().hex[:8]}"
+    yield name
+    JobControl(redis_url, name).cleanup()
+
+
+@pytest.fixture
+def node(redis_url: str) -> Iterator[str]:
+    name = f"sbx-{uuid.uuid4().hex[:8]}"
+    yield name
+    client = redis.Redis.from_url(redis_url)
+    for key in client.scan_iter(match=f"agent:{name}:*"):
+        client.delete(key)
+
+
+@pytest.fixture(autouse=True)
+def agent_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent's own environment holds secrets that no program may see."""
+    monkeypatch.setenv("SECRET_KEY", FAKE_SECRET)
+    monkeypatch.setenv("DATABASE_URL", FAKE_DATABASE)
+
+
+def make_agent(
+    host: Host, node: str, redis_url: str, slots: int = 2, **sandbox: Any
+) -> tuple[Agent, Collected]:
+    config = AgentConfig(
+        node=node,
+        device="cpu",
+        slots=slots,
+        redis_url=redis_url,
+        data_dir=host.data_dir,
+        sandbox=SandboxSettings(**{"database_file": host.database, **sandbox}),
+    )
+    sent = Collected()
+    agent = Agent(
+        config,
+        AgentStore.from_url(redis_url, node),
+        send=sent,
+        resolve_code=lambda program: host.code_root / program.code,
+    )
+    return agent, sent
+
+
+def start_payload(
+    job: str,
+    command_id: str,
+    launcher: str = "torchrun",
+    workers: int = 1,
+    generation: int = 0,
+    master_port: int = 29500,
+    **program: Any,
+) -> dict[str, Any]:
+    return {
+        "type": "start_workers",
+        "job": job,
+        "command_id": command_id,
+        "batch_size": 8,
+        "recovery": "consistent",
+        "checkpoint_every": 0,
+        "initial_world": workers,
+        "workers": [{"worker_id": f"w{i}", "slot": i, "rank": i} for i in range(workers)],
+        "program": {
+            "code": CODE,
+            "code_path": f"code/{CODE}.tar.gz",
+            "entrypoint": ["main.py"],
+            "launcher": launcher,
+            "generation": generation,
+            "world_size": workers,
+            "master_port": master_port,
+            **program,
+        },
+    }
+
+
+def run_to_exit(agent: Agent, sent: Collected, count: int = 1, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while len(sent.of(WorkerExited)) < count:
+        assert time.monotonic() < deadline, sent.reports
+        agent.tick()
+        time.sleep(0.05)
+    agent.tick()
+
+
+def output(agent: Agent, job: str, worker: str = "w0") -> dict[str, Any]:
+    """The JSON line the program printed last."""
+    text = agent.config.log_path(job, worker).read_text()
+    lines = [line for line in text.splitlines() if line.startswith("{")]
+    assert lines, text
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def run_program(
+    host: Host, node: str, redis_url: str, job: str, script: str, **payload: Any
+) -> tuple[Agent, Collected, WorkerExited]:
+    host.bundle(CODE, script)
+    agent, sent = make_agent(host, node, redis_url, **payload.pop("sandbox", {}))
+    assert agent.receive(start_payload(job, "c1", **payload)) == "applied", sent.reports
+    run_to_exit(agent, sent)
+    exited: WorkerExited = sent.of(WorkerExited)[0]
+    return agent, sent, exited
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --------------------------------------------------------------------------- secrets
+
+
+ENV_SCRIPT = """
+import json, os
+try:
+    pid1 = open("/proc/1/environ", "rb").read().decode(errors="replace")
+except OSError as exc:  # unsandboxed: pid 1 is the host's init
+    pid1 = repr(exc)
+print(json.dumps({
+    "env": dict(os.environ),
+    "pid1": pid1,
+    "uid": os.getuid(),
+    "cwd": os.getcwd(),
+}))
+"""
+
+
+def test_a_program_sees_only_its_own_environment(
+    host: Host, node: str, redis_url: str, job: str
+) -> None:
+    agent, _sent, exited = run_program(host, node, redis_url, job, ENV_SCRIPT, env={"LR": "0.1"})
+    assert exited.outcome == "clean" and exited.generation == 0, exited
+    seen = output(agent, job)
+    everything = json.dumps(seen)
+    for secret in (FAKE_SECRET, FAKE_DATABASE, "SECRET_KEY", "DATABASE_URL", "REDIS_URL"):
+        assert secret not in everything
+    admin_password = urlsplit(redis_url).password
+    if admin_password:
+        assert admin_password not in everything
+    env = seen["env"]
+    dirs = host.data_dir / "jobs" / job
+    assert env["LR"] == "0.1"
+    assert env["RANK"] == "0" and env["WORLD_SIZE"] == "1" and env["LOCAL_RANK"] == "0"
+    assert env["TORCHELASTIC_RUN_ID"] == job and env["TORCHELASTIC_RESTART_COUNT"] == "0"
+    assert env["CHECKPOINT_DIR"] == str(dirs / "checkpoints")
+    assert env["HOME"] == env["SCRATCH_DIR"] == str(dirs / "scratch" / "w0")
+    assert seen["uid"] == 65534 and seen["cwd"] == str(host.code_root / CODE)
+    # bwrap's own init (pid 1 of the namespace) got the exact environment the agent
+    # built; the program has that plus the PWD that bwrap's --chdir sets.
+    assert env.pop("PWD") == seen["cwd"]
+    assert set(seen["pid1"].strip("\0").split("\0")) == {f"{k}={v}" for k, v in env.items()}
+
+
+# --------------------------------------------------------------------------- files
+
+FILES_SCRIPT = """
+import json, os, sys
+checks = json.loads(sys.argv[1])
+result = {"read": {}, "write": {}}
+for path in checks["read"]:
+    try:
+        if os.path.isdir(path):
+            result["read"][path] = os.listdir(path)
+        else:
+            result["read"][path] = open(path).read()[:40]
+    except OSError as exc:
+        result["read"][path] = "denied: " + type(exc).__name__
+for path in checks["write"]:
+    try:
+        with open(path, "w") as f:
+            f.write("x")
+        result["write"][path] = "wrote"
+    except OSError as exc:
+        result["write"][path] = "denied: " + type(exc).__name__
+print(json.dumps(result))
+"""
+
+
+def test_a_program_reads_and_writes_only_its_own_directories(
+    host: Host, node: str, redis_url: str, job: str
+) -> None:
+    dirs = host.data_dir / "jobs" / job
+    secret_reads = [
+        str(host.database),
+        str(host.data_dir / "agent-private.txt"),
+        str(host.code_root / OTHER_CODE / "other.py"),
+        str(REPO_ROOT / "pyproject.toml"),
+        "/etc/shadow",
+    ]
+    hidden_dirs = [str(host.data_dir), str(host.code_root), str(REPO_ROOT), "/root"]
+    forbidden = [
+        str(REPO_ROOT / "planted.txt"),
+        "/usr/planted.txt",
+        str(host.data_dir / "planted.txt"),
+        str(host.code_root / CODE / "planted.txt"),
+        str(host.database.parent / "planted.txt"),
+    ]
+    allowed = [
+        str(dirs / "checkpoints" / "ok"),
+        str(dirs / "artifacts" / "ok"),
+        str(dirs / "scratch" / "w0" / "ok"),
+        "/tmp/ok",
+    ]
+    checks = {"read": secret_reads + hidden_dirs, "write": forbidden + allowed}
+    agent, _sent, exited = run_program(
+        host, node, redis_url, job, FILES_SCRIPT, entrypoint=["main.py", json.dumps(checks)]
+    )
+    assert exited.outcome == "clean", exited
+    seen = output(agent, job)
+    for path in secret_reads:
+        assert str(seen["read"][path]).startswith("denied") or seen["read"][path] == "", path
+    assert seen["read"][str(host.data_dir)] == ["jobs"]  # its own job's directories only
+    assert seen["read"][str(host.code_root)] == [CODE]  # no other bundle
+    assert set(seen["read"][str(REPO_ROOT)]) <= {".venv", "edl", "workers"}
+    assert seen["read"]["/root"] in ([], [".pyenv"])  # at most the Python installation
+    for path in forbidden:
+        assert seen["write"][path].startswith("denied"), path
+    for path in allowed:
+        assert seen["write"][path] == "wrote", path
+    assert not (REPO_ROOT / "planted.txt").exists() and not (host.data_dir / "planted.txt").exists()
+    assert (dirs / "artifacts" / "ok").read_text() == "x"
+
+
+# --------------------------------------------------------------------------- limits
+
+FORK_BOMB = """
+import os
+while True:
+    os.fork()
+"""
+
+MEMORY_HOG = """
+blocks = [bytearray(1 << 30) for _ in range(16)]  # 16 GB
+print("allocated")
+"""
+
+
+def test_a_fork_bomb_is_stopped_by_the_process_limit(
+    host: Host, node: str, redis_url: str, job: str
+) -> None:
+    _agent, _sent, exited = run_program(
+        host, node, redis_url, job, FORK_BOMB, sandbox={"max_procs": 32}
+    )
+    assert exited.outcome == "crashed", exited
+    assert exited.reason == "process limit reached (SANDBOX_MAX_PROCS=32)", exited
+
+
+def test_a_memory_hog_is_stopped_by_the_memory_limit(
+    host: Host, node: str, redis_url: str, job: str
+) -> None:
+    agent, _sent, exited = run_program(
+        host, node, redis_url, job, MEMORY_HOG, sandbox={"memory_mb": 1024}
+    )
+    assert exited.outcome == "crashed", exited
+    assert exited.reason == "memory limit reached (SANDBOX_MEMORY_MB=1024)", exited
+    assert "allocated" not in agent.config.log_path(job, "w0").read_text()
+
+
+# --------------------------------------------------------------------------- redis
+
+REDIS_SCRIPT = """
+import json, redis
+from workers.elastic.cli import options_from_env
+options = options_from_env()
+r = redis.Redis.from_url(options.redis_url)
+own = "edl:" + options.job_id + ":probe"
+other = "edl:" + options.job_id + "-other:secret"
+result = {}
+def attempt(name, call):
+    try:
+        result[name] = repr(call())
+    except redis.exceptions.ResponseError as exc:
+        result[name] = "denied: " + str(exc)[:50]
+attempt("own_write", lambda: r.set(own, "1"))
+attempt("own_read", lambda: r.get(own))
+attempt("other_read", lambda: r.get(other))
+attempt("other_write", lambda: r.set(other, "x"))
+attempt("script_other", lambda: r.eval("return redis.call('get', KEYS[1])", 1, other))
+attempt("flushall", r.flushall)
+attempt("keys", lambda: r.keys("*"))
+attempt("config", lambda: r.config_get("requirepass"))
+attempt("randomkey", r.randomkey)
+attempt("acl", lambda: r.acl_list())
+result["options"] = {"checkpoint_dir": options.checkpoint_dir, "workload": options.workload}
+print(json.dumps(result))
+"""
+
+
+def test_a_program_reaches_only_its_own_jobs_redis_keys(
+    host: Host, node: str, redis_url: str, job: str
+) -> None:
+    admin = redis.Redis.from_url(redis_url, decode_responses=True)
+    other = f"edl:{job}-other:secret"
+    admin.set(other, "other tenant")
+    try:
+        agent, _sent, exited = run_program(host, node, redis_url, job, REDIS_SCRIPT, launcher="edl")
+        assert exited.outcome == "clean", (exited, agent.config.log_path(job, "w0").read_text())
+        seen = output(agent, job)
+        assert seen["own_write"] == "True" and seen["own_read"] == "b'1'"
+        for name in ("other_read", "other_write", "script_other", "flushall", "keys", "config"):
+            assert seen[name].startswith("denied"), (name, seen[name])
+        assert seen["randomkey"].startswith("denied") and seen["acl"].startswith("denied")
+        assert admin.get(other) == "other tenant"
+        assert seen["options"]["workload"] == ""
+        assert seen["options"]["checkpoint_dir"] == str(
+            host.data_dir / "jobs" / job / "checkpoints"
+        )
+        assert f"edl-{job}" in admin.acl_users()
+        # Once the job is stopped here (nothing left to run), its user goes.
+        stop = {"type": "stop_job", "job": job, "command_id": "stop", "grace_seconds": 1.0}
+        assert agent.receive(stop) == "applied"
+        agent.tick()
+        assert f"edl-{job}" not in admin.acl_users()
+    finally:
+        admin.delete(other)
+        delete_job_user(admin, job)
+
+
+SCAN_SCRIPT = """
+import json, socket
+answered = []
+for port in range(1, 65536):
+    s = socket.socket()
+    s.settimeout(0.05)
+    try:
+        s.connect(("127.0.0.1", port))
+    except OSError:
+        s.close()
+        continue
+    try:
+        s.sendall(b"PING\\r\\n")
+        if s.recv(16).startswith(b"+PONG"):
+            answered.append(port)
+    except OSError:
+        pass
+    finally:
+        s.close()
+print(json.dumps({"answered": answered}))
+"""
+
+
+def test_a_port_scan_finds_no_portal_redis_that_answers_without_a_password(
+    host: Host, node: str, redis_url: str, job: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The portal's embedded Redis requires its password, so a scan from a sandbox cannot use it.
+
+    The program shares the host's network (torch.distributed needs it) and
+    scans every loopback port for a Redis that answers PING without
+    credentials.  The embedded server (started here, with its password) must
+    not be among them.  If this test run was given an unauthenticated
+    ``REDIS_URL`` (a developer machine's own Redis), that port is a fact of the
+    environment, not of the portal.  So are other Redis servers that a shared
+    machine runs (another checkout's test server from code before the
+    password): those are reported as a warning, not failed on.
+    """
+    from utilities.embedded_redis import ensure_running
+
+    monkeypatch.setenv("REDIS_URL", os.environ.get("REDIS_URL", ""))
+    embedded_url = ensure_running(host.base / "embedded")
+    embedded_port = urlsplit(embedded_url).port
+    given = urlsplit(redis_url)
+    unauthenticated = {given.port or 6379} if not given.password else set()
+    try:
+        agent, _sent, exited = run_program(host, node, redis_url, job, SCAN_SCRIPT)
+        assert exited.outcome == "clean", exited
+        answered = set(output(agent, job)["answered"])
+        assert embedded_port is not None and embedded_port not in answered
+        foreign = answered - unauthenticated
+        if foreign:
+            warnings.warn(
+                f"unauthenticated Redis on this machine, not the portal's: {sorted(foreign)}",
+                stacklevel=1,
+            )
+    finally:
+        pid = (host.base / "embedded" / "redis" / "pid").read_text()
+        os.kill(int(pid), 15)
+
+
+# --------------------------------------------------------------------------- refusal
+
+
+def test_without_bwrap_tenant_code_is_refused(
+    host: Host, node: str, redis_url: str, job: str
+) -> None:
+    host.bundle(CODE, ENV_SCRIPT)
+    agent, sent = make_agent(host, node, redis_url, bwrap="/nonexistent/bwrap")
+    assert agent.receive(start_payload(job, "c1")) == "rejected"
+    [rejected] = sent.of(Rejected)
+    assert "bwrap cannot run here" in rejected.error
+    assert "refusing to run tenant code unsandboxed; an admin may set SANDBOX=off" in rejected.error
+    assert agent.running() == []
+
+
+def test_sandbox_off_runs_unsandboxed_with_the_same_cleared_environment(
+    host: Host, node: str, redis_url: str, job: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    agent, _sent, exited = run_program(
+        host,
+        node,
+        redis_url,
+        job,
+        ENV_SCRIPT,
+        sandbox={"mode": "off", "bwrap": "/nonexistent/bwrap"},
+    )
+    assert exited.outcome == "clean", exited
+    seen = output(agent, job)
+    assert FAKE_SECRET not in json.dumps(seen["env"]) and seen["uid"] == os.getuid()
+    assert "SANDBOX=off" in caplog.text
+
+
+# --------------------------------------------------------------------------- torchrun
+
+DDP_SCRIPT = """
+import json, os, torch, torch.distributed as dist
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+value = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(value)
+print(json.dumps({"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": value.item(),
+                  "local_rank": int(os.environ["LOCAL_RANK"])}))
+dist.destroy_process_group()
+"""
+
+
+def test_an_unmodified_ddp_script_runs_under_the_torchrun_contract(
+    host: Host, node: str, redis_url: str, job: str
+) -> None:
+    host.bundle(CODE, DDP_SCRIPT)
+    agent, sent = make_agent(host, node, redis_url)
+    payload = start_payload(job, "c1", workers=2, master_port=free_port())
+    assert agent.receive(payload) == "applied"
+    run_to_exit(agent, sent, count=2, timeout=90)
+    assert {e.outcome for e in sent.of(WorkerExited)} == {"clean"}, sent.of(WorkerExited)
+    for rank in (0, 1):
+        seen = output(agent, job, f"w{rank}")
+        assert seen == {"rank": rank, "world": 2, "sum": 3.0, "local_rank": rank}
+
+
+SLEEPER = """
+import os, time
+print("generation", os.environ["TORCHELASTIC_RESTART_COUNT"], flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_torchrun_resize_stops_the_old_generation_then_starts_the_next(
+    host: Host, node: str, redis_url: str, job: str
+) -> None:
+    """StopJob: SIGTERM at once; the next generation's StartWorkers waits for it, then starts."""
+    host.bundle(CODE, SLEEPER)
+    agent, sent = make_agent(host, node, redis_url)
+    agent.start()
+    try:
+        assert agent.receive(start_payload(job, "gen0")) == "applied"
+        old_pid = agent.running()[0].pid
+        results: list[str] = []
+        stop = {"type": "stop_job", "job": job, "command_id": "stop0", "grace_seconds": 30.0}
+        assert agent.receive(stop) == "applied"
+        nxt = threading.Thread(
+            target=lambda: results.append(agent.receive(start_payload(job, "gen1", generation=1)))
+        )
+        started = time.monotonic()
+        nxt.start()
+        nxt.join(timeout=30)
+        assert results == ["applied"], sent.reports
+        assert time.monotonic() - started < 10  # SIGTERM at once, not after the 30 s grace
+        [old] = sent.of(WorkerExited)
+        assert old.generation == 0 and old.outcome == "stopped"
+        assert any(isinstance(r, Stopped) for r in sent.reports)
+        [record] = agent.running()
+        assert record.generation == 1 and record.pid != old_pid and record.rank == 0
+        assert [s.command_id for s in sent.of(Started)] == ["gen0", "gen1"]
+
+        # A restarted agent adopts the sandboxed process (its cmdline is bwrap's).
+        again, _ = make_agent(host, node, redis_url)
+        again.restore()
+        assert [r.pid for r in again.running()] == [record.pid]
+        assert replace(again.running()[0]) == record
+    finally:
+        agent.close(stop_children=True)
+
+
+def test_the_elastic_runtime_runs_under_a_jobs_redis_user(redis_url: str, tmp_path: Path) -> None:
+    """Two built-in workers, then a newcomer, with nothing but the job's own Redis user."""
+    from workers.elastic.testing import JobRun
+
+    run = JobRun(redis_url, f"acl{uuid.uuid4().hex[:8]}", tmp_path, args={"epochs": 1000})
+    admin = redis.Redis.from_url(redis_url)
+    run.redis_url = job_url(admin, redis_url, run.job_id)  # the workers' URL; control stays admin
+    try:
+        run.start_initial(2)
+        run.wait_step(5)
+        run.start("w2")
+        assert run.wait_event("scale_done", 60)["world"] == 3
+        run.stop_and_wait()
+        assert set(run.wait_exit().values()) == {0}, run.tail()
+    finally:
+        run.terminate()
+        run.control.cleanup()
+        delete_job_user(admin, run.job_id)

@@ -1,0 +1,244 @@
+"""The pure parts of running tenant programs: bwrap argv, environments, mounts, settings, ACLs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from workers.agent.config import (
+    REPO_ROOT,
+    AgentConfig,
+    AgentConfigError,
+    AgentEnvironment,
+    SandboxSettings,
+)
+from workers.agent.limits import exit_reason
+from workers.agent.programs import (
+    JobDirs,
+    edl_env,
+    program_argv,
+    program_mounts,
+    torchrun_env,
+)
+from workers.agent.redis_acl import derive_password, job_rules, url_for
+from workers.agent.sandbox import Mounts, bwrap_argv
+from workers.agent.store import StopRecord, WorkerRecord
+from workers.elastic.cli import options_from_env
+from workers.protocol import Command, StartWorkers, WorkerExited
+
+CODE = "0f" * 32
+
+
+def config(tmp_path: Path, **extra: Any) -> AgentConfig:
+    return AgentConfig(
+        node="n1",
+        device=extra.pop("device", "cpu"),
+        slots=4,
+        redis_url="redis://:adminpw@10.0.0.5:6380/3",
+        data_dir=tmp_path / "data",
+        python="/srv/portal/.venv/bin/python",
+        **extra,
+    )
+
+
+def start(launcher: str = "torchrun", **program: Any) -> StartWorkers:
+    command = Command.from_dict(
+        {
+            "type": "start_workers",
+            "job": "j1",
+            "command_id": "c1",
+            "batch_size": 16,
+            "recovery": "consistent",
+            "checkpoint_every": 5,
+            "initial_world": 4,
+            "workers": [{"worker_id": "a", "slot": 2, "rank": 2}, {"worker_id": "b", "slot": 3}],
+            "program": {
+                "code": CODE,
+                "code_path": f"code/{CODE}.tar.gz",
+                "entrypoint": ["train.py", "--lr", "0.1"],
+                "launcher": launcher,
+                "generation": 3,
+                "world_size": 4,
+                "group_rank": 1,
+                "master_addr": "node-a",
+                "master_port": 29400,
+                "env": {"LR": "0.1"},
+                **program,
+            },
+        }
+    )
+    assert isinstance(command, StartWorkers)
+    return command
+
+
+def test_bwrap_argv_hides_then_binds_then_remounts_read_only() -> None:
+    mounts = Mounts(
+        hide=(Path("/repo"), Path("/repo/var")),
+        read_only=(Path("/repo/workers"), Path("/usr/lib/python3"), Path("/repo/var/code/x")),
+        writable=(Path("/repo/var/jobs/j/scratch/w"),),
+    )
+    argv = bwrap_argv("bwrap", mounts, ["python", "main.py"], cwd=Path("/repo/var/code/x"))
+    text = " ".join(argv)
+    assert argv[:6] == ["bwrap", "--unshare-user", "--uid", "65534", "--gid", "65534"]
+    assert "--die-with-parent" not in argv and "--new-session" in argv
+    assert text.index("--tmpfs /repo ") < text.index("--tmpfs /repo/var ")
+    assert text.index("--tmpfs /repo/var ") < text.index("--ro-bind /repo/workers /repo/workers")
+    assert "--bind /repo/var/jobs/j/scratch/w /repo/var/jobs/j/scratch/w" in text
+    assert "/usr/lib/python3" not in text  # visible anyway: not bound again
+    # Read-only last, innermost first, once every mount point exists.
+    assert text.index("--remount-ro /repo/var") < text.index("--remount-ro /repo ")
+    assert text.index("--bind /repo/var/jobs") < text.index("--remount-ro")
+    assert "--ro-bind-try /dev/null /etc/shadow" in text
+    assert argv[-4:] == ["/repo/var/code/x", "--", "python", "main.py"]
+    with_parent = bwrap_argv("bwrap", mounts, ["x"], cwd=Path("/"), die_with_parent=True)
+    assert "--die-with-parent" in with_parent
+
+
+def test_torchrun_env_is_the_contract_and_nothing_of_the_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SECRET_KEY", "agent-secret")
+    cfg = config(tmp_path)
+    command = start()
+    dirs = JobDirs(cfg.job_dir("j1"))
+    first = torchrun_env(cfg, command, command.workers[0], dirs)
+    second = torchrun_env(cfg, command, command.workers[1], dirs)
+    assert first["RANK"] == "2" and first["LOCAL_RANK"] == "0"
+    assert second["RANK"] == "3" and second["LOCAL_RANK"] == "1"  # group_rank 1 * 2 + 1
+    for env in (first, second):
+        assert env["WORLD_SIZE"] == env["ROLE_WORLD_SIZE"] == "4"
+        assert env["LOCAL_WORLD_SIZE"] == "2" and env["GROUP_RANK"] == "1"
+        assert env["MASTER_ADDR"] == "node-a" and env["MASTER_PORT"] == "29400"
+        assert env["TORCHELASTIC_RESTART_COUNT"] == "3" and env["TORCHELASTIC_RUN_ID"] == "j1"
+        assert env["OMP_NUM_THREADS"] == "1" and env["CUDA_VISIBLE_DEVICES"] == ""
+        assert env["LR"] == "0.1" and env["TMPDIR"] == "/tmp"
+        assert "SECRET_KEY" not in env and "REDIS_URL" not in env and "PYTHONPATH" not in env
+    assert first["ROLE_RANK"] == "2"
+    assert first["SCRATCH_DIR"] == first["HOME"] == str(cfg.data_dir / "jobs/j1/scratch/a")
+    assert first["CHECKPOINT_DIR"] == str(cfg.data_dir / "jobs/j1/checkpoints")
+    assert first["ARTIFACT_DIR"] == str(cfg.data_dir / "jobs/j1/artifacts")
+    gpu = torchrun_env(config(tmp_path, device="cuda"), command, command.workers[1], dirs)
+    assert gpu["CUDA_VISIBLE_DEVICES"] == "2,3" and "OMP_NUM_THREADS" not in gpu
+
+
+def test_edl_env_hands_the_runtime_its_options(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    command = start("edl")
+    dirs = JobDirs(cfg.job_dir("j1"))
+    env = edl_env(cfg, command, command.workers[1], dirs, "redis://edl-j1:pw@10.0.0.5:6380/3")
+    options = options_from_env(env)
+    assert options.job_id == "j1" and options.worker_id == "b" and options.workload == ""
+    assert options.redis_url == "redis://edl-j1:pw@10.0.0.5:6380/3"
+    assert options.checkpoint_dir == env["CHECKPOINT_DIR"] and options.checkpoint_every == 5
+    assert options.initial_world == 4 and options.batch_size == 16 and options.device == "cpu"
+    assert env["PYTHONPATH"] == str(REPO_ROOT)  # the SDK packages, bound alone in the sandbox
+    assert "RANK" not in env and "adminpw" not in json.dumps(env)
+
+
+def test_program_argv_never_uses_a_shell() -> None:
+    argv = program_argv("/venv/bin/python", Path("/code/x"), ("train.py", "--name", "a; rm -rf /"))
+    assert argv == ["/venv/bin/python", "/code/x/train.py", "--name", "a; rm -rf /"]
+
+
+def test_program_mounts_hide_the_repo_data_root_database_and_other_bundles(tmp_path: Path) -> None:
+    cfg = config(
+        tmp_path,
+        sandbox=SandboxSettings(database_file=Path("/srv/db/portal.sqlite3"), hide=(Path("/x"),)),
+    )
+    dirs = JobDirs(cfg.job_dir("j1"))
+    code = Path("/cache/code") / CODE
+    mounts = program_mounts(
+        cfg, dirs, "a", code, repo_root=Path("/srv/portal"), base_prefix=Path("/opt/py")
+    )
+    assert set(mounts.hide) >= {
+        Path("/srv/portal"),
+        cfg.data_dir,
+        Path("/root"),
+        Path("/srv/db"),
+        Path("/cache/code"),
+        Path("/x"),
+    }
+    assert set(mounts.read_only) >= {
+        Path("/srv/portal/.venv"),
+        Path("/srv/portal/edl"),
+        Path("/srv/portal/workers"),
+        Path("/opt/py"),
+        code,
+    }
+    assert mounts.writable == (dirs.checkpoints, dirs.artifacts, dirs.scratch("a"))
+
+
+def test_sandbox_settings_from_the_environment(tmp_path: Path) -> None:
+    env = {"REDIS_URL": "redis://x", "PORTAL_DATA_DIR": str(tmp_path)}
+    default = AgentEnvironment.read(env).sandbox
+    assert (default.mode, default.memory_mb, default.max_procs, default.max_open_files) == (
+        "on",
+        8192,
+        512,
+        4096,
+    )
+    custom = AgentEnvironment.read(
+        {
+            **env,
+            "SANDBOX": "off",
+            "SANDBOX_MEMORY_MB": "2048",
+            "SANDBOX_MAX_PROCS": "64",
+            "SANDBOX_HIDE": "/a:/b",
+            "SANDBOX_DATABASE_FILE": "/db/p.sqlite3",
+        }
+    ).sandbox
+    assert custom.mode == "off" and custom.memory_mb == 2048 and custom.max_procs == 64
+    assert custom.hide == (Path("/a"), Path("/b"))
+    assert custom.database_file == Path("/db/p.sqlite3")
+    with pytest.raises(AgentConfigError, match="SANDBOX must be on or off"):
+        AgentEnvironment.read({**env, "SANDBOX": "maybe"})
+
+
+def test_exit_reasons_name_the_limit() -> None:
+    settings = SandboxSettings(memory_mb=2048, max_procs=256)
+    memory = exit_reason(settings, 1, "Traceback ...\nMemoryError\n", None)
+    assert memory == "memory limit reached (SANDBOX_MEMORY_MB=2048)"
+    procs = "BlockingIOError: [Errno 11] Resource temporarily unavailable"
+    assert exit_reason(settings, 1, procs, None) == "process limit reached (SANDBOX_MAX_PROCS=256)"
+    assert exit_reason(settings, 1, "ValueError: bad", None) == ""
+    assert exit_reason(settings, 0, "MemoryError", None) == ""
+
+
+def test_records_written_before_programs_still_load() -> None:
+    old: dict[str, Any] = {
+        "job": "j",
+        "worker_id": "w",
+        "slot": 0,
+        "pid": 1,
+        "log_path": "l",
+        "started_at": 1.0,
+    }
+    record = WorkerRecord(**old)
+    assert record.rank is None and record.generation is None and not record.sandboxed
+    assert StopRecord(command_id="c", deadline=1.0).kill_after is None
+    exited = WorkerExited.from_dict(
+        {
+            "type": "worker_exited",
+            "node": "n",
+            "job": "j",
+            "worker_id": "w",
+            "slot": 0,
+            "exit_code": 1,
+            "outcome": "crashed",
+        }
+    )
+    assert isinstance(exited, WorkerExited) and exited.generation is None and exited.reason == ""
+
+
+def test_job_acl_rules_and_urls() -> None:
+    password = derive_password(b"secret", "j1")
+    assert password == derive_password(b"secret", "j1") != derive_password(b"secret", "j2")
+    assert password != derive_password(b"other", "j1")
+    rules = job_rules("j1", password)
+    assert rules[:4] == ["reset", "on", f">{password}", "~edl:j1:*"]
+    assert {"&edl:j1:*", "+@all", "-@dangerous", "-@admin"} <= set(rules)
+    url = url_for("redis://:admin@10.0.0.5:6380/3?ssl_cert_reqs=none", "edl-j1", "p w")
+    assert url == "redis://edl-j1:p%20w@10.0.0.5:6380/3?ssl_cert_reqs=none"
