@@ -243,6 +243,7 @@ class Agent:
         with self._lock:
             self.processes.end_all()
             self._reap()
+            self.processes.release()
 
     def running(self) -> list[WorkerRecord]:
         """The processes this agent runs now."""

@@ -1,25 +1,32 @@
 """Resource limits of a tenant program's process tree, and why one ended.
 
-Memory: ``RLIMIT_AS`` (address space) of ``SANDBOX_MEMORY_MB``, set before
-exec and inherited by bubblewrap and everything below it; an allocation past
-it fails (``MemoryError`` in Python, ``std::bad_alloc`` in C++).
+Each worker gets cgroup v1 cgroups named ``portal-<node>-<job>-<worker>-<generation>``
+under ``<cgroup_root>/pids`` and ``<cgroup_root>/memory``, where those
+hierarchies are mounted and writable (the agent is root); the child joins
+them before exec, and the agent removes them after the exit.
 
-Processes: ``SANDBOX_MAX_PROCS`` for the worker's whole tree.  The kernel does
-not apply ``RLIMIT_NPROC`` to a process whose real uid is root, and the
-agent usually is root, so each worker gets a cgroup v1 ``pids`` cgroup
-(``<cgroup_root>/pids/portal-<...>``, ``pids.max``) that the child joins
-before exec; the agent removes it after the exit.  Where that hierarchy is
-not writable (the agent is not root), ``RLIMIT_NPROC`` is set instead (it
-then counts all processes of the agent's uid).  Open files:
+Memory, ``SANDBOX_MEMORY_MB``: the memory cgroup's ``memory.limit_in_bytes``
+(the kernel's OOM killer ends the tree past it), and on CPU nodes also
+``RLIMIT_AS`` (address space), set before exec and inherited through
+bubblewrap, so an allocation past it fails cleanly (``MemoryError`` in
+Python, ``std::bad_alloc`` in C++).  Not on GPU nodes: CUDA reserves far
+more address space than it uses.
+
+Processes, ``SANDBOX_MAX_PROCS`` for the worker's whole tree: the ``pids``
+cgroup's ``pids.max``.  The kernel does not apply ``RLIMIT_NPROC`` to a
+process whose real uid is root, and the agent usually is root; where the
+cgroup is not writable (the agent is not root), ``RLIMIT_NPROC`` is set
+instead (it then counts all processes of the agent's uid).  Open files:
 ``RLIMIT_NOFILE``; core dumps: off.
 
 Diagnosis (``exit_reason``) is a best effort from evidence the agent has
-after the fact: the pids cgroup's ``pids.events`` ``max`` counter (forks
-refused), and the tail of the worker's log (``MemoryError``,
-``Cannot allocate memory``, ``bad_alloc`` → memory; ``BlockingIOError``,
-``Resource temporarily unavailable``, ``can't start new thread`` →
-processes).  A program that hits a limit and exits cleanly, or hides the
-error, is not diagnosed.
+after the fact, for a non-zero exit: the pids cgroup's ``pids.events``
+``max`` counter (forks refused), the memory cgroup's ``oom_kill`` counter,
+and the tail of the worker's log (``MemoryError``, ``Cannot allocate
+memory``, ``bad_alloc`` → memory; ``BlockingIOError``, ``Resource
+temporarily unavailable``, ``can't start new thread`` → processes).  A
+program that hits a limit and exits cleanly is not diagnosed; one that
+merely prints those words on its way to another failure is misdiagnosed.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from workers.agent.config import SandboxSettings
@@ -41,26 +48,40 @@ PROCESS_SIGNS = (
 )
 
 
-def pids_hierarchy(settings: SandboxSettings) -> Path:
-    """Where the cgroup v1 ``pids`` controller is mounted."""
-    return settings.cgroup_root / "pids"
+CONTROLLERS: tuple[str, ...] = ("pids", "memory")
+"""The cgroup v1 controllers a worker gets a cgroup in, where they are writable."""
 
 
-def create_pids_cgroup(settings: SandboxSettings, name: str) -> Path | None:
-    """A fresh pids cgroup limited to ``max_procs``; None where cgroups are not writable."""
-    root = pids_hierarchy(settings)
-    path = root / name
-    try:
-        if not (root / "cgroup.procs").exists():
-            return None
-        if path.exists():
+def cgroup_paths(settings: SandboxSettings, name: str) -> dict[str, Path]:
+    """Where a worker's cgroups are, per controller (``<cgroup_root>/<controller>/<name>``)."""
+    return {controller: settings.cgroup_root / controller / name for controller in CONTROLLERS}
+
+
+def create_cgroups(settings: SandboxSettings, name: str) -> dict[str, Path]:
+    """Fresh cgroups for one worker: ``pids.max`` and ``memory.limit_in_bytes`` set.
+
+    Only the controllers whose hierarchy is mounted and writable here; an
+    empty answer means: no cgroups (the agent is not root), rlimits only.
+    """
+    limits = {
+        "pids": {"pids.max": str(settings.max_procs)},
+        "memory": {"memory.limit_in_bytes": str(settings.memory_mb * 1024 * 1024)},
+    }
+    made: dict[str, Path] = {}
+    for controller, path in cgroup_paths(settings, name).items():
+        try:
+            if not (path.parent / "cgroup.procs").exists():
+                continue
+            if path.exists():
+                remove_cgroup(path)
+            path.mkdir()
+            for file, value in limits[controller].items():
+                (path / file).write_text(value)
+        except OSError:
             remove_cgroup(path)
-        path.mkdir()
-        (path / "pids.max").write_text(str(settings.max_procs))
-    except OSError:
-        remove_cgroup(path)
-        return None
-    return path
+            continue
+        made[controller] = path
+    return made
 
 
 def remove_cgroup(path: Path | str) -> None:
@@ -69,45 +90,60 @@ def remove_cgroup(path: Path | str) -> None:
         os.rmdir(path)
 
 
-def members(path: Path | str | None) -> list[int]:
-    """The processes in a cgroup (none if there is no cgroup)."""
-    if path is None:
-        return []
+def members(paths: Iterable[Path]) -> list[int]:
+    """The processes in these cgroups."""
+    out: set[int] = set()
+    for path in paths:
+        with contextlib.suppress(OSError, ValueError):
+            out.update(int(pid) for pid in (path / "cgroup.procs").read_text().split())
+    return sorted(out)
+
+
+def _counter(path: Path, key: str) -> int:
+    """A ``key value`` line of a cgroup file (0 if there is none)."""
     try:
-        return [int(pid) for pid in (Path(path) / "cgroup.procs").read_text().split()]
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
     except (OSError, ValueError):
-        return []
+        return 0
+    return 0
 
 
-def processes_refused(path: Path | str | None) -> bool:
+def processes_refused(paths: dict[str, Path]) -> bool:
     """Whether the pids cgroup refused a fork (``pids.events``: ``max N`` with N > 0)."""
-    if path is None:
-        return False
-    try:
-        for line in (Path(path) / "pids.events").read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == "max" and int(value) > 0:
-                return True
-    except (OSError, ValueError):
-        return False
-    return False
+    pids = paths.get("pids")
+    return pids is not None and _counter(pids / "pids.events", "max") > 0
 
 
-def preexec(settings: SandboxSettings, cgroup: Path | None) -> Callable[[], None]:
-    """What the child runs between fork and exec: join the cgroup, set the rlimits.
+def memory_killed(paths: dict[str, Path]) -> bool:
+    """Whether the memory cgroup's OOM killer struck (``memory.oom_control``: ``oom_kill``)."""
+    memory = paths.get("memory")
+    return memory is not None and _counter(memory / "memory.oom_control", "oom_kill") > 0
 
+
+def preexec(
+    settings: SandboxSettings, cgroups: dict[str, Path], *, address_space: bool = True
+) -> Callable[[], None]:
+    """What the child runs between fork and exec: join the cgroups, set the rlimits.
+
+    ``address_space`` False leaves RLIMIT_AS off (CUDA reserves far more
+    address space than memory; the memory cgroup limits a GPU worker).
     Runs in the forked child: no locks, no logging, only system calls.
     """
     memory = settings.memory_mb * 1024 * 1024
-    procs_file = str(cgroup / "cgroup.procs") if cgroup is not None else None
+    procs_files = [str(path / "cgroup.procs") for path in cgroups.values()]
+    nproc = "pids" not in cgroups
 
     def apply() -> None:
-        if procs_file is not None:
+        for procs_file in procs_files:
             with open(procs_file, "w") as f:
                 f.write(str(os.getpid()))
-        else:
+        if nproc:
             resource.setrlimit(resource.RLIMIT_NPROC, (settings.max_procs, settings.max_procs))
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        if address_space:
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         files = settings.max_open_files
         resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -116,14 +152,14 @@ def preexec(settings: SandboxSettings, cgroup: Path | None) -> Callable[[], None
 
 
 def exit_reason(
-    settings: SandboxSettings, code: int | None, log_tail: str, cgroup: str | None
+    settings: SandboxSettings, code: int | None, log_tail: str, cgroups: dict[str, Path]
 ) -> str:
     """Which sandbox limit ended a process, from the evidence at hand ("" if none)."""
     if code == 0:
         return ""
-    if processes_refused(cgroup) or any(sign in log_tail for sign in PROCESS_SIGNS):
+    if processes_refused(cgroups) or any(sign in log_tail for sign in PROCESS_SIGNS):
         return f"process limit reached (SANDBOX_MAX_PROCS={settings.max_procs})"
-    if any(sign in log_tail for sign in MEMORY_SIGNS):
+    if memory_killed(cgroups) or any(sign in log_tail for sign in MEMORY_SIGNS):
         return f"memory limit reached (SANDBOX_MEMORY_MB={settings.memory_mb})"
     return ""
 

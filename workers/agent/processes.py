@@ -40,7 +40,13 @@ from workers.agent.programs import (
     program_mounts,
     torchrun_env,
 )
-from workers.agent.sandbox import bwrap_argv, bwrap_binary, refusal, sandbox_problem
+from workers.agent.sandbox import (
+    bwrap_argv,
+    bwrap_binary,
+    gpu_device_nodes,
+    refusal,
+    sandbox_problem,
+)
 from workers.agent.store import AgentStore, StopRecord, WorkerRecord
 from workers.clock import Clock
 from workers.protocol import Program, RunningWorker, StartWorkers, WorkerSlot
@@ -94,7 +100,7 @@ class Child:
             return True
         if signum == signal.SIGKILL:
             targets = [self.record.pid, *limits.descendants(self.record.pid)]
-            targets += limits.members(self.record.cgroup)
+            targets += limits.members(self.cgroups().values())
         else:
             targets = [
                 pid for pid in limits.descendants(self.record.pid) if _command_name(pid) != "bwrap"
@@ -103,6 +109,14 @@ class Child:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signum)
         return bool(targets)
+
+    def cgroups(self) -> dict[str, Path]:
+        """The worker's cgroups by controller (none for a built-in workload)."""
+        return _cgroups(self.record)
+
+
+def _cgroups(record: WorkerRecord) -> dict[str, Path]:
+    return {c: Path(p) for c, p in (record.cgroups or {}).items()}
 
 
 def is_alive(record: WorkerRecord, module: str) -> bool:
@@ -250,7 +264,12 @@ class ProcessTable:
         sandboxed = settings.mode == "on"
         if sandboxed:
             mounts = program_mounts(
-                self.config, dirs, worker.worker_id, code_dir, base_prefix=Path(sys.base_prefix)
+                self.config,
+                dirs,
+                worker.worker_id,
+                code_dir,
+                base_prefix=Path(sys.base_prefix),
+                devices=gpu_device_nodes(),
             )
             argv = bwrap_argv(
                 settings.bwrap or bwrap_binary(),
@@ -266,15 +285,14 @@ class ProcessTable:
                 command.job,
             )
         name = f"portal-{self.config.node}-{command.job}-{worker.worker_id}-{program.generation}"
-        cgroup = limits.create_pids_cgroup(settings, name)
+        cgroups = limits.create_cgroups(settings, name)
+        preexec = limits.preexec(settings, cgroups, address_space=self.config.device == "cpu")
         log_path = self.config.log_path(command.job, worker.worker_id)
         try:
-            popen = spawn(
-                argv, env, log_path, cwd=code_dir, preexec_fn=limits.preexec(settings, cgroup)
-            )
+            popen = spawn(argv, env, log_path, cwd=code_dir, preexec_fn=preexec)
         except BaseException:
-            if cgroup is not None:
-                limits.remove_cgroup(cgroup)
+            for path in cgroups.values():
+                limits.remove_cgroup(path)
             raise
         record = WorkerRecord(
             job=command.job,
@@ -288,7 +306,7 @@ class ProcessTable:
             launcher=program.launcher,
             sandboxed=sandboxed,
             start_ticks=limits.start_ticks(popen.pid),
-            cgroup=str(cgroup) if cgroup is not None else None,
+            cgroups={c: str(p) for c, p in cgroups.items()} or None,
         )
         self.children[(command.job, worker.worker_id)] = Child(record=record, popen=popen)
         self.store.save_worker(record)
@@ -352,17 +370,25 @@ class ProcessTable:
         if record.generation is None:
             return ""  # a built-in workload: no sandbox limits
         tail = log_tail(record.log_path) if code != 0 else ""
-        reason = limits.exit_reason(self.config.sandbox, code, tail, record.cgroup)
-        if record.cgroup is not None:
-            self._leftover_cgroups.append(record.cgroup)
+        cgroups = _cgroups(record)
+        reason = limits.exit_reason(self.config.sandbox, code, tail, cgroups)
+        for pid in limits.members(cgroups.values()):  # nothing may outlive its worker
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        self._leftover_cgroups += [str(path) for path in cgroups.values()]
         return reason
 
-    def _remove_cgroups(self) -> None:
+    def _remove_cgroups(self, wait_seconds: float = 0.0) -> None:
         """Remove the cgroups of exited programs (retried while the last members die)."""
-        for path in list(self._leftover_cgroups):
-            limits.remove_cgroup(path)
-            if not os.path.exists(path):
-                self._leftover_cgroups.remove(path)
+        deadline = self.clock.monotonic() + wait_seconds
+        while True:
+            for path in list(self._leftover_cgroups):
+                limits.remove_cgroup(path)
+                if not os.path.exists(path):
+                    self._leftover_cgroups.remove(path)
+            if not self._leftover_cgroups or self.clock.monotonic() >= deadline:
+                return
+            self.clock.sleep(0.05)
 
     def enforce_stops(self) -> None:
         """SIGTERM what is left of a stopping job after its grace, SIGKILL a while later."""
@@ -404,3 +430,7 @@ class ProcessTable:
                 if child.popen is not None:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         child.popen.wait(timeout=5)
+
+    def release(self, wait_seconds: float = 2.0) -> None:
+        """Remove what exited programs left behind (their cgroups), waiting a little."""
+        self._remove_cgroups(wait_seconds)

@@ -198,6 +198,7 @@ def program_mounts(
     repo_root: Path = REPO_ROOT,
     base_prefix: Path,
     home: Path = Path("/root"),
+    devices: tuple[Path, ...] = (),
 ) -> Mounts:
     """What one worker's sandbox hides and binds back (``workers.agent.sandbox``)."""
     venv = venv_dir(config.python)
@@ -225,6 +226,7 @@ def program_mounts(
         hide=tuple(sorted(hide)),
         read_only=tuple(sorted(read_only)),
         writable=writable,
+        devices=devices if config.device == "cuda" else (),
     )
 
 

@@ -3,7 +3,7 @@
 What a program sees::
 
     /                      the host, read-only           (--ro-bind / /)
-    /proc, /dev            its own pid namespace, a minimal /dev
+    /proc, /dev            its own pid namespace, a minimal /dev (+ /dev/nvidia* on GPU nodes)
     /tmp                   private, writable, gone at exit
     <repo>                 empty and read-only, except   (--tmpfs, --remount-ro)
       <repo>/.venv           the venv, read-only, when it lives in the repo
@@ -48,12 +48,14 @@ class Mounts:
     ``hide``: directories covered by an empty read-only tmpfs.  ``read_only``
     and ``writable``: directories bound (back) at the same path; a read-only
     one outside every hidden directory is visible anyway and is not bound.
+    ``devices``: host device nodes added to the sandbox's minimal /dev (GPUs).
     """
 
     hide: tuple[Path, ...]
     read_only: tuple[Path, ...]
     writable: tuple[Path, ...]
     masked_files: tuple[Path, ...] = MASKED_FILES
+    devices: tuple[Path, ...] = ()
 
 
 def _inside(path: Path, parent: Path) -> bool:
@@ -84,6 +86,8 @@ def bwrap_argv(
     if die_with_parent:
         out.append("--die-with-parent")
     out += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    for device in mounts.devices:
+        out += ["--dev-bind-try", str(device), str(device)]
     hidden = sorted(set(mounts.hide), key=lambda p: (len(p.parts), str(p)))
     for path in hidden:
         out += ["--tmpfs", str(path)]
@@ -112,6 +116,11 @@ def probe_argv(bwrap: str) -> list[str]:
         "--unshare-pid", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
         "--tmpfs", "/tmp", "--", "true",
     ]  # fmt: skip
+
+
+def gpu_device_nodes(dev: Path = Path("/dev")) -> tuple[Path, ...]:
+    """The NVIDIA device nodes of this host (``/dev/nvidia*``: GPUs, control, UVM, caps)."""
+    return tuple(sorted(dev.glob("nvidia*")))
 
 
 def bwrap_binary() -> str:

@@ -33,8 +33,8 @@ class WorkerRecord:
 
     A tenant program's process also has ``launcher`` (``edl`` or
     ``torchrun``; None for a built-in workload), its ``rank`` and the job's
-    ``generation``; ``sandboxed`` says ``pid`` is bubblewrap's, ``cgroup``
-    names its pids cgroup (removed once it exits), and ``start_ticks`` (the
+    ``generation``; ``sandboxed`` says ``pid`` is bubblewrap's, ``cgroups``
+    names its cgroups by controller (removed once it exits), and ``start_ticks`` (the
     kernel's start time of ``pid``) lets a restarted agent recognise it
     without reading its command line.  Records written before these fields
     existed load with the defaults.
@@ -51,7 +51,7 @@ class WorkerRecord:
     launcher: str | None = None
     sandboxed: bool = False
     start_ticks: int | None = None
-    cgroup: str | None = None
+    cgroups: dict[str, str] | None = None
 
     @property
     def key(self) -> str:

@@ -356,6 +356,30 @@ def test_a_memory_hog_is_stopped_by_the_memory_limit(
     assert "allocated" not in agent.config.log_path(job, "w0").read_text()
 
 
+TOUCHING_HOG = """
+data = b"x" * (4 << 30)  # 4 GB, every page written
+print("allocated")
+"""
+
+
+@pytest.mark.skipif(
+    not os.access("/sys/fs/cgroup/memory", os.W_OK), reason="no writable memory cgroup here"
+)
+def test_without_an_address_space_limit_the_memory_cgroup_stops_a_hog(
+    host: Host, node: str, redis_url: str, job: str
+) -> None:
+    """A GPU node sets no RLIMIT_AS (CUDA reserves address space): the OOM killer acts."""
+    host.bundle(CODE, TOUCHING_HOG)
+    agent, sent = make_agent(host, node, redis_url, memory_mb=256)
+    agent.config = replace(agent.config, device="cuda")
+    agent.processes.config = agent.config
+    assert agent.receive(start_payload(job, "c1")) == "applied", sent.reports
+    run_to_exit(agent, sent)
+    [exited] = sent.of(WorkerExited)
+    assert exited.outcome == "crashed" and exited.exit_code == 137, exited
+    assert exited.reason == "memory limit reached (SANDBOX_MEMORY_MB=256)", exited
+
+
 # --------------------------------------------------------------------------- redis
 
 REDIS_SCRIPT = """

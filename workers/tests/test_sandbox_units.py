@@ -95,6 +95,9 @@ def test_bwrap_argv_hides_then_binds_then_remounts_read_only() -> None:
     assert argv[-4:] == ["/repo/var/code/x", "--", "python", "main.py"]
     with_parent = bwrap_argv("bwrap", mounts, ["x"], cwd=Path("/"), die_with_parent=True)
     assert "--die-with-parent" in with_parent
+    gpus = Mounts(hide=(), read_only=(), writable=(), devices=(Path("/dev/nvidia0"),))
+    gpu_text = " ".join(bwrap_argv("bwrap", gpus, ["x"], cwd=Path("/")))
+    assert "--dev /dev --tmpfs /tmp --dev-bind-try /dev/nvidia0 /dev/nvidia0" in gpu_text
 
 
 def test_torchrun_env_is_the_contract_and_nothing_of_the_agent(
@@ -199,12 +202,26 @@ def test_sandbox_settings_from_the_environment(tmp_path: Path) -> None:
 
 def test_exit_reasons_name_the_limit() -> None:
     settings = SandboxSettings(memory_mb=2048, max_procs=256)
-    memory = exit_reason(settings, 1, "Traceback ...\nMemoryError\n", None)
+    memory = exit_reason(settings, 1, "Traceback ...\nMemoryError\n", {})
     assert memory == "memory limit reached (SANDBOX_MEMORY_MB=2048)"
     procs = "BlockingIOError: [Errno 11] Resource temporarily unavailable"
-    assert exit_reason(settings, 1, procs, None) == "process limit reached (SANDBOX_MAX_PROCS=256)"
-    assert exit_reason(settings, 1, "ValueError: bad", None) == ""
-    assert exit_reason(settings, 0, "MemoryError", None) == ""
+    assert exit_reason(settings, 1, procs, {}) == "process limit reached (SANDBOX_MAX_PROCS=256)"
+    assert exit_reason(settings, 1, "ValueError: bad", {}) == ""
+    assert exit_reason(settings, 0, "MemoryError", {}) == ""
+
+
+def test_exit_reasons_from_cgroup_counters(tmp_path: Path) -> None:
+    """An OOM kill leaves no MemoryError in the log: the memory cgroup's counter tells."""
+    settings = SandboxSettings(memory_mb=512, max_procs=8)
+    memory, pids = tmp_path / "memory", tmp_path / "pids"
+    memory.mkdir()
+    pids.mkdir()
+    (memory / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
+    (pids / "pids.events").write_text("max 0\n")
+    groups = {"memory": memory, "pids": pids}
+    assert exit_reason(settings, 137, "", groups) == "memory limit reached (SANDBOX_MEMORY_MB=512)"
+    (pids / "pids.events").write_text("max 3\n")
+    assert exit_reason(settings, 1, "", groups) == "process limit reached (SANDBOX_MAX_PROCS=8)"
 
 
 def test_records_written_before_programs_still_load() -> None:
