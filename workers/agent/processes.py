@@ -82,6 +82,8 @@ class Child:
         """(exited, exit code); the code is None for an adopted process."""
         if self.popen is not None:
             code = self.popen.poll()
+            if code is not None and self.record.sandboxed:
+                code = program_exit_code(code)
             return code is not None, code
         return not is_alive(self.record, module), None
 
@@ -117,6 +119,17 @@ class Child:
 
 def _cgroups(record: WorkerRecord) -> dict[str, Path]:
     return {c: Path(p) for c, p in (record.cgroups or {}).items()}
+
+
+def program_exit_code(bwrap_code: int) -> int:
+    """The program's exit status from bubblewrap's: ``128 + N`` means killed by signal N.
+
+    Reported as ``-N``, like an unsandboxed process (a program that itself
+    exits with 129-192 is taken for a signalled one).
+    """
+    if 128 < bwrap_code <= 128 + 64:
+        return -(bwrap_code - 128)
+    return bwrap_code
 
 
 def is_alive(record: WorkerRecord, module: str) -> bool:
@@ -324,6 +337,8 @@ class ProcessTable:
     def adopt(self, record: WorkerRecord) -> bool:
         """Adopt a process a previous agent started; False (and forget it) if it is gone."""
         if is_alive(record, self.config.worker_module):
+            if record.launcher == "edl":
+                self.job_users.add(record.job)
             self.children[(record.job, record.worker_id)] = Child(record=record, popen=None)
             log.info(
                 "adopted worker %s of job %s (pid %d)", record.worker_id, record.job, record.pid

@@ -376,7 +376,7 @@ def test_without_an_address_space_limit_the_memory_cgroup_stops_a_hog(
     assert agent.receive(start_payload(job, "c1")) == "applied", sent.reports
     run_to_exit(agent, sent)
     [exited] = sent.of(WorkerExited)
-    assert exited.outcome == "crashed" and exited.exit_code == 137, exited
+    assert exited.outcome == "crashed" and exited.exit_code == -9, exited  # SIGKILL
     assert exited.reason == "memory limit reached (SANDBOX_MEMORY_MB=256)", exited
 
 
@@ -589,7 +589,7 @@ def test_a_torchrun_resize_stops_the_old_generation_then_starts_the_next(
         assert results == ["applied"], sent.reports
         assert time.monotonic() - started < 10  # SIGTERM at once, not after the 30 s grace
         [old] = sent.of(WorkerExited)
-        assert old.generation == 0 and old.outcome == "stopped"
+        assert old.generation == 0 and old.outcome == "stopped" and old.exit_code == -15
         assert any(isinstance(r, Stopped) for r in sent.reports)
         [record] = agent.running()
         assert record.generation == 1 and record.pid != old_pid and record.rank == 0

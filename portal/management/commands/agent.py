@@ -37,6 +37,9 @@ class Command(BaseCommand):
             "AGENT_HEARTBEAT_SECONDS": str(settings.AGENT_HEARTBEAT_SECONDS),
             "AGENT_DOWN_AFTER_SECONDS": str(settings.AGENT_DOWN_AFTER_SECONDS),
         }
+        database = settings.DATABASES["default"]
+        if "sqlite" in database["ENGINE"]:  # tenant programs must not see its directory
+            environ["SANDBOX_DATABASE_FILE"] = str(database["NAME"])
         try:
             config = config_from_options(namespace, environ=environ)
         except AgentConfigError as exc:
