@@ -5,7 +5,7 @@ The elastic runtime of job ``J`` keeps every key under ``edl:{J}:``
 a Redis URL for the user ``edl-J``, who may touch only those keys and
 channels, and none of the commands that reach beyond them::
 
-    ACL SETUSER edl-J reset on >PASSWORD ~edl:J:* &edl:J:*
+    ACL SETUSER edl-J reset on >PASSWORD ~edl:J:* resetchannels &edl:J:*
                       +@all -@dangerous -@admin -randomkey -script
                       +script|load +script|exists
 
@@ -57,6 +57,7 @@ def job_rules(job: str, password: str) -> list[str]:
         "on",
         f">{password}",
         f"~{pattern}",
+        "resetchannels",  # Redis 6.2's reset leaves all channels on (acl-pubsub-default)
         f"&{pattern}",
         "+@all",
         "-@dangerous",
