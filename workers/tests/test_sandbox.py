@@ -622,3 +622,26 @@ def test_the_elastic_runtime_runs_under_a_jobs_redis_user(redis_url: str, tmp_pa
         run.terminate()
         run.control.cleanup()
         delete_job_user(admin, run.job_id)
+
+
+@pytest.mark.parametrize(
+    ("example", "launcher"), [("torchrun-ddp", "torchrun"), ("elastic-digits", "edl")]
+)
+def test_the_example_programs_run_sandboxed(
+    host: Host, node: str, redis_url: str, job: str, example: str, launcher: str
+) -> None:
+    """The repository's two example programs, as bundles, two workers each, to a clean end."""
+    shutil.copytree(REPO_ROOT / "examples" / example, host.code_root / CODE)
+    agent, sent = make_agent(host, node, redis_url)
+    payload = start_payload(
+        job, "c1", launcher=launcher, workers=2, master_port=free_port(), entrypoint=["train.py"]
+    )
+    payload["program"]["entrypoint"] += ["--epochs", "1"]
+    try:
+        assert agent.receive(payload) == "applied", sent.reports
+        run_to_exit(agent, sent, count=2, timeout=100)
+        logs = {w: agent.config.log_path(job, w).read_text()[-1500:] for w in ("w0", "w1")}
+        assert {e.outcome for e in sent.of(WorkerExited)} == {"clean"}, logs
+    finally:
+        agent.close(stop_children=True)
+        delete_job_user(redis.Redis.from_url(redis_url), job)
