@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workers.agent.config import REPO_ROOT, AgentConfig
-from workers.agent.sandbox import Mounts
+from workers.agent.sandbox import MASKED_FILES, Mounts
 from workers.elastic.cli import OPTIONS_ENV, WorkerOptions, options_to_env
 from workers.protocol import Program, StartWorkers, WorkerSlot
 
@@ -204,7 +204,8 @@ def program_mounts(
     venv = venv_dir(config.python)
     real_venv = venv.resolve()
     python_home = base_prefix.resolve()
-    hide = {repo_root, config.data_dir, home, *config.sandbox.hide}
+    extra_files = tuple(path for path in config.sandbox.hide if path.is_file())
+    hide = {repo_root, config.data_dir, home, *set(config.sandbox.hide) - set(extra_files)}
     cache_root = code_dir.parent  # the other bundles unpacked next to this one
     if cache_root != Path("/") and not any(
         p == cache_root or cache_root in p.parents for p in (venv, real_venv, python_home)
@@ -227,6 +228,7 @@ def program_mounts(
         read_only=tuple(sorted(read_only)),
         writable=writable,
         devices=devices if config.device == "cuda" else (),
+        masked_files=MASKED_FILES + extra_files,  # a file cannot take a tmpfs: /dev/null it
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,11 @@ def test_program_mounts_hide_the_repo_data_root_database_and_other_bundles(tmp_p
         code,
     }
     assert mounts.writable == (dirs.checkpoints, dirs.artifacts, dirs.scratch("a"))
+    secret = tmp_path / "token.txt"
+    secret.write_text("x")
+    with_file = replace(cfg, sandbox=SandboxSettings(hide=(secret,)))
+    masked = program_mounts(with_file, dirs, "a", code, base_prefix=Path("/opt/py"))
+    assert secret in masked.masked_files and secret not in masked.hide
 
 
 def test_sandbox_settings_from_the_environment(tmp_path: Path) -> None:
