@@ -179,6 +179,7 @@ def run_to_exit(agent: Agent, sent: Collected, count: int = 1, timeout: float = 
         agent.tick()
         time.sleep(0.05)
     agent.tick()
+    agent.processes.release()  # the exited workers' cgroups, once their last members die
 
 
 def output(agent: Agent, job: str, worker: str = "w0") -> dict[str, Any]:
