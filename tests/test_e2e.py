@@ -9,11 +9,13 @@ scale-in when a new job arrives, completion, JCTs recorded.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.request
 import uuid
@@ -194,3 +196,118 @@ def test_jobs_queue_start_scale_out_scale_in_and_complete(stack: dict[str, Any])
     assert final["jct_seconds"] and final["attained_gpu_seconds"] > 0
     stats = api(stack, "/api/v1/stats/jct/?tenant=e2e")
     assert stats["count"] == 4 and stats["mean"] > 0
+
+
+# --------------------------------------------------------------------------- tenants' programs
+
+EXAMPLES = ROOT / "examples"
+
+
+def upload_code(stack: dict[str, Any], directory: Path) -> str:
+    """Pack ``directory`` as a .tar.gz and upload it (multipart, as curl -F does); its id."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for path in sorted(directory.rglob("*.py")):
+            tar.add(path, arcname=str(path.relative_to(directory)))
+    boundary = uuid.uuid4().hex
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="archive"; filename="code.tgz"\r\n'
+            "Content-Type: application/gzip\r\n\r\n"
+        ).encode()
+        + buf.getvalue()
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    request = urllib.request.Request(
+        stack["url"] + "/api/v1/code/",
+        data=body,
+        headers={
+            "Authorization": f"Token {stack['token']}",
+            "Content-Type": f"multipart/form-data; boundary={boundary}",
+        },
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status in (200, 201)
+        return str(json.loads(response.read())["id"])
+
+
+def log_text(stack: dict[str, Any], job: int) -> str:
+    lines = api(stack, f"/api/v1/jobs/{job}/logs/?tail=10000")["lines"]
+    return "\n".join(line["text"] for line in lines)
+
+
+def test_a_torchrun_program_runs_resizes_by_restart_resumes_and_completes(
+    stack: dict[str, Any],
+) -> None:
+    code = upload_code(stack, EXAMPLES / "torchrun-ddp")
+    # Six slots are taken, so the program starts at 2 of its 2-4 GPUs.
+    blocker = api(stack, "/api/v1/jobs/", {"name": "blocker", "workload": "mlp-digits",
+                                            "gpus": 4, "args": {"epochs": 5000}})  # fmt: skip
+    other = api(stack, "/api/v1/jobs/", {"name": "other", "workload": "mlp-digits", "gpus": 2,
+                                          "args": {"epochs": 5000}})  # fmt: skip
+    wait_for("the blockers to run",
+             lambda: all(job_state(stack, j["id"])["state"] == "running" for j in (blocker, other)),
+             stack, 120)  # fmt: skip
+    ddp = api(
+        stack,
+        "/api/v1/jobs/",
+        {"name": "ddp", "code": code, "entrypoint": "train.py --epochs 150", "launcher": "torchrun",
+         "gpus": 2, "min_gpus": 2, "max_gpus": 4, "env": {"E2E_MARK": "yes"}},
+    )  # fmt: skip
+    wait_for("the program to train at 2",
+             lambda: "rank 1 of 2: epoch 1 " in log_text(stack, ddp["id"]), stack, 120)  # fmt: skip
+    # The blocker is cancelled: the program grows to 4 by a restart, and resumes.
+    api(stack, f"/api/v1/jobs/{blocker['id']}/cancel/", {})
+    wait_for("a restart at 4", lambda: "rank 3 of 4: starting at epoch" in log_text(stack, ddp["id"]),
+             stack, 300)  # fmt: skip
+    wait_for("the program to complete",
+             lambda: job_state(stack, ddp["id"])["state"] == "completed", stack, 300)  # fmt: skip
+    text = log_text(stack, ddp["id"])
+    for rank in range(2):
+        assert f"rank {rank} of 2: starting at epoch 0" in text
+    resumed = [line for line in text.splitlines() if "rank 0 of 4: starting at epoch" in line]
+    assert resumed and int(resumed[0].rsplit(" ", 1)[1]) > 0, resumed  # from its checkpoint
+    for rank in range(4):
+        assert f"rank {rank} of 4: done" in text
+    final = job_state(stack, ddp["id"])
+    assert final["generation"] == 2 and final["launcher"] == "torchrun"
+    reasons = " ".join(e["reason"] for e in events(stack, ddp["id"]))
+    assert "restarting at 4 as run 2" in reasons and "exited 0" in reasons
+    api(stack, f"/api/v1/jobs/{other['id']}/cancel/", {})
+
+
+def test_an_edl_program_scales_out_and_in_without_stopping(stack: dict[str, Any]) -> None:
+    code = upload_code(stack, EXAMPLES / "elastic-digits")
+    blocker = api(stack, "/api/v1/jobs/", {"name": "blocker", "workload": "mlp-digits",
+                                            "gpus": 4, "args": {"epochs": 5000}})  # fmt: skip
+    other = api(stack, "/api/v1/jobs/", {"name": "other", "workload": "mlp-digits", "gpus": 2,
+                                          "args": {"epochs": 5000}})  # fmt: skip
+    wait_for("the blockers to run",
+             lambda: all(job_state(stack, j["id"])["state"] == "running" for j in (blocker, other)),
+             stack, 120)  # fmt: skip
+    edl = api(
+        stack,
+        "/api/v1/jobs/",
+        {"name": "edl", "code": code, "entrypoint": "train.py --epochs 120", "launcher": "edl",
+         "gpus": 2, "min_gpus": 2, "max_gpus": 4, "batch_size": 64},
+    )  # fmt: skip
+    wait_for("the program to train at 2", lambda: "step 20 " in log_text(stack, edl["id"]),
+             stack, 120)  # fmt: skip
+    api(stack, f"/api/v1/jobs/{blocker['id']}/cancel/", {})
+    wait_for("the program to scale out",
+             lambda: job_state(stack, edl["id"])["parallelism"] == 4, stack, 300)  # fmt: skip
+    api(stack, "/api/v1/jobs/", {"name": "newcomer", "workload": "mlp-digits", "gpus": 4,
+                                 "args": {"epochs": 3}})  # fmt: skip
+    wait_for("the program to scale in",
+             lambda: any(e["reason"].startswith("scale in") for e in events(stack, edl["id"])),
+             stack, 120)  # fmt: skip
+    wait_for("the program to complete",
+             lambda: job_state(stack, edl["id"])["state"] == "completed", stack, 480)  # fmt: skip
+    history = events(stack, edl["id"])
+    switches = [e for e in history if e["reason"].startswith("switch done")]
+    assert len(switches) >= 2, history  # out and in, never restarted
+    assert all(e["kind"] != "preempted" for e in history)
+    text = log_text(stack, edl["id"])
+    assert "edl 1.0.0: rank 0 of 2, from step 0" in text and "world 4" in text
+    api(stack, f"/api/v1/jobs/{other['id']}/cancel/", {})

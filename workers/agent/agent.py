@@ -130,6 +130,7 @@ class Agent:
                 slots=self.config.slots,
                 free_slots=free,
                 workers=workers,
+                address=self.config.address,
             )
         )
 

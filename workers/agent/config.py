@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from workers.protocol import REPORTS_QUEUE, DeviceKind
+from workers.protocol import REPORTS_QUEUE, DeviceKind, ProtocolError, check_name
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -45,6 +45,8 @@ class AgentConfig:
     python: str = sys.executable
     worker_module: str = WORKER_MODULE
     sandbox: SandboxSettings = field(default_factory=lambda: SandboxSettings())
+    artifact_url: str = ""
+    address: str = "127.0.0.1"
 
     def device_for(self, slot: int) -> str:
         """The ``--device`` of the training process in ``slot``."""
@@ -57,6 +59,10 @@ class AgentConfig:
     def job_dir(self, job: str) -> Path:
         """Where a tenant program's job keeps its files on this node (``JobDirs``)."""
         return self.data_dir / "jobs" / job
+
+    def code_cache_dir(self) -> Path:
+        """Where this node unpacks code bundles, one read-only directory per bundle."""
+        return self.data_dir / "code"
 
     def log_path(self, job: str, worker_id: str) -> Path:
         """Where the output of one training process goes."""
@@ -106,7 +112,11 @@ class AgentEnvironment:
     (``SandboxSettings``): ``SANDBOX`` (``on`` | ``off``, default on),
     ``SANDBOX_MEMORY_MB`` (default 8192), ``SANDBOX_MAX_PROCS`` (default 512),
     ``SANDBOX_MAX_OPEN_FILES`` (default 4096), ``SANDBOX_HIDE`` (colon-separated
-    paths), ``SANDBOX_DATABASE_FILE`` (the portal's SQLite file, if any).
+    paths), ``SANDBOX_DATABASE_FILE`` (the portal's SQLite file, if any);
+    ``ARTIFACT_URL`` (where the portal stores code bundles; default
+    ``file://<PORTAL_DATA_DIR>/artifacts``, the portal's own default) and
+    ``AGENT_ADDRESS`` (how other nodes reach this one, e.g. a torchrun
+    program's rank 0; default ``127.0.0.1``).
     """
 
     redis_url: str
@@ -114,6 +124,8 @@ class AgentEnvironment:
     heartbeat_seconds: float = 5.0
     down_after_seconds: float = 20.0
     sandbox: SandboxSettings = field(default_factory=lambda: SandboxSettings())
+    artifact_url: str = ""
+    address: str = "127.0.0.1"
 
     @classmethod
     def read(cls, environ: Mapping[str, str] | None = None) -> AgentEnvironment:
@@ -122,13 +134,24 @@ class AgentEnvironment:
         redis_url = env.get("REDIS_URL", "")
         if not redis_url:
             raise AgentConfigError("REDIS_URL is not set: the agent needs the job store")
+        data_dir = Path(env.get("PORTAL_DATA_DIR") or REPO_ROOT / "var").resolve()
         return cls(
             redis_url=redis_url,
-            data_dir=Path(env.get("PORTAL_DATA_DIR") or REPO_ROOT / "var").resolve(),
+            data_dir=data_dir,
             heartbeat_seconds=_positive(env, "AGENT_HEARTBEAT_SECONDS", 5.0),
             down_after_seconds=_positive(env, "AGENT_DOWN_AFTER_SECONDS", 20.0),
             sandbox=_sandbox(env),
+            artifact_url=env.get("ARTIFACT_URL") or f"file://{data_dir / 'artifacts'}",
+            address=_address(env.get("AGENT_ADDRESS") or "127.0.0.1"),
         )
+
+
+def _address(raw: str) -> str:
+    try:
+        check_name(raw, "AGENT_ADDRESS")
+    except ProtocolError as exc:
+        raise AgentConfigError(str(exc)) from None
+    return raw
 
 
 def _sandbox(env: Mapping[str, str]) -> SandboxSettings:

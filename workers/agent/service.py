@@ -22,9 +22,12 @@ from celery import Celery
 
 from workers.agent.agent import Agent
 from workers.agent.celery_app import BrokerNotConfigured, agent_app
+from workers.agent.code_cache import CodeCache
 from workers.agent.config import AgentConfig, AgentConfigError, AgentEnvironment, detect_slots
+from workers.agent.processes import ResolveCode, no_code_cache
 from workers.agent.reports import send_heartbeat, send_report
 from workers.agent.store import AgentStore
+from workers.artifacts import ArtifactStore
 from workers.protocol import (
     AGENT_COMMAND_TASK,
     REPORTS_QUEUE,
@@ -133,14 +136,17 @@ def config_from_options(
         stop_children_on_exit=options.stop_children_on_exit,
         concurrency=options.concurrency,
         sandbox=env.sandbox,
+        artifact_url=env.artifact_url,
+        address=env.address,
     )
 
 
 def make_agent(config: AgentConfig, app: Celery) -> Agent:
-    """An agent that reports through ``app`` and remembers in the configured Redis."""
+    """An agent that reports through ``app`` and takes programs' code through its code cache."""
     return Agent(
         config,
         AgentStore.from_url(config.redis_url, config.node),
+        resolve_code=code_resolver(config),
         send=lambda report: send_report(report, queue=config.reports_queue, app=app),
         send_heartbeat=lambda beat: send_heartbeat(
             beat,
@@ -149,6 +155,14 @@ def make_agent(config: AgentConfig, app: Celery) -> Agent:
             app=app,
         ),
     )
+
+
+def code_resolver(config: AgentConfig) -> ResolveCode:
+    """A program's unpacked bundle: fetched from the artifact store once per node."""
+    if not config.artifact_url:
+        return no_code_cache
+    cache = CodeCache(config.code_cache_dir(), ArtifactStore(config.artifact_url))
+    return lambda program: cache.ensure(program.code, program.code_path)
 
 
 def run(config: AgentConfig, loglevel: str = "INFO", app: Celery | None = None) -> None:

@@ -36,6 +36,7 @@ class Command(BaseCommand):
             "PORTAL_DATA_DIR": str(settings.DATA_DIR),
             "AGENT_HEARTBEAT_SECONDS": str(settings.AGENT_HEARTBEAT_SECONDS),
             "AGENT_DOWN_AFTER_SECONDS": str(settings.AGENT_DOWN_AFTER_SECONDS),
+            "ARTIFACT_URL": str(settings.ARTIFACT_URL),
         }
         database = settings.DATABASES["default"]
         if "sqlite" in database["ENGINE"]:  # tenant programs must not see its directory
