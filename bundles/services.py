@@ -19,7 +19,7 @@ from django.db import IntegrityError, transaction
 from bundles.errors import BundlePermissionError, BundleRefusedError, BundleTenantError
 from bundles.models import CodeBundle
 from tenancy.models import Tenant
-from tenancy.services import can_write
+from tenancy.services import TenancyError, can_write, choose_tenant
 from workers.artifacts import ArtifactStore
 from workers.bundle import BundleError, BundleInfo, BundleLimits, inspect
 
@@ -45,18 +45,10 @@ def resolve_tenant_for_upload(user: AbstractBaseUser | AnonymousUser, slug: str 
     told they may not upload (403 from ``do_upload``) rather than that the
     tenant does not exist.
     """
-    visible = Tenant.objects.restrict(user)
-    if slug:
-        tenant = visible.filter(slug=slug).first()
-        if tenant is None:
-            raise BundleTenantError(f"you are not a member of tenant {slug!r}")
-        return tenant
-    choices = list(visible[:2])
-    if not choices:
-        raise BundleTenantError("you belong to no tenant")
-    if len(choices) > 1:
-        raise BundleTenantError("you belong to several tenants: say which one in 'tenant'")
-    return choices[0]
+    try:
+        return choose_tenant(Tenant.objects.restrict(user), slug, "upload code")
+    except TenancyError as exc:
+        raise BundleTenantError(str(exc)) from None
 
 
 def check_archive(*, local: Path, limits: BundleLimits) -> BundleInfo:

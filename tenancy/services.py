@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils.text import slugify
 from rest_framework.authtoken.models import Token
 
@@ -104,15 +105,22 @@ def resolve_tenant_for_write(user: AbstractBaseUser | AnonymousUser, slug: str |
 
     Raises ``TenancyError`` with a message the API shows as-is.
     """
-    writable = Tenant.objects.writable_by(user)
+    return choose_tenant(Tenant.objects.writable_by(user), slug, "submit jobs")
+
+
+def choose_tenant(tenants: QuerySet[Tenant], slug: str | None, doing: str) -> Tenant:
+    """The tenant named ``slug`` among ``tenants``, or the only one; ``TenancyError`` if none.
+
+    ``doing`` completes the messages: "you cannot <doing> in tenant 'x'".
+    """
     if slug:
-        tenant = writable.filter(slug=slug).first()
+        tenant = tenants.filter(slug=slug).first()
         if tenant is None:
-            raise TenancyError(f"you cannot submit jobs to tenant {slug!r}")
+            raise TenancyError(f"you cannot {doing} in tenant {slug!r}")
         return tenant
-    choices = list(writable[:2])
+    choices = list(tenants[:2])
     if not choices:
-        raise TenancyError("you belong to no tenant in which you may submit jobs")
+        raise TenancyError(f"you belong to no tenant in which you may {doing}")
     if len(choices) > 1:
         raise TenancyError("you belong to several tenants: say which one in 'tenant'")
     return choices[0]

@@ -237,18 +237,25 @@ def log_text(stack: dict[str, Any], job: int) -> str:
     return "\n".join(line["text"] for line in lines)
 
 
+def take_six_slots(stack: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two long built-in jobs on 4 and 2 of the 8 slots, running; cancel them when done."""
+    jobs = tuple(
+        api(stack, "/api/v1/jobs/", {"name": name, "workload": "mlp-digits", "gpus": gpus,
+                                     "args": {"epochs": 5000}})
+        for name, gpus in (("blocker", 4), ("other", 2))
+    )  # fmt: skip
+    wait_for("the blockers to run",
+             lambda: all(job_state(stack, j["id"])["state"] == "running" for j in jobs),
+             stack, 120)  # fmt: skip
+    return jobs[0], jobs[1]
+
+
 def test_a_torchrun_program_runs_resizes_by_restart_resumes_and_completes(
     stack: dict[str, Any],
 ) -> None:
     code = upload_code(stack, EXAMPLES / "torchrun-ddp")
     # Six slots are taken, so the program starts at 2 of its 2-4 GPUs.
-    blocker = api(stack, "/api/v1/jobs/", {"name": "blocker", "workload": "mlp-digits",
-                                            "gpus": 4, "args": {"epochs": 5000}})  # fmt: skip
-    other = api(stack, "/api/v1/jobs/", {"name": "other", "workload": "mlp-digits", "gpus": 2,
-                                          "args": {"epochs": 5000}})  # fmt: skip
-    wait_for("the blockers to run",
-             lambda: all(job_state(stack, j["id"])["state"] == "running" for j in (blocker, other)),
-             stack, 120)  # fmt: skip
+    blocker, other = take_six_slots(stack)
     ddp = api(
         stack,
         "/api/v1/jobs/",
@@ -279,13 +286,7 @@ def test_a_torchrun_program_runs_resizes_by_restart_resumes_and_completes(
 
 def test_an_edl_program_scales_out_and_in_without_stopping(stack: dict[str, Any]) -> None:
     code = upload_code(stack, EXAMPLES / "elastic-digits")
-    blocker = api(stack, "/api/v1/jobs/", {"name": "blocker", "workload": "mlp-digits",
-                                            "gpus": 4, "args": {"epochs": 5000}})  # fmt: skip
-    other = api(stack, "/api/v1/jobs/", {"name": "other", "workload": "mlp-digits", "gpus": 2,
-                                          "args": {"epochs": 5000}})  # fmt: skip
-    wait_for("the blockers to run",
-             lambda: all(job_state(stack, j["id"])["state"] == "running" for j in (blocker, other)),
-             stack, 120)  # fmt: skip
+    blocker, other = take_six_slots(stack)
     edl = api(
         stack,
         "/api/v1/jobs/",

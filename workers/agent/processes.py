@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from workers.agent import limits, redis_acl
 from workers.agent.config import AgentConfig
@@ -244,6 +245,19 @@ class ProcessTable:
         log_path = self.config.log_path(command.job, worker.worker_id)
         argv = worker_argv(self.config, command, worker)
         popen = spawn(argv, worker_env(self.config), log_path)
+        record = self._remember(command, worker, popen, log_path)
+        log.info("started worker %s of job %s (pid %d)", worker.worker_id, command.job, popen.pid)
+        return record
+
+    def _remember(
+        self,
+        command: StartWorkers,
+        worker: WorkerSlot,
+        popen: subprocess.Popen[bytes],
+        log_path: Path,
+        **details: Any,
+    ) -> WorkerRecord:
+        """Keep the new process in the table and in the agent's store (for adoption)."""
         record = WorkerRecord(
             job=command.job,
             worker_id=worker.worker_id,
@@ -251,10 +265,10 @@ class ProcessTable:
             pid=popen.pid,
             log_path=str(log_path),
             started_at=self.clock.now(),
+            **details,
         )
         self.children[(command.job, worker.worker_id)] = Child(record=record, popen=popen)
         self.store.save_worker(record)
-        log.info("started worker %s of job %s (pid %d)", worker.worker_id, command.job, popen.pid)
         return record
 
     def _start_program(
@@ -307,13 +321,11 @@ class ProcessTable:
             for path in cgroups.values():
                 limits.remove_cgroup(path)
             raise
-        record = WorkerRecord(
-            job=command.job,
-            worker_id=worker.worker_id,
-            slot=worker.slot,
-            pid=popen.pid,
-            log_path=str(log_path),
-            started_at=self.clock.now(),
+        record = self._remember(
+            command,
+            worker,
+            popen,
+            log_path,
             rank=placement(command, worker).rank,
             generation=program.generation,
             launcher=program.launcher,
@@ -321,8 +333,6 @@ class ProcessTable:
             start_ticks=limits.start_ticks(popen.pid),
             cgroups={c: str(p) for c, p in cgroups.items()} or None,
         )
-        self.children[(command.job, worker.worker_id)] = Child(record=record, popen=popen)
-        self.store.save_worker(record)
         log.info(
             "started worker %s of job %s, program %s generation %d (pid %d%s)",
             worker.worker_id,
