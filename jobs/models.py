@@ -94,6 +94,11 @@ class Job(models.Model):
     last_event_id = models.CharField(
         max_length=64, blank=True, default="", help_text="Newest runtime event applied."
     )
+    recent_event_ids = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Runtime events applied lately (agents on several nodes may deliver out of order).",
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     objects = JobQuerySet.as_manager()

@@ -49,6 +49,7 @@ from workers.protocol import (
 
 log = logging.getLogger(__name__)
 LOG_TAIL_CHARS = 4000
+RECENT_EVENTS = 64  # runtime event ids remembered per job, to apply late ones once
 
 
 def _event_key(event_id: str) -> tuple[int, ...]:
@@ -82,10 +83,16 @@ def handle_report(payload: Any) -> str:
         if job is None:
             return "unknown job"
         if isinstance(report, JobEventReport):
-            if _event_key(report.event_id) <= _event_key(job.last_event_id):
+            late = _event_key(report.event_id) <= _event_key(job.last_event_id)
+            if report.event_id in job.recent_event_ids or (late and isinstance(report, Progress)):
                 return "duplicate"
-            job.last_event_id = report.event_id
-            save_fields(job, "last_event_id")
+            # Agents on several nodes forward a job's events: an older one may arrive after a
+            # newer one. Progress that old is stale; any other event still counts, once.
+            if not isinstance(report, Progress):
+                job.recent_event_ids = [*job.recent_event_ids, report.event_id][-RECENT_EVENTS:]
+            if not late:
+                job.last_event_id = report.event_id
+            save_fields(job, "last_event_id", "recent_event_ids")
         handler = _HANDLERS.get(type(report))
         if handler is None:
             return "noted"

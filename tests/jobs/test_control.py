@@ -138,6 +138,24 @@ def test_reports_progress_finish_and_replays(alice: Any, acme: Any) -> None:
     assert handle_report({**progress, "job": "job-999999", "event_id": "2-0"}) == "unknown job"
 
 
+def test_an_event_that_arrives_after_a_newer_one_still_counts_once(alice: Any, acme: Any) -> None:
+    """Agents on several nodes forward a job's events: their reports can cross."""
+    demo_cluster()
+    job = submit(alice, acme, gpus=2)
+    run_tick(policy="fifo")
+    name = f"job-{job.pk}"
+    newer = {"type": "progress", "node": "node-1", "job": name, "event_id": "1700000000005-0",
+             "step": 30, "samples_per_s": 99.0, "world": 2}  # fmt: skip
+    older = {"type": "finished", "node": "node-0", "job": name, "event_id": "1700000000004-0",
+             "step": 30}  # fmt: skip
+    assert handle_report(newer) == "progress"
+    assert handle_report({**newer, "event_id": "1700000000003-0"}) == "duplicate"  # stale
+    assert handle_report(older) == "completed"
+    assert handle_report(older) == "duplicate"
+    job.refresh_from_db()
+    assert job.state == "completed" and job.last_event_id == "1700000000005-0"
+
+
 def test_server_down_requeues_or_shrinks(alice: Any, acme: Any, settings: Any) -> None:
     nodes = demo_cluster()
     whole = submit(alice, acme, gpus=2)

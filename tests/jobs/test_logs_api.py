@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -236,7 +237,9 @@ def test_follow_events_polls_beats_and_ends() -> None:
         )  # fmt: skip
         return [event async for event in stream]
 
-    events = asyncio.run(collect())
+    # Its own thread: a browser test run before may leave this thread's event loop set.
+    with ThreadPoolExecutor(1) as pool:
+        events = pool.submit(asyncio.run, collect()).result()
     assert asked == [(4, 2), (5, 1), (5, 1), (5, 1)]
     kinds = [e.split("\n")[0].split(":")[0] for e in events]
     assert kinds == ["id", "id", "id", "", "id", "event"]
