@@ -163,7 +163,12 @@ def _start(
 def _stops(
     launch: JobLaunch, gpus: Sequence[int], homes: Mapping[int, GpuHome], reason: str
 ) -> list[tuple[str, Command]]:
-    grace = {"grace_seconds": launch.program.grace_seconds} if launch.program else {}
+    program = launch.program
+    grace: dict[str, float] = {}
+    # TORCHRUN_GRACE_SECONDS is torchrun's SIGTERM-to-SIGKILL grace; edl programs stop as
+    # the built-in workloads do (the runtime is asked first, with StopJob's default grace).
+    if program is not None and program.restarts_to_resize:
+        grace["grace_seconds"] = program.grace_seconds
     name = runtime_job_name(launch.job_id)
     return [
         (node, StopJob(job=name, command_id=_command_id("stop"), reason=reason[:200], **grace))

@@ -15,12 +15,13 @@ from bundles.errors import BundleRefusedError
 from bundles.models import CodeBundle
 from bundles.services import do_upload
 from jobs.choices import Launcher, RecoveryMode
+from jobs.program_spec import PROGRAM_FIELDS
 from jobs.services import JobSpec, JobValidationError, check_job_spec
 from tenancy.models import Tenant
 from workers.catalog import WORKLOADS
 
 BUILT_IN, PROGRAM = "builtin", "program"
-PROGRAM_ONLY = ("archive", "code", "entrypoint", "launcher", "env")
+PROGRAM_ONLY = ("archive", *PROGRAM_FIELDS)
 
 
 class JobForm(forms.Form):

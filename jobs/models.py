@@ -126,6 +126,11 @@ class Job(models.Model):
         return f"job {self.pk} ({self.name})"
 
     @property
+    def restarts_to_resize(self) -> bool:
+        """Whether the job runs a torchrun program: resized by a restart, ended by its exits."""
+        return self.code_id is not None and self.launcher == Launcher.TORCHRUN
+
+    @property
     def runs(self) -> str:
         """What the job runs, in a few words: a built-in workload, or launcher and entrypoint."""
         if not self.code_id:

@@ -175,7 +175,8 @@ def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
     program = None
     workload: str = ""
     args: dict[str, int | float] = {}
-    if wants_program(data):
+    runs_program = wants_program(data)
+    if runs_program:
         program = check_program(tenant, data, errors.add)
     else:
         workload, args = _check_workload(data, errors)
@@ -187,7 +188,7 @@ def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
         WORKLOADS[workload].default_batch_size
         if workload
         else PROGRAM_BATCH_SIZE
-        if wants_program(data)
+        if runs_program
         else None
     )
     batch_size = _int_field(data, errors, "batch_size", 1, MAX_BATCH_SIZE, default_batch)

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import re
 import shlex
+import typing
 from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Literal
 
 Launcher = Literal["edl", "torchrun"]
-LAUNCHERS: tuple[str, ...] = ("edl", "torchrun")
+LAUNCHERS: tuple[str, ...] = typing.get_args(Launcher)
 
 MAX_ENV_VARS = 64
 MAX_ENV_BYTES = 4096

@@ -17,7 +17,7 @@ from fabric.allocator import Allocation
 from fabric.topology import FabricSpec
 from jobs import holdings
 from jobs.agent_commands import GpuHome, membership_commands
-from jobs.choices import EventKind, JobState, Launcher
+from jobs.choices import EventKind, JobState
 from jobs.lifecycle import broadcast, record, save_fields, transition
 from jobs.models import Job
 from jobs.outbox import Outbox, launch_of
@@ -73,7 +73,7 @@ def apply_bound(
             len(old), len(new), item.allocation
         )
         holdings.store(job, item.allocation, spec)  # saved with the transition below
-        restarts = job.code_id is not None and job.launcher == Launcher.TORCHRUN
+        restarts = job.restarts_to_resize
         if restarts and new:
             job.generation += 1  # each start of a torchrun program is a new run
             job.finished_workers = []

@@ -21,21 +21,16 @@ from datetime import datetime
 
 from jobs import holdings
 from jobs.agent_commands import worker_id
-from jobs.choices import ACTIVE_STATES, EventKind, JobState, Launcher
+from jobs.choices import ACTIVE_STATES, EventKind, JobState
 from jobs.control.endings import complete_job, fail_job
 from jobs.lifecycle import broadcast, record, save_fields, transition
 from jobs.models import Job
 from workers.protocol import Started, WorkerExited
 
 
-def is_torchrun(job: Job) -> bool:
-    """Whether ``job`` runs a torchrun program (ends by exits, resizes by restart)."""
-    return job.code_id is not None and job.launcher == Launcher.TORCHRUN
-
-
 def on_started(job: Job, report: Started, now: datetime) -> str:
     """A restarted torchrun run is up: the job runs again at its new size."""
-    if not is_torchrun(job) or job.state != JobState.SCALING:
+    if not job.restarts_to_resize or job.state != JobState.SCALING:
         return "noted"
     size = len(holdings.held_gpus(job))
     transition(job, JobState.RUNNING, reason=f"torchrun run {job.generation} started", at=now,
@@ -48,7 +43,7 @@ def on_worker_exited(job: Job, report: WorkerExited, now: datetime) -> str | Non
     """Apply the exit to a program's job; None when it is not one this module decides."""
     if job.code_id is None or job.state not in ACTIVE_STATES:
         return None
-    if is_torchrun(job):
+    if job.restarts_to_resize:
         if report.generation is not None and report.generation != job.generation:
             return "earlier run"
         if report.outcome == "clean":

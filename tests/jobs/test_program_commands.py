@@ -96,3 +96,9 @@ def test_a_program_stop_gives_the_torchrun_grace() -> None:
     commands = membership_commands(launch("torchrun"), (0, 4), (), HOMES, reason="cancel")
     assert sorted(n for n, _ in commands) == ["n0", "n1"]
     assert all(isinstance(c, StopJob) and c.grace_seconds == 12.0 for _, c in commands)
+
+
+def test_an_edl_program_stops_with_the_runtime_s_default_grace() -> None:
+    commands = membership_commands(launch("edl"), (0,), (), HOMES, reason="cancel")
+    default = StopJob(job="job-7", command_id="c").grace_seconds
+    assert [c.grace_seconds for _, c in commands if isinstance(c, StopJob)] == [default]

@@ -149,6 +149,7 @@ def test_torchrun_job_starts_with_ranks_resizes_by_restart_and_completes_on_exit
     alice: Any, acme: Any
 ) -> None:
     nodes = demo_cluster({"leaves": 1, "spines": 1, "servers_per_leaf": 2, "gpus_per_server": 2})
+    drain_all(nodes)  # what earlier tests left on the agents' queues
     acme.profile_jobs = False
     acme.save()
     job = submit_program(alice, acme, "torchrun", lo=1, hi=4, gpus=2)
@@ -191,6 +192,7 @@ def test_torchrun_job_starts_with_ranks_resizes_by_restart_and_completes_on_exit
 
 def test_a_crashed_torchrun_worker_fails_the_job_with_the_reason(alice: Any, acme: Any) -> None:
     nodes = demo_cluster()
+    drain_all(nodes)
     job = submit_program(alice, acme, "torchrun", lo=2, hi=2, gpus=2)
     run_tick(policy="fifo")
     commands_of(nodes)
