@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from workers.catalog import WorkloadArgumentError, validate_args
+from workers.outputs import OutputError, check_job_path, check_metric_values, check_sha256
 from workers.program import (
     Launcher,
     ProgramError,
@@ -49,6 +50,7 @@ REPORTS_QUEUE = "portal"
 Recovery = Literal["consistent", "approximate"]
 DeviceKind = Literal["cpu", "cuda"]
 ExitOutcome = Literal["clean", "stopped", "crashed", "lost"]
+ArtifactKind = Literal["checkpoint", "final", "user", "log"]
 
 
 def agent_queue(node: str) -> str:
@@ -157,8 +159,12 @@ class StartWorkers(Command):
     ``join=True`` they join a running job (stop-free scale-out) and
     ``initial_world`` is not used.  Starting a worker id that already runs on
     this node does nothing.  ``checkpoint_every`` = 0 turns periodic
-    checkpoints off; ``checkpoint_dir`` defaults to the agent's
-    ``<PORTAL_DATA_DIR>/checkpoints/<job>``; ``sync_timeout_s`` is how long a
+    checkpoints off.  ``store_prefix`` is the job's prefix in the artifact
+    store (``tenants/<slug>/jobs/<pk>``): checkpoints and artifacts go there,
+    so a job resumes on any node; without it (``checkpoint_dir`` unset too)
+    they stay in the agent's ``<PORTAL_DATA_DIR>/checkpoints/<job>``.
+    ``checkpoint_keep`` is how many periodic checkpoints are kept besides the
+    final one.  ``sync_timeout_s`` is how long a
     worker waits for a peer's synchronisation before the peer counts as failed
     (the runtime's default when null).
     """
@@ -178,6 +184,8 @@ class StartWorkers(Command):
     max_steps: int | None = None
     sync_timeout_s: float | None = None
     program: Program | None = None
+    store_prefix: str | None = None
+    checkpoint_keep: int = 2
 
     def validate(self) -> None:
         super().validate()
@@ -217,6 +225,13 @@ class StartWorkers(Command):
             )
         if self.checkpoint_dir is not None and not self.checkpoint_dir.strip():
             raise ProtocolError("start_workers.checkpoint_dir must not be blank")
+        at_least(self.checkpoint_keep, 1, "start_workers.checkpoint_keep")
+        if self.store_prefix is not None:
+            parts = self.store_prefix.split("/")
+            if len(parts) != 4 or parts[0] != "tenants" or parts[2] != "jobs":
+                raise ProtocolError("start_workers.store_prefix must be tenants/<slug>/jobs/<id>")
+            for part in (parts[1], parts[3]):
+                check_name(part, "start_workers.store_prefix")
 
     @property
     def worker_ids(self) -> tuple[str, ...]:
@@ -477,6 +492,98 @@ class Finished(JobEventReport):
 
     step: int | None = None
     reason: str = "finished"
+
+
+@_report
+@dataclass(frozen=True, kw_only=True)
+class ArtifactStored(JobEventReport):
+    """An object of the job was written to the artifact store.
+
+    ``path`` is relative to the job's prefix (``checkpoints/...``,
+    ``artifacts/...`` or ``logs/...``): a report can only ever name the job's
+    own objects.  ``pruned`` are older checkpoints the writer deleted under the
+    keep rule.  Reports that the agent makes itself (collecting a torchrun
+    program's ``ARTIFACT_DIR``) carry an ``event_id`` of its own making.
+    """
+
+    TYPE: ClassVar[str] = "artifact_stored"
+
+    kind: ArtifactKind
+    path: str
+    size: int
+    sha256: str
+    step: int | None = None
+    name: str = ""
+    pruned: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        super().validate()
+        at_least(self.size, 0, "artifact_stored.size")
+        at_least(self.step, 0, "artifact_stored.step")
+        if len(self.name) > 255:
+            raise ProtocolError("artifact_stored.name must be at most 255 characters")
+        if len(self.pruned) > 100:
+            raise ProtocolError("artifact_stored.pruned may name at most 100 paths")
+        try:
+            check_job_path(self.path, "artifact_stored.path")
+            check_sha256(self.sha256, "artifact_stored.sha256")
+            for i, old in enumerate(self.pruned):
+                check_job_path(old, f"artifact_stored.pruned[{i}]")
+        except OutputError as exc:
+            raise ProtocolError(str(exc)) from None
+
+
+@_report
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSkipped(JobEventReport):
+    """A checkpoint failed its size or checksum on reading; an older one was used instead."""
+
+    TYPE: ClassVar[str] = "checkpoint_skipped"
+
+    step: int
+    reason: str
+
+    def validate(self) -> None:
+        super().validate()
+        at_least(self.step, 0, "checkpoint_skipped.step")
+        if len(self.reason) > 500:
+            raise ProtocolError("checkpoint_skipped.reason must be at most 500 characters")
+
+
+MAX_METRIC_POINTS = 200
+"""The most points one ``metrics`` report carries."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricPoint(Record):
+    """The metrics a program logged at one step (``edl.Context.log_metrics``)."""
+
+    step: int
+    values: dict[str, float]
+
+    def validate(self) -> None:
+        at_least(self.step, 0, "step")
+        try:
+            object.__setattr__(self, "values", check_metric_values(self.values))
+        except OutputError as exc:
+            raise ProtocolError(str(exc)) from None
+
+
+@_report
+@dataclass(frozen=True, kw_only=True)
+class Metrics(JobEventReport):
+    """Training metrics a program logged, in step order."""
+
+    TYPE: ClassVar[str] = "metrics"
+
+    points: tuple[MetricPoint, ...]
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.points:
+            raise ProtocolError("metrics.points must not be empty")
+        if len(self.points) > MAX_METRIC_POINTS:
+            raise ProtocolError(f"metrics.points may hold at most {MAX_METRIC_POINTS} points")
 
 
 @_report
