@@ -10,12 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workers.protocol import (
+    ArtifactStored,
+    CheckpointSkipped,
     Command,
     CurvePoint,
     Failed,
     Finished,
     Heartbeat,
     LogLines,
+    MetricPoint,
+    Metrics,
     Migrate,
     Profile,
     ProfileDone,
@@ -114,6 +118,17 @@ def sample_reports() -> list[Report]:
         ),
         LogLines(**common, worker_id="w0", log_id="gpu-1-7-ab", offset=10, text="a\n", rank=0),
         Stopped(**common, command_id="c4"),
+        ArtifactStored(
+            **common,
+            event_id="9-0",
+            kind="final",
+            path="checkpoints/step-000000009.pt",
+            size=3,
+            sha256="0" * 64,
+            step=9,
+        ),
+        CheckpointSkipped(**common, event_id="9-1", step=8, reason="sha256 mismatch"),
+        Metrics(**common, event_id="9-2", points=(MetricPoint(step=9, values={"loss": 0.5}),)),
         Rejected(node="gpu-1", error="slot 9 does not exist", command_id="c9", job="job-1"),
         Heartbeat(node="gpu-1", device="cpu", slots=2, free_slots=(1,), workers=(worker,)),
     ]
