@@ -91,6 +91,9 @@ class JobLaunch:
     recovery: str
     checkpoint_every: int
     program: ProgramLaunch | None = None
+    store_prefix: str | None = None
+    """The job's prefix in the artifact store (``workers.artifacts.job_prefix``)."""
+    checkpoint_keep: int = 2
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,8 @@ def _start(
         initial_world=initial_world,
         join=join,
         program=_program(program, homes[gpus[0]].node, everyone, homes) if program else None,
+        store_prefix=launch.store_prefix,
+        checkpoint_keep=launch.checkpoint_keep,
     )
 
 

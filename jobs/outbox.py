@@ -19,6 +19,7 @@ from django.db import transaction
 from jobs.agent_commands import JobLaunch, ProgramLaunch, membership_commands
 from jobs.holdings import gpu_homes
 from jobs.models import Job
+from workers.artifacts import job_prefix
 from workers.protocol import AGENT_COMMAND_TASK, Command, agent_queue
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,8 @@ def launch_of(job: Job) -> JobLaunch:
         recovery=job.recovery,
         checkpoint_every=job.checkpoint_interval,
         program=program_of(job),
+        store_prefix=job_prefix(job.tenant.slug, job.pk),
+        checkpoint_keep=settings.CHECKPOINT_KEEP,
     )
 
 

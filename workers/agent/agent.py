@@ -19,6 +19,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from workers.agent.collect import collect
+from workers.agent.collect import reports as collect_reports
 from workers.agent.commands import CommandHandler
 from workers.agent.commands import CommandRejected as CommandRejected  # re-exported
 from workers.agent.config import AgentConfig
@@ -28,6 +30,7 @@ from workers.agent.log_shipper import LogOffsets, LogShipper
 from workers.agent.processes import Exit, ProcessTable, ResolveCode, no_code_cache, running
 from workers.agent.redis_acl import delete_job_user
 from workers.agent.store import AgentStore, WorkerRecord
+from workers.artifacts import ArtifactStore
 from workers.clock import SYSTEM_CLOCK, Clock
 from workers.protocol import (
     Command,
@@ -163,6 +166,8 @@ class Agent:
         if outcome == "crashed":
             self.events.note_crash(record.job, record.worker_id, code)
         self.logs.flush(record)  # every line before the exit report
+        if outcome == "clean" and not self.processes.of_job(record.job):
+            self._collect_artifacts(record)  # before the exit that may end the job
         self._send(
             WorkerExited(
                 node=self.config.node,
@@ -176,6 +181,23 @@ class Agent:
                 reason=reason,
             )
         )
+
+    def _collect_artifacts(self, record: WorkerRecord) -> None:
+        """Upload what the job's programs left in ``ARTIFACT_DIR`` here, and report it."""
+        if record.launcher is None or record.store_prefix is None:
+            return
+        url = self.config.job_store_url(record.job, record.store_prefix, None)
+        try:
+            collected = collect(
+                ArtifactStore(url),
+                self.config.job_dir(record.job) / "artifacts",
+                self.config.collect_limits,
+            )
+        except Exception:  # a store that is down must not take the agent with it
+            log.exception("could not collect the artifacts of job %s", record.job)
+            return
+        for report in collect_reports(self.config.node, record.job, collected):
+            self._send(report)
 
     def _settle_jobs(self) -> None:
         """Forget jobs with nothing left here; report stops and local total failures."""

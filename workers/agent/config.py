@@ -47,6 +47,8 @@ class AgentConfig:
     sandbox: SandboxSettings = field(default_factory=lambda: SandboxSettings())
     artifact_url: str = ""
     address: str = "127.0.0.1"
+    step_log_dir: Path | None = None
+    collect_limits: CollectLimits = field(default_factory=lambda: CollectLimits())
 
     def device_for(self, slot: int) -> str:
         """The ``--device`` of the training process in ``slot``."""
@@ -55,6 +57,16 @@ class AgentConfig:
     def checkpoint_dir(self, job: str) -> Path:
         """Default checkpoint directory of a job: ``<data_dir>/checkpoints/<job>``."""
         return self.data_dir / "checkpoints" / job
+
+    def job_store_url(self, job: str, store_prefix: str | None, checkpoint_dir: str | None) -> str:
+        """Where a job's checkpoints and artifacts go: its prefix in the artifact store.
+
+        A start command without a prefix (an older control plane, a test)
+        keeps them on this node: ``checkpoint_dir``, else ``checkpoint_dir(job)``.
+        """
+        if store_prefix is not None and self.artifact_url:
+            return f"{self.artifact_url.rstrip('/')}/{store_prefix}"
+        return checkpoint_dir or str(self.checkpoint_dir(job))
 
     def job_dir(self, job: str) -> Path:
         """Where a tenant program's job keeps its files on this node (``JobDirs``)."""
@@ -67,6 +79,35 @@ class AgentConfig:
     def log_path(self, job: str, worker_id: str) -> Path:
         """Where the output of one training process goes."""
         return self.data_dir / "logs" / f"agent-{self.node}" / job / f"{worker_id}.log"
+
+
+def local_store_dir(url: str) -> Path | None:
+    """The directory of a store URL on this machine (``file://``, a plain path), else None."""
+    if url.startswith("file://"):
+        return Path(url.removeprefix("file://"))
+    if "://" not in url:
+        return Path(url)
+    return None
+
+
+S3_VARIABLES: tuple[str, ...] = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+)
+"""What an ``s3://`` store needs from the environment (s3fs and botocore read these)."""
+
+
+@dataclass(frozen=True)
+class CollectLimits:
+    """The most an agent uploads from one job's ``ARTIFACT_DIR`` on one node when it ends."""
+
+    max_files: int = 1000
+    max_bytes: int = 10 * 2**30
 
 
 SandboxMode = Literal["on", "off"]
@@ -116,7 +157,10 @@ class AgentEnvironment:
     ``ARTIFACT_URL`` (where the portal stores code bundles; default
     ``file://<PORTAL_DATA_DIR>/artifacts``, the portal's own default) and
     ``AGENT_ADDRESS`` (how other nodes reach this one, e.g. a torchrun
-    program's rank 0; default ``127.0.0.1``).
+    program's rank 0; default ``127.0.0.1``); ``ARTIFACT_COLLECT_MAX_FILES``
+    and ``ARTIFACT_COLLECT_MAX_BYTES`` (``CollectLimits``); ``AGENT_STEP_LOG_DIR``
+    (built-in workloads write the runtime's per-step log there: for tests and
+    benchmarks that check every sample was used once).
     """
 
     redis_url: str
@@ -126,6 +170,8 @@ class AgentEnvironment:
     sandbox: SandboxSettings = field(default_factory=lambda: SandboxSettings())
     artifact_url: str = ""
     address: str = "127.0.0.1"
+    step_log_dir: Path | None = None
+    collect_limits: CollectLimits = field(default_factory=lambda: CollectLimits())
 
     @classmethod
     def read(cls, environ: Mapping[str, str] | None = None) -> AgentEnvironment:
@@ -143,6 +189,11 @@ class AgentEnvironment:
             sandbox=_sandbox(env),
             artifact_url=env.get("ARTIFACT_URL") or f"file://{data_dir / 'artifacts'}",
             address=_address(env.get("AGENT_ADDRESS") or "127.0.0.1"),
+            step_log_dir=Path(env["AGENT_STEP_LOG_DIR"]) if env.get("AGENT_STEP_LOG_DIR") else None,
+            collect_limits=CollectLimits(
+                max_files=int(_positive(env, "ARTIFACT_COLLECT_MAX_FILES", 1000)),
+                max_bytes=int(_positive(env, "ARTIFACT_COLLECT_MAX_BYTES", 10 * 2**30)),
+            ),
         )
 
 

@@ -15,7 +15,7 @@ from workers.protocol import StartWorkers, WorkerSlot
 
 def worker_argv(config: AgentConfig, command: StartWorkers, worker: WorkerSlot) -> list[str]:
     """The command line of the training process for ``worker`` (see workers.elastic.cli)."""
-    checkpoint_dir = command.checkpoint_dir or str(config.checkpoint_dir(command.job))
+    store_url = config.job_store_url(command.job, command.store_prefix, command.checkpoint_dir)
     argv = [
         config.python,
         "-m",
@@ -26,8 +26,9 @@ def worker_argv(config: AgentConfig, command: StartWorkers, worker: WorkerSlot) 
         "--args", json.dumps(command.args, sort_keys=True),
         "--batch-size", str(command.batch_size),
         "--recovery", command.recovery,
-        "--checkpoint-dir", checkpoint_dir,
+        "--store-url", store_url,
         "--checkpoint-every", str(command.checkpoint_every),
+        "--checkpoint-keep", str(command.checkpoint_keep),
         "--device", config.device_for(worker.slot),
         "--redis-url", config.redis_url,
     ]  # fmt: skip
@@ -40,6 +41,9 @@ def worker_argv(config: AgentConfig, command: StartWorkers, worker: WorkerSlot) 
         argv += ["--max-steps", str(command.max_steps)]
     if command.sync_timeout_s is not None:
         argv += ["--sync-timeout", repr(command.sync_timeout_s)]
+    if config.step_log_dir is not None:
+        path = config.step_log_dir / f"{command.job}.{worker.worker_id}.jsonl"
+        argv += ["--step-log", str(path)]
     return argv
 
 

@@ -34,8 +34,8 @@ from workers.agent.launch import (
     worker_env,
 )
 from workers.agent.programs import (
-    JobDirs,
     edl_env,
+    job_dirs,
     placement,
     program_argv,
     program_mounts,
@@ -279,7 +279,7 @@ class ProcessTable:
             raise ProgramUnavailable(refused)
         settings = self.config.sandbox
         code_dir = self.resolve_code(program)
-        dirs = JobDirs(self.config.job_dir(command.job))
+        dirs = job_dirs(self.config, command)
         dirs.create(worker.worker_id)
         if program.launcher == "edl":
             url = redis_acl.job_url(self.store.redis, self.config.redis_url, command.job)
@@ -332,6 +332,7 @@ class ProcessTable:
             sandboxed=sandboxed,
             start_ticks=limits.start_ticks(popen.pid),
             cgroups={c: str(p) for c, p in cgroups.items()} or None,
+            store_prefix=command.store_prefix,
         )
         log.info(
             "started worker %s of job %s, program %s generation %d (pid %d%s)",

@@ -6,7 +6,14 @@ Per job, on each node that runs it (created by the agent)::
     <data_dir>/jobs/<job>/artifacts          ARTIFACT_DIR    read-write, shared by its workers
     <data_dir>/jobs/<job>/scratch/<worker>   SCRATCH_DIR and HOME, read-write, one per worker
 
-(Built-in workloads keep ``<data_dir>/checkpoints/<job>``.)  The program runs
+When the artifact store is a directory (``file://``, a mount every node
+sees) the job's prefix in it (``tenants/<slug>/jobs/<pk>``) is bound
+read-write too, and ``CHECKPOINT_DIR`` is its ``checkpoints`` folder, so a
+program's own checkpoints outlive the node as the runtime's do.  Everything
+left in ``ARTIFACT_DIR`` is uploaded to the store when the job ends
+(``workers.agent.collect``).  (Built-in workloads keep nothing on the node:
+their checkpoints go to the store, or to ``<data_dir>/checkpoints/<job>``
+when the control plane names no prefix.)  The program runs
 ``python <code dir>/<entrypoint[0]> <entrypoint[1:]...>`` in its code directory
 (the bundle unpacked read-only), never through a shell, with exactly the
 environment built here and nothing of the agent's own (no secrets, no broker
@@ -30,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.agent.config import REPO_ROOT, AgentConfig
+from workers.agent.config import REPO_ROOT, S3_VARIABLES, AgentConfig, local_store_dir
 from workers.agent.sandbox import MASKED_FILES, Mounts
 from workers.elastic.cli import OPTIONS_ENV, WorkerOptions, options_to_env
 from workers.protocol import Program, StartWorkers, WorkerSlot
@@ -47,10 +54,12 @@ class JobDirs:
     """A program job's directories on this node (see the module docstring)."""
 
     root: Path
+    store: Path | None = None
+    """The job's prefix in a directory store every node sees (None: an object store)."""
 
     @property
     def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
+        return (self.store or self.root) / "checkpoints"
 
     @property
     def artifacts(self) -> Path:
@@ -64,6 +73,24 @@ class JobDirs:
         """Make the job's and the worker's directories (an adapter's step)."""
         for path in (self.checkpoints, self.artifacts, self.scratch(worker_id)):
             path.mkdir(parents=True, exist_ok=True)
+        if self.store is not None:
+            (self.store / "artifacts").mkdir(parents=True, exist_ok=True)
+
+
+def job_dirs(config: AgentConfig, command: StartWorkers) -> JobDirs:
+    """A program job's directories on this node, with its store prefix if that is a directory."""
+    store = None
+    if command.store_prefix is not None:
+        local = local_store_dir(config.artifact_url)
+        store = local / command.store_prefix if local is not None else None
+    return JobDirs(config.job_dir(command.job), store)
+
+
+def program_store_url(config: AgentConfig, command: StartWorkers, dirs: JobDirs) -> str:
+    """Where an edl program's runtime keeps checkpoints and artifacts (the node without a prefix)."""
+    if command.store_prefix is None:
+        return str(dirs.root)
+    return config.job_store_url(command.job, command.store_prefix, None)
 
 
 @dataclass(frozen=True)
@@ -156,8 +183,9 @@ def edl_options(
         args={},
         batch_size=command.batch_size,
         recovery=command.recovery,
-        checkpoint_dir=str(dirs.checkpoints),
+        store_url=program_store_url(config, command, dirs),
         checkpoint_every=command.checkpoint_every,
+        checkpoint_keep=command.checkpoint_keep,
         checkpoint_minutes=command.checkpoint_minutes,
         initial_world=None if command.join else command.initial_world,
         # The process sees only its own GPU (CUDA_VISIBLE_DEVICES), as device 0.
@@ -179,9 +207,17 @@ def edl_env(
     dirs: JobDirs,
     redis_url: str,
     sdk_root: Path = REPO_ROOT,
+    environ: Mapping[str, str] = os.environ,
 ) -> dict[str, str]:
-    """The edl launcher's environment: ``EDL_OPTIONS``, the SDK on ``PYTHONPATH``."""
+    """The edl launcher's environment: ``EDL_OPTIONS``, the SDK on ``PYTHONPATH``.
+
+    With an object store the runtime reaches it itself, so it gets the
+    store's ``AWS_*`` variables (``S3_VARIABLES``; see docs/agent.md on what
+    that exposes).
+    """
     env = base_env(config, dirs, worker.worker_id, _program(command))
+    if command.store_prefix is not None and dirs.store is None:
+        env.update({name: environ[name] for name in S3_VARIABLES if name in environ})
     env[OPTIONS_ENV] = options_to_env(edl_options(config, command, worker, dirs, redis_url))
     env["PYTHONPATH"] = str(sdk_root)
     if config.device == "cuda":
@@ -215,6 +251,9 @@ def program_mounts(
         hide.add(real_venv.parent)  # the venv is another checkout's: hide that repository too
     if config.sandbox.database_file is not None:
         hide.add(config.sandbox.database_file.parent)
+    store_root = local_store_dir(config.artifact_url)
+    if store_root is not None:
+        hide.add(store_root)  # every tenant's objects: only the job's own prefix comes back
     read_only = {
         venv,
         real_venv,
@@ -223,6 +262,8 @@ def program_mounts(
         *(repo_root / name for name in SDK_PACKAGES),
     }
     writable = (dirs.checkpoints, dirs.artifacts, dirs.scratch(worker_id))
+    if dirs.store is not None:
+        writable = (dirs.store, *writable[1:])
     return Mounts(
         hide=tuple(sorted(hide)),
         read_only=tuple(sorted(read_only)),

@@ -11,12 +11,17 @@ from celery import Celery
 
 from workers.agent.celery_app import agent_app
 from workers.protocol import (
+    MAX_METRIC_POINTS,
     REPORT_TASK,
     REPORTS_QUEUE,
+    ArtifactStored,
+    CheckpointSkipped,
     CurvePoint,
     Failed,
     Finished,
     Heartbeat,
+    MetricPoint,
+    Metrics,
     ProfileDone,
     Progress,
     ProtocolError,
@@ -103,6 +108,44 @@ def _curve(raw: Any) -> tuple[CurvePoint, ...]:
     return tuple(sorted(points, key=lambda p: p.workers))
 
 
+def _stored(common: dict[str, Any], kind: str, event: dict[str, Any]) -> ArtifactStored:
+    """A checkpoint or an artifact the runtime wrote to the store."""
+    path = event["path"]
+    if kind == "checkpoint_saved":
+        return ArtifactStored(
+            **common,
+            kind="final" if event.get("final") is True else "checkpoint",
+            path=path,
+            size=event["size"],
+            sha256=event["sha256"],
+            step=_optional_int(event.get("step")),
+            name=str(path).rsplit("/", 1)[-1],
+            pruned=_names(event.get("pruned")),
+        )
+    return ArtifactStored(
+        **common,
+        kind="user",
+        path=path,
+        size=event["size"],
+        sha256=event["sha256"],
+        step=_optional_int(event.get("step")),
+        name=str(event.get("name") or path)[:255],
+    )
+
+
+def _metric_points(raw: Any) -> tuple[MetricPoint, ...]:
+    """The points of a metrics event, evenly thinned to ``MAX_METRIC_POINTS`` if there are more."""
+    if not isinstance(raw, list | tuple):
+        raise ProtocolError("metrics.points must be a list")
+    stride = max(1, math.ceil(len(raw) / MAX_METRIC_POINTS))
+    points = []
+    for item in raw[::stride]:
+        if not isinstance(item, dict):
+            raise ProtocolError("metrics.points must hold objects")
+        points.append(MetricPoint(step=item["step"], values=item["values"]))
+    return tuple(points)
+
+
 def report_from_event(node: str, job: str, event_id: str, event: dict[str, Any]) -> Report | None:
     """The report for one runtime event, or None for a kind the control plane does not need.
 
@@ -162,6 +205,14 @@ def report_from_event(node: str, job: str, event_id: str, event: dict[str, Any])
             )
         if kind == "failed":
             return Failed(**common, error=str(event.get("error", "")))
+        if kind in ("checkpoint_saved", "artifact_saved"):
+            return _stored(common, kind, event)
+        if kind == "checkpoint_skipped":
+            return CheckpointSkipped(
+                **common, step=event["step"], reason=str(event.get("reason", ""))[:500]
+            )
+        if kind == "metrics":
+            return Metrics(**common, points=_metric_points(event["points"]))
     except KeyError as exc:
         raise ProtocolError(f"runtime event {kind} lacks field {exc.args[0]!r}") from None
     except (TypeError, ValueError) as exc:

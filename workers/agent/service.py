@@ -138,6 +138,8 @@ def config_from_options(
         sandbox=env.sandbox,
         artifact_url=env.artifact_url,
         address=env.address,
+        step_log_dir=env.step_log_dir,
+        collect_limits=env.collect_limits,
     )
 
 

@@ -34,7 +34,8 @@ class WorkerRecord:
     A tenant program's process also has ``launcher`` (``edl`` or
     ``torchrun``; None for a built-in workload), its ``rank`` and the job's
     ``generation``; ``sandboxed`` says ``pid`` is bubblewrap's, ``cgroups``
-    names its cgroups by controller (removed once it exits), and ``start_ticks`` (the
+    names its cgroups by controller (removed once it exits), ``store_prefix`` is
+    the job's prefix in the artifact store, and ``start_ticks`` (the
     kernel's start time of ``pid``) lets a restarted agent recognise it
     without reading its command line.  Records written before these fields
     existed load with the defaults.
@@ -52,6 +53,7 @@ class WorkerRecord:
     sandboxed: bool = False
     start_ticks: int | None = None
     cgroups: dict[str, str] | None = None
+    store_prefix: str | None = None
 
     @property
     def key(self) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import replace
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,9 +30,12 @@ from workers.clock import ManualClock
 from workers.elastic.cli import parse_options
 from workers.elastic.control import JobControl, emit_event
 from workers.protocol import (
+    ArtifactStored,
+    CheckpointSkipped,
     Command,
     Finished,
     Heartbeat,
+    Metrics,
     ProfileDone,
     Progress,
     ProtocolError,
@@ -245,13 +249,22 @@ def test_worker_command_line_is_accepted_by_the_runtime(tmp_path: Path) -> None:
     assert (options.job_id, options.worker_id, options.device) == ("j1", "w3", "cuda:3")
     assert options.initial_world == 2 and options.max_steps == 5
     assert options.sync_timeout_s == 7.5
-    assert options.checkpoint_dir == str(tmp_path / "checkpoints" / "j1")
+    assert options.store_url == str(tmp_path / "checkpoints" / "j1")  # no prefix: on the node
+    assert options.step_log is None
     assert options.args == {"epochs": 1, "hidden": 128, "lr": 0.05, "seed": 0}
     joiner = Command.from_dict(start_payload("j1", "c2", [1], join=True, checkpoint_dir="/ck"))
     assert isinstance(joiner, StartWorkers)
     options = parse_options(worker_argv(config, joiner, joiner.workers[0])[3:])
     assert options.initial_world is None  # a newcomer is not told a world size
-    assert options.checkpoint_dir == "/ck"
+    assert options.store_url == "/ck"
+    shared = replace(config, artifact_url="s3://b/p", step_log_dir=tmp_path / "steps")
+    placed = Command.from_dict(
+        start_payload("j1", "c3", [2], store_prefix="tenants/t/jobs/1", checkpoint_keep=3)
+    )
+    assert isinstance(placed, StartWorkers)
+    options = parse_options(worker_argv(shared, placed, placed.workers[0])[3:])
+    assert options.store_url == "s3://b/p/tenants/t/jobs/1" and options.checkpoint_keep == 3
+    assert options.step_log == str(tmp_path / "steps" / "j1.w2.jsonl")
 
 
 def test_report_from_runtime_events() -> None:
@@ -284,6 +297,38 @@ def test_report_from_runtime_events() -> None:
         report_from_event(
             "n", "j", "9-2", {"kind": "progress", "step": 1, "samples_per_s": "x", "world": 1}
         )
+
+
+def test_reports_of_what_the_runtime_stored() -> None:
+    sha = "c" * 64
+    saved = report_from_event(
+        "n", "j", "10-0",
+        {"kind": "checkpoint_saved", "step": 50, "path": "checkpoints/step-000000050.pt",
+         "size": 9, "sha256": sha, "final": True, "pruned": ["checkpoints/step-000000040.pt"]},
+    )  # fmt: skip
+    assert isinstance(saved, ArtifactStored)
+    assert (saved.kind, saved.step, saved.name) == ("final", 50, "step-000000050.pt")
+    assert saved.pruned == ("checkpoints/step-000000040.pt",)
+    user = report_from_event(
+        "n", "j", "10-1",
+        {"kind": "artifact_saved", "name": "model.onnx", "path": "artifacts/model.onnx",
+         "size": 3, "sha256": sha},
+    )  # fmt: skip
+    assert isinstance(user, ArtifactStored) and user.kind == "user" and user.name == "model.onnx"
+    skipped = report_from_event(
+        "n", "j", "10-2", {"kind": "checkpoint_skipped", "step": 40, "reason": "sha256 mismatch"}
+    )
+    assert isinstance(skipped, CheckpointSkipped) and skipped.step == 40
+    many = [{"step": i, "values": {"loss": 1.0 / (i + 1)}} for i in range(450)]
+    metrics = report_from_event("n", "j", "10-3", {"kind": "metrics", "points": many})
+    assert isinstance(metrics, Metrics)
+    assert len(metrics.points) <= 200 and metrics.points[0].step == 0
+    with pytest.raises(ProtocolError, match="artifact_stored.path"):
+        report_from_event(
+            "n", "j", "10-4",
+            {"kind": "artifact_saved", "name": "x", "path": "../../other/x", "size": 1,
+             "sha256": sha},
+        )  # fmt: skip
 
 
 def test_slot_detection(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,6 +20,7 @@ from workers.agent.limits import exit_reason
 from workers.agent.programs import (
     JobDirs,
     edl_env,
+    job_dirs,
     program_argv,
     program_mounts,
     torchrun_env,
@@ -136,7 +137,8 @@ def test_edl_env_hands_the_runtime_its_options(tmp_path: Path) -> None:
     options = options_from_env(env)
     assert options.job_id == "j1" and options.worker_id == "b" and options.workload == ""
     assert options.redis_url == "redis://edl-j1:pw@10.0.0.5:6380/3"
-    assert options.checkpoint_dir == env["CHECKPOINT_DIR"] and options.checkpoint_every == 5
+    # No store prefix (an older control plane): the job's checkpoints stay on this node.
+    assert options.store_url == str(dirs.root) and options.checkpoint_every == 5
     assert options.initial_world == 4 and options.batch_size == 16 and options.device == "cpu"
     assert env["PYTHONPATH"] == str(REPO_ROOT)  # the SDK packages, bound alone in the sandbox
     assert "RANK" not in env and "adminpw" not in json.dumps(env)
@@ -265,3 +267,40 @@ def test_job_acl_rules_and_urls() -> None:
     assert {"&edl:j1:*", "+@all", "-@dangerous", "-@admin"} <= set(rules)
     url = url_for("redis://:admin@10.0.0.5:6380/3?ssl_cert_reqs=none", "edl-j1", "p w")
     assert url == "redis://edl-j1:p%20w@10.0.0.5:6380/3?ssl_cert_reqs=none"
+
+
+def with_prefix(launcher: str) -> StartWorkers:
+    command = start(launcher)
+    data = {**command.to_dict(), "store_prefix": "tenants/acme/jobs/7"}
+    again = Command.from_dict(data)
+    assert isinstance(again, StartWorkers)
+    return again
+
+
+def test_a_directory_store_binds_the_jobs_own_prefix_and_hides_the_rest(tmp_path: Path) -> None:
+    store = tmp_path / "shared"
+    cfg = config(tmp_path, artifact_url=f"file://{store}")
+    command = with_prefix("edl")
+    dirs = job_dirs(cfg, command)
+    assert dirs.store == store / "tenants/acme/jobs/7"
+    assert dirs.checkpoints == dirs.store / "checkpoints"  # CHECKPOINT_DIR outlives the node
+    env = edl_env(cfg, command, command.workers[0], dirs, "redis://edl-j1:pw@h:1/0")
+    assert options_from_env(env).store_url == f"file://{store}/tenants/acme/jobs/7"
+    assert options_from_env(env).checkpoint_keep == 2
+    assert not any(name.startswith("AWS_") for name in env)
+    mounts = program_mounts(cfg, dirs, "a", Path("/cache/code") / CODE, base_prefix=Path("/o"))
+    assert store in mounts.hide  # every other job's and tenant's objects
+    assert mounts.writable == (dirs.store, dirs.artifacts, dirs.scratch("a"))
+
+
+def test_an_object_store_hands_the_runtime_its_url_and_credentials(tmp_path: Path) -> None:
+    cfg = config(tmp_path, artifact_url="s3://bucket/portal")
+    command = with_prefix("edl")
+    dirs = job_dirs(cfg, command)
+    assert dirs.store is None and dirs.checkpoints == dirs.root / "checkpoints"
+    environ = {"AWS_ACCESS_KEY_ID": "k", "AWS_ENDPOINT_URL": "http://s3:9000", "HOME": "/root"}
+    env = edl_env(cfg, command, command.workers[0], dirs, "redis://u:p@h:1/0", environ=environ)
+    assert options_from_env(env).store_url == "s3://bucket/portal/tenants/acme/jobs/7"
+    assert env["AWS_ACCESS_KEY_ID"] == "k" and env["AWS_ENDPOINT_URL"] == "http://s3:9000"
+    torchrun = torchrun_env(cfg, with_prefix("torchrun"), command.workers[0], dirs)
+    assert not any(name.startswith("AWS_") for name in torchrun)

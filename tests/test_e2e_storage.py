@@ -1,0 +1,250 @@
+"""End to end: a job whose every server dies resumes on other servers from the shared store.
+
+Starts ``manage.py runstack --no-agents`` and four node agents of its own, each
+with a data directory of its own and one artifact store between them: a
+directory (``file://``) or an S3-compatible server (moto, on loopback).  A
+4-GPU job trains on two servers; both agents and every training process are
+SIGKILLed; the control plane sees the servers go down, requeues the job onto
+the two others, and it resumes from its latest checkpoint (step > 0), so
+that the samples of the whole run are still used exactly once per epoch
+(the runtime's step log), and its final checkpoint, downloaded through the
+API, holds the model a single process trains over the same batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_e2e import _throwaway_database, api, events, job_state, wait_for
+from tests.test_stack import free_port, wait_http
+
+ROOT = Path(__file__).resolve().parent.parent
+NODES = ("node-0", "node-1", "node-2", "node-3")
+pytestmark = [pytest.mark.stack, pytest.mark.slow]
+
+ARGS = {"epochs": 12, "seed": 3}
+BATCH = 64
+
+
+@contextlib.contextmanager
+def store_env(kind: str, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """The environment that names the shared artifact store, for the stack and every agent."""
+    if kind == "file":
+        yield {"ARTIFACT_URL": f"file://{tmp_path / 'shared-store'}"}
+        return
+    from workers.tests.s3_server import moto_s3
+
+    with moto_s3("e2e-artifacts") as env:
+        yield env
+
+
+def start_agent(node: str, tmp_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    data = tmp_path / node
+    data.mkdir(exist_ok=True)
+    log = (tmp_path / f"{node}.log").open("ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "workers.agent", "--node", node, "--gpus", "2", "--cpu",
+         "--loglevel", "INFO"],
+        cwd=ROOT, env={**env, "PORTAL_DATA_DIR": str(data)}, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+@pytest.fixture(params=["file", "s3"])
+def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    port = free_port()
+    db_url, drop_db = _throwaway_database(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(
+        PORTAL_DATA_DIR=str(tmp_path),
+        DJANGO_SETTINGS_MODULE="portal.settings.dev",
+        PYTHONUNBUFFERED="1",
+        TICK_SECONDS="1",
+        AGENT_HEARTBEAT_SECONDS="1",
+        AGENT_DOWN_AFTER_SECONDS="5",
+        SCHEDULER_POLICY="tiresias",
+        OMP_NUM_THREADS="1",
+        DEBUG="0",
+        AGENT_STEP_LOG_DIR=str(tmp_path / "steps"),
+    )
+    (tmp_path / "steps").mkdir()
+    if db_url:
+        env["DATABASE_URL"] = db_url
+    if os.environ.get("REDIS_URL"):
+        env["REDIS_URL"] = os.environ["REDIS_URL"].rsplit("/", 1)[0] + "/12"
+        import redis
+
+        redis.Redis.from_url(env["REDIS_URL"]).flushdb()
+    with store_env(request.param, tmp_path) as store:
+        env.update(store)
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "runstack", "--port", str(port), "--no-agents"],
+            cwd=ROOT, env=env, stdout=(tmp_path / "stack.log").open("w+"),
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        agents: dict[str, subprocess.Popen[bytes]] = {}
+        log = (tmp_path / "stack.log").open()
+        try:
+            wait_http(f"http://127.0.0.1:{port}/login/", timeout=120)
+            if "REDIS_URL" not in env:
+                from utilities.embedded_redis import recorded_url
+
+                env["REDIS_URL"] = recorded_url(tmp_path)
+            for node in NODES:
+                agents[node] = start_agent(node, tmp_path, env)
+            manage = [sys.executable, "manage.py"]
+            subprocess.run([*manage, "createtenant", "e2e", "--owner", "eve", "--gpu-quota", "8",
+                            "--no-profile"], cwd=ROOT, env=env, check=True, capture_output=True)  # fmt: skip
+            token = subprocess.run(
+                [*manage, "issuetoken", "eve"], cwd=ROOT, env=env, check=True,
+                capture_output=True, text=True,
+            ).stdout.strip()  # fmt: skip
+            yield {
+                "url": f"http://127.0.0.1:{port}",
+                "token": token,
+                "log": log,
+                "agents": agents,
+                "env": env,
+                "tmp": tmp_path,
+                "store": request.param,
+            }
+        finally:
+            for agent in agents.values():
+                with contextlib.suppress(ProcessLookupError):
+                    agent.send_signal(signal.SIGINT)
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            for agent in agents.values():
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    agent.wait(timeout=30)
+            kill_workers(tmp_path)
+            drop_db()
+
+
+def worker_pids(tmp_path: Path, job: str | None = None) -> list[int]:
+    """This test's training processes (of ``job`` only, if given): their step log is in tmp."""
+    out = []
+    mine = str(tmp_path).encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not any(mine in arg for arg in args) or b"workers.elastic.worker" not in args:
+            continue
+        if job is None or job.encode() in args:
+            out.append(int(proc.name))
+    return out
+
+
+def kill_workers(tmp_path: Path, job: str | None = None) -> None:
+    for pid in worker_pids(tmp_path, job):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def nodes_of(cluster: dict[str, Any], job: int) -> set[str]:
+    """The servers whose agents started the job's training processes (their parents)."""
+    parents = set()
+    for pid in worker_pids(cluster["tmp"], f"job-{job}"):
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            parents.add(int(stat.rsplit(")", 1)[1].split()[1]))
+    return {node for node, agent in cluster["agents"].items() if agent.pid in parents}
+
+
+def artifacts(cluster: dict[str, Any], job: int) -> list[dict[str, Any]]:
+    return list(api(cluster, f"/api/v1/jobs/{job}/artifacts/")["results"])
+
+
+def step_records(cluster: dict[str, Any], job: int, killed_at: float) -> dict[int, list[Any]]:
+    """Each committed step's records, from the run that committed it last (after the kill wins)."""
+    before: dict[int, list[Any]] = {}
+    after: dict[int, list[Any]] = {}
+    for path in (cluster["tmp"] / "steps").glob(f"job-{job}.*.jsonl"):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            (after if record["t"] > killed_at else before).setdefault(record["step"], []).append(
+                record
+            )
+    return {**before, **after}
+
+
+def download(cluster: dict[str, Any], url: str) -> bytes:
+    request = urllib.request.Request(
+        cluster["url"] + url, headers={"Authorization": f"Token {cluster['token']}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return bytes(response.read())
+
+
+def test_a_job_whose_servers_all_die_resumes_elsewhere_from_the_shared_store(
+    cluster: dict[str, Any],
+) -> None:
+    import torch
+
+    from workers.catalog import validate_args
+    from workers.elastic.sampler import ElasticSampler
+    from workers.elastic.testing import check_samples, max_difference, reference_model
+    from workers.workloads import prepare
+
+    job = api(
+        cluster,
+        "/api/v1/jobs/",
+        {"name": "survivor", "workload": "mlp-digits", "gpus": 4, "min_gpus": 4, "max_gpus": 4,
+         "args": ARGS, "batch_size": BATCH, "checkpoint_interval": 5},
+    )  # fmt: skip
+    name = f"job-{job['id']}"
+    wait_for("the job to run", lambda: job_state(cluster, job["id"])["state"] == "running",
+             cluster, 120)  # fmt: skip
+    wait_for("a checkpoint past step 0",
+             lambda: any(a["kind"] == "checkpoint" and (a["step"] or 0) > 0
+                         for a in artifacts(cluster, job["id"])), cluster, 120)  # fmt: skip
+    doomed = nodes_of(cluster, job["id"])
+    assert len(doomed) == 2, doomed
+    # Every server of the job dies at once: its agents and all their processes.
+    killed_at = time.time()
+    for node in doomed:
+        cluster["agents"][node].send_signal(signal.SIGKILL)
+    kill_workers(cluster["tmp"], name)
+    wait_for("the job to be requeued",
+             lambda: any("every server of the job went down" in e["reason"]
+                         for e in events(cluster, job["id"])), cluster, 60)  # fmt: skip
+    wait_for("the job to run again",
+             lambda: nodes_of(cluster, job["id"]).isdisjoint(doomed)
+             and job_state(cluster, job["id"])["state"] == "running", cluster, 120)  # fmt: skip
+    wait_for("the job to complete",
+             lambda: job_state(cluster, job["id"])["state"] == "completed", cluster, 300)  # fmt: skip
+
+    records = step_records(cluster, job["id"], killed_at)
+    resumed = min(step for step, recs in records.items() if recs[0]["t"] > killed_at)
+    assert resumed > 0, "the job started again from step 0"
+    full = validate_args("mlp-digits", ARGS)
+    prepared = prepare("mlp-digits", full, torch.device("cpu"))
+    sampler = ElasticSampler(prepared.num_samples, BATCH, prepared.seed)
+    steps = sampler.steps_per_epoch * ARGS["epochs"]
+    check_samples(records, sampler, steps, killed=True)
+
+    final = [a for a in artifacts(cluster, job["id"]) if a["kind"] == "final"]
+    assert len(final) == 1, artifacts(cluster, job["id"])
+    blob = download(cluster, final[0]["download_url"])
+    state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+    assert state["step"] == steps
+    assert max_difference(state["model"], reference_model(full, BATCH, steps)) < 1e-3
