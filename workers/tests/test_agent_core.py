@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import replace
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -323,7 +323,7 @@ def test_reports_of_what_the_runtime_stored() -> None:
     metrics = report_from_event("n", "j", "10-3", {"kind": "metrics", "points": many})
     assert isinstance(metrics, Metrics)
     assert len(metrics.points) <= 200 and metrics.points[0].step == 0
-    with pytest.raises(ProtocolError, match="artifact_stored.path"):
+    with pytest.raises(ProtocolError, match=r"artifact_stored\.path"):
         report_from_event(
             "n", "j", "10-4",
             {"kind": "artifact_saved", "name": "x", "path": "../../other/x", "size": 1,
