@@ -9,6 +9,7 @@ scale-in when a new job arrives, completion, JCTs recorded.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -281,6 +282,17 @@ def test_a_torchrun_program_runs_resizes_by_restart_resumes_and_completes(
     assert final["generation"] == 2 and final["launcher"] == "torchrun"
     reasons = " ".join(e["reason"] for e in events(stack, ddp["id"]))
     assert "restarting at 4 as run 2" in reasons and "exited 0" in reasons
+    # What rank 0 left in ARTIFACT_DIR was collected into the store, and downloads.
+    listed = api(stack, f"/api/v1/jobs/{ddp['id']}/artifacts/")["results"]
+    model = [a for a in listed if a["path"] == "artifacts/model.pt"]
+    assert len(model) == 1 and model[0]["kind"] == "user", listed
+    request = urllib.request.Request(
+        stack["url"] + model[0]["download_url"],
+        headers={"Authorization": f"Token {stack['token']}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        blob = response.read()
+    assert hashlib.sha256(blob).hexdigest() == model[0]["sha256"]
     api(stack, f"/api/v1/jobs/{other['id']}/cancel/", {})
 
 

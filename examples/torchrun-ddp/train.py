@@ -5,7 +5,9 @@ the torchrun contract (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``... through
 ``init_process_group``'s default ``env://``), saves a checkpoint in
 ``CHECKPOINT_DIR`` after every epoch and resumes from it, which is what lets
 the portal resize it: a resize stops every process (SIGTERM, then a grace
-period) and starts them again at the new size.
+period) and starts them again at the new size.  At the end rank 0 leaves the
+trained weights in ``ARTIFACT_DIR``, which the portal uploads to the job's
+artifacts (download them from the job page or the API).
 """
 
 from __future__ import annotations
@@ -74,6 +76,10 @@ def main() -> None:
             os.replace(checkpoint.with_suffix(".tmp"), checkpoint)
         dist.barrier()
 
+    if rank == 0:
+        artifacts = Path(os.environ.get("ARTIFACT_DIR", "artifacts"))
+        artifacts.mkdir(parents=True, exist_ok=True)
+        torch.save(model.module.state_dict(), artifacts / "model.pt")
     print(f"rank {rank} of {world}: done", flush=True)
     dist.destroy_process_group()
 
