@@ -80,6 +80,8 @@ class Agent:
         self._next_heartbeat = clock.monotonic()
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
+        self._collectors: list[threading.Thread] = []
+        """Uploads of ended jobs' ARTIFACT_DIR, in flight (``_start_collecting``)."""
 
     # ------------------------------------------------------------------ commands
     def receive(self, payload: Any) -> str:
@@ -167,7 +169,7 @@ class Agent:
             self.events.note_crash(record.job, record.worker_id, code)
         self.logs.flush(record)  # every line before the exit report
         if outcome == "clean" and not self.processes.of_job(record.job):
-            self._collect_artifacts(record)  # before the exit that may end the job
+            self._start_collecting(record)
         self._send(
             WorkerExited(
                 node=self.config.node,
@@ -182,10 +184,18 @@ class Agent:
             )
         )
 
-    def _collect_artifacts(self, record: WorkerRecord) -> None:
-        """Upload what the job's programs left in ``ARTIFACT_DIR`` here, and report it."""
+    def _start_collecting(self, record: WorkerRecord) -> None:
+        """Upload the job's ``ARTIFACT_DIR`` in the background: never delay a heartbeat."""
         if record.launcher is None or record.store_prefix is None:
             return
+        thread = threading.Thread(
+            target=self._collect_artifacts, args=(record,), name=f"collect-{record.job}"
+        )
+        self._collectors = [t for t in self._collectors if t.is_alive()] + [thread]
+        thread.start()
+
+    def _collect_artifacts(self, record: WorkerRecord) -> None:
+        """Upload what the job's programs left in ``ARTIFACT_DIR`` here, and report it."""
         url = self.config.job_store_url(record.job, record.store_prefix, None)
         try:
             collected = collect(
@@ -259,6 +269,8 @@ class Agent:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        for collector in self._collectors:  # an upload in flight finishes first
+            collector.join(timeout=300)
         if stop_children is None:
             stop_children = self.config.stop_children_on_exit
         if not stop_children:
