@@ -33,7 +33,7 @@ from workers.agent.config import REPO_ROOT, AgentConfig, SandboxSettings
 from workers.agent.redis_acl import delete_job_user, job_url
 from workers.agent.store import AgentStore
 from workers.elastic.control import JobControl
-from workers.protocol import Rejected, Report, Started, Stopped, WorkerExited
+from workers.protocol import ArtifactStored, Rejected, Report, Started, Stopped, WorkerExited
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -121,7 +121,7 @@ def agent_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def make_agent(
-    host: Host, node: str, redis_url: str, slots: int = 2, **sandbox: Any
+    host: Host, node: str, redis_url: str, slots: int = 2, artifact_url: str = "", **sandbox: Any
 ) -> tuple[Agent, Collected]:
     config = AgentConfig(
         node=node,
@@ -130,6 +130,7 @@ def make_agent(
         redis_url=redis_url,
         data_dir=host.data_dir,
         sandbox=SandboxSettings(**{"database_file": host.database, **sandbox}),
+        artifact_url=artifact_url,
     )
     sent = Collected()
     agent = Agent(
@@ -320,6 +321,48 @@ def test_a_program_reads_and_writes_only_its_own_directories(
         assert seen["write"][path] == "wrote", path
     assert not (REPO_ROOT / "planted.txt").exists() and not (host.data_dir / "planted.txt").exists()
     assert (dirs / "artifacts" / "ok").read_text() == "x"
+
+
+STORE_SCRIPT = """
+import json, os, sys
+from pathlib import Path
+other = sys.argv[1]
+out = {"checkpoint_dir": os.environ["CHECKPOINT_DIR"]}
+Path(os.environ["CHECKPOINT_DIR"], "mine.pt").write_text("ckpt")
+Path(os.environ["ARTIFACT_DIR"], "sub").mkdir(exist_ok=True)
+Path(os.environ["ARTIFACT_DIR"], "sub", "model.bin").write_text("model")
+os.symlink("/etc/hostname", Path(os.environ["ARTIFACT_DIR"], "link"))
+try:
+    out["other"] = Path(other).read_text()
+except OSError as exc:
+    out["other"] = "denied: " + type(exc).__name__
+print(json.dumps(out), flush=True)
+"""
+
+
+def test_a_program_writes_to_its_own_store_prefix_and_its_artifacts_are_collected(
+    host: Host, node: str, redis_url: str, job: str
+) -> None:
+    store = host.base / "store"
+    other = store / "tenants" / "other" / "jobs" / "1" / "artifacts" / "secret.txt"
+    other.parent.mkdir(parents=True)
+    other.write_text("another tenant's model")
+    host.bundle(CODE, STORE_SCRIPT)
+    agent, sent = make_agent(host, node, redis_url, artifact_url=f"file://{store}")
+    payload = start_payload(job, "c1", entrypoint=["main.py", str(other)])
+    payload["store_prefix"] = "tenants/acme/jobs/7"
+    assert agent.receive(payload) == "applied", sent.reports
+    run_to_exit(agent, sent)
+    agent.close(stop_children=False)  # waits for the collection
+    seen = output(agent, job)
+    prefix = store / "tenants" / "acme" / "jobs" / "7"
+    assert seen["checkpoint_dir"] == str(prefix / "checkpoints")
+    assert (prefix / "checkpoints" / "mine.pt").read_text() == "ckpt"  # on the shared store
+    assert seen["other"].startswith("denied")  # the rest of the store is hidden
+    assert (prefix / "artifacts" / "sub" / "model.bin").read_text() == "model"
+    assert not (prefix / "artifacts" / "link").exists()  # a link is never followed
+    stored = sent.of(ArtifactStored)
+    assert [(r.kind, r.path, r.size) for r in stored] == [("user", "artifacts/sub/model.bin", 5)]
 
 
 # --------------------------------------------------------------------------- limits
