@@ -47,8 +47,8 @@ def store_env(kind: str, tmp_path: Path) -> Iterator[dict[str, str]]:
         return
     from workers.tests.s3_server import moto_s3
 
-    with moto_s3("e2e-artifacts") as env:
-        yield env
+    with moto_s3("e2e-artifacts") as s3:
+        yield {**s3.env, "ARTIFACT_URL": s3.url}
 
 
 def start_agent(node: str, tmp_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -83,6 +83,8 @@ class AgentConfig:
 
 def local_store_dir(url: str) -> Path | None:
     """The directory of a store URL on this machine (``file://``, a plain path), else None."""
+    if not url:
+        return None
     if url.startswith("file://"):
         return Path(url.removeprefix("file://"))
     if "://" not in url:

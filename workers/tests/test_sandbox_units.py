@@ -304,3 +304,12 @@ def test_an_object_store_hands_the_runtime_its_url_and_credentials(tmp_path: Pat
     assert env["AWS_ACCESS_KEY_ID"] == "k" and env["AWS_ENDPOINT_URL"] == "http://s3:9000"
     torchrun = torchrun_env(cfg, with_prefix("torchrun"), command.workers[0], dirs)
     assert not any(name.startswith("AWS_") for name in torchrun)
+
+
+def test_local_store_dirs() -> None:
+    from workers.agent.config import local_store_dir
+
+    assert local_store_dir("file:///srv/store") == Path("/srv/store")
+    assert local_store_dir("/srv/store") == Path("/srv/store")
+    assert local_store_dir("s3://bucket/x") is None
+    assert local_store_dir("") is None  # no store configured: nothing to hide or bind
