@@ -156,7 +156,7 @@ def edl_options(
         args={},
         batch_size=command.batch_size,
         recovery=command.recovery,
-        checkpoint_dir=str(dirs.checkpoints),
+        store_url=str(dirs.checkpoints),
         checkpoint_every=command.checkpoint_every,
         checkpoint_minutes=command.checkpoint_minutes,
         initial_world=None if command.join else command.initial_world,

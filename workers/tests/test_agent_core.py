@@ -245,13 +245,13 @@ def test_worker_command_line_is_accepted_by_the_runtime(tmp_path: Path) -> None:
     assert (options.job_id, options.worker_id, options.device) == ("j1", "w3", "cuda:3")
     assert options.initial_world == 2 and options.max_steps == 5
     assert options.sync_timeout_s == 7.5
-    assert options.checkpoint_dir == str(tmp_path / "checkpoints" / "j1")
+    assert options.store_url == str(tmp_path / "checkpoints" / "j1")
     assert options.args == {"epochs": 1, "hidden": 128, "lr": 0.05, "seed": 0}
     joiner = Command.from_dict(start_payload("j1", "c2", [1], join=True, checkpoint_dir="/ck"))
     assert isinstance(joiner, StartWorkers)
     options = parse_options(worker_argv(config, joiner, joiner.workers[0])[3:])
     assert options.initial_world is None  # a newcomer is not told a world size
-    assert options.checkpoint_dir == "/ck"
+    assert options.store_url == "/ck"
 
 
 def test_report_from_runtime_events() -> None:

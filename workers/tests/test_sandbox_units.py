@@ -136,7 +136,7 @@ def test_edl_env_hands_the_runtime_its_options(tmp_path: Path) -> None:
     options = options_from_env(env)
     assert options.job_id == "j1" and options.worker_id == "b" and options.workload == ""
     assert options.redis_url == "redis://edl-j1:pw@10.0.0.5:6380/3"
-    assert options.checkpoint_dir == env["CHECKPOINT_DIR"] and options.checkpoint_every == 5
+    assert options.store_url == env["CHECKPOINT_DIR"] and options.checkpoint_every == 5
     assert options.initial_world == 4 and options.batch_size == 16 and options.device == "cpu"
     assert env["PYTHONPATH"] == str(REPO_ROOT)  # the SDK packages, bound alone in the sandbox
     assert "RANK" not in env and "adminpw" not in json.dumps(env)
