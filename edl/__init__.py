@@ -22,9 +22,16 @@ and the job recovers in place.  The whole surface::
     edl.run(main)
 
 ``ctx.rank``, ``ctx.world``, ``ctx.generation``, ``ctx.device``, ``ctx.step``,
-``ctx.batch_size`` and ``ctx.checkpoint_dir`` describe the worker now; the
-runtime checkpoints the model and optimizer it was given and restores them
-when the job restarts.  The user guide is ``docs/user-guide.md``.
+``ctx.batch_size`` and ``ctx.store_url`` (the job's store; ``ctx.checkpoint_dir``
+is its earlier name) describe the worker now.  The runtime checkpoints the
+model and optimizer it was given into the job's store and restores the newest
+checkpoint that verifies when the job restarts, on whatever nodes.  What else a
+program hands the job::
+
+    stored = ctx.save_artifact("/tmp/model.pt", name="model.pt")   # -> edl.StoredObject
+    ctx.log_metrics(ctx.step, accuracy=0.93, **{"val/loss": 0.21})  # rank 0's, once a second
+
+The user guide is ``docs/user-guide.md``.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import os
 import sys
 from typing import NoReturn
 
+from workers.artifacts import StoredObject
 from workers.elastic.cli import WorkerArgumentError, options_from_env
 from workers.elastic.constants import ElasticError
 from workers.elastic.context import Batch, ElasticContext
@@ -51,6 +59,7 @@ __all__ = [
     "ElasticError",
     "ElasticSampler",
     "Main",
+    "StoredObject",
     "__version__",
     "exit_code",
     "run",

@@ -1,12 +1,16 @@
 """An elastic training program: an MLP on scikit-learn's 8x8 digits, written on the edl SDK.
 
 Run it as a job with ``launcher: "edl"``; the portal resizes it without
-stopping it.  Arguments: ``--epochs N --lr X --hidden H --seed S``.
+stopping it.  Arguments: ``--epochs N --lr X --hidden H --seed S``.  It logs
+its accuracy once an epoch (``ctx.log_metrics``) and saves the trained
+weights as the artifact ``model.pt`` (``ctx.save_artifact``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -54,8 +58,24 @@ def main(ctx: edl.Context) -> None:
         ctx.notify_batch_end()
         if batch.step % 20 == 0:
             print(f"step {batch.step} epoch {batch.epoch} world {ctx.world} rank {ctx.rank}")
+        if ctx.rank == 0 and ctx.step % steps_per_epoch == 0:  # an epoch ended
+            ctx.log_metrics(
+                ctx.step, accuracy=accuracy(model, x, y), epoch=ctx.step // steps_per_epoch
+            )
 
+    if ctx.rank == 0 and ctx.step == ctx.total_steps:  # trained to the end (not asked to leave)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "model.pt")
+            torch.save(model.state_dict(), path)
+            stored = ctx.save_artifact(path)
+        print(f"saved {stored.path} ({stored.size} bytes, sha256 {stored.sha256[:12]}...)")
     print(f"done at step {ctx.step} (rank {ctx.rank}, generation {ctx.generation})")
+
+
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """The share of all digits the model classifies right."""
+    with torch.no_grad():
+        return float((model(x).argmax(dim=1) == y).float().mean())
 
 
 if __name__ == "__main__":

@@ -29,7 +29,9 @@ class WorkerOptions:
     args: dict[str, int | float]
     batch_size: int
     recovery: str
-    checkpoint_dir: str
+    store_url: str
+    """The job's store (``<ARTIFACT_URL>/tenants/<slug>/jobs/<pk>``, or any directory):
+    checkpoints go to ``checkpoints/`` there, ``ctx.save_artifact`` to ``artifacts/``."""
     checkpoint_every: int
     checkpoint_minutes: float | None
     initial_world: int | None
@@ -42,6 +44,8 @@ class WorkerOptions:
     drop_stragglers: bool
     slow_ms: float
     dtype: str = "float32"
+    checkpoint_keep: int = 2
+    """Non-final checkpoints kept (plus the final one)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,7 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--args", default="{}", help="workload arguments as a JSON object")
     p.add_argument("--batch-size", type=int, required=True, help="fixed global batch size")
     p.add_argument("--recovery", choices=RECOVERY_MODES, default="consistent")
-    p.add_argument("--checkpoint-dir", required=True)
+    p.add_argument(
+        "--store-url",
+        "--checkpoint-dir",  # the earlier name, kept as an alias
+        dest="store_url",
+        required=True,
+        help="the job's artifact store: a directory, file:///dir or s3://bucket/prefix",
+    )
+    p.add_argument(
+        "--checkpoint-keep", type=int, default=2, help="non-final checkpoints kept (>= 1)"
+    )
     p.add_argument(
         "--checkpoint-every", type=int, default=50, help="mini-batches between checkpoints (0: off)"
     )
@@ -112,7 +125,7 @@ def parse_options(argv: list[str] | None = None) -> WorkerOptions:
         args=args,
         batch_size=ns.batch_size,
         recovery=ns.recovery,
-        checkpoint_dir=ns.checkpoint_dir,
+        store_url=ns.store_url,
         checkpoint_every=ns.checkpoint_every,
         checkpoint_minutes=ns.checkpoint_minutes,
         initial_world=ns.initial_world,
@@ -125,6 +138,7 @@ def parse_options(argv: list[str] | None = None) -> WorkerOptions:
         drop_stragglers=ns.drop_stragglers,
         slow_ms=ns.slow_ms,
         dtype=ns.dtype,
+        checkpoint_keep=ns.checkpoint_keep,
     )
 
 
@@ -134,6 +148,10 @@ def _check(ns: Any) -> None:
         raise WorkerArgumentError("--batch-size must be >= 1")
     if ns.checkpoint_every < 0:
         raise WorkerArgumentError("--checkpoint-every must be >= 0")
+    if ns.checkpoint_keep < 1:
+        raise WorkerArgumentError("--checkpoint-keep must be >= 1")
+    if not ns.store_url or not ns.store_url.strip():
+        raise WorkerArgumentError("--store-url must not be empty")
     if ns.initial_world is not None and ns.initial_world < 1:
         raise WorkerArgumentError("--initial-world must be >= 1")
     if not ns.redis_url:
@@ -168,11 +186,14 @@ def options_from_env(environ: Mapping[str, str] | None = None) -> WorkerOptions:
     except json.JSONDecodeError as exc:
         raise WorkerArgumentError(f"{OPTIONS_ENV} is not JSON: {exc.msg}") from None
     names = {f.name for f in dataclasses.fields(WorkerOptions)}
+    if isinstance(raw, dict) and "checkpoint_dir" in raw and "store_url" not in raw:
+        raw["store_url"] = raw.pop("checkpoint_dir")  # an agent from before the rename
     if not isinstance(raw, dict) or set(raw) - names:
         raise WorkerArgumentError(f"{OPTIONS_ENV} must be an object of the worker's options")
     try:
         options = WorkerOptions(**raw)
     except TypeError as exc:
         raise WorkerArgumentError(f"{OPTIONS_ENV}: {exc}") from None
-    _check(argparse.Namespace(**{**raw, "job": options.job_id, "worker": options.worker_id}))
+    fields = dataclasses.asdict(options)
+    _check(argparse.Namespace(**fields, job=options.job_id, worker=options.worker_id))
     return options

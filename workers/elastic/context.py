@@ -25,7 +25,8 @@ The context composes the runtime's parts and owns none of their logic::
 
     ElasticContext ──┬── Registration, GroupBuilder, Membership   (membership.py)
                      ├── Lease, Beat                              (lease.py)
-                     ├── TrainingState, StateTransfer             (transfer.py)
+                     ├── TrainingState, StateTransfer             (transfer.py, checkpoint.py)
+                     ├── ProgramOutputs: artifacts, metrics       (outputs.py)
                      ├── WorkerRecovery                           (recovery.py)
                      ├── StepTimes                                (timing.py)
                      └── Leader, while this worker leads          (leader.py)
@@ -33,7 +34,9 @@ The context composes the runtime's parts and owns none of their logic::
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,6 +45,7 @@ import numpy as np
 import redis
 import torch
 
+from workers.artifacts import StoredObject
 from workers.clock import SYSTEM_CLOCK, Clock
 from workers.elastic import comm, gradients
 from workers.elastic.cli import WorkerOptions
@@ -54,6 +58,7 @@ from workers.elastic.messages import (
     FailedEvent,
     publish,
 )
+from workers.elastic.outputs import ProgramOutputs
 from workers.elastic.plans import PlanFollower
 from workers.elastic.recovery import WorkerRecovery
 from workers.elastic.sampler import ElasticSampler
@@ -93,6 +98,7 @@ class ElasticContext:
             options.sync_timeout_s,
         )
         self.transfer = StateTransfer(options, self.device, clock)
+        self.outputs = ProgramOutputs(self.transfer.store, self.redis, self.keys, clock)
         self.training: TrainingState | None = None
         self.total_steps = 0
         self.exit_reason: str | None = None
@@ -131,9 +137,14 @@ class ElasticContext:
         return self.opts.batch_size
 
     @property
+    def store_url(self) -> str:
+        """The job's store: checkpoints under ``checkpoints/``, ``save_artifact`` files under ``artifacts/``."""
+        return self.opts.store_url
+
+    @property
     def checkpoint_dir(self) -> str:
-        """Where the runtime keeps the job's checkpoints (model, optimizer, step)."""
-        return self.opts.checkpoint_dir
+        """The job's store (the earlier name of ``store_url``, kept for SDK 1.x programs)."""
+        return self.opts.store_url
 
     @property
     def rank(self) -> int:
@@ -308,7 +319,8 @@ class ElasticContext:
         leader = self._leading()
         if leader is not None:
             leader.on_step()
-        self.transfer.maybe_checkpoint(training, self.rank)
+        if training.step < self.total_steps:  # the last step's checkpoint is the final one
+            self.transfer.maybe_checkpoint(training, self.rank)
         generation = self.generation
         reason = self.plans.carry_out(training)
         if reason is not None:
@@ -326,18 +338,43 @@ class ElasticContext:
         else:
             self.exit_reason = "dropped"
 
+    # -- what the program hands the job ------------------------------------------------
+    def save_artifact(self, path: str | os.PathLike[str], name: str | None = None) -> StoredObject:
+        """Upload the local file ``path`` to the job's ``artifacts/<name>`` (default: its base name).
+
+        ``name`` may contain ``/`` (``eval/report.json``) but no ``..``, leading
+        ``/`` or hidden parts.  The upload is atomic and its sha256 is recorded;
+        the job page lists the file for download.  Every worker runs the same
+        loop, so save from one rank (``if ctx.rank == 0``) unless the names differ.
+        """
+        return self.outputs.save_artifact(path, name, self.step if self.training else None)
+
+    def log_metrics(self, step: int, **values: float) -> None:
+        """Record metrics of ``step`` (finite numbers, at most 32 names) for the job's charts.
+
+        Names match ``[A-Za-z_][A-Za-z0-9_./-]{0,63}`` (pass ``**{"val/loss": x}``
+        for the ones Python keywords cannot spell).  Only rank 0's calls are
+        published (every worker runs the same loop); all ranks check their
+        values, so a bad one fails everywhere alike.  Points are sent at most
+        once a second and when training ends.
+        """
+        leading_rank = not self.view.members or self.me not in self.members or self.rank == 0
+        self.outputs.log_metrics(step, values, publish_it=leading_rank)
+
     # -- the end -------------------------------------------------------------------------
     def _finish(self) -> None:
         if self.exit_reason is None:
             self.exit_reason = "finished"
-        if (
-            self.exit_reason in ("finished", "stopped")
-            and self.me in self.members
-            and self.training is not None
-        ):
-            self.transfer.maybe_checkpoint(self.training, self.rank, force=True)
+        self.outputs.flush()
+        ending = self.exit_reason in ("finished", "stopped")
+        if ending and self.me in self.members and self.training is not None:
+            # rank 0's checkpoint comes before the finished event: the job resumes or
+            # is downloaded from it ("final" once training ran to its end)
+            self.transfer.save_at_end(self.training, self.rank, self.exit_reason == "finished")
         leader = self._leading()
         if leader is not None:
+            if ending and self.members and self.rank != 0:
+                self.transfer.wait_for_end_checkpoint(self.members[0])
             leader.on_finish(self.exit_reason)
         self._beat.stop()
         self.redis.delete(self.keys.alive(self.me))
@@ -348,6 +385,8 @@ class ElasticContext:
     def fail(self, error: str) -> None:
         """Report that this worker cannot continue (the process then exits non-zero)."""
         try:
+            with contextlib.suppress(Exception):  # the failure matters more than the metrics
+                self.outputs.flush()
             publish(self.redis, self.keys, FailedEvent(worker=self.me, error=error))
         finally:
             self._beat.stop()

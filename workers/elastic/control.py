@@ -36,6 +36,10 @@ EVENT_KINDS = (
     "profile_done",
     "finished",
     "failed",
+    "checkpoint_saved",
+    "checkpoint_skipped",
+    "artifact_saved",
+    "metrics",
 )
 EVENTS_MAXLEN = 10_000
 

@@ -88,6 +88,11 @@ class JobKeys:
         """Hash worker -> seconds it stood still while switching to ``generation``."""
         return self.k("pauses", generation)
 
+    @property
+    def saved_at_end(self) -> str:
+        """The step of rank 0's last checkpoint at the job's end (the leader waits for it)."""
+        return self.k("savedatend")
+
     def store(self) -> str:
         """Prefix of the Redis-backed torch.distributed store."""
         return self.k("store") + ":"

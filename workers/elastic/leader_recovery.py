@@ -13,12 +13,14 @@ from typing import Protocol
 
 import redis
 
+from workers.artifacts import ArtifactStore
 from workers.clock import Clock
-from workers.elastic import checkpoint
+from workers.elastic.checkpoint import Checkpoints, Manifest, Skipped
 from workers.elastic.constants import ALIVE_MS, log
 from workers.elastic.keys import JobKeys
 from workers.elastic.messages import RecoveredEvent, RecoveryPlan, WorkerFailedEvent, publish
 from workers.elastic.redis_io import hash_fields
+from workers.elastic.transfer import report_skipped
 from workers.elastic.views import WorkerView
 
 
@@ -58,16 +60,22 @@ def coordinate_recovery(leader: RecoveryHost) -> None:
     dead = [m for m in members if m not in survivors]
     gen = int(client.incr(keys.gen_counter))
     steps = [int(survivors[m]) for m in alive]
+    latest: Manifest | None = None
+    skipped: list[Skipped] = []
+    if view.opts.recovery == "consistent":  # the newest checkpoint that verifies, wherever written
+        checkpoints = Checkpoints(ArtifactStore(view.opts.store_url), view.opts.checkpoint_keep)
+        latest, skipped = checkpoints.latest()
     plan = RecoveryPlan(
         generation=gen,
         members=tuple(alive),
         mode=view.opts.recovery,  # type: ignore[arg-type]  # checked by the CLI
         plan_seq=int(client.get(keys.plan_seq) or 0),
         source=steps.index(max(steps)),
-        step=checkpoint.latest_step(view.opts.checkpoint_dir, view.opts.job_id),
+        step=None if latest is None else latest.step,
     )
     if not client.set(keys.recovery(failed), plan.to_json(), nx=True):
         return  # a previous leader already decided this recovery
+    report_skipped(client, keys, skipped)
     for worker in dead:
         publish(client, keys, WorkerFailedEvent(worker=worker, generation=failed))
     log(view.me, f"recovery of generation {failed}: survivors {alive}, dead {dead}")

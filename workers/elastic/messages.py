@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -27,6 +28,13 @@ import redis
 from workers.elastic.control import emit_event
 from workers.elastic.keys import JobKeys
 from workers.schema import Message, ProtocolError, Record, at_least, parse
+
+METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,63}")
+"""What a metric's name may be (the control plane checks the same)."""
+
+MAX_METRICS_PER_POINT = 32
+MAX_POINTS_PER_EVENT = 200
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 RecoveryMode = Literal["consistent", "approximate"]
 
@@ -383,6 +391,116 @@ class FailedEvent(RuntimeEvent):
     TYPE: ClassVar[str] = "failed"
     worker: str
     error: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSavedEvent(RuntimeEvent):
+    """Rank 0 stored a checkpoint (``final``: the one written when training finished).
+
+    ``path`` and ``pruned`` are relative to the job's store prefix; ``pruned``
+    names the checkpoints the keep rule deleted right after this one was saved.
+    """
+
+    TYPE: ClassVar[str] = "checkpoint_saved"
+    step: int
+    path: str
+    size: int
+    sha256: str
+    final: bool = False
+    pruned: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        at_least(self.step, 0, "checkpoint_saved.step")
+        check_job_path(self.path, "checkpoints", "checkpoint_saved.path")
+        check_stored(self.size, self.sha256, "checkpoint_saved")
+        for i, path in enumerate(self.pruned):
+            check_job_path(path, "checkpoints", f"checkpoint_saved.pruned[{i}]")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSkippedEvent(RuntimeEvent):
+    """A checkpoint failed its check on load (size, sha256, unreadable) and an older one was used."""
+
+    TYPE: ClassVar[str] = "checkpoint_skipped"
+    step: int
+    reason: str
+
+    def validate(self) -> None:
+        at_least(self.step, 0, "checkpoint_skipped.step")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ArtifactSavedEvent(RuntimeEvent):
+    """The program stored a file of its own (``ctx.save_artifact``) under ``artifacts/``."""
+
+    TYPE: ClassVar[str] = "artifact_saved"
+    name: str
+    path: str
+    size: int
+    sha256: str
+    step: int | None = None
+
+    def validate(self) -> None:
+        check_job_path(self.path, "artifacts", "artifact_saved.path")
+        if self.path != f"artifacts/{self.name}":
+            raise ProtocolError("artifact_saved.path must be artifacts/<name>")
+        check_stored(self.size, self.sha256, "artifact_saved")
+        at_least(self.step, 0, "artifact_saved.step")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricPoint(Record):
+    """The values a program logged at one step (``ctx.log_metrics``)."""
+
+    step: int
+    values: dict[str, float]
+
+    def validate(self) -> None:
+        at_least(self.step, 0, "metric.step")
+        if not 1 <= len(self.values) <= MAX_METRICS_PER_POINT:
+            raise ProtocolError(f"metric.values must hold 1 to {MAX_METRICS_PER_POINT} names")
+        for name, value in self.values.items():
+            if not METRIC_NAME.fullmatch(name):
+                raise ProtocolError(
+                    f"metric.values: {name!r} is not a metric name "
+                    "(a letter or _, then up to 63 letters, digits, _ . / -)"
+                )
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ProtocolError(f"metric.values.{name} must be a number")
+            if not math.isfinite(value):
+                raise ProtocolError(f"metric.values.{name} must be a finite number")
+        object.__setattr__(self, "values", {k: float(v) for k, v in self.values.items()})
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricsEvent(RuntimeEvent):
+    """Metric points a program logged since the last such event (at most one a second)."""
+
+    TYPE: ClassVar[str] = "metrics"
+    points: tuple[MetricPoint, ...]
+
+    def validate(self) -> None:
+        if not 1 <= len(self.points) <= MAX_POINTS_PER_EVENT:
+            raise ProtocolError(f"metrics.points must hold 1 to {MAX_POINTS_PER_EVENT} points")
+
+
+def check_job_path(path: str, folder: str, where: str) -> None:
+    """Refuse a job-relative path that is not inside ``folder`` of the job's prefix."""
+    parts = path.split("/")
+    if (
+        len(parts) < 2
+        or parts[0] != folder
+        or any(part in ("", ".", "..") for part in parts)
+        or "\\" in path
+    ):
+        raise ProtocolError(f"{where} must be a path inside {folder}/, not {path!r}")
+
+
+def check_stored(size: int, sha256: str, where: str) -> None:
+    """Refuse a negative size or a sha256 that is not 64 lowercase hex digits."""
+    at_least(size, 0, f"{where}.size")
+    if not _SHA256.fullmatch(sha256):
+        raise ProtocolError(f"{where}.sha256 must be 64 lowercase hex digits")
 
 
 def finite_or_none(value: float) -> float | None:

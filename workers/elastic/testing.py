@@ -22,7 +22,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from workers.elastic import checkpoint
+from workers.artifacts import ArtifactStore
+from workers.elastic.checkpoint import Checkpoints
 from workers.elastic.control import JobControl
 from workers.elastic.sampler import ElasticSampler
 
@@ -31,7 +32,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 @dataclass
 class JobRun:
-    """One elastic job of real worker processes on this machine."""
+    """One elastic job of real worker processes on this machine.
+
+    ``workdir`` holds this run's logs (the step logs the checks read);
+    ``store_url`` is the job's artifact store (default ``<workdir>/store``):
+    two runs with different workdirs and one store are the job moved to other nodes.
+    """
 
     redis_url: str
     job_id: str
@@ -43,6 +49,8 @@ class JobRun:
     checkpoint_every: int = 10
     sync_timeout_s: float = 10.0
     extra: list[str] = field(default_factory=lambda: ["--dtype", "float64"])
+    store_url: str = ""
+    env: dict[str, str] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     last_event: str = "0"
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
@@ -51,17 +59,20 @@ class JobRun:
         self.control = JobControl(self.redis_url, self.job_id)
         self.control.cleanup()
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        if not self.store_url:
+            self.store_url = str(self.workdir / "store")
 
     @property
-    def checkpoint_dir(self) -> Path:
-        return self.workdir / "ckpt"
+    def checkpoints(self) -> Checkpoints:
+        """The job's checkpoints, as any worker reads them."""
+        return Checkpoints(ArtifactStore(self.store_url))
 
     def command(self, worker: str, initial_world: int | None, extra: list[str]) -> list[str]:
         cmd = [
             sys.executable, "-m", "workers.elastic.worker",
             "--job", self.job_id, "--worker", worker, "--workload", self.workload,
             "--args", json.dumps(self.args), "--batch-size", str(self.batch_size),
-            "--recovery", self.recovery, "--checkpoint-dir", str(self.checkpoint_dir),
+            "--recovery", self.recovery, "--store-url", self.store_url,
             "--checkpoint-every", str(self.checkpoint_every), "--redis-url", self.redis_url,
             "--step-log", str(self.workdir / "logs" / f"{worker}.jsonl"),
             "--sync-timeout", str(self.sync_timeout_s),
@@ -72,7 +83,7 @@ class JobRun:
 
     def start(self, worker: str, initial_world: int | None = None, extra: list[str] = ()) -> None:  # type: ignore[assignment]
         """Launch one worker process (``initial_world`` set: a generation-0 member)."""
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+        env = dict(os.environ, **self.env, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
         out = open(self.workdir / "logs" / f"{worker}.out", "ab")  # noqa: SIM115
         self.procs[worker] = subprocess.Popen(
             self.command(worker, initial_world, list(extra)),
@@ -178,10 +189,23 @@ class JobRun:
         return out
 
     def final_model(self) -> dict[str, torch.Tensor]:
-        state = checkpoint.load_latest(str(self.checkpoint_dir), self.job_id)
-        assert state is not None, "no checkpoint"
-        model: dict[str, torch.Tensor] = state["model"]
+        restored, skipped = self.checkpoints.load_latest()
+        assert restored is not None and not skipped, ("no checkpoint", skipped)
+        model: dict[str, torch.Tensor] = restored.state["model"]
         return model
+
+
+def step_records_of(runs: list[JobRun]) -> dict[int, list[dict[str, Any]]]:
+    """``step_records`` of one job run in turn by ``runs`` (a later run's replay of a step wins).
+
+    Generations count from 0 again in each run, so they are renumbered
+    (``1000 * run + gen``) to stay distinct for ``check_samples``.
+    """
+    merged: dict[int, list[dict[str, Any]]] = {}
+    for index, run in enumerate(runs):
+        for step, records in run.step_records().items():
+            merged[step] = [{**r, "gen": 1000 * index + r["gen"]} for r in records]
+    return merged
 
 
 def check_samples(

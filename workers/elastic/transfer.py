@@ -1,4 +1,4 @@
-"""The training state and how it moves: checkpoints, broadcasts to newcomers, hand-off in Redis.
+"""The training state and how it moves: checkpoints in the store, broadcasts, hand-off in Redis.
 
 ``TrainingState`` is what a worker must share to be interchangeable with
 another: model, optimizer, committed step, the plans it has seen and the
@@ -15,12 +15,24 @@ from typing import Any, cast
 import redis
 import torch
 
+from workers.artifacts import ArtifactStore
 from workers.clock import Clock
-from workers.elastic import checkpoint, comm
+from workers.elastic import comm
+from workers.elastic.checkpoint import Checkpoints, Skipped
 from workers.elastic.cli import WorkerOptions
 from workers.elastic.constants import JOIN_WAIT_S, ElasticError, log
 from workers.elastic.keys import JobKeys
-from workers.elastic.messages import Plan, PreparePlan, plan_from_dict
+from workers.elastic.messages import (
+    CheckpointSavedEvent,
+    CheckpointSkippedEvent,
+    Plan,
+    PreparePlan,
+    plan_from_dict,
+    publish,
+)
+
+FINAL_WAIT_S = 600.0
+"""How long the leader waits for rank 0's last checkpoint before it reports the job ended."""
 
 
 @dataclass
@@ -58,7 +70,7 @@ class TrainingState:
 
 
 class StateTransfer:
-    """Moves a worker's ``TrainingState``: to disk, to peers, through Redis."""
+    """Moves a worker's ``TrainingState``: to the store, to peers, through Redis."""
 
     def __init__(self, options: WorkerOptions, device: torch.device, clock: Clock) -> None:
         self.opts = options
@@ -67,31 +79,69 @@ class StateTransfer:
         self.device = device
         self.clock = clock
         self._raw = redis.Redis.from_url(options.redis_url)  # bytes, not text
+        self.store = ArtifactStore(options.store_url)
+        self.checkpoints = Checkpoints(self.store, options.checkpoint_keep, clock)
         self._last_checkpoint = clock.monotonic()
+        self._saved_step: int | None = None
 
-    # -- checkpoints (rank 0 writes) ----------------------------------------------------
-    def maybe_checkpoint(self, state: TrainingState, rank: int, force: bool = False) -> None:
-        """Write a checkpoint if one is due (every N steps and/or M minutes) or forced."""
+    # -- checkpoints (rank 0 writes, anyone reads: the store is the job's, not the node's) --
+    def maybe_checkpoint(
+        self, state: TrainingState, rank: int, force: bool = False, final: bool = False
+    ) -> None:
+        """Write a checkpoint if one is due (every N steps and/or M minutes), forced or final."""
         if rank != 0:
             return
         every = self.opts.checkpoint_every
         minutes = self.opts.checkpoint_minutes
-        due = force or (every > 0 and state.step % every == 0)
+        due = force or final or (every > 0 and state.step % every == 0)
         if minutes is not None and self.clock.monotonic() - self._last_checkpoint >= minutes * 60:
             due = True
-        if due:
-            checkpoint.save(
-                self.opts.checkpoint_dir, self.opts.job_id, state.step, state.snapshot()
-            )
-            self._last_checkpoint = self.clock.monotonic()
+        if not due or (state.step == self._saved_step and not final):
+            return
+        saved = self.checkpoints.save(state.step, state.snapshot(), final=final)
+        self._saved_step = state.step
+        self._last_checkpoint = self.clock.monotonic()
+        event = CheckpointSavedEvent(
+            step=saved.step,
+            path=saved.stored.path,
+            size=saved.stored.size,
+            sha256=saved.stored.sha256,
+            final=saved.final,
+            pruned=saved.pruned,
+        )
+        publish(self._raw, self.keys, event)
+
+    def save_at_end(self, state: TrainingState, rank: int, final: bool) -> None:
+        """Rank 0's checkpoint when the job ends, then the mark the leader waits for."""
+        if rank != 0:
+            return
+        self.maybe_checkpoint(state, rank, force=True, final=final)
+        self._raw.set(self.keys.saved_at_end, state.step, ex=int(FINAL_WAIT_S))
+
+    def wait_for_end_checkpoint(self, rank0: str) -> None:
+        """The leader (not rank 0): wait until rank 0 saved its last checkpoint, or is gone."""
+        deadline = self.clock.monotonic() + FINAL_WAIT_S
+        while not self._raw.exists(self.keys.saved_at_end):
+            if self.clock.monotonic() > deadline or not self._raw.exists(self.keys.alive(rank0)):
+                log(self.me, "rank 0's last checkpoint did not come; reporting the end anyway")
+                return
+            self.clock.sleep(0.05)
 
     def latest_checkpoint(self) -> dict[str, Any] | None:
-        """The newest checkpoint of the job, if any."""
-        return checkpoint.load_latest(self.opts.checkpoint_dir, self.opts.job_id)
+        """The newest checkpoint of the job that verifies (reporting the ones skipped), if any."""
+        restored, skipped = self.checkpoints.load_latest()
+        report_skipped(self._raw, self.keys, skipped)
+        if restored is None:
+            return None
+        self._saved_step = restored.step
+        log(self.me, f"restoring the checkpoint of step {restored.step}")
+        return restored.state
 
     def checkpoint_at(self, step: int) -> dict[str, Any]:
-        """The checkpoint of ``step``."""
-        return checkpoint.load_step(self.opts.checkpoint_dir, self.opts.job_id, step)
+        """The checkpoint of ``step``, verified (the job goes back to it: it may be saved again)."""
+        state = self.checkpoints.load_step(step)
+        self._saved_step = step
+        return state
 
     # -- joining ----------------------------------------------------------------------
     def start_first_generation(self, training: TrainingState, group: Any, rank: int) -> None:
@@ -148,3 +198,9 @@ class StateTransfer:
             io.BytesIO(blob), map_location=self.device, weights_only=True
         )
         return state
+
+
+def report_skipped(client: redis.Redis, keys: JobKeys, skipped: list[Skipped]) -> None:
+    """Publish one ``checkpoint_skipped`` event per checkpoint that failed its check."""
+    for item in skipped:
+        publish(client, keys, CheckpointSkippedEvent(step=item.step, reason=item.reason))

@@ -84,15 +84,16 @@ def test_straggler_needs_ten_consecutive_slow_batches() -> None:
     assert det.observe({**normal, "c": 1.5}) == []  # reported once per streak
 
 
-def test_checkpoints_are_atomic_and_pruned(tmp_path: Path) -> None:
+def test_per_job_directory_checkpoints_keep_the_two_newest(tmp_path: Path) -> None:
+    """The helpers for scripts that keep each job's checkpoints under ``<root>/<job>/``."""
     for step in (10, 20, 30):
         checkpoint.save(str(tmp_path), "j", step, {"model": {"w": torch.full((2,), float(step))}})
-    assert checkpoint.latest_step(str(tmp_path), "j") == 30
     state = checkpoint.load_latest(str(tmp_path), "j")
     assert state is not None and state["step"] == 30 and state["model"]["w"][0] == 30
-    assert sorted(p.name for p in (tmp_path / "j").iterdir()) == [
-        "latest",
+    assert sorted(p.name for p in (tmp_path / "j" / "checkpoints").iterdir()) == [
+        "step-000000020.json",
         "step-000000020.pt",
+        "step-000000030.json",
         "step-000000030.pt",
     ]
     assert checkpoint.load_latest(str(tmp_path), "other") is None

@@ -449,7 +449,7 @@ attempt("keys", lambda: r.keys("*"))
 attempt("config", lambda: r.config_get("requirepass"))
 attempt("randomkey", r.randomkey)
 attempt("acl", lambda: r.acl_list())
-result["options"] = {"checkpoint_dir": options.checkpoint_dir, "workload": options.workload}
+result["options"] = {"store_url": options.store_url, "workload": options.workload}
 print(json.dumps(result))
 """
 
@@ -470,9 +470,7 @@ def test_a_program_reaches_only_its_own_jobs_redis_keys(
         assert seen["randomkey"].startswith("denied") and seen["acl"].startswith("denied")
         assert admin.get(other) == "other tenant"
         assert seen["options"]["workload"] == ""
-        assert seen["options"]["checkpoint_dir"] == str(
-            host.data_dir / "jobs" / job / "checkpoints"
-        )
+        assert seen["options"]["store_url"] == str(host.data_dir / "jobs" / job / "checkpoints")
         assert f"edl-{job}" in admin.acl_users()
         # Once the job is stopped here (nothing left to run), its user goes.
         stop = {"type": "stop_job", "job": job, "command_id": "stop", "grace_seconds": 1.0}
