@@ -21,6 +21,9 @@ METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}$")
 MAX_METRIC_NAMES = 32
 """The most metric names in one logged point."""
 
+MAX_METRIC_POINTS = 200
+"""The most points one metrics event or report carries."""
+
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 MAX_PATH_CHARS = 512
 
@@ -29,8 +32,8 @@ class OutputError(ValueError):
     """A path or a metric a job produced that the rules refuse; the message names it."""
 
 
-def check_job_path(path: str, what: str = "path") -> str:
-    """``path`` if it is a clean relative path under one of ``JOB_FOLDERS``."""
+def check_job_path(path: str, what: str = "path", folder: str | None = None) -> str:
+    """``path`` if it is a clean relative path under one of ``JOB_FOLDERS`` (or ``folder``)."""
     pure = PurePosixPath(path)
     if (
         not path
@@ -41,8 +44,9 @@ def check_job_path(path: str, what: str = "path") -> str:
         or any(part in ("", ".", "..") for part in path.split("/"))
     ):
         raise OutputError(f"{what} must be a relative path without '..', not {path!r}")
-    if len(pure.parts) < 2 or pure.parts[0] not in JOB_FOLDERS:
-        raise OutputError(f"{what} must lie in one of {', '.join(JOB_FOLDERS)}, not {path!r}")
+    folders = JOB_FOLDERS if folder is None else (folder,)
+    if len(pure.parts) < 2 or pure.parts[0] not in folders:
+        raise OutputError(f"{what} must lie in one of {', '.join(folders)}, not {path!r}")
     return path
 
 

@@ -25,7 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from workers.catalog import WorkloadArgumentError, validate_args
-from workers.outputs import OutputError, check_job_path, check_metric_values, check_sha256
+from workers.outputs import (
+    MAX_METRIC_POINTS,
+    OutputError,
+    check_job_path,
+    check_metric_values,
+    check_sha256,
+)
 from workers.program import (
     Launcher,
     ProgramError,
@@ -548,10 +554,6 @@ class CheckpointSkipped(JobEventReport):
         at_least(self.step, 0, "checkpoint_skipped.step")
         if len(self.reason) > 500:
             raise ProtocolError("checkpoint_skipped.reason must be at most 500 characters")
-
-
-MAX_METRIC_POINTS = 200
-"""The most points one ``metrics`` report carries."""
 
 
 @dataclass(frozen=True, kw_only=True)

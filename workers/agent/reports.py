@@ -10,8 +10,8 @@ from typing import Any
 from celery import Celery
 
 from workers.agent.celery_app import agent_app
+from workers.outputs import MAX_METRIC_POINTS
 from workers.protocol import (
-    MAX_METRIC_POINTS,
     REPORT_TASK,
     REPORTS_QUEUE,
     ArtifactStored,

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -27,14 +26,16 @@ import redis
 
 from workers.elastic.control import emit_event
 from workers.elastic.keys import JobKeys
+from workers.outputs import (
+    MAX_METRIC_POINTS,
+    OutputError,
+    check_metric_values,
+    check_sha256,
+)
+from workers.outputs import check_job_path as check_output_path
 from workers.schema import Message, ProtocolError, Record, at_least, parse
 
-METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,63}")
-"""What a metric's name may be (the control plane checks the same)."""
-
-MAX_METRICS_PER_POINT = 32
-MAX_POINTS_PER_EVENT = 200
-_SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_POINTS_PER_EVENT = MAX_METRIC_POINTS
 
 RecoveryMode = Literal["consistent", "approximate"]
 
@@ -457,19 +458,10 @@ class MetricPoint(Record):
 
     def validate(self) -> None:
         at_least(self.step, 0, "metric.step")
-        if not 1 <= len(self.values) <= MAX_METRICS_PER_POINT:
-            raise ProtocolError(f"metric.values must hold 1 to {MAX_METRICS_PER_POINT} names")
-        for name, value in self.values.items():
-            if not METRIC_NAME.fullmatch(name):
-                raise ProtocolError(
-                    f"metric.values: {name!r} is not a metric name "
-                    "(a letter or _, then up to 63 letters, digits, _ . / -)"
-                )
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ProtocolError(f"metric.values.{name} must be a number")
-            if not math.isfinite(value):
-                raise ProtocolError(f"metric.values.{name} must be a finite number")
-        object.__setattr__(self, "values", {k: float(v) for k, v in self.values.items()})
+        try:
+            object.__setattr__(self, "values", check_metric_values(self.values, "metric.values"))
+        except OutputError as exc:
+            raise ProtocolError(str(exc)) from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -486,21 +478,19 @@ class MetricsEvent(RuntimeEvent):
 
 def check_job_path(path: str, folder: str, where: str) -> None:
     """Refuse a job-relative path that is not inside ``folder`` of the job's prefix."""
-    parts = path.split("/")
-    if (
-        len(parts) < 2
-        or parts[0] != folder
-        or any(part in ("", ".", "..") for part in parts)
-        or "\\" in path
-    ):
-        raise ProtocolError(f"{where} must be a path inside {folder}/, not {path!r}")
+    try:
+        check_output_path(path, where, folder)
+    except OutputError as exc:
+        raise ProtocolError(str(exc)) from None
 
 
 def check_stored(size: int, sha256: str, where: str) -> None:
     """Refuse a negative size or a sha256 that is not 64 lowercase hex digits."""
     at_least(size, 0, f"{where}.size")
-    if not _SHA256.fullmatch(sha256):
-        raise ProtocolError(f"{where}.sha256 must be 64 lowercase hex digits")
+    try:
+        check_sha256(sha256, f"{where}.sha256")
+    except OutputError as exc:
+        raise ProtocolError(str(exc)) from None
 
 
 def finite_or_none(value: float) -> float | None:
