@@ -14,6 +14,7 @@ variables a process needs to reach it (``AWS_*``) and the bucket's URL.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ class S3Server:
 @contextlib.contextmanager
 def moto_s3(bucket: str = "artifacts") -> Iterator[S3Server]:
     """Run moto's S3 server on 127.0.0.1 (a free port) with ``bucket`` created; stop it after."""
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
