@@ -227,3 +227,28 @@ def test_finished_jobs_coordination_keys_go_once_a_few_minutes_after_the_end(
     later = expire_outputs(now=NOW + timedelta(minutes=10), redis_url=settings.REDIS_URL)
     assert later.coordination == 1  # the one that ended a minute ago, now; done stays done
     assert keys_of(fresh) == [] and len(keys_of(running)) == 2
+
+
+def test_an_admin_sets_a_tenants_retention_days(client: Any, make_user: Any, acme: Any) -> None:
+    admin = make_user("root", staff=True)
+    admin.is_superuser = True
+    admin.save()
+    client.force_login(admin)
+    url = f"/admin/tenancy/tenant/{acme.pk}/change/"
+    page = client.get(url).content.decode()
+    assert 'name="artifact_retention_days"' in page and 'name="log_retention_days"' in page
+    form = {
+        "slug": "acme",
+        "name": acme.name,
+        "gpu_quota": 8,
+        "priority_weight": 1.0,
+        "profile_jobs": "on",
+        "artifact_retention_days": "7",
+        "log_retention_days": "",
+        "memberships-TOTAL_FORMS": "0",
+        "memberships-INITIAL_FORMS": "0",
+    }
+    response = client.post(url, form)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    acme.refresh_from_db()
+    assert (acme.artifact_retention_days, acme.log_retention_days) == (7, None)
