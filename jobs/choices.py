@@ -45,6 +45,17 @@ class EventKind(models.TextChoices):
     RECOVERED = "recovered", "Recovered from a failure"
     PROFILED = "profiled", "Throughput profiled"
     NOTE = "note", "Note"
+    WARNING = "warning", "Warning"
+    EXPIRED = "expired", "Outputs expired"
+
+
+class ArtifactKind(models.TextChoices):
+    """What a stored object of a job is (``jobs.models.Artifact``)."""
+
+    CHECKPOINT = "checkpoint", "Checkpoint"
+    FINAL = "final", "Final checkpoint"
+    USER = "user", "Artifact"
+    LOG = "log", "Log"
 
 
 TERMINAL_STATES = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})

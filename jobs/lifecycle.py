@@ -5,7 +5,8 @@ it against the lifecycle table (``jobs.choices``), saves the job and records
 a :class:`~jobs.models.JobEvent`; :func:`record` adds any other event.
 Browsers hear about a change through :func:`broadcast`, after the transaction
 commits; :func:`request_tick` asks the control plane for a tick, also after
-commit.  Services and the control plane call these; nothing else writes a
+commit; a job that ends has its log exported to the artifact store
+(:func:`export_log_on_commit`).  Services and the control plane call these; nothing else writes a
 job's state or history.
 """
 
@@ -28,6 +29,9 @@ from utilities.realtime import CLUSTER_GROUP, broadcast_on_commit, job_group, te
 log = logging.getLogger(__name__)
 
 TICK_TASK = "control.scheduler_tick"
+EXPORT_LOG_TASK = "jobs.tasks.export_job_log"
+EXPORT_LOG_DELAY_S = 15.0
+"""How long after a job ends its log is exported: the agents' last lines may still come."""
 TICK_DEBOUNCE_KEY = "portal:tick-requested"
 REASON_MAX = 500
 
@@ -83,6 +87,8 @@ def transition(
     if parallelism is not None and to_state not in TERMINAL_STATES:
         job.parallelism = parallelism
     job.save()
+    if to_state in TERMINAL_STATES:
+        export_log_on_commit(job.pk)
     preempted = from_state in (JobState.RUNNING, JobState.SCALING) and to_state == JobState.QUEUED
     record(
         job,
@@ -123,6 +129,24 @@ def request_tick(delay_s: float = 0.3) -> None:
                 )
         except Exception:  # the periodic tick still runs; an extra one is an optimisation
             log.warning("could not request a scheduler tick", exc_info=True)
+
+    transaction.on_commit(enqueue)
+
+
+def export_log_on_commit(job_id: int, delay_s: float = EXPORT_LOG_DELAY_S) -> None:
+    """Have the job's whole log written to the artifact store shortly after commit."""
+
+    def enqueue() -> None:
+        try:
+            current_app.send_task(
+                EXPORT_LOG_TASK,
+                args=[job_id],
+                countdown=delay_s,
+                queue="portal",
+                ignore_result=True,
+            )
+        except Exception:  # the log stays readable in the portal; only the stored copy is missing
+            log.warning("could not enqueue the log export of job %s", job_id, exc_info=True)
 
     transaction.on_commit(enqueue)
 

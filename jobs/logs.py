@@ -11,6 +11,8 @@
 
     tail_lines / lines_after     chunks in id order, split into lines; a line's cursor is
                                  "<chunk id>-<line index>", opaque to clients
+    all_lines                    every line, in order (the log export when the job ends)
+    drop_output                  every chunk and stream of the job (log retention)
 
 The only writer of ``LogStream`` and ``LogChunk``.  The caller holds the
 job's row lock (``jobs.control.reports.handle_report``), so two reports of
@@ -20,6 +22,7 @@ one job never interleave here.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -241,6 +244,19 @@ def lines_after(
         if len(collected) >= limit:
             break
     return collected[:limit]
+
+
+def all_lines(job: Job) -> Iterator[LogLine]:
+    """Every line of the job's stored output, in order, read a few chunks at a time."""
+    for chunk in LogChunk.objects.filter(job=job).order_by("id").iterator(chunk_size=100):
+        yield from chunk_lines(chunk)
+
+
+def drop_output(job: Job) -> int:
+    """Delete the job's whole stored output (chunks and streams); returns the chunks deleted."""
+    deleted, _ = LogChunk.objects.filter(job=job).delete()
+    LogStream.objects.filter(job=job).delete()
+    return deleted
 
 
 def log_workers(job: Job) -> list[str]:

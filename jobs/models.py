@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from jobs.choices import EventKind, JobState, Launcher, RecoveryMode
+from jobs.choices import ArtifactKind, EventKind, JobState, Launcher, RecoveryMode
 from tenancy.models import Tenant, TenantOwnedQuerySet
 
 
@@ -98,6 +98,11 @@ class Job(models.Model):
         default=list,
         blank=True,
         help_text="Runtime events applied lately (agents on several nodes may deliver out of order).",
+    )
+    coordination_cleaned_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the job's coordination keys were removed from Redis (after it ended).",
     )
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -277,3 +282,64 @@ class LogChunk(models.Model):
     def is_marker(self) -> bool:
         """Whether this chunk stands for dropped older output."""
         return not self.log_id
+
+
+class Artifact(models.Model):
+    """One object a job stored in the artifact store: a checkpoint, a file it saved, its log.
+
+    ``path`` is the object's full path in the store (the job's prefix, then
+    the job-relative path a report named); it is built from the database, never
+    taken from a report, so a row can only point inside its own job's prefix.
+    The row is what a download serves and what retention deletes.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="artifacts")
+    kind = models.CharField(max_length=10, choices=ArtifactKind.choices)
+    path = models.CharField(max_length=1000, help_text="Path in the store, job prefix included.")
+    name = models.CharField(max_length=255, blank=True, default="")
+    step = models.PositiveBigIntegerField(null=True, blank=True)
+    size = models.PositiveBigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["job_id", "created_at", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "path"], name="one_artifact_per_path")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.path} ({self.size} bytes)"
+
+    @property
+    def job_path(self) -> str:
+        """The path relative to the job's prefix (``checkpoints/step-000000050.pt``)."""
+        # tenants/<slug>/jobs/<pk>/<job path>: a slug never holds a '/'.
+        return self.path.split("/", 4)[-1]
+
+    @property
+    def filename(self) -> str:
+        """The name a download is saved under: the last part of the path."""
+        return self.path.rsplit("/", 1)[-1]
+
+
+class TrainingMetric(models.Model):
+    """One value a program logged at one step (``ctx.log_metrics(step, name=value)``).
+
+    Kept apart from :class:`JobMetric` (the control plane's progress samples):
+    these are whatever the program chose to log, capped per job at
+    ``METRICS_MAX_POINTS``.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="training_metrics")
+    step = models.PositiveBigIntegerField()
+    name = models.CharField(max_length=64)
+    value = models.FloatField()
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["job_id", "name", "step", "id"]
+        indexes = [models.Index(fields=["job", "name", "step"], name="trainmetric_job_name_step")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} step {self.step}: {self.name}={self.value:g}"

@@ -8,7 +8,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from jobs.choices import TERMINAL_STATES
+from jobs.choices import TERMINAL_STATES, ArtifactKind
 from jobs.forms import JobForm
 from jobs.live import job_snapshot
 from jobs.logs import log_workers, tail_lines
@@ -46,14 +46,22 @@ def submit_job(request: HttpRequest) -> HttpResponse:
 PAGE_LOG_LINES = 1000
 """Lines of output a job page opens with (the API reads further back)."""
 
+PAGE_ARTIFACTS = 200
+"""Stored objects a job page lists (the API pages through all of them)."""
+
 
 @login_required
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
-    """A job live: parallelism and throughput over time, its profile, history and log."""
+    """A job live: its charts (GPUs, throughput, loss, logged metrics), artifacts, history, log."""
     job = get_object_or_404(
         Job.objects.restrict(request.user).select_related("tenant", "code"), pk=job_id
     )
     log_lines = tail_lines(job, count=PAGE_LOG_LINES)
+    # The final checkpoint first: it is what most people come to download.
+    artifacts = sorted(
+        job.artifacts.all()[:PAGE_ARTIFACTS],
+        key=lambda a: (a.kind != ArtifactKind.FINAL, -a.created_at.timestamp(), -a.pk),
+    )
     return render(
         request,
         "jobs/detail.html",
@@ -63,6 +71,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             "log_cursor": log_lines[-1].cursor if log_lines else "",
             "log_workers": log_workers(job),
             "events": job.events.all(),
+            "artifacts": artifacts,
             "snapshot": job_snapshot(job),
             "can_cancel": job.state not in TERMINAL_STATES and can_write(request.user, job.tenant),
         },

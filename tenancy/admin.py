@@ -12,6 +12,14 @@ class MembershipInline(admin.TabularInline):  # type: ignore[type-arg]
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ["slug", "name", "gpu_quota", "priority_weight", "profile_jobs"]
+    list_display = [
+        "slug",
+        "name",
+        "gpu_quota",
+        "priority_weight",
+        "profile_jobs",
+        "artifact_retention_days",
+        "log_retention_days",
+    ]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]

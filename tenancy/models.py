@@ -69,6 +69,19 @@ class Tenant(models.Model):
     profile_jobs = models.BooleanField(
         default=True, help_text="Profile each job's throughput curve on its first run."
     )
+    artifact_retention_days = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Days a finished job's checkpoints and artifacts are kept; "
+        "empty = the cluster's ARTIFACT_RETENTION_DAYS.",
+    )
+    log_retention_days = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Days a finished job's log is kept; empty = the cluster's LOG_RETENTION_DAYS.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = TenantQuerySet.as_manager()
@@ -79,7 +92,17 @@ class Tenant(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(priority_weight__gte=0), name="tenant_weight_nonnegative"
-            )
+            ),
+            models.CheckConstraint(
+                condition=models.Q(artifact_retention_days__isnull=True)
+                | models.Q(artifact_retention_days__gte=1),
+                name="tenant_artifact_retention_positive",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(log_retention_days__isnull=True)
+                | models.Q(log_retention_days__gte=1),
+                name="tenant_log_retention_positive",
+            ),
         ]
 
     def __str__(self) -> str:

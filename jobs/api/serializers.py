@@ -8,7 +8,7 @@ from rest_framework import serializers
 
 from bundles.models import CodeBundle
 from jobs.choices import Launcher, RecoveryMode
-from jobs.models import Job, JobEvent
+from jobs.models import Artifact, Job, JobEvent
 from jobs.services import JOB_FIELDS
 from tenancy.models import Tenant
 from workers.catalog import WORKLOADS
@@ -138,3 +138,55 @@ class JobLogSerializer(serializers.Serializer[Any]):
     lines = LogLineSerializer(many=True)
     cursor = serializers.CharField(help_text="The last line's cursor (or since's when none).")
     done = serializers.BooleanField(help_text="The job is over and every line was read.")
+
+
+class ArtifactSerializer(serializers.ModelSerializer[Artifact]):
+    """An object a job stored: a checkpoint, a file it saved, its log."""
+
+    path = serializers.CharField(
+        source="job_path", read_only=True, help_text="Relative to the job's store prefix."
+    )
+    download_url = serializers.SerializerMethodField(
+        help_text="GET it for the bytes (Range, If-None-Match supported)."
+    )
+
+    class Meta:
+        model = Artifact
+        fields = [
+            "id",
+            "kind",
+            "name",
+            "path",
+            "step",
+            "size",
+            "sha256",
+            "created_at",
+            "download_url",
+        ]
+        read_only_fields = fields
+
+    def get_download_url(self, artifact: Artifact) -> str:
+        """The artifact's download endpoint (absolute when the request is known)."""
+        url = f"/api/v1/jobs/{artifact.job_id}/artifacts/{artifact.pk}/download/"
+        request = self.context.get("request")
+        return request.build_absolute_uri(url) if request is not None else url
+
+
+class ProgressPointSerializer(serializers.Serializer[Any]):
+    """One progress sample of a running job."""
+
+    step = serializers.IntegerField()
+    at = serializers.DateTimeField()
+    samples_per_s = serializers.FloatField()
+    parallelism = serializers.IntegerField()
+    loss = serializers.FloatField(allow_null=True)
+
+
+class JobMetricsSerializer(serializers.Serializer[Any]):
+    """A job's progress samples and the metrics its program logged (the schema of /metrics/)."""
+
+    progress = ProgressPointSerializer(many=True)
+    metrics = serializers.DictField(
+        child=serializers.ListField(child=serializers.ListField(child=serializers.FloatField())),
+        help_text="Metric name: [[step, value], ...] in step order.",
+    )

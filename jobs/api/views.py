@@ -2,29 +2,36 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from typing import Any, cast
 
 from django.db.models import QuerySet
 from django.http import HttpResponseBase
+from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
-from rest_framework.renderers import JSONRenderer
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from jobs.api.downloads import download_response
 from jobs.api.logs import EventStreamRenderer, check_log_query, follow_response, log_page
 from jobs.api.serializers import (
+    ArtifactSerializer,
     JobCancelSerializer,
     JobCreateSerializer,
     JobEventSerializer,
     JobLogSerializer,
+    JobMetricsSerializer,
     JobSerializer,
     JobUpdateSerializer,
 )
+from jobs.artifacts import artifact_store
 from jobs.choices import JobState
 from jobs.models import Job
 from jobs.services import (
@@ -35,8 +42,43 @@ from jobs.services import (
     do_update_job,
     tenant_jct_stats,
 )
+from jobs.training_metrics import metric_series, progress_series
 from tenancy.models import Tenant
 from tenancy.services import resolve_tenant_for_write
+
+MISSING_OBJECT = (
+    "The artifact's stored object is missing from the artifact store "
+    "(it was deleted, or the store is not the one it was written to)."
+)
+
+
+class OctetStreamRenderer(BaseRenderer):
+    """Lets a client that asks for the bytes (``application/octet-stream``) in."""
+
+    media_type = "application/octet-stream"
+    format = "bin"
+
+    def render(
+        self,
+        data: Any,
+        accepted_media_type: str | None = None,
+        renderer_context: Mapping[str, Any] | None = None,
+    ) -> bytes:
+        """Errors go out as JSON even to such a client."""
+        return json.dumps(data).encode()
+
+
+def _since_step(params: Any) -> int | None:
+    raw = params.get("since_step")
+    if raw in (None, ""):
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValidationError({"since_step": ["Must be an integer."]}) from None
+    if value < 0:
+        raise ValidationError({"since_step": ["Must be 0 or more."]})
+    return value
 
 
 def _object_body(request: Request, allowed: set[str]) -> dict[str, Any]:
@@ -149,6 +191,79 @@ class JobViewSet(
         if query.follow:
             return follow_response(job, query)
         return Response(log_page(job, query))
+
+    @extend_schema(responses=ArtifactSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def artifacts(self, request: Request, pk: str | None = None) -> Response:
+        """What the job stored: checkpoints (the final one too), its files and its log."""
+        job = self.get_object()
+        page = self.paginate_queryset(cast(Any, job.artifacts.order_by("-created_at", "-id")))
+        serializer = ArtifactSerializer(page, many=True, context={"request": request})
+        return self.get_paginated_response(serializer.data)
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("artifact_id", OpenApiTypes.INT, OpenApiParameter.PATH),
+            OpenApiParameter(
+                "Range",
+                OpenApiTypes.STR,
+                OpenApiParameter.HEADER,
+                description="One byte range: bytes=a-b, bytes=a- or bytes=-n.",
+            ),
+            OpenApiParameter(
+                "If-None-Match",
+                OpenApiTypes.STR,
+                OpenApiParameter.HEADER,
+                description='"<sha256>": 304 when it is this object.',
+            ),
+        ],
+        responses={
+            (200, "application/octet-stream"): OpenApiTypes.BINARY,
+            (206, "application/octet-stream"): OpenApiTypes.BINARY,
+            304: None,
+            404: OpenApiTypes.OBJECT,
+            416: None,
+        },
+    )
+    @action(
+        detail=True,
+        methods=["get"],
+        url_path=r"artifacts/(?P<artifact_id>[0-9]+)/download",
+        renderer_classes=[JSONRenderer, OctetStreamRenderer],
+    )
+    def download(
+        self, request: Request, pk: str | None = None, artifact_id: str | None = None
+    ) -> HttpResponseBase:
+        """The stored object's bytes, streamed (ETag = sha256, byte ranges)."""
+        job = self.get_object()
+        artifact = get_object_or_404(job.artifacts.all(), pk=artifact_id)
+        store = artifact_store()
+        if not store.exists(artifact.path):
+            return Response({"message": MISSING_OBJECT, "errors": {}}, status=404)
+        return download_response(
+            store,
+            artifact,
+            range_header=request.headers.get("Range"),
+            if_none_match=request.headers.get("If-None-Match"),
+            if_range=request.headers.get("If-Range"),
+        )
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "since_step", OpenApiTypes.INT, description="Only what came after this step."
+            )
+        ],
+        responses=JobMetricsSerializer,
+    )
+    @action(detail=True, methods=["get"])
+    def metrics(self, request: Request, pk: str | None = None) -> Response:
+        """Progress (samples/s, GPUs, loss by step) and the metrics the program logged."""
+        job = self.get_object()
+        since = _since_step(request.query_params)
+        return Response(
+            {"progress": progress_series(job, since), "metrics": metric_series(job, since)}
+        )
 
 
 class JctStatsView(APIView):

@@ -10,30 +10,32 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
 
 from inventory.services import do_heartbeat
 from jobs import holdings
 from jobs.agent_commands import job_id_from_name
 from jobs.choices import ACTIVE_STATES, TERMINAL_STATES, EventKind, JobState
-from jobs.control import program_exits
+from jobs.control import outputs, program_exits
 from jobs.control.endings import accrue_service, complete_job, fail_job
 from jobs.control.logs import log_lines
+from jobs.control.report_time import report_time as _at
 from jobs.lifecycle import broadcast, record, record_metric, request_tick, save_fields, transition
 from jobs.models import Job
 from jobs.services import do_set_parallelism
 from scheduler.curves import record_measurement
 from workers.protocol import (
+    ArtifactStored,
+    CheckpointSkipped,
     Failed,
     Finished,
     Heartbeat,
     JobEventReport,
     JobReport,
     LogLines,
+    Metrics,
     ProfileDone,
     Progress,
     ProtocolError,
@@ -97,10 +99,6 @@ def handle_report(payload: Any) -> str:
         if handler is None:
             return "noted"
         return handler(job, report)
-
-
-def _at(report: Report) -> datetime:
-    return min(datetime.fromtimestamp(report.at, tz=UTC), timezone.now())
 
 
 def _progress(job: Job, report: Any) -> str:
@@ -264,4 +262,7 @@ _HANDLERS: dict[type[Report], Callable[[Job, Any], str]] = {
     WorkerExited: _worker_exited,
     Started: _started,
     LogLines: log_lines,
+    ArtifactStored: outputs.artifact_stored,
+    CheckpointSkipped: outputs.checkpoint_skipped,
+    Metrics: outputs.metrics,
 }

@@ -142,7 +142,18 @@ LOG_MAX_BYTES = env_int("LOG_MAX_BYTES", 64 * 1024 * 1024)  # a job's stored out
 CODE_MAX_FILES = env_int("CODE_MAX_FILES", 10_000)
 CODE_MAX_BYTES = env_int("CODE_MAX_BYTES", 50 * 1024 * 1024)  # the archive as uploaded
 CODE_MAX_UNPACKED_BYTES = env_int("CODE_MAX_UNPACKED_BYTES", 500 * 1024 * 1024)
+# The store of bundles, checkpoints, artifacts and logs: a directory every node sees
+# (file:///abs/dir, or a plain path; NFS/Lustre on a real cluster) or S3-compatible
+# object storage (s3://bucket/prefix, through s3fs; credentials and endpoint from
+# AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION, AWS_ENDPOINT_URL).
 ARTIFACT_URL = env_str("ARTIFACT_URL", f"file://{DATA_DIR / 'artifacts'}")
+
+# --- What jobs produce (docs/artifacts.md): checkpoints kept, retention, logged metrics.
+CHECKPOINT_KEEP = env_int("CHECKPOINT_KEEP", 2)  # newest checkpoints kept, plus the final one
+ARTIFACT_RETENTION_DAYS = env_int("ARTIFACT_RETENTION_DAYS", 30)  # after the job ended
+LOG_RETENTION_DAYS = env_int("LOG_RETENTION_DAYS", 30)  # a finished job's log, likewise
+METRICS_MAX_POINTS = env_int("METRICS_MAX_POINTS", 20_000)  # logged values kept per job
+RETENTION_BATCH = env_int("RETENTION_BATCH", 200)  # objects one retention run deletes at most
 
 # The tick expires after one interval so that ticks never pile up behind a slow one.
 CELERY_BEAT_SCHEDULE = {
@@ -150,7 +161,13 @@ CELERY_BEAT_SCHEDULE = {
         "task": "control.scheduler_tick",
         "schedule": TICK_SECONDS,
         "options": {"queue": "portal", "expires": TICK_SECONDS},
-    }
+    },
+    # Expired outputs and finished jobs' coordination keys, in bounded batches.
+    "expire-outputs": {
+        "task": "jobs.tasks.expire_outputs",
+        "schedule": 3600.0,
+        "options": {"queue": "portal", "expires": 3600.0},
+    },
 }
 
 # --- Auth and API.

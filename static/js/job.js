@@ -1,4 +1,4 @@
-/* The job page: state, counters, charts and history, kept live over the socket. */
+/* The job page: state, counters, charts, artifacts and history, kept live (socket and polling). */
 (function () {
   "use strict";
   const { LiveSocket, fetchJSON, throttle, el, seconds, plotLayout } = window.PortalLive;
@@ -36,6 +36,92 @@
     clearEmpty(node);
     Plotly.react(node, [{ x: profile.gpus, y: profile.samples_per_second, type: "scatter", mode: "lines+markers", line: { color: "#b7791f" }, name: "profiled" }],
       plotLayout({ xaxis: { title: "GPUs", dtick: 1, gridcolor: "#e3e6eb" }, yaxis: { title: "samples/s", rangemode: "tozero", gridcolor: "#e3e6eb" } }), config);
+  }
+
+  // Loss (from the progress samples) and the metrics the program logs, by step, and the
+  // objects the job stored: read from the API on open and every few seconds while the job
+  // runs (no socket event carries them), once more a little after it ends (its log export).
+  const OUTPUTS_POLL_MS = 5000;
+  const AFTER_END_MS = 20000;
+  const TERMINAL = ["completed", "failed", "cancelled"];
+  const PALETTE = ["#2f6fed", "#c5221f", "#1e8e3e", "#b7791f", "#8e44ad", "#00838f", "#5f6368", "#d81b60"];
+  const isOver = () => TERMINAL.includes(root.dataset.state || "");
+
+  function drawLoss(progress) {
+    const points = (progress || []).filter((p) => p.loss !== null && p.loss !== undefined);
+    if (!points.length) return;
+    const node = document.getElementById("chart-loss");
+    clearEmpty(node);
+    Plotly.react(node, [{ x: points.map((p) => p.step), y: points.map((p) => p.loss), type: "scatter", mode: "lines", line: { color: "#c5221f" }, name: "loss", hovertemplate: "loss %{y:.4g}<br>step %{x}<extra></extra>" }],
+      plotLayout({ xaxis: { title: "step", gridcolor: "#e3e6eb" }, yaxis: { title: "loss", gridcolor: "#e3e6eb" } }), config);
+  }
+
+  function drawMetrics(metrics) {
+    const names = Object.keys(metrics || {}).sort();
+    if (!names.length) return;
+    const node = document.getElementById("chart-metrics");
+    clearEmpty(node);
+    const traces = names.map((name, i) => ({
+      x: metrics[name].map((p) => p[0]), y: metrics[name].map((p) => p[1]), type: "scatter", mode: "lines",
+      name: name, line: { color: PALETTE[i % PALETTE.length] }, hovertemplate: name + " %{y:.4g}<br>step %{x}<extra></extra>",
+    }));
+    Plotly.react(node, traces, plotLayout({ showlegend: true, legend: { orientation: "h", y: -0.25 }, xaxis: { title: "step", gridcolor: "#e3e6eb" }, yaxis: { gridcolor: "#e3e6eb" } }), config);
+  }
+
+  function fileSize(bytes) {
+    const units = ["bytes", "KB", "MB", "GB", "TB"];
+    let value = bytes, unit = 0;
+    while (value >= 1024 && unit < units.length - 1) { value /= 1024; unit += 1; }
+    return unit ? value.toFixed(1) + " " + units[unit] : value + " bytes";
+  }
+
+  const KIND_LABELS = { checkpoint: "Checkpoint", final: "Final checkpoint", user: "Artifact", log: "Log" };
+  const signatureOf = (pairs) => pairs.map((p) => p.join(":")).sort().join(",");
+  // The rows the page opened with count as drawn: a poll that finds the same ones keeps them.
+  let artifactsSeen = signatureOf([...document.querySelectorAll("#artifacts-body tr")].map((tr) => [tr.dataset.artifact, tr.dataset.sha]));
+  function drawArtifacts(rows) {
+    const signature = signatureOf(rows.map((a) => [String(a.id), a.sha256]));
+    if (signature === artifactsSeen) return;
+    artifactsSeen = signature;
+    const ordered = rows.slice().sort((a, b) => (a.kind === "final" ? 0 : 1) - (b.kind === "final" ? 0 : 1));
+    document.getElementById("artifacts-body").replaceChildren(...ordered.map((a) => {
+      const final = a.kind === "final";
+      const tr = el("tr", { dataset: { artifact: String(a.id), kind: a.kind, sha: a.sha256 } });
+      if (final) tr.className = "artifact-final";
+      const kind = el("td");
+      kind.appendChild(final ? el("span", { class: "state state-completed" }, "final") : document.createTextNode(KIND_LABELS[a.kind] || a.kind));
+      tr.appendChild(kind);
+      const name = el("td");
+      name.appendChild(final ? el("strong", {}, a.name) : document.createTextNode(a.name));
+      tr.appendChild(name);
+      tr.appendChild(el("td", {}, a.step === null ? "—" : a.step));
+      tr.appendChild(el("td", { title: a.size + " bytes" }, fileSize(a.size)));
+      const sha = el("td");
+      sha.appendChild(el("code", { title: a.sha256 }, a.sha256.slice(0, 12)));
+      tr.appendChild(sha);
+      const link = el("a", { class: "button secondary artifact-download", style: "margin-top:0", href: "/api/v1/jobs/" + jobId + "/artifacts/" + a.id + "/download/", download: a.path.split("/").pop() }, "Download");
+      const cell = el("td");
+      cell.appendChild(link);
+      tr.appendChild(cell);
+      return tr;
+    }));
+    document.getElementById("artifacts-table").hidden = !rows.length;
+    document.getElementById("artifacts-empty").hidden = rows.length > 0;
+  }
+
+  function loadOutputs() {
+    return Promise.all([
+      fetchJSON("/api/v1/jobs/" + jobId + "/metrics/").then((m) => { drawLoss(m.progress); drawMetrics(m.metrics); }),
+      fetchJSON("/api/v1/jobs/" + jobId + "/artifacts/?page_size=200").then((page) => drawArtifacts(page.results)),
+    ]);
+  }
+
+  let sawRunning = false;
+  function pollOutputs() {
+    loadOutputs().catch(console.error).finally(() => {
+      if (!isOver()) { sawRunning = true; setTimeout(pollOutputs, OUTPUTS_POLL_MS); }
+      else if (sawRunning) { sawRunning = false; setTimeout(pollOutputs, AFTER_END_MS); }
+    });
   }
 
   // The job's whole output: the page opens with its last lines, job.log events append
@@ -143,6 +229,7 @@
   }
 
   apply(JSON.parse(document.getElementById("job-snapshot").textContent));
+  pollOutputs();
   const resyncAll = () => { resync(); loadLog(false).catch(console.error); };
   new LiveSocket([{ topic: "job", id: jobId }], { onEvent, resync: resyncAll });
 })();

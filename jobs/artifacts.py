@@ -1,0 +1,130 @@
+"""A job's objects in the artifact store, and the rows that record them.
+
+::
+
+    tenants/<slug>/jobs/<pk>/          job_prefix(slug, pk): everything the job stores
+        checkpoints/step-N.pt (+ .json manifest)   kind checkpoint, or final
+        artifacts/<name>                           kind user
+        logs/job.log                               kind log (jobs.log_export)
+
+The only writer of :class:`~jobs.models.Artifact` rows.  A row's ``path`` is
+always ``job_prefix(...) + "/" + <job-relative path>``, the prefix taken from
+the database: what a report says can only choose the part after it, and
+``workers.outputs.check_job_path`` has already kept that part inside one of
+the job's folders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from django.conf import settings
+from django.db.models import F
+
+from jobs.choices import ArtifactKind
+from jobs.models import Artifact, Job
+from workers.artifacts import ArtifactStore
+
+FOLDER_OF_KIND: dict[str, str] = {
+    ArtifactKind.CHECKPOINT: "checkpoints",
+    ArtifactKind.FINAL: "checkpoints",
+    ArtifactKind.USER: "artifacts",
+    ArtifactKind.LOG: "logs",
+}
+"""The folder of the job's prefix that each kind of object lives in."""
+
+LOG_PATH = "logs/job.log"
+"""Where a finished job's whole log is written, relative to its prefix."""
+
+
+def job_prefix(slug: str, job_pk: int) -> str:
+    """The store prefix of a job's objects: ``tenants/<slug>/jobs/<pk>``.
+
+    The same rule as ``workers.artifacts.job_prefix`` (spec of issue 12).
+    """
+    return f"tenants/{slug}/jobs/{job_pk}"
+
+
+def prefix_of(job: Job) -> str:
+    """The store prefix of ``job``'s objects."""
+    return job_prefix(job.tenant.slug, job.pk)
+
+
+def artifact_store() -> ArtifactStore:
+    """The cluster's artifact store (``ARTIFACT_URL``)."""
+    return ArtifactStore(settings.ARTIFACT_URL)
+
+
+def manifest_path(path: str) -> str | None:
+    """The manifest stored next to a checkpoint (``step-N.pt`` → ``step-N.json``), if any."""
+    return path.removesuffix(".pt") + ".json" if path.endswith(".pt") else None
+
+
+def record_artifact(
+    *,
+    job: Job,
+    kind: str,
+    job_path: str,
+    size: int,
+    sha256: str,
+    at: datetime,
+    step: int | None = None,
+    name: str = "",
+) -> Artifact:
+    """Record that ``job`` stored an object at ``job_path`` (relative to its prefix).
+
+    A second report of the same path updates the row (a rewritten object),
+    keeping its creation time.
+    """
+    artifact, _ = Artifact.objects.update_or_create(
+        job=job,
+        path=f"{prefix_of(job)}/{job_path}",
+        defaults={
+            "kind": kind,
+            "name": name or job_path.rsplit("/", 1)[-1],
+            "step": step,
+            "size": size,
+            "sha256": sha256,
+        },
+        create_defaults={
+            "kind": kind,
+            "name": name or job_path.rsplit("/", 1)[-1],
+            "step": step,
+            "size": size,
+            "sha256": sha256,
+            "created_at": at,
+        },
+    )
+    return artifact
+
+
+def forget_paths(job: Job, job_paths: Iterable[str]) -> int:
+    """Delete the rows of objects the job itself deleted (its keep rule); returns how many."""
+    prefix = prefix_of(job)
+    paths = [f"{prefix}/{path}" for path in job_paths]
+    if not paths:
+        return 0
+    deleted, _ = Artifact.objects.filter(job=job, path__in=paths).delete()
+    return deleted
+
+
+def forget_old_checkpoints(job: Job, keep: int) -> int:
+    """Delete the rows of checkpoints beyond the newest ``keep`` (the final one never counts).
+
+    The runtime prunes those objects itself; this keeps the table in step
+    even when a report's ``pruned`` list was lost or cut short.
+    """
+    newest_first = Artifact.objects.filter(job=job, kind=ArtifactKind.CHECKPOINT).order_by(
+        F("step").desc(nulls_last=True), "-created_at", "-id"
+    )
+    stale = list(newest_first.values_list("id", flat=True)[max(keep, 0) :])
+    if not stale:
+        return 0
+    deleted, _ = Artifact.objects.filter(id__in=stale).delete()
+    return deleted
+
+
+def forget_artifact(artifact: Artifact) -> None:
+    """Delete one row (its object is already gone from the store)."""
+    artifact.delete()
