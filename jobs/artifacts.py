@@ -24,7 +24,7 @@ from django.db.models import F
 
 from jobs.choices import ArtifactKind
 from jobs.models import Artifact, Job
-from workers.artifacts import ArtifactStore
+from workers.artifacts import ArtifactStore, job_prefix
 
 FOLDER_OF_KIND: dict[str, str] = {
     ArtifactKind.CHECKPOINT: "checkpoints",
@@ -38,12 +38,7 @@ LOG_PATH = "logs/job.log"
 """Where a finished job's whole log is written, relative to its prefix."""
 
 
-def job_prefix(slug: str, job_pk: int) -> str:
-    """The store prefix of a job's objects: ``tenants/<slug>/jobs/<pk>``.
-
-    The same rule as ``workers.artifacts.job_prefix`` (spec of issue 12).
-    """
-    return f"tenants/{slug}/jobs/{job_pk}"
+__all__ = ["job_prefix"]  # re-exported: the rule lives in workers.artifacts
 
 
 def prefix_of(job: Job) -> str:

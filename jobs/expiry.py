@@ -29,9 +29,9 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from jobs.agent_commands import runtime_job_name
-from jobs.artifacts import artifact_store, forget_artifact, manifest_path
+from jobs.artifacts import artifact_store, forget_artifact, manifest_path, prefix_of
 from jobs.choices import TERMINAL_STATES, ArtifactKind, EventKind
+from jobs.coordination import forget_coordination
 from jobs.lifecycle import record, save_fields
 from jobs.logs import drop_output
 from jobs.models import Artifact, Job, LogChunk
@@ -44,7 +44,6 @@ from jobs.retention import (
 )
 from tenancy.models import Tenant
 from workers.artifacts import ArtifactStore
-from workers.elastic.control import JobControl
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +160,9 @@ def expire_outputs(
 
     logs_gone = _expire_logs(policies, default, now)
     result.logs = len(logs_gone)
-    for job in Job.objects.filter(pk__in=set(gone) | set(logs_gone)):
-        _record_expiry(job, gone.get(job.pk, []), job.pk in logs_gone, now)
+    for job in Job.objects.select_related("tenant").filter(pk__in=set(gone) | set(logs_gone)):
+        leftovers = _sweep_leftovers(store, job) if job.pk in gone else 0
+        _record_expiry(job, gone.get(job.pk, []), job.pk in logs_gone, now, leftovers)
         result.jobs.append(job.pk)
 
     result.coordination = _clean_coordination(now, limit, redis_url or str(settings.REDIS_URL))
@@ -193,13 +193,35 @@ def _expire_logs(
     return done
 
 
-def _record_expiry(job: Job, gone: list[tuple[str, int]], lines_gone: bool, now: datetime) -> None:
+def _sweep_leftovers(store: ArtifactStore, job: Job) -> int:
+    """Once no checkpoint or artifact of ``job`` is recorded, remove what else its folders hold.
+
+    A torchrun program writes its own checkpoints into the shared
+    ``checkpoints`` folder, which no row records; they expire with the
+    job's last recorded one.  Returns how many objects went.
+    """
+    if Artifact.objects.filter(job=job).exclude(kind=ArtifactKind.LOG).exists():
+        return 0
+    removed = 0
+    for folder in ("checkpoints", "artifacts"):
+        try:
+            removed += len(store.delete_prefix(f"{prefix_of(job)}/{folder}"))
+        except Exception:
+            log.exception("retention: could not sweep %s of job %s", folder, job.pk)
+    return removed
+
+
+def _record_expiry(
+    job: Job, gone: list[tuple[str, int]], lines_gone: bool, now: datetime, leftovers: int = 0
+) -> None:
     """One history event for what this run deleted of ``job``, and a log line."""
     parts = []
     others = [(kind, size) for kind, size in gone if kind != ArtifactKind.LOG]
     if others:
         total = sum(size for _, size in others)
         parts.append(f"expired {len(others)} artifacts ({total} bytes)")
+    if leftovers:
+        parts.append(f"removed {leftovers} other files of the job")
     if lines_gone or len(others) < len(gone):
         parts.append("expired the log")
     reason = "; ".join(parts) + " (retention)"
@@ -212,6 +234,7 @@ def _record_expiry(job: Job, gone: list[tuple[str, int]], lines_gone: bool, now:
             "artifacts": len(others),
             "bytes": sum(size for _, size in others),
             "log": lines_gone or len(others) < len(gone),
+            "other_files": leftovers,
         },
     )
     log.info("job %s: %s", job.pk, reason)
@@ -228,14 +251,7 @@ def _clean_coordination(now: datetime, limit: int, redis_url: str) -> int:
     for job in due:
         if not coordination_due(job.finished_at, now, COORDINATION_DELAY):
             continue
-        try:
-            control = JobControl(redis_url, runtime_job_name(job.pk))
-            try:
-                control.cleanup()
-            finally:
-                control.redis.close()
-        except Exception:
-            log.exception("retention: could not remove job %s's coordination keys", job.pk)
+        if not forget_coordination(job.pk, redis_url):
             continue
         job.coordination_cleaned_at = now
         save_fields(job, "coordination_cleaned_at")

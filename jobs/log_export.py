@@ -7,8 +7,7 @@
                        (the agents' last lines may still be on their way)
     export_log(job_id)
         ├── every stored line, in order, "[worker] text"  (jobs.logs.all_lines)
-        ├── into a local temporary file, hashed as it is written
-        ├── put into the store at <job prefix>/logs/job.log (atomic)
+        ├── streamed into the store at <job prefix>/logs/job.log (atomic, hashed as written)
         └── the Artifact(kind=log) row, created or updated
 
 Idempotent: a second run writes the same object again (with any lines that
@@ -18,10 +17,7 @@ ran, or its log already expired) exports nothing.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import tempfile
-from pathlib import Path
 
 from django.utils import timezone
 
@@ -38,29 +34,24 @@ def export_log(job_id: int) -> Artifact | None:
     job = Job.objects.select_related("tenant").filter(pk=job_id).first()
     if job is None or job.state not in TERMINAL_STATES:
         return None
-    digest = hashlib.sha256()
-    size = 0
-    with tempfile.TemporaryDirectory(prefix="job-log-") as scratch:
-        local = Path(scratch) / "job.log"
-        with local.open("wb") as out:
-            for line in all_lines(job):
-                data = (f"[{line.worker}] " if line.worker else "").encode() + (
-                    line.text + "\n"
-                ).encode()
-                out.write(data)
-                digest.update(data)
-                size += len(data)
-        if not size:
-            return None
-        artifact_store().put_file(f"{prefix_of(job)}/{LOG_PATH}", local)
+    if not job.log_chunks.exists():
+        return None
+    lines = (
+        (f"[{line.worker}] " if line.worker else "").encode() + (line.text + "\n").encode()
+        for line in all_lines(job)
+    )
+    stored = artifact_store().put_stream(f"{prefix_of(job)}/{LOG_PATH}", lines)
+    if not stored.size:
+        artifact_store().delete(stored.path)
+        return None
     artifact = record_artifact(
         job=job,
         kind=ArtifactKind.LOG,
         job_path=LOG_PATH,
-        size=size,
-        sha256=digest.hexdigest(),
+        size=stored.size,
+        sha256=stored.sha256,
         at=timezone.now(),
         name="job.log",
     )
-    log.info("job %s: log exported (%d bytes)", job.pk, size)
+    log.info("job %s: log exported (%d bytes)", job.pk, stored.size)
     return artifact

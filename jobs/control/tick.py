@@ -16,6 +16,7 @@ killed half-way (its transaction rolls back) is repaired by the next one.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -36,6 +37,7 @@ from jobs.choices import EventKind, JobState
 from jobs.control.apply import apply_bound, note_waiting
 from jobs.control.state import ClusterState, build_snapshot, load_allocator, read_cluster
 from jobs.control.tick_stats import record_tick
+from jobs.coordination import forget_coordination
 from jobs.lifecycle import TICK_TASK, broadcast, record, save_fields, transition
 from jobs.models import Job
 from jobs.outbox import Outbox
@@ -182,6 +184,9 @@ def _recover_lost_gpus(cluster: ClusterState, now: datetime) -> list[int]:
                     reason="every server of the job went down: requeued, it "
                     "resumes from its latest checkpoint",
                 )
+                # The dead run's coordination keys (leader, generation, members)
+                # would make the next first generation wait for a dead leader.
+                transaction.on_commit(functools.partial(forget_coordination, job.pk))
         broadcast(job, "job.updated")
         changed.append(job_id)
     return changed

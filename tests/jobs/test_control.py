@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import redis
 from django.db import transaction
 
 from inventory.models import Server
@@ -14,6 +15,7 @@ from jobs.control.tick import run_tick
 from jobs.models import Job, JobCable, JobGpu
 from jobs.services import check_job_spec, do_cancel_job, do_submit_job
 from tests.jobs.control_helpers import demo_cluster, drain_all
+from workers.elastic.keys import JobKeys
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -156,14 +158,22 @@ def test_an_event_that_arrives_after_a_newer_one_still_counts_once(alice: Any, a
     assert job.state == "completed" and job.last_event_id == "1700000000005-0"
 
 
-def test_server_down_requeues_or_shrinks(alice: Any, acme: Any, settings: Any) -> None:
+def test_server_down_requeues_or_shrinks(
+    alice: Any, acme: Any, settings: Any, django_capture_on_commit_callbacks: Any
+) -> None:
     nodes = demo_cluster()
     whole = submit(alice, acme, gpus=2)
     run_tick(policy="fifo")
     node = Server.objects.get(gpu_set__index=held(whole)[0]).node
     drain_all(nodes)
     do_set_server_state(node=node, state="down")
-    run_tick(policy="fifo")
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    stale = JobKeys(f"job-{whole.pk}").prefix + "leader"
+    client.set(stale, "a worker that died with its server")
+    with django_capture_on_commit_callbacks(execute=True):
+        run_tick(policy="fifo")
+    # The dead run's coordination keys went, so the next first generation starts afresh.
+    assert not client.exists(stale)
     whole.refresh_from_db()
     # Its only server went down; the job was requeued and placed again elsewhere.
     assert whole.state == "running"

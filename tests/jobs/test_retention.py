@@ -60,6 +60,7 @@ def make_job(
         step = int(path[-12:-3]) if path.endswith(".pt") else None
         assert stored(job, path, data, kind=kind, step=step) == "artifact"
     put_object(root, job, "checkpoints/step-000000010.json", b"{}")  # a manifest
+    put_object(root, job, "checkpoints/ddp.pt", b"a torchrun program's own")  # no row
     report = LogLines(
         node="node-0", job=f"job-{job.pk}", worker_id="w0", log_id="l0", offset=0, text="hi\n"
     )
@@ -101,7 +102,7 @@ def objects(root: Path) -> set[str]:
 
 def everything_of(job: Job) -> set[str]:
     prefix = f"tenants/{job.tenant.slug}/jobs/{job.pk}/"
-    return {prefix + p for p in [*OUTPUTS, "checkpoints/step-000000010.json"]}
+    return {prefix + p for p in [*OUTPUTS, "checkpoints/step-000000010.json", "checkpoints/ddp.pt"]}
 
 
 def test_deletes_expired_artifacts_and_logs_and_nothing_else(
@@ -119,7 +120,7 @@ def test_deletes_expired_artifacts_and_logs_and_nothing_else(
     )
     assert objects(root) == before - gone
     remaining_rows = set(Artifact.objects.values_list("path", flat=True))
-    assert remaining_rows == {p for p in before - gone if not p.endswith(".json")}
+    assert remaining_rows == {p for p in before - gone if not p.endswith((".json", "ddp.pt"))}
     assert (result.artifacts, result.errors) == (2 * 4 + 1, 0)
     assert result.bytes == sum(
         len(f"{job.name}:{path}".encode())
@@ -135,7 +136,8 @@ def test_deletes_expired_artifacts_and_logs_and_nothing_else(
     reasons = dict(expired.values_list("pk", "events__reason"))
     old_bytes = sum(len(f"a-old:{p}".encode()) for p in OUTPUTS if p != "logs/job.log")
     assert reasons == {
-        fleet.acme_old.pk: f"expired 3 artifacts ({old_bytes} bytes); expired the log (retention)",
+        fleet.acme_old.pk: f"expired 3 artifacts ({old_bytes} bytes); removed 1 other files "
+        "of the job; expired the log (retention)",
         fleet.globex_old.pk: reasons[fleet.globex_old.pk],
         fleet.acme_recent.pk: "expired the log (retention)",
     }
