@@ -104,3 +104,15 @@ def test_runstack_on_embedded_defaults(tmp_path: Path) -> None:
         ), f"child {pid} still running"
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", redis_port)) != 0, "embedded redis still running"
+
+
+@pytest.mark.django_db
+def test_no_agents_leaves_the_servers_to_agents_started_elsewhere() -> None:
+    from portal.demo import ensure_demo_fabric
+    from portal.management.commands.runstack import stack_processes
+
+    ensure_demo_fabric()
+    names = [spec.name for spec in stack_processes(host="127.0.0.1", port=8000)]
+    assert [n for n in names if n.startswith("agent")] == [f"agent node-{i}" for i in range(4)]
+    without = [spec.name for spec in stack_processes(host="127.0.0.1", port=8000, agents=False)]
+    assert without == ["web", "worker", "beat"]

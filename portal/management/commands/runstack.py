@@ -138,6 +138,7 @@ class Command(BaseCommand):
                 port=options["port"],
                 worker=not options["no_worker"],
                 beat=not options["no_beat"],
+                agents=not options["no_agents"],
             ),
             log=self._log,
         )
