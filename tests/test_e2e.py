@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -287,7 +288,7 @@ def test_a_torchrun_program_runs_resizes_by_restart_resumes_and_completes(
     model = [a for a in listed if a["path"] == "artifacts/model.pt"]
     assert len(model) == 1 and model[0]["kind"] == "user", listed
     request = urllib.request.Request(
-        stack["url"] + model[0]["download_url"],
+        urllib.parse.urljoin(stack["url"], model[0]["download_url"]),
         headers={"Authorization": f"Token {stack['token']}"},
     )
     with urllib.request.urlopen(request, timeout=30) as response:

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NODES = ("node-0", "node-1", "node-2", "node-3")
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
 
-ARGS = {"epochs": 12, "seed": 3}
+ARGS = {"epochs": 4, "seed": 3}
 BATCH = 64
 
 
@@ -174,22 +175,28 @@ def artifacts(cluster: dict[str, Any], job: int) -> list[dict[str, Any]]:
     return list(api(cluster, f"/api/v1/jobs/{job}/artifacts/")["results"])
 
 
-def step_records(cluster: dict[str, Any], job: int, killed_at: float) -> dict[int, list[Any]]:
-    """Each committed step's records, from the run that committed it last (after the kill wins)."""
-    before: dict[int, list[Any]] = {}
-    after: dict[int, list[Any]] = {}
+def step_records(
+    cluster: dict[str, Any], job: int, killed_at: float
+) -> tuple[dict[int, list[Any]], dict[int, list[Any]]]:
+    """Each committed step's records of the first run and of the run after the kill.
+
+    A worker's log file belongs to the first run if it has a line from
+    before the kill (its last lines may come just after: a kill takes a moment).
+    """
+    first: dict[int, list[Any]] = {}
+    second: dict[int, list[Any]] = {}
     for path in (cluster["tmp"] / "steps").glob(f"job-{job}.*.jsonl"):
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            (after if record["t"] > killed_at else before).setdefault(record["step"], []).append(
-                record
-            )
-    return {**before, **after}
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        run = first if any(record["t"] <= killed_at for record in lines) else second
+        for record in lines:
+            run.setdefault(record["step"], []).append(record)
+    return first, second
 
 
 def download(cluster: dict[str, Any], url: str) -> bytes:
     request = urllib.request.Request(
-        cluster["url"] + url, headers={"Authorization": f"Token {cluster['token']}"}
+        urllib.parse.urljoin(cluster["url"], url),
+        headers={"Authorization": f"Token {cluster['token']}"},
     )
     with urllib.request.urlopen(request, timeout=30) as response:
         return bytes(response.read())
@@ -233,9 +240,10 @@ def test_a_job_whose_servers_all_die_resumes_elsewhere_from_the_shared_store(
     wait_for("the job to complete",
              lambda: job_state(cluster, job["id"])["state"] == "completed", cluster, 300)  # fmt: skip
 
-    records = step_records(cluster, job["id"], killed_at)
-    resumed = min(step for step, recs in records.items() if recs[0]["t"] > killed_at)
-    assert resumed > 0, "the job started again from step 0"
+    first, second = step_records(cluster, job["id"], killed_at)
+    resumed = min(second)
+    assert 0 < resumed <= max(first) + 1, "the job started again from step 0"
+    records = {**first, **second}  # a step redone after the resume counts once
     full = validate_args("mlp-digits", ARGS)
     prepared = prepare("mlp-digits", full, torch.device("cpu"))
     sampler = ElasticSampler(prepared.num_samples, BATCH, prepared.seed)
@@ -247,4 +255,6 @@ def test_a_job_whose_servers_all_die_resumes_elsewhere_from_the_shared_store(
     blob = download(cluster, final[0]["download_url"])
     state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
     assert state["step"] == steps
-    assert max_difference(state["model"], reference_model(full, BATCH, steps)) < 1e-3
+    # float32 workers against a float32 single process: equal up to summation order
+    reference = reference_model(full, BATCH, steps, dtype=torch.float32)
+    assert max_difference(state["model"], reference) < 1e-3

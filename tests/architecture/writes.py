@@ -1,4 +1,5 @@
-"""Who may write a job: ``jobs.lifecycle``, ``jobs.holdings`` and ``jobs.services`` only.
+"""Who may write a job: ``jobs.lifecycle``, ``jobs.holdings``, ``jobs.services`` and the
+writers of its outputs (``jobs.logs``, ``jobs.artifacts``, ``jobs.training_metrics``) only.
 
 Two checks, because Django offers two kinds of writes:
 
@@ -19,9 +20,28 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-WRITERS = frozenset({"jobs.lifecycle", "jobs.holdings", "jobs.services", "jobs.logs"})
+WRITERS = frozenset(
+    {
+        "jobs.lifecycle",
+        "jobs.holdings",
+        "jobs.services",
+        "jobs.logs",
+        "jobs.artifacts",
+        "jobs.training_metrics",
+    }
+)
 JOB_MODELS = frozenset(
-    {"Job", "JobEvent", "JobGpu", "JobCable", "JobMetric", "LogChunk", "LogStream"}
+    {
+        "Job",
+        "JobEvent",
+        "JobGpu",
+        "JobCable",
+        "JobMetric",
+        "LogChunk",
+        "LogStream",
+        "Artifact",
+        "TrainingMetric",
+    }
 )
 WRITE_METHODS = frozenset(
     {
