@@ -72,24 +72,18 @@ def record_artifact(
     A second report of the same path updates the row (a rewritten object),
     keeping its creation time.
     """
+    fields = {
+        "kind": kind,
+        "name": name or job_path.rsplit("/", 1)[-1],
+        "step": step,
+        "size": size,
+        "sha256": sha256,
+    }
     artifact, _ = Artifact.objects.update_or_create(
         job=job,
         path=f"{prefix_of(job)}/{job_path}",
-        defaults={
-            "kind": kind,
-            "name": name or job_path.rsplit("/", 1)[-1],
-            "step": step,
-            "size": size,
-            "sha256": sha256,
-        },
-        create_defaults={
-            "kind": kind,
-            "name": name or job_path.rsplit("/", 1)[-1],
-            "step": step,
-            "size": size,
-            "sha256": sha256,
-            "created_at": at,
-        },
+        defaults=fields,
+        create_defaults={**fields, "created_at": at},
     )
     return artifact
 

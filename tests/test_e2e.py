@@ -52,29 +52,42 @@ def _throwaway_database(tmp_path: Path) -> tuple[str | None, Callable[[], None]]
     return f"{base}/{name}", drop
 
 
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    port = free_port()
+def stack_env(
+    tmp_path: Path, redis_db: int, **overrides: str
+) -> tuple[dict[str, str], Callable[[], None]]:
+    """The stack's environment (a fresh database, an emptied Redis db) and how to drop the db.
+
+    The machine's own ``DATABASE_URL``/``REDIS_URL`` name the services; without
+    them the stack runs on SQLite and the embedded Redis of ``tmp_path``.
+    """
     db_url, drop_db = _throwaway_database(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(
-        PORTAL_DATA_DIR=str(tmp_path),
-        DJANGO_SETTINGS_MODULE="portal.settings.dev",
-        PYTHONUNBUFFERED="1",
-        TICK_SECONDS="1",
-        AGENT_HEARTBEAT_SECONDS="2",
-        SCHEDULER_POLICY="elastic-tiresias",
-        OMP_NUM_THREADS="1",
-        DEBUG="0",
-    )
+    defaults = {
+        "PORTAL_DATA_DIR": str(tmp_path),
+        "DJANGO_SETTINGS_MODULE": "portal.settings.dev",
+        "PYTHONUNBUFFERED": "1",
+        "TICK_SECONDS": "1",
+        "AGENT_HEARTBEAT_SECONDS": "2",
+        "SCHEDULER_POLICY": "elastic-tiresias",
+        "OMP_NUM_THREADS": "1",
+        "DEBUG": "0",
+    }
+    env.update({**defaults, **overrides})
     if db_url:
         env["DATABASE_URL"] = db_url
     if os.environ.get("REDIS_URL"):
-        redis_url = os.environ["REDIS_URL"].rsplit("/", 1)[0] + "/11"
+        redis_url = os.environ["REDIS_URL"].rsplit("/", 1)[0] + f"/{redis_db}"
         import redis
 
         redis.Redis.from_url(redis_url).flushdb()
         env["REDIS_URL"] = redis_url
+    return env, drop_db
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    port = free_port()
+    env, drop_db = stack_env(tmp_path, redis_db=11)
     proc = start_stack(tmp_path, port, env)
     log = (tmp_path / "stack.log").open()
     try:
@@ -324,4 +337,12 @@ def test_an_edl_program_scales_out_and_in_without_stopping(stack: dict[str, Any]
     assert all(e["kind"] != "preempted" for e in history)
     text = log_text(stack, edl["id"])
     assert "edl 1.0.0: rank 0 of 2, from step 0" in text and "world 4" in text
+    # What the program handed the SDK: its accuracy by epoch, its model, and a final checkpoint.
+    metrics = api(stack, f"/api/v1/jobs/{edl['id']}/metrics/")
+    assert metrics["progress"] and "accuracy" in metrics["metrics"], metrics["metrics"].keys()
+    kinds = {
+        (a["kind"], a["name"])
+        for a in api(stack, f"/api/v1/jobs/{edl['id']}/artifacts/")["results"]
+    }
+    assert ("user", "model.pt") in kinds and any(kind == "final" for kind, _ in kinds), kinds
     api(stack, f"/api/v1/jobs/{other['id']}/cancel/", {})

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_e2e import _throwaway_database, api, events, job_state, wait_for
+from tests.test_e2e import api, events, job_state, stack_env, wait_for
 from tests.test_stack import free_port, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,28 +66,15 @@ def start_agent(node: str, tmp_path: Path, env: dict[str, str]) -> subprocess.Po
 @pytest.fixture(params=["file", "s3"])
 def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
     port = free_port()
-    db_url, drop_db = _throwaway_database(tmp_path)
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(
-        PORTAL_DATA_DIR=str(tmp_path),
-        DJANGO_SETTINGS_MODULE="portal.settings.dev",
-        PYTHONUNBUFFERED="1",
-        TICK_SECONDS="1",
+    (tmp_path / "steps").mkdir()
+    env, drop_db = stack_env(
+        tmp_path,
+        redis_db=12,
         AGENT_HEARTBEAT_SECONDS="1",
         AGENT_DOWN_AFTER_SECONDS="5",
         SCHEDULER_POLICY="tiresias",
-        OMP_NUM_THREADS="1",
-        DEBUG="0",
         AGENT_STEP_LOG_DIR=str(tmp_path / "steps"),
     )
-    (tmp_path / "steps").mkdir()
-    if db_url:
-        env["DATABASE_URL"] = db_url
-    if os.environ.get("REDIS_URL"):
-        env["REDIS_URL"] = os.environ["REDIS_URL"].rsplit("/", 1)[0] + "/12"
-        import redis
-
-        redis.Redis.from_url(env["REDIS_URL"]).flushdb()
     with store_env(request.param, tmp_path) as store:
         env.update(store)
         proc = subprocess.Popen(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from jobs.control.reports import handle_report
 from jobs.models import Artifact, Job
 from tests.jobs.outputs_helpers import (
     event_id,
-    file_store,
     metrics,
     put_object,
     stored,
@@ -34,13 +32,6 @@ from workers.protocol import Progress
 pytestmark = pytest.mark.django_db
 
 DATA = bytes(range(256)) * 40 + b"tail"  # 10244 bytes
-
-
-@pytest.fixture
-def store_dir(tmp_path: Path) -> Iterator[Path]:
-    root, settings_override, _ = file_store(tmp_path)
-    with settings_override:
-        yield root
 
 
 @pytest.fixture

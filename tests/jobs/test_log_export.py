@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,18 +14,11 @@ from jobs.log_export import export_log
 from jobs.models import Artifact, Job
 from jobs.services import do_cancel_job
 from jobs.tasks import export_job_log
-from tests.jobs.outputs_helpers import file_store, submit
+from tests.jobs.outputs_helpers import submit
 from tests.jobs.steps import move
 from workers.protocol import LogLines
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def store_dir(tmp_path: Path) -> Iterator[Path]:
-    root, settings_override, _ = file_store(tmp_path)
-    with settings_override:
-        yield root
 
 
 @pytest.fixture

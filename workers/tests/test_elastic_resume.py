@@ -12,7 +12,6 @@ single-process run of the same batches.  The same on S3 (moto on loopback).
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,16 +32,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 TOLERANCE = 1e-6
 EVERY = 10
 STEPS = 100
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    url = os.environ.get("REDIS_URL")
-    if url:
-        return url
-    from utilities.embedded_redis import ensure_running
-
-    return ensure_running(tmp_path_factory.mktemp("redis"))
 
 
 @pytest.fixture(scope="module")

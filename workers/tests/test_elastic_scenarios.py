@@ -8,7 +8,6 @@ equals a single-process run of the same global batches.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,16 +19,6 @@ from workers.elastic.testing import JobRun, check_samples, max_difference, refer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 TOLERANCE = 1e-6  # float64 workers: float32 runs diverge chaotically after ~1000 steps
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    url = os.environ.get("REDIS_URL")
-    if url:
-        return url
-    from utilities.embedded_redis import ensure_running
-
-    return ensure_running(tmp_path_factory.mktemp("redis"))
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -25,16 +24,6 @@ from workers.elastic.sampler import ElasticSampler, shard
 from workers.elastic.straggler import StragglerDetector
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    url = os.environ.get("REDIS_URL")
-    if url:
-        return url
-    from utilities.embedded_redis import ensure_running
-
-    return ensure_running(tmp_path_factory.mktemp("redis"))
 
 
 @settings(max_examples=60, deadline=None)

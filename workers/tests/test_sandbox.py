@@ -470,7 +470,8 @@ def test_a_program_reaches_only_its_own_jobs_redis_keys(
         assert seen["randomkey"].startswith("denied") and seen["acl"].startswith("denied")
         assert admin.get(other) == "other tenant"
         assert seen["options"]["workload"] == ""
-        assert seen["options"]["store_url"] == str(host.data_dir / "jobs" / job / "checkpoints")
+        # No store prefix: the runtime keeps its checkpoints in <job dir>/checkpoints on the node.
+        assert seen["options"]["store_url"] == str(host.data_dir / "jobs" / job)
         assert f"edl-{job}" in admin.acl_users()
         # Once the job is stopped here (nothing left to run), its user goes.
         stop = {"type": "stop_job", "job": job, "command_id": "stop", "grace_seconds": 1.0}

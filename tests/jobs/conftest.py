@@ -1,0 +1,18 @@
+"""Fixtures of the jobs app's tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.jobs.outputs_helpers import file_store
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory artifact store that ``ARTIFACT_URL`` names for the test."""
+    root, settings_override, _ = file_store(tmp_path)
+    with settings_override:
+        yield root
