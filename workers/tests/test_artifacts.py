@@ -17,26 +17,6 @@ from workers.artifacts import (
     StoredObject,
     job_prefix,
 )
-from workers.tests.s3_server import S3Server, moto_s3
-
-
-@pytest.fixture(scope="module")
-def s3() -> Iterator[S3Server]:
-    with moto_s3("artifacts") as server:
-        yield server
-
-
-@pytest.fixture(params=["file", "s3"])
-def root_url(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> str:
-    """The URL of an empty store: a directory, or a fresh prefix of the S3 bucket."""
-    if request.param == "file":
-        return f"file://{tmp_path / 'store'}"
-    server: S3Server = request.getfixturevalue("s3")
-    for name, value in server.env.items():
-        monkeypatch.setenv(name, value)
-    return f"{server.url}/{tmp_path.name}"
 
 
 def sha(data: bytes) -> str:

@@ -35,29 +35,15 @@ from workers.elastic.messages import (
 )
 from workers.elastic.outputs import ProgramOutputs, check_artifact_name
 from workers.schema import ProtocolError
-from workers.tests.s3_server import S3Server, moto_s3
 
 torch.set_num_threads(1)
 SHA = "ab" * 32
 
 
-@pytest.fixture(scope="module")
-def s3() -> Iterator[S3Server]:
-    with moto_s3("jobs") as server:
-        yield server
-
-
-@pytest.fixture(params=["file", "s3"])
-def store(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> ArtifactStore:
+@pytest.fixture
+def store(root_url: str) -> ArtifactStore:
     """An empty job store: a directory, or a fresh prefix of the S3 bucket."""
-    if request.param == "file":
-        return ArtifactStore(str(tmp_path / "job"))
-    server: S3Server = request.getfixturevalue("s3")
-    for name, value in server.env.items():
-        monkeypatch.setenv(name, value)
-    return ArtifactStore(f"{server.url}/tenants/acme/jobs/{uuid.uuid4().hex[:8]}")
+    return ArtifactStore(f"{root_url}/tenants/acme/jobs/7")
 
 
 def model_state(step: int) -> dict[str, Any]:
