@@ -47,7 +47,7 @@ from workers.elastic.context import Batch, ElasticContext
 from workers.elastic.runtime import Main, run_elastic
 from workers.elastic.sampler import ElasticSampler
 
-__version__ = "1.0.0"
+__version__ = "1.1.0"
 """The SDK's version: the major number changes when a program would need changing."""
 
 Context = ElasticContext

@@ -336,7 +336,7 @@ def test_an_edl_program_scales_out_and_in_without_stopping(stack: dict[str, Any]
     assert len(switches) >= 2, history  # out and in, never restarted
     assert all(e["kind"] != "preempted" for e in history)
     text = log_text(stack, edl["id"])
-    assert "edl 1.0.0: rank 0 of 2, from step 0" in text and "world 4" in text
+    assert "edl 1.1.0: rank 0 of 2, from step 0" in text and "world 4" in text
     # What the program handed the SDK: its accuracy by epoch, its model, and a final checkpoint.
     metrics = api(stack, f"/api/v1/jobs/{edl['id']}/metrics/")
     assert metrics["progress"] and "accuracy" in metrics["metrics"], metrics["metrics"].keys()
