@@ -168,8 +168,8 @@ class Agent:
         if outcome == "crashed":
             self.events.note_crash(record.job, record.worker_id, code)
         self.logs.flush(record)  # every line before the exit report
-        if outcome == "clean" and not self.processes.of_job(record.job):
-            self._start_collecting(record)
+        if outcome in ("clean", "crashed") and not self.processes.of_job(record.job):
+            self._start_collecting(record)  # a failed run's outputs help find out why
         self._send(
             WorkerExited(
                 node=self.config.node,

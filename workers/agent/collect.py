@@ -2,7 +2,8 @@
 
 A torchrun program knows nothing of the store: it writes files into
 ``ARTIFACT_DIR`` on its node, and when the job's last process on that node
-exits cleanly the agent uploads them to ``<job prefix>/artifacts/<relative
+exits (cleanly, or crashed: a failed run's outputs help find out why; not when
+it was stopped) the agent uploads them to ``<job prefix>/artifacts/<relative
 path>`` and reports each one (``ArtifactStored``, kind ``user``).  The
 directory was written by tenant code, so nothing in it is trusted: only
 regular files are taken (symbolic links, devices and FIFOs are skipped, and

@@ -365,6 +365,27 @@ def test_a_program_writes_to_its_own_store_prefix_and_its_artifacts_are_collecte
     assert [(r.kind, r.path, r.size) for r in stored] == [("user", "artifacts/sub/model.bin", 5)]
 
 
+def test_a_crashed_programs_artifacts_are_collected_too(
+    host: Host, node: str, redis_url: str, job: str
+) -> None:
+    host.bundle(
+        CODE,
+        "import os, pathlib, sys\n"
+        "pathlib.Path(os.environ['ARTIFACT_DIR'], 'crash.txt').write_text('why it failed')\n"
+        "sys.exit(3)\n",
+    )
+    store = host.base / "store"
+    agent, sent = make_agent(host, node, redis_url, artifact_url=f"file://{store}")
+    payload = start_payload(job, "c1")
+    payload["store_prefix"] = "tenants/acme/jobs/8"
+    assert agent.receive(payload) == "applied", sent.reports
+    run_to_exit(agent, sent)
+    agent.close(stop_children=False)
+    assert sent.of(WorkerExited)[0].outcome == "crashed"
+    assert [r.path for r in sent.of(ArtifactStored)] == ["artifacts/crash.txt"]
+    assert (store / "tenants/acme/jobs/8/artifacts/crash.txt").read_text() == "why it failed"
+
+
 # --------------------------------------------------------------------------- limits
 
 FORK_BOMB = """
