@@ -304,11 +304,11 @@ class Client:
 
     def pages(self, path: str, params: Mapping[str, Any] | None = None) -> Iterator[Any]:
         """Every result of a paginated list, page after page."""
-        query: dict[str, Any] = {"page_size": PAGE_SIZE, **(params or {})}
+        query: dict[str, Any] | None = {"page_size": PAGE_SIZE, **(params or {})}
         next_url: str | None = path
         while next_url:
             body = self.json("GET", next_url, params=query)
-            query = {}  # the next link carries the query
+            query = None  # the next link carries the query (an empty one would erase it)
             if isinstance(body, list):  # an unpaginated list
                 yield from body
                 return
