@@ -145,6 +145,19 @@ def test_ls_json_and_download_of_the_final_checkpoint(
     report = json.loads(got.stdout)
     assert hashlib.sha256(target.read_bytes()).hexdigest() == report["sha256"]
     assert target.stat().st_size == report["size"] > 0
+    # The other views of the same job, for people and for machines.
+    job_id = str(digits["id"])
+    assert "completed" in portalctl(portal, "get", job_id).stdout
+    history = json.loads(portalctl(portal, "events", job_id, "-o", "json").stdout)
+    assert history[0]["kind"] == "submitted" and history[-1]["to_state"] == "completed"
+    assert "completed" in portalctl(portal, "events", job_id).stdout
+    tail = json.loads(portalctl(portal, "logs", job_id, "--tail", "3", "-o", "json").stdout)
+    assert 0 < len(tail) <= 3 and all("text" in line for line in tail)
+    followed = portalctl(portal, "logs", job_id, "-f", "--tail", "2")
+    assert followed.returncode == 0 and len(followed.stdout.splitlines()) == 2
+    snapshot = json.loads(portalctl(portal, "top", "-o", "json").stdout)
+    assert [t["slug"] for t in snapshot["tenants"]] == ["e2e"]
+    assert "e2e" in portalctl(portal, "top", "--once").stdout
 
 
 def test_cancel_ends_a_waiting_submit_with_exit_3(portal: dict[str, Any]) -> None:
@@ -164,6 +177,12 @@ def test_cancel_ends_a_waiting_submit_with_exit_3(portal: dict[str, Any]) -> Non
             job_id = next((job["id"] for job in listed if job["name"] == "long"), None)
             time.sleep(1)
         assert job_id is not None
+        scaled = portalctl(portal, "scale", str(job_id), "--min", "1", "--max", "2", "-o", "json")
+        assert scaled.returncode == 0, scaled.stderr
+        assert (json.loads(scaled.stdout)["min_gpus"], json.loads(scaled.stdout)["max_gpus"]) == (
+            1,
+            2,
+        )
         cancelled = portalctl(portal, "cancel", str(job_id))
         assert cancelled.returncode == 0, cancelled.stderr
         stdout, stderr = waiting.communicate(timeout=120)
