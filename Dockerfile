@@ -13,6 +13,7 @@ COPY inventory ./inventory
 COPY bundles ./bundles
 COPY jobs ./jobs
 COPY portal ./portal
+COPY portalctl ./portalctl
 RUN pip install --no-cache-dir .
 COPY . .
 EXPOSE 8000

@@ -5,6 +5,7 @@ function (a "lazy" import), or under ``if TYPE_CHECKING``; a cycle dodged by
 importing late is still a cycle.  Two rules follow from the rings of
 ``docs/architecture.md``:
 
+    client       portalctl                            (no Django; speaks HTTP only)
     cores        fabric ← scheduler ← workers         (no Django)
     Django apps  utilities ← tenancy ← inventory ← jobs ← portal
 
@@ -24,6 +25,7 @@ import networkx as nx
 
 #: Bottom first: each package may import only those before it in this list.
 LAYERS: tuple[str, ...] = (
+    "portalctl",  # the API's client: imports no package of ours
     "fabric",
     "scheduler",
     "workers",

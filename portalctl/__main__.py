@@ -1,0 +1,5 @@
+"""``python -m portalctl``: the command line."""
+
+from portalctl.cli import main
+
+main()

@@ -1,0 +1,626 @@
+"""``portalctl``: the command line, a thin layer of click + rich over :mod:`portalctl.client`.
+
+::
+
+    portalctl login --url URL            token asked for, kept in the config dir (0600)
+    portalctl submit --code . --entrypoint train.py --gpus 2 --follow
+    portalctl ls | get | events | logs | cancel | scale | artifacts | download | top
+
+Every command takes ``-o json`` (one JSON document on stdout) and otherwise
+prints tables for people.  Errors are one line on stderr.  Exit codes:
+
+    0  done (with --wait/--follow: the job completed)
+    1  the job failed
+    2  usage error (a bad option, a bad job file)
+    3  the job was cancelled
+    4  the server refused the request (its message is printed)
+    5  the server could not be reached, or a wait timed out
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+import platformdirs
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+from rich.table import Table
+
+from portalctl.client import BUNDLE_ID, Client, Job, PortalError
+from portalctl.jobfile import JobFileError, load_job_file
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_CANCELLED = 3
+EXIT_REFUSED = 4
+EXIT_UNREACHABLE = 5
+STATE_EXIT = {"completed": 0, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+# ---------------------------------------------------------------------- configuration
+
+
+def config_path() -> Path:
+    """Where ``login`` keeps the URL and token."""
+    return Path(platformdirs.user_config_dir("portalctl")) / "config.json"
+
+
+def read_config() -> dict[str, str]:
+    """The stored URL and token, overridden by ``PORTAL_URL`` / ``PORTAL_TOKEN``."""
+    stored: dict[str, str] = {}
+    path = config_path()
+    if path.is_file():
+        try:
+            loaded = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            loaded = {}
+        if isinstance(loaded, dict):
+            stored = {k: str(v) for k, v in loaded.items() if k in ("url", "token")}
+    for key, env in (("url", "PORTAL_URL"), ("token", "PORTAL_TOKEN")):
+        if os.environ.get(env):
+            stored[key] = os.environ[env]
+    return stored
+
+
+def write_config(url: str, token: str) -> Path:
+    """Store the URL and token, readable by the user alone."""
+    path = config_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump({"url": url, "token": token}, handle)
+    os.chmod(path, 0o600)  # also when the file was there before, with other bits
+    return path
+
+
+def fail(message: str, code: int) -> NoReturn:
+    """One line on stderr, then exit with ``code``."""
+    err.print(f"portalctl: {message}", markup=False)
+    sys.exit(code)
+
+
+def exit_code_of(exc: PortalError) -> int:
+    """Unreachable (status 0) or refused."""
+    return EXIT_UNREACHABLE if exc.status == 0 else EXIT_REFUSED
+
+
+class Context:
+    """What every command shares: the output format and a lazily made client."""
+
+    def __init__(self, output: str) -> None:
+        self.output = output
+        self._client: Client | None = None
+
+    @property
+    def json(self) -> bool:
+        """Machines asked for one JSON document."""
+        return self.output == "json"
+
+    def client(self) -> Client:
+        """The client of the configured portal (a usage error when none is)."""
+        if self._client is None:
+            config = read_config()
+            if not config.get("url") or not config.get("token"):
+                fail(
+                    "no portal configured: run `portalctl login --url URL` "
+                    "or set PORTAL_URL and PORTAL_TOKEN",
+                    EXIT_USAGE,
+                )
+            self._client = Client(config["url"], config["token"])
+        return self._client
+
+
+def emit_json(document: Any) -> None:
+    """The one JSON document of ``-o json``."""
+    click.echo(json.dumps(document, indent=2, default=str))
+
+
+def output_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``-o json|table`` on a command (also accepted before the command name)."""
+    return click.option(
+        "-o",
+        "--output",
+        "output",
+        type=click.Choice(["table", "json"]),
+        default=None,
+        help="json: one JSON document on stdout.",
+    )(func)
+
+
+def ctx_of(output: str | None) -> Context:
+    """The shared context, with a command's own ``-o`` taking precedence."""
+    ctx = click.get_current_context().find_object(Context)
+    assert ctx is not None
+    if output:
+        ctx.output = output
+    return ctx
+
+
+class PortalGroup(click.Group):
+    """Turns a :class:`PortalError` anywhere into one line on stderr and an exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PortalError as exc:
+            fail(str(exc), exit_code_of(exc))
+        except TimeoutError as exc:
+            fail(str(exc), EXIT_UNREACHABLE)
+        except KeyboardInterrupt:
+            fail("interrupted", 130)
+
+
+@click.group(cls=PortalGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    help="json: one JSON document on stdout.",
+)
+@click.version_option("0.1.0", prog_name="portalctl")
+@click.pass_context
+def main(ctx: click.Context, output: str) -> None:
+    """The GPU portal from the command line (PORTAL_URL / PORTAL_TOKEN, or `portalctl login`)."""
+    ctx.obj = Context(output)
+
+
+# ---------------------------------------------------------------------- rendering
+
+
+def _cell(value: Any) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
+    """A rich table of plain cells."""
+    shown = Table(title=title, title_justify="left", box=None, header_style="bold")
+    for column in columns:
+        shown.add_column(column)
+    for row in rows:
+        shown.add_row(*(_cell(value) for value in row))
+    return shown
+
+
+JOB_COLUMNS = ("ID", "NAME", "TENANT", "STATE", "GPUS", "RANGE", "STEP", "SUBMITTED")
+
+
+def job_row(job: Job) -> list[Any]:
+    """A job as one row of ``ls``."""
+    return [
+        job.id,
+        job.name,
+        job.tenant,
+        job.state,
+        job.parallelism,
+        f"{job.min_gpus}-{job.max_gpus}",
+        job.step,
+        (job.submitted_at or "")[:19].replace("T", " "),
+    ]
+
+
+def show_job(job: Job) -> None:
+    """One job as a two-column table."""
+    keys = [
+        "id", "name", "tenant", "state", "workload", "code", "entrypoint", "launcher", "gpus",
+        "min_gpus", "max_gpus", "parallelism", "priority", "generation", "step", "loss",
+        "submitted_at", "started_at", "finished_at", "jct_seconds", "wait_reason",
+        "failure_reason",
+    ]  # fmt: skip
+    rows = [(key, job.raw.get(key)) for key in keys if key in job.raw]
+    out.print(table(None, ("FIELD", "VALUE"), rows))
+
+
+def log_text(line: Any, with_worker: bool) -> str:
+    """A log line for people: ``[rank N]`` first when asked."""
+    if not with_worker:
+        return str(line.text)
+    who = f"rank {line.rank}" if line.rank is not None else (line.worker or "-")
+    return f"[{who}] {line.text}"
+
+
+# ---------------------------------------------------------------------- commands
+
+
+@main.command()
+@click.option("--url", required=True, help="The portal's address, e.g. http://127.0.0.1:8000")
+@click.option("--token", prompt="API token", hide_input=True, help="Asked for when not given.")
+@output_option
+def login(url: str, token: str, output: str | None) -> None:
+    """Check a token against the portal and store it (mode 0600) for the next commands."""
+    ctx = ctx_of(output)
+    with Client(url, token) as client:
+        me = client.me()
+    path = write_config(url, token)
+    if ctx.json:
+        emit_json({"url": url, "user": me.get("username"), "config": str(path)})
+    else:
+        out.print(f"Logged in to {url} as {me.get('username', '?')} (saved in {path})")
+
+
+def _parse_env(pairs: Sequence[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{pair!r} is not K=V", param_hint="--env")
+        env[name] = value
+    return env
+
+
+def _resolve_code(ctx: Context, code: str, tenant: str | None) -> str:
+    """A bundle id from ``--code``: an id as is, a directory or an archive uploaded."""
+    if BUNDLE_ID.match(code) and not Path(code).exists():
+        return code
+    if not Path(code).exists():
+        raise click.BadParameter(
+            f"{code!r} is neither a directory, an archive nor a bundle id", param_hint="--code"
+        )
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=err,
+        transient=True,
+        disable=ctx.json or not err.is_terminal,
+    ) as bar:
+        task = bar.add_task("uploading", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        try:
+            upload = ctx.client().code.upload(code, tenant=tenant, progress=progress)
+        except (OSError, ValueError) as exc:
+            raise click.BadParameter(str(exc), param_hint="--code") from None
+    bundle = upload.bundle
+    verb = "uploaded" if upload.uploaded else "already on the server"
+    err.print(f"code {bundle.id[:12]} {verb} ({bundle.files} files, {bundle.size} bytes)")
+    return bundle.id
+
+
+def _follow_and_exit(ctx: Context, job_id: int, follow: bool) -> NoReturn:
+    """Stream the logs (``follow``) or wait, then exit with the code of how the job ended."""
+    client = ctx.client()
+    if follow:
+        for line in client.jobs.logs(job_id, follow=True):
+            if ctx.json:
+                err.print(line.text, markup=False)
+            else:
+                click.echo(line.text)
+    job = client.jobs.wait(job_id)
+    if ctx.json:
+        emit_json(job.raw)
+    else:
+        reason = f": {job.failure_reason}" if job.failure_reason else ""
+        err.print(f"job {job.id} {job.state}{reason}", markup=False)
+    sys.exit(STATE_EXIT.get(job.state, EXIT_FAILED))
+
+
+@main.command()
+@click.option("-f", "--file", "job_file", type=click.Path(dir_okay=False), help="A job.yaml.")
+@click.option("--code", help="A directory or archive to upload, or a bundle id.")
+@click.option("--entrypoint", help='The program and its arguments: "train.py --lr 0.1".')
+@click.option("--launcher", type=click.Choice(["edl", "torchrun"]))
+@click.option("--workload", help="A built-in workload instead of code (e.g. mlp-digits).")
+@click.option("--gpus", type=click.IntRange(min=1))
+@click.option("--min", "min_gpus", type=click.IntRange(min=1))
+@click.option("--max", "max_gpus", type=click.IntRange(min=1))
+@click.option("--name")
+@click.option("--tenant", help="Tenant slug (needed only if you belong to several).")
+@click.option("--priority", type=click.IntRange(0, 100))
+@click.option("--arg", "args", multiple=True, help="A workload argument K=V (repeatable).")
+@click.option("--env", "env", multiple=True, help="An environment variable K=V (repeatable).")
+@click.option("--wait", is_flag=True, help="Wait for the end; the exit code says how it ended.")
+@click.option("--follow", is_flag=True, help="Stream the logs until the job ends (implies --wait).")
+@output_option
+def submit(
+    job_file: str | None,
+    code: str | None,
+    entrypoint: str | None,
+    launcher: str | None,
+    workload: str | None,
+    gpus: int | None,
+    min_gpus: int | None,
+    max_gpus: int | None,
+    name: str | None,
+    tenant: str | None,
+    priority: int | None,
+    args: tuple[str, ...],
+    env: tuple[str, ...],
+    wait: bool,
+    follow: bool,
+    output: str | None,
+) -> None:
+    """Submit a job (uploading its code first when needed) and print its id."""
+    ctx = ctx_of(output)
+    try:
+        fields = load_job_file(job_file) if job_file else {}
+    except JobFileError as exc:
+        raise click.UsageError(str(exc)) from None
+    flags: dict[str, Any] = {
+        "code": code,
+        "entrypoint": entrypoint,
+        "launcher": launcher,
+        "workload": workload,
+        "gpus": gpus,
+        "min_gpus": min_gpus,
+        "max_gpus": max_gpus,
+        "name": name,
+        "tenant": tenant,
+        "priority": priority,
+    }
+    fields.update({k: v for k, v in flags.items() if v is not None})
+    if env:
+        fields["env"] = {**fields.get("env", {}), **_parse_env(env)}
+    if args:
+        parsed = {k: _number(v) for k, v in _parse_env(args).items()}
+        fields["args"] = {**fields.get("args", {}), **parsed}
+    if "gpus" not in fields:
+        fields["gpus"] = fields.get("min_gpus") or 1
+    if not fields.get("code") and not fields.get("workload"):
+        raise click.UsageError("give --code (with --entrypoint) or --workload, or a job file")
+    if fields.get("code"):
+        fields["code"] = _resolve_code(ctx, str(fields["code"]), fields.get("tenant"))
+    if not fields.get("name"):
+        fields["name"] = _default_name(code, fields)
+    job = ctx.client().jobs.submit(**fields)
+    if not (wait or follow):
+        if ctx.json:
+            emit_json(job.raw)
+        else:
+            click.echo(job.id)
+        return
+    err.print(f"job {job.id} submitted ({job.state})")
+    _follow_and_exit(ctx, job.id, follow)
+
+
+def _number(text: str) -> int | float | str:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
+
+
+def _default_name(code: str | None, fields: dict[str, Any]) -> str:
+    if code and Path(code).exists():
+        return Path(code).resolve().name or "job"
+    if fields.get("entrypoint"):
+        return Path(str(fields["entrypoint"]).split()[0]).stem
+    return str(fields.get("workload") or "job")
+
+
+@main.command("ls")
+@click.option("--state", help="Only these states (comma-separated: queued,running).")
+@click.option("--tenant", help="Only this tenant's jobs.")
+@output_option
+def list_jobs(state: str | None, tenant: str | None, output: str | None) -> None:
+    """List your jobs, newest first."""
+    ctx = ctx_of(output)
+    jobs = ctx.client().jobs.list(state=state, tenant=tenant)
+    if ctx.json:
+        emit_json([job.raw for job in jobs])
+    else:
+        out.print(table(None, JOB_COLUMNS, (job_row(job) for job in jobs)))
+
+
+@main.command()
+@click.argument("job_id", type=int)
+@output_option
+def get(job_id: int, output: str | None) -> None:
+    """Show one job."""
+    ctx = ctx_of(output)
+    job = ctx.client().jobs.get(job_id)
+    if ctx.json:
+        emit_json(job.raw)
+    else:
+        show_job(job)
+
+
+@main.command()
+@click.argument("job_id", type=int)
+@output_option
+def events(job_id: int, output: str | None) -> None:
+    """A job's history: every change of state or parallelism, with its reason."""
+    ctx = ctx_of(output)
+    history = ctx.client().jobs.events(job_id)
+    if ctx.json:
+        emit_json([event.raw for event in history])
+        return
+    rows = (
+        (e.at[:19].replace("T", " "), e.kind, _transition(e.from_state, e.to_state), e.reason)
+        for e in history
+    )
+    out.print(table(None, ("AT", "KIND", "STATE", "REASON"), rows))
+
+
+def _transition(before: str | None, after: str | None) -> str:
+    return f"{before or '-'} → {after}" if after else ""
+
+
+@main.command()
+@click.argument("job_id", type=int)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the job ends.")
+@click.option("--tail", type=click.IntRange(0, 10000), help="The last N lines (default 1000).")
+@click.option("--worker", help="Only this worker's lines.")
+@click.option("--ranks", is_flag=True, help="Prefix each line with its rank.")
+@output_option
+def logs(
+    job_id: int,
+    follow: bool,
+    tail: int | None,
+    worker: str | None,
+    ranks: bool,
+    output: str | None,
+) -> None:
+    """A job's output (-f: followed live until the job ends)."""
+    ctx = ctx_of(output)
+    lines = ctx.client().jobs.logs(job_id, follow=follow, tail=tail, worker=worker)
+    if ctx.json:
+        emit_json([line.raw for line in lines])
+        return
+    for line in lines:
+        click.echo(log_text(line, ranks))
+
+
+@main.command()
+@click.argument("job_id", type=int)
+@click.option("--reason", default="", help="Why (recorded in the job's history).")
+@output_option
+def cancel(job_id: int, reason: str, output: str | None) -> None:
+    """Cancel a job (a graceful stop that releases its GPUs)."""
+    ctx = ctx_of(output)
+    job = ctx.client().jobs.cancel(job_id, reason)
+    if ctx.json:
+        emit_json(job.raw)
+    else:
+        out.print(f"job {job.id}: {job.state}")
+
+
+@main.command()
+@click.argument("job_id", type=int)
+@click.option("--min", "min_gpus", type=click.IntRange(min=1))
+@click.option("--max", "max_gpus", type=click.IntRange(min=1))
+@click.option("--priority", type=click.IntRange(0, 100))
+@output_option
+def scale(
+    job_id: int,
+    min_gpus: int | None,
+    max_gpus: int | None,
+    priority: int | None,
+    output: str | None,
+) -> None:
+    """Change a job's elastic range (also while it runs)."""
+    ctx = ctx_of(output)
+    if min_gpus is None and max_gpus is None and priority is None:
+        raise click.UsageError("give --min, --max or --priority")
+    job = ctx.client().jobs.scale(job_id, min_gpus=min_gpus, max_gpus=max_gpus, priority=priority)
+    if ctx.json:
+        emit_json(job.raw)
+    else:
+        out.print(f"job {job.id}: {job.min_gpus}-{job.max_gpus} GPUs, now {job.parallelism}")
+
+
+@main.command()
+@click.argument("job_id", type=int)
+@output_option
+def artifacts(job_id: int, output: str | None) -> None:
+    """What a job stored: checkpoints, the final one, its files and its log."""
+    ctx = ctx_of(output)
+    listed = ctx.client().artifacts.list(job_id)
+    if ctx.json:
+        emit_json([a.raw for a in listed])
+        return
+    rows = ((a.id, a.kind, a.name, a.step, a.size, a.sha256[:12]) for a in listed)
+    out.print(table(None, ("ID", "KIND", "NAME", "STEP", "BYTES", "SHA256"), rows))
+
+
+@main.command()
+@click.argument("job_id", type=int)
+@click.argument("artifact", required=False, type=int)
+@click.option("-o", "--out", "target", type=click.Path(), help="Where to write it.")
+@click.option("--format", "output", type=click.Choice(["table", "json"]), default=None)
+def download(job_id: int, artifact: int | None, target: str | None, output: str | None) -> None:
+    """Download an artifact (default: the final checkpoint); resumable, sha256 checked.
+
+    Here -o is the file to write; use --format json (or `portalctl -o json download`).
+    """
+    ctx = ctx_of(output)
+    client = ctx.client()
+    listed = client.artifacts.list(job_id)
+    if artifact is None:
+        chosen = next((a for a in listed if a.kind == "final"), None)
+        if chosen is None:
+            fail(
+                f"job {job_id} has no final checkpoint (see `portalctl artifacts {job_id}`)",
+                EXIT_REFUSED,
+            )
+    else:
+        chosen = next((a for a in listed if a.id == artifact), None)
+        if chosen is None:
+            fail(f"job {job_id} has no artifact {artifact}", EXIT_REFUSED)
+    path = Path(target) if target else Path(chosen.name)
+    if path.is_dir():
+        path = path / chosen.name
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=err,
+        transient=True,
+        disable=ctx.json or not err.is_terminal,
+    ) as bar:
+        task = bar.add_task(chosen.name, total=chosen.size)
+        saved = client.artifacts.download(
+            job_id,
+            chosen,
+            path,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    if ctx.json:
+        emit_json({"path": str(saved), "sha256": chosen.sha256, "size": chosen.size})
+    else:
+        out.print(f"{saved} ({chosen.size} bytes, sha256 {chosen.sha256} verified)")
+
+
+@main.command()
+@click.option("--interval", type=click.FloatRange(min=0.5), default=2.0, show_default=True)
+@click.option("--once", is_flag=True, help="Print one snapshot and exit.")
+@output_option
+def top(interval: float, once: bool, output: str | None) -> None:
+    """A live view of your tenants' GPUs and active jobs (Ctrl-C to quit)."""
+    ctx = ctx_of(output)
+    client = ctx.client()
+
+    def snapshot() -> tuple[list[Any], list[Job]]:
+        return client.tenants(), client.jobs.list(state="queued,running,scaling")
+
+    if ctx.json:
+        tenants, jobs = snapshot()
+        emit_json({"tenants": [t.raw for t in tenants], "jobs": [j.raw for j in jobs]})
+        return
+
+    def view() -> Group:
+        tenants, jobs = snapshot()
+        quota = table(
+            "Tenants",
+            ("TENANT", "ROLE", "GPUS IN USE", "QUOTA"),
+            ((t.slug, t.role, t.gpus_in_use, t.gpu_quota) for t in tenants),
+        )
+        active = table("Active jobs", JOB_COLUMNS, (job_row(j) for j in jobs))
+        stamp = time.strftime("%H:%M:%S")
+        return Group(f"[bold]{client.url}[/bold]  {stamp}", quota, active)
+
+    if once:
+        out.print(view())
+        return
+    try:
+        with Live(view(), console=out, refresh_per_second=4, screen=False) as live:
+            while True:
+                time.sleep(interval)
+                live.update(view())
+    except KeyboardInterrupt:
+        return
+
+
+if __name__ == "__main__":  # pragma: no cover - python -m portalctl.cli
+    main()

@@ -1,0 +1,85 @@
+"""Job files: a YAML mapping with the API's job fields (``POST /api/v1/jobs/``).
+
+::
+
+    name: ddp
+    code: .                       # a directory, an archive or a bundle id
+    entrypoint: train.py --epochs 4
+    launcher: torchrun
+    gpus: 2
+    min_gpus: 1
+    max_gpus: 4
+    env: {WANDB_MODE: offline}
+
+A key the API does not know is an error that names it; ``code`` given as a
+relative path is relative to the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+JOB_FILE_FIELDS = (
+    "name",
+    "workload",
+    "args",
+    "gpus",
+    "min_gpus",
+    "max_gpus",
+    "batch_size",
+    "priority",
+    "recovery",
+    "checkpoint_interval",
+    "code",
+    "entrypoint",
+    "launcher",
+    "env",
+    "tenant",
+)
+"""The fields of a submission (the schema's ``JobCreate``; a test compares them)."""
+
+_MAPPINGS = ("args", "env")
+
+
+class JobFileError(ValueError):
+    """A job file that cannot be used, with the reason."""
+
+
+def parse_job_file(text: str, *, source: str = "job file") -> dict[str, Any]:
+    """The submission fields of a job file's text."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise JobFileError(f"{source}: not valid YAML ({exc})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise JobFileError(f"{source}: expected a mapping of job fields")
+    unknown = sorted(str(key) for key in data if key not in JOB_FILE_FIELDS)
+    if unknown:
+        raise JobFileError(
+            f"{source}: unknown key(s) {', '.join(unknown)} (known: {', '.join(JOB_FILE_FIELDS)})"
+        )
+    for key in _MAPPINGS:
+        if key in data and not isinstance(data[key], dict):
+            raise JobFileError(f"{source}: {key} must be a mapping")
+    if "env" in data:
+        data["env"] = {str(k): "" if v is None else str(v) for k, v in data["env"].items()}
+    return {str(key): value for key, value in data.items()}
+
+
+def load_job_file(path: str | Path) -> dict[str, Any]:
+    """Read and parse a job file; a relative ``code`` path becomes relative to the file."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise JobFileError(f"{file}: {exc.strerror or exc}") from None
+    fields = parse_job_file(text, source=str(file))
+    code = fields.get("code")
+    if isinstance(code, str) and (file.parent / code).exists():
+        fields["code"] = str(file.parent / code)
+    return fields
