@@ -11,7 +11,7 @@ from jobs.live import tenant_snapshot
 from jobs.models import Job
 from portal.api.errors import json_not_found, json_server_error
 from tenancy.models import Tenant
-from tenancy.services import do_issue_token
+from tenancy.token_services import do_issue_token
 
 
 def _selected_tenant(request: HttpRequest) -> Tenant | None:
@@ -35,7 +35,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def api_token(request: HttpRequest) -> HttpResponse:
-    """Show the user's API token (created on first request)."""
+    """Make the user a new API token and show its secret (stored hashed, so only now)."""
     token = do_issue_token(user=request.user) if request.method == "POST" else None
     return render(request, "token.html", {"token": token})
 
