@@ -31,12 +31,10 @@ from inventory.services import (
     export_topology,
 )
 from portal.cluster_data import DEFAULT_WINDOW, WINDOWS, cluster_snapshot
+from tenancy.authentication import token_or_login_required
 
 
-def admin_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """Cluster admins (staff) only; everybody else gets a 404, as for another tenant's job."""
-
-    @login_required
+def _staff_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     @wraps(view)
     def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if not request.user.is_staff:
@@ -44,6 +42,16 @@ def admin_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]
         return view(request, *args, **kwargs)
 
     return wrapper
+
+
+def admin_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """Cluster admins (staff) only; everybody else gets a 404, as for another tenant's job."""
+    return login_required(_staff_only(view))
+
+
+def admin_only_data(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """``admin_only`` for live data: an admin's API token is accepted as well as a session."""
+    return token_or_login_required(_staff_only(view))
 
 
 @admin_only
@@ -58,7 +66,7 @@ def cluster(request: HttpRequest) -> HttpResponse:
     )
 
 
-@admin_only
+@admin_only_data
 @require_GET
 def cluster_json(request: HttpRequest) -> JsonResponse:
     """The cluster view's snapshot (its resync)."""

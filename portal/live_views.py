@@ -1,18 +1,18 @@
-"""JSON snapshots behind the live pages (session auth, scoped with ``restrict``)."""
+"""JSON snapshots behind the live pages (a session or an API token, scoped with ``restrict``)."""
 
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET
 
 from jobs.live import job_snapshot, tenant_snapshot
 from jobs.models import Job
+from tenancy.authentication import token_or_login_required
 from tenancy.models import Tenant
 
 
-@login_required
+@token_or_login_required
 @require_GET
 def tenant_jobs(request: HttpRequest, tenant_id: int) -> JsonResponse:
     """The dashboard's snapshot of one of the user's tenants."""
@@ -20,7 +20,7 @@ def tenant_jobs(request: HttpRequest, tenant_id: int) -> JsonResponse:
     return JsonResponse(tenant_snapshot(tenant, Job.objects.restrict(request.user)))
 
 
-@login_required
+@token_or_login_required
 @require_GET
 def job(request: HttpRequest, job_id: int) -> JsonResponse:
     """The job page's snapshot."""

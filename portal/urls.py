@@ -15,6 +15,11 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("account/token/", portal_views.api_token, name="api-token"),
+    path(
+        "account/token/<int:token_id>/revoke/",
+        portal_views.revoke_api_token,
+        name="api-token-revoke",
+    ),
     path("jobs/new/", job_views.submit_job, name="job-new"),
     path("jobs/<int:job_id>/", job_views.job_detail, name="job-detail"),
     path("jobs/<int:job_id>/cancel/", job_views.cancel_job, name="job-cancel"),

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
-from django.views.decorators.http import require_http_methods
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_http_methods, require_POST
 
 from jobs.live import tenant_snapshot
 from jobs.models import Job
 from portal.api.errors import json_not_found, json_server_error
-from tenancy.models import Tenant
-from tenancy.services import do_issue_token
+from tenancy.forms import NewTokenForm
+from tenancy.models import ApiToken, Tenant
+from tenancy.services import TenancyError
+from tenancy.token_services import do_create_token, do_revoke_token
 
 
 def _selected_tenant(request: HttpRequest) -> Tenant | None:
@@ -35,9 +38,29 @@ def dashboard(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_http_methods(["GET", "POST"])
 def api_token(request: HttpRequest) -> HttpResponse:
-    """Show the user's API token (created on first request)."""
-    token = do_issue_token(user=request.user) if request.method == "POST" else None
-    return render(request, "token.html", {"token": token})
+    """The user's API tokens: list them, make one (its secret shown this once), revoke one."""
+    form = NewTokenForm(request.POST or None)
+    secret = None
+    if request.method == "POST" and form.is_valid():
+        try:
+            issued = do_create_token(user=request.user, **form.cleaned_data)
+        except TenancyError as error:
+            form.add_error(None, str(error))
+        else:
+            secret = issued.secret
+            form = NewTokenForm()
+    tokens = ApiToken.objects.restrict(request.user)
+    context = {"form": form, "secret": secret, "tokens": tokens, "now": timezone.now()}
+    return render(request, "token.html", context, status=400 if form.errors else 200)
+
+
+@login_required
+@require_POST
+def revoke_api_token(request: HttpRequest, token_id: int) -> HttpResponse:
+    """Revoke one of the user's tokens (another user's is a 404) and go back to the list."""
+    token = get_object_or_404(ApiToken.objects.restrict(request.user), pk=token_id)
+    do_revoke_token(user=request.user, token_id=token.pk)
+    return redirect("api-token")
 
 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:

@@ -143,3 +143,56 @@ class TenantOwnedQuerySet(models.QuerySet[Any]):
         if _is_admin(user):
             return self.all()
         return self.filter(tenant__memberships__user=user)
+
+
+class TokenScope(models.TextChoices):
+    """What an API token lets its holder do."""
+
+    READ = "read", "Read only"  # safe methods (GET, HEAD, OPTIONS) only
+    WRITE = "write", "Read and write"
+
+
+class ApiTokenQuerySet(models.QuerySet["ApiToken"]):
+    """Queries over API tokens."""
+
+    def restrict(self, user: AbstractBaseUser | AnonymousUser) -> ApiTokenQuerySet:
+        """The tokens ``user`` may see and revoke: their own only (admins included)."""
+        if not user.is_authenticated:
+            return self.none()
+        return self.filter(user_id=user.pk)
+
+
+class ApiToken(models.Model):
+    """A named, scoped, expiring API token of a user (``Authorization: Token <secret>``).
+
+    Only the secret's sha256 is stored, with a short prefix for display: the
+    secret itself is shown once, when the token is made (``tenancy.token_services``).
+    """
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=64)
+    scope = models.CharField(max_length=5, choices=TokenScope.choices, default=TokenScope.WRITE)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    prefix = models.CharField(max_length=12, editable=False)
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ApiTokenQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            # A revoked token frees its name, so "ci" can be made again after revoking it.
+            models.UniqueConstraint(
+                fields=["user", "name"],
+                condition=models.Q(revoked_at__isnull=True),
+                name="one_live_token_name_per_user",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…, {self.scope})"

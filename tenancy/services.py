@@ -1,4 +1,7 @@
-"""Tenancy services: every write to tenants, members and tokens goes through here."""
+"""Tenancy services: every write to tenants and members goes through here.
+
+API tokens have their own: ``tenancy.token_services``.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,6 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils.text import slugify
-from rest_framework.authtoken.models import Token
 
 from tenancy.models import WRITE_ROLES, Membership, Role, Tenant
 
@@ -81,14 +83,6 @@ def do_add_member(*, tenant: Tenant, user: AbstractBaseUser, role: str = Role.ME
         user=user, tenant=tenant, defaults={"role": role}
     )
     return membership
-
-
-def do_issue_token(*, user: AbstractBaseUser | AnonymousUser) -> str:
-    """Return ``user``'s API token, creating it on first use (signed-in users only)."""
-    if not user.is_authenticated:
-        raise TenancyError("only a signed-in user has an API token")
-    token, _ = Token.objects.get_or_create(user_id=user.pk)
-    return str(token.key)
 
 
 def can_write(user: AbstractBaseUser | AnonymousUser, tenant: Tenant) -> bool:

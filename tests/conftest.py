@@ -10,7 +10,8 @@ from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
 from tenancy.models import Role, Tenant
-from tenancy.services import do_add_member, do_create_tenant, do_issue_token
+from tenancy.services import do_add_member, do_create_tenant
+from tenancy.token_services import do_issue_token
 
 
 @pytest.fixture

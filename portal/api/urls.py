@@ -4,11 +4,13 @@ from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
 from jobs.api.views import JctStatsView, JobViewSet
+from portal.api.tokens import ApiTokenViewSet
 from portal.api.views import MeView, TenantViewSet
 
 router = DefaultRouter()
 router.register("jobs", JobViewSet, basename="job")
 router.register("tenants", TenantViewSet, basename="tenant")
+router.register("tokens", ApiTokenViewSet, basename="token")
 
 urlpatterns = [
     path("me/", MeView.as_view(), name="me"),

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from io import StringIO
 
 import pytest
 from django.contrib.auth import authenticate, get_user_model
 from django.core.management import CommandError, call_command
-from rest_framework.authtoken.models import Token
+from django.utils import timezone
+from rest_framework.test import APIClient
 
-from tenancy.models import Membership, Role, Tenant
+from tenancy.models import ApiToken, Membership, Role, Tenant
+from tenancy.tokens import hash_secret
 
 pytestmark = pytest.mark.django_db
 
@@ -50,12 +53,34 @@ def test_createtenant_reuses_existing_user_and_refuses_bad_input() -> None:
     assert Tenant.objects.count() == 1
 
 
-def test_issuetoken_prints_a_stable_token_on_one_line() -> None:
+def test_issuetoken_prints_a_new_working_token_on_one_line() -> None:
     get_user_model().objects.create_user("tom")
     first = run("issuetoken", "tom")
     assert first.count("\n") == 1
     key = first.strip()
-    assert Token.objects.get(user__username="tom").key == key
-    assert run("issuetoken", "tom").strip() == key
+    token = ApiToken.objects.get(user__username="tom")
+    assert (token.name, token.scope, token.key_hash) == ("default", "write", hash_secret(key))
+    second = run("issuetoken", "tom").strip()  # hashed: a new token, the first still works
+    assert second != key
+    assert ApiToken.objects.get(key_hash=hash_secret(second)).name == "default-2"
+    for secret in (key, second):
+        client = APIClient(HTTP_AUTHORIZATION=f"Token {secret}")
+        assert client.get("/api/v1/me/").json()["username"] == "tom"
     with pytest.raises(CommandError, match="no user"):
         run("issuetoken", "nobody")
+
+
+def test_issuetoken_name_expiry_and_scope() -> None:
+    get_user_model().objects.create_user("tom")
+    before = timezone.now()
+    key = run("issuetoken", "tom", "--name", "ci", "--expires-in", "7", "--scope", "read").strip()
+    token = ApiToken.objects.get(key_hash=hash_secret(key))
+    assert (token.name, token.scope) == ("ci", "read")
+    assert timedelta(days=7) <= token.expires_at - before < timedelta(days=7, minutes=1)
+    with pytest.raises(CommandError, match="already have a token named 'ci'"):
+        run("issuetoken", "tom", "--name", "ci")
+    with pytest.raises(CommandError, match="from 1 to"):
+        run("issuetoken", "tom", "--name", "x", "--expires-in", "0")
+    with pytest.raises(CommandError):
+        run("issuetoken", "tom", "--scope", "admin")
+    assert ApiToken.objects.count() == 1

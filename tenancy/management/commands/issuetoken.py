@@ -1,4 +1,8 @@
-"""``manage.py issuetoken USERNAME``: print the user's API token on one line."""
+"""``manage.py issuetoken USERNAME [--name N] [--expires-in DAYS] [--scope read|write]``.
+
+Makes a new API token and prints its secret alone on one line (scripts read it
+with ``$(...)``); the secret is stored hashed, so each run makes a new token.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +11,43 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from tenancy.services import do_issue_token
+from tenancy.models import TokenScope
+from tenancy.services import TenancyError
+from tenancy.token_services import do_issue_token
 
 
 class Command(BaseCommand):
-    """Print a user's API token, creating it on first use."""
+    """Make an API token for a user and print its secret."""
 
-    help = "Print USERNAME's API token (for 'Authorization: Token <key>')."
+    help = (
+        "Make an API token for USERNAME and print it (for 'Authorization: Token <secret>'). "
+        "Without --name it is called 'default' (or default-2, ... when taken)."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("username")
+        parser.add_argument("--name", help="the token's name, unique among the user's tokens")
+        parser.add_argument(
+            "--expires-in",
+            type=int,
+            metavar="DAYS",
+            help="days until it expires (default: the API_TOKEN_DAYS setting)",
+        )
+        parser.add_argument(
+            "--scope", choices=TokenScope.values, default=TokenScope.WRITE, help="default: write"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         user = get_user_model().objects.filter(username=options["username"]).first()
         if user is None:
             raise CommandError(f"no user named {options['username']!r}")
-        self.stdout.write(do_issue_token(user=user))
+        try:
+            secret = do_issue_token(
+                user=user,
+                name=options["name"],
+                scope=options["scope"],
+                expires_in_days=options["expires_in"],
+            )
+        except TenancyError as error:
+            raise CommandError(str(error)) from None
+        self.stdout.write(secret)

@@ -1,0 +1,169 @@
+"""API token services: every write to ``ApiToken`` goes through here.
+
+``check_*`` validate, ``do_*`` change state; the secret leaves only in the
+``IssuedToken`` that ``do_create_token`` returns (it is stored hashed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from tenancy.models import ApiToken, TokenScope
+from tenancy.services import TenancyError
+from tenancy.tokens import (
+    MAX_EXPIRY_DAYS,
+    MAX_NAME_LENGTH,
+    display_prefix,
+    expiry,
+    hash_secret,
+    needs_touch,
+    new_secret,
+    refusal,
+)
+
+DEFAULT_NAME = "default"
+"""The name ``do_issue_token`` gives when none is asked for (then ``default-2``, ...)."""
+
+
+class TokenRefused(Exception):
+    """A presented token that may not be used, with the message the client gets (401)."""
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    """A token just made, with its secret: the only time the secret is known."""
+
+    token: ApiToken
+    secret: str
+
+
+def check_token_name(*, user: AbstractBaseUser, name: str) -> str:
+    """``name`` stripped, if it is a valid name for a new token of ``user``."""
+    name = name.strip()
+    if not name:
+        raise TenancyError("a token needs a name")
+    if len(name) > MAX_NAME_LENGTH or not name.isprintable():
+        raise TenancyError(f"a token name is at most {MAX_NAME_LENGTH} printable characters")
+    if ApiToken.objects.filter(user_id=user.pk, name=name, revoked_at__isnull=True).exists():
+        raise TenancyError(f"you already have a token named {name!r}")
+    return name
+
+
+def check_expiry_days(days: int | None) -> int:
+    """The lifetime in days of a new token: ``days``, or ``API_TOKEN_DAYS`` when None."""
+    if days is None:
+        return int(settings.API_TOKEN_DAYS)
+    if not 1 <= days <= MAX_EXPIRY_DAYS:
+        raise TenancyError(f"a token lasts from 1 to {MAX_EXPIRY_DAYS} days")
+    return days
+
+
+def check_scope(scope: str) -> str:
+    """``scope`` if it is a token scope."""
+    if scope not in TokenScope.values:
+        raise TenancyError(f"unknown scope {scope!r} (known: {', '.join(TokenScope.values)})")
+    return scope
+
+
+def do_create_token(
+    *,
+    user: AbstractBaseUser | AnonymousUser,
+    name: str,
+    scope: str = TokenScope.WRITE,
+    expires_in_days: int | None = None,
+    now: datetime | None = None,
+) -> IssuedToken:
+    """Make a named token for ``user``; the returned secret is not stored anywhere."""
+    if not isinstance(user, AbstractBaseUser) or not user.is_authenticated:
+        raise TenancyError("only a signed-in user has API tokens")
+    name = check_token_name(user=user, name=name)
+    days = check_expiry_days(expires_in_days)
+    check_scope(scope)
+    now = now or timezone.now()
+    secret = new_secret()
+    try:
+        with transaction.atomic():
+            token = ApiToken.objects.create(
+                user_id=user.pk,
+                name=name,
+                scope=scope,
+                key_hash=hash_secret(secret),
+                prefix=display_prefix(secret),
+                created_at=now,
+                expires_at=expiry(now, days),
+            )
+    except IntegrityError:  # the same name made at the same moment by another request
+        raise TenancyError(f"you already have a token named {name!r}") from None
+    return IssuedToken(token=token, secret=secret)
+
+
+def free_name(*, user: AbstractBaseUser, base: str = DEFAULT_NAME) -> str:
+    """``base``, or ``base-2``, ``base-3``, ... : the first name ``user`` has no live token of."""
+    taken = set(
+        ApiToken.objects.filter(user_id=user.pk, revoked_at__isnull=True).values_list(
+            "name", flat=True
+        )
+    )
+    if base not in taken:
+        return base
+    number = 2
+    while f"{base}-{number}" in taken:
+        number += 1
+    return f"{base}-{number}"
+
+
+def do_issue_token(
+    *,
+    user: AbstractBaseUser | AnonymousUser,
+    name: str | None = None,
+    scope: str = TokenScope.WRITE,
+    expires_in_days: int | None = None,
+) -> str:
+    """Make a token for ``user`` and return its secret (``issuetoken``, tests).
+
+    Without ``name`` the token is called ``default`` (or ``default-2``, ... when taken),
+    so issuing again never invalidates a token that a running client holds.
+    """
+    if not isinstance(user, AbstractBaseUser) or not user.is_authenticated:
+        raise TenancyError("only a signed-in user has API tokens")
+    issued = do_create_token(
+        user=user,
+        name=name if name is not None else free_name(user=user),
+        scope=scope,
+        expires_in_days=expires_in_days,
+    )
+    return issued.secret
+
+
+def do_revoke_token(*, user: AbstractBaseUser | AnonymousUser, token_id: int) -> ApiToken:
+    """Revoke one of ``user``'s tokens (another user's is ``ApiToken.DoesNotExist``)."""
+    token = ApiToken.objects.restrict(user).get(pk=token_id)
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+    return token
+
+
+def do_use_token(*, secret: str, now: datetime | None = None) -> ApiToken:
+    """The live token whose secret is ``secret``, its use written down (at most once a minute).
+
+    Raises ``TokenRefused`` with the client's message for an unknown, revoked or
+    expired token, or one whose user is inactive.
+    """
+    now = now or timezone.now()
+    token = ApiToken.objects.select_related("user").filter(key_hash=hash_secret(secret)).first()
+    if token is None or not token.user.is_active:
+        raise TokenRefused("invalid token")
+    reason = refusal(revoked_at=token.revoked_at, expires_at=token.expires_at, now=now)
+    if reason is not None:
+        raise TokenRefused(reason)
+    if needs_touch(token.last_used_at, now):
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
+    return token
