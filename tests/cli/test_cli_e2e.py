@@ -54,7 +54,7 @@ def portal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
 
         manage("createtenant", "e2e", "--owner", "eve", "--gpu-quota", "8", "--no-profile")
         token = manage("issuetoken", "eve")
-        yield {"url": f"http://127.0.0.1:{port}", "token": token, "tmp": tmp}
+        yield {"url": f"http://127.0.0.1:{port}", "token": token, "tmp": tmp, "manage": manage}
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -207,6 +207,31 @@ def test_a_wrong_token_a_dead_url_and_no_configuration_are_one_clear_line(
     assert missing.returncode == 4 and missing.stderr.strip() == "portalctl: Not found."
     bad = portalctl(portal, "submit", "--workload", "mlp-digits", "--gpus", "999")
     assert bad.returncode == 4 and "gpus" in bad.stderr
+
+
+def test_a_read_only_token_reads_and_an_expired_token_is_refused_by_name(
+    portal: dict[str, Any],
+) -> None:
+    manage = portal["manage"]
+    reader = manage("issuetoken", "eve", "--name", "dashboards", "--scope", "read")
+    listed = portalctl(portal, "-o", "json", "ls", token=reader)
+    assert listed.returncode == 0, listed.stderr
+    json.loads(listed.stdout)
+    refused = portalctl(portal, "submit", "--workload", "mlp-digits", "--gpus", "1", token=reader)
+    assert refused.returncode == 4 and refused.stdout == ""
+    assert refused.stderr.strip() == "portalctl: this token is read-only"
+    old = manage("issuetoken", "eve", "--name", "old", "--expires-in", "1")
+    manage(
+        "shell",
+        "-c",
+        "from datetime import timedelta; from django.utils import timezone; "
+        "from tenancy.models import ApiToken; "
+        "ApiToken.objects.filter(name='old').update("
+        "expires_at=timezone.now() - timedelta(days=1))",
+    )
+    expired = portalctl(portal, "ls", token=old)
+    assert expired.returncode == 4 and expired.stdout == ""
+    assert expired.stderr.startswith("portalctl: token expired on "), expired.stderr
 
 
 def test_login_stores_the_token_privately_and_later_commands_use_it(
