@@ -411,11 +411,20 @@ def _default_name(code: str | None, fields: dict[str, Any]) -> str:
 @main.command("ls")
 @click.option("--state", help="Only these states (comma-separated: queued,running).")
 @click.option("--tenant", help="Only this tenant's jobs.")
+@click.option(
+    "--all-tenants",
+    is_flag=True,
+    help="Every tenant's jobs you may see (cluster admins); default: your tenants'.",
+)
 @output_option
-def list_jobs(state: str | None, tenant: str | None, output: str | None) -> None:
-    """List your jobs, newest first."""
+def list_jobs(state: str | None, tenant: str | None, all_tenants: bool, output: str | None) -> None:
+    """List your tenants' jobs, newest first."""
     ctx = ctx_of(output)
-    jobs = ctx.client().jobs.list(state=state, tenant=tenant)
+    client = ctx.client()
+    jobs = client.jobs.list(state=state, tenant=tenant)
+    if not (tenant or all_tenants):
+        mine = {m["tenant"] for m in client.me().get("memberships", [])}
+        jobs = [job for job in jobs if job.tenant in mine]
     if ctx.json:
         emit_json([job.raw for job in jobs])
     else:

@@ -41,3 +41,35 @@ def test_no_configuration_says_how_to_log_in(tmp_path: Path) -> None:
     env = {"PORTAL_URL": "", "PORTAL_TOKEN": "", "XDG_CONFIG_HOME": str(tmp_path)}
     result = CliRunner().invoke(main, ["ls"], env=env)
     assert result.exit_code == 2 and "portalctl login" in result.output
+
+
+def test_ls_shows_your_tenants_jobs_unless_asked_for_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An admin sees every tenant's jobs through the API; ``ls`` keeps to theirs by default."""
+    import json
+
+    import httpx
+
+    import portalctl.cli as cli
+    from portalctl.client import Client
+
+    jobs = [
+        {"id": 1, "name": "mine", "state": "running", "tenant": "acme"},
+        {"id": 2, "name": "theirs", "state": "running", "tenant": "globex"},
+    ]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/api/v1/me/":
+            memberships = [{"tenant": "acme", "role": "owner"}]
+            return httpx.Response(200, json={"is_admin": True, "memberships": memberships})
+        return httpx.Response(200, json={"count": 2, "next": None, "results": jobs})
+
+    def fake(url: str, token: str) -> Client:
+        return Client(url, token, transport=httpx.MockTransport(handler))
+
+    monkeypatch.setattr(cli, "Client", fake)
+    env = {"PORTAL_URL": "http://portal.test", "PORTAL_TOKEN": "t"}
+    mine = CliRunner().invoke(main, ["-o", "json", "ls"], env=env)
+    assert mine.exit_code == 0, mine.output
+    assert [job["id"] for job in json.loads(mine.output)] == [1]
+    every = CliRunner().invoke(main, ["-o", "json", "ls", "--all-tenants"], env=env)
+    assert [job["id"] for job in json.loads(every.output)] == [1, 2]
