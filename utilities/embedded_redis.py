@@ -157,7 +157,14 @@ def ensure_running(data_dir: Path, *, startup_timeout: float = 10.0) -> str:
 
 
 def _port_is_free(port: int) -> bool:
+    """Whether redis-server could listen on ``port``.
+
+    With ``SO_REUSEADDR``, as redis-server binds: a port our own server left in
+    TIME_WAIT a moment ago is free for it, and taking a new one would leave the
+    URL the settings already read pointing at nothing.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
