@@ -1,0 +1,141 @@
+"""SIGKILL each process of a running stack, restart its Redis: every job still finishes right.
+
+One stack (``runstack`` on a Redis server of the module's own) takes the faults
+in turn, each while tiny jobs train:
+
+    training worker  SIGKILL one worker of a job     the runtime recovers, the job goes on
+    leader worker    SIGKILL the leader of a job     a new leader, the job goes on
+    agent            SIGKILL the node agent          runstack restarts it; its job finishes
+    Celery worker    SIGKILL its main process while  runstack restarts it; the next tick
+                     a tick holds the tick lock      repairs what the killed one left
+    beat             SIGKILL celery beat             runstack restarts it; ticks go on
+    Redis            restart the server              the append-only file keeps the queues
+
+After each: every job completed, each step committed once over its own batch
+(the step logs), the final model equals one process trained over the same
+batches, no GPU row is left, and the monitor never saw a GPU held twice or by
+a job with no process for longer than the reconcile allowance.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.faults.processes import sigkill, training_processes, wait_for_replacement
+from tests.faults.services import RedisServer
+from tests.faults.stack import REDIS_DB, FaultStack, boot, stack_env, throwaway_database
+from tests.faults.steplog import attempts_after, read_step_logs
+
+pytestmark = [pytest.mark.stack, pytest.mark.slow]
+TICK_LOCK_KEY = "portal:scheduler-tick"  # jobs.control.tick.LOCK_KEY, held while a tick runs
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, own_redis: RedisServer) -> Iterator[FaultStack]:
+    root = Path(tmp_path_factory.mktemp("kill-stack"))
+    with throwaway_database() as database_url:
+        env = stack_env(root, redis_url=own_redis.url(REDIS_DB), database_url=database_url)
+        running = boot(root, env)
+        try:
+            yield running
+        finally:
+            running.stop()
+
+
+def processes_of(stack: FaultStack, job_id: int) -> dict[str, int]:
+    """The job's live training processes: worker id -> pid."""
+    return {p.worker: p.pid for p in training_processes(stack.step_dir) if p.job == f"job-{job_id}"}
+
+
+def leader_of(stack: FaultStack, job_id: int) -> str:
+    """The worker id that holds the job's leader lease now."""
+    value = redis.Redis.from_url(stack.env["REDIS_URL"]).get(f"edl:job-{job_id}:leader")
+    assert value is not None, f"job {job_id} has no leader"
+    return value.decode()
+
+
+def assert_survived(stack: FaultStack, job_ids: list[int], fault_at: float) -> None:
+    """The fault landed mid-run, and every promise held afterwards."""
+    stack.wait_completed(job_ids)
+    for job_id in job_ids:
+        records = read_step_logs(stack.step_dir, f"job-{job_id}")
+        assert attempts_after(records, fault_at) > 0, f"job {job_id} had finished before the fault"
+        stack.assert_trained_once(job_id)
+    stack.assert_no_gpu_held()
+    assert stack.proc.poll() is None, f"runstack stopped:\n{stack.log_tail()}"
+
+
+def test_sigkill_a_training_worker_and_a_leader(
+    stack: FaultStack, scenario_clock: Callable[[str], None]
+) -> None:
+    worker_job, leader_job = stack.submit("worker-kill"), stack.submit("leader-kill")
+    for job_id in (worker_job, leader_job):
+        stack.wait_running_past_checkpoint(job_id)
+    scenario_clock("both jobs past a checkpoint")
+    leader = leader_of(stack, leader_job)
+    plain = next(w for w in processes_of(stack, worker_job) if w != leader_of(stack, worker_job))
+    fault_at = time.time()
+    sigkill(processes_of(stack, worker_job)[plain])
+    sigkill(processes_of(stack, leader_job)[leader])
+    assert_survived(stack, [worker_job, leader_job], fault_at)
+    scenario_clock("both completed")
+
+
+def test_sigkill_an_agent(stack: FaultStack, scenario_clock: Callable[[str], None]) -> None:
+    job_id = stack.submit("agent-kill")
+    stack.wait_running_past_checkpoint(job_id)
+    parents = {p.ppid for p in training_processes(stack.step_dir) if p.job == f"job-{job_id}"}
+    agents = {role: p for role, p in stack.roles().items() if p.pid in parents}
+    assert len(agents) == 1, agents
+    ((role, agent),) = agents.items()
+    fault_at = time.time()
+    sigkill(agent.pid)
+    wait_for_replacement(stack.proc.pid, role, agent.pid, timeout=30)
+    scenario_clock(f"{role} restarted")
+    assert_survived(stack, [job_id], fault_at)
+
+
+def test_sigkill_the_celery_worker_mid_tick_then_beat(
+    stack: FaultStack, scenario_clock: Callable[[str], None]
+) -> None:
+    running = stack.submit("tick-kill")
+    stack.wait_running_past_checkpoint(running)
+    queued = stack.submit("placed-after-kill")  # the tick that would place it is the one killed
+    client = redis.Redis.from_url(stack.env["REDIS_URL"])
+    worker = stack.roles()["worker"]
+    deadline = time.monotonic() + 30
+    while not client.exists(TICK_LOCK_KEY):
+        assert time.monotonic() < deadline, "no tick ran for 30 s"
+        time.sleep(0.001)
+    fault_at = time.time()
+    sigkill(worker.pid)
+    wait_for_replacement(stack.proc.pid, "worker", worker.pid, timeout=30)
+    scenario_clock("Celery worker restarted")
+    beat = stack.roles()["beat"]
+    sigkill(beat.pid)
+    wait_for_replacement(stack.proc.pid, "beat", beat.pid, timeout=30)
+    scenario_clock("beat restarted")
+    later = stack.submit("placed-after-beat")  # only a tick places it: ticks go on
+    stack.wait_completed([queued, later])
+    assert_survived(stack, [running], fault_at)
+    for job_id in (queued, later):
+        stack.assert_trained_once(job_id)
+
+
+def test_restart_redis(
+    stack: FaultStack, own_redis: RedisServer, scenario_clock: Callable[[str], None]
+) -> None:
+    job_id = stack.submit("redis-restart")
+    stack.wait_running_past_checkpoint(job_id)
+    fault_at = time.time()
+    own_redis.restart()
+    scenario_clock("Redis restarted")
+    after = stack.submit("submitted-after-restart")
+    assert_survived(stack, [job_id], fault_at)
+    stack.wait_completed([after])
+    stack.assert_trained_once(after)
