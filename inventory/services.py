@@ -252,17 +252,66 @@ def do_set_server_state(*, node: str, state: str, reason: str = "by an admin") -
     return server
 
 
+JOBS_SEEN = "jobs_seen"
+"""Key of ``Server.agent_info``: job name → ISO time of the last heartbeat that listed it."""
+
+JOBS_SEEN_HORIZON = timedelta(hours=1)
+"""Entries older than this are dropped: the map stays as small as the jobs lately on the node."""
+
+
+def jobs_seen(agent_info: Any) -> dict[str, datetime]:
+    """When each job was last listed by the server's heartbeats (read by the tick's reconcile).
+
+    Tolerates anything in ``agent_info`` (older rows, hand edits): what does not
+    parse is left out.
+    """
+    raw = agent_info.get(JOBS_SEEN) if isinstance(agent_info, Mapping) else None
+    if not isinstance(raw, Mapping):
+        return {}
+    seen: dict[str, datetime] = {}
+    for job, stamp in raw.items():
+        if not isinstance(job, str) or not isinstance(stamp, str):
+            continue
+        try:
+            at = datetime.fromisoformat(stamp)
+        except ValueError:
+            continue
+        if at.tzinfo is not None:
+            seen[job] = at
+    return seen
+
+
+def listed_jobs(info: Mapping[str, Any]) -> set[str]:
+    """The jobs that a heartbeat's ``workers`` list runs (the protocol checked its shape)."""
+    workers = info.get("workers")
+    if not isinstance(workers, list | tuple):
+        return set()
+    return {w["job"] for w in workers if isinstance(w, Mapping) and isinstance(w.get("job"), str)}
+
+
+def _merge_seen(previous: Any, listed: set[str], at: datetime) -> dict[str, str]:
+    seen = {
+        job: stamp for job, stamp in jobs_seen(previous).items() if at - stamp < JOBS_SEEN_HORIZON
+    }
+    seen.update(dict.fromkeys(listed, at))
+    return {job: stamp.isoformat() for job, stamp in seen.items()}
+
+
 @transaction.atomic
 def do_heartbeat(*, node: str, info: Mapping[str, Any], at: datetime | None = None) -> bool:
     """Record an agent's heartbeat; a server marked down by missed beats comes back up.
 
+    Besides the heartbeat itself, remembers when each job was last listed with
+    running workers (``jobs_seen``), so the tick can tell a job with no process.
     Returns False for an unknown node (the report is ignored, nothing changes).
     """
     server = Server.objects.select_for_update().filter(node=node).first()
     if server is None:
         return False
-    server.last_heartbeat = at or timezone.now()
-    server.agent_info = dict(info)
+    now = at or timezone.now()
+    previous = server.agent_info
+    server.last_heartbeat = now
+    server.agent_info = {**info, JOBS_SEEN: _merge_seen(previous, listed_jobs(info), now)}
     fields = ["last_heartbeat", "agent_info"]
     if server.state == ServerState.DOWN and server.state_reason == MISSED_HEARTBEATS:
         server.state = ServerState.UP
