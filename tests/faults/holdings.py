@@ -118,6 +118,7 @@ class HoldingsMonitor:
     db: ClusterDb
     step_dir: Path
     allowances: Allowances = field(default_factory=Allowances)
+    journal: Path | None = None  # each condition's start and end, for the post-mortem
     period_s: float = 0.5
     violations: dict[str, str] = field(default_factory=dict)
     samples: int = 0
@@ -142,12 +143,25 @@ class HoldingsMonitor:
             return
         now = time.monotonic()
         found = conditions(held, training_processes(self.step_dir))
+        self._note(
+            [f"+ {found[key]}" for key in found.keys() - self._since.keys()]
+            + [
+                f"- {key} (after {now - self._since[key]:.1f} s)"
+                for key in self._since.keys() - found.keys()
+            ]
+        )
         self._since = {key: self._since.get(key, now) for key in found}
         for key, detail in found.items():
             lasted = now - self._since[key]
             if lasted > allowance_of(key, self.allowances):
                 self.violations[key] = f"{detail} (for {lasted:.0f} s)"
         self.samples += 1
+
+    def _note(self, lines: list[str]) -> None:
+        if self.journal is not None and lines:
+            stamp = time.strftime("%H:%M:%S")
+            with self.journal.open("a") as journal:
+                journal.writelines(f"{stamp} {line}\n" for line in lines)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -16,7 +16,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from utilities.embedded_redis import answers_ping, server_binary
+import redis
+
+from utilities.embedded_redis import server_binary
 
 
 def free_port() -> int:
@@ -59,10 +61,20 @@ class RedisServer:
         ]  # fmt: skip
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + timeout
-        while not answers_ping(self.port, password=self.password):
+        while not self.answers():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server on {self.port} did not start: {self.log_tail()}")
             time.sleep(0.05)
+
+    def answers(self) -> bool:
+        """Whether the server answers PING now."""
+        client = redis.Redis(port=self.port, password=self.password, socket_timeout=0.5)
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
 
     def stop(self, timeout: float = 20.0) -> None:
         """Stop the server cleanly (it writes its append-only file out first)."""

@@ -15,6 +15,7 @@ lands mid-run and recovery is measured, not waited out.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -30,24 +31,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.faults.holdings import ClusterDb, HoldingsMonitor
+from tests.faults.holdings import Allowances, ClusterDb, HoldingsMonitor
 from tests.faults.processes import Proc, stack_roles, training_processes
 from tests.faults.services import free_port
 from tests.faults.steplog import as_sample_records, committed_steps, read_step_logs
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_DB = 13
-ARGS = {"epochs": 30, "hidden": 16, "seed": 3}
+ARGS = {"hidden": 16, "seed": 3}
+EPOCHS = 30
 BATCH = 64
 CHECKPOINT_EVERY = 20
-# Fast control loop: the tick every second, agents silent for 5 s are down, a job
-# whose workers no heartbeat lists for 5 s is reconciled.
+RECONCILE_SECONDS = 5
+# Fast control loop: the tick every second, a job whose workers no heartbeat lists
+# for 5 s is reconciled. A server is down after the default 20 s of silence: an
+# agent that runstack restarts is back well before (and adopts its processes).
 TIMINGS = {
     "TICK_SECONDS": "1",
     "AGENT_HEARTBEAT_SECONDS": "1",
-    "AGENT_DOWN_AFTER_SECONDS": "6",
-    "RECONCILE_SECONDS": "5",
+    "AGENT_DOWN_AFTER_SECONDS": "20",
+    "RECONCILE_SECONDS": str(RECONCILE_SECONDS),
 }
+# A GPU row with no process on it is freed (or given a process) within the reconcile
+# time and a few ticks; anything else may last a moment (a process starting, exiting).
+ALLOWANCES = Allowances(held_by_the_dead=RECONCILE_SECONDS + 7.0)
 
 
 @dataclass
@@ -61,6 +68,7 @@ class FaultStack:
     token: str = ""
     monitor: HoldingsMonitor | None = None
     submitted: list[int] = field(default_factory=list)
+    epochs: dict[int, int] = field(default_factory=dict)
 
     @property
     def step_dir(self) -> Path:
@@ -92,14 +100,16 @@ class FaultStack:
             time.sleep(0.5)
         raise AssertionError("unreachable")
 
-    def submit(self, name: str) -> int:
+    def submit(self, name: str, epochs: int = EPOCHS) -> int:
         """Submit a tiny two-GPU job; its id."""
         job = self.api(
             "/api/v1/jobs/",
             {"name": name, "workload": "mlp-digits", "gpus": 2, "min_gpus": 2, "max_gpus": 2,
-             "args": ARGS, "batch_size": BATCH, "checkpoint_interval": CHECKPOINT_EVERY},
+             "args": {**ARGS, "epochs": epochs}, "batch_size": BATCH,
+             "checkpoint_interval": CHECKPOINT_EVERY},
         )  # fmt: skip
         self.submitted.append(int(job["id"]))
+        self.epochs[int(job["id"])] = epochs
         return int(job["id"])
 
     def job(self, job_id: int) -> dict[str, Any]:
@@ -145,6 +155,15 @@ class FaultStack:
             state = self.job(job_id)["state"]
             assert state == "completed", f"job {job_id} ended {state}: {self.events(job_id)}"
 
+    def wait_processes_gone(self, job_ids: list[int], timeout: float = 30) -> None:
+        """Until no training process of the jobs is left: none outlives its job."""
+        names = {f"job-{job_id}" for job_id in job_ids}
+        self.wait_for(
+            f"the processes of jobs {sorted(job_ids)} to exit",
+            lambda: not [p for p in training_processes(self.step_dir) if p.job in names],
+            timeout,
+        )
+
     def _ended(self, job_id: int) -> bool:
         return self.job(job_id)["state"] in ("completed", "failed", "cancelled")
 
@@ -160,15 +179,11 @@ class FaultStack:
         """Every step committed once over its batch, every sample once per epoch, right model."""
         import torch
 
-        from workers.catalog import validate_args
-        from workers.elastic.sampler import ElasticSampler
-        from workers.elastic.testing import check_samples, max_difference, reference_model
-        from workers.workloads import prepare
+        from workers.elastic.testing import check_samples, max_difference
 
-        full = validate_args("mlp-digits", ARGS)
-        prepared = prepare("mlp-digits", full, torch.device("cpu"))
-        sampler = ElasticSampler(prepared.num_samples, BATCH, prepared.seed)
-        steps = sampler.steps_per_epoch * ARGS["epochs"]
+        epochs = self.epochs[job_id]
+        sampler, reference = single_process_run(epochs)
+        steps = sampler.steps_per_epoch * epochs
         committed = committed_steps(read_step_logs(self.step_dir, f"job-{job_id}"))
         check_samples(as_sample_records(committed), sampler, steps, killed=True)
         final = [a for a in self.artifacts(job_id) if a["kind"] == "final"]
@@ -176,7 +191,7 @@ class FaultStack:
         blob = self.download(final[0]["download_url"])
         state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
         assert state["step"] == steps
-        reference = reference_model(full, BATCH, steps, dtype=torch.float32)
+        # float32 workers against a float32 single process: equal up to summation order
         assert max_difference(state["model"], reference) < 1e-3, "the model saw other batches"
 
     def assert_no_gpu_held(self) -> None:
@@ -230,6 +245,27 @@ def throwaway_database(server_url: str | None = None) -> Iterator[str | None]:
         yield f"{base}/{DATABASE_NAME}"
     finally:
         drop()
+
+
+@functools.cache
+def single_process_run(epochs: int) -> tuple[Any, dict[str, Any]]:
+    """The sampler of a test job of ``epochs``, and its model trained by one process.
+
+    Every test job of that many epochs has the same data, seed and batches: one
+    reference serves them all.
+    """
+    import torch
+
+    from workers.catalog import validate_args
+    from workers.elastic.sampler import ElasticSampler
+    from workers.elastic.testing import reference_model
+    from workers.workloads import prepare
+
+    full = validate_args("mlp-digits", {**ARGS, "epochs": epochs})
+    prepared = prepare("mlp-digits", full, torch.device("cpu"))
+    sampler = ElasticSampler(prepared.num_samples, BATCH, prepared.seed)
+    steps = sampler.steps_per_epoch * epochs
+    return sampler, reference_model(full, BATCH, steps, dtype=torch.float32)
 
 
 def stack_env(root: Path, *, redis_url: str, database_url: str | None) -> dict[str, str]:
@@ -289,7 +325,9 @@ def boot(root: Path, env: dict[str, str], timeout: float = 180) -> FaultStack:
     except BaseException:
         stack.stop()
         raise
-    stack.monitor = HoldingsMonitor(stack.db, stack.step_dir)
+    stack.monitor = HoldingsMonitor(
+        stack.db, stack.step_dir, ALLOWANCES, journal=root / "holdings.log"
+    )
     stack.monitor.start()
     return stack
 

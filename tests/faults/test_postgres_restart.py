@@ -1,0 +1,69 @@
+"""Restart PostgreSQL under a running stack: jobs running through it finish, nothing is lost.
+
+The cluster is the test's own, made with the machine's PostgreSQL binaries
+(``/usr/lib/postgresql/*/bin``: initdb, pg_ctl) in a temporary directory;
+as root they run as the ``postgres`` user. The restart is a fast shutdown
+(every open connection is cut) and a start on the same port and data.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.faults.services import RedisServer, ThrowawayPostgres, postgres_binaries
+from tests.faults.stack import REDIS_DB, FaultStack, boot, stack_env, throwaway_database
+from tests.faults.steplog import attempts_after, read_step_logs
+
+pytestmark = [pytest.mark.stack, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[ThrowawayPostgres]:
+    binaries = postgres_binaries()
+    if binaries is None:
+        pytest.skip("no PostgreSQL binaries under /usr/lib/postgresql/*/bin (initdb, pg_ctl)")
+    cluster = ThrowawayPostgres(binaries)
+    try:
+        cluster.init()
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+@pytest.fixture(scope="module")
+def stack(
+    tmp_path_factory: pytest.TempPathFactory,
+    own_redis: RedisServer,
+    postgres: ThrowawayPostgres,
+) -> Iterator[FaultStack]:
+    root = Path(tmp_path_factory.mktemp("postgres-stack"))
+    with throwaway_database(postgres.url("postgres")) as database_url:
+        env = stack_env(root, redis_url=own_redis.url(REDIS_DB), database_url=database_url)
+        running = boot(root, env)
+        try:
+            yield running
+        finally:
+            running.stop()
+
+
+def test_restart_postgresql(
+    stack: FaultStack, postgres: ThrowawayPostgres, scenario_clock: Callable[[str], None]
+) -> None:
+    job_id = stack.submit("postgres-restart")
+    stack.wait_running_past_checkpoint(job_id)
+    fault_at = time.time()
+    postgres.restart()
+    scenario_clock("PostgreSQL restarted")
+    after = stack.submit("submitted-after-restart")
+    stack.wait_completed([job_id, after])
+    records = read_step_logs(stack.step_dir, f"job-{job_id}")
+    assert attempts_after(records, fault_at) > 0, "the job had finished before the restart"
+    for job in (job_id, after):
+        stack.assert_trained_once(job)
+    stack.assert_no_gpu_held()
+    assert stack.proc.poll() is None, f"runstack stopped:\n{stack.log_tail()}"
