@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
+import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.stack
@@ -59,6 +60,10 @@ def start_stack(tmp_path: Path, port: int, env: dict[str, str]) -> subprocess.Po
         stdout=log,
         stderr=subprocess.STDOUT,
     )
+
+
+def output_of(tmp_path: Path) -> str:
+    return (tmp_path / "stack.log").read_text()
 
 
 def children_of(pid: int) -> list[int]:
@@ -106,6 +111,29 @@ def test_runstack_on_embedded_defaults(tmp_path: Path) -> None:
             f"http://127.0.0.1:{port}/static/vendor/plotly/plotly.min.js"
         )
         assert plotly.status == 200
+
+        # Faults: the embedded Redis and Celery beat are killed; both come back.
+        password = (tmp_path / "redis" / "password").read_text()
+        client = redis.Redis(
+            host="127.0.0.1", port=redis_port, username="portal", password=password
+        )
+        client.set("survives", "yes")
+        time.sleep(1.5)  # appendfsync everysec
+        beat = int(re.findall(r"started beat \(pid (\d+)\)", output_of(tmp_path))[-1])
+        os.kill(int((tmp_path / "redis" / "pid").read_text()), signal.SIGKILL)
+        os.kill(beat, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            log = output_of(tmp_path)
+            if "embedded redis-server exited" in log and log.count("started beat") == 2:
+                break
+            time.sleep(0.3)
+        log = output_of(tmp_path)
+        assert "embedded redis-server exited (status -9); started again" in log, log
+        assert "beat exited with status -9" in log and log.count("started beat") == 2, log
+        assert client.get("survives") == b"yes"  # same port, same password, same data
+        assert proc.poll() is None and wait_http(f"http://127.0.0.1:{port}/login/", 30) == 200
+        kids = children_of(proc.pid)
     finally:
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=60)
