@@ -270,6 +270,36 @@ def test_a_child_that_stayed_up_starts_the_pauses_over() -> None:
     assert pauses == ["0.1", "0.2", "0.4", "0.1"], lines
 
 
+def test_a_failing_keeper_or_start_is_logged_and_retried_not_fatal(tmp_path: Path) -> None:
+    from portal.stack import Backoff, ProcessSpec, Stack
+
+    lines: list[str] = []
+    calls: list[int] = []
+
+    def broken_keeper() -> str | None:
+        calls.append(1)
+        raise RuntimeError("redis-server did not start")
+
+    program = tmp_path / "program"
+    program.write_text("#!/bin/sh\nexit 1\n")
+    program.chmod(0o755)
+    stack = Stack(
+        [ProcessSpec("vanishing", (str(program),))],
+        log=lines.append,
+        backoff=Backoff(first_s=0.05, cap_s=0.1),
+        keepers=[broken_keeper],
+    )
+    stack.start()
+    program.unlink()  # its next start fails: OSError, not a crash of the supervisor
+    try:
+        supervise(stack, 5, until=lambda: sum("could not start" in line for line in lines) >= 2)
+    finally:
+        stack.stop(grace_seconds=5)
+    assert sum("could not start vanishing" in line for line in lines) >= 2, lines
+    assert "could not restore a service: redis-server did not start" in lines
+    assert len(calls) > 2
+
+
 SUPERVISOR = """
 import sys
 from portal.stack import Backoff, ProcessSpec, Stack
