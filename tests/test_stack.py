@@ -140,6 +140,7 @@ def test_runstack_on_embedded_defaults(tmp_path: Path) -> None:
         output = (tmp_path / "stack.log").read_text()
     assert code == 0, output
     assert "GPU portal: http://127.0.0.1" in output and "demo / demo" not in output
+    assert (tmp_path / "redis" / "password").read_text() not in output  # redacted in the banner
     for pid in kids:
         assert (
             not Path(f"/proc/{pid}").exists()
@@ -159,6 +160,15 @@ def test_no_agents_leaves_the_servers_to_agents_started_elsewhere() -> None:
     assert [n for n in names if n.startswith("agent")] == [f"agent node-{i}" for i in range(4)]
     without = [spec.name for spec in stack_processes(host="127.0.0.1", port=8000, agents=False)]
     assert without == ["web", "worker", "whatif worker", "beat"]
+
+
+def test_the_banner_hides_the_redis_password() -> None:
+    from portal.management.commands.runstack import redacted
+
+    assert (
+        redacted("redis://portal:s3cret@127.0.0.1:6380/0") == "redis://portal:***@127.0.0.1:6380/0"
+    )
+    assert redacted("redis://127.0.0.1:6379/6") == "redis://127.0.0.1:6379/6"
 
 
 def test_what_if_simulations_get_their_own_worker_on_their_own_queue() -> None:

@@ -253,12 +253,14 @@ def _requeue_or_complete(job: Job, orphan: Orphan, now: datetime) -> None:
         complete_job(job, why, now)
     else:
         holdings.release(job)  # nothing runs: nothing to stop
-        resume = (
-            f"resumes from step {stored.latest_step}"
-            if stored.latest_step is not None
-            else "no checkpoint stored: restarts from step 0"
-        )
-        job.step = stored.latest_step or 0  # saved with the transition
+        if stored.latest_step is not None:
+            resume = f"resumes from step {stored.latest_step}"
+            job.step = stored.latest_step  # saved with the transition
+        elif job.restarts_to_resize:  # a torchrun program keeps its own checkpoints
+            resume = "the program resumes from its CHECKPOINT_DIR"
+        else:
+            resume = "no checkpoint stored: restarts from step 0"
+            job.step = 0
         transition(job, JobState.QUEUED, at=now, reason=f"{silence}: requeued, {resume}")
         broadcast(job, "job.updated")
     # A dead run's coordination keys (leader, generation, members) would make the
