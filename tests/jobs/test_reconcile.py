@@ -27,6 +27,7 @@ from jobs.control.tick import run_tick
 from jobs.models import Job, JobEvent, JobGpu
 from jobs.services import check_job_spec, do_submit_job
 from tests.jobs.control_helpers import demo_cluster, drain_all
+from tests.jobs.test_programs import submit_program
 from workers.artifacts import ArtifactStore
 from workers.elastic.checkpoint import Checkpoints
 from workers.protocol import Heartbeat, RunningWorker
@@ -162,10 +163,12 @@ def heartbeat(
         assert do_heartbeat(node=node, info=message.to_dict(), at=when)
 
 
-def placed(alice: Any, acme: Any, gpus: int = 2) -> tuple[Job, list[str], datetime]:
-    """A job placed by a tick at a known time, with its commands drained."""
+def placed(
+    alice: Any, acme: Any, gpus: int = 2, job: Job | None = None
+) -> tuple[Job, list[str], datetime]:
+    """A job (a built-in one by default) placed by a tick at a known time, commands drained."""
     nodes = demo_cluster()
-    job = submit(alice, acme, gpus)
+    job = job or submit(alice, acme, gpus)
     # In the past, so that reports' own times (never later than now) fall after it.
     start = timezone.now() - timedelta(hours=2)
     JobEvent.objects.filter(job=job).update(at=at(-2, start))  # submitted before that
@@ -315,6 +318,24 @@ def test_a_job_with_its_final_checkpoint_stored_is_completed(
     assert (job.state, job.step) == ("completed", 100)
     assert not JobGpu.objects.filter(job=job).exists()
     assert "final checkpoint (step 100) is stored" in job.events.order_by("-pk")[0].reason
+
+
+@pytestmark_db
+def test_a_torchrun_program_is_requeued_to_resume_from_its_own_checkpoint_dir(
+    alice: Any, acme: Any, tmp_path: Path
+) -> None:
+    with override_settings(ARTIFACT_URL=f"file://{tmp_path}"):
+        program = submit_program(alice, acme, "torchrun", lo=2, hi=2, gpus=2)
+        job, nodes, start = placed(alice, acme, job=program)
+        [home] = hosts(job)
+        heartbeat(nodes, at(5, start), {home: [job]})
+        heartbeat(nodes, at(25, start))
+        assert reconcile_now(at(25, start)) == [job.pk]
+    job.refresh_from_db()
+    assert job.state == "queued"
+    assert job.events.order_by("-pk")[0].reason == (
+        f"no process on {home} for 20 s: requeued, the program resumes from its CHECKPOINT_DIR"
+    )
 
 
 @pytestmark_db
