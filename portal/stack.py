@@ -110,7 +110,10 @@ class Stack:
     def step(self) -> None:
         """One supervision pass: keep the keepers' services up, note deaths, restart when due."""
         for keeper in self.keepers:
-            said = keeper()
+            try:
+                said = keeper()
+            except Exception as exc:  # e.g. Redis could not start: say so, try again next pass
+                said = f"could not restore a service: {exc}"
             if said:
                 self.log(said)
         now = self.clock()
@@ -133,7 +136,12 @@ class Stack:
                 )
             if child.restart_at is not None and now >= child.restart_at:
                 child.restarts += 1
-                self._launch(child)
+                try:
+                    self._launch(child)
+                except OSError as exc:  # its program vanished, no memory...: later, more slowly
+                    child.failures += 1
+                    child.restart_at = now + self.backoff.delay(child.failures)
+                    self.log(f"could not start {name}: {exc}; trying again later")
 
     def watch(self, poll_seconds: float = 0.5) -> int:
         """Supervise until a signal asks us to stop; then stop every child and return 0."""

@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
+import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.stack
@@ -59,6 +60,10 @@ def start_stack(tmp_path: Path, port: int, env: dict[str, str]) -> subprocess.Po
         stdout=log,
         stderr=subprocess.STDOUT,
     )
+
+
+def output_of(tmp_path: Path) -> str:
+    return (tmp_path / "stack.log").read_text()
 
 
 def children_of(pid: int) -> list[int]:
@@ -106,12 +111,36 @@ def test_runstack_on_embedded_defaults(tmp_path: Path) -> None:
             f"http://127.0.0.1:{port}/static/vendor/plotly/plotly.min.js"
         )
         assert plotly.status == 200
+
+        # Faults: the embedded Redis and Celery beat are killed; both come back.
+        password = (tmp_path / "redis" / "password").read_text()
+        client = redis.Redis(
+            host="127.0.0.1", port=redis_port, username="portal", password=password
+        )
+        client.set("survives", "yes")
+        time.sleep(1.5)  # appendfsync everysec
+        beat = int(re.findall(r"started beat \(pid (\d+)\)", output_of(tmp_path))[-1])
+        os.kill(int((tmp_path / "redis" / "pid").read_text()), signal.SIGKILL)
+        os.kill(beat, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            log = output_of(tmp_path)
+            if "embedded redis-server exited" in log and log.count("started beat") == 2:
+                break
+            time.sleep(0.3)
+        log = output_of(tmp_path)
+        assert "embedded redis-server exited (status -9); started again" in log, log
+        assert "beat exited with status -9" in log and log.count("started beat") == 2, log
+        assert client.get("survives") == b"yes"  # same port, same password, same data
+        assert proc.poll() is None and wait_http(f"http://127.0.0.1:{port}/login/", 30) == 200
+        kids = children_of(proc.pid)
     finally:
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=60)
         output = (tmp_path / "stack.log").read_text()
     assert code == 0, output
     assert "GPU portal: http://127.0.0.1" in output and "demo / demo" not in output
+    assert (tmp_path / "redis" / "password").read_text() not in output  # redacted in the banner
     for pid in kids:
         assert (
             not Path(f"/proc/{pid}").exists()
@@ -131,6 +160,15 @@ def test_no_agents_leaves_the_servers_to_agents_started_elsewhere() -> None:
     assert [n for n in names if n.startswith("agent")] == [f"agent node-{i}" for i in range(4)]
     without = [spec.name for spec in stack_processes(host="127.0.0.1", port=8000, agents=False)]
     assert without == ["web", "worker", "whatif worker", "beat"]
+
+
+def test_the_banner_hides_the_redis_password() -> None:
+    from portal.management.commands.runstack import redacted
+
+    assert (
+        redacted("redis://portal:s3cret@127.0.0.1:6380/0") == "redis://portal:***@127.0.0.1:6380/0"
+    )
+    assert redacted("redis://127.0.0.1:6379/6") == "redis://127.0.0.1:6379/6"
 
 
 def test_what_if_simulations_get_their_own_worker_on_their_own_queue() -> None:
@@ -240,6 +278,36 @@ def test_a_child_that_stayed_up_starts_the_pauses_over() -> None:
         line.split("restarting in ")[1].split(" s")[0] for line in lines if "restarting" in line
     ]
     assert pauses == ["0.1", "0.2", "0.4", "0.1"], lines
+
+
+def test_a_failing_keeper_or_start_is_logged_and_retried_not_fatal(tmp_path: Path) -> None:
+    from portal.stack import Backoff, ProcessSpec, Stack
+
+    lines: list[str] = []
+    calls: list[int] = []
+
+    def broken_keeper() -> str | None:
+        calls.append(1)
+        raise RuntimeError("redis-server did not start")
+
+    program = tmp_path / "program"
+    program.write_text("#!/bin/sh\nexit 1\n")
+    program.chmod(0o755)
+    stack = Stack(
+        [ProcessSpec("vanishing", (str(program),))],
+        log=lines.append,
+        backoff=Backoff(first_s=0.05, cap_s=0.1),
+        keepers=[broken_keeper],
+    )
+    stack.start()
+    program.unlink()  # its next start fails: OSError, not a crash of the supervisor
+    try:
+        supervise(stack, 5, until=lambda: sum("could not start" in line for line in lines) >= 2)
+    finally:
+        stack.stop(grace_seconds=5)
+    assert sum("could not start vanishing" in line for line in lines) >= 2, lines
+    assert "could not restore a service: redis-server did not start" in lines
+    assert len(calls) > 2
 
 
 SUPERVISOR = """

@@ -9,18 +9,25 @@ tick step compares the two::
 
     running job J, holding GPUs on servers S1..Sk (all up or draining, all heartbeating)
       since = max(J's last event (placement, resize, migration...), last progress report)
-      for every Si:  gap_i = Si's latest heartbeat - max(since, when Si last listed J)
-      every gap_i ≥ RECONCILE_SECONDS ─▶ J has no process:
+      for every Si:  listed by Si since `since`?  gap_i = Si's latest beat - that listing,
+                                                 limit RECONCILE_SECONDS (it vanished)
+                     not listed since:           gap_i = Si's latest beat - since,
+                                                 limit RECONCILE_START_SECONDS (never started)
+      every gap_i ≥ its limit ─▶ J has no process:
           final checkpoint in J's store ─▶ completed
           otherwise                     ─▶ queued (GPUs released, coordination forgotten),
                                             resumes from its latest checkpoint
 
 What keeps it from misfiring:
 
-* a heartbeat must have been received ``RECONCILE_SECONDS`` after the job's
-  last placement or command, so a job just placed (its agent not launched
-  yet) is never reaped, and neither is one whose agent went silent (that is
-  the server-down path of the tick);
+* heartbeats must span the limit after the job's last placement or command,
+  so a job just placed is never reaped, and neither is one whose agent went
+  silent (that is the server-down path of the tick); a job not yet listed
+  since its placement gets the longer start limit, because an agent holds a
+  start back while the slots' previous workers finish (up to 60 s);
+* times are the heartbeats' own (when the agent sent them, never later than
+  their arrival): a backlog of reports on the control plane's queue does not
+  make a late heartbeat look like a long silence;
 * only ``running`` jobs: a ``scaling`` job (stop-free resize, migration,
   torchrun's stop-and-restart) has processes coming and going by design;
 * a progress report counts as a sign of life too (``last_service_at``);
@@ -44,7 +51,7 @@ from django.db import transaction
 from django.db.models import Max, Q
 
 from inventory.models import Server, ServerState
-from inventory.services import jobs_seen
+from inventory.services import beat_at, jobs_seen
 from jobs import holdings
 from jobs.agent_commands import runtime_job_name
 from jobs.artifacts import artifact_store, prefix_of
@@ -101,12 +108,26 @@ class Orphan:
     job_id: int
     nodes: tuple[str, ...]
     silent_s: float
+    ever_listed: bool
+    """Whether some server listed it after its last placement or command (then it vanished)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How long heartbeats may go without listing a job before it counts as having no process."""
+
+    vanished_s: float
+    """Listed since its last placement or command, then no more (``RECONCILE_SECONDS``)."""
+    never_started_s: float
+    """Never listed since its last placement or command (``RECONCILE_START_SECONDS``):
+    longer, because an agent may hold a start back while the slots' previous workers
+    finish their last mini-batch (the agent's slot wait, 60 s by default)."""
 
 
 def find_orphans(
-    jobs: Iterable[HeldJob], servers: Mapping[str, ServerBeats], limit_s: float
+    jobs: Iterable[HeldJob], servers: Mapping[str, ServerBeats], limits: Limits
 ) -> list[Orphan]:
-    """The jobs whose every (live) server has not listed them for ``limit_s`` seconds of beats.
+    """The jobs that no (live) server of theirs has listed for long enough (``Limits``).
 
     A job on a server that is unknown, not live or has never beaten is left
     alone: it cannot be judged from heartbeats (a down server is the tick's
@@ -115,31 +136,36 @@ def find_orphans(
     orphans: list[Orphan] = []
     for job in jobs:
         gaps: list[float] = []
+        listed = False
         for node in job.nodes:
             server = servers.get(node)
             if server is None or not server.live or server.last_heartbeat is None:
                 break
             last_listed = server.seen.get(job.name)
-            reference = job.since if last_listed is None else max(job.since, last_listed)
+            if last_listed is not None and last_listed >= job.since:
+                reference, limit = last_listed, limits.vanished_s
+                listed = True
+            else:
+                reference, limit = job.since, limits.never_started_s
             gap = (server.last_heartbeat - reference).total_seconds()
-            if gap < limit_s:
+            if gap < limit:
                 break
             gaps.append(gap)
         else:
             if gaps:
-                orphans.append(Orphan(job.job_id, job.nodes, min(gaps)))
+                orphans.append(Orphan(job.job_id, job.nodes, min(gaps), listed))
     return orphans
 
 
 # --------------------------------------------------------------------------- adapter
 
 
-def reconcile(cluster: ClusterState, now: datetime, limit_s: float | None = None) -> list[int]:
+def reconcile(cluster: ClusterState, now: datetime, limits: Limits | None = None) -> list[int]:
     """Requeue (or complete) every running job with no process; return their ids.
 
     Runs inside the tick's transaction, after the server-down step.
     """
-    limit = settings.RECONCILE_SECONDS if limit_s is None else limit_s
+    limit = limits or Limits(settings.RECONCILE_SECONDS, settings.RECONCILE_START_SECONDS)
     if not cluster.holdings:
         return []
     held = _held_jobs(cluster)
@@ -182,7 +208,7 @@ def _server_beats(nodes: Iterable[str]) -> dict[str, ServerBeats]:
         beats[node] = ServerBeats(
             node=node,
             live=state in LIVE_STATES,
-            last_heartbeat=last_heartbeat,
+            last_heartbeat=beat_at(agent_info) or last_heartbeat,
             seen=jobs_seen(agent_info),
         )
     return beats
@@ -216,6 +242,8 @@ def stored_checkpoints(job: Job) -> StoredCheckpoints:
 def _requeue_or_complete(job: Job, orphan: Orphan, now: datetime) -> None:
     where = ", ".join(orphan.nodes)
     silence = f"no process on {where} for {orphan.silent_s:.0f} s"
+    if not orphan.ever_listed:
+        silence += " since it was placed"
     stored = stored_checkpoints(job)
     if stored.final_step is not None:
         job.step = max(job.step, stored.final_step)  # saved with the transition
@@ -225,12 +253,14 @@ def _requeue_or_complete(job: Job, orphan: Orphan, now: datetime) -> None:
         complete_job(job, why, now)
     else:
         holdings.release(job)  # nothing runs: nothing to stop
-        resume = (
-            f"resumes from step {stored.latest_step}"
-            if stored.latest_step is not None
-            else "no checkpoint stored: restarts from step 0"
-        )
-        job.step = stored.latest_step or 0  # saved with the transition
+        if stored.latest_step is not None:
+            resume = f"resumes from step {stored.latest_step}"
+            job.step = stored.latest_step  # saved with the transition
+        elif job.restarts_to_resize:  # a torchrun program keeps its own checkpoints
+            resume = "the program resumes from its CHECKPOINT_DIR"
+        else:
+            resume = "no checkpoint stored: restarts from step 0"
+            job.step = 0
         transition(job, JobState.QUEUED, at=now, reason=f"{silence}: requeued, {resume}")
         broadcast(job, "job.updated")
     # A dead run's coordination keys (leader, generation, members) would make the

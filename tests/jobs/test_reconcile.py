@@ -17,21 +17,22 @@ from django.test import override_settings
 from django.utils import timezone
 
 from inventory.models import Server
-from inventory.services import do_heartbeat, jobs_seen
+from inventory.services import do_heartbeat, jobs_seen, sent_at
 from jobs.agent_commands import runtime_job_name
 from jobs.artifacts import prefix_of
-from jobs.control.reconcile import HeldJob, ServerBeats, find_orphans, reconcile
+from jobs.control.reconcile import HeldJob, Limits, ServerBeats, find_orphans, reconcile
 from jobs.control.reports import handle_report
 from jobs.control.state import read_cluster
 from jobs.control.tick import run_tick
 from jobs.models import Job, JobEvent, JobGpu
 from jobs.services import check_job_spec, do_submit_job
 from tests.jobs.control_helpers import demo_cluster, drain_all
+from tests.jobs.test_programs import submit_program
 from workers.artifacts import ArtifactStore
 from workers.elastic.checkpoint import Checkpoints
 from workers.protocol import Heartbeat, RunningWorker
 
-LIMIT = 15.0
+LIMITS = Limits(vanished_s=15.0, never_started_s=75.0)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -54,10 +55,13 @@ def beats(last: float | None, seen: dict[str, float] | None = None, live: bool =
 @pytest.mark.parametrize(
     ("server", "orphaned"),
     [
-        (beats(16.0), True),  # beats for 16 s since placement, never listed
-        (beats(14.0), False),  # within the limit
+        (beats(16.0, {"job-1": 0.5}), True),  # listed once, then 15.5 s of beats without it
+        (beats(14.0, {"job-1": 0.5}), False),  # within the limit
         (beats(30.0, {"job-1": 20.0}), False),  # listed 10 s before the latest beat
         (beats(40.0, {"job-1": 20.0}), True),  # listed, then 20 s without it
+        (beats(60.0), False),  # never listed since placement: the agent may still wait
+        (beats(76.0), True),  # ... but not longer than the start limit
+        (beats(100.0, {"job-1": -5.0}), True),  # listed only before its placement
         (beats(None), False),  # never beat: nothing to judge
         (beats(100.0, live=False), False),  # down: the server-down path's, not ours
         (beats(100.0, {"job-1": 99.0, "job-2": 1.0}), False),  # other jobs do not count
@@ -67,28 +71,48 @@ def test_a_job_is_orphaned_only_after_beats_without_it_for_the_limit(
     server: ServerBeats, orphaned: bool
 ) -> None:
     job = HeldJob(job_id=1, name="job-1", nodes=("n",), since=T0)
-    found = find_orphans([job], {"n": server}, LIMIT)
+    found = find_orphans([job], {"n": server}, LIMITS)
     assert bool(found) is orphaned
     if orphaned:
-        assert found[0].job_id == 1 and found[0].silent_s >= LIMIT
+        assert found[0].job_id == 1 and found[0].silent_s >= LIMITS.vanished_s
 
 
 def test_a_job_listed_by_any_one_of_its_servers_is_alive() -> None:
     job = HeldJob(job_id=1, name="job-1", nodes=("a", "b"), since=T0)
-    silent = ServerBeats("a", True, at(60), {})
-    listing = ServerBeats("b", True, at(60), {"job-1": at(59)})
-    assert find_orphans([job], {"a": silent, "b": listing}, LIMIT) == []
-    gone = ServerBeats("b", True, at(60), {"job-1": at(30)})
-    [orphan] = find_orphans([job], {"a": silent, "b": gone}, LIMIT)
-    assert orphan.nodes == ("a", "b") and orphan.silent_s == 30.0
+    silent = ServerBeats("a", True, at(100), {})
+    listing = ServerBeats("b", True, at(100), {"job-1": at(99)})
+    assert find_orphans([job], {"a": silent, "b": listing}, LIMITS) == []
+    gone = ServerBeats("b", True, at(100), {"job-1": at(70)})
+    [orphan] = find_orphans([job], {"a": silent, "b": gone}, LIMITS)
+    assert (orphan.nodes, orphan.silent_s, orphan.ever_listed) == (("a", "b"), 30.0, True)
     # A server missing from the view (removed, renamed): cannot judge, leave it.
-    assert find_orphans([job], {"a": silent}, LIMIT) == []
+    assert find_orphans([job], {"a": silent}, LIMITS) == []
 
 
 def test_a_command_after_the_last_listing_restarts_the_count() -> None:
     resized = HeldJob(job_id=1, name="job-1", nodes=("n",), since=at(50))
-    server = ServerBeats("n", True, at(60), {"job-1": at(10)})
-    assert find_orphans([resized], {"n": server}, LIMIT) == []
+    server = ServerBeats("n", True, at(100), {"job-1": at(10)})
+    assert find_orphans([resized], {"n": server}, LIMITS) == []  # 50 s < the start limit
+    later = ServerBeats("n", True, at(130), {"job-1": at(10)})
+    [orphan] = find_orphans([resized], {"n": later}, LIMITS)
+    assert not orphan.ever_listed and orphan.silent_s == 80.0
+
+
+@pytest.mark.parametrize(
+    ("info", "expected"),
+    [
+        ({"at": 1767225600.0}, at(0)),  # sent at T0, arrived 10 s later
+        ({"at": 1767225600.0 + 3600}, at(10)),  # a clock ahead: never later than arrival
+        ({}, at(10)),
+        ({"at": "soon"}, at(10)),
+        ({"at": True}, at(10)),
+        ({"at": float("nan")}, at(10)),
+        ({"at": float("inf")}, at(10)),
+        ({"at": 1e300}, at(10)),
+    ],
+)
+def test_a_heartbeat_counts_from_when_it_was_sent(info: dict[str, Any], expected: Any) -> None:
+    assert sent_at(info, received=at(10)) == expected
 
 
 @pytest.mark.parametrize(
@@ -139,13 +163,16 @@ def heartbeat(
         assert do_heartbeat(node=node, info=message.to_dict(), at=when)
 
 
-def placed(alice: Any, acme: Any, gpus: int = 2) -> tuple[Job, list[str], datetime]:
-    """A job placed by a tick at a known time, with its commands drained."""
+def placed(
+    alice: Any, acme: Any, gpus: int = 2, job: Job | None = None
+) -> tuple[Job, list[str], datetime]:
+    """A job (a built-in one by default) placed by a tick at a known time, commands drained."""
     nodes = demo_cluster()
-    job = submit(alice, acme, gpus)
+    job = job or submit(alice, acme, gpus)
     # In the past, so that reports' own times (never later than now) fall after it.
-    start = timezone.now() - timedelta(minutes=30)
+    start = timezone.now() - timedelta(hours=2)
     JobEvent.objects.filter(job=job).update(at=at(-2, start))  # submitted before that
+    Server.objects.update(agent_info={})  # forget demo_cluster's beats of real now
     heartbeat(nodes, at(-1, start))  # the agents' last beats came before the placement
     run_tick(policy="fifo", now=start)
     job.refresh_from_db()
@@ -158,7 +185,7 @@ def reconcile_now(now: datetime) -> list[int]:
     cluster = read_cluster()
     assert cluster is not None
     with transaction.atomic():
-        return reconcile(cluster, now, LIMIT)
+        return reconcile(cluster, now, LIMITS)
 
 
 @pytestmark_db
@@ -188,19 +215,21 @@ def test_a_requeued_job_resumes_from_its_latest_checkpoint_through_the_tick(
     alice: Any, acme: Any, tmp_path: Path, settings: Any
 ) -> None:
     settings.ARTIFACT_URL = f"file://{tmp_path}"
-    settings.RECONCILE_SECONDS = LIMIT
+    settings.RECONCILE_SECONDS = LIMITS.vanished_s
+    settings.RECONCILE_START_SECONDS = LIMITS.never_started_s
     job, nodes, start = placed(alice, acme)
     [home] = hosts(job)
     store = ArtifactStore(f"file://{tmp_path}").child(prefix_of(job))
     checkpoints = Checkpoints(store, keep=2)
     checkpoints.save(20, {"w": 1})
     checkpoints.save(40, {"w": 2})
+    heartbeat(nodes, at(2, start), {home: [job]})
     heartbeat(nodes, at(20, start))  # the stack restarted: no agent runs it
     result = run_tick(policy="fifo", now=at(20, start))
     assert job.pk in result.changed_jobs
     job.refresh_from_db()
     reasons = list(job.events.order_by("pk").values_list("reason", flat=True))
-    assert f"no process on {home} for 20 s: requeued, resumes from step 40" in reasons
+    assert f"no process on {home} for 18 s: requeued, resumes from step 40" in reasons
     # The same tick places it again, and the agents are told to start it afresh.
     assert job.state == "running" and job.step == 40
     starts = [c for cmds in drain_all(nodes).values() for c in cmds if c["type"] == "start_workers"]
@@ -228,13 +257,33 @@ def test_a_just_placed_job_is_untouched(alice: Any, acme: Any) -> None:
     assert reconcile_now(at(600, start)) == []
     heartbeat(nodes, at(1, start))
     assert reconcile_now(at(600, start)) == []
+    heartbeat(nodes, at(70, start))  # the agent may hold a start back up to its slot wait
+    assert reconcile_now(at(70, start)) == []
     job.refresh_from_db()
     assert job.state == "running"
 
 
 @pytestmark_db
+def test_a_job_its_agent_never_started_is_requeued_after_the_start_limit(
+    alice: Any, acme: Any, tmp_path: Path
+) -> None:
+    """Its start command was lost (with a Redis that did not persist, say)."""
+    with override_settings(ARTIFACT_URL=f"file://{tmp_path}"):
+        job, nodes, start = placed(alice, acme)
+        [home] = hosts(job)
+        heartbeat(nodes, at(76, start))
+        assert reconcile_now(at(76, start)) == [job.pk]
+    job.refresh_from_db()
+    assert job.state == "queued" and not JobGpu.objects.filter(job=job).exists()
+    assert job.events.order_by("-pk")[0].reason.startswith(
+        f"no process on {home} for 76 s since it was placed: requeued"
+    )
+
+
+@pytestmark_db
 def test_progress_reports_count_as_a_sign_of_life(alice: Any, acme: Any) -> None:
     job, nodes, start = placed(alice, acme)
+    heartbeat(nodes, at(5, start), {hosts(job)[0]: [job]})
     outcome = handle_report(
         {
             "type": "progress",
@@ -249,7 +298,7 @@ def test_progress_reports_count_as_a_sign_of_life(alice: Any, acme: Any) -> None
         }
     )
     assert outcome == "progress"
-    heartbeat(nodes, at(40, start))
+    heartbeat(nodes, at(40, start))  # 35 s after its last listing, 10 s after its progress
     assert reconcile_now(at(40, start)) == []
 
 
@@ -262,12 +311,31 @@ def test_a_job_with_its_final_checkpoint_stored_is_completed(
         store = ArtifactStore(f"file://{tmp_path}").child(prefix_of(job))
         Checkpoints(store).save(90, {"w": 1})
         Checkpoints(store).save(100, {"w": 2}, final=True)
+        heartbeat(nodes, at(5, start), {hosts(job)[0]: [job]})
         heartbeat(nodes, at(30, start))
         assert reconcile_now(at(30, start)) == [job.pk]
     job.refresh_from_db()
     assert (job.state, job.step) == ("completed", 100)
     assert not JobGpu.objects.filter(job=job).exists()
     assert "final checkpoint (step 100) is stored" in job.events.order_by("-pk")[0].reason
+
+
+@pytestmark_db
+def test_a_torchrun_program_is_requeued_to_resume_from_its_own_checkpoint_dir(
+    alice: Any, acme: Any, tmp_path: Path
+) -> None:
+    with override_settings(ARTIFACT_URL=f"file://{tmp_path}"):
+        program = submit_program(alice, acme, "torchrun", lo=2, hi=2, gpus=2)
+        job, nodes, start = placed(alice, acme, job=program)
+        [home] = hosts(job)
+        heartbeat(nodes, at(5, start), {home: [job]})
+        heartbeat(nodes, at(25, start))
+        assert reconcile_now(at(25, start)) == [job.pk]
+    job.refresh_from_db()
+    assert job.state == "queued"
+    assert job.events.order_by("-pk")[0].reason == (
+        f"no process on {home} for 20 s: requeued, the program resumes from its CHECKPOINT_DIR"
+    )
 
 
 @pytestmark_db

@@ -124,12 +124,15 @@ def stack_processes(
 class Command(BaseCommand):
     """Run the portal with everything it needs, until Ctrl-C."""
 
-    help = "Migrate, create demo data, and run the ASGI server, Celery worker and beat."
+    help = (
+        "Migrate, create demo data, and run (and keep running) the ASGI server, the Celery "
+        "workers (queues portal and whatif), beat and the demo agents."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default=os.environ.get("PORTAL_HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORTAL_PORT", "8000")))
-        parser.add_argument("--no-worker", action="store_true", help="do not start Celery")
+        parser.add_argument("--no-worker", action="store_true", help="do not start Celery workers")
         parser.add_argument("--no-beat", action="store_true", help="do not start Celery beat")
         parser.add_argument(
             "--no-agents",
