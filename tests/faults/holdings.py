@@ -10,8 +10,10 @@ is placed a moment before its processes start; a finished job's processes
 exit a moment after its GPUs are freed):
 
     held twice          two live processes train on one GPU
-    held by the dead    a GPU row of a job that has no process on that GPU
-                        (the tick's reconcile step must free it: RECONCILE_SECONDS)
+    held by the dead    a GPU row of a job whose process on that GPU died
+                        (the runtime or the tick's reconcile step must free it)
+    not started         a GPU row of a job that never had a process on that GPU
+                        (an agent may wait for the slot: RECONCILE_START_SECONDS)
     orphan process      a process trains on a GPU the database gives to no job, or another
     ended job holds     a GPU row of a job in a terminal state
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,13 +71,20 @@ class Allowances:
     """How long (seconds) each condition may last before it is a violation."""
 
     held_twice: float = 5.0
-    held_by_the_dead: float = 25.0
+    held_by_the_dead: float = 12.0
+    not_started: float = 72.0
     orphan_process: float = 15.0
     ended_job_holds: float = 5.0
 
 
-def conditions(held: Iterable[Held], procs: Iterable[TrainingProc]) -> dict[str, str]:
-    """The suspicious conditions of one sample, keyed so that a lasting one keeps its key."""
+def conditions(
+    held: Iterable[Held], procs: Iterable[TrainingProc], started: Collection[tuple[int, int]] = ()
+) -> dict[str, str]:
+    """The suspicious conditions of one sample, keyed so that a lasting one keeps its key.
+
+    ``started`` holds the (job, GPU) pairs that had a process at some earlier
+    sample: a row without one is then held by the dead, else not started yet.
+    """
     found: dict[str, str] = {}
     on_gpu: dict[int, list[TrainingProc]] = {}
     for proc in procs:
@@ -91,9 +100,16 @@ def conditions(held: Iterable[Held], procs: Iterable[TrainingProc]) -> dict[str,
                 f"gpu {row.gpu} is held by job {row.job_id}, which is {row.state}"
             )
         elif not any(p.job == f"job-{row.job_id}" for p in on_gpu.get(row.gpu, [])):
-            found[f"held by the dead: gpu {row.gpu} job {row.job_id}"] = (
-                f"gpu {row.gpu} is held by job {row.job_id} ({row.state}), which has no process on it"
-            )
+            if (row.job_id, row.gpu) in started:
+                found[f"held by the dead: gpu {row.gpu} job {row.job_id}"] = (
+                    f"gpu {row.gpu} is held by job {row.job_id} ({row.state}), "
+                    "whose process on it died"
+                )
+            else:
+                found[f"not started: gpu {row.gpu} job {row.job_id}"] = (
+                    f"gpu {row.gpu} is held by job {row.job_id} ({row.state}), "
+                    "which never had a process on it"
+                )
     for gpu, owners in on_gpu.items():
         for proc in owners:
             row = rows.get(gpu)
@@ -122,6 +138,7 @@ class HoldingsMonitor:
     period_s: float = 0.5
     violations: dict[str, str] = field(default_factory=dict)
     samples: int = 0
+    _started: set[tuple[int, int]] = field(default_factory=set)
     _since: dict[str, float] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -142,7 +159,14 @@ class HoldingsMonitor:
         except Exception:  # the database is restarting: no sample, nothing forgotten
             return
         now = time.monotonic()
-        found = conditions(held, training_processes(self.step_dir))
+        procs = training_processes(self.step_dir)
+        found = conditions(held, procs, self._started)
+        self._started |= {
+            (row.job_id, row.gpu)
+            for row in held
+            for p in procs
+            if p.gpu == row.gpu and p.job == f"job-{row.job_id}"
+        }
         self._note(
             [f"+ {found[key]}" for key in found.keys() - self._since.keys()]
             + [

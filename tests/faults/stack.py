@@ -43,6 +43,7 @@ EPOCHS = 30
 BATCH = 64
 CHECKPOINT_EVERY = 20
 RECONCILE_SECONDS = 5
+RECONCILE_START_SECONDS = 15
 # Fast control loop: the tick every second, a job whose workers no heartbeat lists
 # for 5 s is reconciled. A server is down after the default 20 s of silence: an
 # agent that runstack restarts is back well before (and adopts its processes).
@@ -51,10 +52,15 @@ TIMINGS = {
     "AGENT_HEARTBEAT_SECONDS": "1",
     "AGENT_DOWN_AFTER_SECONDS": "20",
     "RECONCILE_SECONDS": str(RECONCILE_SECONDS),
+    # No test job waits for a slot (no process outlives its job): a job never seen
+    # running may be reaped soon after its placement.
+    "RECONCILE_START_SECONDS": str(RECONCILE_START_SECONDS),
 }
 # A GPU row with no process on it is freed (or given a process) within the reconcile
 # time and a few ticks; anything else may last a moment (a process starting, exiting).
-ALLOWANCES = Allowances(held_by_the_dead=RECONCILE_SECONDS + 7.0)
+ALLOWANCES = Allowances(
+    held_by_the_dead=RECONCILE_SECONDS + 7.0, not_started=RECONCILE_START_SECONDS + 7.0
+)
 
 
 @dataclass

@@ -66,15 +66,14 @@ def proc(job: int, gpu: int, pid: int = 1) -> TrainingProc:
 
 def test_holdings_conditions_name_each_kind_of_wrong() -> None:
     assert conditions([Held(1, "running", 0)], [proc(1, 0)]) == {}
-    found = conditions(
-        [Held(1, "running", 0), Held(2, "completed", 3), Held(4, "running", 5)],
-        [proc(1, 0, pid=10), proc(3, 0, pid=11), proc(5, 6, pid=12)],
-    )
-    assert set(found) == {
+    held = [Held(1, "running", 0), Held(2, "completed", 3), Held(4, "running", 5)]
+    procs = [proc(1, 0, pid=10), proc(3, 0, pid=11), proc(5, 6, pid=12)]
+    assert set(conditions(held, procs)) == {
         "held twice: gpu 0",
         "orphan process: pid 11",
         "ended job holds: gpu 3",
-        "held by the dead: gpu 5 job 4",
+        "not started: gpu 5 job 4",
         "orphan process: pid 12",
     }
+    assert "held by the dead: gpu 5 job 4" in conditions(held, procs, started={(4, 5)})
     assert allowance_of("held by the dead: gpu 5 job 4", Allowances(held_by_the_dead=7.0)) == 7.0

@@ -33,6 +33,7 @@ from tests.faults.steplog import attempts_after, read_step_logs
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
 LONG_EPOCHS = 100
+TICK_RECOVERY_S = 30  # a restarted Celery worker boots, then ticks within a second
 TICK_LOCK_KEY = "portal:scheduler-tick"  # jobs.control.tick.LOCK_KEY, held while a tick runs
 
 
@@ -131,6 +132,14 @@ def test_sigkill_the_celery_worker_mid_tick_then_beat(
     sigkill(worker.pid)
     wait_for_replacement(stack.proc.pid, "worker", worker.pid, timeout=30)
     scenario_clock("Celery worker restarted")
+    # The next tick repairs what the killed one left: it must not wait for the killed
+    # tick's lock to time out (60 s) before it places the job the killed one did not.
+    stack.wait_for(
+        "a tick after the restart to place the queued job",
+        lambda: stack.job(queued)["state"] != "queued",
+        timeout=TICK_RECOVERY_S,
+    )
+    scenario_clock("the queued job placed")
     beat = stack.roles()["beat"]
     sigkill(beat.pid)
     wait_for_replacement(stack.proc.pid, "beat", beat.pid, timeout=30)
