@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -169,6 +170,15 @@ class FaultStack:
             lambda: not [p for p in training_processes(self.step_dir) if p.job in names],
             timeout,
         )
+
+    def cancel_unfinished(self, job_ids: list[int]) -> None:
+        """Cancel those of the jobs still queued or running, and wait for their processes."""
+        alive = [job_id for job_id in job_ids if not self._ended(job_id)]
+        for job_id in alive:
+            with contextlib.suppress(urllib.error.HTTPError):
+                self.api(f"/api/v1/jobs/{job_id}/cancel/", {})
+        with contextlib.suppress(AssertionError):
+            self.wait_processes_gone(alive, timeout=60)
 
     def _ended(self, job_id: int) -> bool:
         return self.job(job_id)["state"] in ("completed", "failed", "cancelled")

@@ -50,10 +50,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory, own_redis: RedisServer) -> I
 
 
 @pytest.fixture(autouse=True)
-def fresh_judges(stack: FaultStack) -> None:
-    """Each scenario is judged on its own: what the monitor saw before does not count."""
+def one_scenario(stack: FaultStack) -> Iterator[None]:
+    """Each scenario is judged on its own, and a failed one leaves no job behind."""
     if stack.monitor is not None:
         stack.monitor.violations.clear()
+    before = len(stack.submitted)
+    yield
+    stack.cancel_unfinished(stack.submitted[before:])
 
 
 def processes_of(stack: FaultStack, job_id: int) -> dict[str, int]:
