@@ -12,7 +12,7 @@ from portal.metrics import metrics_view
 
 urlpatterns = [
     path("", portal_views.dashboard, name="dashboard"),
-    path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
+    path("login/", portal_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("account/token/", portal_views.api_token, name="api-token"),
     path(

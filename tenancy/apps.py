@@ -8,3 +8,9 @@ class TenancyConfig(AppConfig):
 
     name = "tenancy"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        """Connect the receivers that keep live sockets in step with access changes."""
+        from tenancy import signals  # the receivers need the app registry: import when ready
+
+        signals.connect()

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils.text import slugify
@@ -37,6 +39,19 @@ def check_slug(slug: str) -> str:
     if Tenant.objects.filter(slug=slug).exists():
         raise TenancyError(f"tenant {slug!r} already exists")
     return slug
+
+
+def check_password_strength(*, username: str, password: str) -> None:
+    """Refuse a password that ``AUTH_PASSWORD_VALIDATORS`` reject for ``username``.
+
+    The user may exist already (their other attributes are compared too) or not yet.
+    """
+    user_model = get_user_model()
+    user = user_model.objects.filter(username=username).first() or user_model(username=username)
+    try:
+        validate_password(password, user=user)
+    except ValidationError as exc:
+        raise TenancyError("password refused: " + " ".join(exc.messages)) from exc
 
 
 @transaction.atomic
@@ -83,6 +98,16 @@ def do_add_member(*, tenant: Tenant, user: AbstractBaseUser, role: str = Role.ME
         user=user, tenant=tenant, defaults={"role": role}
     )
     return membership
+
+
+@transaction.atomic
+def do_remove_member(*, tenant: Tenant, user: AbstractBaseUser) -> bool:
+    """Take ``user`` out of ``tenant`` (True if they were a member).
+
+    Their open live sockets drop the tenant's topics once this commits (``tenancy.signals``).
+    """
+    deleted, _ = Membership.objects.filter(tenant=tenant, user_id=user.pk).delete()
+    return deleted > 0
 
 
 def can_write(user: AbstractBaseUser | AnonymousUser, tenant: Tenant) -> bool:

@@ -171,9 +171,6 @@ CELERY_BEAT_SCHEDULE = {
 }
 
 # --- Auth and API.
-AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
-]
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
@@ -232,3 +229,46 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"django.channels.server": {"level": "WARNING"}},
 }
+
+# --- Sessions, sockets and abuse limits (docs: tenancy.login_limits, portal.origin).
+# Django's four standard password rules; ``createtenant`` applies them to the owner's password.
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+# ModelBackend that refuses locked-out sign-ins (login page and admin alike).  Sessions
+# made under the plain ModelBackend end with this change: users sign in once more.
+AUTHENTICATION_BACKENDS = ["tenancy.login_limits.RateLimitedModelBackend"]
+LOGIN_FAILURES_PER_ACCOUNT = env_int("LOGIN_FAILURES_PER_ACCOUNT", 5)
+LOGIN_FAILURES_PER_ADDRESS = env_int("LOGIN_FAILURES_PER_ADDRESS", 20)
+LOGIN_FAILURE_WINDOW_SECONDS = env_int("LOGIN_FAILURE_WINDOW_SECONDS", 15 * 60)
+# How often an open live socket re-checks its session and subscriptions (besides the
+# re-check that every membership or user change triggers at once).
+LIVE_RECHECK_SECONDS = env_float("LIVE_RECHECK_SECONDS", 60.0)
+# API throttles (tenancy.throttles): per user (session or token) and per anonymous address.
+REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"] = [
+    "tenancy.throttles.AnonAddressThrottle",
+    "tenancy.throttles.PerUserThrottle",
+]
+API_THROTTLE_RATES = {
+    "anon": env_str("API_THROTTLE_ANON", "60/minute"),
+    "user": env_str("API_THROTTLE_USER", "1200/minute"),
+}
+# Jobs a tenant may have waiting (pending or queued) at once; per tenant in the admin.
+DEFAULT_TENANT_MAX_QUEUED_JOBS = env_int("DEFAULT_TENANT_MAX_QUEUED_JOBS", 100)
+# What-if simulations run on their own queue and worker, so they never delay the tick
+# or the agents' reports (queue "portal"); bounded in time and in size.
+CELERY_TASK_ROUTES = {
+    "portal.whatif.run": {"queue": "whatif"},
+    "control.scheduler_tick": {"queue": "portal"},
+    "control.agent_report": {"queue": "portal"},
+}
+WHATIF_SOFT_TIME_LIMIT_SECONDS = env_int("WHATIF_SOFT_TIME_LIMIT_SECONDS", 600)
+WHATIF_MAX_TRACE_JOBS = env_int("WHATIF_MAX_TRACE_JOBS", 5000)
+WHATIF_MAX_GPUS = env_int("WHATIF_MAX_GPUS", 16_384)
+WHATIF_MAX_LEAVES = env_int("WHATIF_MAX_LEAVES", 512)
+# ``/metrics``: a scraper sends ``Authorization: Bearer <METRICS_TOKEN>``; unset, only an
+# admin's session may read it.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")

@@ -12,3 +12,7 @@ from portal.settings.base import *  # noqa: F403
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 DEBUG = False
 CACHES["default"]["KEY_PREFIX"] = "portal-test"  # noqa: F405
+# Tests make many requests quickly as a few users, from one address, run after run (the
+# counts outlive a run in Redis); the rate-limit tests set their own limits.
+API_THROTTLE_RATES = {"anon": "100000/minute", "user": "100000/minute"}
+LOGIN_FAILURES_PER_ACCOUNT = LOGIN_FAILURES_PER_ADDRESS = 100_000
