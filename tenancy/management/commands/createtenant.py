@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from tenancy.services import TenancyError, do_create_tenant
+from tenancy.services import TenancyError, check_password_strength, do_create_tenant
 
 
 class Command(BaseCommand):
@@ -17,7 +17,10 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("slug", help="short unique name: lowercase letters, digits, hyphens")
         parser.add_argument("--owner", required=True, help="username of the owner")
-        parser.add_argument("--password", help="password for the owner (sets or changes it)")
+        parser.add_argument(
+            "--password",
+            help="password for the owner (sets or changes it); must pass the password validators",
+        )
         parser.add_argument("--name", help="display name (defaults to the slug)")
         parser.add_argument("--gpu-quota", type=int, default=8, help="most GPUs held at once")
         parser.add_argument(
@@ -28,6 +31,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
+            if options["password"] is not None:
+                check_password_strength(username=options["owner"], password=options["password"])
             created = do_create_tenant(
                 slug=options["slug"],
                 owner_username=options["owner"],
