@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.db import connections, transaction
 from django.test import Client, override_settings
 from rest_framework.test import APIClient
 
+from jobs.errors import JobConflictError
 from jobs.models import Job
+from jobs.services import check_job_spec, do_submit_job
 from tenancy.models import Tenant
 from tenancy.services import do_add_member, do_create_tenant
 from tests.conftest import job_body
@@ -94,3 +99,34 @@ def test_a_zero_cap_refuses_every_submission(
     Tenant.objects.filter(pk=acme.pk).update(max_queued_jobs=0)
     refused = token_client(alice).post("/api/v1/jobs/", job_body(gpus=1), format="json")
     assert refused.status_code == 409 and not Job.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_submissions_cannot_both_take_the_last_place(alice: Any, acme: Tenant) -> None:
+    """The tenant row is locked while a submission counts: two at once, one place, one job."""
+    if connections["default"].vendor != "postgresql":
+        pytest.skip("row locks need PostgreSQL (SQLite serializes every write anyway)")
+    Tenant.objects.filter(pk=acme.pk).update(max_queued_jobs=1)
+    spec = check_job_spec(tenant=acme, data=job_body(gpus=1))
+    barrier = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def submit_at_once() -> None:
+        try:
+            with transaction.atomic():
+                barrier.wait(5)
+                do_submit_job(user=alice, tenant=acme, spec=spec)
+                time.sleep(0.3)  # hold the transaction open: the other one must wait
+            outcomes.append("created")
+        except JobConflictError:
+            outcomes.append("refused")
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=submit_at_once) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(outcomes) == ["created", "refused"]
+    assert Job.objects.filter(tenant=acme).count() == 1
