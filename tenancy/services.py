@@ -64,11 +64,17 @@ def do_create_tenant(
     gpu_quota: int = 8,
     email: str = "",
     profile_jobs: bool = True,
+    max_queued_jobs: int | None = None,
 ) -> TenantCreated:
-    """Create a tenant and make ``owner_username`` its owner (creating that user if needed)."""
+    """Create a tenant and make ``owner_username`` its owner (creating that user if needed).
+
+    ``max_queued_jobs`` defaults to ``DEFAULT_TENANT_MAX_QUEUED_JOBS``.
+    """
     check_slug(slug)
     if gpu_quota < 0:
         raise TenancyError("gpu quota must be zero or more")
+    if max_queued_jobs is not None and max_queued_jobs < 0:
+        raise TenancyError("the cap on waiting jobs must be zero or more")
     user_model = get_user_model()
     owner, created = user_model.objects.get_or_create(
         username=owner_username, defaults={"email": email}
@@ -82,8 +88,9 @@ def do_create_tenant(
     elif password:
         owner.set_password(password)
         owner.save(update_fields=["password"])
+    cap = {} if max_queued_jobs is None else {"max_queued_jobs": max_queued_jobs}
     tenant = Tenant.objects.create(
-        slug=slug, name=name or slug, gpu_quota=gpu_quota, profile_jobs=profile_jobs
+        slug=slug, name=name or slug, gpu_quota=gpu_quota, profile_jobs=profile_jobs, **cap
     )
     Membership.objects.create(user=owner, tenant=tenant, role=Role.OWNER)
     return TenantCreated(tenant=tenant, owner_created=created)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import connections, transaction
 from django.test import Client, override_settings
 from rest_framework.test import APIClient
@@ -130,3 +132,12 @@ def test_concurrent_submissions_cannot_both_take_the_last_place(alice: Any, acme
         thread.join(30)
     assert sorted(outcomes) == ["created", "refused"]
     assert Job.objects.filter(tenant=acme).count() == 1
+
+
+def test_createtenant_sets_the_cap_and_refuses_a_negative_one() -> None:
+    out = StringIO()
+    call_command("createtenant", "big", "--owner", "bea", "--max-queued-jobs", "5000", stdout=out)
+    assert Tenant.objects.get(slug="big").max_queued_jobs == 5000
+    with pytest.raises(CommandError, match="zero or more"):
+        call_command("createtenant", "neg", "--owner", "bea", "--max-queued-jobs", "-1")
+    assert not Tenant.objects.filter(slug="neg").exists()

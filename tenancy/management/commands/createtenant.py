@@ -1,4 +1,5 @@
-"""``manage.py createtenant SLUG --owner USERNAME [--password P] [--gpu-quota N]``."""
+"""``manage.py createtenant SLUG --owner USERNAME [--password P] [--gpu-quota N]
+[--max-queued-jobs N] [--no-profile]``."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ class Command(BaseCommand):
         parser.add_argument("--name", help="display name (defaults to the slug)")
         parser.add_argument("--gpu-quota", type=int, default=8, help="most GPUs held at once")
         parser.add_argument(
+            "--max-queued-jobs",
+            type=int,
+            help="most jobs waiting at once (default: DEFAULT_TENANT_MAX_QUEUED_JOBS)",
+        )
+        parser.add_argument(
             "--no-profile",
             action="store_true",
             help="do not profile each job's throughput curve on its first run",
@@ -39,6 +45,7 @@ class Command(BaseCommand):
                 name=options["name"],
                 password=options["password"],
                 gpu_quota=options["gpu_quota"],
+                max_queued_jobs=options["max_queued_jobs"],
                 profile_jobs=not options["no_profile"],
             )
         except TenancyError as exc:
