@@ -63,6 +63,11 @@ def mark_hosted(node: str, jobs: Iterable[str]) -> None:
     cache.set_many({_marker(node, job): 1 for job in jobs}, timeout=grace)
 
 
+def forget_hosted(node: str, jobs: Iterable[str]) -> None:
+    """Drop what ``mark_hosted`` remembered (a job's id reused, a test's clean slate)."""
+    cache.delete_many([_marker(node, job) for job in jobs])
+
+
 def holds(node: str, job_id: int) -> bool:
     """Whether ``node`` holds one of the job's GPUs now."""
     return JobGpu.objects.filter(job_id=job_id, gpu__server__node=node).exists()

@@ -26,13 +26,9 @@ def demo_cluster(spec: dict[str, int] | None = None) -> list[str]:
     return nodes
 
 
-def drain_queue(node: str) -> list[dict[str, Any]]:
-    """Pop every command waiting on ``agent.<node>`` (the real Redis list).
-
-    Each must be signed for ``node`` with its key, as its agent checks; the
-    commands are returned unwrapped.
-    """
-    commands: list[dict[str, Any]] = []
+def drain_envelopes(node: str) -> list[dict[str, Any]]:
+    """Pop every message waiting on ``agent.<node>`` (the real Redis list), as sent."""
+    envelopes: list[dict[str, Any]] = []
     with app.connection_for_read() as conn:
         queue = conn.SimpleQueue(agent_queue(node), no_ack=True)
         try:
@@ -41,14 +37,21 @@ def drain_queue(node: str) -> list[dict[str, Any]]:
                     message = queue.get(block=False)
                 except queue.Empty:
                     break
-                envelope = message.payload[0][0]
-                signed = open_envelope(
-                    envelope, key_for=key_of, now=time.time(), expected_node=node
-                )
-                commands.append(signed.body)
+                envelopes.append(message.payload[0][0])
         finally:
             queue.close()
-    return commands
+    return envelopes
+
+
+def drain_queue(node: str) -> list[dict[str, Any]]:
+    """Pop every command waiting on ``agent.<node>``, unwrapped.
+
+    Each must be signed for ``node`` with its key, as its agent checks.
+    """
+    return [
+        open_envelope(envelope, key_for=key_of, now=time.time(), expected_node=node).body
+        for envelope in drain_envelopes(node)
+    ]
 
 
 def drain_all(nodes: list[str]) -> dict[str, list[dict[str, Any]]]:
