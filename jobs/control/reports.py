@@ -6,9 +6,10 @@ that is unsigned, badly signed, stale, from the future, or whose body names
 another node than the one that signed it, and a job report from a node that
 does not host the job (``jobs.agent_trust.hosts``).  A heartbeat's worker
 list keeps only the jobs its node hosts.  Every report is then parsed
-strictly (``workers.protocol``); a malformed one is logged and changes nothing.  Handlers are idempotent: runtime events carry a
-stream id and a job applies each id once (ids only grow); the other reports
-describe a state, and applying a state twice is harmless.
+strictly (``workers.protocol``); a malformed one is logged and changes
+nothing.  Handlers are idempotent: runtime events carry a stream id and a job
+applies each id once (ids only grow); the other reports describe a state, and
+applying a state twice is harmless.
 """
 
 from __future__ import annotations
