@@ -56,6 +56,21 @@ def worker_id(gpu: int) -> str:
     return f"w{gpu}"
 
 
+def gpu_of_worker(name: str) -> int | None:
+    """Inverse of :func:`worker_id`; None for names that are not ours."""
+    digits = name[1:] if name.startswith("w") else ""
+    return int(digits) if digits.isdigit() else None
+
+
+def leaving_workers(command: Command) -> tuple[str, ...]:
+    """The workers a command asks to leave (they may sit on other nodes than its own)."""
+    if isinstance(command, ScaleIn):
+        return command.worker_ids
+    if isinstance(command, Migrate):
+        return command.leaving
+    return ()
+
+
 @dataclass(frozen=True)
 class ProgramLaunch:
     """A tenant's program: its bundle, entrypoint argv, launcher and environment.

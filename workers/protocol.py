@@ -7,6 +7,10 @@ back to the control plane, as the Celery task ``REPORT_TASK`` on
 
     {"type": "scale_in", "job": "j-42", "command_id": "c-7", "worker_ids": ["w3"]}
 
+On the wire each message is the ``body`` of an envelope signed with the
+node's key (``workers.signing``): the receiver checks the envelope first,
+and only then parses the body with this module.
+
 Every message is a frozen dataclass.  ``from_dict`` is strict: an unknown
 type, an unknown or missing field, a value of the wrong type or out of range
 raises ``ProtocolError`` with a message that names the field, and builds

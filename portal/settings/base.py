@@ -107,6 +107,15 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "portal"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
+# --- Signed agent messages (workers/signing.py, docs/security.md): every node's key is
+# derived from AGENT_SIGNING_KEY (default: derived from SECRET_KEY); a message older than
+# AGENT_MESSAGE_MAX_AGE_SECONDS (or further ahead than the skew) is refused, as is a report
+# about a job its node has not held, nor been sent a command for, within the grace.
+AGENT_SIGNING_KEY = env_str("AGENT_SIGNING_KEY", "")
+AGENT_MESSAGE_MAX_AGE_SECONDS = env_float("AGENT_MESSAGE_MAX_AGE_SECONDS", 900.0)
+AGENT_MESSAGE_MAX_SKEW_SECONDS = env_float("AGENT_MESSAGE_MAX_SKEW_SECONDS", 60.0)
+AGENT_HOSTED_GRACE_SECONDS = env_float("AGENT_HOSTED_GRACE_SECONDS", 3600.0)
+
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
@@ -119,6 +128,8 @@ CACHES = {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": "portal",
+        # JSON, not pickle: whoever can write to Redis must not run code here.
+        "OPTIONS": {"serializer": "portal.cache.JSONSerializer"},
     }
 }
 

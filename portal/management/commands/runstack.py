@@ -64,6 +64,7 @@ def stack_processes(
         )
     if agents:
         from inventory.models import Server
+        from jobs.agent_trust import key_text
 
         servers = Server.objects.annotate(gpus=Count("gpu_set")).order_by("leaf", "slot")
         for node, gpus in servers.values_list("node", "gpus"):
@@ -80,6 +81,7 @@ def stack_processes(
                         "--loglevel",
                         "WARNING",
                     ),
+                    env={"AGENT_KEY": key_text(node)},
                 )
             )
     return specs
