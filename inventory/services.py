@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import transaction
@@ -252,17 +252,105 @@ def do_set_server_state(*, node: str, state: str, reason: str = "by an admin") -
     return server
 
 
+JOBS_SEEN = "jobs_seen"
+"""Key of ``Server.agent_info``: job name → ISO time of the last heartbeat that listed it."""
+
+BEAT_AT = "beat_at"
+"""Key of ``Server.agent_info``: ISO time the newest heartbeat so far was sent."""
+
+JOBS_SEEN_HORIZON = timedelta(hours=1)
+"""Entries older than this are dropped: the map stays as small as the jobs lately on the node."""
+
+
+def _parse_time(stamp: Any) -> datetime | None:
+    if not isinstance(stamp, str):
+        return None
+    try:
+        at = datetime.fromisoformat(stamp)
+    except ValueError:
+        return None
+    return at if at.tzinfo is not None else None
+
+
+def beat_at(agent_info: Any) -> datetime | None:
+    """When the server's newest heartbeat was sent (None for rows from before this was kept)."""
+    return _parse_time(agent_info.get(BEAT_AT)) if isinstance(agent_info, Mapping) else None
+
+
+def sent_at(info: Mapping[str, Any], received: datetime) -> datetime:
+    """A heartbeat's own time: when the agent sent it, never later than its arrival.
+
+    A report that waited in a backlog keeps the time it was sent, so it does not
+    look like news; an agent's clock that runs ahead cannot push it later.
+    """
+    raw = info.get("at")
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        return received
+    try:
+        sent = datetime.fromtimestamp(raw, tz=UTC)
+    except (ValueError, OverflowError, OSError):  # nan, inf, out of range
+        return received
+    return min(sent, received)
+
+
+def jobs_seen(agent_info: Any) -> dict[str, datetime]:
+    """When each job was last listed by the server's heartbeats (read by the tick's reconcile).
+
+    Tolerates anything in ``agent_info`` (older rows, hand edits): what does not
+    parse is left out.
+    """
+    raw = agent_info.get(JOBS_SEEN) if isinstance(agent_info, Mapping) else None
+    if not isinstance(raw, Mapping):
+        return {}
+    seen: dict[str, datetime] = {}
+    for job, stamp in raw.items():
+        at = _parse_time(stamp)
+        if isinstance(job, str) and at is not None:
+            seen[job] = at
+    return seen
+
+
+def listed_jobs(info: Mapping[str, Any]) -> set[str]:
+    """The jobs that a heartbeat's ``workers`` list runs (the protocol checked its shape)."""
+    workers = info.get("workers")
+    if not isinstance(workers, list | tuple):
+        return set()
+    return {w["job"] for w in workers if isinstance(w, Mapping) and isinstance(w.get("job"), str)}
+
+
+def _merge_seen(previous: Any, listed: set[str], at: datetime) -> dict[str, str]:
+    """The previous map with ``listed`` seen at ``at`` (reports may arrive out of order)."""
+    seen = {
+        job: stamp for job, stamp in jobs_seen(previous).items() if at - stamp < JOBS_SEEN_HORIZON
+    }
+    for job in listed:
+        seen[job] = max(at, seen.get(job, at))
+    return {job: stamp.isoformat() for job, stamp in seen.items()}
+
+
 @transaction.atomic
 def do_heartbeat(*, node: str, info: Mapping[str, Any], at: datetime | None = None) -> bool:
     """Record an agent's heartbeat; a server marked down by missed beats comes back up.
 
+    Besides the heartbeat itself, remembers when each job was last listed with
+    running workers (``jobs_seen``) and when the newest heartbeat was sent
+    (``beat_at``), both in the agent's own sending time (``sent_at``), so the
+    tick can tell a job with no process (``jobs.control.reconcile``).
     Returns False for an unknown node (the report is ignored, nothing changes).
     """
     server = Server.objects.select_for_update().filter(node=node).first()
     if server is None:
         return False
-    server.last_heartbeat = at or timezone.now()
-    server.agent_info = dict(info)
+    now = at or timezone.now()
+    previous = server.agent_info
+    sent = sent_at(info, now)
+    newest = max(sent, beat_at(previous) or sent)
+    server.last_heartbeat = now
+    server.agent_info = {
+        **info,
+        JOBS_SEEN: _merge_seen(previous, listed_jobs(info), sent),
+        BEAT_AT: newest.isoformat(),
+    }
     fields = ["last_heartbeat", "agent_info"]
     if server.state == ServerState.DOWN and server.state_reason == MISSED_HEARTBEATS:
         server.state = ServerState.UP

@@ -1,7 +1,13 @@
-"""The demo data that ``make run`` creates on first start: an admin and a tenant."""
+"""The demo data that ``make run`` creates on first start: an admin and a tenant.
+
+No fixed passwords: each demo account gets a random one when it is created,
+printed once by ``runstack``; on an external database there are no demo
+accounts at all.
+"""
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
@@ -11,34 +17,82 @@ from tenancy.models import Tenant
 from tenancy.services import do_create_tenant
 
 DEMO_FABRIC = {"leaves": 2, "spines": 2, "servers_per_leaf": 2, "gpus_per_server": 2}
-DEMO_ADMIN = ("admin", "admin")
-DEMO_TENANT = ("demo", "demo", "demo")  # slug, owner, password
+DEMO_ADMIN = "admin"
+DEMO_TENANT = ("demo", "demo")  # slug, owner
+
+
+@dataclass(frozen=True)
+class DemoAccount:
+    """One demo login; ``password`` is known only on the run that created the account."""
+
+    username: str
+    password: str | None
+    role: str
 
 
 @dataclass(frozen=True)
 class DemoCredentials:
-    """Who can log in to the demo."""
+    """Who can log in to the demo; empty on a real (external) database."""
 
-    admin_user: str
-    admin_password: str
-    tenant: str
-    tenant_user: str
-    tenant_password: str
+    accounts: tuple[DemoAccount, ...] = ()
+    skipped: bool = False
+
+    def describe(self) -> str:
+        """Lines for the ``runstack`` banner: a new password once, never again."""
+        if self.skipped:
+            return (
+                "  no demo users (DATABASE_URL is set): create your own with "
+                "`manage.py createsuperuser` and `manage.py createtenant`\n"
+            )
+        lines = []
+        for account in self.accounts:
+            if account.password is not None:
+                lines.append(
+                    f"  {account.role}: {account.username} / {account.password}   "
+                    "(new password, shown this once: note it now)\n"
+                )
+            else:
+                lines.append(
+                    f"  {account.role}: {account.username}   (password shown when it was "
+                    "created; `manage.py changepassword` sets a new one)\n"
+                )
+        return "".join(lines)
+
+
+def new_password() -> str:
+    """A random password for a demo account (about 96 bits, easy to copy)."""
+    return secrets.token_urlsafe(12)
 
 
 @transaction.atomic
-def ensure_demo_data() -> DemoCredentials:
-    """Create the demo admin and tenant if they are missing (idempotent)."""
+def ensure_demo_data(*, external_database: bool) -> DemoCredentials:
+    """Create the demo admin and tenant if they are missing (idempotent).
+
+    Each account gets a random password when it is created, returned this once
+    and never again.  On an external database (``DATABASE_URL`` set, a real
+    deployment) no demo account is created at all.
+    """
+    if external_database:
+        return DemoCredentials(skipped=True)
     user_model = get_user_model()
-    admin_name, admin_password = DEMO_ADMIN
-    if not user_model.objects.filter(username=admin_name).exists():
-        user_model.objects.create_superuser(admin_name, "", admin_password)
-    slug, owner, password = DEMO_TENANT
+    admin_password: str | None = None
+    if not user_model.objects.filter(username=DEMO_ADMIN).exists():
+        admin_password = new_password()
+        user_model.objects.create_superuser(DEMO_ADMIN, "", admin_password)
+    slug, owner = DEMO_TENANT
+    tenant_password: str | None = None
     if not Tenant.objects.filter(slug=slug).exists():
+        existing_owner = user_model.objects.filter(username=owner).exists()
+        tenant_password = None if existing_owner else new_password()
         do_create_tenant(
-            slug=slug, owner_username=owner, name="Demo team", password=password, gpu_quota=8
+            slug=slug, owner_username=owner, name="Demo team", password=tenant_password, gpu_quota=8
         )
-    return DemoCredentials(admin_name, admin_password, slug, owner, password)
+    return DemoCredentials(
+        accounts=(
+            DemoAccount(DEMO_ADMIN, admin_password, "admin "),
+            DemoAccount(owner, tenant_password, f"tenant '{slug}'"),
+        )
+    )
 
 
 def ensure_demo_fabric() -> None:

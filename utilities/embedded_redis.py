@@ -5,16 +5,25 @@ broker, Channels layer, the elastic runtime's coordination store).  This module
 starts the bundled binary on a loopback port, once per data directory, and
 shares it with every process that runs against that directory:
 
-    data_dir/redis/port       the TCP port of the running server
-    data_dir/redis/password   its password (mode 0600, random, made once)
-    data_dir/redis/conf       its configuration (mode 0600: holds ``requirepass``)
-    data_dir/redis/pid        its process id
-    data_dir/redis/lock       serialises concurrent starts
+    data_dir/redis/                mode 0700: only this user reads the data
+    data_dir/redis/port            the TCP port of the running server
+    data_dir/redis/password        the portal user's password (mode 0600, random, made once)
+    data_dir/redis/conf            its configuration (mode 0600: holds the ACL users)
+    data_dir/redis/appendonly.aof  the append-only file: what was written survives a restart
+    data_dir/redis/pid             its process id
+    data_dir/redis/lock            serialises concurrent starts
 
-The server requires the password (``requirepass``), so no client without it
-is answered, not even a tenant's program on the same host (it shares the
-host's network for torch.distributed); URLs carry it as
-``redis://:PASSWORD@127.0.0.1:PORT/0``.
+Access is by ACL: the ``default`` user is off, and the one user, ``portal``,
+has the generated password and every right (the agents create per-job users
+with it, ``workers.agent.redis_acl``).  No client without the password is
+answered, not even a tenant's program on the same host (it shares the host's
+network for torch.distributed); URLs carry the user and password as
+``redis://portal:PASSWORD@127.0.0.1:PORT/0``.
+
+Everything written is appended to the append-only file (fsync every second),
+so a server that dies and is started again on the same directory still holds
+the Celery queues, the Channels groups and the runtime's coordination keys:
+at most the last second is lost, and nothing on a clean stop.
 
 The port is chosen once and recorded, so settings can name the server's URL
 without starting anything (``recorded_url``); whoever needs the server running —
@@ -38,7 +47,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-_OWNED: list[subprocess.Popen[bytes]] = []
+_OWNED: dict[Path, subprocess.Popen[bytes]] = {}
+"""The servers this process started, by state directory; it stops them at exit."""
+
+USER = "portal"
+"""The ACL user every portal process (web, Celery, agents) connects as."""
 
 
 class EmbeddedRedisError(RuntimeError):
@@ -61,11 +74,13 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def answers_ping(port: int, timeout: float = 0.5, password: str | None = None) -> bool:
+def answers_ping(
+    port: int, timeout: float = 0.5, password: str | None = None, user: str = USER
+) -> bool:
     """Whether a Redis server answers PING on loopback ``port`` (after AUTH, given a password)."""
     hello = b"PING\r\n"
     if password is not None:
-        hello = _command("AUTH", password) + hello
+        hello = _command("AUTH", user, password) + hello
     expected = (b"+OK\r\n" if password is not None else b"") + b"+PONG\r\n"
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as conn:
@@ -116,6 +131,7 @@ def _locked_state(data_dir: Path) -> Iterator[Path]:
     """The server's state directory under ``data_dir``, held under its lock file."""
     state_dir = data_dir / "redis"
     state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.chmod(0o700)  # the append-only file holds every queued message and secret
     with open(state_dir / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield state_dir
@@ -136,7 +152,7 @@ def recorded_url(data_dir: Path) -> str:
 
 
 def _url(port: int, password: str) -> str:
-    return f"redis://:{password}@127.0.0.1:{port}/0"
+    return f"redis://{USER}:{password}@127.0.0.1:{port}/0"
 
 
 def ensure_running(data_dir: Path, *, startup_timeout: float = 10.0) -> str:
@@ -172,6 +188,23 @@ def _port_is_free(port: int) -> bool:
     return True
 
 
+def server_config(password: str) -> str:
+    """The server's configuration file: ACL users and persistence.
+
+    ``default`` is switched off with no rights left, so a client that does not
+    authenticate, or authenticates as ``default``, is refused; ``portal`` may
+    do everything, including creating the per-job users of the agents.
+    """
+    if not password.isalnum():
+        raise EmbeddedRedisError("the embedded Redis password must be letters and digits")
+    return (
+        "user default off resetkeys resetchannels -@all\n"
+        f"user {USER} on >{password} ~* &* +@all\n"
+        "appendonly yes\n"
+        "appendfsync everysec\n"
+    )
+
+
 def _start(state_dir: Path, recorded: int | None, password: str, startup_timeout: float) -> int:
     port = recorded if recorded is not None and _port_is_free(recorded) else _free_port()
     (state_dir / "port").write_text(str(port))
@@ -179,7 +212,7 @@ def _start(state_dir: Path, recorded: int | None, password: str, startup_timeout
     conf = state_dir / "conf"
     fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(f'requirepass "{password}"\n')
+        f.write(server_config(password))
     args = [
         str(server_binary()),
         str(conf),
@@ -187,7 +220,6 @@ def _start(state_dir: Path, recorded: int | None, password: str, startup_timeout
         "--port", str(port),
         "--dir", str(state_dir),
         "--save", "",
-        "--appendonly", "no",
         "--protected-mode", "yes",
         "--loglevel", "warning",
         "--logfile", str(state_dir / "redis.log"),
@@ -203,14 +235,32 @@ def _start(state_dir: Path, recorded: int | None, password: str, startup_timeout
     (state_dir / "pid").write_text(str(proc.pid))
     if not _OWNED:
         atexit.register(stop_owned)
-    _OWNED.append(proc)
+    _OWNED[state_dir] = proc
     return port
+
+
+def restart_if_dead(data_dir: Path) -> str | None:
+    """Start the server this process owns again if it died; return what happened, or None.
+
+    Called by ``runstack``'s supervisor on every pass.  The server comes back on
+    the recorded port with the same password and reloads its append-only file,
+    so the children's ``REDIS_URL`` stays right and nothing queued is lost.
+    """
+    state_dir = data_dir / "redis"
+    proc = _OWNED.get(state_dir)
+    if proc is None or proc.poll() is None:
+        return None
+    del _OWNED[state_dir]
+    before = recorded_url(data_dir)
+    after = ensure_running(data_dir)
+    moved = "" if after == before else " (its port was taken: a NEW port, restart the stack)"
+    return f"embedded redis-server exited (status {proc.returncode}); started again{moved}"
 
 
 def stop_owned() -> None:
     """Stop every server this process started (called at exit)."""
     while _OWNED:
-        proc = _OWNED.pop()
+        _, proc = _OWNED.popitem()
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:

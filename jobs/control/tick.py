@@ -4,6 +4,9 @@
     └─ one transaction
         1. servers whose agents went silent → down; their jobs lose those GPUs
            (survivors keep training: the runtime recovers in place) or requeue
+        1b. reconcile: running jobs that no heartbeat of their live servers has listed
+           for RECONCILE_SECONDS have no process → requeued (resume from their latest
+           checkpoint) or, with a final checkpoint stored, completed (jobs.control.reconcile)
         2. jobs on draining servers → migrate (same size, other GPUs, one switch)
         3. snapshot → policy (scheduler/) → bind on the vClos allocator (fabric/)
            → GPU/cable rows, states, events
@@ -35,6 +38,7 @@ from jobs import holdings
 from jobs.agent_commands import job_id_from_name, runtime_job_name
 from jobs.choices import EventKind, JobState
 from jobs.control.apply import apply_bound, note_waiting
+from jobs.control.reconcile import reconcile
 from jobs.control.state import ClusterState, build_snapshot, load_allocator, read_cluster
 from jobs.control.tick_stats import record_tick
 from jobs.coordination import forget_coordination
@@ -105,6 +109,10 @@ def _tick(policy_name: str, now: datetime) -> TickResult:
         return TickResult(ran=True, notes=["no topology loaded"])
     changed = _recover_lost_gpus(cluster, now)
     if changed:
+        cluster = read_cluster() or cluster
+    orphaned = reconcile(cluster, now)
+    if orphaned:
+        changed += orphaned
         cluster = read_cluster() or cluster
     drain_refused: list[Refused] = []
     drains = _drain_decisions(cluster)

@@ -138,6 +138,12 @@ TICK_SECONDS = env_float("TICK_SECONDS", 3.0)
 SCHEDULER_POLICY = env_str("SCHEDULER_POLICY", "elastic-tiresias")
 AGENT_HEARTBEAT_SECONDS = env_float("AGENT_HEARTBEAT_SECONDS", 5.0)
 AGENT_DOWN_AFTER_SECONDS = env_float("AGENT_DOWN_AFTER_SECONDS", 20.0)
+# A running job whose workers the heartbeats of its (live) servers stopped listing this
+# long ago has no process: the tick requeues it (jobs.control.reconcile). One never
+# listed since its placement gets the start limit: an agent may hold a start back while
+# the slots' previous workers finish (its slot wait, 60 s).
+RECONCILE_SECONDS = env_float("RECONCILE_SECONDS", 3 * AGENT_HEARTBEAT_SECONDS)
+RECONCILE_START_SECONDS = env_float("RECONCILE_START_SECONDS", 60 + RECONCILE_SECONDS)
 
 # Tenants' own programs (launcher "torchrun"): a resize stops the processes (SIGTERM, then
 # this grace, then SIGKILL) and starts them again; rank 0 listens on

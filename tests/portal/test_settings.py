@@ -27,7 +27,7 @@ def test_loading_settings_starts_no_redis(tmp_path: Path) -> None:
     )
     port = int((tmp_path / "redis" / "port").read_text())
     password = (tmp_path / "redis" / "password").read_text()
-    assert out.stdout.strip() == f"redis://:{password}@127.0.0.1:{port}/0"  # the recorded port
+    assert out.stdout.strip() == f"redis://portal:{password}@127.0.0.1:{port}/0"  # recorded port
     assert not (tmp_path / "redis" / "pid").exists()
     assert not answers_ping(port)
 

@@ -1,10 +1,15 @@
-"""``manage.py runstack``: migrate, create the demo, and run the whole portal (``make run``)."""
+"""``manage.py runstack``: migrate, create the demo, and run the whole portal (``make run``).
+
+The stack supervises its children (``portal.stack``): one that dies is started
+again with backoff, and so is the embedded Redis that this process owns.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from django.conf import settings
 from django.core.management import call_command
@@ -12,14 +17,26 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db.models import Count
 
 from portal.demo import ensure_demo_data, ensure_demo_fabric
-from portal.stack import ProcessSpec, Stack, python_module
-from utilities.embedded_redis import ensure_running
+from portal.stack import Keeper, ProcessSpec, Stack, python_module
+from utilities.embedded_redis import ensure_running, restart_if_dead
+
+WHATIF_QUEUE = "whatif"
+"""The what-if simulations' queue: its own worker, one at a time, so they never starve the tick."""
+
+
+def redacted(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (the banner goes to logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def stack_processes(
     *, host: str, port: int, worker: bool = True, beat: bool = True, agents: bool = True
 ) -> list[ProcessSpec]:
-    """The children of the stack: ASGI server, Celery worker and beat, one agent per server."""
+    """The children of the stack: ASGI server, Celery workers and beat, one agent per server."""
     data_dir = str(settings.DATA_DIR)
     specs = [
         ProcessSpec(
@@ -41,6 +58,25 @@ def stack_processes(
                     "portal@%h",
                     "--concurrency",
                     "2",
+                    "--loglevel",
+                    "INFO",
+                ),
+            )
+        )
+        specs.append(
+            ProcessSpec(
+                "whatif worker",
+                python_module(
+                    "celery",
+                    "-A",
+                    "portal",
+                    "worker",
+                    "-Q",
+                    WHATIF_QUEUE,
+                    "-n",
+                    f"{WHATIF_QUEUE}@%h",
+                    "--concurrency",
+                    "1",
                     "--loglevel",
                     "INFO",
                 ),
@@ -90,12 +126,15 @@ def stack_processes(
 class Command(BaseCommand):
     """Run the portal with everything it needs, until Ctrl-C."""
 
-    help = "Migrate, create demo data, and run the ASGI server, Celery worker and beat."
+    help = (
+        "Migrate, create demo data, and run (and keep running) the ASGI server, the Celery "
+        "workers (queues portal and whatif), beat and the demo agents."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default=os.environ.get("PORTAL_HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORTAL_PORT", "8000")))
-        parser.add_argument("--no-worker", action="store_true", help="do not start Celery")
+        parser.add_argument("--no-worker", action="store_true", help="do not start Celery workers")
         parser.add_argument("--no-beat", action="store_true", help="do not start Celery beat")
         parser.add_argument(
             "--no-agents",
@@ -107,10 +146,12 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        keepers: list[Keeper] = []
         if settings.REDIS_IS_EMBEDDED:  # settings only name it; the stack owns the server
             ensure_running(settings.DATA_DIR)
+            keepers.append(lambda: restart_if_dead(settings.DATA_DIR))
         call_command("migrate", interactive=False, verbosity=0)
-        creds = ensure_demo_data()
+        demo = ensure_demo_data(external_database=bool(settings.DATABASE_URL))
         if not options["no_demo_fabric"]:
             ensure_demo_fabric()
         env = {
@@ -127,10 +168,8 @@ class Command(BaseCommand):
             else f"SQLite at {settings.DATABASES['default']['NAME']}"
         )
         self.stdout.write(
-            f"\nGPU portal: {url}\n"
-            f"  admin:  {creds.admin_user} / {creds.admin_password}   (cluster admin)\n"
-            f"  tenant: {creds.tenant_user} / {creds.tenant_password}   (tenant '{creds.tenant}')\n"
-            f"  database: {db}\n  redis: {settings.REDIS_URL}\n"
+            f"\nGPU portal: {url}\n{demo.describe()}"
+            f"  database: {db}\n  redis: {redacted(settings.REDIS_URL)}\n"
             f"  API docs: {url}api/docs/   Ctrl-C stops everything.\n"
         )
         self.stdout.flush()
@@ -143,10 +182,10 @@ class Command(BaseCommand):
                 agents=not options["no_agents"],
             ),
             log=self._log,
+            keepers=keepers,
         )
         stack.start()
-        status = stack.watch()
-        sys.exit(status)
+        sys.exit(stack.watch())
 
     def _log(self, line: str) -> None:
         self.stdout.write(f"[runstack] {line}")
