@@ -14,8 +14,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 ## Set up and run the portal on its embedded defaults (SQLite + bundled redis-server).
+## The one place DEBUG is the default: everything else needs SECRET_KEY (portal/settings/safety.py).
 run: $(STAMP)
-	$(PY) manage.py runstack
+	DJANGO_SETTINGS_MODULE=portal.settings.dev $(PY) manage.py runstack
 
 ## Set up and pass the tests: lint, types, then pytest.
 test: $(STAMP) lint typecheck pytest
