@@ -58,7 +58,13 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     ]
     if not skipped:
         return
-    reasons = sorted({str(report.longrepr[-1]) for report in skipped if report.longrepr})
+    reasons = sorted(
+        {
+            str(report.longrepr[-1]).removeprefix("Skipped: ")
+            for report in skipped
+            if report.longrepr
+        }
+    )
     terminalreporter.write_sep(
         "!", f"{len(skipped)} BROWSER TESTS SKIPPED: {'; '.join(reasons)}", red=True, bold=True
     )
@@ -124,4 +130,4 @@ def screenshot(page: Any, name: str) -> None:
 
 def wait_live(page: Any) -> None:
     """Wait until the page's socket is subscribed (its badge says live)."""
-    page.wait_for_function("window.__portalLive && window.__portalLive.state === 'live'")
+    page.wait_for_function("() => window.__portalLive && window.__portalLive.state === 'live'")

@@ -1,0 +1,31 @@
+"""Without Chromium the browser tests cannot pass silently: the summary says how many skipped."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_missing_chromium_is_reported_loudly(tmp_path: Path) -> None:
+    env = {**os.environ, "CHROMIUM": str(tmp_path / "no-chromium")}
+    argv = [sys.executable, "-m", "pytest", "tests/browser", "-q", "-p", "no:randomly"]
+    run = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/browser", "-q", "--collect-only"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    total = int(re.search(r"(\d+) tests? collected", collected.stdout).group(1))  # type: ignore[union-attr]
+    assert run.returncode == 0, run.stdout[-3000:]
+    loud = re.search(r"!+ (\d+) BROWSER TESTS SKIPPED: (.*) !+", run.stdout)
+    assert loud, run.stdout[-3000:]
+    assert int(loud.group(1)) == total >= 5
+    assert "no-chromium is not installed" in loud.group(2)
