@@ -23,7 +23,9 @@ def test_missing_chromium_is_reported_loudly(tmp_path: Path) -> None:
         text=True,
         timeout=120,
     )
-    total = int(re.search(r"(\d+) tests? collected", collected.stdout).group(1))  # type: ignore[union-attr]
+    counted = re.search(r"(\d+) tests? collected", collected.stdout)
+    assert counted, collected.stdout
+    total = int(counted.group(1))
     assert run.returncode == 0, run.stdout[-3000:]
     loud = re.search(r"!+ (\d+) BROWSER TESTS SKIPPED: (.*) !+", run.stdout)
     assert loud, run.stdout[-3000:]
