@@ -57,8 +57,8 @@ def secret_key(*, configured: str, debug: bool, key_file: Path) -> str:
         return configured
     if not debug:
         raise ImproperlyConfigured(
-            "SECRET_KEY is not set. Set SECRET_KEY (a long random string) to run the portal, "
-            "or run `make run` (DJANGO_SETTINGS_MODULE=portal.settings.dev) on a laptop."
+            "SECRET_KEY is not set. Set SECRET_KEY (a long random string) to run the portal; "
+            "on a laptop, beside `make run`, set DJANGO_SETTINGS_MODULE=portal.settings.dev."
         )
     try:
         return key_file.read_text().strip()
