@@ -14,7 +14,9 @@ class TenancyConfig(AppConfig):
 
         Both need the app registry, so they are imported here, when it is ready.
         """
-        from tenancy import api_schema  # noqa: F401  (a drf-spectacular extension)
-        from tenancy import signals
+        from tenancy import (
+            api_schema,  # noqa: F401  (a drf-spectacular extension)
+            signals,
+        )
 
         signals.connect()
