@@ -6,7 +6,9 @@ import os
 
 from django.core.asgi import get_asgi_application
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings.dev")
+from portal.settings import DEFAULT_SETTINGS
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", DEFAULT_SETTINGS)
 django_asgi = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402

@@ -10,7 +10,13 @@ class TenancyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        """Connect the receivers that keep live sockets in step with access changes."""
-        from tenancy import signals  # the receivers need the app registry: import when ready
+        """Connect the live-socket receivers; register the API token's OpenAPI scheme.
+
+        Both need the app registry, so they are imported here, when it is ready.
+        """
+        from tenancy import (
+            api_schema,  # noqa: F401  (a drf-spectacular extension)
+            signals,
+        )
 
         signals.connect()

@@ -14,6 +14,7 @@ from pathlib import Path
 import dj_database_url
 import plotly
 
+from portal.settings import safety
 from portal.settings.env import env_bool, env_float, env_int, env_list, env_str
 from utilities import embedded_redis
 
@@ -21,10 +22,35 @@ BASE_DIR = Path(__file__).resolve().parent.parent.parent
 DATA_DIR = Path(env_str("PORTAL_DATA_DIR", str(BASE_DIR / "var"))).resolve()
 DATA_DIR.mkdir(parents=True, exist_ok=True)
 
-SECRET_KEY = env_str("SECRET_KEY", "insecure-dev-key-change-me-for-any-real-deployment")
+# No public key and no public debug pages: see portal.settings.safety. ``dev`` turns DEBUG
+# on by default (``make run``); everything else needs SECRET_KEY.
 DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = safety.secret_key(
+    configured=env_str("SECRET_KEY"), debug=DEBUG, key_file=DATA_DIR / "secret_key"
+)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+safety.check_debug_hosts(debug=DEBUG, allowed_hosts=ALLOWED_HOSTS)
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+# --- Security headers on every response (TLS-only ones are in ``prod``).
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+# Content-Security-Policy (portal.csp): scripts only from our own static files, no inline
+# script or handler; styles may be inline (Plotly and Swagger UI set them); the live
+# sockets' ws(s):// origin is added per request.
+CONTENT_SECURITY_POLICY = {
+    "default-src": ["'self'"],
+    "script-src": ["'self'"],
+    "style-src": ["'self'", "'unsafe-inline'"],
+    "img-src": ["'self'", "data:"],
+    "font-src": ["'self'"],
+    "connect-src": ["'self'"],
+    "object-src": ["'none'"],
+    "base-uri": ["'self'"],
+    "form-action": ["'self'"],
+    "frame-ancestors": ["'none'"],
+}
 
 INSTALLED_APPS = [
     "daphne",
@@ -49,6 +75,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "portal.csp.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

@@ -6,6 +6,9 @@ from pathlib import Path
 os.environ.setdefault(
     "PORTAL_DATA_DIR", str(Path(__file__).resolve().parent.parent.parent / "var" / "test")
 )
+# Tests run with DEBUG off, as production does, so they need a key: a fixed one that
+# signs nothing outside the test databases.
+os.environ.setdefault("SECRET_KEY", "test-only-key-signs-nothing-outside-the-test-databases")
 
 from portal.settings.base import *  # noqa: F403
 
