@@ -24,8 +24,8 @@ from tests.architecture.imports import LAYERS
 from utilities.embedded_redis import server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
-SECRETS = ("SECRET_KEY", "POSTGRES_PASSWORD", "REDIS_PASSWORD")
-PORTAL_SERVICES = ("migrate", "web", "worker", "beat", "agent")
+SECRETS = ("SECRET_KEY", "POSTGRES_PASSWORD", "REDIS_PASSWORD", "AGENT_SIGNING_KEY", "AGENT_KEY")
+PORTAL_SERVICES = ("migrate", "web", "worker", "tick-worker", "whatif-worker", "beat", "agent")
 VARIABLE = re.compile(r"\$\$|\$\{(?P<name>[A-Z_][A-Z0-9_]*)(?:(?P<op>:\?|:-)(?P<arg>[^}]*))?\}")
 
 
@@ -216,3 +216,17 @@ def test_redis_requires_the_portal_user_and_password(tmp_path: Path) -> None:
 def test_dockerignore_keeps_local_state_out_of_images() -> None:
     patterns = set((ROOT / ".dockerignore").read_text().split())
     assert {"var/", ".venv/", ".git/", "**/__pycache__/", ".mypy_cache/", ".env"} <= patterns
+
+
+def test_each_queue_has_its_own_worker_and_the_agent_its_key() -> None:
+    """Reports, ticks and simulations never wait behind one another; the agent can sign."""
+    services = load()["services"]
+    queues = {
+        name: service["command"][service["command"].index("-Q") + 1]
+        for name, service in services.items()
+        if "-Q" in service.get("command", [])
+    }
+    assert sorted(queues.values()) == ["portal", "tick", "whatif"]
+    agent = services["agent"]["environment"]
+    assert agent["AGENT_KEY"] == "sample-AGENT_KEY"
+    assert agent["REDIS_URL"] == services["web"]["environment"]["REDIS_URL"]  # merged, not lost

@@ -204,7 +204,7 @@ CELERY_BEAT_SCHEDULE = {
     "scheduler-tick": {
         "task": "control.scheduler_tick",
         "schedule": TICK_SECONDS,
-        "options": {"queue": "portal", "expires": TICK_SECONDS},
+        "options": {"queue": "tick", "expires": TICK_SECONDS},  # jobs.lifecycle.TICK_QUEUE
     },
     # Expired outputs and finished jobs' coordination keys, in bounded batches.
     "expire-outputs": {
