@@ -1,0 +1,103 @@
+"""OpenAPI: every operation documents the errors it can answer, in the portal's one error shape.
+
+A drf-spectacular postprocessing hook (``SPECTACULAR_SETTINGS``). It adds the
+``ApiError`` component (``{"message": ..., "errors": {field: [...]}}``, the
+shape of ``portal.api.errors``) and, to each operation, the error statuses
+that the operation can answer and does not document yet:
+
+    every operation ............ 401 no credentials, 403 not allowed, 429 throttled
+    with parameters or a body .. 400 bad input (``errors`` names the fields)
+    with parameters ............ 404 no such object, page or tenant (or not yours)
+    POST / PUT / PATCH / DELETE  409 the object's state forbids it
+    with a request body ........ 413 body over the size limit
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+
+ERROR_COMPONENT = "ApiError"
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Every API error: a message, and the messages of each refused field.",
+    "properties": {
+        "message": {"type": "string", "description": "What went wrong, for a person."},
+        "errors": {
+            "type": "object",
+            "description": "Field name (or non_field_errors) to its messages; empty when "
+            "no field is to blame.",
+            "additionalProperties": {"type": "array", "items": {}},
+        },
+    },
+    "required": ["message", "errors"],
+}
+
+ERROR_DESCRIPTIONS = {
+    "400": "Bad input: a malformed body, a field or a parameter out of bounds.",
+    "401": "No valid credentials (a missing, unknown, expired or revoked token).",
+    "403": "Authenticated, but not allowed (a read-only role or token, or admins only).",
+    "404": "No such object, page or tenant among yours.",
+    "409": "The object's current state forbids the change (e.g. the job is over).",
+    "413": "The request body is over the size limit.",
+    "429": "Too many requests: throttled, retry after the Retry-After header's seconds.",
+}
+
+WRITE_METHODS = frozenset({"post", "put", "patch", "delete"})
+HTTP_METHODS = frozenset({"get", "head", "options", *WRITE_METHODS})
+
+
+def error_statuses(method: str, operation: dict[str, Any]) -> list[str]:
+    """The error statuses an operation can answer (see the module's table)."""
+    has_parameters = bool(operation.get("parameters"))
+    has_body = "requestBody" in operation
+    wanted = ["401", "403", "429"]
+    if has_parameters or has_body:
+        wanted.append("400")
+    if has_parameters:
+        wanted.append("404")
+    if method in WRITE_METHODS:
+        wanted.append("409")
+    if has_body:
+        wanted.append("413")
+    return sorted(wanted)
+
+
+def document_error_responses(
+    result: dict[str, Any], generator: Any, request: Any, public: bool
+) -> dict[str, Any]:
+    """Postprocessing hook: add ``ApiError`` and each operation's missing error responses."""
+    components = result.setdefault("components", {}).setdefault("schemas", {})
+    components[ERROR_COMPONENT] = ERROR_SCHEMA
+    reference = {"$ref": f"#/components/schemas/{ERROR_COMPONENT}"}
+    for path_item in result.get("paths", {}).values():
+        for method, operation in path_item.items():
+            if method not in HTTP_METHODS:
+                continue
+            responses = operation.setdefault("responses", {})
+            for code in error_statuses(method, operation):
+                responses.setdefault(
+                    code,
+                    {
+                        "description": ERROR_DESCRIPTIONS[code],
+                        "content": {"application/json": {"schema": reference}},
+                    },
+                )
+    return result
+
+
+class ApiTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
+    """Documents ``Authorization: Token <secret>`` (``tenancy.authentication``) in the schema."""
+
+    target_class = "tenancy.authentication.ApiTokenAuthentication"
+    name = "apiToken"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        """An API key in the Authorization header, prefixed with ``Token``."""
+        return {
+            "type": "apiKey",
+            "in": "header",
+            "name": "Authorization",
+            "description": "Token <secret> (make one at /account/token/ or POST /api/v1/tokens/).",
+        }
