@@ -11,6 +11,7 @@ document, fails the test with schemathesis's reproduction (a curl command).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +22,8 @@ from django.core.handlers.wsgi import WSGIHandler
 from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import status_code_conformance
 
@@ -60,8 +63,16 @@ def quota_zero_token(db: None) -> str:
     return do_issue_token(user=get_user_model().objects.get(username="fuzz-owner"))
 
 
-def _check_operation(operation: Any, app: WSGIHandler, headers: dict[str, str]) -> None:
-    @given(case=operation.as_strategy())
+def _check_operation(
+    operation: Any, app: WSGIHandler, headers: dict[str, str], seen: Counter[int]
+) -> None:
+    """Valid and invalid requests to one operation (schemathesis's two generation modes)."""
+    cases = st.one_of(
+        operation.as_strategy(GenerationMode.POSITIVE),
+        operation.as_strategy(GenerationMode.NEGATIVE),
+    )
+
+    @given(case=cases)
     @settings(
         max_examples=EXAMPLES_PER_OPERATION,
         deadline=None,
@@ -72,6 +83,7 @@ def _check_operation(operation: Any, app: WSGIHandler, headers: dict[str, str]) 
     )
     def run(case: Any) -> None:
         response = case.call(app=app, headers=headers)
+        seen[response.status_code] += 1
         case.validate_response(response, checks=CHECKS)
 
     run()
@@ -84,13 +96,15 @@ def test_no_server_error_and_only_documented_statuses(
     headers = {"Authorization": f"Token {quota_zero_token}"}
     started = time.monotonic()
     operations = 0
+    seen: Counter[int] = Counter()
     for result in schema.get_all_operations():
-        _check_operation(result.ok(), wsgi_app, headers)
+        _check_operation(result.ok(), wsgi_app, headers, seen)
         operations += 1
     elapsed = time.monotonic() - started
     with capsys.disabled():
         print(  # noqa: T201 - the brief asks for the run's time in the test output
             f"\nschemathesis: {operations} operations x {EXAMPLES_PER_OPERATION} examples "
-            f"in {elapsed:.1f} s"
+            f"in {elapsed:.1f} s; statuses {dict(sorted(seen.items()))}"
         )
     assert operations >= 15
+    assert seen[200] and seen[400] and seen[404], seen  # the token works; bad input was sent
