@@ -18,7 +18,6 @@ from jobs.choices import Launcher, RecoveryMode
 from jobs.program_spec import PROGRAM_FIELDS
 from jobs.services import JobSpec, JobValidationError, check_job_spec
 from tenancy.models import Tenant
-from utilities.bounded_json import JsonRefused, loads
 from workers.catalog import WORKLOADS
 
 BUILT_IN, PROGRAM = "builtin", "program"
@@ -98,17 +97,6 @@ class JobForm(forms.Form):
             for b in bundles
         ]  # fmt: skip
         self.spec: JobSpec | None = None
-
-    def clean_args(self) -> Any:
-        """The arguments parsed within bounds (the service's own parse has none): any JSON
-        value, whose shape the service then judges; nothing when the box is empty."""
-        text = self.cleaned_data.get("args") or ""
-        if not text.strip():
-            return ""
-        try:
-            return loads(text)
-        except JsonRefused as exc:
-            raise forms.ValidationError(exc.message) from None
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}

@@ -46,7 +46,6 @@ from jobs.services import (
 from jobs.training_metrics import metric_series, progress_series
 from tenancy.models import Tenant
 from tenancy.services import resolve_tenant_for_write
-from utilities.bounded_json import JsonRefused, loads
 
 MISSING_OBJECT = (
     "The artifact's stored object is missing from the artifact store "
@@ -103,16 +102,10 @@ def _plain_param(params: Any, name: str) -> str | None:
 
 
 def _submission(request: Request) -> tuple[str | None, dict[str, Any]]:
-    """A submission's tenant slug and the rest of its body, with ``args`` given as JSON text
-    parsed here within bounds (the service's own parse has none)."""
+    """A submission's tenant slug (a slug, before it reaches a query) and the rest of its body."""
     body = _object_body(request, set(JobCreateSerializer().fields))
     tenant = JobTenantSerializer(data={"tenant": body.pop("tenant")} if "tenant" in body else {})
     tenant.is_valid(raise_exception=True)
-    if isinstance(body.get("args"), str) and body["args"].strip():
-        try:
-            body["args"] = loads(body["args"])
-        except JsonRefused as exc:
-            raise ValidationError({"args": [exc.message]}) from None
     return tenant.validated_data.get("tenant"), body
 
 

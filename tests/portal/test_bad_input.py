@@ -73,6 +73,13 @@ def test_nested_args_are_a_400_on_args(api: APIClient) -> None:
     assert Job.objects.count() == 0
 
 
+def test_nested_env_text_is_a_400_on_env(api: APIClient) -> None:
+    """``env`` as JSON text (what the form sends) was parsed with no bound as well."""
+    body = {"name": "x", "code": "a" * 64, "entrypoint": "t.py", "env": "{" + DEEP, "gpus": 1}
+    assert_refused(api.post("/api/v1/jobs/", body, format="json"), 400, "env")
+    assert Job.objects.count() == 0
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
@@ -208,3 +215,8 @@ def test_loadtopology_refuses_deep_and_huge_documents(tmp_path: Path) -> None:
         with pytest.raises(CommandError):
             call_command("loadtopology", str(path))
     assert not Server.objects.exists()
+
+
+def test_a_code_upload_with_a_malformed_length_is_a_400(api: APIClient) -> None:
+    response = api.post("/api/v1/code/", {}, format="multipart", CONTENT_LENGTH="12abc")
+    assert_refused(response, 400)
