@@ -25,7 +25,11 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import status_code_conformance
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from tenancy.services import do_create_tenant
 from tenancy.token_services import do_issue_token
@@ -35,7 +39,12 @@ pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 EXAMPLES_PER_OPERATION = 25
 """Bounded so the whole run stays well under two minutes on an idle 2-core machine."""
 
-CHECKS = [not_a_server_error, status_code_conformance]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
 
 
 @pytest.fixture

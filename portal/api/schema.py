@@ -34,6 +34,11 @@ ERROR_SCHEMA: dict[str, Any] = {
     "required": ["message", "errors"],
 }
 
+RENDERED_ERROR: dict[str, Any] = {
+    "description": "The ApiError object, rendered in this media type (on a stream: an "
+    "``event: error`` whose data is the object's JSON).",
+}
+
 ERROR_DESCRIPTIONS = {
     "400": "Bad input: a malformed body, a field or a parameter out of bounds.",
     "401": "No valid credentials (a missing, unknown, expired or revoked token).",
@@ -76,15 +81,27 @@ def document_error_responses(
             if method not in HTTP_METHODS:
                 continue
             responses = operation.setdefault("responses", {})
+            content = {"application/json": {"schema": reference}}
+            for media_type in _other_media_types(responses):
+                content[media_type] = {"schema": RENDERED_ERROR}
             for code in error_statuses(method, operation):
                 responses.setdefault(
-                    code,
-                    {
-                        "description": ERROR_DESCRIPTIONS[code],
-                        "content": {"application/json": {"schema": reference}},
-                    },
+                    code, {"description": ERROR_DESCRIPTIONS[code], "content": content}
                 )
     return result
+
+
+def _other_media_types(responses: dict[str, Any]) -> list[str]:
+    """Non-JSON media types the operation answers in: an error goes out in the one the client
+    asked for (an ``event: error`` on a stream, the JSON bytes for a download)."""
+    types = {
+        media_type
+        for code, response in responses.items()
+        if code.startswith("2")
+        for media_type in (response or {}).get("content", {})
+        if media_type != "application/json"
+    }
+    return sorted(types)
 
 
 class ApiTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
