@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
-
 ERROR_COMPONENT = "ApiError"
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -103,18 +101,3 @@ def _other_media_types(responses: dict[str, Any]) -> list[str]:
     }
     return sorted(types)
 
-
-class ApiTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
-    """Documents ``Authorization: Token <secret>`` (``tenancy.authentication``) in the schema."""
-
-    target_class = "tenancy.authentication.ApiTokenAuthentication"
-    name = "apiToken"
-
-    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
-        """An API key in the Authorization header, prefixed with ``Token``."""
-        return {
-            "type": "apiKey",
-            "in": "header",
-            "name": "Authorization",
-            "description": "Token <secret> (make one at /account/token/ or POST /api/v1/tokens/).",
-        }

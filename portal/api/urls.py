@@ -4,7 +4,6 @@ from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
 from jobs.api.views import JctStatsView, JobViewSet
-from portal.api import schema  # noqa: F401 - registers the token scheme with drf-spectacular
 from portal.api.tokens import ApiTokenViewSet
 from portal.api.views import MeView, TenantViewSet
 
