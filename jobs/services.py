@@ -30,6 +30,7 @@ from jobs.program_spec import PROGRAM_FIELDS, ProgramSpec, check_program, wants_
 from jobs.stats import JctStats, completed_jcts, summarize
 from tenancy.models import Tenant
 from tenancy.services import can_write
+from utilities.bounded_json import JsonRefused, loads
 from workers.catalog import WORKLOADS, WorkloadArgumentError, validate_args
 
 MAX_GPUS_PER_JOB = 4096
@@ -133,10 +134,10 @@ def _check_workload(data: Mapping[str, Any], errors: _Errors) -> tuple[str, dict
         return "", args
     raw_args = data.get("args")
     if isinstance(raw_args, str):
-        try:
-            raw_args = json.loads(raw_args) if raw_args.strip() else {}
-        except json.JSONDecodeError:
-            errors.add("args", "Must be a JSON object.")
+        try:  # bounded: json.loads recursed into a RecursionError on deep nesting
+            raw_args = loads(raw_args) if raw_args.strip() else {}
+        except JsonRefused as exc:
+            errors.add("args", f"Must be a JSON object: {exc.message}")
             raw_args = {}
     if len(json.dumps(raw_args, default=str)) > MAX_ARGS_BYTES:
         errors.add("args", f"At most {MAX_ARGS_BYTES} bytes of JSON.")

@@ -233,7 +233,7 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "portal.api.errors.json_exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["portal.api.parsers.BoundedJSONParser"],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 
@@ -246,7 +246,20 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "portal.api.schema.document_error_responses",
+    ],
 }
+
+# --- Input bounds: bad input is a 4xx naming the field, never a 500 (issue 16).
+API_MAX_JSON_BYTES = 1024 * 1024  # a JSON request body; 413 past it
+TOPOLOGY_MAX_BYTES = 2 * 1024 * 1024  # an imported topology document
+TOPOLOGY_MAX_LEAVES = 512
+TOPOLOGY_MAX_SPINES = 512
+TOPOLOGY_MAX_SERVERS_PER_LEAF = 64
+TOPOLOGY_MAX_GPUS_PER_SERVER = 16
+TOPOLOGY_MAX_SERVERS = 4096  # leaves x servers_per_leaf: rows one import may create
 
 # --- Time, language.
 LANGUAGE_CODE = "en-us"
