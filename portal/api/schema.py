@@ -100,4 +100,3 @@ def _other_media_types(responses: dict[str, Any]) -> list[str]:
         if media_type != "application/json"
     }
     return sorted(types)
-
