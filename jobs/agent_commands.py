@@ -109,6 +109,7 @@ class JobLaunch:
     store_prefix: str | None = None
     """The job's prefix in the artifact store (``workers.artifacts.job_prefix``)."""
     checkpoint_keep: int = 2
+    checkpoint_min_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,7 @@ def _start(
         program=_program(program, homes[gpus[0]].node, everyone, homes) if program else None,
         store_prefix=launch.store_prefix,
         checkpoint_keep=launch.checkpoint_keep,
+        checkpoint_min_seconds=launch.checkpoint_min_seconds,
     )
 
 

@@ -103,6 +103,7 @@ def launch_of(job: Job) -> JobLaunch:
         program=program_of(job),
         store_prefix=job_prefix(job.tenant.slug, job.pk),
         checkpoint_keep=settings.CHECKPOINT_KEEP,
+        checkpoint_min_seconds=settings.CHECKPOINT_MIN_SECONDS,
     )
 
 

@@ -159,7 +159,7 @@ def test_no_agents_leaves_the_servers_to_agents_started_elsewhere() -> None:
     names = [spec.name for spec in stack_processes(host="127.0.0.1", port=8000)]
     assert [n for n in names if n.startswith("agent")] == [f"agent node-{i}" for i in range(4)]
     without = [spec.name for spec in stack_processes(host="127.0.0.1", port=8000, agents=False)]
-    assert without == ["web", "worker", "whatif worker", "beat"]
+    assert without == ["web", "worker", "tick worker", "whatif worker", "beat"]
 
 
 def test_the_banner_hides_the_redis_password() -> None:

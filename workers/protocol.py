@@ -196,6 +196,7 @@ class StartWorkers(Command):
     program: Program | None = None
     store_prefix: str | None = None
     checkpoint_keep: int = 2
+    checkpoint_min_seconds: float = 0.0
 
     def validate(self) -> None:
         super().validate()
@@ -236,6 +237,7 @@ class StartWorkers(Command):
         if self.checkpoint_dir is not None and not self.checkpoint_dir.strip():
             raise ProtocolError("start_workers.checkpoint_dir must not be blank")
         at_least(self.checkpoint_keep, 1, "start_workers.checkpoint_keep")
+        at_least(self.checkpoint_min_seconds, 0.0, "start_workers.checkpoint_min_seconds")
         if self.store_prefix is not None:
             parts = self.store_prefix.split("/")
             if len(parts) != 4 or parts[0] != "tenants" or parts[2] != "jobs":

@@ -194,6 +194,9 @@ ARTIFACT_URL = env_str("ARTIFACT_URL", f"file://{DATA_DIR / 'artifacts'}")
 
 # --- What jobs produce (docs/artifacts.md): checkpoints kept, retention, logged metrics.
 CHECKPOINT_KEEP = env_int("CHECKPOINT_KEEP", 2)  # newest checkpoints kept, plus the final one
+# A job checkpoints every checkpoint_interval mini-batches, but not more often than this:
+# a 5 ms mini-batch would otherwise write and report a checkpoint several times a second.
+CHECKPOINT_MIN_SECONDS = env_float("CHECKPOINT_MIN_SECONDS", 5.0)
 ARTIFACT_RETENTION_DAYS = env_int("ARTIFACT_RETENTION_DAYS", 30)  # after the job ended
 LOG_RETENTION_DAYS = env_int("LOG_RETENTION_DAYS", 30)  # a finished job's log, likewise
 METRICS_MAX_POINTS = env_int("METRICS_MAX_POINTS", 20_000)  # logged values kept per job
