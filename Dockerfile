@@ -1,7 +1,8 @@
 # One image for every process of the portal (web, worker, beat, agent).
 FROM python:3.11-slim
 WORKDIR /app
-ENV PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+ENV PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    DJANGO_SETTINGS_MODULE=portal.settings.prod
 COPY pyproject.toml README.md ./
 COPY fabric ./fabric
 COPY scheduler ./scheduler
@@ -15,6 +16,7 @@ COPY jobs ./jobs
 COPY portal ./portal
 COPY portalctl ./portalctl
 RUN pip install --no-cache-dir .
+# .dockerignore keeps var/ (local databases and secrets), .venv, .git and caches out.
 COPY . .
 EXPOSE 8000
 CMD ["python", "-m", "daphne", "-b", "0.0.0.0", "-p", "8000", "portal.asgi:application"]

@@ -4,7 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest venv bench clean
+.PHONY: run test lint typecheck pytest browser venv bench clean
+
+# The browser tests drive Debian's Chromium (never a browser that Playwright downloads).
+CHROMIUM ?= /usr/bin/chromium
 
 venv: $(STAMP)
 
@@ -14,8 +17,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 ## Set up and run the portal on its embedded defaults (SQLite + bundled redis-server).
+## The one place DEBUG is the default: everything else needs SECRET_KEY (portal/settings/safety.py).
 run: $(STAMP)
-	$(PY) manage.py runstack
+	DJANGO_SETTINGS_MODULE=portal.settings.dev $(PY) manage.py runstack
 
 ## Set up and pass the tests: lint, types, then pytest.
 test: $(STAMP) lint typecheck pytest
@@ -27,8 +31,22 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-pytest: $(STAMP)
+pytest: $(STAMP) browser
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+## Install Debian's chromium for the browser tests when it is missing and apt-get can;
+## otherwise pytest runs without them and its summary says how many it skipped.
+browser:
+	@if [ -x $(CHROMIUM) ]; then :; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "!!! $(CHROMIUM) is missing and apt-get is not available: browser tests will be SKIPPED"; \
+	else \
+	  echo "Installing Debian's chromium for the browser tests"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q chromium >/dev/null 2>&1 \
+	    || { apt-get update -q && apt-get install -y -q chromium; } \
+	    || echo "!!! could not install chromium (not root?): browser tests will be SKIPPED"; \
+	fi
 
 bench: $(STAMP)
 	for b in bench/*.py; do $(PY) $$b || exit 1; done

@@ -6,8 +6,10 @@ import sys
 
 
 def main() -> None:
-    """Run a management command (settings default to the embedded dev setup)."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings.dev")
+    """Run a management command (settings default to the environment alone; see DEFAULT_SETTINGS)."""
+    from portal.settings import DEFAULT_SETTINGS
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", DEFAULT_SETTINGS)
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(sys.argv)

@@ -165,7 +165,7 @@ async def run_phase(
         await asyncio.sleep(gap_s)
     await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
     await page.wait_for_function(
-        f"window.__portalLive.log.filter(e => e.event.job === {job}).length >= {changes}"
+        f"() => window.__portalLive.log.filter(e => e.event.job === {job}).length >= {changes}"
     )
     seen = await page.evaluate(
         f"window.__portalLive.log.filter(e => e.event.job === {job}).map(e => e.at)"
@@ -196,7 +196,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             await page.fill("#id_password", "pw")
             await page.click("button[type=submit]")
             await page.wait_for_function(
-                "window.__portalLive && window.__portalLive.state === 'live'"
+                "() => window.__portalLive && window.__portalLive.state === 'live'"
             )
             cookie = "; ".join(f"{c['name']}={c['value']}" for c in await context.cookies())
             job = driver("submit", user="alice", tenant="acme", name="bench", gpus=1, elastic=True)

@@ -90,7 +90,9 @@ def main() -> int:
     setup_start = time.perf_counter()
     do_load_topology({"leaves": 64, "spines": 32, "servers_per_leaf": 4, "gpus_per_server": 8})
     Server.objects.update(last_heartbeat=timezone.now())
-    tenant = do_create_tenant(slug="bench", owner_username="bench", gpu_quota=100_000).tenant
+    tenant = do_create_tenant(
+        slug="bench", owner_username="bench", gpu_quota=100_000, max_queued_jobs=options.jobs
+    ).tenant
     owner = tenant.memberships.get().user
 
     def submit(size: int) -> Job:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django import forms
+
+from inventory.limits import TopologyLimits, TopologyTooLarge, check_document_size
+from utilities.bounded_json import JsonRefused, loads
 
 GENERATOR_FIELDS = ("leaves", "spines", "servers_per_leaf", "gpus_per_server", "link_gbps")
 # Words in the inventory's messages that point at one generator field.
@@ -57,23 +59,29 @@ class ImportForm(forms.Form):
     upload = forms.FileField(required=False, label="or a file")
 
     def clean(self) -> dict[str, Any]:
+        """Parse the document within bounds (size, nesting, numbers) into ``data``."""
         cleaned = super().clean() or {}
+        limits = TopologyLimits.from_settings()
         upload = cleaned.get("upload")
-        text = cleaned.get("document") or ""
-        if upload is not None:
-            try:
-                text = upload.read(2 * 1024 * 1024).decode("utf-8")
-            except UnicodeDecodeError:
-                self.add_error("upload", "The file is not UTF-8 text.")
-                return cleaned
-        if not text.strip():
+        target = "upload" if upload is not None else "document"
+        raw: bytes = (
+            upload.read(limits.document_bytes + 1)
+            if upload is not None
+            else (cleaned.get("document") or "").encode()
+        )
+        try:
+            check_document_size(len(raw), limits)
+        except TopologyTooLarge as exc:
+            self.add_error(target, f"{str(exc).capitalize()}.")
+            return cleaned
+        if not raw.strip():
             self.add_error("document", "Paste a JSON spec or choose a file.")
             return cleaned
         try:
-            cleaned["data"] = json.loads(text)
-        except json.JSONDecodeError as exc:
-            target = "upload" if upload is not None else "document"
-            self.add_error(target, f"Not valid JSON: {exc.msg} (line {exc.lineno}).")
+            cleaned["data"] = loads(raw)
+        except JsonRefused as exc:
+            message = exc.message if exc.field is None else f"{exc.field}: {exc.message}"
+            self.add_error(target, message)
         return cleaned
 
 

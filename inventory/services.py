@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from fabric.errors import TopologyError
 from fabric.topology import FabricSpec
+from inventory.limits import TopologyLimits, TopologyTooLarge, check_topology_size
 from inventory.models import Fabric, Gpu, Server, ServerState
 from utilities.realtime import CLUSTER_GROUP, broadcast_on_commit
 
@@ -49,15 +50,18 @@ def check_fabric_spec(data: Any) -> tuple[FabricSpec, list[tuple[int, int, str]]
     The document is the fabric spec (``leaves``, ``spines``, ``servers_per_leaf``,
     ``gpus_per_server``, optional ``link_gbps``) plus an optional ``servers``
     list of ``{"leaf", "slot", "node"}`` naming the servers that exist (all
-    positions, named ``node-<i>``, when it is absent).
+    positions, named ``node-<i>``, when it is absent). Sizes are bounded by
+    ``inventory.limits`` (the ``TOPOLOGY_MAX_*`` settings).
     """
     if not isinstance(data, Mapping):
         raise InventoryError("a topology must be a JSON object")
     body = dict(data)
     servers_raw = body.pop("servers", None)
+    limits = TopologyLimits.from_settings()
     try:
         spec = FabricSpec.from_dict(body)
-    except TopologyError as exc:
+        check_topology_size(spec, limits)
+    except (TopologyError, TopologyTooLarge) as exc:
         raise InventoryError(str(exc)) from None
     if servers_raw is None:
         servers = [
@@ -73,6 +77,9 @@ def check_fabric_spec(data: Any) -> tuple[FabricSpec, list[tuple[int, int, str]]
 def _check_server_list(spec: FabricSpec, raw: Any) -> list[tuple[int, int, str]]:
     if not isinstance(raw, list):
         raise InventoryError("servers must be a list of {leaf, slot, node}")
+    positions = spec.leaves * spec.servers_per_leaf
+    if len(raw) > positions:
+        raise InventoryError(f"servers lists {len(raw)} servers: the fabric has {positions} places")
     servers: list[tuple[int, int, str]] = []
     for i, entry in enumerate(raw):
         if not isinstance(entry, Mapping) or set(entry) != {"leaf", "slot", "node"}:

@@ -56,6 +56,21 @@ def worker_id(gpu: int) -> str:
     return f"w{gpu}"
 
 
+def gpu_of_worker(name: str) -> int | None:
+    """Inverse of :func:`worker_id`; None for names that are not ours."""
+    digits = name[1:] if name.startswith("w") else ""
+    return int(digits) if digits.isdigit() else None
+
+
+def leaving_workers(command: Command) -> tuple[str, ...]:
+    """The workers a command asks to leave (they may sit on other nodes than its own)."""
+    if isinstance(command, ScaleIn):
+        return command.worker_ids
+    if isinstance(command, Migrate):
+        return command.leaving
+    return ()
+
+
 @dataclass(frozen=True)
 class ProgramLaunch:
     """A tenant's program: its bundle, entrypoint argv, launcher and environment.
@@ -94,6 +109,7 @@ class JobLaunch:
     store_prefix: str | None = None
     """The job's prefix in the artifact store (``workers.artifacts.job_prefix``)."""
     checkpoint_keep: int = 2
+    checkpoint_min_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -162,6 +178,7 @@ def _start(
         program=_program(program, homes[gpus[0]].node, everyone, homes) if program else None,
         store_prefix=launch.store_prefix,
         checkpoint_keep=launch.checkpoint_keep,
+        checkpoint_min_seconds=launch.checkpoint_min_seconds,
     )
 
 

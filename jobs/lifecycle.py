@@ -29,6 +29,8 @@ from utilities.realtime import CLUSTER_GROUP, broadcast_on_commit, job_group, te
 log = logging.getLogger(__name__)
 
 TICK_TASK = "control.scheduler_tick"
+TICK_QUEUE = "tick"
+"""The tick's own queue and worker: a backlog of agent reports never delays or expires a tick."""
 EXPORT_LOG_TASK = "jobs.tasks.export_job_log"
 EXPORT_LOG_DELAY_S = 15.0
 """How long after a job ends its log is exported: the agents' last lines may still come."""
@@ -123,7 +125,7 @@ def request_tick(delay_s: float = 0.3) -> None:
                 current_app.send_task(
                     TICK_TASK,
                     countdown=delay_s,
-                    queue="portal",
+                    queue=TICK_QUEUE,
                     expires=settings.TICK_SECONDS * 4,
                     ignore_result=True,
                 )

@@ -2,7 +2,11 @@
 
 Commands go to each node's queue (``agent.<node>``) through the Celery app
 that is current (the portal's in the control plane), over one broker
-connection; a command lost on the way is re-derived by the next tick.
+connection, each signed with its node's key (``jobs.agent_trust``); a
+command lost on the way is re-derived by the next tick.  Before sending,
+every node a command concerns (its target, and the nodes of the workers it
+asks to leave) is remembered as hosting the job, so their late reports about
+it are believed (``agent_trust.hosts``).
 """
 
 from __future__ import annotations
@@ -16,11 +20,19 @@ from celery import current_app
 from django.conf import settings
 from django.db import transaction
 
-from jobs.agent_commands import JobLaunch, ProgramLaunch, membership_commands
+from jobs import agent_trust
+from jobs.agent_commands import (
+    JobLaunch,
+    ProgramLaunch,
+    gpu_of_worker,
+    leaving_workers,
+    membership_commands,
+)
 from jobs.holdings import gpu_homes
 from jobs.models import Job
+from workers.agent.client import send_command
 from workers.artifacts import job_prefix
-from workers.protocol import AGENT_COMMAND_TASK, Command, agent_queue
+from workers.protocol import Command
 
 log = logging.getLogger(__name__)
 
@@ -51,20 +63,32 @@ class Outbox:
 
 
 def send_commands(commands: Sequence[tuple[str, Command]]) -> None:
-    """Put each command on its node's queue (``agent.<node>``), over one broker connection."""
+    """Put each command, signed, on its node's queue (``agent.<node>``), over one connection."""
     app = current_app
     try:
+        remember_hosts(commands)
         with app.producer_or_acquire() as producer:
             for node, command in commands:
-                app.send_task(
-                    AGENT_COMMAND_TASK,
-                    args=[command.to_dict()],
-                    queue=agent_queue(node),
-                    producer=producer,
-                    ignore_result=True,
-                )
+                key = agent_trust.key_of(node)
+                send_command(node, command, key=key, app=app, producer=producer)
     except Exception:  # the next tick re-derives state; lost commands are logged
         log.exception("could not send %d agent commands", len(commands))
+
+
+def remember_hosts(commands: Sequence[tuple[str, Command]]) -> None:
+    """Mark every node a command concerns as hosting its job (see the module docstring)."""
+    hosts: dict[str, set[str]] = {}
+    leavers: dict[int, str] = {}
+    for node, command in commands:
+        hosts.setdefault(node, set()).add(command.job)
+        for worker in leaving_workers(command):
+            gpu = gpu_of_worker(worker)
+            if gpu is not None:
+                leavers[gpu] = command.job
+    for gpu, home in gpu_homes(leavers).items():
+        hosts.setdefault(home.node, set()).add(leavers[gpu])
+    for node, jobs in hosts.items():
+        agent_trust.mark_hosted(node, jobs)
 
 
 def launch_of(job: Job) -> JobLaunch:
@@ -79,6 +103,7 @@ def launch_of(job: Job) -> JobLaunch:
         program=program_of(job),
         store_prefix=job_prefix(job.tenant.slug, job.pk),
         checkpoint_keep=settings.CHECKPOINT_KEEP,
+        checkpoint_min_seconds=settings.CHECKPOINT_MIN_SECONDS,
     )
 
 

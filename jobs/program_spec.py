@@ -8,7 +8,6 @@ rules of ``workers.program``).  Every refusal names its field.
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import Any, TypeVar
 
 from bundles.models import CodeBundle
 from tenancy.models import Tenant
+from utilities.bounded_json import JsonRefused, loads
 from workers.program import (
     ProgramError,
     check_code_id,
@@ -86,9 +86,9 @@ def parse_env(raw: Any) -> Any:
         return raw
     text = raw.strip()
     if text.startswith("{"):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
+        try:  # bounded: json.loads recursed into a RecursionError on deep nesting
+            return loads(text)
+        except JsonRefused:
             raise ProgramError("env", "is not a JSON object") from None
     env: dict[str, str] = {}
     for number, line in enumerate(text.splitlines(), start=1):

@@ -30,6 +30,7 @@ from jobs.program_spec import PROGRAM_FIELDS, ProgramSpec, check_program, wants_
 from jobs.stats import JctStats, completed_jcts, summarize
 from tenancy.models import Tenant
 from tenancy.services import can_write
+from utilities.bounded_json import JsonRefused, loads
 from workers.catalog import WORKLOADS, WorkloadArgumentError, validate_args
 
 MAX_GPUS_PER_JOB = 4096
@@ -133,10 +134,10 @@ def _check_workload(data: Mapping[str, Any], errors: _Errors) -> tuple[str, dict
         return "", args
     raw_args = data.get("args")
     if isinstance(raw_args, str):
-        try:
-            raw_args = json.loads(raw_args) if raw_args.strip() else {}
-        except json.JSONDecodeError:
-            errors.add("args", "Must be a JSON object.")
+        try:  # bounded: json.loads recursed into a RecursionError on deep nesting
+            raw_args = loads(raw_args) if raw_args.strip() else {}
+        except JsonRefused as exc:
+            errors.add("args", f"Must be a JSON object: {exc.message}")
             raw_args = {}
     if len(json.dumps(raw_args, default=str)) > MAX_ARGS_BYTES:
         errors.add("args", f"At most {MAX_ARGS_BYTES} bytes of JSON.")
@@ -245,6 +246,30 @@ def _program_fields(program: ProgramSpec | None) -> dict[str, Any]:
     }
 
 
+WAITING_STATES = (JobState.PENDING, JobState.QUEUED)
+
+
+def check_queue_room(*, tenant_id: int) -> None:
+    """Refuse (409) a submission that would put the tenant over its cap on waiting jobs.
+
+    Call inside the submitting transaction: the tenant row stays locked until it
+    commits, so concurrent submissions are counted one after the other.
+    """
+    slug, cap = (
+        Tenant.objects.select_for_update()
+        .filter(pk=tenant_id)
+        .values_list("slug", "max_queued_jobs")
+        .get()
+    )
+    waiting = Job.objects.filter(tenant_id=tenant_id, state__in=WAITING_STATES).count()
+    if waiting >= cap:
+        message = (
+            f"Tenant {slug} already has {waiting} jobs waiting, its limit of {cap}: "
+            "wait for some to start or cancel some, then submit again."
+        )
+        raise JobConflictError(message, {"tenant": [message]})
+
+
 @transaction.atomic
 def do_submit_job(
     *,
@@ -256,6 +281,7 @@ def do_submit_job(
     """Create a job for ``tenant`` and put it in the queue."""
     if not can_write(user, tenant):
         raise JobPermissionError(f"you cannot submit jobs to tenant {tenant.slug!r}")
+    check_queue_room(tenant_id=tenant.pk)
     now = at or timezone.now()
     job = Job.objects.create(
         tenant=tenant,
@@ -406,6 +432,7 @@ __all__ = [
     "JobSpec",
     "JobValidationError",
     "check_job_spec",
+    "check_queue_room",
     "cluster_jct_stats",
     "do_cancel_job",
     "do_set_parallelism",

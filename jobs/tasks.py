@@ -10,7 +10,7 @@ from typing import Any
 
 from celery import shared_task
 
-from jobs.control.reports import handle_report
+from jobs.control.reports import handle_signed_report
 from jobs.control.tick import TICK_TASK, run_tick
 from jobs.expiry import expire_outputs as run_expiry
 from jobs.lifecycle import EXPORT_LOG_TASK
@@ -21,10 +21,11 @@ log = logging.getLogger(__name__)
 
 
 @shared_task(name=REPORT_TASK, ignore_result=True)
-def agent_report(payload: Any) -> str:
-    """Apply one agent report (idempotent; malformed reports change nothing)."""
-    outcome = handle_report(payload)
-    log.debug("report %s: %s", payload.get("type") if isinstance(payload, dict) else "?", outcome)
+def agent_report(envelope: Any) -> str:
+    """Check and apply one signed agent report (idempotent; forged or malformed: no change)."""
+    outcome = handle_signed_report(envelope)
+    body = envelope.get("body") if isinstance(envelope, dict) else None
+    log.debug("report %s: %s", body.get("type") if isinstance(body, dict) else "?", outcome)
     return outcome
 
 

@@ -11,7 +11,9 @@ import os
 
 from celery import Celery
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings.dev")
+from portal.settings import DEFAULT_SETTINGS
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", DEFAULT_SETTINGS)
 
 app = Celery("portal")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -153,6 +153,8 @@ def topology(request: HttpRequest) -> HttpResponse:
 @require_POST
 def server_action(request: HttpRequest, node: str, action: str) -> HttpResponse:
     """Drain, undrain, mark down or remove one server; refusals come back as messages."""
+    if "\x00" in node:  # no server has one, and PostgreSQL refuses NUL in a query
+        raise Http404("no such server")
     try:
         if action == "remove":
             do_remove_server(node=node)

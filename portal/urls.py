@@ -3,7 +3,7 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from jobs import views as job_views
 from portal import cluster_views, live_views, whatif_views
@@ -12,7 +12,7 @@ from portal.metrics import metrics_view
 
 urlpatterns = [
     path("", portal_views.dashboard, name="dashboard"),
-    path("login/", auth_views.LoginView.as_view(template_name="login.html"), name="login"),
+    path("login/", portal_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("account/token/", portal_views.api_token, name="api-token"),
     path(
@@ -40,7 +40,8 @@ urlpatterns = [
     path("", include("bundles.urls")),  # the Code page and /api/v1/code/
     path("api/v1/", include("portal.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    # The split view serves Swagger UI's start-up script as a file: no inline script (CSP).
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="swagger-ui"),
     path("metrics", metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
 ]

@@ -1,8 +1,10 @@
-"""Tenant-facing pages: the dashboard and the API token page; error pages."""
+"""Tenant-facing pages: login, the dashboard and the API token page; error pages."""
 
 from __future__ import annotations
 
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.forms import AuthenticationForm
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -11,10 +13,26 @@ from django.views.decorators.http import require_http_methods, require_POST
 from jobs.live import tenant_snapshot
 from jobs.models import Job
 from portal.api.errors import json_not_found, json_server_error
-from tenancy.forms import NewTokenForm
+from tenancy.forms import RATE_LIMITED, NewTokenForm, RateLimitedAuthenticationForm
+from tenancy.login_limits import Limits
 from tenancy.models import ApiToken, Tenant
 from tenancy.services import TenancyError
 from tenancy.token_services import do_create_token, do_revoke_token
+
+
+class LoginView(auth_views.LoginView):
+    """The login page; a locked-out sign-in (``tenancy.login_limits``) is a 429 with a message."""
+
+    template_name = "login.html"
+    form_class = RateLimitedAuthenticationForm
+
+    def form_invalid(self, form: AuthenticationForm) -> HttpResponse:
+        """Show the errors; 429 with ``Retry-After`` when the sign-in was rate-limited."""
+        response = super().form_invalid(form)
+        if form.has_error("__all__", RATE_LIMITED):
+            response.status_code = 429
+            response["Retry-After"] = str(Limits.from_settings().window_s)
+        return response
 
 
 def _selected_tenant(request: HttpRequest) -> Tenant | None:

@@ -1,11 +1,17 @@
 """What-if: replay a trace through the simulator under several policies, as a Celery task.
 
     page (POST) ──> start_run(): parameters (and an uploaded trace) stored under a run id
-                       │ on commit
+                       │ on commit, to Celery queue "whatif" (its own worker: a long
+                       │ simulation never delays the tick or the agents' reports on "portal")
                        ▼
     Celery: run_whatif(run_id) ── for each policy: scheduler.simulator.simulate ── progress
-                       │
+                       │ soft time limit WHATIF_SOFT_TIME_LIMIT_SECONDS: stopped, "failed"
     page polls GET /whatif/<run>.json ── progress bar, then the comparison report
+
+Bounded: at most ``WHATIF_MAX_TRACE_JOBS`` jobs in a trace (an upload beyond it
+is refused; the cluster's history is cut to its newest jobs), at most
+``WHATIF_MAX_GPUS`` GPUs and ``WHATIF_MAX_LEAVES`` leaves in the simulated
+cluster; the form says so, and the task checks again.
 
 Traces: the cluster's own completed jobs (submit offset, requested GPUs, run
 time), the shared Tiresias trace ``60_job.csv``, or an uploaded CSV in the
@@ -23,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from celery import shared_task
+from celery.exceptions import SoftTimeLimitExceeded
 from django import forms
+from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 
@@ -38,6 +46,8 @@ from scheduler.traces import TraceError, TraceJob, load_tiresias, shared_trace
 
 log = logging.getLogger(__name__)
 
+WHATIF_QUEUE = "whatif"
+HARD_LIMIT_GRACE_S = 30  # after the soft limit, the time the task has to record its failure
 RUN_TTL_S = 24 * 3600
 MAX_UPLOAD_BYTES = 2 * 1024 * 1024
 CDF_POINTS = 200
@@ -104,6 +114,8 @@ class WhatIfForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
+        for field, problem in size_problems(cleaned).items():
+            self.add_error(field, problem)
         placements = cleaned.get("placements") or []
         if set(placements) & {"vclos", "ecmp"}:
             total, per, leaves = (
@@ -135,7 +147,28 @@ class WhatIfForm(forms.Form):
                 else:
                     if not trace:
                         self.add_error("upload", "The trace has no usable job.")
+                    elif too_long := trace_size_problem(len(trace)):
+                        self.add_error("upload", too_long)
         return cleaned
+
+
+def size_problems(params: dict[str, Any]) -> dict[str, str]:
+    """Why the simulated cluster is too large to simulate here, by form field (empty: fine)."""
+    problems = {}
+    gpus, leaves = params.get("total_gpus"), params.get("leaves")
+    if isinstance(gpus, int) and gpus > settings.WHATIF_MAX_GPUS:
+        problems["total_gpus"] = f"At most {settings.WHATIF_MAX_GPUS} GPUs can be simulated here."
+    if isinstance(leaves, int) and leaves > settings.WHATIF_MAX_LEAVES:
+        problems["leaves"] = f"At most {settings.WHATIF_MAX_LEAVES} leaves can be simulated here."
+    return problems
+
+
+def trace_size_problem(jobs: int) -> str | None:
+    """Why a trace of ``jobs`` jobs is too long to replay here (None: fine)."""
+    limit = int(settings.WHATIF_MAX_TRACE_JOBS)
+    if jobs > limit:
+        return f"The trace has {jobs} jobs; at most {limit} can be replayed here."
+    return None
 
 
 def _key(run_id: str) -> str:
@@ -159,8 +192,16 @@ def start_run(params: dict[str, Any], upload_text: str | None = None) -> str:
         run_id,
         {"status": "queued", "progress": 0.0, "params": params, "upload": upload_text, "step": ""},
     )
-    transaction.on_commit(lambda: run_whatif.delay(run_id))
+    transaction.on_commit(lambda: enqueue_run(run_id))
     return run_id
+
+
+def enqueue_run(run_id: str) -> None:
+    """Send the run to its queue, with the time limits configured now."""
+    soft = int(settings.WHATIF_SOFT_TIME_LIMIT_SECONDS)
+    run_whatif.apply_async(
+        (run_id,), queue=WHATIF_QUEUE, soft_time_limit=soft, time_limit=soft + HARD_LIMIT_GRACE_S
+    )
 
 
 def _parse_upload(text: str, scale: float) -> tuple[TraceJob, ...]:
@@ -173,13 +214,16 @@ def _parse_upload(text: str, scale: float) -> tuple[TraceJob, ...]:
         path.unlink(missing_ok=True)
 
 
-def history_trace() -> tuple[TraceJob, ...]:
-    """The cluster's completed jobs as a trace: submit offsets, requested GPUs, run times."""
-    rows = list(
+def history_trace(limit: int | None = None) -> tuple[TraceJob, ...]:
+    """The cluster's newest ``limit`` completed jobs (default ``WHATIF_MAX_TRACE_JOBS``) as a
+    trace: submit offsets, requested GPUs, run times."""
+    limit = int(settings.WHATIF_MAX_TRACE_JOBS) if limit is None else limit
+    newest = list(
         Job.objects.filter(state=JobState.COMPLETED, started_at__isnull=False)
-        .order_by("submitted_at", "id")
-        .values_list("pk", "submitted_at", "started_at", "finished_at", "gpus", "workload")
+        .order_by("-submitted_at", "-id")
+        .values_list("pk", "submitted_at", "started_at", "finished_at", "gpus", "workload")[:limit]
     )
+    rows = newest[::-1]
     if not rows:
         return ()
     first = rows[0][1]
@@ -207,7 +251,10 @@ def load_trace(params: dict[str, Any], upload: str | None) -> tuple[TraceJob, ..
     if source == "60_job":
         return load_tiresias(shared_trace("60_job.csv"), duration_scale=scale).jobs
     if source == "upload" and upload is not None:
-        return _parse_upload(upload, scale)
+        trace = _parse_upload(upload, scale)
+        if problem := trace_size_problem(len(trace)):
+            raise TraceError(problem)
+        return trace
     raise TraceError(f"unknown trace source {source!r}")
 
 
@@ -222,6 +269,8 @@ def compare(
     trace: tuple[TraceJob, ...], params: dict[str, Any], on_policy: Any = None
 ) -> dict[str, Any]:
     """Simulate ``trace`` under every chosen policy; the comparison report (plain JSON)."""
+    if problems := size_problems(params):
+        raise ValueError(" ".join(problems.values()))
     cfg = SimConfig(
         total_gpus=int(params["total_gpus"]),
         gpus_per_server=int(params["gpus_per_server"]),
@@ -283,6 +332,14 @@ def run_whatif(run_id: str) -> None:
         report = compare(trace, params, on_policy)
     except (TraceError, ValueError) as exc:
         state.update(status="failed", error=str(exc), upload=None)
+        _put(run_id, state)
+        return
+    except SoftTimeLimitExceeded:
+        message = (
+            "stopped: the simulation ran past its time limit (WHATIF_SOFT_TIME_LIMIT_SECONDS); "
+            "try a shorter trace or fewer policies"
+        )
+        state.update(status="failed", error=message, upload=None)
         _put(run_id, state)
         return
     except Exception as exc:  # a bug must still end the progress bar, with a message

@@ -4,5 +4,7 @@ import os
 
 from django.core.wsgi import get_wsgi_application
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings.dev")
+from portal.settings import DEFAULT_SETTINGS
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", DEFAULT_SETTINGS)
 application = get_wsgi_application()

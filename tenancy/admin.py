@@ -18,6 +18,7 @@ class TenantAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "slug",
         "name",
         "gpu_quota",
+        "max_queued_jobs",
         "priority_weight",
         "profile_jobs",
         "artifact_retention_days",

@@ -8,3 +8,15 @@ class TenancyConfig(AppConfig):
 
     name = "tenancy"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        """Connect the live-socket receivers; register the API token's OpenAPI scheme.
+
+        Both need the app registry, so they are imported here, when it is ready.
+        """
+        from tenancy import (
+            api_schema,  # noqa: F401  (a drf-spectacular extension)
+            signals,
+        )
+
+        signals.connect()

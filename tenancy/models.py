@@ -27,6 +27,11 @@ class Role(models.TextChoices):
 WRITE_ROLES = frozenset({Role.OWNER, Role.MEMBER})
 
 
+def default_max_queued_jobs() -> int:
+    """A new tenant's cap on waiting jobs: ``DEFAULT_TENANT_MAX_QUEUED_JOBS``."""
+    return int(settings.DEFAULT_TENANT_MAX_QUEUED_JOBS)
+
+
 def _is_admin(user: Any) -> bool:
     return bool(user is not None and user.is_authenticated and user.is_staff)
 
@@ -81,6 +86,11 @@ class Tenant(models.Model):
         blank=True,
         validators=[MinValueValidator(1)],
         help_text="Days a finished job's log is kept; empty = the cluster's LOG_RETENTION_DAYS.",
+    )
+    max_queued_jobs = models.PositiveIntegerField(
+        default=default_max_queued_jobs,
+        help_text="Most jobs this tenant may have waiting (pending or queued) at once; "
+        "a submission beyond it is refused.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 

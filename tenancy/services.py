@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils.text import slugify
@@ -39,6 +41,19 @@ def check_slug(slug: str) -> str:
     return slug
 
 
+def check_password_strength(*, username: str, password: str) -> None:
+    """Refuse a password that ``AUTH_PASSWORD_VALIDATORS`` reject for ``username``.
+
+    The user may exist already (their other attributes are compared too) or not yet.
+    """
+    user_model = get_user_model()
+    user = user_model.objects.filter(username=username).first() or user_model(username=username)
+    try:
+        validate_password(password, user=user)
+    except ValidationError as exc:
+        raise TenancyError("password refused: " + " ".join(exc.messages)) from exc
+
+
 @transaction.atomic
 def do_create_tenant(
     *,
@@ -49,11 +64,17 @@ def do_create_tenant(
     gpu_quota: int = 8,
     email: str = "",
     profile_jobs: bool = True,
+    max_queued_jobs: int | None = None,
 ) -> TenantCreated:
-    """Create a tenant and make ``owner_username`` its owner (creating that user if needed)."""
+    """Create a tenant and make ``owner_username`` its owner (creating that user if needed).
+
+    ``max_queued_jobs`` defaults to ``DEFAULT_TENANT_MAX_QUEUED_JOBS``.
+    """
     check_slug(slug)
     if gpu_quota < 0:
         raise TenancyError("gpu quota must be zero or more")
+    if max_queued_jobs is not None and max_queued_jobs < 0:
+        raise TenancyError("the cap on waiting jobs must be zero or more")
     user_model = get_user_model()
     owner, created = user_model.objects.get_or_create(
         username=owner_username, defaults={"email": email}
@@ -67,8 +88,9 @@ def do_create_tenant(
     elif password:
         owner.set_password(password)
         owner.save(update_fields=["password"])
+    cap = {} if max_queued_jobs is None else {"max_queued_jobs": max_queued_jobs}
     tenant = Tenant.objects.create(
-        slug=slug, name=name or slug, gpu_quota=gpu_quota, profile_jobs=profile_jobs
+        slug=slug, name=name or slug, gpu_quota=gpu_quota, profile_jobs=profile_jobs, **cap
     )
     Membership.objects.create(user=owner, tenant=tenant, role=Role.OWNER)
     return TenantCreated(tenant=tenant, owner_created=created)
@@ -83,6 +105,16 @@ def do_add_member(*, tenant: Tenant, user: AbstractBaseUser, role: str = Role.ME
         user=user, tenant=tenant, defaults={"role": role}
     )
     return membership
+
+
+@transaction.atomic
+def do_remove_member(*, tenant: Tenant, user: AbstractBaseUser) -> bool:
+    """Take ``user`` out of ``tenant`` (True if they were a member).
+
+    Their open live sockets drop the tenant's topics once this commits (``tenancy.signals``).
+    """
+    deleted, _ = Membership.objects.filter(tenant=tenant, user_id=user.pk).delete()
+    return deleted > 0
 
 
 def can_write(user: AbstractBaseUser | AnonymousUser, tenant: Tenant) -> bool:

@@ -1,32 +1,80 @@
-"""docker-compose.yml cannot run here, so we read it: services, wiring, real entry points."""
+"""docker-compose.yml cannot run here, so we read it: services, wiring, real entry points,
+secrets only from the environment; its Redis command and healthcheck run against a real
+redis-server."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import re
+import secrets
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
+import redis
 import yaml
 from django.core.management import get_commands
 
 from tests.architecture.imports import LAYERS
+from utilities.embedded_redis import server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
+SECRETS = ("SECRET_KEY", "POSTGRES_PASSWORD", "REDIS_PASSWORD", "AGENT_SIGNING_KEY", "AGENT_KEY")
+PORTAL_SERVICES = ("migrate", "web", "worker", "tick-worker", "whatif-worker", "beat", "agent")
+VARIABLE = re.compile(r"\$\$|\$\{(?P<name>[A-Z_][A-Z0-9_]*)(?:(?P<op>:\?|:-)(?P<arg>[^}]*))?\}")
 
 
-def load() -> dict[str, Any]:
+class MissingVariable(LookupError):
+    """A ``${VAR:?message}`` whose variable is unset: compose refuses to start."""
+
+
+def interpolate(value: Any, env: Mapping[str, str]) -> Any:
+    """Compose's variable substitution (``${V}``, ``${V:-default}``, ``${V:?error}``, ``$$``)."""
+    if isinstance(value, dict):
+        return {key: interpolate(item, env) for key, item in value.items()}
+    if isinstance(value, list):
+        return [interpolate(item, env) for item in value]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name, op, arg = match.group("name"), match.group("op"), match.group("arg")
+        if env.get(name):
+            return env[name]
+        if op == ":?":
+            raise MissingVariable(f"{name}: {arg}")
+        return arg if op == ":-" else ""
+
+    return VARIABLE.sub(substitute, value)
+
+
+def raw() -> dict[str, Any]:
+    """The file as written, variables not substituted."""
     return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def load(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The file as compose sees it with ``env`` (each secret set to a sample by default)."""
+    return interpolate(
+        raw(), env if env is not None else {name: f"sample-{name}" for name in SECRETS}
+    )
 
 
 def test_services_present_and_wired() -> None:
     compose = load()
     services = compose["services"]
     assert {"postgres", "redis", "web", "worker", "beat", "agent"} <= set(services)
-    for name in ("web", "worker", "beat", "agent", "migrate"):
+    for name in PORTAL_SERVICES:
         env = services[name]["environment"]
         assert env["DATABASE_URL"].startswith("postgres://")
-        assert env["REDIS_URL"].startswith("redis://redis:")
+        assert env["REDIS_URL"] == "redis://portal:sample-REDIS_PASSWORD@redis:6379/0"
         assert env["DJANGO_SETTINGS_MODULE"] == "portal.settings.prod"
         assert set(services[name]["depends_on"]) == {"postgres", "redis"}
     pg = services["postgres"]["environment"]
@@ -64,3 +112,121 @@ def test_dockerfile_copies_every_package() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     for package in LAYERS:
         assert f"COPY {package} ./{package}" in dockerfile
+
+
+def test_restart_unless_stopped_except_the_one_shot_migration() -> None:
+    services = load()["services"]
+    for name, service in services.items():
+        expected = "no" if name == "migrate" else "unless-stopped"
+        assert service.get("restart") == expected, name
+
+
+@pytest.mark.parametrize("missing", SECRETS)
+def test_compose_refuses_to_start_without_each_secret(missing: str) -> None:
+    env = {name: f"sample-{name}" for name in SECRETS if name != missing}
+    with pytest.raises(MissingVariable, match=missing):
+        load(env)
+
+
+def test_no_secret_is_written_in_the_file() -> None:
+    """Every secret is a ``${VAR:?}`` reference; no credentials appear literally."""
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert not re.search(r"://[^/\s:@]+:(?!\$\{)[^@\s]+@", text), "credentials in a URL"
+    services = raw()["services"]
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith(
+        "${POSTGRES_PASSWORD:?"
+    )
+    for name in PORTAL_SERVICES:
+        env = services[name]["environment"]
+        assert env["SECRET_KEY"].startswith("${SECRET_KEY:?")
+        assert "${POSTGRES_PASSWORD:?" in env["DATABASE_URL"]
+        assert "${REDIS_PASSWORD:?" in env["REDIS_URL"]
+    # and with the variables set, each lands where it is used
+    compose = load()
+    web = compose["services"]["web"]["environment"]
+    assert web["SECRET_KEY"] == "sample-SECRET_KEY"
+    assert ":sample-POSTGRES_PASSWORD@postgres:" in web["DATABASE_URL"]
+    pg = compose["services"]["postgres"]["environment"]
+    assert pg["POSTGRES_PASSWORD"] == "sample-POSTGRES_PASSWORD"
+
+
+def test_postgres_healthcheck_authenticates() -> None:
+    """Over TCP with the password: the local socket would let anyone in."""
+    check = " ".join(load()["services"]["postgres"]["healthcheck"]["test"])
+    assert 'PGPASSWORD="$POSTGRES_PASSWORD"' in check  # expanded in the container, not here
+    assert "-h 127.0.0.1" in check and "-U portal" in check
+
+
+def redis_env(password: str) -> dict[str, str]:
+    """Every secret set, the Redis password to ``password``."""
+    return {**dict.fromkeys(SECRETS, "x"), "REDIS_PASSWORD": password}
+
+
+@contextlib.contextmanager
+def compose_redis(tmp_path: Path, password: str) -> Iterator[int]:
+    """The compose file's redis-server command, run here on a free port."""
+    from tests.browser.harness import free_port
+
+    port = free_port()
+    command = load(redis_env(password))["services"]["redis"]["command"]
+    assert command[0] == "redis-server"
+    argv = [str(server_binary()), *command[1:], "--port", str(port), "--dir", str(tmp_path)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                redis.Redis(port=port, socket_timeout=0.5).ping()
+            except redis.AuthenticationError:
+                break  # up, and refusing the anonymous client
+            except redis.ConnectionError:
+                time.sleep(0.1)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_redis_requires_the_portal_user_and_password(tmp_path: Path) -> None:
+    """Run the compose command: anonymous and default-user clients are refused, REDIS_URL works."""
+    password = secrets.token_hex(16)
+    with compose_redis(tmp_path, password) as port:
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port).ping()
+        with pytest.raises(redis.AuthenticationError):  # the default user is off
+            redis.Redis(port=port, password=password).ping()
+        env = redis_env(password)
+        url = load(env)["services"]["web"]["environment"]["REDIS_URL"]
+        assert redis.Redis.from_url(url.replace("@redis:6379", f"@127.0.0.1:{port}")).ping()
+
+        # the healthcheck, as the container's shell would run it
+        check = load(env)["services"]["redis"]["healthcheck"]["test"]
+        assert check[0] == "CMD-SHELL"
+        cli = f"{server_binary().with_name('redis-cli')} -p {port}"
+        script = check[1].replace("redis-cli", cli)
+
+        def healthy(secret: str) -> bool:
+            run = subprocess.run(["sh", "-c", script], env={"REDIS_PASSWORD": secret}, timeout=10)
+            return run.returncode == 0
+
+        assert healthy(password)
+        assert not healthy("wrong")
+
+
+def test_dockerignore_keeps_local_state_out_of_images() -> None:
+    patterns = set((ROOT / ".dockerignore").read_text().split())
+    assert {"var/", ".venv/", ".git/", "**/__pycache__/", ".mypy_cache/", ".env"} <= patterns
+
+
+def test_each_queue_has_its_own_worker_and_the_agent_its_key() -> None:
+    """Reports, ticks and simulations never wait behind one another; the agent can sign."""
+    services = load()["services"]
+    queues = {
+        name: service["command"][service["command"].index("-Q") + 1]
+        for name, service in services.items()
+        if "-Q" in service.get("command", [])
+    }
+    assert sorted(queues.values()) == ["portal", "tick", "whatif"]
+    agent = services["agent"]["environment"]
+    assert agent["AGENT_KEY"] == "sample-AGENT_KEY"
+    assert agent["REDIS_URL"] == services["web"]["environment"]["REDIS_URL"]  # merged, not lost

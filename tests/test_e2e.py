@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from tests.test_stack import free_port, start_stack, wait_http
+from workers.signing import key_to_text, master_secret, node_key
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
@@ -71,6 +72,8 @@ def stack_env(
         "SCHEDULER_POLICY": "elastic-tiresias",
         "OMP_NUM_THREADS": "1",
         "DEBUG": "0",
+        # The agents' keys derive from it: agents the tests start take agent_key(env, node).
+        "AGENT_SIGNING_KEY": "e2e-agent-signing-key",
     }
     env.update({**defaults, **overrides})
     if db_url:
@@ -82,6 +85,12 @@ def stack_env(
         redis.Redis.from_url(redis_url).flushdb()
         env["REDIS_URL"] = redis_url
     return env, drop_db
+
+
+def agent_key(env: dict[str, str], node: str) -> str:
+    """The ``AGENT_KEY`` of ``node``'s agent under the stack's environment ``env``."""
+    master = master_secret(env.get("AGENT_SIGNING_KEY", ""), env.get("SECRET_KEY", ""))
+    return key_to_text(node_key(master, node))
 
 
 @pytest.fixture

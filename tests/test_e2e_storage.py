@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_e2e import api, events, job_state, stack_env, wait_for
+from tests.test_e2e import agent_key, api, events, job_state, stack_env, wait_for
 from tests.test_stack import free_port, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +59,8 @@ def start_agent(node: str, tmp_path: Path, env: dict[str, str]) -> subprocess.Po
     return subprocess.Popen(
         [sys.executable, "-m", "workers.agent", "--node", node, "--gpus", "2", "--cpu",
          "--loglevel", "INFO"],
-        cwd=ROOT, env={**env, "PORTAL_DATA_DIR": str(data)}, stdout=log, stderr=subprocess.STDOUT,
+        cwd=ROOT, env={**env, "PORTAL_DATA_DIR": str(data), "AGENT_KEY": agent_key(env, node)},
+        stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
 
 

@@ -159,7 +159,7 @@ def test_no_agents_leaves_the_servers_to_agents_started_elsewhere() -> None:
     names = [spec.name for spec in stack_processes(host="127.0.0.1", port=8000)]
     assert [n for n in names if n.startswith("agent")] == [f"agent node-{i}" for i in range(4)]
     without = [spec.name for spec in stack_processes(host="127.0.0.1", port=8000, agents=False)]
-    assert without == ["web", "worker", "whatif worker", "beat"]
+    assert without == ["web", "worker", "tick worker", "whatif worker", "beat"]
 
 
 def test_the_banner_hides_the_redis_password() -> None:
@@ -171,16 +171,25 @@ def test_the_banner_hides_the_redis_password() -> None:
     assert redacted("redis://127.0.0.1:6379/6") == "redis://127.0.0.1:6379/6"
 
 
-def test_what_if_simulations_get_their_own_worker_on_their_own_queue() -> None:
+def test_the_tick_and_what_if_simulations_get_their_own_workers_and_queues() -> None:
+    """Reports, ticks and simulations never wait behind one another (each has a worker)."""
+    from django.conf import settings
+
     from portal.management.commands.runstack import stack_processes
 
     specs = {s.name: s.argv for s in stack_processes(host="h", port=1, agents=False)}
-    whatif = specs["whatif worker"]
-    assert whatif[whatif.index("-Q") + 1] == "whatif"
-    assert whatif[whatif.index("-n") + 1] == "whatif@%h"
-    assert whatif[whatif.index("--concurrency") + 1] == "1"
-    portal = specs["worker"]
-    assert portal[portal.index("-Q") + 1] == "portal"  # the tick and reports stay apart
+
+    def option(worker: str, flag: str) -> str:
+        argv = specs[worker]
+        return argv[argv.index(flag) + 1]
+
+    assert option("whatif worker", "-Q") == "whatif"
+    assert option("whatif worker", "-n") == "whatif@%h"
+    assert option("whatif worker", "--concurrency") == "1"
+    assert option("tick worker", "-Q") == "tick"
+    assert option("tick worker", "--concurrency") == "1"
+    assert option("worker", "-Q") == "portal"  # agent reports, log exports, retention
+    assert settings.CELERY_BEAT_SCHEDULE["scheduler-tick"]["options"]["queue"] == "tick"
 
 
 # --------------------------------------------------------------------------- the supervisor

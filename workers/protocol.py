@@ -7,6 +7,10 @@ back to the control plane, as the Celery task ``REPORT_TASK`` on
 
     {"type": "scale_in", "job": "j-42", "command_id": "c-7", "worker_ids": ["w3"]}
 
+On the wire each message is the ``body`` of an envelope signed with the
+node's key (``workers.signing``): the receiver checks the envelope first,
+and only then parses the body with this module.
+
 Every message is a frozen dataclass.  ``from_dict`` is strict: an unknown
 type, an unknown or missing field, a value of the wrong type or out of range
 raises ``ProtocolError`` with a message that names the field, and builds
@@ -192,6 +196,7 @@ class StartWorkers(Command):
     program: Program | None = None
     store_prefix: str | None = None
     checkpoint_keep: int = 2
+    checkpoint_min_seconds: float = 0.0
 
     def validate(self) -> None:
         super().validate()
@@ -232,6 +237,7 @@ class StartWorkers(Command):
         if self.checkpoint_dir is not None and not self.checkpoint_dir.strip():
             raise ProtocolError("start_workers.checkpoint_dir must not be blank")
         at_least(self.checkpoint_keep, 1, "start_workers.checkpoint_keep")
+        at_least(self.checkpoint_min_seconds, 0.0, "start_workers.checkpoint_min_seconds")
         if self.store_prefix is not None:
             parts = self.store_prefix.split("/")
             if len(parts) != 4 or parts[0] != "tenants" or parts[2] != "jobs":

@@ -75,7 +75,8 @@ class CodeBundleViewSet(
     )
     def create(self, request: Request) -> Response:
         """Upload an archive: 201 with its id, or 200 if your tenant already has these bytes."""
-        length = int(request.META.get("CONTENT_LENGTH") or 0)
+        declared = str(request.META.get("CONTENT_LENGTH") or "0")
+        length = int(declared) if declared.isdigit() else 0  # Django reads a bad one as 0 too
         if length > settings.CODE_MAX_BYTES + MULTIPART_SLACK:  # refused before it is read
             raise ValidationError(
                 {

@@ -9,9 +9,19 @@ from rest_framework import serializers
 from bundles.models import CodeBundle
 from jobs.choices import Launcher, RecoveryMode
 from jobs.models import Artifact, Job, JobEvent
-from jobs.services import JOB_FIELDS
+from jobs.services import JOB_FIELDS, MAX_GPUS_PER_JOB
 from tenancy.models import Tenant
 from workers.catalog import WORKLOADS
+
+
+class StrictCharField(serializers.CharField):
+    """A text field that takes JSON strings only: DRF's own turns ``123`` into ``"123"``."""
+
+    def to_internal_value(self, data: Any) -> str:
+        """The string, or the field's "invalid" error for any other JSON type."""
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return str(super().to_internal_value(data))
 
 
 class JobSerializer(serializers.ModelSerializer[Job]):
@@ -88,18 +98,27 @@ class JobCreateSerializer(serializers.Serializer[Job]):
     )
 
 
+class JobTenantSerializer(serializers.Serializer[Any]):
+    """The ``tenant`` of a submission, checked before it reaches a query."""
+
+    tenant = serializers.SlugField(required=False)
+
+
 class JobUpdateSerializer(serializers.Serializer[Job]):
     """What a client may change on a live job."""
 
     priority = serializers.IntegerField(min_value=0, max_value=100, required=False)
-    min_gpus = serializers.IntegerField(min_value=1, required=False)
-    max_gpus = serializers.IntegerField(min_value=1, required=False)
+    min_gpus = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_JOB, required=False)
+    max_gpus = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_JOB, required=False)
+
+
+CANCEL_REASON_MAX = 200
 
 
 class JobCancelSerializer(serializers.Serializer[Job]):
-    """Optional reason for a cancellation."""
+    """Optional reason for a cancellation: a string of at most 200 characters."""
 
-    reason = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    reason = StrictCharField(max_length=CANCEL_REASON_MAX, required=False, allow_blank=True)
 
 
 class JobEventSerializer(serializers.ModelSerializer[JobEvent]):

@@ -29,6 +29,7 @@ from jobs.api.serializers import (
     JobLogSerializer,
     JobMetricsSerializer,
     JobSerializer,
+    JobTenantSerializer,
     JobUpdateSerializer,
 )
 from jobs.artifacts import artifact_store
@@ -92,6 +93,22 @@ def _object_body(request: Request, allowed: set[str]) -> dict[str, Any]:
     return dict(data)
 
 
+def _plain_param(params: Any, name: str) -> str | None:
+    """A query parameter as text; NUL (which PostgreSQL refuses in a query) is a 400."""
+    value = params.get(name)
+    if value is not None and "\x00" in value:
+        raise ValidationError({name: ["May not contain NUL characters."]})
+    return cast(str | None, value)
+
+
+def _submission(request: Request) -> tuple[str | None, dict[str, Any]]:
+    """A submission's tenant slug (a slug, before it reaches a query) and the rest of its body."""
+    body = _object_body(request, set(JobCreateSerializer().fields))
+    tenant = JobTenantSerializer(data={"tenant": body.pop("tenant")} if "tenant" in body else {})
+    tenant.is_valid(raise_exception=True)
+    return tenant.validated_data.get("tenant"), body
+
+
 @extend_schema_view(
     list=extend_schema(
         parameters=[
@@ -115,23 +132,23 @@ class JobViewSet(
         if self.action != "list":
             return jobs
         params = self.request.query_params
-        if states := params.get("state"):
+        if states := _plain_param(params, "state"):
             wanted = [s.strip() for s in states.split(",") if s.strip()]
             unknown = sorted(set(wanted) - set(JobState.values))
             if unknown:
                 raise ValidationError({"state": [f"Unknown state(s): {', '.join(unknown)}."]})
             jobs = jobs.filter(state__in=wanted)
-        if tenant := params.get("tenant"):
+        if tenant := _plain_param(params, "tenant"):
             jobs = jobs.filter(tenant__slug=tenant)
-        if workload := params.get("workload"):
+        if workload := _plain_param(params, "workload"):
             jobs = jobs.filter(workload=workload)
         return jobs
 
     @extend_schema(request=JobCreateSerializer, responses={201: JobSerializer})
     def create(self, request: Request) -> Response:
         """Submit a job; it is queued and scheduled elastically within [min_gpus, max_gpus]."""
-        body = _object_body(request, set(JobCreateSerializer().fields))
-        tenant = resolve_tenant_for_write(request.user, body.pop("tenant", None))
+        slug, body = _submission(request)
+        tenant = resolve_tenant_for_write(request.user, slug)
         spec = check_job_spec(tenant=tenant, data=body)
         job = do_submit_job(user=request.user, tenant=tenant, spec=spec)
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
@@ -151,8 +168,10 @@ class JobViewSet(
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         """Cancel the job: a graceful stop that releases its GPUs."""
         job = self.get_object()
-        body = _object_body(request, {"reason"}) if request.data else {}
-        job = do_cancel_job(user=request.user, job_id=job.pk, reason=body.get("reason") or "")
+        fields = JobCancelSerializer(data=_object_body(request, {"reason"}))
+        fields.is_valid(raise_exception=True)
+        reason = fields.validated_data.get("reason") or ""
+        job = do_cancel_job(user=request.user, job_id=job.pk, reason=reason)
         return Response(JobSerializer(job).data)
 
     @extend_schema(responses=JobEventSerializer(many=True))
@@ -275,7 +294,7 @@ class JctStatsView(APIView):
     )
     def get(self, request: Request) -> Response:
         """Return count, mean, median and p95 JCT in seconds."""
-        slug = request.query_params.get("tenant")
+        slug = _plain_param(request.query_params, "tenant")
         if slug:
             tenant = Tenant.objects.restrict(request.user).filter(slug=slug).first()
             if tenant is None:

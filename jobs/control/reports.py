@@ -1,9 +1,15 @@
 """What the control plane does with each agent report (the ``control.agent_report`` task).
 
-Every report is parsed strictly (``workers.protocol``); a malformed one is
-logged and changes nothing.  Handlers are idempotent: runtime events carry a
-stream id and a job applies each id once (ids only grow); the other reports
-describe a state, and applying a state twice is harmless.
+A report arrives in an envelope signed with its node's key
+(``workers.signing``); ``handle_signed_report`` refuses, logs and ignores one
+that is unsigned, badly signed, stale, from the future, or whose body names
+another node than the one that signed it, and a job report from a node that
+does not host the job (``jobs.agent_trust.hosts``).  A heartbeat's worker
+list keeps only the jobs its node hosts.  Every report is then parsed
+strictly (``workers.protocol``); a malformed one is logged and changes
+nothing.  Handlers are idempotent: runtime events carry a stream id and a job
+applies each id once (ids only grow); the other reports describe a state, and
+applying a state twice is harmless.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import Any
 from django.db import transaction
 
 from inventory.services import do_heartbeat
-from jobs import holdings
+from jobs import agent_trust, holdings
 from jobs.agent_commands import job_id_from_name
 from jobs.choices import ACTIVE_STATES, TERMINAL_STATES, EventKind, JobState
 from jobs.control import outputs, program_exits
@@ -48,6 +54,7 @@ from workers.protocol import (
     WorkerExited,
     WorkerFailed,
 )
+from workers.signing import SignatureError
 
 log = logging.getLogger(__name__)
 LOG_TAIL_CHARS = 4000
@@ -62,15 +69,39 @@ def _event_key(event_id: str) -> tuple[int, ...]:
         return ()
 
 
-def handle_report(payload: Any) -> str:
-    """Apply one report; return a short outcome (for logs and tests)."""
+def handle_signed_report(envelope: Any) -> str:
+    """Check one report's envelope and apply it as its node's word; ``refused: ...`` if forged."""
+    try:
+        signed = agent_trust.open_report(envelope)
+    except SignatureError as exc:
+        log.warning("refused an agent report: %s", exc)
+        return f"refused: {exc}"
+    return handle_report(signed.body, signed_by=signed.node)
+
+
+def handle_report(payload: Any, *, signed_by: str | None = None) -> str:
+    """Apply one report; return a short outcome (for logs and tests).
+
+    ``signed_by`` is the node whose key signed it: the report must be that
+    node's, and may only speak of jobs it hosts.  Without it (in-process
+    callers and tests that hand over a report directly) the report is taken
+    as the node's own word.
+    """
     try:
         report = Report.from_dict(payload)
     except ProtocolError as exc:
         log.warning("rejected agent report: %s", exc)
         return f"invalid: {exc}"
+    if signed_by is not None and report.node != signed_by:
+        log.warning(
+            "refused a %s report: names node %s, signed by %s", report.TYPE, report.node, signed_by
+        )
+        return "refused: wrong node"
     if isinstance(report, Heartbeat):
-        known = do_heartbeat(node=report.node, info=report.to_dict())
+        info = report.to_dict()
+        if signed_by is not None:
+            info["workers"] = _hosted_workers(report)
+        known = do_heartbeat(node=report.node, info=info)
         return "heartbeat" if known else "unknown node"
     if isinstance(report, Rejected):
         log.warning("agent %s rejected a command: %s", report.node, report.error)
@@ -80,6 +111,11 @@ def handle_report(payload: Any) -> str:
     job_id = job_id_from_name(report.job)
     if job_id is None:
         return "unknown job"
+    if signed_by is not None and not agent_trust.hosts(report.node, job_id, report.job):
+        log.warning(
+            "refused a %s report from %s: it does not host %s", report.TYPE, report.node, report.job
+        )
+        return "refused: not hosted"
     with transaction.atomic():
         job = Job.objects.select_for_update().filter(pk=job_id).first()
         if job is None:
@@ -99,6 +135,24 @@ def handle_report(payload: Any) -> str:
         if handler is None:
             return "noted"
         return handler(job, report)
+
+
+def _hosted_workers(beat: Heartbeat) -> list[dict[str, Any]]:
+    """The heartbeat's workers of jobs its node hosts; the others are logged and dropped."""
+    verdict: dict[str, bool] = {}
+    kept = []
+    for worker in beat.workers:
+        if worker.job not in verdict:
+            job_id = job_id_from_name(worker.job)
+            hosted = job_id is not None and agent_trust.hosts(beat.node, job_id, worker.job)
+            verdict[worker.job] = hosted
+            if not hosted:
+                log.warning(
+                    "heartbeat of %s lists job %s, which it does not host", beat.node, worker.job
+                )
+        if verdict[worker.job]:
+            kept.append(worker.to_dict())
+    return kept
 
 
 def _progress(job: Job, report: Any) -> str:

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import ObjectDoesNotExist, PermissionDenied
+from django.core.exceptions import (
+    ObjectDoesNotExist,
+    PermissionDenied,
+    RequestDataTooBig,
+    SuspiciousOperation,
+)
+from django.db import DataError
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import status
-from rest_framework.exceptions import APIException, ValidationError
+from rest_framework.exceptions import APIException, ParseError, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
@@ -44,11 +50,21 @@ def json_exception_handler(exc: Exception, context: dict[str, Any]) -> Response 
         return Response({"message": "Not found.", "errors": {}}, status=404)
     if isinstance(exc, PermissionDenied):
         return Response({"message": "Permission denied.", "errors": {}}, status=403)
+    if isinstance(exc, RequestDataTooBig):  # Django's own limits on a body it read
+        return Response({"message": str(exc), "errors": {}}, status=413)
+    if isinstance(exc, SuspiciousOperation):  # e.g. too many multipart fields or files
+        return Response({"message": str(exc), "errors": {}}, status=400)
+    if isinstance(exc, DataError):  # a last net: the edges should have refused the value
+        message = "A value is out of range for the database, or holds a character it refuses."
+        return Response({"message": message, "errors": {}}, status=400)
     response = exception_handler(exc, context)
     if response is None:
         return None
     detail = exc.detail if isinstance(exc, APIException) else response.data
-    errors = _as_field_errors(detail) if isinstance(exc, ValidationError) else {}
+    names_fields = isinstance(exc, ValidationError) or (
+        isinstance(exc, ParseError) and isinstance(detail, dict)
+    )
+    errors = _as_field_errors(detail) if names_fields else {}
     response.data = {"message": _first_message(detail), "errors": errors}
     return response
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import dj_database_url
 import plotly
 
+from portal.settings import safety
 from portal.settings.env import env_bool, env_float, env_int, env_list, env_str
 from utilities import embedded_redis
 
@@ -21,10 +22,35 @@ BASE_DIR = Path(__file__).resolve().parent.parent.parent
 DATA_DIR = Path(env_str("PORTAL_DATA_DIR", str(BASE_DIR / "var"))).resolve()
 DATA_DIR.mkdir(parents=True, exist_ok=True)
 
-SECRET_KEY = env_str("SECRET_KEY", "insecure-dev-key-change-me-for-any-real-deployment")
+# No public key and no public debug pages: see portal.settings.safety. ``dev`` turns DEBUG
+# on by default (``make run``); everything else needs SECRET_KEY.
 DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = safety.secret_key(
+    configured=env_str("SECRET_KEY"), debug=DEBUG, key_file=DATA_DIR / "secret_key"
+)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+safety.check_debug_hosts(debug=DEBUG, allowed_hosts=ALLOWED_HOSTS)
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+# --- Security headers on every response (TLS-only ones are in ``prod``).
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+# Content-Security-Policy (portal.csp): scripts only from our own static files, no inline
+# script or handler; styles may be inline (Plotly and Swagger UI set them); the live
+# sockets' ws(s):// origin is added per request.
+CONTENT_SECURITY_POLICY = {
+    "default-src": ["'self'"],
+    "script-src": ["'self'"],
+    "style-src": ["'self'", "'unsafe-inline'"],
+    "img-src": ["'self'", "data:"],
+    "font-src": ["'self'"],
+    "connect-src": ["'self'"],
+    "object-src": ["'none'"],
+    "base-uri": ["'self'"],
+    "form-action": ["'self'"],
+    "frame-ancestors": ["'none'"],
+}
 
 INSTALLED_APPS = [
     "daphne",
@@ -49,6 +75,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "portal.csp.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -107,6 +134,15 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "portal"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
+# --- Signed agent messages (workers/signing.py, docs/security.md): every node's key is
+# derived from AGENT_SIGNING_KEY (default: derived from SECRET_KEY); a message older than
+# AGENT_MESSAGE_MAX_AGE_SECONDS (or further ahead than the skew) is refused, as is a report
+# about a job its node has not held, nor been sent a command for, within the grace.
+AGENT_SIGNING_KEY = env_str("AGENT_SIGNING_KEY", "")
+AGENT_MESSAGE_MAX_AGE_SECONDS = env_float("AGENT_MESSAGE_MAX_AGE_SECONDS", 900.0)
+AGENT_MESSAGE_MAX_SKEW_SECONDS = env_float("AGENT_MESSAGE_MAX_SKEW_SECONDS", 60.0)
+AGENT_HOSTED_GRACE_SECONDS = env_float("AGENT_HOSTED_GRACE_SECONDS", 3600.0)
+
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
@@ -119,6 +155,8 @@ CACHES = {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": "portal",
+        # JSON, not pickle: whoever can write to Redis must not run code here.
+        "OPTIONS": {"serializer": "portal.cache.JSONSerializer"},
     }
 }
 
@@ -156,6 +194,9 @@ ARTIFACT_URL = env_str("ARTIFACT_URL", f"file://{DATA_DIR / 'artifacts'}")
 
 # --- What jobs produce (docs/artifacts.md): checkpoints kept, retention, logged metrics.
 CHECKPOINT_KEEP = env_int("CHECKPOINT_KEEP", 2)  # newest checkpoints kept, plus the final one
+# A job checkpoints every checkpoint_interval mini-batches, but not more often than this:
+# a 5 ms mini-batch would otherwise write and report a checkpoint several times a second.
+CHECKPOINT_MIN_SECONDS = env_float("CHECKPOINT_MIN_SECONDS", 5.0)
 ARTIFACT_RETENTION_DAYS = env_int("ARTIFACT_RETENTION_DAYS", 30)  # after the job ended
 LOG_RETENTION_DAYS = env_int("LOG_RETENTION_DAYS", 30)  # a finished job's log, likewise
 METRICS_MAX_POINTS = env_int("METRICS_MAX_POINTS", 20_000)  # logged values kept per job
@@ -166,7 +207,7 @@ CELERY_BEAT_SCHEDULE = {
     "scheduler-tick": {
         "task": "control.scheduler_tick",
         "schedule": TICK_SECONDS,
-        "options": {"queue": "portal", "expires": TICK_SECONDS},
+        "options": {"queue": "tick", "expires": TICK_SECONDS},  # jobs.lifecycle.TICK_QUEUE
     },
     # Expired outputs and finished jobs' coordination keys, in bounded batches.
     "expire-outputs": {
@@ -177,9 +218,6 @@ CELERY_BEAT_SCHEDULE = {
 }
 
 # --- Auth and API.
-AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
-]
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
@@ -198,7 +236,7 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "portal.api.errors.json_exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["portal.api.parsers.BoundedJSONParser"],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 
@@ -211,7 +249,20 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "portal.api.schema.document_error_responses",
+    ],
 }
+
+# --- Input bounds: bad input is a 4xx naming the field, never a 500 (issue 16).
+API_MAX_JSON_BYTES = 1024 * 1024  # a JSON request body; 413 past it
+TOPOLOGY_MAX_BYTES = 2 * 1024 * 1024  # an imported topology document
+TOPOLOGY_MAX_LEAVES = 512
+TOPOLOGY_MAX_SPINES = 512
+TOPOLOGY_MAX_SERVERS_PER_LEAF = 64
+TOPOLOGY_MAX_GPUS_PER_SERVER = 16
+TOPOLOGY_MAX_SERVERS = 4096  # leaves x servers_per_leaf: rows one import may create
 
 # --- Time, language.
 LANGUAGE_CODE = "en-us"
@@ -238,3 +289,46 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"django.channels.server": {"level": "WARNING"}},
 }
+
+# --- Sessions, sockets and abuse limits (docs: tenancy.login_limits, portal.origin).
+# Django's four standard password rules; ``createtenant`` applies them to the owner's password.
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+# ModelBackend that refuses locked-out sign-ins (login page and admin alike).  Sessions
+# made under the plain ModelBackend end with this change: users sign in once more.
+AUTHENTICATION_BACKENDS = ["tenancy.login_limits.RateLimitedModelBackend"]
+LOGIN_FAILURES_PER_ACCOUNT = env_int("LOGIN_FAILURES_PER_ACCOUNT", 5)
+LOGIN_FAILURES_PER_ADDRESS = env_int("LOGIN_FAILURES_PER_ADDRESS", 20)
+LOGIN_FAILURE_WINDOW_SECONDS = env_int("LOGIN_FAILURE_WINDOW_SECONDS", 15 * 60)
+# How often an open live socket re-checks its session and subscriptions (besides the
+# re-check that every membership or user change triggers at once).
+LIVE_RECHECK_SECONDS = env_float("LIVE_RECHECK_SECONDS", 60.0)
+# API throttles (tenancy.throttles): per user (session or token) and per anonymous address.
+REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"] = [
+    "tenancy.throttles.AnonAddressThrottle",
+    "tenancy.throttles.PerUserThrottle",
+]
+API_THROTTLE_RATES = {
+    "anon": env_str("API_THROTTLE_ANON", "60/minute"),
+    "user": env_str("API_THROTTLE_USER", "1200/minute"),
+}
+# Jobs a tenant may have waiting (pending or queued) at once; per tenant in the admin.
+DEFAULT_TENANT_MAX_QUEUED_JOBS = env_int("DEFAULT_TENANT_MAX_QUEUED_JOBS", 100)
+# What-if simulations run on their own queue and worker, so they never delay the tick
+# or the agents' reports (queue "portal"); bounded in time and in size.
+CELERY_TASK_ROUTES = {
+    "portal.whatif.run": {"queue": "whatif"},
+    "control.scheduler_tick": {"queue": "portal"},
+    "control.agent_report": {"queue": "portal"},
+}
+WHATIF_SOFT_TIME_LIMIT_SECONDS = env_int("WHATIF_SOFT_TIME_LIMIT_SECONDS", 600)
+WHATIF_MAX_TRACE_JOBS = env_int("WHATIF_MAX_TRACE_JOBS", 5000)
+WHATIF_MAX_GPUS = env_int("WHATIF_MAX_GPUS", 16_384)
+WHATIF_MAX_LEAVES = env_int("WHATIF_MAX_LEAVES", 512)
+# ``/metrics``: a scraper sends ``Authorization: Bearer <METRICS_TOKEN>``; unset, only an
+# admin's session may read it.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")

@@ -1,4 +1,13 @@
-"""Browser-test fixtures: the portal of ``tests.browser.harness`` and headless Chromium."""
+"""Browser-test fixtures: the portal of ``tests.browser.harness`` and headless Chromium.
+
+Two guards for honest results:
+
+- every page a test opens is watched for Content-Security-Policy violations (Chromium
+  reports each one on the console); a test with any fails at teardown, so a page that
+  only works with inline script cannot pass;
+- the run's summary says loudly how many browser tests were skipped, and why, so a
+  machine without Chromium cannot pass them silently.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +21,57 @@ from tests.browser.harness import CHROMIUM, CHROMIUM_ARGS, ROOT, Driver, Server,
 
 SCREENSHOTS = ROOT / "docs" / "screenshots"
 
-__all__ = ["Driver", "Server", "login", "screenshot", "wait_live"]
+__all__ = ["Driver", "Server", "login", "screenshot", "wait_live", "watch_csp"]
+
+# Console messages of the current test that report a blocked script, style, frame or fetch.
+CSP_VIOLATIONS: list[str] = []
+BROWSER_DIR = Path(__file__).resolve().parent
+
+
+def watch_csp(context: Any) -> None:
+    """Record every CSP violation that any page of ``context`` reports."""
+
+    def on_console(message: Any) -> None:
+        if "Content Security Policy" in message.text:
+            CSP_VIOLATIONS.append(f"{message.page.url if message.page else '?'}: {message.text}")
+
+    context.on("console", on_console)
+
+
+@pytest.fixture(autouse=True)
+def no_csp_violations() -> Iterator[None]:
+    """Fail the test if any page it opened broke the Content-Security-Policy."""
+    CSP_VIOLATIONS.clear()
+    yield
+    if CSP_VIOLATIONS:
+        found = "\n".join(CSP_VIOLATIONS)
+        CSP_VIOLATIONS.clear()
+        pytest.fail(f"Content-Security-Policy violations:\n{found}", pytrace=False)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say loudly how many browser tests were skipped (a fresh machine skips them all)."""
+    skipped = [
+        report
+        for report in terminalreporter.stats.get("skipped", [])
+        if Path(str(report.fspath)).resolve().is_relative_to(BROWSER_DIR)
+    ]
+    if not skipped:
+        return
+    reasons = sorted(
+        {
+            str(report.longrepr[-1]).removeprefix("Skipped: ")
+            for report in skipped
+            if report.longrepr
+        }
+    )
+    terminalreporter.write_sep(
+        "!", f"{len(skipped)} BROWSER TESTS SKIPPED: {'; '.join(reasons)}", red=True, bold=True
+    )
+    terminalreporter.write_line(
+        "Install Debian's chromium (`make test` does when apt-get is available) to run them.",
+        red=True,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -53,6 +112,7 @@ def login(browser: Any, server: Server, username: str, width: int = 1280) -> Any
     """A new browser context logged in as ``username``; returns its first page."""
     context = browser.new_context(viewport={"width": width, "height": 860}, base_url=server.url)
     context.set_default_timeout(10_000)
+    watch_csp(context)
     page = context.new_page()
     page.goto("/login/")
     page.fill("#id_username", username)
@@ -70,4 +130,4 @@ def screenshot(page: Any, name: str) -> None:
 
 def wait_live(page: Any) -> None:
     """Wait until the page's socket is subscribed (its badge says live)."""
-    page.wait_for_function("window.__portalLive && window.__portalLive.state === 'live'")
+    page.wait_for_function("() => window.__portalLive && window.__portalLive.state === 'live'")

@@ -60,7 +60,7 @@ def test_admin_edits_topology_and_sees_jobs_coloured(
     root.goto("/cluster/")
     wait_live(root)
     root.evaluate("window.__notReloaded = true")
-    root.wait_for_function(f"document.querySelector('#job-legend li[data-job=\"{wide}\"]')")
+    root.wait_for_function(f"() => document.querySelector('#job-legend li[data-job=\"{wide}\"]')")
     traces = root.evaluate(
         "Object.fromEntries(document.getElementById('topology').data"
         ".map(t => [t.name, {n: t.x.length, colour: (t.marker || t.line).color}]))"
@@ -79,7 +79,9 @@ def test_admin_edits_topology_and_sees_jobs_coloured(
 
     # a job leaves: the view follows without a reload
     driver("cancel", job=narrow, user="bob")
-    root.wait_for_function(f"!document.querySelector('#job-legend li[data-job=\"{narrow}\"]')")
+    root.wait_for_function(
+        f"() => !document.querySelector('#job-legend li[data-job=\"{narrow}\"]')"
+    )
     assert root.evaluate("window.__notReloaded") is True
     driver("cancel", job=wide, user="alice")
     root.context.close()
@@ -106,7 +108,7 @@ def test_whatif_shows_progress_then_the_report(
     # the driver stands in for the Celery worker: the same task function, run to completion
     driver("call", path="portal.whatif:run_whatif", kwargs={"run_id": run_id})
     root.wait_for_selector("#whatif-table tbody tr[data-policy=tiresias]")
-    root.wait_for_function("document.querySelector('#whatif-cdf .main-svg')")
+    root.wait_for_function("() => document.querySelector('#whatif-cdf .main-svg')")
     policies = root.locator("#whatif-table tbody tr").evaluate_all(
         "rows => rows.map(r => r.dataset.policy)"
     )

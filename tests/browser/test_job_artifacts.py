@@ -99,9 +99,9 @@ def test_a_tenant_downloads_the_final_checkpoint_and_it_loads_as_the_model(
     row.wait_for()
     assert "step-000000100.pt" in row.inner_text()
     # loss and the logged metrics are drawn next to the other charts
-    page.wait_for_function("document.querySelector('#chart-loss .main-svg')")
+    page.wait_for_function("() => document.querySelector('#chart-loss .main-svg')")
     page.wait_for_function(
-        "document.querySelectorAll('#chart-metrics .scatterlayer .trace').length === 2"
+        "() => document.querySelectorAll('#chart-metrics .scatterlayer .trace').length === 2"
     )
     with page.expect_download() as info:
         row.locator("a.artifact-download").click()

@@ -52,13 +52,15 @@ def test_tenant_sees_job_appear_and_change_without_reload(
 
     driver("transition", job=job, state="running", parallelism=2, reason="placed on leaf-0")
     watcher.wait_for_function(
-        f"document.querySelector('#job-{job} [data-field=state]').textContent === 'running'"
+        f"() => document.querySelector('#job-{job} [data-field=state]').textContent === 'running'"
     )
     assert row.locator('[data-field="parallelism"]').inner_text() == "2"
-    watcher.wait_for_function("document.getElementById('quota-use').textContent.startsWith('2 /')")
+    watcher.wait_for_function(
+        "() => document.getElementById('quota-use').textContent.startsWith('2 /')"
+    )
     driver("parallelism", job=job, parallelism=4)
     watcher.wait_for_function(
-        f"document.querySelector('#job-{job} [data-field=parallelism]').textContent === '4'"
+        f"() => document.querySelector('#job-{job} [data-field=parallelism]').textContent === '4'"
     )
     assert watcher.evaluate("window.__notReloaded") is True
 
@@ -69,18 +71,18 @@ def test_tenant_sees_job_appear_and_change_without_reload(
     for i, rate in enumerate((2500.0, 2620.0, 2580.0, 2710.0, 2660.0)):
         driver("report", kind="progress", job=job, step=40 * (i + 1), samples_per_s=rate, world=4)
     watcher.wait_for_function(
-        f"document.querySelector('#job-{job} [data-field=progress]').textContent === 'step 200'",
+        f"() => document.querySelector('#job-{job} [data-field=progress]').textContent === 'step 200'",
         timeout=15_000,  # progress without figures in the event: the page reloads every ~5-7 s
     )
     assert "/s" in row.locator('[data-field="throughput"]').inner_text()
 
     # the job page, opened earlier by the submit, followed along too
-    alice.wait_for_function("document.getElementById('job-state').textContent === 'running'")
-    alice.wait_for_function("document.getElementById('job-parallelism').textContent === '4'")
-    alice.wait_for_function("document.querySelectorAll('#events-body tr').length >= 4")
+    alice.wait_for_function("() => document.getElementById('job-state').textContent === 'running'")
+    alice.wait_for_function("() => document.getElementById('job-parallelism').textContent === '4'")
+    alice.wait_for_function("() => document.querySelectorAll('#events-body tr').length >= 4")
     assert alice.locator("#chart-parallelism .main-svg").count() > 0
-    alice.wait_for_function("document.querySelector('#chart-throughput .main-svg')")
-    alice.wait_for_function("document.querySelector('#chart-profile .main-svg')")
+    alice.wait_for_function("() => document.querySelector('#chart-throughput .main-svg')")
+    alice.wait_for_function("() => document.querySelector('#chart-profile .main-svg')")
     assert "step 190" in alice.inner_text("#job-log")
     assert "placed on leaf-0" in alice.inner_text("#events-body")
     screenshot(alice, "job-page")
@@ -98,9 +100,11 @@ def test_tenant_sees_job_appear_and_change_without_reload(
 
     driver("transition", job=job, state="completed", reason="finished")
     watcher.wait_for_function(
-        f"document.querySelector('#job-{job} [data-field=state]').textContent === 'completed'"
+        f"() => document.querySelector('#job-{job} [data-field=state]').textContent === 'completed'"
     )
-    watcher.wait_for_function("document.getElementById('count-completed').textContent === '1'")
+    watcher.wait_for_function(
+        "() => document.getElementById('count-completed').textContent === '1'"
+    )
     for page in (alice, bob):
         page.context.close()
 
@@ -138,20 +142,20 @@ def test_socket_reconnects_and_resyncs_after_server_restart(
     connects = alice.evaluate("window.__portalLive.connects")
 
     server.stop()
-    alice.wait_for_function("window.__portalLive.state === 'reconnecting'")
+    alice.wait_for_function("() => window.__portalLive.state === 'reconnecting'")
     assert alice.get_attribute("#live-status", "data-state") == "reconnecting"
     # a change made while the page is cut off: its event is lost, the resync must catch it
     driver("transition", job=job, state="running", parallelism=1, reason="while offline")
     server.start()
 
-    alice.wait_for_function(f"window.__portalLive.connects > {connects}", timeout=20_000)
+    alice.wait_for_function(f"() => window.__portalLive.connects > {connects}", timeout=20_000)
     alice.wait_for_function(
-        f"document.querySelector('#job-{job} [data-field=state]').textContent === 'running'"
+        f"() => document.querySelector('#job-{job} [data-field=state]').textContent === 'running'"
     )
     assert alice.evaluate("window.__notReloaded") is True
     # and live events flow again on the new socket
     driver("transition", job=job, state="cancelled", reason="done testing")
     alice.wait_for_function(
-        f"document.querySelector('#job-{job} [data-field=state]').textContent === 'cancelled'"
+        f"() => document.querySelector('#job-{job} [data-field=state]').textContent === 'cancelled'"
     )
     alice.context.close()

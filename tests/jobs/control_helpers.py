@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.utils import timezone
 
 from inventory.models import Server
 from inventory.services import do_heartbeat, do_load_topology
+from jobs.agent_trust import key_of
 from portal.celery import app
 from workers.protocol import agent_queue
+from workers.signing import open_envelope
 
 DEMO = {"leaves": 2, "spines": 2, "servers_per_leaf": 2, "gpus_per_server": 2}
 
@@ -23,9 +26,9 @@ def demo_cluster(spec: dict[str, int] | None = None) -> list[str]:
     return nodes
 
 
-def drain_queue(node: str) -> list[dict[str, Any]]:
-    """Pop every command waiting on ``agent.<node>`` (the real Redis list)."""
-    commands: list[dict[str, Any]] = []
+def drain_envelopes(node: str) -> list[dict[str, Any]]:
+    """Pop every message waiting on ``agent.<node>`` (the real Redis list), as sent."""
+    envelopes: list[dict[str, Any]] = []
     with app.connection_for_read() as conn:
         queue = conn.SimpleQueue(agent_queue(node), no_ack=True)
         try:
@@ -34,10 +37,21 @@ def drain_queue(node: str) -> list[dict[str, Any]]:
                     message = queue.get(block=False)
                 except queue.Empty:
                     break
-                commands.append(message.payload[0][0])
+                envelopes.append(message.payload[0][0])
         finally:
             queue.close()
-    return commands
+    return envelopes
+
+
+def drain_queue(node: str) -> list[dict[str, Any]]:
+    """Pop every command waiting on ``agent.<node>``, unwrapped.
+
+    Each must be signed for ``node`` with its key, as its agent checks.
+    """
+    return [
+        open_envelope(envelope, key_for=key_of, now=time.time(), expected_node=node).body
+        for envelope in drain_envelopes(node)
+    ]
 
 
 def drain_all(nodes: list[str]) -> dict[str, list[dict[str, Any]]]:

@@ -18,13 +18,13 @@ from django.conf import settings
 
 from jobs.control.reports import handle_report
 from jobs.services import check_job_spec, do_submit_job
-from workers.agent.client import send_command
 from workers.elastic.control import JobControl
 from workers.protocol import LogLines, WorkerExited
 from workers.tests.test_agent_celery import (
     ReportReader,
     clean_up,
     launch_agent,
+    send_signed,
     start_command,
     stop_agent,
 )
@@ -50,7 +50,7 @@ def test_a_real_training_process_log_arrives_whole(
     node = f"test-{uuid.uuid4().hex[:8]}"
     agent = launch_agent(node, tmp_path, redis_url, reader)
     try:
-        send_command(node, start_command(name, [0], f"start-{name}", max_steps=60))
+        send_signed(node, start_command(name, [0], f"start-{name}", max_steps=60))
         exited = reader.wait_for(
             lambda r: isinstance(r, WorkerExited) and r.job == name, 180, "worker exit"
         )

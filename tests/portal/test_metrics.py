@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.test import Client
+from django.test import Client, override_settings
 
 from jobs.control.tick import run_tick
 from jobs.services import check_job_spec, do_submit_job
@@ -23,6 +23,12 @@ def metric(text: str, name: str) -> float:
     raise AssertionError(f"{name} missing")
 
 
+def scraper() -> Client:
+    """A Prometheus scraper with the configured bearer token."""
+    return Client(headers={"Authorization": "Bearer scrape-secret"})
+
+
+@override_settings(METRICS_TOKEN="scrape-secret")
 def test_metrics_reflect_queue_and_gpus(alice: Any, acme: Any) -> None:
     demo_cluster()
     for gpus in (4, 4, 2):
@@ -33,11 +39,11 @@ def test_metrics_reflect_queue_and_gpus(alice: Any, acme: Any) -> None:
                 tenant=acme, data={"name": "m", "workload": "mlp-digits", "gpus": gpus}
             ),
         )
-    text = Client().get("/metrics").content.decode()
+    text = scraper().get("/metrics").content.decode()
     assert metric(text, "portal_queue_length") == 3
     assert metric(text, 'portal_gpus{state="idle"}') == 8
     run_tick(policy="fifo")
-    text = Client().get("/metrics").content.decode()
+    text = scraper().get("/metrics").content.decode()
     assert metric(text, "portal_queue_length") == 1  # acme's quota of 8 holds back the third
     assert metric(text, 'portal_gpus{state="busy"}') == 8
     assert metric(text, 'portal_jobs{state="running"}') == 2

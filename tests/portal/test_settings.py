@@ -59,3 +59,145 @@ def test_embedded_redis_answers_only_with_its_password(tmp_path: Path) -> None:
             os.environ.pop("REDIS_URL", None)
         else:
             os.environ["REDIS_URL"] = saved
+
+
+# --- Safe defaults: no public key, no public debug pages, a clean deploy check.
+
+OLD_PUBLIC_KEY = "insecure-dev-key-change-me-for-any-real-deployment"
+STRONG_KEY = "k8Yq2-deploy-check-key-7fV0pZr9wXc3LmN4bT6hJ1sD5gA8eU2iO0yR7tK3qW9vB"
+
+# Each entry point, loading its settings the way the process it starts would.
+ENTRY_POINTS = {
+    "manage.py": [sys.executable, "manage.py", "shell", "-c", "from django.conf import settings as s; print(s.DEBUG)"],
+    "asgi": [sys.executable, "-c", "import portal.asgi; from django.conf import settings as s; print(s.DEBUG)"],
+    "wsgi": [sys.executable, "-c", "import portal.wsgi; from django.conf import settings as s; print(s.DEBUG)"],
+    "celery": [sys.executable, "-c", "from portal.celery import app; app.conf.broker_url; from django.conf import settings as s; print(s.DEBUG)"],
+}  # fmt: skip
+
+
+def bare_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """This process's environment without any settings choice, secret or debug flag."""
+    drop = {"DJANGO_SETTINGS_MODULE", "SECRET_KEY", "DEBUG", "ALLOWED_HOSTS", "REDIS_URL"}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(PORTAL_DATA_DIR=str(tmp_path), **extra)
+    return env
+
+
+def run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+def test_entry_points_refuse_to_start_without_a_secret_key(entry: str, tmp_path: Path) -> None:
+    """Outside ``make run`` no process falls back to DEBUG and a key anyone can read."""
+    result = run(ENTRY_POINTS[entry], bare_env(tmp_path))
+    assert result.returncode != 0, result.stdout
+    assert "SECRET_KEY is not set" in result.stderr
+    assert not (tmp_path / "secret_key").exists()
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+def test_entry_points_run_without_debug_given_a_secret_key(entry: str, tmp_path: Path) -> None:
+    result = run(ENTRY_POINTS[entry], bare_env(tmp_path, SECRET_KEY=STRONG_KEY))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_dev_settings_keep_a_private_key_per_data_directory(tmp_path: Path) -> None:
+    """``make run`` needs no key, and the one it uses is random, private and stable."""
+    code = "import django; django.setup(); from django.conf import settings as s; print(s.DEBUG, s.SECRET_KEY)"
+    env = bare_env(tmp_path, DJANGO_SETTINGS_MODULE="portal.settings.dev")
+    first, second = run([sys.executable, "-c", code], env), run([sys.executable, "-c", code], env)
+    assert first.returncode == 0, first.stderr
+    debug, key = first.stdout.split()
+    assert debug == "True" and len(key) >= 50 and key != OLD_PUBLIC_KEY
+    assert second.stdout.split()[1] == key  # sessions survive a restart
+    assert (tmp_path / "secret_key").stat().st_mode & 0o777 == 0o600
+    other = run([sys.executable, "-c", code], {**env, "PORTAL_DATA_DIR": str(tmp_path / "b")})
+    assert other.stdout.split()[1] != key  # not a key shared by every checkout
+
+
+@pytest.mark.parametrize(
+    "hosts", ["*", "portal.example.org", "0.0.0.0", ".example.org", "localhost,10.1.2.3"]
+)
+@pytest.mark.parametrize("module", ["portal.settings.dev", "portal.settings.base"])
+def test_debug_with_a_public_host_refuses_to_start(hosts: str, module: str, tmp_path: Path) -> None:
+    env = bare_env(tmp_path, DJANGO_SETTINGS_MODULE=module, DEBUG="1", ALLOWED_HOSTS=hosts)
+    result = run(ENTRY_POINTS["manage.py"], env)
+    assert result.returncode != 0, result.stdout
+    assert "DEBUG is on and ALLOWED_HOSTS admits" in result.stderr
+
+
+def test_debug_on_loopback_hosts_starts(tmp_path: Path) -> None:
+    env = bare_env(
+        tmp_path,
+        DJANGO_SETTINGS_MODULE="portal.settings.dev",
+        ALLOWED_HOSTS="127.0.0.1,localhost,[::1],127.0.0.2",
+    )
+    result = run(ENTRY_POINTS["manage.py"], env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "True"
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("localhost", True),
+        ("LOCALHOST", True),
+        ("127.0.0.1", True),
+        ("127.9.8.7", True),
+        ("[::1]", True),
+        ("::1", True),
+        ("testserver", True),
+        ("localhost.evil.example", False),
+        ("127.0.0.1.evil.example", False),
+        ("*", False),
+        (".localhost", False),
+        ("0.0.0.0", False),
+        ("[::]", False),
+        ("192.168.1.10", False),
+        ("", False),
+    ],
+)
+def test_loopback_hosts(host: str, loopback: bool) -> None:
+    from portal.settings.safety import is_loopback_host
+
+    assert is_loopback_host(host) is loopback
+
+
+def prod_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    return bare_env(
+        tmp_path,
+        DJANGO_SETTINGS_MODULE="portal.settings.prod",
+        SECRET_KEY=STRONG_KEY,
+        ALLOWED_HOSTS="portal.example.org",
+        DATABASE_URL="postgres://portal:pw@127.0.0.1:5432/portal",
+        REDIS_URL="redis://:pw@127.0.0.1:6379/0",
+        **extra,
+    )
+
+
+def test_check_deploy_is_clean_under_prod_settings(tmp_path: Path) -> None:
+    """HSTS, SSL redirect, secure cookies, a real key: Django's own deploy check finds nothing."""
+    argv = [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "DEBUG"]
+    result = run(argv, prod_env(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "System check identified no issues" in result.stdout, result.stdout + result.stderr
+
+
+def test_prod_trusts_the_proxy_header_only_when_told(tmp_path: Path) -> None:
+    code = (
+        "import django; django.setup(); from django.conf import settings as s; "
+        "print(s.SECURE_PROXY_SSL_HEADER)"
+    )
+    plain = run([sys.executable, "-c", code], prod_env(tmp_path))
+    assert plain.stdout.strip() == "None", plain.stderr
+    opted = run([sys.executable, "-c", code], prod_env(tmp_path, SECURE_PROXY_SSL_HEADER="1"))
+    assert opted.stdout.strip() == "('HTTP_X_FORWARDED_PROTO', 'https')", opted.stderr
+
+
+def test_make_run_selects_the_dev_settings() -> None:
+    """The only place DEBUG is the default: ``make run`` names ``dev`` itself."""
+    dry = subprocess.run(["make", "-n", "run"], cwd=ROOT, capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stderr
+    assert "DJANGO_SETTINGS_MODULE=portal.settings.dev" in dry.stdout

@@ -84,6 +84,10 @@ class Agent:
         """Uploads of ended jobs' ARTIFACT_DIR, in flight (``_start_collecting``)."""
 
     # ------------------------------------------------------------------ commands
+    def receive_signed(self, envelope: Any) -> str:
+        """Check a command's signature and apply it (``refused`` when it is not ours to obey)."""
+        return self.commands.receive_signed(envelope)
+
     def receive(self, payload: Any) -> str:
         """Parse and apply one command message (``applied``, ``replayed`` or ``rejected``)."""
         return self.commands.receive(payload)

@@ -1,5 +1,11 @@
 """Applying the control plane's commands on one node, each once.
 
+Trust: a command arrives in an envelope signed with this node's key
+(``workers.signing``); ``receive_signed`` refuses (logs, changes nothing,
+answers nothing) one that is unsigned, badly signed, meant for another node
+or outside the time window.  A command's checkpoint and store locations must
+lie inside the agent's storage roots (``AgentConfig.location_refusal``).
+
 Idempotency: each command id is remembered in Redis once applied, and a
 replay is answered without acting again.  The actions themselves are
 idempotent too (starting a worker id that already runs does nothing), so a
@@ -17,6 +23,7 @@ from typing import Any
 from workers.agent.config import AgentConfig
 from workers.agent.events import EventForwarder
 from workers.agent.processes import ProcessTable
+from workers.agent.programs import job_dirs
 from workers.agent.store import AgentStore
 from workers.clock import Clock
 from workers.protocol import (
@@ -33,6 +40,7 @@ from workers.protocol import (
     StopJob,
     WorkerSlot,
 )
+from workers.signing import SignatureError, open_envelope
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +69,27 @@ class CommandHandler:
         self._send = send
         self._lock = lock
         self.clock = clock
+
+    def receive_signed(self, envelope: Any) -> str:
+        """Check a command's envelope, then ``receive`` its body; ``refused`` if it is forged.
+
+        A refused envelope is logged with the reason and answered with no
+        report: whoever forged it learns nothing, and the control plane never
+        sent it.
+        """
+        try:
+            signed = open_envelope(
+                envelope,
+                key_for=lambda node: self.config.key or None,
+                now=self.clock.now(),
+                expected_node=self.config.node,
+                max_age_s=self.config.message_max_age_s,
+                max_skew_s=self.config.message_max_skew_s,
+            )
+        except SignatureError as exc:
+            log.warning("refused a command: %s", exc)
+            return "refused"
+        return self.receive(signed.body)
 
     def receive(self, payload: Any) -> str:
         """Parse and apply one command message; the answer says what happened.
@@ -186,6 +215,7 @@ class CommandHandler:
         """The workers of ``command`` still to start; raise if any cannot start here."""
         if command.job in self.processes.stops:
             raise CommandRejected(f"job {command.job} is stopping on node {self.config.node}")
+        self._check_locations(command)
         if command.program is not None:
             refused = self.processes.sandbox_refusal()
             if refused is not None:
@@ -213,6 +243,22 @@ class CommandHandler:
                 )
             to_start.append(worker)
         return to_start
+
+    def _check_locations(self, command: StartWorkers) -> None:
+        """Refuse a command whose checkpoints or files would land outside the storage roots."""
+        if command.program is not None:
+            dirs = job_dirs(self.config, command)
+            locations = [str(dirs.root)] + ([str(dirs.store)] if dirs.store else [])
+        else:
+            locations = [
+                self.config.job_store_url(command.job, command.store_prefix, command.checkpoint_dir)
+            ]
+        if command.checkpoint_dir is not None:
+            locations.append(command.checkpoint_dir)
+        for location in locations:
+            refusal = self.config.location_refusal(location)
+            if refusal is not None:
+                raise CommandRejected(refusal)
 
     def _start_workers(self, command: StartWorkers, *, announce: bool = True) -> None:
         to_start = self._check_startable(command)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from workers.protocol import REPORTS_QUEUE, DeviceKind, ProtocolError, check_name
+from workers.signing import DEFAULT_MAX_AGE_S, DEFAULT_MAX_SKEW_S, SignatureError, read_key
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -26,7 +27,10 @@ class AgentConfig:
     """Settings of one node agent.
 
     ``slots`` training processes can run at once; slot ``k`` is CUDA device
-    ``k`` when ``device`` is ``cuda``, a CPU process otherwise.
+    ``k`` when ``device`` is ``cuda``, a CPU process otherwise.  ``key`` is
+    this node's signing key (``workers.signing``): commands must carry it,
+    reports are signed with it; a message older than ``message_max_age_s``
+    (or more than ``message_max_skew_s`` ahead) is refused.
     """
 
     node: str
@@ -49,6 +53,9 @@ class AgentConfig:
     address: str = "127.0.0.1"
     step_log_dir: Path | None = None
     collect_limits: CollectLimits = field(default_factory=lambda: CollectLimits())
+    key: bytes = field(default=b"", repr=False)
+    message_max_age_s: float = DEFAULT_MAX_AGE_S
+    message_max_skew_s: float = DEFAULT_MAX_SKEW_S
 
     def device_for(self, slot: int) -> str:
         """The ``--device`` of the training process in ``slot``."""
@@ -67,6 +74,36 @@ class AgentConfig:
         if store_prefix is not None and self.artifact_url:
             return f"{self.artifact_url.rstrip('/')}/{store_prefix}"
         return checkpoint_dir or str(self.checkpoint_dir(job))
+
+    def storage_roots(self) -> tuple[Path, ...]:
+        """The directories this agent may write job data under: its data dir, a local store."""
+        roots = [self.data_dir.resolve()]
+        local = local_store_dir(self.artifact_url)
+        if local is not None and local.is_absolute():
+            roots.append(local.resolve())
+        return tuple(roots)
+
+    def location_refusal(self, location: str) -> str | None:
+        """Why a job's checkpoint/store location is not acceptable here; None when it is.
+
+        A location is fine when it is in the artifact store (its URL starts
+        with ``artifact_url``), or a directory strictly inside a storage root
+        after resolving ``..`` and symbolic links: a command must not make a
+        worker write (or read checkpoints) anywhere else on the node.
+        """
+        store = self.artifact_url.rstrip("/")
+        remote = bool(store) and "://" in store and not store.startswith("file://")
+        if remote and location.startswith(store + "/") and ".." not in location.split("/"):
+            return None
+        path = local_store_dir(location)
+        if path is None or not path.is_absolute():
+            return f"checkpoint location {location!r} is not an absolute directory on this node"
+        resolved = path.resolve()
+        for root in self.storage_roots():
+            if resolved != root and resolved.is_relative_to(root):
+                return None
+        roots = ", ".join(str(root) for root in self.storage_roots())
+        return f"checkpoint location {location!r} is outside the agent's storage roots ({roots})"
 
     def job_dir(self, job: str) -> Path:
         """Where a tenant program's job keeps its files on this node (``JobDirs``)."""
@@ -162,7 +199,11 @@ class AgentEnvironment:
     program's rank 0; default ``127.0.0.1``); ``ARTIFACT_COLLECT_MAX_FILES``
     and ``ARTIFACT_COLLECT_MAX_BYTES`` (``CollectLimits``); ``AGENT_STEP_LOG_DIR``
     (built-in workloads write the runtime's per-step log there: for tests and
-    benchmarks that check every sample was used once).
+    benchmarks that check every sample was used once); the node's signing key
+    from ``AGENT_KEY`` (hex) or ``AGENT_KEY_FILE`` (required: ``manage.py
+    agentkey NODE`` prints it; the agent does not start without one), and the message window
+    ``AGENT_MESSAGE_MAX_AGE_SECONDS`` (default 900) and
+    ``AGENT_MESSAGE_MAX_SKEW_SECONDS`` (default 60), which must match the portal's.
     """
 
     redis_url: str
@@ -174,10 +215,18 @@ class AgentEnvironment:
     address: str = "127.0.0.1"
     step_log_dir: Path | None = None
     collect_limits: CollectLimits = field(default_factory=lambda: CollectLimits())
+    key: bytes = field(default=b"", repr=False)
+    message_max_age_s: float = DEFAULT_MAX_AGE_S
+    message_max_skew_s: float = DEFAULT_MAX_SKEW_S
 
     @classmethod
-    def read(cls, environ: Mapping[str, str] | None = None) -> AgentEnvironment:
-        """Read the environment (``os.environ`` by default); raise AgentConfigError if bad."""
+    def read(
+        cls, environ: Mapping[str, str] | None = None, *, key_file: str | None = None
+    ) -> AgentEnvironment:
+        """Read the environment (``os.environ`` by default); raise AgentConfigError if bad.
+
+        ``key_file`` (the ``--key-file`` option) takes the place of the environment's key.
+        """
         env = os.environ if environ is None else environ
         redis_url = env.get("REDIS_URL", "")
         if not redis_url:
@@ -196,7 +245,22 @@ class AgentEnvironment:
                 max_files=int(_positive(env, "ARTIFACT_COLLECT_MAX_FILES", 1000)),
                 max_bytes=int(_positive(env, "ARTIFACT_COLLECT_MAX_BYTES", 10 * 2**30)),
             ),
+            key=_key(env, key_file),
+            message_max_age_s=_positive(env, "AGENT_MESSAGE_MAX_AGE_SECONDS", DEFAULT_MAX_AGE_S),
+            message_max_skew_s=_positive(env, "AGENT_MESSAGE_MAX_SKEW_SECONDS", DEFAULT_MAX_SKEW_S),
         )
+
+
+def _key(env: Mapping[str, str], key_file: str | None) -> bytes:
+    """The node's key, or empty when none is given (``config_from_options`` refuses that)."""
+    if not (key_file or env.get("AGENT_KEY") or env.get("AGENT_KEY_FILE")):
+        return b""
+    try:
+        if key_file:
+            return read_key(key=None, key_file=key_file)
+        return read_key(key=env.get("AGENT_KEY"), key_file=env.get("AGENT_KEY_FILE"))
+    except SignatureError as exc:
+        raise AgentConfigError(str(exc)) from None
 
 
 def _address(raw: str) -> str:

@@ -187,6 +187,7 @@ def edl_options(
         checkpoint_every=command.checkpoint_every,
         checkpoint_keep=command.checkpoint_keep,
         checkpoint_minutes=command.checkpoint_minutes,
+        checkpoint_min_seconds=command.checkpoint_min_seconds,
         initial_world=None if command.join else command.initial_world,
         # The process sees only its own GPU (CUDA_VISIBLE_DEVICES), as device 0.
         device="cuda:0" if config.device == "cuda" else "cpu",

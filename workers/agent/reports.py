@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import math
+import time
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
@@ -31,6 +33,7 @@ from workers.protocol import (
     Straggler,
     WorkerFailed,
 )
+from workers.signing import seal
 
 log = logging.getLogger(__name__)
 
@@ -38,20 +41,24 @@ log = logging.getLogger(__name__)
 def send_report(
     report: Report,
     *,
+    key: bytes,
     queue: str = REPORTS_QUEUE,
     expires: float | None = None,
     app: Celery | None = None,
+    now: Callable[[], float] = time.time,
 ) -> bool:
     """Send one report to the control plane as the Celery task ``REPORT_TASK``.
 
     The only place where reports leave the agent (through ``app``, by default
-    the agent's own).  Returns False (and logs) when the broker refuses it: a
-    lost report must not take the agent down.
+    the agent's own), each in an envelope signed with the node's ``key``
+    (``workers.signing``).  Returns False (and logs) when the broker refuses
+    it: a lost report must not take the agent down.
     """
     sender = app if app is not None else agent_app()
+    envelope = seal(report.to_dict(), node=report.node, key=key, now=now())
     try:
         sender.send_task(
-            REPORT_TASK, args=[report.to_dict()], queue=queue, expires=expires, ignore_result=True
+            REPORT_TASK, args=[envelope], queue=queue, expires=expires, ignore_result=True
         )
     except Exception:  # the broker's errors are many and transport-specific
         log.exception("could not send %s report", report.TYPE)
@@ -60,10 +67,15 @@ def send_report(
 
 
 def send_heartbeat(
-    report: Heartbeat, *, queue: str, expires_seconds: float, app: Celery | None = None
+    report: Heartbeat,
+    *,
+    key: bytes,
+    queue: str,
+    expires_seconds: float,
+    app: Celery | None = None,
 ) -> bool:
     """A heartbeat expires: a stale one says nothing once a newer one exists."""
-    return send_report(report, queue=queue, expires=expires_seconds, app=app)
+    return send_report(report, key=key, queue=queue, expires=expires_seconds, app=app)
 
 
 def _optional_number(value: Any) -> float | None:

@@ -54,8 +54,8 @@ def _register_task(app: Celery) -> None:
 
     @app.task(name=AGENT_COMMAND_TASK, ignore_result=True, acks_late=True)
     def agent_command(payload: Any) -> str:  # pragma: no cover - runs in the agent process
-        """Apply one command of workers.protocol on this node."""
-        return current_agent().receive(payload)
+        """Check the signature of one command of workers.protocol, and apply it on this node."""
+        return current_agent().receive_signed(payload)
 
 
 def _on_worker_ready(**_: Any) -> None:
@@ -109,6 +109,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="end the training processes when the agent stops (default: leave them running; "
         "a restarted agent adopts them)",
     )
+    parser.add_argument(
+        "--key-file",
+        default=None,
+        help="file holding this node's signing key in hex (else AGENT_KEY or AGENT_KEY_FILE)",
+    )
     parser.add_argument("--loglevel", default="INFO")
 
 
@@ -123,7 +128,12 @@ def config_from_options(
     if options.concurrency < 1:
         raise AgentConfigError("--concurrency must be at least 1")
     device, slots = detect_slots(options.gpus, force_cpu=options.cpu)
-    env = AgentEnvironment.read(environ)
+    env = AgentEnvironment.read(environ, key_file=getattr(options, "key_file", None))
+    if not env.key:
+        raise AgentConfigError(
+            "no agent key: set AGENT_KEY or AGENT_KEY_FILE, or pass --key-file "
+            "(manage.py agentkey NODE prints a node's key)"
+        )
     return AgentConfig(
         node=options.node,
         device=device,
@@ -140,6 +150,9 @@ def config_from_options(
         address=env.address,
         step_log_dir=env.step_log_dir,
         collect_limits=env.collect_limits,
+        key=env.key,
+        message_max_age_s=env.message_max_age_s,
+        message_max_skew_s=env.message_max_skew_s,
     )
 
 
@@ -149,9 +162,12 @@ def make_agent(config: AgentConfig, app: Celery) -> Agent:
         config,
         AgentStore.from_url(config.redis_url, config.node),
         resolve_code=code_resolver(config),
-        send=lambda report: send_report(report, queue=config.reports_queue, app=app),
+        send=lambda report: send_report(
+            report, key=config.key, queue=config.reports_queue, app=app
+        ),
         send_heartbeat=lambda beat: send_heartbeat(
             beat,
+            key=config.key,
             queue=config.reports_queue,
             expires_seconds=config.heartbeat_expires_seconds,
             app=app,

@@ -45,6 +45,8 @@ class WorkerOptions:
     slow_ms: float
     dtype: str = "float32"
     checkpoint_keep: int = 2
+    checkpoint_min_seconds: float = 0.0
+    """Periodic checkpoints (every N steps) come at most this often; 0 = no floor."""
     """Non-final checkpoints kept (plus the final one)."""
 
 
@@ -74,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoint-every", type=int, default=50, help="mini-batches between checkpoints (0: off)"
     )
     p.add_argument("--checkpoint-minutes", type=float, default=None)
+    p.add_argument(
+        "--checkpoint-min-seconds",
+        type=float,
+        default=0.0,
+        help="at most one periodic checkpoint per this many seconds (fast steps); 0 = no floor",
+    )
     p.add_argument(
         "--initial-world",
         type=int,
@@ -139,6 +147,7 @@ def parse_options(argv: list[str] | None = None) -> WorkerOptions:
         slow_ms=ns.slow_ms,
         dtype=ns.dtype,
         checkpoint_keep=ns.checkpoint_keep,
+        checkpoint_min_seconds=ns.checkpoint_min_seconds,
     )
 
 
@@ -148,6 +157,8 @@ def _check(ns: Any) -> None:
         raise WorkerArgumentError("--batch-size must be >= 1")
     if ns.checkpoint_every < 0:
         raise WorkerArgumentError("--checkpoint-every must be >= 0")
+    if not ns.checkpoint_min_seconds >= 0:  # also refuses nan
+        raise WorkerArgumentError("--checkpoint-min-seconds must be >= 0")
     if ns.checkpoint_keep < 1:
         raise WorkerArgumentError("--checkpoint-keep must be >= 1")
     if not ns.store_url or not ns.store_url.strip():

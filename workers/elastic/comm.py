@@ -54,10 +54,13 @@ def _bcast(group: Any, tensor: torch.Tensor, root: int, timeout_s: float | None)
 def broadcast_object(
     group: Any, obj: Any, root: int, device: torch.device, timeout_s: float | None = None
 ) -> Any:
-    """Send ``obj`` (anything ``torch.save`` takes) from ``root`` to every member.
+    """Send ``obj`` (tensors in plain containers: dicts, lists, tuples, numbers, strings)
+    from ``root`` to every member.
 
     Two collectives: the byte length, then the bytes as one uint8 tensor, so a
-    model of any size costs one transfer.
+    model of any size costs one transfer.  Members read the bytes with
+    ``weights_only=True``: a peer of the job (a tenant's program may be one)
+    can send data, never code; anything else raises ``pickle.UnpicklingError``.
     """
     is_root = group.rank() == root
     if is_root:
@@ -76,7 +79,11 @@ def broadcast_object(
     if is_root:
         return obj
     data = payload.cpu().numpy().tobytes()
-    return torch.load(io.BytesIO(data), map_location=device, weights_only=False)
+    return torch.load(io.BytesIO(data), map_location=device, weights_only=True)
+
+
+SLOT_KEY = "__edl_flat_tensor__"
+"""Marks, in a broadcast state's skeleton, where a tensor sits in its dtype's flat buffer."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,27 @@ class _Slot:
     offset: int
     shape: tuple[int, ...]
 
+    def to_plain(self) -> dict[str, Any]:
+        """The slot as plain data (what ``weights_only`` loading accepts)."""
+        return {SLOT_KEY: [self.dtype, self.offset, list(self.shape)]}
+
+    @staticmethod
+    def from_plain(obj: Any) -> _Slot | None:
+        """The slot a skeleton entry stands for; None when it is a plain value."""
+        if not (isinstance(obj, dict) and len(obj) == 1 and SLOT_KEY in obj):
+            return None
+        dtype, offset, shape = obj[SLOT_KEY]
+        _dtype(dtype)
+        return _Slot(str(dtype), int(offset), tuple(int(d) for d in shape))
+
+
+def _dtype(name: Any) -> torch.dtype:
+    """The torch dtype a peer names (``float32``); ValueError for anything else."""
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"broadcast state: unknown dtype {name!r}")
+    return dtype
+
 
 def _strip(obj: Any, flats: dict[str, list[torch.Tensor]], sizes: dict[str, int]) -> Any:
     if isinstance(obj, torch.Tensor):
@@ -94,7 +122,7 @@ def _strip(obj: Any, flats: dict[str, list[torch.Tensor]], sizes: dict[str, int]
         slot = _Slot(key, sizes.get(key, 0), tuple(obj.shape))
         flats.setdefault(key, []).append(obj.detach().reshape(-1))
         sizes[key] = slot.offset + obj.numel()
-        return slot
+        return slot.to_plain()
     if isinstance(obj, dict):
         return {k: _strip(v, flats, sizes) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
@@ -103,11 +131,12 @@ def _strip(obj: Any, flats: dict[str, list[torch.Tensor]], sizes: dict[str, int]
 
 
 def _fill(obj: Any, buffers: dict[str, torch.Tensor]) -> Any:
-    if isinstance(obj, _Slot):
+    slot = _Slot.from_plain(obj)
+    if slot is not None:
         n = 1
-        for d in obj.shape:
+        for d in slot.shape:
             n *= d
-        return buffers[obj.dtype][obj.offset : obj.offset + n].view(obj.shape).clone()
+        return buffers[slot.dtype][slot.offset : slot.offset + n].view(slot.shape).clone()
     if isinstance(obj, dict):
         return {k: _fill(v, buffers) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
@@ -125,8 +154,9 @@ def broadcast_state(
 ) -> Any:
     """Send a state (nested dicts/lists of tensors and plain values) from ``root`` to all.
 
-    One small pickled skeleton, then one flat buffer per dtype: the tensors
-    travel without serialisation, which is most of a model's bytes. A member
+    One small skeleton (plain data, loaded with ``weights_only``), then one
+    flat buffer per dtype: the tensors travel without serialisation, which is
+    most of a model's bytes. A member
     that already holds the state passes ``want=False`` and skips unpacking.
     """
     is_root = group.rank() == root
@@ -144,7 +174,7 @@ def broadcast_state(
     skeleton, sizes = header
     buffers = {}
     for key in sorted(sizes):
-        buffer = torch.empty(sizes[key], dtype=getattr(torch, key), device=device)
+        buffer = torch.empty(sizes[key], dtype=_dtype(key), device=device)
         group.broadcast(buffer, root).wait()
         buffers[key] = buffer
     return _fill(skeleton, buffers) if want else None

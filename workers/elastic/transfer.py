@@ -93,8 +93,12 @@ class StateTransfer:
             return
         every = self.opts.checkpoint_every
         minutes = self.opts.checkpoint_minutes
-        due = force or final or (every > 0 and state.step % every == 0)
-        if minutes is not None and self.clock.monotonic() - self._last_checkpoint >= minutes * 60:
+        since = self.clock.monotonic() - self._last_checkpoint
+        periodic = every > 0 and state.step % every == 0
+        # Every N steps, but not more often than the floor: fast steps would otherwise write
+        # (and report) several checkpoints a second.
+        due = force or final or (periodic and since >= self.opts.checkpoint_min_seconds)
+        if minutes is not None and since >= minutes * 60:
             due = True
         if not due or (state.step == self._saved_step and not final):
             return

@@ -4,6 +4,9 @@ The agent runs as a subprocess (``python -m workers.agent``) against the test
 Redis; commands go to ``agent.<node>`` with ``send_command`` exactly as the
 control plane sends them; the reports the agent sends are read off their
 queue with kombu (a queue of this test's own, given by ``--reports-queue``).
+Every agent gets its key (``AGENT_KEY``) derived from this module's master
+secret; commands are signed with it, and the reader checks every report's
+signature, as the control plane does.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ import pytest
 import redis
 from django.conf import settings
 
-from workers.agent.client import send_command
+from workers.agent.celery_app import make_app
+from workers.agent.client import command_envelope, send_command
 from workers.elastic.control import JobControl
 from workers.protocol import (
+    AGENT_COMMAND_TASK,
     REPORT_TASK,
     Command,
     Failed,
@@ -44,12 +49,25 @@ from workers.protocol import (
     Stopped,
     WorkerExited,
     WorkerFailed,
+    agent_queue,
 )
+from workers.signing import key_to_text, node_key, open_envelope
 
 pytestmark = [pytest.mark.slow, pytest.mark.stack]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SLOTS = 3
+TEST_MASTER = b"test-agent-master-secret"
+
+
+def key_for(node: str) -> bytes:
+    """The key of ``node``'s agent in these tests."""
+    return node_key(TEST_MASTER, node)
+
+
+def send_signed(node: str, command: Command) -> str:
+    """Send ``command`` to ``node``'s agent signed with its key, as the control plane does."""
+    return send_command(node, command, key=key_for(node))
 
 
 class ReportReader:
@@ -73,7 +91,10 @@ class ReportReader:
         message.ack()
         assert message.headers["task"] == REPORT_TASK
         args, _kwargs, _embed = message.decode()
-        self.reports.append(Report.from_dict(args[0]))
+        signed = open_envelope(args[0], key_for=key_for, now=time.time())
+        report = Report.from_dict(signed.body)
+        assert report.node == signed.node
+        self.reports.append(report)
 
     def wait_for(
         self, predicate: Callable[[Report], bool], timeout: float, what: str = "report"
@@ -134,6 +155,7 @@ def launch_agent(node: str, data_dir: Path, redis_url: str, reader: ReportReader
         "AGENT_HEARTBEAT_SECONDS": "1",
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": str(REPO_ROOT),
+        "AGENT_KEY": key_to_text(key_for(node)),
     }
     argv = [
         sys.executable, "-m", "workers.agent",
@@ -248,8 +270,8 @@ def test_training_reports_progress_and_finish_and_replays_are_no_ops(
 ) -> None:
     job = new_job()
     command = start_command(job, [0, 1], f"start-{job}", max_steps=400)
-    send_command(agent.node, command)
-    send_command(agent.node, command)  # a replay: must not start a second pair
+    send_signed(agent.node, command)
+    send_signed(agent.node, command)  # a replay: must not start a second pair
 
     progress = reader.wait_for(
         lambda r: isinstance(r, Progress) and r.job == job and r.step > 0, 120, "progress"
@@ -276,7 +298,7 @@ def test_training_reports_progress_and_finish_and_replays_are_no_ops(
     # A replay after the job finished must not start it again.
     seen = len(reader.reports)
     sent_at = time.time()
-    send_command(agent.node, command)
+    send_signed(agent.node, command)
     reader.wait_for(
         lambda r: isinstance(r, Heartbeat) and r.at > sent_at + 2.5, 30, "later heartbeats"
     )
@@ -290,7 +312,7 @@ def test_killed_training_process_is_reported_and_the_agent_survives(
     agent: RunningAgent, reader: ReportReader
 ) -> None:
     job = new_job()
-    send_command(agent.node, start_command(job, [2], f"start-{job}"))
+    send_signed(agent.node, start_command(job, [2], f"start-{job}"))
     started = reader.wait_for(lambda r: isinstance(r, Started) and r.job == job, 60, "started")
     assert isinstance(started, Started)
     [worker] = started.workers
@@ -315,7 +337,7 @@ def test_killed_training_process_is_reported_and_the_agent_survives(
 
 def test_scale_in_then_stop(agent: RunningAgent, reader: ReportReader) -> None:
     job = new_job()
-    send_command(agent.node, start_command(job, [0, 1], f"start-{job}"))
+    send_signed(agent.node, start_command(job, [0, 1], f"start-{job}"))
     started = reader.wait_for(lambda r: isinstance(r, Started) and r.job == job, 60, "started")
     assert isinstance(started, Started)
     pids = [w.pid for w in started.workers]
@@ -323,7 +345,7 @@ def test_scale_in_then_stop(agent: RunningAgent, reader: ReportReader) -> None:
         lambda r: isinstance(r, Progress) and r.job == job and r.world == 2, 120, "progress"
     )
 
-    send_command(agent.node, ScaleIn(job=job, command_id=f"in-{job}", worker_ids=("w1",)))
+    send_signed(agent.node, ScaleIn(job=job, command_id=f"in-{job}", worker_ids=("w1",)))
     done = reader.wait_for(lambda r: isinstance(r, ScaleDone) and r.job == job, 60, "scale done")
     assert isinstance(done, ScaleDone)
     assert done.world == 1 and done.workers == ("w0",) and done.leavers == ("w1",)
@@ -335,8 +357,8 @@ def test_scale_in_then_stop(agent: RunningAgent, reader: ReportReader) -> None:
     assert isinstance(left, WorkerExited) and left.outcome == "clean"
 
     stop = StopJob(job=job, command_id=f"stop-{job}", reason="test", grace_seconds=30)
-    send_command(agent.node, stop)
-    send_command(agent.node, stop)  # replayed: harmless
+    send_signed(agent.node, stop)
+    send_signed(agent.node, stop)  # replayed: harmless
     stopped = reader.wait_for(lambda r: isinstance(r, Stopped) and r.job == job, 60, "stopped")
     assert isinstance(stopped, Stopped) and stopped.command_id == stop.command_id
     finished = reader.wait_for(lambda r: isinstance(r, Finished) and r.job == job, 10, "finished")
@@ -348,7 +370,7 @@ def test_scale_in_then_stop(agent: RunningAgent, reader: ReportReader) -> None:
 
 def test_migration_with_the_leader_leaving(agent: RunningAgent, reader: ReportReader) -> None:
     job = new_job()
-    send_command(agent.node, start_command(job, [0, 1], f"start-{job}"))
+    send_signed(agent.node, start_command(job, [0, 1], f"start-{job}"))
     reader.wait_for(lambda r: isinstance(r, Progress) and r.job == job, 120, "progress")
 
     # w0 (rank 0, the leader) leaves; the newcomer w2 joins in the same switch.
@@ -358,7 +380,7 @@ def test_migration_with_the_leader_leaving(agent: RunningAgent, reader: ReportRe
     )  # fmt: skip
     assert isinstance(joining, StartWorkers)
     move = Migrate(job=job, command_id=f"move-{job}", leaving=("w0",), joining=joining)
-    send_command(agent.node, move)
+    send_signed(agent.node, move)
     moved = reader.wait_for(
         lambda r: isinstance(r, ScaleDone) and r.job == job and "w2" in r.joiners,
         120,
@@ -381,7 +403,7 @@ def test_migration_with_the_leader_leaving(agent: RunningAgent, reader: ReportRe
         60,
         "progress after the migration",
     )
-    send_command(agent.node, StopJob(job=job, command_id=f"stop-{job}", grace_seconds=30))
+    send_signed(agent.node, StopJob(job=job, command_id=f"stop-{job}", grace_seconds=30))
     reader.wait_for(lambda r: isinstance(r, Stopped) and r.job == job, 60, "stopped")
     free_of(reader, agent, job)
 
@@ -393,7 +415,7 @@ def test_a_restarted_agent_adopts_its_training_processes(
     first = launch_agent(node, tmp_path, redis_url, reader)
     try:
         job = new_job()
-        send_command(node, start_command(job, [0], f"start-{job}"))
+        send_signed(node, start_command(job, [0], f"start-{job}"))
         started = reader.wait_for(lambda r: isinstance(r, Started) and r.job == job, 60, "started")
         assert isinstance(started, Started)
         [worker] = started.workers
@@ -419,7 +441,7 @@ def test_a_restarted_agent_adopts_its_training_processes(
                 60,
                 "progress through the new agent",
             )
-            send_command(node, StopJob(job=job, command_id=f"stop-{job}", grace_seconds=30))
+            send_signed(node, StopJob(job=job, command_id=f"stop-{job}", grace_seconds=30))
             reader.wait_for(lambda r: isinstance(r, Stopped) and r.job == job, 60, "stopped")
             exited = reader.of(WorkerExited, job)
             assert [(e.worker_id, e.outcome) for e in exited] == [("w0", "stopped")]
@@ -436,7 +458,7 @@ def test_runtime_recovery_after_a_crash_is_forwarded(
 ) -> None:
     job = new_job()
     command = start_command(job, [0, 1], f"start-{job}", recovery="approximate", sync_timeout_s=3.0)
-    send_command(agent.node, command)
+    send_signed(agent.node, command)
     started = reader.wait_for(lambda r: isinstance(r, Started) and r.job == job, 60, "started")
     assert isinstance(started, Started)
     victim = next(w for w in started.workers if w.worker_id == "w1")
@@ -463,5 +485,44 @@ def test_runtime_recovery_after_a_crash_is_forwarded(
         lambda r: isinstance(r, Progress) and r.job == job and r.world == 1, 60, "progress"
     )
     assert not reader.of(Failed, job)  # the job lives on: no job failure reported
-    send_command(agent.node, StopJob(job=job, command_id=f"stop-{job}", grace_seconds=30))
+    send_signed(agent.node, StopJob(job=job, command_id=f"stop-{job}", grace_seconds=30))
     reader.wait_for(lambda r: isinstance(r, Stopped) and r.job == job, 60, "stopped")
+
+
+def test_forged_commands_are_refused_and_start_nothing(
+    agent: RunningAgent, reader: ReportReader
+) -> None:
+    job = new_job()
+    command = start_command(job, [0], f"start-{job}", max_steps=50)
+    app = make_app(os.environ.get("REDIS_URL") or str(settings.REDIS_URL))
+    other = f"other-{uuid.uuid4().hex[:6]}"
+    forged = {
+        "unsigned": command.to_dict(),
+        "wrong key": command_envelope(agent.node, command, key=node_key(b"guess", agent.node)),
+        "another node's key": command_envelope(other, command, key=key_for(other)),
+        "stale": command_envelope(
+            agent.node, command, key=key_for(agent.node), now=lambda: time.time() - 3600
+        ),
+    }
+    sent_at = time.time()
+    for envelope in forged.values():
+        app.send_task(
+            AGENT_COMMAND_TASK, args=[envelope], queue=agent_queue(agent.node), ignore_result=True
+        )
+    reader.wait_for(
+        lambda r: isinstance(r, Heartbeat) and r.node == agent.node and r.at > sent_at + 2.5,
+        30,
+        "heartbeats after the forged commands",
+    )
+    assert not [r for r in reader.reports if getattr(r, "job", None) == job]
+    assert all(w.job != job for r in reader.of(Heartbeat) for w in r.workers)
+    log = agent.log.read_text(errors="replace")
+    assert log.count("refused a command") == len(forged), agent.log_tail()
+    for reason in ("unsigned", "bad signature", "wrong node", "stale"):
+        assert reason in log, reason
+
+    # The same command, signed with the node's key, runs.
+    send_signed(agent.node, command)
+    started = reader.wait_for(lambda r: isinstance(r, Started) and r.job == job, 60, "start")
+    assert isinstance(started, Started) and len(started.workers) == 1
+    reader.wait_for(lambda r: isinstance(r, WorkerExited) and r.job == job, 120, "exit")

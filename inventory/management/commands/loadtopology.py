@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import yaml
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from inventory.limits import TopologyLimits, TopologyTooLarge, check_document_size
 from inventory.services import InventoryError, do_load_topology
+from utilities.bounded_json import JsonRefused, loads
 
 
 class Command(BaseCommand):
@@ -26,14 +27,21 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         path: Path = options["spec"]
+        limits = TopologyLimits.from_settings()
         try:
-            text = path.read_text()
+            with path.open("rb") as spec_file:
+                raw = spec_file.read(limits.document_bytes + 1)
+            check_document_size(len(raw), limits)
         except OSError as exc:
             raise CommandError(f"cannot read {path}: {exc.strerror}") from None
+        except TopologyTooLarge as exc:
+            raise CommandError(f"{path}: {exc}") from None
         try:
-            data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        except (json.JSONDecodeError, yaml.YAMLError) as exc:
+            data = loads(raw) if path.suffix == ".json" else yaml.safe_load(raw)
+        except (JsonRefused, yaml.YAMLError) as exc:
             raise CommandError(f"{path} is not valid JSON/YAML: {exc}") from None
+        except RecursionError:  # PyYAML composes nested nodes recursively
+            raise CommandError(f"{path} is nested too deeply") from None
         try:
             result = do_load_topology(data)
         except InventoryError as exc:

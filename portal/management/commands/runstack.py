@@ -16,12 +16,24 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 from django.db.models import Count
 
+from jobs.lifecycle import TICK_QUEUE
 from portal.demo import ensure_demo_data, ensure_demo_fabric
 from portal.stack import Keeper, ProcessSpec, Stack, python_module
 from utilities.embedded_redis import ensure_running, restart_if_dead
 
 WHATIF_QUEUE = "whatif"
 """The what-if simulations' queue: its own worker, one at a time, so they never starve the tick."""
+PORTAL_QUEUE = "portal"
+"""Agent reports and the control plane's other tasks (log export, retention)."""
+
+
+def celery_worker(name: str, queue: str, *, concurrency: int) -> ProcessSpec:
+    """A Celery worker of the portal's app that consumes only ``queue``."""
+    argv = ("-A", "portal", "worker", "-Q", queue, "-n", f"{queue}@%h")
+    return ProcessSpec(
+        name,
+        python_module("celery", *argv, "--concurrency", str(concurrency), "--loglevel", "INFO"),
+    )
 
 
 def redacted(url: str) -> str:
@@ -44,44 +56,11 @@ def stack_processes(
         ),
     ]
     if worker:
-        specs.append(
-            ProcessSpec(
-                "worker",
-                python_module(
-                    "celery",
-                    "-A",
-                    "portal",
-                    "worker",
-                    "-Q",
-                    "portal",
-                    "-n",
-                    "portal@%h",
-                    "--concurrency",
-                    "2",
-                    "--loglevel",
-                    "INFO",
-                ),
-            )
-        )
-        specs.append(
-            ProcessSpec(
-                "whatif worker",
-                python_module(
-                    "celery",
-                    "-A",
-                    "portal",
-                    "worker",
-                    "-Q",
-                    WHATIF_QUEUE,
-                    "-n",
-                    f"{WHATIF_QUEUE}@%h",
-                    "--concurrency",
-                    "1",
-                    "--loglevel",
-                    "INFO",
-                ),
-            )
-        )
+        specs += [
+            celery_worker("worker", PORTAL_QUEUE, concurrency=2),
+            celery_worker("tick worker", TICK_QUEUE, concurrency=1),
+            celery_worker("whatif worker", WHATIF_QUEUE, concurrency=1),
+        ]
     if beat:
         specs.append(
             ProcessSpec(
@@ -100,6 +79,7 @@ def stack_processes(
         )
     if agents:
         from inventory.models import Server
+        from jobs.agent_trust import key_text
 
         servers = Server.objects.annotate(gpus=Count("gpu_set")).order_by("leaf", "slot")
         for node, gpus in servers.values_list("node", "gpus"):
@@ -116,6 +96,7 @@ def stack_processes(
                         "--loglevel",
                         "WARNING",
                     ),
+                    env={"AGENT_KEY": key_text(node)},
                 )
             )
     return specs

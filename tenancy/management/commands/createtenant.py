@@ -1,4 +1,5 @@
-"""``manage.py createtenant SLUG --owner USERNAME [--password P] [--gpu-quota N]``."""
+"""``manage.py createtenant SLUG --owner USERNAME [--password P] [--gpu-quota N]
+[--max-queued-jobs N] [--no-profile]``."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from tenancy.services import TenancyError, do_create_tenant
+from tenancy.services import TenancyError, check_password_strength, do_create_tenant
 
 
 class Command(BaseCommand):
@@ -17,9 +18,17 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("slug", help="short unique name: lowercase letters, digits, hyphens")
         parser.add_argument("--owner", required=True, help="username of the owner")
-        parser.add_argument("--password", help="password for the owner (sets or changes it)")
+        parser.add_argument(
+            "--password",
+            help="password for the owner (sets or changes it); must pass the password validators",
+        )
         parser.add_argument("--name", help="display name (defaults to the slug)")
         parser.add_argument("--gpu-quota", type=int, default=8, help="most GPUs held at once")
+        parser.add_argument(
+            "--max-queued-jobs",
+            type=int,
+            help="most jobs waiting at once (default: DEFAULT_TENANT_MAX_QUEUED_JOBS)",
+        )
         parser.add_argument(
             "--no-profile",
             action="store_true",
@@ -28,12 +37,15 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
+            if options["password"] is not None:
+                check_password_strength(username=options["owner"], password=options["password"])
             created = do_create_tenant(
                 slug=options["slug"],
                 owner_username=options["owner"],
                 name=options["name"],
                 password=options["password"],
                 gpu_quota=options["gpu_quota"],
+                max_queued_jobs=options["max_queued_jobs"],
                 profile_jobs=not options["no_profile"],
             )
         except TenancyError as exc:
