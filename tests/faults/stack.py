@@ -8,7 +8,7 @@
       └── HoldingsMonitor     GPU rows and training processes, sampled while it runs
 
 Jobs are ``mlp-digits`` at two GPUs with a small hidden layer: a few seconds of
-training (870 mini-batches) after a few seconds of process start, so a fault
+training (1305 mini-batches) after a few seconds of process start, so a fault
 lands mid-run and recovery is measured, not waited out.
 """
 
@@ -40,7 +40,7 @@ from tests.faults.steplog import as_sample_records, committed_steps, read_step_l
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_DB = 13
 ARGS = {"hidden": 16, "seed": 3}
-EPOCHS = 30
+EPOCHS = 45
 BATCH = 64
 CHECKPOINT_EVERY = 20
 RECONCILE_SECONDS = 5
@@ -56,6 +56,8 @@ TIMINGS = {
     # No test job waits for a slot (no process outlives its job): a job never seen
     # running may be reaped soon after its placement.
     "RECONCILE_START_SECONDS": str(RECONCILE_START_SECONDS),
+    # A checkpoint within a second of the start: a fault then lands early in a run.
+    "CHECKPOINT_MIN_SECONDS": "1",
 }
 # A GPU row with no process on it is freed (or given a process) within the reconcile
 # time and a few ticks; anything else may last a moment (a process starting, exiting).

@@ -28,11 +28,18 @@ import redis
 
 from tests.faults.processes import sigkill, training_processes, wait_for_replacement
 from tests.faults.services import RedisServer
-from tests.faults.stack import REDIS_DB, FaultStack, boot, stack_env, throwaway_database
+from tests.faults.stack import (
+    ALLOWANCES,
+    REDIS_DB,
+    FaultStack,
+    boot,
+    stack_env,
+    throwaway_database,
+)
 from tests.faults.steplog import attempts_after, read_step_logs
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
-LONG_EPOCHS = 100
+LONG_EPOCHS = 300
 TICK_RECOVERY_S = 30  # a restarted Celery worker boots, then ticks within a second
 TICK_LOCK_KEY = "portal:scheduler-tick"  # jobs.control.tick.LOCK_KEY, held while a tick runs
 
@@ -83,6 +90,32 @@ def assert_survived(stack: FaultStack, job_ids: list[int], fault_at: float) -> N
     assert stack.proc.poll() is None, f"runstack stopped:\n{stack.log_tail()}"
 
 
+def assert_dead_gpu_freed(stack: FaultStack, job_id: int, dead: str) -> None:
+    """While the job trains on without it, the dead worker's GPU comes free or gets a process.
+
+    Checked as soon as the job reports its recovery, not at its end: however fast
+    the machine, the job trains on long after (LONG_EPOCHS), so this cannot pass
+    by the job's end freeing everything.
+    """
+    gpu = int(dead.removeprefix("w"))
+    stack.wait_for(
+        f"job {job_id} to recover",
+        lambda: any(e["kind"] == "recovered" for e in stack.events(job_id)),
+        timeout=60,
+    )
+    deadline = time.monotonic() + ALLOWANCES.held_by_the_dead
+    while time.monotonic() < deadline:
+        held = {h.gpu for h in stack.db.held() if h.job_id == job_id}
+        if gpu not in held or dead in processes_of(stack, job_id):
+            return
+        time.sleep(0.5)
+    raise AssertionError(
+        f"gpu {gpu} of dead worker {dead} is still held by job {job_id} "
+        f"({stack.job(job_id)['state']}) with no process, {ALLOWANCES.held_by_the_dead:.0f} s "
+        "after the job recovered without it"
+    )
+
+
 def test_sigkill_a_training_worker_and_a_leader(
     stack: FaultStack, scenario_clock: Callable[[str], None]
 ) -> None:
@@ -98,6 +131,9 @@ def test_sigkill_a_training_worker_and_a_leader(
     fault_at = time.time()
     sigkill(processes_of(stack, worker_job)[plain])
     sigkill(processes_of(stack, leader_job)[leader])
+    assert_dead_gpu_freed(stack, worker_job, plain)
+    assert_dead_gpu_freed(stack, leader_job, leader)
+    scenario_clock("the dead workers' GPUs freed")
     assert_survived(stack, [worker_job, leader_job], fault_at)
     scenario_clock("both completed")
 
