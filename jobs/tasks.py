@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 from celery import shared_task
+from django.db import InterfaceError, OperationalError
 
 from jobs.control.reports import handle_signed_report
 from jobs.control.tick import TICK_TASK, run_tick
@@ -18,9 +19,21 @@ from jobs.log_export import export_log
 from workers.protocol import REPORT_TASK
 
 log = logging.getLogger(__name__)
+REPORT_MAX_RETRIES = 40
+"""With backoff 1, 2, 4 ... 30 s: a report outlives a database outage of about 18 minutes."""
 
 
-@shared_task(name=REPORT_TASK, ignore_result=True)
+@shared_task(
+    name=REPORT_TASK,
+    ignore_result=True,
+    # The database down or restarting: the report waits and is applied later, never dropped
+    # (a final checkpoint's artifact row, a job's exit). Handlers are idempotent.
+    autoretry_for=(OperationalError, InterfaceError),
+    retry_backoff=1,
+    retry_backoff_max=30,
+    retry_jitter=False,
+    max_retries=REPORT_MAX_RETRIES,
+)
 def agent_report(envelope: Any) -> str:
     """Check and apply one signed agent report (idempotent; forged or malformed: no change)."""
     outcome = handle_signed_report(envelope)

@@ -28,7 +28,7 @@ from datetime import datetime
 
 import redis
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -56,6 +56,7 @@ __all__ = ["TICK_TASK", "TickResult", "run_tick"]
 
 log = logging.getLogger(__name__)
 LOCK_KEY = "portal:scheduler-tick"
+ADVISORY_LOCK_ID = 0x7469636B  # "tick": the PostgreSQL advisory lock of the scheduler tick
 
 
 @dataclass(frozen=True)
@@ -75,19 +76,44 @@ def _redis() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL)
 
 
+def _database_lock() -> bool:
+    """Take the tick's lock in the database for this transaction; False if another tick has it.
+
+    On PostgreSQL a transaction-level advisory lock: it is released at commit or
+    rollback, and by the server when a killed worker's connection drops, so a
+    tick killed mid-way never blocks the next one. SQLite's write transactions
+    (``IMMEDIATE``) already run one at a time.
+    """
+    if connection.vendor != "postgresql":
+        return True
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [ADVISORY_LOCK_ID])
+        row = cursor.fetchone()
+    return bool(row and row[0])
+
+
 def run_tick(
     *,
     policy: str | None = None,
     now: datetime | None = None,
-    lock_timeout_s: float = 60.0,
+    lock_timeout_s: float | None = None,
 ) -> TickResult:
-    """Run one tick under the cluster-wide lock; skipped if another tick holds it."""
+    """Run one tick under the cluster-wide lock; skipped if another tick holds it.
+
+    Two locks: the Redis one, which expires after ``TICK_LOCK_SECONDS`` (a few
+    ticks: a worker killed mid-tick never releases it), keeps ticks from even
+    starting a transaction while another runs; the database one makes sure two
+    ticks never overlap even when a slow tick outlived the Redis lock.
+    """
+    lock_timeout_s = lock_timeout_s or settings.TICK_LOCK_SECONDS
     lock = _redis().lock(LOCK_KEY, timeout=lock_timeout_s, blocking=False)
     if not lock.acquire(blocking=False):
         return TickResult(ran=False)
     started = time.perf_counter()
     try:
         with transaction.atomic():
+            if not _database_lock():
+                return TickResult(ran=False)
             result = _tick(policy or settings.SCHEDULER_POLICY, now or timezone.now())
     finally:
         try:

@@ -162,6 +162,8 @@ CACHES = {
 
 # --- Control plane knobs.
 TICK_SECONDS = env_float("TICK_SECONDS", 3.0)
+# The tick's Redis lock expires after this: a worker killed mid-tick delays ticks at most so long.
+TICK_LOCK_SECONDS = env_float("TICK_LOCK_SECONDS", max(10.0, 4 * TICK_SECONDS))
 SCHEDULER_POLICY = env_str("SCHEDULER_POLICY", "elastic-tiresias")
 AGENT_HEARTBEAT_SECONDS = env_float("AGENT_HEARTBEAT_SECONDS", 5.0)
 AGENT_DOWN_AFTER_SECONDS = env_float("AGENT_DOWN_AFTER_SECONDS", 20.0)
