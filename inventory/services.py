@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Max
 from django.utils import timezone
 
 from fabric.errors import TopologyError
@@ -368,10 +369,44 @@ def do_heartbeat(*, node: str, info: Mapping[str, Any], at: datetime | None = No
     return True
 
 
+STALL_FACTOR = 10
+"""How many down-after intervals a stalled report pipeline may hold every server up."""
+
+
+def silence_cutoff(
+    *, now: datetime, newest: datetime | None, after_seconds: float, stall_factor: float
+) -> datetime:
+    """Servers whose last heartbeat arrived before this are silent (pure).
+
+    Heartbeats reach the control plane as reports, through the report queue and
+    its Celery worker. When that pipeline stops (the worker restarting, a
+    backlog), *every* server's heartbeats stop arriving at once, although the
+    agents are fine: marking them all down would requeue jobs that still train.
+    So silence is measured up to the newest heartbeat that arrived from any
+    server, not up to now: one dead agent among live ones is still caught after
+    ``after_seconds``, and a stalled pipeline marks nobody down. Should no
+    heartbeat at all arrive for ``stall_factor`` times that (every agent really
+    gone), silence is measured up to now again.
+    """
+    reference = now
+    if newest is not None and now - newest < timedelta(seconds=after_seconds * stall_factor):
+        reference = min(now, newest)
+    return reference - timedelta(seconds=after_seconds)
+
+
 @transaction.atomic
-def do_mark_silent_servers_down(*, now: datetime, after_seconds: float) -> list[str]:
-    """Mark down every up/draining server whose agent has been silent too long."""
-    cutoff = now - timedelta(seconds=after_seconds)
+def do_mark_silent_servers_down(
+    *, now: datetime, after_seconds: float, stall_factor: float = STALL_FACTOR
+) -> list[str]:
+    """Mark down every up/draining server whose agent has been silent too long.
+
+    Silence is judged against the newest heartbeat of any server (``silence_cutoff``),
+    so a stalled report pipeline does not look like every agent dying.
+    """
+    newest = Server.objects.aggregate(newest=Max("last_heartbeat"))["newest"]
+    cutoff = silence_cutoff(
+        now=now, newest=newest, after_seconds=after_seconds, stall_factor=stall_factor
+    )
     silent = Server.objects.select_for_update().filter(
         state__in=(ServerState.UP, ServerState.DRAINING), last_heartbeat__lt=cutoff
     )

@@ -155,30 +155,36 @@ def test_sigkill_an_agent(stack: FaultStack, scenario_clock: Callable[[str], Non
     assert not [e for e in stack.events(job_id) if e["kind"] == "preempted"], stack.events(job_id)
 
 
-def test_sigkill_the_celery_worker_mid_tick_then_beat(
+def test_sigkill_the_celery_workers_mid_tick_then_beat(
     stack: FaultStack, scenario_clock: Callable[[str], None]
 ) -> None:
     running = stack.submit("tick-kill")
     stack.wait_running_past_checkpoint(running)
     queued = stack.submit("placed-after-kill")  # the tick that would place it is the one killed
     client = redis.Redis.from_url(stack.env["REDIS_URL"])
-    worker = stack.roles()["worker"]
+    ticker = stack.roles()["tick-worker"]  # the tick runs on its own queue and worker
     deadline = time.monotonic() + 30
     while not client.exists(TICK_LOCK_KEY):
         assert time.monotonic() < deadline, "no tick ran for 30 s"
         time.sleep(0.001)
     fault_at = time.time()
-    sigkill(worker.pid)
-    wait_for_replacement(stack.proc.pid, "worker", worker.pid, timeout=30)
-    scenario_clock("Celery worker restarted")
+    sigkill(ticker.pid)
+    wait_for_replacement(stack.proc.pid, "tick-worker", ticker.pid, timeout=30)
+    scenario_clock("tick worker restarted")
     # The next tick repairs what the killed one left: it must not wait for the killed
-    # tick's lock to time out (60 s) before it places the job the killed one did not.
+    # tick's lock to time out (then 60 s) before it places the job the killed one did not.
     stack.wait_for(
         "a tick after the restart to place the queued job",
         lambda: stack.job(queued)["state"] != "queued",
         timeout=TICK_RECOVERY_S,
     )
     scenario_clock("the queued job placed")
+    # The worker that applies agent reports: while it restarts no heartbeat arrives, which
+    # must not look like every agent dying (servers marked down, running jobs requeued).
+    reporter = stack.roles()["worker"]
+    sigkill(reporter.pid)
+    wait_for_replacement(stack.proc.pid, "worker", reporter.pid, timeout=30)
+    scenario_clock("report worker restarted")
     beat = stack.roles()["beat"]
     sigkill(beat.pid)
     wait_for_replacement(stack.proc.pid, "beat", beat.pid, timeout=30)
