@@ -220,12 +220,12 @@ def _recovered(job: Job, report: Recovered) -> str:
 
     The runtime never takes a dropped worker back, and nobody restarts one in
     place, so its GPU would otherwise stay held, with no process, until the job
-    ends.  Only a ``running`` job whose newest applied event is this one
-    shrinks: while it is ``scaling`` the holdings describe the switch in flight
-    (its joiners may reuse a dead worker's id) and the ``scale_done`` that ends
-    it keeps only the members; a late report (a newer event was applied first)
-    may name a worker the scheduler has since given back to the job.  The next
-    tick may give the freed GPU to this job again or to another.
+    ends.  Only a ``running`` job shrinks, and only on a report no newer event
+    has overtaken (``_overtaken``): while it is ``scaling`` the holdings
+    describe the switch in flight (its joiners may reuse a dead worker's id)
+    and the ``scale_done`` that ends it keeps only the members; an overtaken
+    report may name a worker the scheduler has since given back to the job.
+    The next tick may give the freed GPU to this job again or to another.
     """
     now = _at(report)
     record(
@@ -237,8 +237,7 @@ def _recovered(job: Job, report: Recovered) -> str:
         to_parallelism=report.world,
         data={"step": report.step, "generation": report.generation},
     )
-    latest = job.last_event_id == report.event_id
-    if job.state != JobState.RUNNING or not latest or not report.dead:
+    if job.state != JobState.RUNNING or _overtaken(job, report) or not report.dead:
         return "recovered"
     accrue_service(job, now)  # at the old parallelism, up to the recovery
     save_fields(job, "attained_gpu_seconds", "last_service_at")
@@ -254,6 +253,18 @@ def _recovered(job: Job, report: Recovered) -> str:
     )
     request_tick()
     return "recovered"
+
+
+def _overtaken(job: Job, report: JobEventReport) -> bool:
+    """Whether an event of the job newer than ``report`` (not progress) was applied first.
+
+    Progress never changes who holds what, and the survivors' progress may
+    well overtake the recovery it follows (agents on several nodes forward a
+    job's events), so it does not count; a ``scale_done`` (or any other event)
+    newer than the report does: the membership may have moved on since.
+    """
+    mine = _event_key(report.event_id)
+    return any(_event_key(other) > mine for other in job.recent_event_ids)
 
 
 def _worker_failed(job: Job, report: WorkerFailed) -> str:

@@ -109,20 +109,37 @@ def test_the_freed_gpu_goes_back_through_the_normal_tick(alice: Any, acme: Any) 
     ]
 
 
-def test_a_late_recovery_report_does_not_touch_newer_holdings(alice: Any, acme: Any) -> None:
-    """Reports of a job can cross: a recovery older than an applied event frees nothing."""
+def test_progress_that_overtakes_the_recovery_does_not_keep_the_gpu(alice: Any, acme: Any) -> None:
+    """The survivors' progress, forwarded by another agent, may arrive before the recovery."""
     job = running(alice, acme, gpus=2, lo=1)
-    before = held(job)
-    newer = {
+    dead = held(job)[1]
+    ahead = {
         "type": "progress",
         "node": "node-0",
         "job": f"job-{job.pk}",
-        "event_id": "1700000000020-0",
-        "step": 60,
+        "event_id": "1700000000011-0",
+        "step": 41,
         "samples_per_s": 100.0,
-        "world": 2,
+        "world": 1,
     }
-    assert handle_report(newer) == "progress"
+    assert handle_report(ahead) == "progress"
+    frees(job, "1700000000010-0", dead)
+
+
+def test_a_recovery_overtaken_by_a_switch_does_not_touch_its_members(alice: Any, acme: Any) -> None:
+    """Once a newer scale_done named the members, an older recovery may not free one of them."""
+    job = running(alice, acme, gpus=2, lo=1)
+    before = held(job)
+    regrown = {
+        "type": "scale_done",
+        "node": "node-0",
+        "job": f"job-{job.pk}",
+        "event_id": "1700000000020-0",
+        "world": 2,
+        "workers": [f"w{g}" for g in before],
+        "step": 60,
+    }
+    assert handle_report(regrown) == "noted"
     late = recovered(job, "1700000000010-0", [f"w{before[1]}"], 1)
     assert handle_report(late) == "recovered"
     job.refresh_from_db()
