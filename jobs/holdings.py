@@ -7,7 +7,7 @@ The database's uniqueness constraints forbid double booking a GPU or a cable.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from fabric.allocator import Allocation
 from fabric.topology import FabricSpec
@@ -87,3 +87,17 @@ def keep_only_workers(job: Job, workers: set[str]) -> tuple[str, ...]:
         job.allocation = {**job.allocation, "gpus": kept}
         job.save(update_fields=["allocation"])
     return tuple(worker_id(row.gpu.index) for row in gone)
+
+
+def drop_workers(job: Job, dead: Collection[str]) -> tuple[str, ...]:
+    """Release the GPUs of the ``dead`` workers ``job`` holds; return their worker ids.
+
+    For workers the runtime dropped for good: the rest keep their ranks and
+    cables.  Ids ``job`` does not hold (another job's, a leaver already gone,
+    nonsense) are ignored, and nothing changes when every worker would go: a
+    job with no survivor is the reconciler's to requeue, not a shrink.
+    """
+    held = {worker_id(index) for index in held_gpus(job)}
+    if not held & set(dead):
+        return ()
+    return keep_only_workers(job, held - set(dead))

@@ -216,6 +216,17 @@ def _scale_done(job: Job, report: ScaleDone) -> str:
 
 
 def _recovered(job: Job, report: Recovered) -> str:
+    """The survivors train again without ``report.dead``: free the dead workers' GPUs.
+
+    The runtime never takes a dropped worker back, and nobody restarts one in
+    place, so its GPU would otherwise stay held, with no process, until the job
+    ends.  Only a ``running`` job shrinks, and only on a report no newer event
+    has overtaken (``_overtaken``): while it is ``scaling`` the holdings
+    describe the switch in flight (its joiners may reuse a dead worker's id)
+    and the ``scale_done`` that ends it keeps only the members; an overtaken
+    report may name a worker the scheduler has since given back to the job.
+    The next tick may give the freed GPU to this job again or to another.
+    """
     now = _at(report)
     record(
         job,
@@ -226,10 +237,42 @@ def _recovered(job: Job, report: Recovered) -> str:
         to_parallelism=report.world,
         data={"step": report.step, "generation": report.generation},
     )
+    if job.state != JobState.RUNNING or _overtaken(job, report) or not report.dead:
+        return "recovered"
+    accrue_service(job, now)  # at the old parallelism, up to the recovery
+    save_fields(job, "attained_gpu_seconds", "last_service_at")
+    freed = holdings.drop_workers(job, report.dead)
+    if not freed:
+        return "recovered"
+    # do_set_parallelism reads the job again (and broadcasts).
+    do_set_parallelism(
+        job_id=job.pk,
+        parallelism=len(holdings.held_gpus(job)),
+        reason=f"runtime: {', '.join(freed)} dropped by {report.mode} recovery, GPUs freed",
+        at=now,
+    )
+    request_tick()
     return "recovered"
 
 
+def _overtaken(job: Job, report: JobEventReport) -> bool:
+    """Whether an event of the job newer than ``report`` (not progress) was applied first.
+
+    Progress never changes who holds what, and the survivors' progress may
+    well overtake the recovery it follows (agents on several nodes forward a
+    job's events), so it does not count; a ``scale_done`` (or any other event)
+    newer than the report does: the membership may have moved on since.
+    """
+    mine = _event_key(report.event_id)
+    return any(_event_key(other) > mine for other in job.recent_event_ids)
+
+
 def _worker_failed(job: Job, report: WorkerFailed) -> str:
+    """The runtime dropped a worker: a note only; ``recovered`` frees its GPU.
+
+    The survivors are still rebuilding then; freeing the GPU now would let a
+    tick send a scale-out into a recovery in flight.
+    """
     record(
         job,
         EventKind.NOTE,
