@@ -20,11 +20,14 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
+
+T = TypeVar("T")
 
 DEFAULT_OUTAGE_S = 60.0
 """How long a Redis outage the runtime rides out by default (``--redis-outage-s``)."""
@@ -49,6 +52,12 @@ RETRIED_ERRORS: tuple[type[Exception], ...] = (
     ConnectionError,  # the builtin: a reset socket below redis-py
 )
 """The errors that mean "Redis is away", not "the command is wrong"."""
+
+NOT_AN_OUTAGE: tuple[type[Exception], ...] = (
+    redis.exceptions.AuthenticationError,
+    redis.exceptions.AuthorizationError,
+)
+"""Subclasses of ConnectionError that a wait does not cure (a wrong password): raised at once."""
 
 
 class OutageLog:
@@ -122,10 +131,30 @@ def retries_for(outage_s: float, base: float = BACKOFF_BASE_S, cap: float = BACK
     return failures
 
 
+class OutageRetry(Retry):
+    """redis-py's ``Retry``, except that refused credentials are raised at once, not waited on."""
+
+    def call_with_retry(
+        self,
+        do: Callable[[], T],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> T:
+        """Call ``do``, retrying it through an outage (see ``Retry.call_with_retry``)."""
+
+        def retryable(error: Exception) -> bool:
+            if isinstance(error, NOT_AN_OUTAGE):
+                return False
+            return is_retryable is None or is_retryable(error)
+
+        return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
 def outage_retry(outage_s: float = DEFAULT_OUTAGE_S, outages: OutageLog = OUTAGES) -> Retry:
     """A redis-py ``Retry`` that keeps trying for ``outage_s`` on the errors of a Redis outage."""
     backoff = NotingBackoff(outages, cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S)
-    return Retry(backoff, retries_for(outage_s), supported_errors=RETRIED_ERRORS)
+    return OutageRetry(backoff, retries_for(outage_s), supported_errors=RETRIED_ERRORS)
 
 
 def connect(

@@ -139,6 +139,16 @@ def test_a_connected_client_gives_up_after_its_outage(own_redis: OwnRedis) -> No
     own_redis.start()
 
 
+def test_refused_credentials_are_raised_at_once_not_waited_on(own_redis: OwnRedis) -> None:
+    """A wrong password is no outage: the worker must fail now, not after a minute."""
+    url = own_redis.url(0).replace("redis://", "redis://nobody:wrong@")
+    client = connect(url, outage_s=30.0, outages=OutageLog())
+    started = time.monotonic()
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        client.ping()
+    assert time.monotonic() - started < 2.0
+
+
 # -- liveness after an outage -------------------------------------------------------------
 def test_a_lapsed_liveness_key_is_no_death_right_after_an_outage(own_redis: OwnRedis) -> None:
     log = OutageLog()
