@@ -8,6 +8,10 @@ late acknowledgement (a command redelivered after a crash is completed, see
 ``docs/agent.md``), one message prefetched at a time, and the same queue
 names (``agent.<node>`` for commands, ``portal`` for reports).
 
+A broker restart loses nothing of ours: the worker reconnects for as long as
+it takes, and a report sent while the broker is away is published again
+(``PUBLISH_RETRY_POLICY``, about a minute) before ``send_report`` gives up.
+
 The app is built on first use, not at import, so importing the agent
 connects to nothing.
 """
@@ -36,6 +40,16 @@ def broker_url(environ: Mapping[str, str] | None = None) -> str:
     return url
 
 
+PUBLISH_RETRY_POLICY: dict[str, float] = {
+    "max_retries": 40,
+    "interval_start": 0.0,
+    "interval_step": 0.5,
+    "interval_max": 2.0,
+}
+"""Kombu's retry of one publish: 0, 0.5, 1, 1.5, then every 2 s (about 75 s in all), which
+outlasts a Redis restart (``workers.elastic.redis_client.DEFAULT_OUTAGE_S``)."""
+
+
 def make_app(broker: str) -> Celery:
     """A Celery app for the agent protocol on ``broker``."""
     app = Celery("workers.agent", broker=broker, set_as_current=False)
@@ -47,6 +61,10 @@ def make_app(broker: str) -> Celery:
         worker_prefetch_multiplier=1,
         task_default_queue=REPORTS_QUEUE,
         broker_connection_retry_on_startup=True,
+        broker_connection_retry=True,
+        broker_connection_max_retries=None,  # never give up on the broker: it comes back
+        task_publish_retry=True,
+        task_publish_retry_policy=PUBLISH_RETRY_POLICY,
         task_ignore_result=True,
         worker_hijack_root_logger=True,
     )

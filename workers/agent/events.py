@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from workers.agent.reports import report_from_event
 from workers.agent.store import AgentStore
 from workers.elastic.control import JobControl
+from workers.elastic.redis_client import DEFAULT_OUTAGE_S
 from workers.protocol import Failed, Finished, ProtocolError, Report
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,8 @@ def default_control_factory(redis_url: str) -> Callable[[str], JobControlLike]:
     """JobControl of the elastic runtime, per job."""
 
     def make(job: str) -> JobControlLike:
-        return JobControl(redis_url, job)
+        # The agent outlives a Redis restart: its reads wait for Redis like the runtime's.
+        return JobControl(redis_url, job, outage_s=DEFAULT_OUTAGE_S)
 
     return make
 

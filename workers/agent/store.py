@@ -21,6 +21,8 @@ from typing import Any
 
 import redis
 
+from workers.elastic.redis_client import DEFAULT_OUTAGE_S, connect
+
 APPLIED_TTL_SECONDS = 7 * 24 * 3600
 """How long a command id is remembered (a replay later than that is applied again)."""
 
@@ -84,7 +86,7 @@ class AgentStore:
     @classmethod
     def from_url(cls, url: str, node: str) -> AgentStore:
         """A store on the Redis at ``url``."""
-        return cls(redis.Redis.from_url(url, decode_responses=True), node)
+        return cls(connect(url, outage_s=DEFAULT_OUTAGE_S), node)
 
     # commands ---------------------------------------------------------------
     def was_applied(self, command_id: str) -> bool:

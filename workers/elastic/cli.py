@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers.catalog import WorkloadArgumentError, validate_args
+from workers.elastic.redis_client import DEFAULT_OUTAGE_S, MAX_OUTAGE_S
 
 RECOVERY_MODES = ("consistent", "approximate")
 
@@ -48,6 +49,8 @@ class WorkerOptions:
     checkpoint_min_seconds: float = 0.0
     """Periodic checkpoints (every N steps) come at most this often; 0 = no floor."""
     """Non-final checkpoints kept (plus the final one)."""
+    redis_outage_s: float = DEFAULT_OUTAGE_S
+    """How long a Redis outage (restart, AOF loading) the worker rides out before it fails."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu or cuda:K")
     p.add_argument("--redis-url", default=os.environ.get("REDIS_URL"))
     p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument(
+        "--redis-outage-s",
+        type=float,
+        default=DEFAULT_OUTAGE_S,
+        help="seconds of Redis outage (restart, loading its AOF) ridden out before failing",
+    )
     # Optional knobs beyond the agent's contract (tests and benchmarks use them).
     p.add_argument("--step-log", default=None, help="append one JSON line per mini-batch here")
     p.add_argument(
@@ -148,6 +157,7 @@ def parse_options(argv: list[str] | None = None) -> WorkerOptions:
         dtype=ns.dtype,
         checkpoint_keep=ns.checkpoint_keep,
         checkpoint_min_seconds=ns.checkpoint_min_seconds,
+        redis_outage_s=ns.redis_outage_s,
     )
 
 
@@ -165,6 +175,8 @@ def _check(ns: Any) -> None:
         raise WorkerArgumentError("--store-url must not be empty")
     if ns.initial_world is not None and ns.initial_world < 1:
         raise WorkerArgumentError("--initial-world must be >= 1")
+    if not (0 <= ns.redis_outage_s <= MAX_OUTAGE_S):  # also refuses nan and inf
+        raise WorkerArgumentError(f"--redis-outage-s must be within [0, {MAX_OUTAGE_S:.0f}]")
     if not ns.redis_url:
         raise WorkerArgumentError("no Redis: pass --redis-url or set REDIS_URL")
     if not (ns.device == "cpu" or ns.device.startswith("cuda")):

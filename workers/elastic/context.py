@@ -42,7 +42,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
-import redis
 import torch
 
 from workers.artifacts import StoredObject
@@ -61,6 +60,7 @@ from workers.elastic.messages import (
 from workers.elastic.outputs import ProgramOutputs
 from workers.elastic.plans import PlanFollower
 from workers.elastic.recovery import WorkerRecovery
+from workers.elastic.redis_client import connect
 from workers.elastic.sampler import ElasticSampler
 from workers.elastic.store import RedisStore
 from workers.elastic.timing import StepLog, StepTimes
@@ -86,13 +86,13 @@ class ElasticContext:
         self.me = options.worker_id
         self.clock = clock
         self.keys = JobKeys(options.job_id)
-        self.redis = redis.Redis.from_url(options.redis_url, decode_responses=True)
+        self.redis = connect(options.redis_url, outage_s=options.redis_outage_s)
         self.device = torch.device(options.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.view = Membership(self.me)
         self.builder = GroupBuilder(
-            RedisStore(options.redis_url, self.keys.store()),
+            RedisStore(options.redis_url, self.keys.store(), options.redis_outage_s),
             self.me,
             self.device,
             options.sync_timeout_s,

@@ -25,6 +25,7 @@ from typing import Any
 import redis
 
 from workers.elastic.keys import JobKeys
+from workers.elastic.redis_client import CONTROL_OUTAGE_S, connect
 from workers.elastic.redis_io import hash_fields, read_stream, text_or_none
 
 EVENT_KINDS = (
@@ -69,12 +70,12 @@ class JobStatus:
 class JobControl:
     """Requests to, and observations of, one elastic job through Redis."""
 
-    def __init__(self, redis_url: str, job_id: str) -> None:
+    def __init__(self, redis_url: str, job_id: str, outage_s: float = CONTROL_OUTAGE_S) -> None:
         if not job_id or any(c in job_id for c in " :{}\n"):
             raise ValueError(f"invalid job id {job_id!r}")
         self.job_id = job_id
         self.keys = JobKeys(job_id)
-        self.redis = redis.Redis.from_url(redis_url, decode_responses=True)
+        self.redis = connect(redis_url, outage_s=outage_s)
 
     # requests -----------------------------------------------------------------
     def _send(self, kind: str, **payload: Any) -> str:

@@ -18,6 +18,7 @@ from workers.clock import Clock
 from workers.elastic.checkpoint import Checkpoints, Manifest, Skipped
 from workers.elastic.constants import ALIVE_MS, log
 from workers.elastic.keys import JobKeys
+from workers.elastic.lease import peer_is_dead
 from workers.elastic.messages import RecoveredEvent, RecoveryPlan, WorkerFailedEvent, publish
 from workers.elastic.redis_io import hash_fields
 from workers.elastic.transfer import report_skipped
@@ -50,7 +51,7 @@ def coordinate_recovery(leader: RecoveryHost) -> None:
     deadline = clock.monotonic() + view.opts.sync_timeout_s + 2 * ALIVE_MS / 1000 + 5
     while True:
         survivors = hash_fields(client, keys.survivors(failed))
-        dead = [m for m in members if m not in survivors and not client.exists(keys.alive(m))]
+        dead = [m for m in members if m not in survivors and peer_is_dead(client, keys, m)]
         if len(survivors) + len(dead) >= len(members) or clock.monotonic() > deadline:
             break
         if not leader.refresh_lease():

@@ -8,6 +8,12 @@
 
 The beat thread takes a lapsed lease (the leader died) or notices one handed
 to it (the leader left) and then calls ``on_lead``.
+
+A Redis outage is no death: keys whose TTL ran out while Redis was away (or
+that a restart dropped) mean nothing until this process has seen Redis answer
+for a whole key lifetime since (``redis_client.OUTAGES``).  Until then a
+lapsed lease is reclaimed by its holder only, and a missing liveness key does
+not make a peer dead (``peer_is_dead``).
 """
 
 from __future__ import annotations
@@ -20,11 +26,19 @@ import redis
 from workers.clock import Clock
 from workers.elastic.constants import ALIVE_MS, BEAT_S, FINISHED, LEASE_MS, log
 from workers.elastic.keys import JobKeys
+from workers.elastic.redis_client import OUTAGES, OutageLog
 
 REFRESH_LEASE = (
     "if redis.call('GET', KEYS[1]) == ARGV[1] then "
     "return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
 )
+REFRESH_OR_RECLAIM = (
+    "local v = redis.call('GET', KEYS[1]) "
+    "if v == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end "
+    "if v == false then return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) and 1 end "
+    "return 0"
+)
+"""Extend the lease if it is ours, or take it again if it lapsed (a Redis outage) and is free."""
 HAND_LEASE = (
     "if redis.call('GET', KEYS[1]) == ARGV[1] then "
     "return redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) end return 0"
@@ -34,11 +48,19 @@ HAND_LEASE = (
 class Lease:
     """The job's leader lease as seen by one worker."""
 
-    def __init__(self, client: redis.Redis, keys: JobKeys, me: str, clock: Clock) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: JobKeys,
+        me: str,
+        clock: Clock,
+        outages: OutageLog = OUTAGES,
+    ) -> None:
         self.redis = client
         self.keys = keys
         self.me = me
         self.clock = clock
+        self.outages = outages
         self._last_refresh = clock.monotonic()
 
     def holder(self) -> str | None:
@@ -51,9 +73,16 @@ class Lease:
         return self.holder() == self.me
 
     def take(self) -> bool:
-        """Take a free lease, or find it handed to us; True if it is ours now."""
-        taken = self.redis.set(self.keys.leader, self.me, nx=True, px=LEASE_MS)
-        return bool(taken) or self.is_mine()
+        """Take a free lease, or find it handed to us; True if it is ours now.
+
+        Right after a Redis outage a free lease is left to its holder, who
+        reclaims it on its next refresh: it lapsed for want of Redis, not of a leader.
+        """
+        if self.outages.settled(LEASE_MS / 1000 + BEAT_S):
+            taken = self.redis.set(self.keys.leader, self.me, nx=True, px=LEASE_MS)
+            if taken:
+                return True
+        return self.is_mine()
 
     def claim_first(self) -> None:
         """Generation 0's rank 0: clear a finished job's tombstone, then take the lease."""
@@ -65,7 +94,7 @@ class Lease:
         """Extend the lease (every ``BEAT_S`` at most); False once another worker holds it."""
         now = self.clock.monotonic()
         if now - self._last_refresh > BEAT_S:
-            if not self.redis.eval(REFRESH_LEASE, 1, self.keys.leader, self.me, LEASE_MS):
+            if not self.redis.eval(REFRESH_OR_RECLAIM, 1, self.keys.leader, self.me, LEASE_MS):
                 return False
             self._last_refresh = now
         return True
@@ -81,6 +110,20 @@ class Lease:
     def tombstone(self, ttl_ms: int = 30_000) -> None:
         """Mark the job ended, so that peers finishing a moment later do not take over."""
         self.redis.set(self.keys.leader, FINISHED, px=ttl_ms)
+
+
+def peer_is_dead(
+    client: redis.Redis, keys: JobKeys, worker: str, outages: OutageLog = OUTAGES
+) -> bool:
+    """Whether ``worker``'s liveness key lapsed while Redis was answering (a real death).
+
+    False while Redis has not answered for a whole key lifetime since its last
+    outage: the key may have expired with the outage, and the peer not yet
+    have written it again.
+    """
+    if client.exists(keys.alive(worker)):
+        return False
+    return outages.settled(ALIVE_MS / 1000 + BEAT_S)
 
 
 class Beat:

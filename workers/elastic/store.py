@@ -11,26 +11,34 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
-import redis
 import torch.distributed as dist
 
 # torch.distributed re-exports these from here; its stub does not say so.
 from torch._C._distributed_c10d import Store
 
+from workers.elastic.redis_client import DEFAULT_OUTAGE_S, connect
+
 
 class RedisStore(Store):
     """The subset of the c10d store protocol that gloo and NCCL rendezvous use."""
 
-    def __init__(self, url: str, prefix: str, timeout: timedelta = timedelta(seconds=60)) -> None:
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        outage_s: float = DEFAULT_OUTAGE_S,
+        timeout: timedelta = timedelta(seconds=60),
+    ) -> None:
         super().__init__()
         self._url = url
-        self._client = redis.Redis.from_url(url)
+        self._outage_s = outage_s
+        self._client = connect(url, outage_s=outage_s, decode_responses=False)
         self._prefix = prefix
         self._timeout = timeout
 
     def clone(self) -> RedisStore:
         """Another handle on the same keys (the state lives in Redis, not in this object)."""
-        return RedisStore(self._url, self._prefix, self._timeout)
+        return RedisStore(self._url, self._prefix, self._outage_s, self._timeout)
 
     def _k(self, key: str) -> str:
         return self._prefix + key

@@ -22,6 +22,7 @@ from workers.elastic.checkpoint import Checkpoints, Skipped
 from workers.elastic.cli import WorkerOptions
 from workers.elastic.constants import JOIN_WAIT_S, ElasticError, log
 from workers.elastic.keys import JobKeys
+from workers.elastic.lease import peer_is_dead
 from workers.elastic.messages import (
     CheckpointSavedEvent,
     CheckpointSkippedEvent,
@@ -30,6 +31,7 @@ from workers.elastic.messages import (
     plan_from_dict,
     publish,
 )
+from workers.elastic.redis_client import connect
 
 FINAL_WAIT_S = 600.0
 """How long the leader waits for rank 0's last checkpoint before it reports the job ended."""
@@ -78,7 +80,9 @@ class StateTransfer:
         self.keys = JobKeys(options.job_id)
         self.device = device
         self.clock = clock
-        self._raw = redis.Redis.from_url(options.redis_url)  # bytes, not text
+        self._raw = connect(  # bytes, not text
+            options.redis_url, outage_s=options.redis_outage_s, decode_responses=False
+        )
         self.store = ArtifactStore(options.store_url)
         self.checkpoints = Checkpoints(self.store, options.checkpoint_keep, clock)
         self._last_checkpoint = clock.monotonic()
@@ -126,7 +130,7 @@ class StateTransfer:
         """The leader (not rank 0): wait until rank 0 saved its last checkpoint, or is gone."""
         deadline = self.clock.monotonic() + FINAL_WAIT_S
         while not self._raw.exists(self.keys.saved_at_end):
-            if self.clock.monotonic() > deadline or not self._raw.exists(self.keys.alive(rank0)):
+            if self.clock.monotonic() > deadline or peer_is_dead(self._raw, self.keys, rank0):
                 log(self.me, "rank 0's last checkpoint did not come; reporting the end anyway")
                 return
             self.clock.sleep(0.05)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from workers.tests.redis_server import OwnRedis
 from workers.tests.s3_server import S3Server, moto_s3
 
 
@@ -40,3 +41,12 @@ def root_url(
     for name, value in server.env.items():
         monkeypatch.setenv(name, value)
     return f"{server.url}/{tmp_path.name}"
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+    """A redis-server of the test's own (append-only), which the test may restart."""
+    server = OwnRedis(tmp_path / "own-redis")
+    server.start()
+    yield server
+    server.stop()
