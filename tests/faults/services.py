@@ -9,93 +9,30 @@ import contextlib
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import redis
-
-from utilities.embedded_redis import server_binary
-
-
-def free_port() -> int:
-    """A TCP port free on loopback now."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from workers.tests.redis_server import OwnRedis
+from workers.tests.redis_server import free_port as free_port  # the stack's port too
 
 
 @dataclass
-class RedisServer:
+class RedisServer(OwnRedis):
     """A redis-server of the test's own: append-only, password, fixed loopback port.
 
     ``restart()`` stops it (SIGTERM: the append-only file is flushed) and starts
-    it again on the same port and directory, as an operator's restart would.
+    it again on the same port and directory, as an operator's restart would;
+    ``start()`` returns once it has loaded its file and answers.
     """
 
-    directory: Path
-    port: int = field(default_factory=free_port)
-    password: str = field(default_factory=lambda: secrets.token_hex(16))
-    proc: subprocess.Popen[bytes] | None = None
-
-    def url(self, db: int) -> str:
-        """The ``REDIS_URL`` of database ``db`` on this server."""
-        return f"redis://:{self.password}@127.0.0.1:{self.port}/{db}"
+    password: str | None = field(default_factory=lambda: secrets.token_hex(16))
 
     def start(self, timeout: float = 20.0) -> None:
         """Start the server and wait until it answers."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        conf = self.directory / "redis.conf"
-        conf.write_text(f'requirepass "{self.password}"\n')
-        conf.chmod(0o600)
-        argv = [
-            str(server_binary()), str(conf),
-            "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.directory),
-            "--appendonly", "yes", "--appendfsync", "always", "--save", "",
-            "--logfile", str(self.directory / "redis.log"),
-        ]  # fmt: skip
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while not self.answers():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server on {self.port} did not start: {self.log_tail()}")
-            time.sleep(0.05)
-
-    def answers(self) -> bool:
-        """Whether the server answers PING now."""
-        client = redis.Redis(port=self.port, password=self.password, socket_timeout=0.5)
-        try:
-            return bool(client.ping())
-        except redis.RedisError:
-            return False
-        finally:
-            client.close()
-
-    def stop(self, timeout: float = 20.0) -> None:
-        """Stop the server cleanly (it writes its append-only file out first)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def restart(self) -> None:
-        """Stop, then start again on the same port with the same data."""
-        self.stop()
-        self.start()
-
-    def log_tail(self) -> str:
-        """The end of the server's log, for failure messages."""
-        path = self.directory / "redis.log"
-        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
+        super().start(timeout)
+        self.wait_loaded(timeout)
 
 
 def postgres_binaries() -> Path | None:

@@ -32,17 +32,23 @@ class OwnRedis:
     load_delay_us: int = 0
     """Redis's own ``key-load-delay``: microseconds per key while it loads its file (a
     long ``LOADING`` phase, answered with ``BusyLoadingError``, from a small file)."""
+    password: str | None = None
+    """``requirepass`` (kept in a 0600 config file, never on the command line); None: none."""
     proc: subprocess.Popen[bytes] | None = None
 
     def url(self, db: int = 0) -> str:
         """The URL of database ``db`` on this server."""
-        return f"redis://127.0.0.1:{self.port}/{db}"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/{db}"
 
     def start(self, timeout: float = 20.0) -> None:
         """Start the server and wait until it accepts connections (it may still be loading)."""
         self.directory.mkdir(parents=True, exist_ok=True)
+        conf = self.directory / "redis.conf"
+        conf.write_text(f'requirepass "{self.password}"\n' if self.password else "")
+        conf.chmod(0o600)
         argv = [
-            str(server_binary()), "--bind", "127.0.0.1", "--port", str(self.port),
+            str(server_binary()), str(conf), "--bind", "127.0.0.1", "--port", str(self.port),
             "--dir", str(self.directory), "--appendonly", "yes", "--appendfsync", "always",
             "--save", "", "--logfile", str(self.directory / "redis.log"),
             "--key-load-delay", str(self.load_delay_us),
@@ -51,7 +57,7 @@ class OwnRedis:
         deadline = time.monotonic() + timeout
         while not self.listens():
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server on {self.port} did not start")
+                raise RuntimeError(f"redis-server on {self.port} did not start: {self.log_tail()}")
             time.sleep(0.02)
 
     def listens(self) -> bool:
@@ -64,7 +70,7 @@ class OwnRedis:
 
     def answers(self) -> bool:
         """Whether the server answers PING now (not while it loads its file)."""
-        client = redis.Redis(port=self.port, socket_timeout=0.5)
+        client = redis.Redis(port=self.port, password=self.password, socket_timeout=0.5)
         try:
             return bool(client.ping())
         except redis.RedisError:
@@ -77,7 +83,16 @@ class OwnRedis:
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.terminate()
-        self.proc.wait(timeout=timeout)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def log_tail(self) -> str:
+        """The end of the server's log, for failure messages."""
+        path = self.directory / "redis.log"
+        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
 
     def wait_loaded(self, timeout: float = 60.0) -> None:
         """Wait until the server has loaded its file and answers."""
