@@ -73,6 +73,8 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str
         redis_db=12,
         AGENT_HEARTBEAT_SECONDS="1",
         AGENT_DOWN_AFTER_SECONDS="5",
+        # a checkpoint every 5 steps, as the job asks: its run is shorter than the 5 s floor
+        CHECKPOINT_MIN_SECONDS="0",
         SCHEDULER_POLICY="tiresias",
         AGENT_STEP_LOG_DIR=str(tmp_path / "steps"),
     )

@@ -243,6 +243,7 @@ def test_an_admin_sets_a_tenants_retention_days(client: Any, make_user: Any, acm
         "slug": "acme",
         "name": acme.name,
         "gpu_quota": 8,
+        "max_queued_jobs": 100,
         "priority_weight": 1.0,
         "profile_jobs": "on",
         "artifact_retention_days": "7",
