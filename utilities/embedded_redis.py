@@ -68,7 +68,8 @@ def server_binary() -> Path:
     return binary
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on loopback now (also what tests use for servers of their own)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -145,7 +146,7 @@ def recorded_url(data_dir: Path) -> str:
     with _locked_state(data_dir) as state_dir:
         port = _read_port(state_dir)
         if port is None:
-            port = _free_port()
+            port = free_port()
             (state_dir / "port").write_text(str(port))
         password = _password(state_dir)
     return _url(port, password)
@@ -206,7 +207,7 @@ def server_config(password: str) -> str:
 
 
 def _start(state_dir: Path, recorded: int | None, password: str, startup_timeout: float) -> int:
-    port = recorded if recorded is not None and _port_is_free(recorded) else _free_port()
+    port = recorded if recorded is not None and _port_is_free(recorded) else free_port()
     (state_dir / "port").write_text(str(port))
     # The password goes in a private file, not on the command line (ps shows that).
     conf = state_dir / "conf"

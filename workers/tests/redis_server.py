@@ -13,14 +13,8 @@ from pathlib import Path
 
 import redis
 
+from utilities.embedded_redis import free_port as free_port  # part of this module's API
 from utilities.embedded_redis import server_binary
-
-
-def free_port() -> int:
-    """A TCP port free on loopback now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
