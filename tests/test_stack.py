@@ -29,14 +29,10 @@ from urllib.parse import urlencode
 import pytest
 import redis
 
+from utilities.embedded_redis import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.stack
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_http(url: str, timeout: float) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import textwrap
 import threading
 import time
@@ -28,6 +27,7 @@ import pytest
 import redis
 from django.conf import settings
 
+from utilities.embedded_redis import free_port
 from workers.agent.agent import Agent
 from workers.agent.config import REPO_ROOT, AgentConfig, SandboxSettings
 from workers.agent.redis_acl import delete_job_user, job_url
@@ -201,12 +201,6 @@ def run_program(
     run_to_exit(agent, sent)
     exited: WorkerExited = sent.of(WorkerExited)[0]
     return agent, sent, exited
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --------------------------------------------------------------------------- secrets
