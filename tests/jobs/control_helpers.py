@@ -18,9 +18,15 @@ DEMO = {"leaves": 2, "spines": 2, "servers_per_leaf": 2, "gpus_per_server": 2}
 
 
 def demo_cluster(spec: dict[str, int] | None = None) -> list[str]:
-    """Load a topology and make every agent alive; return the node names."""
+    """Load a topology and make every agent alive; return the node names.
+
+    The agents' queues start empty: whatever an earlier test or an earlier run
+    left in the shared Redis (signed long ago, so stale) is discarded unread.
+    """
     do_load_topology(spec or DEMO)
     nodes = list(Server.objects.values_list("node", flat=True))
+    for node in nodes:
+        drain_envelopes(node)
     for node in nodes:
         do_heartbeat(node=node, info={"slots": 2}, at=timezone.now())
     return nodes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -10,12 +11,16 @@ from django.db import transaction
 
 from inventory.models import Server
 from inventory.services import do_set_server_state
+from jobs.agent_trust import key_of
 from jobs.control.reports import handle_report
 from jobs.control.tick import run_tick
 from jobs.models import Job, JobCable, JobGpu
 from jobs.services import check_job_spec, do_cancel_job, do_submit_job
+from portal.celery import app
 from tests.jobs.control_helpers import demo_cluster, drain_all
 from workers.elastic.keys import JobKeys
+from workers.protocol import agent_queue
+from workers.signing import seal
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,6 +42,18 @@ def held(job: Job) -> list[int]:
     return list(
         JobGpu.objects.filter(job=job).order_by("rank").values_list("gpu__index", flat=True)
     )
+
+
+def test_commands_left_in_the_queues_by_an_earlier_run_are_discarded() -> None:
+    """The shared Redis keeps what an earlier run left; signed long ago, it must not fail a test."""
+    nodes = demo_cluster()
+    stale = seal({"type": "stop"}, node=nodes[0], key=key_of(nodes[0]), now=time.time() - 3600)
+    with app.connection_for_write() as conn:
+        queue = conn.SimpleQueue(agent_queue(nodes[0]))
+        queue.put([[stale], {}, {}])
+        queue.close()
+    assert demo_cluster() == nodes
+    assert drain_all(nodes) == {n: [] for n in nodes}
 
 
 def test_tick_starts_jobs_on_vclos_and_sends_commands(alice: Any, acme: Any) -> None:
