@@ -93,8 +93,10 @@ def agent_key(env: dict[str, str], node: str) -> str:
     return key_to_text(node_key(master, node))
 
 
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """One stack for the module (a boot costs half a minute); each test starts on an idle cluster."""
+    tmp_path = tmp_path_factory.mktemp("e2e")
     port = free_port()
     env, drop_db = stack_env(tmp_path, redis_db=11)
     proc = start_stack(tmp_path, port, env)
@@ -135,6 +137,20 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
         except subprocess.TimeoutExpired:
             proc.kill()
         drop_db()
+
+
+@pytest.fixture(autouse=True)
+def idle_cluster(stack: dict[str, Any]) -> None:
+    """What an earlier test of the module left (a cancelled job stopping) has ended first."""
+    wait_for(
+        "the cluster to be idle",
+        lambda: all(
+            job["state"] in ("completed", "failed", "cancelled")
+            for job in api(stack, "/api/v1/jobs/?page_size=200")["results"]
+        ),
+        stack,
+        180,
+    )
 
 
 def api(stack: dict[str, Any], path: str, body: dict[str, Any] | None = None) -> Any:
