@@ -191,8 +191,8 @@ def roll_up(rows: Iterable[UsageRow], group_by: str) -> list[dict[str, Any]]:
     columns = GROUP_COLUMNS[group_by]
     totals: dict[tuple[Any, ...], float] = defaultdict(float)
     for row in rows:
-        values = {"day": row.day.isoformat(), "user": row.user, "tenant": row.tenant}
-        values.update({"job": row.job, "job_name": row.job_name})
+        values: dict[str, Any] = {"day": row.day.isoformat(), "user": row.user}
+        values.update({"tenant": row.tenant, "job": row.job, "job_name": row.job_name})
         totals[tuple(values[c] for c in columns)] += row.gpu_seconds
     return [
         {**dict(zip(columns, key, strict=True)), **_amounts(seconds)}
@@ -269,7 +269,7 @@ def job_holdings(
     candidates = jobs.filter(started_at__isnull=False, started_at__lt=end).filter(
         Q(finished_at__isnull=True) | Q(finished_at__gt=since)
     )
-    rows = list(
+    jobs_read: list[Any] = list(
         candidates.order_by("pk").values_list(
             "pk", "name", "tenant__slug", "submitter__username", "parallelism", named=True
         )
@@ -282,10 +282,10 @@ def job_holdings(
     )
     for event in history.iterator(chunk_size=2000):
         events[event.job_id].append(
-            ParallelismEvent(event.at, event.from_parallelism, event.to_parallelism)
+            ParallelismEvent(event.at, event.from_parallelism or 0, event.to_parallelism)
         )
     holdings = []
-    for row in rows:
+    for row in jobs_read:
         changes = changes_from_events(events.get(row.pk, []), row.parallelism)
         intervals = held_intervals(changes, since=since, until=end)
         holdings.append(

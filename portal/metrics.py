@@ -2,9 +2,11 @@
 
 Gauges are computed from the database at scrape time, each by one aggregate
 query whatever the number of jobs (the JCT histogram too: its buckets are
-counted by the database, never by reading every finished job); the tick
-duration is counted where it happens and kept in Redis so that every process
-(web, Celery) contributes to one value.
+counted by the database, never by reading every finished job).  The held
+GPU-seconds per tenant (``portal_gpu_seconds_total``) are summed from the jobs'
+parallelism history (``jobs.usage``): two queries, reading every parallelism
+event once.  The tick duration is counted where it happens and kept in Redis
+so that every process (web, Celery) contributes to one value.
 
 Who may read it: a scraper with ``Authorization: Bearer <METRICS_TOKEN>``, or a
 signed-in cluster admin.  With ``METRICS_TOKEN`` unset only admins may.
@@ -19,14 +21,17 @@ from datetime import timedelta
 from django.conf import settings
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
 from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.metrics_core import HistogramMetricFamily
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily
 
 from inventory.models import Gpu, ServerState
 from jobs.choices import ACTIVE_STATES, EventKind, JobState
 from jobs.control.tick_stats import read_tick_stats
 from jobs.models import Job, JobEvent, JobGpu
+from jobs.usage import gpu_seconds_by_tenant
+from tenancy.models import Tenant
 
 JCT_BUCKETS = (30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
 """Upper bounds (seconds) of the JCT histogram's buckets; ``+Inf`` follows."""
@@ -66,6 +71,28 @@ class _JctCollector:
         yield jct_histogram()
 
 
+def gpu_seconds_counter() -> CounterMetricFamily:
+    """Every GPU-second held per tenant, from the jobs' parallelism history (``jobs.usage``).
+
+    A counter: the total up to the scrape only grows (unless jobs are deleted).
+    Every tenant has a sample, 0 before its first job ran.
+    """
+    totals = gpu_seconds_by_tenant(now=timezone.now())
+    family = CounterMetricFamily(
+        "portal_gpu_seconds", "GPU-seconds held by the tenant's jobs.", labels=["tenant"]
+    )
+    for slug in sorted(set(Tenant.objects.values_list("slug", flat=True)) | set(totals)):
+        family.add_metric([slug], round(totals.get(slug, 0.0), 3))
+    return family
+
+
+class _UsageCollector:
+    """Adds the GPU-seconds counter to a registry."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield gpu_seconds_counter()
+
+
 def build_registry() -> CollectorRegistry:
     """A fresh registry filled from the database."""
     registry = CollectorRegistry()
@@ -86,6 +113,16 @@ def build_registry() -> CollectorRegistry:
     )
     for state in JobState.values:
         by_state.labels(state).set(counts.get(state, 0))
+
+    per_tenant = Gauge(
+        "portal_tenant_jobs", "Jobs by tenant and state.", ["tenant", "state"], registry=registry
+    )
+    for row in (
+        Job.objects.values("tenant__slug", "state")
+        .annotate(n=Count("id"))
+        .values_list("tenant__slug", "state", "n", named=True)
+    ):
+        per_tenant.labels(row.tenant__slug, row.state).set(row.n)
 
     running_parallelism = Gauge(
         "portal_running_gpus_held", "GPUs held by running jobs.", registry=registry
@@ -119,6 +156,7 @@ def build_registry() -> CollectorRegistry:
     )
 
     registry.register(_JctCollector())
+    registry.register(_UsageCollector())
     return registry
 
 
