@@ -4,9 +4,9 @@ Gauges are computed from the database at scrape time, each by one aggregate
 query whatever the number of jobs (the JCT histogram too: its buckets are
 counted by the database, never by reading every finished job).  The held
 GPU-seconds per tenant (``portal_gpu_seconds_total``) are summed from the jobs'
-parallelism history (``jobs.usage``): two queries, reading every parallelism
-event once.  The tick duration is counted where it happens and kept in Redis
-so that every process (web, Celery) contributes to one value.
+parallelism history (``jobs.usage``), also by one aggregate query.  The tick
+duration is counted where it happens and kept in Redis so that every process
+(web, Celery) contributes to one value.
 
 Who may read it: a scraper with ``Authorization: Bearer <METRICS_TOKEN>``, or a
 signed-in cluster admin.  With ``METRICS_TOKEN`` unset only admins may.
@@ -15,7 +15,7 @@ signed-in cluster admin.  With ``METRICS_TOKEN`` unset only admins may.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 
 from django.conf import settings
@@ -31,7 +31,6 @@ from jobs.choices import ACTIVE_STATES, EventKind, JobState
 from jobs.control.tick_stats import read_tick_stats
 from jobs.models import Job, JobEvent, JobGpu
 from jobs.usage import gpu_seconds_by_tenant
-from tenancy.models import Tenant
 
 JCT_BUCKETS = (30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
 """Upper bounds (seconds) of the JCT histogram's buckets; ``+Inf`` follows."""
@@ -71,17 +70,17 @@ class _JctCollector:
         yield jct_histogram()
 
 
-def gpu_seconds_counter() -> CounterMetricFamily:
+def gpu_seconds_counter(tenants: Iterable[str]) -> CounterMetricFamily:
     """Every GPU-second held per tenant, from the jobs' parallelism history (``jobs.usage``).
 
     A counter: the total up to the scrape only grows (unless jobs are deleted).
-    Every tenant has a sample, 0 before its first job ran.
+    Each of ``tenants`` (those with jobs) has a sample, 0 before its first job ran.
     """
     totals = gpu_seconds_by_tenant(now=timezone.now())
     family = CounterMetricFamily(
         "portal_gpu_seconds", "GPU-seconds held by the tenant's jobs.", labels=["tenant"]
     )
-    for slug in sorted(set(Tenant.objects.values_list("slug", flat=True)) | set(totals)):
+    for slug in sorted(set(tenants) | set(totals)):
         family.add_metric([slug], round(totals.get(slug, 0.0), 3))
     return family
 
@@ -89,8 +88,11 @@ def gpu_seconds_counter() -> CounterMetricFamily:
 class _UsageCollector:
     """Adds the GPU-seconds counter to a registry."""
 
+    def __init__(self, tenants: Iterable[str]) -> None:
+        self.tenants = tuple(tenants)
+
     def collect(self) -> Iterator[CounterMetricFamily]:
-        yield gpu_seconds_counter()
+        yield gpu_seconds_counter(self.tenants)
 
 
 def build_registry() -> CollectorRegistry:
@@ -117,12 +119,14 @@ def build_registry() -> CollectorRegistry:
     per_tenant = Gauge(
         "portal_tenant_jobs", "Jobs by tenant and state.", ["tenant", "state"], registry=registry
     )
+    tenants: set[str] = set()
     for row in (
         Job.objects.values("tenant__slug", "state")
         .annotate(n=Count("id"))
         .values_list("tenant__slug", "state", "n", named=True)
     ):
         per_tenant.labels(row.tenant__slug, row.state).set(row.n)
+        tenants.add(row.tenant__slug)
 
     running_parallelism = Gauge(
         "portal_running_gpus_held", "GPUs held by running jobs.", registry=registry
@@ -156,7 +160,7 @@ def build_registry() -> CollectorRegistry:
     )
 
     registry.register(_JctCollector())
-    registry.register(_UsageCollector())
+    registry.register(_UsageCollector(tenants))
     return registry
 
 

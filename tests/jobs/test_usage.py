@@ -7,6 +7,7 @@ The scenario (the clock is Django's ``timezone.now``, moved by the test)::
     T0+600    B (acme, carol), C and D (globex, bob), 2 GPUs each, start;
               A is asked to scale in to 2 (it holds 4 until its switch is done)
     T0+660    A's scale-in is done: 2 GPUs
+    T0+800    B's runtime reports a recovery at 1 worker that the control plane does not apply
     T0+4200   C finishes (a report)             midnight UTC falls at T0+3600
     T0+7200   D is cancelled
     T0+9000   now: A and B still run at 2
@@ -101,6 +102,8 @@ def run_scenario(clock: Clock, make_user: Callable[..., Any], acme: Any, globex:
     kept = [slot.worker_id for slot in JobGpu.objects.filter(job=jobs["A"]).select_related("gpu")]
     assert len(kept) == 2
     assert report(jobs["A"], "scale_done", clock.at(660), world=2, workers=kept) == "scaled"
+    # A runtime claim the control plane does not apply (no worker named dead): B keeps 2.
+    assert report(jobs["B"], "recovered", clock.at(800), mode="approximate", world=1) == "recovered"
     for second in range(900, 4200, 300):
         run_tick(policy="elastic-tiresias", now=clock.at(second))  # nothing moves meanwhile
     assert report(jobs["C"], "finished", clock.at(4200), step=100) == "completed"
