@@ -232,3 +232,20 @@ def test_members_see_their_tenant_only_and_bad_input_is_a_400(
     # Nothing was changed by any of it.
     assert Job.objects.filter(state="running").count() == 2
     assert Client().get("/api/v1/usage/").status_code in (401, 403)
+
+
+def test_no_history_is_zero_and_a_user_without_tenant_sees_nothing(
+    make_user: Callable[..., Any], acme: Any
+) -> None:
+    member = Client()
+    member.force_login(make_user("dave", acme))
+    empty = member.get("/api/v1/usage/", {"group_by": "tenant"}).json()
+    assert empty["rows"] == [] and empty["total"]["gpu_seconds"] == 0
+    csv_text = member.get("/api/v1/usage/", {"format": "csv"}).content.decode()
+    assert csv_text == "day,gpu_seconds,gpu_hours\n"
+    page = member.get("/usage/")
+    assert page.status_code == 200 and page.context["data"]["by_day_user"] == []
+    loner = Client()
+    loner.force_login(make_user("erin"))
+    assert loner.get("/usage/").status_code == 404
+    assert loner.get("/api/v1/usage/", {"group_by": "tenant"}).json()["rows"] == []
