@@ -20,6 +20,8 @@ from __future__ import annotations
 import csv
 import io
 import math
+import random
+from collections import defaultdict
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -32,10 +34,12 @@ from inventory.models import Server
 from inventory.services import do_heartbeat
 from jobs.control.reports import handle_report
 from jobs.control.tick import run_tick
+from jobs.lifecycle import record
 from jobs.models import Job, JobGpu
-from jobs.services import check_job_spec, do_cancel_job, do_submit_job
+from jobs.services import check_job_spec, do_cancel_job, do_set_parallelism, do_submit_job
 from jobs.usage import decayed_usage_by_tenant, gpu_seconds_by_tenant
 from tests.jobs.control_helpers import demo_cluster
+from tests.jobs.steps import move
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -249,3 +253,57 @@ def test_no_history_is_zero_and_a_user_without_tenant_sees_nothing(
     loner.force_login(make_user("erin"))
     assert loner.get("/usage/").status_code == 404
     assert loner.get("/api/v1/usage/", {"group_by": "tenant"}).json()["rows"] == []
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_histories_read_the_same_by_intervals_and_by_aggregate(
+    seed: int, clock: Clock, make_user: Callable[..., Any], acme: Any, globex: Any
+) -> None:
+    """Seeded random lives (start, resize, runtime claims, preemption, ends) through the services.
+
+    The truth is what ``Job.parallelism`` was after each step, integrated here by hand;
+    the row-by-row path (API) and the aggregate one (``/metrics``) must both match it.
+    """
+    rng = random.Random(seed)
+    owners = {"acme": make_user("alice", acme), "globex": make_user("bob", globex)}
+    tenants = {"acme": acme, "globex": globex}
+    truth: dict[str, float] = defaultdict(float)
+    lives: list[tuple[str, list[tuple[int, int]]]] = []  # tenant, (second, GPUs from then on)
+    second = 0
+    for index in range(8):
+        slug = rng.choice(["acme", "globex"])
+        job = submit(owners[slug], tenants[slug], f"r{index}", 1, 1, 4)
+        steps: list[tuple[int, int]] = []
+        for _ in range(rng.randint(1, 8)):
+            second += rng.randint(1, 500)
+            clock.now = T0 + timedelta(seconds=second)
+            current = Job.objects.get(pk=job.pk)
+            if current.state == "queued":
+                move(job_id=job.pk, to_state="running", reason="r", parallelism=rng.randint(1, 4))
+            elif rng.random() < 0.5:
+                do_set_parallelism(job_id=job.pk, parallelism=rng.randint(1, 4), reason="r")
+            elif rng.random() < 0.5:  # recorded as a runtime recovery report records it
+                record(current, "recovered", clock.now, "claim",
+                       from_parallelism=current.parallelism, to_parallelism=rng.randint(1, 4),
+                       data={"step": 1, "generation": 0})  # fmt: skip
+            else:
+                move(job_id=job.pk, to_state="queued", reason="preempted")
+            steps.append((second, Job.objects.get(pk=job.pk).parallelism))
+        if rng.random() < 0.6:  # some end; the others still hold their GPUs at the end
+            second += rng.randint(1, 500)
+            clock.now = T0 + timedelta(seconds=second)
+            move(job_id=job.pk, to_state=rng.choice(["completed", "cancelled"]), reason="end")
+            steps.append((second, 0))
+        lives.append((slug, steps))
+    end = second + 1000
+    clock.now = T0 + timedelta(seconds=end)
+    for slug, steps in lives:
+        for (start, gpus), (stop, _) in zip(steps, [*steps[1:], (end, 0)], strict=True):
+            truth[slug] += gpus * (stop - start)
+
+    admin = Client()
+    admin.force_login(make_user("root", staff=True))
+    api = admin.get("/api/v1/usage/", {"since": "2026-03-01", "group_by": "tenant"}).json()
+    expected = {slug: seconds for slug, seconds in truth.items() if seconds}
+    assert {r["tenant"]: r["gpu_seconds"] for r in api["rows"]} == expected
+    assert {k: v for k, v in gpu_seconds_by_tenant(now=clock.now).items() if v} == expected
