@@ -206,7 +206,7 @@ def roll_up(rows: Iterable[UsageRow], group_by: str) -> list[dict[str, Any]]:
 
 
 def _amounts(seconds: float) -> dict[str, float]:
-    return {"gpu_seconds": round(seconds, 3), "gpu_hours": round(seconds / 3600, 6)}
+    return {"gpu_seconds": round(float(seconds), 3), "gpu_hours": round(seconds / 3600, 6)}
 
 
 def check_range(
