@@ -2,7 +2,9 @@
 
 Gauges are computed from the database at scrape time, each by one aggregate
 query whatever the number of jobs (the JCT histogram too: its buckets are
-counted by the database, never by reading every finished job); the tick
+counted by the database, never by reading every finished job).  The held
+GPU-seconds per tenant (``portal_gpu_seconds_total``) are summed from the jobs'
+parallelism history (``jobs.usage``), also by one aggregate query.  The tick
 duration is counted where it happens and kept in Redis so that every process
 (web, Celery) contributes to one value.
 
@@ -13,20 +15,22 @@ signed-in cluster admin.  With ``METRICS_TOKEN`` unset only admins may.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 
 from django.conf import settings
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
 from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.metrics_core import HistogramMetricFamily
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily
 
 from inventory.models import Gpu, ServerState
 from jobs.choices import ACTIVE_STATES, EventKind, JobState
 from jobs.control.tick_stats import read_tick_stats
 from jobs.models import Job, JobEvent, JobGpu
+from jobs.usage import gpu_seconds_by_tenant
 
 JCT_BUCKETS = (30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
 """Upper bounds (seconds) of the JCT histogram's buckets; ``+Inf`` follows."""
@@ -66,6 +70,31 @@ class _JctCollector:
         yield jct_histogram()
 
 
+def gpu_seconds_counter(tenants: Iterable[str]) -> CounterMetricFamily:
+    """Every GPU-second held per tenant, from the jobs' parallelism history (``jobs.usage``).
+
+    A counter: the total up to the scrape only grows (unless jobs are deleted).
+    Each of ``tenants`` (those with jobs) has a sample, 0 before its first job ran.
+    """
+    totals = gpu_seconds_by_tenant(now=timezone.now())
+    family = CounterMetricFamily(
+        "portal_gpu_seconds", "GPU-seconds held by the tenant's jobs.", labels=["tenant"]
+    )
+    for slug in sorted(set(tenants) | set(totals)):
+        family.add_metric([slug], round(totals.get(slug, 0.0), 3))
+    return family
+
+
+class _UsageCollector:
+    """Adds the GPU-seconds counter to a registry."""
+
+    def __init__(self, tenants: Iterable[str]) -> None:
+        self.tenants = tuple(tenants)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield gpu_seconds_counter(self.tenants)
+
+
 def build_registry() -> CollectorRegistry:
     """A fresh registry filled from the database."""
     registry = CollectorRegistry()
@@ -86,6 +115,18 @@ def build_registry() -> CollectorRegistry:
     )
     for state in JobState.values:
         by_state.labels(state).set(counts.get(state, 0))
+
+    per_tenant = Gauge(
+        "portal_tenant_jobs", "Jobs by tenant and state.", ["tenant", "state"], registry=registry
+    )
+    tenants: set[str] = set()
+    for row in (
+        Job.objects.values("tenant__slug", "state")
+        .annotate(n=Count("id"))
+        .values_list("tenant__slug", "state", "n", named=True)
+    ):
+        per_tenant.labels(row.tenant__slug, row.state).set(row.n)
+        tenants.add(row.tenant__slug)
 
     running_parallelism = Gauge(
         "portal_running_gpus_held", "GPUs held by running jobs.", registry=registry
@@ -119,6 +160,7 @@ def build_registry() -> CollectorRegistry:
     )
 
     registry.register(_JctCollector())
+    registry.register(_UsageCollector(tenants))
     return registry
 
 

@@ -6,7 +6,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from jobs import views as job_views
-from portal import cluster_views, live_views, whatif_views
+from portal import cluster_views, live_views, usage_views, whatif_views
 from portal import views as portal_views
 from portal.metrics import metrics_view
 
@@ -34,6 +34,8 @@ urlpatterns = [
         cluster_views.server_action,
         name="server-action",
     ),
+    path("usage/", usage_views.tenant_usage, name="usage"),
+    path("usage/all/", usage_views.cluster_usage, name="usage-all"),
     path("whatif/", whatif_views.whatif, name="whatif"),
     path("whatif/<str:run_id>/", whatif_views.whatif_run, name="whatif-run"),
     path("whatif/<str:run_id>.json", whatif_views.whatif_run_json, name="whatif-run-json"),

@@ -3,6 +3,7 @@
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
+from jobs.api.usage import UsageView
 from jobs.api.views import JctStatsView, JobViewSet
 from portal.api.tokens import ApiTokenViewSet
 from portal.api.views import MeView, TenantViewSet
@@ -15,5 +16,6 @@ router.register("tokens", ApiTokenViewSet, basename="token")
 urlpatterns = [
     path("me/", MeView.as_view(), name="me"),
     path("stats/jct/", JctStatsView.as_view(), name="jct-stats"),
+    path("usage/", UsageView.as_view(), name="api-usage"),
     path("", include(router.urls)),
 ]
