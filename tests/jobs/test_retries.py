@@ -32,6 +32,7 @@ from tenancy.models import Tenant
 from tests.conftest import job_body
 from tests.jobs.control_helpers import demo_cluster, drain_all
 from tests.jobs.test_programs import exited, submit_program
+from tests.jobs.test_reconcile import at, heartbeat, hosts, placed
 from workers.artifacts import ArtifactStore
 from workers.elastic.checkpoint import Checkpoints
 
@@ -111,6 +112,12 @@ def test_a_failing_program_is_retried_max_restarts_times_then_fails(
     run_tick(policy="fifo")
     job.refresh_from_db()
     assert job.state == "failed"  # never requeued again
+    # The job page's history and Settings card say what happened.
+    client = Client()
+    client.force_login(alice)
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "Requeued after a failure" in page and "retried (attempt 3 of 3)" in page
+    assert "2 of 2 used" in page and "(after 2 restarts)" in page
 
 
 def test_without_restarts_a_failure_fails_the_job_as_before(alice: Any, acme: Any) -> None:
@@ -184,8 +191,6 @@ def test_a_preemption_does_not_count(alice: Any, acme: Any, bob: Any, globex: An
 def test_a_reconcile_requeue_does_not_use_a_restart(
     alice: Any, acme: Any, store: Path, settings: Any
 ) -> None:
-    from tests.jobs.test_reconcile import at, heartbeat, hosts, placed
-
     settings.RECONCILE_SECONDS = 15.0
     job, nodes, start = placed(alice, acme, job=submit(alice, acme, max_restarts=1))
     heartbeat(nodes, at(2, start), {hosts(job)[0]: [job]})
