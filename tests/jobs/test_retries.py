@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
 from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -390,3 +392,26 @@ def test_a_tenant_cannot_see_or_change_another_tenants_limits(
     assert refused.status_code == 405
     limited.refresh_from_db()
     assert limited.max_restarts_ceiling == 3
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"default_max_restarts": 5, "max_restarts_ceiling": 3},
+        {"default_max_runtime_s": 7200, "max_runtime_ceiling_s": 3600},
+        {"default_max_runtime_s": 0},
+        {"max_runtime_ceiling_s": 0},
+    ],
+)
+def test_a_tenant_default_above_its_ceiling_is_refused(
+    acme: Tenant, fields: dict[str, int]
+) -> None:
+    """The admin form validates the model's constraints; the database holds them too."""
+    for name, value in fields.items():
+        setattr(acme, name, value)
+    with pytest.raises(ValidationError):
+        acme.full_clean()
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Tenant.objects.filter(pk=acme.pk).update(**fields)
+    acme.refresh_from_db()
+    assert (acme.default_max_restarts, acme.default_max_runtime_s) == (0, None)
