@@ -7,8 +7,9 @@ frees are placed in the same tick)::
 
     running/scaling job, started_at + max_runtime_s <= now
       └─ StopJob to its nodes (after commit): the runtime stops every worker at an
-         agreed mini-batch after a last checkpoint; a torchrun program gets SIGTERM
-         and its grace period to write its own
+         agreed mini-batch after a last checkpoint (forced: the CHECKPOINT_MIN_SECONDS
+         floor of periodic ones does not apply); a torchrun program gets SIGTERM and
+         its grace period to write its own
       └─ GPUs released, service accounted, failed: "run-time limit reached"
 
 The job ends ``failed`` at once, as a cancel ends ``cancelled``: its last
