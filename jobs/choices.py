@@ -47,6 +47,8 @@ class EventKind(models.TextChoices):
     NOTE = "note", "Note"
     WARNING = "warning", "Warning"
     EXPIRED = "expired", "Outputs expired"
+    RETRIED = "retried", "Requeued after a failure"
+    LIMITS = "limits", "Restart or run-time limit changed"
 
 
 class ArtifactKind(models.TextChoices):

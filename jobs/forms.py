@@ -83,6 +83,20 @@ class JobForm(forms.Form):
     checkpoint_interval = forms.IntegerField(
         min_value=1, initial=50, label="Checkpoint every (mini-batches)"
     )
+    max_restarts = forms.IntegerField(
+        min_value=0,
+        required=False,
+        label="Restarts",
+        help_text="Times a failed program is requeued from its latest checkpoint. "
+        "Empty: your tenant's default.",
+    )
+    max_runtime_s = forms.IntegerField(
+        min_value=1,
+        required=False,
+        label="Run-time limit (s)",
+        help_text="Wall clock since the first start; then the job stops with a final checkpoint "
+        "and fails. Empty: your tenant's default.",
+    )
 
     def __init__(self, *args: Any, tenants: Any, user: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

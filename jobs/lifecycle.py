@@ -65,13 +65,21 @@ def record(job: Job, kind: str, at: datetime, reason: str = "", **fields: Any) -
 
 
 def transition(
-    job: Job, to_state: str, *, reason: str, at: datetime, parallelism: int | None = None
+    job: Job,
+    to_state: str,
+    *,
+    reason: str,
+    at: datetime,
+    parallelism: int | None = None,
+    kind: str | None = None,
 ) -> None:
     """Move ``job`` to ``to_state`` (saving the whole job) and record why.
 
     Refuses unknown states (``JobValidationError``) and transitions the
     lifecycle table does not allow (``JobConflictError``).  A job that leaves the
-    GPUs (queued or terminal) holds no parallelism.
+    GPUs (queued or terminal) holds no parallelism.  The event is a state change,
+    or a preemption when a running job goes back to the queue, unless ``kind``
+    names another (a retry after a failure is no preemption).
     """
     if to_state not in JobState.values:
         raise JobValidationError(f"unknown state {to_state!r}")
@@ -94,7 +102,7 @@ def transition(
     preempted = from_state in (JobState.RUNNING, JobState.SCALING) and to_state == JobState.QUEUED
     record(
         job,
-        EventKind.PREEMPTED if preempted else EventKind.STATE,
+        kind or (EventKind.PREEMPTED if preempted else EventKind.STATE),
         at,
         reason,
         from_state=from_state,

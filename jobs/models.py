@@ -6,6 +6,8 @@ is written as a JobEvent by the services in ``jobs.services`` (the only writers)
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 from django.conf import settings
 from django.db import models
 
@@ -60,6 +62,18 @@ class Job(models.Model):
     )
     checkpoint_interval = models.PositiveIntegerField(
         default=50, help_text="Mini-batches between checkpoints (consistent recovery)."
+    )
+    max_restarts = models.PositiveIntegerField(
+        default=0, help_text="Times a failed program is requeued before the job fails."
+    )
+    restarts = models.PositiveIntegerField(
+        default=0, help_text="Restarts used: requeues after the program failed."
+    )
+    max_runtime_s = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Seconds of wall clock since the first start before the job is stopped "
+        "(null: no limit).",
     )
     state = models.CharField(
         max_length=10, choices=JobState.choices, default=JobState.PENDING, db_index=True
@@ -125,6 +139,10 @@ class Job(models.Model):
             models.CheckConstraint(
                 condition=models.Q(attained_gpu_seconds__gte=0), name="job_service_nonnegative"
             ),
+            models.CheckConstraint(
+                condition=models.Q(max_runtime_s__isnull=True) | models.Q(max_runtime_s__gte=1),
+                name="job_runtime_limit_positive",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -141,6 +159,18 @@ class Job(models.Model):
         if not self.code_id:
             return self.workload
         return f"{self.launcher}: {self.entrypoint}"
+
+    @property
+    def restarts_left(self) -> int:
+        """How many more times a failed program will be requeued."""
+        return max(self.max_restarts - self.restarts, 0)
+
+    @property
+    def runtime_deadline(self) -> datetime | None:
+        """When the run-time limit stops the job (None: no limit, or not started yet)."""
+        if self.max_runtime_s is None or self.started_at is None:
+            return None
+        return self.started_at + timedelta(seconds=self.max_runtime_s)
 
     @property
     def jct_seconds(self) -> float | None:

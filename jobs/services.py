@@ -37,6 +37,8 @@ MAX_GPUS_PER_JOB = 4096
 MAX_BATCH_SIZE = 1 << 20
 MAX_ARGS_BYTES = 4096
 NAME_MAX = 100
+MAX_RESTARTS = 100
+MAX_RUNTIME_S = 366 * 24 * 3600  # a year: anything longer is a typo, not a limit
 PROGRAM_BATCH_SIZE = 256  # a program's default global batch (edl: the runtime's batch)
 JOB_FIELDS = (
     "name",
@@ -49,6 +51,8 @@ JOB_FIELDS = (
     "priority",
     "recovery",
     "checkpoint_interval",
+    "max_restarts",
+    "max_runtime_s",
     *PROGRAM_FIELDS,
 )
 
@@ -68,6 +72,8 @@ class JobSpec:
     recovery: str
     checkpoint_interval: int
     program: ProgramSpec | None = None
+    max_restarts: int = 0
+    max_runtime_s: int | None = None
 
 
 class _Errors:
@@ -149,6 +155,52 @@ def _check_workload(data: Mapping[str, Any], errors: _Errors) -> tuple[str, dict
     return workload, args
 
 
+def default_limits(tenant: Tenant) -> tuple[int, int | None]:
+    """The restarts and run-time limit a job of ``tenant`` gets when its submission names none.
+
+    The tenant's defaults; with no default run-time limit but a ceiling, the
+    ceiling (a job of a tenant with a ceiling never runs without a limit).
+    """
+    runtime = tenant.default_max_runtime_s or tenant.max_runtime_ceiling_s
+    return tenant.default_max_restarts, runtime
+
+
+def _check_ceilings(
+    tenant: Tenant, max_restarts: int | None, max_runtime_s: int | None, errors: _Errors
+) -> None:
+    """Refuse limits above the tenant's ceilings (``None``: not asked for, nothing to check)."""
+    ceiling = tenant.max_restarts_ceiling
+    if max_restarts is not None and ceiling is not None and max_restarts > ceiling:
+        errors.add(
+            "max_restarts",
+            f"Tenant {tenant.slug} allows at most {ceiling} restarts per job, not {max_restarts}.",
+        )
+    longest = tenant.max_runtime_ceiling_s
+    if max_runtime_s is not None and longest is not None and max_runtime_s > longest:
+        errors.add(
+            "max_runtime_s",
+            f"Tenant {tenant.slug} allows a run-time limit of at most {longest} s, "
+            f"not {max_runtime_s} s.",
+        )
+
+
+def _check_limits(
+    tenant: Tenant, data: Mapping[str, Any], errors: _Errors
+) -> tuple[int | None, int | None]:
+    """A submission's ``max_restarts`` and ``max_runtime_s``: given, or the tenant's defaults.
+
+    Either may be left out (or empty/null) for the tenant's default; a value
+    above the tenant's ceiling is refused.
+    """
+    restarts_default, runtime_default = default_limits(tenant)
+    restarts = _int_field(data, errors, "max_restarts", 0, MAX_RESTARTS, restarts_default)
+    runtime = runtime_default
+    if data.get("max_runtime_s") not in (None, ""):
+        runtime = _int_field(data, errors, "max_runtime_s", 1, MAX_RUNTIME_S, None)
+    _check_ceilings(tenant, restarts, runtime, errors)
+    return restarts, runtime
+
+
 def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
     """Validate a submission for ``tenant`` and return it normalized.
 
@@ -157,7 +209,9 @@ def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
     tenant's code bundles, an entrypoint in it, a launcher and the user's
     variables (``jobs.program_spec``); ``1 <= min_gpus <= gpus <=
     max_gpus``; requested GPUs within the tenant's quota; a global batch of at
-    least one sample per GPU at ``max_gpus``; priority 0-100; a recovery mode.
+    least one sample per GPU at ``max_gpus``; priority 0-100; a recovery mode;
+    restarts (0-100) and a run-time limit (seconds) within the tenant's
+    ceilings, the tenant's defaults when left out (``default_limits``).
     """
     errors = _Errors()
     unknown = sorted(str(key) for key in data if key not in JOB_FIELDS and key != "tenant")
@@ -195,6 +249,7 @@ def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
     batch_size = _int_field(data, errors, "batch_size", 1, MAX_BATCH_SIZE, default_batch)
     priority = _int_field(data, errors, "priority", 0, 100, 50)
     interval = _int_field(data, errors, "checkpoint_interval", 1, 1_000_000, 50)
+    max_restarts, max_runtime_s = _check_limits(tenant, data, errors)
 
     recovery = data.get("recovery") or RecoveryMode.CONSISTENT
     if recovery not in RecoveryMode.values:
@@ -220,6 +275,7 @@ def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
     errors.raise_if_any()
     assert gpus is not None and min_gpus is not None and max_gpus is not None
     assert batch_size is not None and priority is not None and interval is not None
+    assert max_restarts is not None
     return JobSpec(
         name=name.strip(),
         workload=workload,
@@ -232,6 +288,8 @@ def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
         recovery=str(recovery),
         checkpoint_interval=interval,
         program=program,
+        max_restarts=max_restarts,
+        max_runtime_s=max_runtime_s,
     )
 
 
@@ -296,6 +354,8 @@ def do_submit_job(
         priority=spec.priority,
         recovery=spec.recovery,
         checkpoint_interval=spec.checkpoint_interval,
+        max_restarts=spec.max_restarts,
+        max_runtime_s=spec.max_runtime_s,
         submitted_at=now,
         **_program_fields(spec.program),
     )
@@ -368,8 +428,16 @@ def do_update_job(
     priority: int | None = None,
     min_gpus: int | None = None,
     max_gpus: int | None = None,
+    max_restarts: int | None = None,
+    max_runtime_s: int | None = None,
 ) -> Job:
-    """Change a job's priority or elastic range; the requested GPUs must stay inside the range."""
+    """Change a job's priority, elastic range, restarts or run-time limit.
+
+    The requested GPUs must stay inside the range; restarts and the run-time
+    limit obey the same bounds and tenant ceilings as at submission.  A
+    run-time limit the running job has already passed stops it at the next
+    tick.  ``None`` leaves a setting as it is.
+    """
     job: Job = Job.objects.select_for_update().select_related("tenant").get(pk=job_id)
     _check_writable(user, job)
     if job.state in TERMINAL_STATES:
@@ -389,6 +457,11 @@ def do_update_job(
         errors.add("non_field_errors", f"The range must contain the {job.gpus} requested GPUs.")
     if new_max > job.batch_size:
         errors.add("max_gpus", "The global batch needs at least one sample per GPU.")
+    if max_restarts is not None and not 0 <= max_restarts <= MAX_RESTARTS:
+        errors.add("max_restarts", f"Must be between 0 and {MAX_RESTARTS}.")
+    if max_runtime_s is not None and not 1 <= max_runtime_s <= MAX_RUNTIME_S:
+        errors.add("max_runtime_s", f"Must be between 1 and {MAX_RUNTIME_S}.")
+    _check_ceilings(job.tenant, max_restarts, max_runtime_s, errors)
     errors.raise_if_any()
     now = timezone.now()
     if priority is not None and priority != job.priority:
@@ -409,9 +482,29 @@ def do_update_job(
             data={"from": [job.min_gpus, job.max_gpus], "to": [new_min, new_max]},
         )
         job.min_gpus, job.max_gpus = new_min, new_max
+    _update_limits(job, max_restarts, max_runtime_s, now)
     job.save()
     broadcast(job, "job.updated")
     return job
+
+
+def _update_limits(
+    job: Job, max_restarts: int | None, max_runtime_s: int | None, now: datetime
+) -> None:
+    """Set checked restarts and run-time limit on ``job`` (saved by the caller), with an event."""
+    changes: list[str] = []
+    data: dict[str, Any] = {}
+    if max_restarts is not None and max_restarts != job.max_restarts:
+        changes.append(f"restarts {job.max_restarts} → {max_restarts}")
+        data["max_restarts"] = {"from": job.max_restarts, "to": max_restarts}
+        job.max_restarts = max_restarts
+    if max_runtime_s is not None and max_runtime_s != job.max_runtime_s:
+        before = "none" if job.max_runtime_s is None else f"{job.max_runtime_s} s"
+        changes.append(f"run-time limit {before} → {max_runtime_s} s")
+        data["max_runtime_s"] = {"from": job.max_runtime_s, "to": max_runtime_s}
+        job.max_runtime_s = max_runtime_s
+    if changes:
+        record(job, EventKind.LIMITS, now, ", ".join(changes), data=data)
 
 
 def tenant_jct_stats(tenant: Tenant, since: datetime | None = None) -> JctStats:
@@ -434,6 +527,7 @@ __all__ = [
     "check_job_spec",
     "check_queue_room",
     "cluster_jct_stats",
+    "default_limits",
     "do_cancel_job",
     "do_set_parallelism",
     "do_submit_job",

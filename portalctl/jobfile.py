@@ -33,6 +33,8 @@ JOB_FILE_FIELDS = (
     "priority",
     "recovery",
     "checkpoint_interval",
+    "max_restarts",
+    "max_runtime_s",
     "code",
     "entrypoint",
     "launcher",

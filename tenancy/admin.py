@@ -23,6 +23,10 @@ class TenantAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "profile_jobs",
         "artifact_retention_days",
         "log_retention_days",
+        "default_max_restarts",
+        "max_restarts_ceiling",
+        "default_max_runtime_s",
+        "max_runtime_ceiling_s",
     ]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]

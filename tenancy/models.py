@@ -92,6 +92,27 @@ class Tenant(models.Model):
         help_text="Most jobs this tenant may have waiting (pending or queued) at once; "
         "a submission beyond it is refused.",
     )
+    default_max_restarts = models.PositiveIntegerField(
+        default=0, help_text="Restarts a job gets when its submission names none."
+    )
+    max_restarts_ceiling = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Most restarts a job may ask for; empty = no ceiling.",
+    )
+    default_max_runtime_s = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Run-time limit (seconds since the first start) a job gets when its "
+        "submission names none; empty = the ceiling, or no limit.",
+    )
+    max_runtime_ceiling_s = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Longest run-time limit a job may ask for, in seconds; empty = no ceiling.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = TenantQuerySet.as_manager()
@@ -112,6 +133,27 @@ class Tenant(models.Model):
                 condition=models.Q(log_retention_days__isnull=True)
                 | models.Q(log_retention_days__gte=1),
                 name="tenant_log_retention_positive",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(max_restarts_ceiling__isnull=True)
+                | models.Q(default_max_restarts__lte=models.F("max_restarts_ceiling")),
+                name="tenant_restarts_default_within_ceiling",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(default_max_runtime_s__isnull=True)
+                | models.Q(default_max_runtime_s__gte=1),
+                name="tenant_runtime_default_positive",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(max_runtime_ceiling_s__isnull=True)
+                | models.Q(max_runtime_ceiling_s__gte=1),
+                name="tenant_runtime_ceiling_positive",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(max_runtime_ceiling_s__isnull=True)
+                | models.Q(default_max_runtime_s__isnull=True)
+                | models.Q(default_max_runtime_s__lte=models.F("max_runtime_ceiling_s")),
+                name="tenant_runtime_default_within_ceiling",
             ),
         ]
 

@@ -9,7 +9,7 @@ from rest_framework import serializers
 from bundles.models import CodeBundle
 from jobs.choices import Launcher, RecoveryMode
 from jobs.models import Artifact, Job, JobEvent
-from jobs.services import JOB_FIELDS, MAX_GPUS_PER_JOB
+from jobs.services import JOB_FIELDS, MAX_GPUS_PER_JOB, MAX_RESTARTS, MAX_RUNTIME_S
 from tenancy.models import Tenant
 from workers.catalog import WORKLOADS
 
@@ -31,6 +31,9 @@ class JobSerializer(serializers.ModelSerializer[Job]):
         slug_field="slug", read_only=True
     )
     jct_seconds = serializers.FloatField(read_only=True, allow_null=True)
+    runtime_deadline = serializers.DateTimeField(
+        read_only=True, allow_null=True, help_text="When the run-time limit stops the job."
+    )
     code: serializers.SlugRelatedField[CodeBundle] = serializers.SlugRelatedField(
         slug_field="sha256", read_only=True, allow_null=True
     )
@@ -54,6 +57,8 @@ class JobSerializer(serializers.ModelSerializer[Job]):
             "loss",
             "throughput_curve",
             "generation",
+            "restarts",
+            "runtime_deadline",
             "tenant",
         ]
         read_only_fields = fields
@@ -93,6 +98,21 @@ class JobCreateSerializer(serializers.Serializer[Job]):
     priority = serializers.IntegerField(min_value=0, max_value=100, required=False)
     recovery = serializers.ChoiceField(choices=RecoveryMode.choices, required=False)
     checkpoint_interval = serializers.IntegerField(min_value=1, required=False)
+    max_restarts = serializers.IntegerField(
+        min_value=0,
+        max_value=MAX_RESTARTS,
+        required=False,
+        help_text="Times a failed program is requeued (from its latest checkpoint) before the "
+        "job fails; default: the tenant's, at most its ceiling.",
+    )
+    max_runtime_s = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_RUNTIME_S,
+        required=False,
+        allow_null=True,
+        help_text="Seconds of wall clock since the first start; then the job is stopped with a "
+        "final checkpoint and fails. Default: the tenant's, at most its ceiling.",
+    )
     tenant = serializers.SlugField(
         required=False, help_text="Tenant slug; required only if you belong to several."
     )
@@ -110,6 +130,8 @@ class JobUpdateSerializer(serializers.Serializer[Job]):
     priority = serializers.IntegerField(min_value=0, max_value=100, required=False)
     min_gpus = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_JOB, required=False)
     max_gpus = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_JOB, required=False)
+    max_restarts = serializers.IntegerField(min_value=0, max_value=MAX_RESTARTS, required=False)
+    max_runtime_s = serializers.IntegerField(min_value=1, max_value=MAX_RUNTIME_S, required=False)
 
 
 CANCEL_REASON_MAX = 200

@@ -155,7 +155,7 @@ class JobViewSet(
 
     @extend_schema(request=JobUpdateSerializer, responses=JobSerializer)
     def partial_update(self, request: Request, pk: str | None = None) -> Response:
-        """Change a job's priority or elastic range (also while it runs)."""
+        """Change a job's priority, elastic range, restarts or run-time limit (also while it runs)."""
         job = self.get_object()
         body = _object_body(request, set(JobUpdateSerializer().fields))
         fields = JobUpdateSerializer(data=body)

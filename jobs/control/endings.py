@@ -1,17 +1,34 @@
-"""How a running job ends, whoever noticed: completed or failed.
+"""How a running job ends, whoever noticed: completed, failed, or retried.
 
 Shared by the runtime's reports (``finished``/``failed`` events) and by the
 exits of a torchrun program's processes (``jobs.control.program_exits``), so a
 job ends one way: service accounted, GPUs released (and workers stopped when
 some may still run), state and reason recorded, the next tick asked for.
+
+A program that fails is retried while the job has restarts left
+(``Job.max_restarts``)::
+
+    program failed ── restarts < max_restarts? ── yes ─▶ queued (event "retried",
+                  │                                     attempt k+1 of max+1), resumes
+                  │                                     from its latest checkpoint
+                  └─ no ─▶ failed ("... after N restarts" when it had any)
+
+Only a failure of the program counts: losing a server, reconcile's requeue
+and preemption requeue a job without touching ``restarts``, and a job stopped
+at its run-time limit (``jobs.control.limits``) fails without a retry.
 """
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime, timedelta
 
+from django.db import transaction
+
 from jobs import holdings
-from jobs.choices import JobState
+from jobs.choices import ACTIVE_STATES, EventKind, JobState
+from jobs.control.resume import rewind_to_checkpoint, stored_checkpoints
+from jobs.coordination import forget_coordination
 from jobs.lifecycle import broadcast, request_tick, transition
 from jobs.models import Job
 from jobs.outbox import Outbox
@@ -45,3 +62,42 @@ def fail_job(job: Job, error: str, now: datetime) -> None:
     outbox.send_on_commit()
     broadcast(job, "job.updated")
     request_tick()
+
+
+def _restarts(n: int) -> str:
+    return f"{n} restart" if n == 1 else f"{n} restarts"
+
+
+def fail_or_retry(job: Job, error: str, now: datetime) -> str:
+    """The job's program failed: requeue it while restarts remain, else fail it.
+
+    Returns ``"retried"`` or ``"failed"``; a job that is not running (already
+    requeued or ended: a late or repeated report of the same failure) is left
+    alone (``"stale"``), so one failure never uses two restarts.
+    """
+    if job.state not in ACTIVE_STATES:
+        return "stale"
+    if job.restarts >= job.max_restarts:
+        if job.restarts:
+            error = f"{error} (after {_restarts(job.restarts)})"
+        fail_job(job, error, now)
+        return "failed"
+    outbox = Outbox()
+    accrue_service(job, now)  # saved with the transition below
+    outbox.stop_workers(job, holdings.release(job), reason="program failed: restarting")
+    job.restarts += 1
+    resume = rewind_to_checkpoint(job, stored_checkpoints(job))
+    attempt = f"attempt {job.restarts + 1} of {job.max_restarts + 1}"
+    transition(
+        job,
+        JobState.QUEUED,
+        at=now,
+        kind=EventKind.RETRIED,
+        reason=f"retried ({attempt}): requeued, {resume}; the program failed: {error}",
+    )
+    outbox.send_on_commit()
+    # The failed run's coordination keys would make the next run wait for a dead leader.
+    transaction.on_commit(functools.partial(forget_coordination, job.pk))
+    broadcast(job, "job.updated")
+    request_tick()
+    return "retried"

@@ -6,7 +6,8 @@ ends from its processes' exits:
 
 * every worker of the current run exits 0 → completed;
 * any worker of the current run crashes (non-zero exit, a signal, a sandbox
-  limit) → failed, with the agent's diagnosis and the last line it printed;
+  limit) → failed, with the agent's diagnosis and the last line it printed
+  (or requeued while the job has restarts left: ``endings.fail_or_retry``);
 * exits of an earlier run (stopped for a resize) change nothing.
 
 An ``edl`` program whose worker crashes before the job made any progress
@@ -22,7 +23,7 @@ from datetime import datetime
 from jobs import holdings
 from jobs.agent_commands import worker_id
 from jobs.choices import ACTIVE_STATES, EventKind, JobState
-from jobs.control.endings import complete_job, fail_job
+from jobs.control.endings import complete_job, fail_or_retry
 from jobs.lifecycle import broadcast, record, save_fields, transition
 from jobs.models import Job
 from workers.protocol import Started, WorkerExited
@@ -81,6 +82,6 @@ def _why(report: WorkerExited) -> str:
 
 
 def _fail(job: Job, why: str, now: datetime) -> str:
+    """The program failed: retried while the job has restarts left, else the job fails."""
     record(job, EventKind.NOTE, now, reason=why[:500])
-    fail_job(job, why, now)
-    return "failed"
+    return fail_or_retry(job, why, now)

@@ -54,9 +54,9 @@ from inventory.models import Server, ServerState
 from inventory.services import beat_at, jobs_seen
 from jobs import holdings
 from jobs.agent_commands import runtime_job_name
-from jobs.artifacts import artifact_store, prefix_of
 from jobs.choices import EventKind, JobState
 from jobs.control.endings import complete_job
+from jobs.control.resume import rewind_to_checkpoint, stored_checkpoints
 from jobs.control.state import ClusterState
 from jobs.coordination import forget_coordination
 from jobs.lifecycle import broadcast, transition
@@ -214,31 +214,6 @@ def _server_beats(nodes: Iterable[str]) -> dict[str, ServerBeats]:
     return beats
 
 
-@dataclass(frozen=True)
-class StoredCheckpoints:
-    """What the job's store holds: its newest complete checkpoint and whether one is final."""
-
-    latest_step: int | None
-    final_step: int | None
-
-
-def stored_checkpoints(job: Job) -> StoredCheckpoints:
-    """Read the manifests of ``job``'s checkpoints from the artifact store (no tensors loaded)."""
-    # torch comes with the checkpoint module: imported only when a job needs this.
-    from workers.elastic.checkpoint import Checkpoints
-
-    try:
-        manifests, _ = Checkpoints(artifact_store().child(prefix_of(job))).manifests()
-    except OSError as exc:
-        log.warning("cannot read the checkpoints of job %s: %s", job.pk, exc)
-        return StoredCheckpoints(None, None)
-    finals = [m.step for m in manifests if m.final]
-    return StoredCheckpoints(
-        latest_step=manifests[0].step if manifests else None,
-        final_step=max(finals) if finals else None,
-    )
-
-
 def _requeue_or_complete(job: Job, orphan: Orphan, now: datetime) -> None:
     where = ", ".join(orphan.nodes)
     silence = f"no process on {where} for {orphan.silent_s:.0f} s"
@@ -253,14 +228,7 @@ def _requeue_or_complete(job: Job, orphan: Orphan, now: datetime) -> None:
         complete_job(job, why, now)
     else:
         holdings.release(job)  # nothing runs: nothing to stop
-        if stored.latest_step is not None:
-            resume = f"resumes from step {stored.latest_step}"
-            job.step = stored.latest_step  # saved with the transition
-        elif job.restarts_to_resize:  # a torchrun program keeps its own checkpoints
-            resume = "the program resumes from its CHECKPOINT_DIR"
-        else:
-            resume = "no checkpoint stored: restarts from step 0"
-            job.step = 0
+        resume = rewind_to_checkpoint(job, stored)  # the step is saved with the transition
         transition(job, JobState.QUEUED, at=now, reason=f"{silence}: requeued, {resume}")
         broadcast(job, "job.updated")
     # A dead run's coordination keys (leader, generation, members) would make the

@@ -25,7 +25,7 @@ from jobs import agent_trust, holdings
 from jobs.agent_commands import job_id_from_name
 from jobs.choices import ACTIVE_STATES, TERMINAL_STATES, EventKind, JobState
 from jobs.control import outputs, program_exits
-from jobs.control.endings import accrue_service, complete_job, fail_job
+from jobs.control.endings import accrue_service, complete_job, fail_or_retry
 from jobs.control.logs import log_lines
 from jobs.control.report_time import report_time as _at
 from jobs.lifecycle import broadcast, record, record_metric, request_tick, save_fields, transition
@@ -319,10 +319,10 @@ def _finished(job: Job, report: Finished) -> str:
 
 
 def _failed(job: Job, report: Failed) -> str:
+    """The runtime (or the agent) says the job failed: retried while restarts remain."""
     if job.state in TERMINAL_STATES:
         return "noted"
-    fail_job(job, report.error, _at(report))
-    return "failed"
+    return fail_or_retry(job, report.error, _at(report))
 
 
 def _worker_exited(job: Job, report: WorkerExited) -> str:

@@ -7,6 +7,8 @@
         1b. reconcile: running jobs that no heartbeat of their live servers has listed
            for RECONCILE_SECONDS have no process → requeued (resume from their latest
            checkpoint) or, with a final checkpoint stored, completed (jobs.control.reconcile)
+        1c. jobs past their run-time limit → stopped after a final checkpoint, failed
+           (jobs.control.limits)
         2. jobs on draining servers → migrate (same size, other GPUs, one switch)
         3. snapshot → policy (scheduler/) → bind on the vClos allocator (fabric/)
            → GPU/cable rows, states, events
@@ -38,6 +40,7 @@ from jobs import holdings
 from jobs.agent_commands import job_id_from_name, runtime_job_name
 from jobs.choices import EventKind, JobState
 from jobs.control.apply import apply_bound, note_waiting
+from jobs.control.limits import stop_jobs_at_limit
 from jobs.control.reconcile import reconcile
 from jobs.control.state import ClusterState, build_snapshot, load_allocator, read_cluster
 from jobs.control.tick_stats import record_tick
@@ -139,6 +142,10 @@ def _tick(policy_name: str, now: datetime) -> TickResult:
     orphaned = reconcile(cluster, now)
     if orphaned:
         changed += orphaned
+        cluster = read_cluster() or cluster
+    overdue = stop_jobs_at_limit(now, outbox)
+    if overdue:
+        changed += overdue
         cluster = read_cluster() or cluster
     drain_refused: list[Refused] = []
     drains = _drain_decisions(cluster)

@@ -18,7 +18,18 @@ class TenantSerializer(serializers.ModelSerializer[Tenant]):
 
     class Meta:
         model = Tenant
-        fields = ["slug", "name", "gpu_quota", "priority_weight", "role", "gpus_in_use"]
+        fields = [
+            "slug",
+            "name",
+            "gpu_quota",
+            "priority_weight",
+            "role",
+            "gpus_in_use",
+            "default_max_restarts",
+            "max_restarts_ceiling",
+            "default_max_runtime_s",
+            "max_runtime_ceiling_s",
+        ]
         read_only_fields = fields
 
     def get_role(self, tenant: Tenant) -> str | None:
