@@ -10,6 +10,8 @@
   const COLOURS = ["#2f6fed", "#e4572e", "#17a398", "#9b5de5", "#f3a712", "#d81159", "#5c677d", "#8ac926"];
   const hours = (s) => s / 3600;
   const axis = { gridcolor: "#e3e6eb" };
+  // plotly.js 4 reads a title only in its object form; plain numbers, never "400µ".
+  const hoursAxis = Object.assign({ title: { text: "GPU-hours" }, rangemode: "tozero", tickformat: ",.3~r", automargin: true }, axis);
 
   function empty(id, text) {
     document.getElementById(id).replaceChildren(el("p", { class: "chart-empty" }, text));
@@ -22,13 +24,13 @@
       const rows = data.by_day_user.filter((r) => r.user === user);
       return { type: "bar", name: user, x: rows.map((r) => r.day), y: rows.map((r) => hours(r.gpu_seconds)), marker: { color: COLOURS[i % COLOURS.length] } };
     });
-    Plotly.newPlot("usage-by-day", traces, plotLayout({ barmode: "stack", showlegend: true, legend: { orientation: "h", y: -0.25 }, height: 320, margin: { l: 50, r: 16, t: 10, b: 80 }, xaxis: Object.assign({ type: "date" }, axis), yaxis: Object.assign({ title: "GPU-hours", rangemode: "tozero" }, axis) }), config);
+    Plotly.newPlot("usage-by-day", traces, plotLayout({ barmode: "stack", showlegend: true, legend: { orientation: "h", y: -0.35 }, height: 320, margin: { l: 70, r: 16, t: 10, b: 90 }, xaxis: Object.assign({ type: "category", title: { text: "Day (UTC)" } }, axis), yaxis: hoursAxis }), config);
   }
 
   function byUser() {
     if (!data.by_user.length) return empty("usage-by-user", "No GPUs held in this range.");
     const rows = data.by_user.slice().sort((a, b) => b.gpu_seconds - a.gpu_seconds);
-    Plotly.newPlot("usage-by-user", [{ type: "bar", orientation: "h", x: rows.map((r) => hours(r.gpu_seconds)), y: rows.map((r) => r.user), marker: { color: COLOURS[0] } }], plotLayout({ height: Math.max(200, 40 + 28 * rows.length), margin: { l: 100, r: 16, t: 10, b: 40 }, xaxis: Object.assign({ title: "GPU-hours", rangemode: "tozero" }, axis), yaxis: { autorange: "reversed" } }), config);
+    Plotly.newPlot("usage-by-user", [{ type: "bar", orientation: "h", x: rows.map((r) => hours(r.gpu_seconds)), y: rows.map((r) => r.user), marker: { color: COLOURS[0] } }], plotLayout({ height: Math.max(200, 40 + 28 * rows.length), margin: { l: 100, r: 16, t: 10, b: 40 }, xaxis: hoursAxis, yaxis: { autorange: "reversed" } }), config);
   }
 
   function share() {
