@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from scheduler.priority import NORMAL
+
 
 class JobRecord:
     """A job's requests, progress and allocation.
@@ -20,6 +22,8 @@ class JobRecord:
     ``executed`` is seconds run in total.  ``pace`` (1.0 unless the simulator
     models link contention) multiplies the progress rate: a job whose
     all-reduce shares uplinks progresses more slowly than its table says.
+    ``klass`` is the priority class (:mod:`scheduler.priority`; 0 high, 1
+    normal, 2 low), which every policy orders by before its own rule.
     """
 
     __slots__ = (
@@ -33,6 +37,7 @@ class JobRecord:
         "gain_ref",
         "id",
         "idx",
+        "klass",
         "last",
         "max_gpus",
         "min_gpus",
@@ -67,6 +72,7 @@ class JobRecord:
         min_gpus: int = 0,
         max_gpus: int = 0,
         speed: Sequence[float] | None = None,
+        klass: int = NORMAL,
     ) -> None:
         self.id = id
         self.idx = idx
@@ -74,6 +80,7 @@ class JobRecord:
         self.requested = requested
         self.duration = duration
         self.tenant = tenant
+        self.klass = klass
         self.model = model
         self.min_gpus = min_gpus or requested
         self.max_gpus = max(max_gpus or requested, requested)

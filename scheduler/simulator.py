@@ -6,7 +6,8 @@ One event loop for every policy and every placement::
       1. completions      job done: placement.release, accounting.finished, core.remove
       2. arrivals         in trace order: core.add (a job no placement could ever
                           hold, e.g. no vClos shape of its size, is skipped)
-      3. one pass         core.decide(now) -> [(job, n GPUs)], 0 = preempt
+      3. one pass         fair share on: usage.advance(now, GPUs held per tenant)
+                          core.decide(now) -> [(job, n GPUs)], 0 = preempt
                           each change: placement.place(job, n) -> GPU ids | None
                             placed:   accounting.started / resized / preempted,
                                       new completion time on the heap
@@ -34,14 +35,16 @@ import heapq
 import math
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fabric.topology import FabricSpec
 from scheduler.fabric_placement import Contention, sim_placement
+from scheduler.fairshare import FAIR_SHARE_HALF_LIFE, FairShare
 from scheduler.placement import CountOnly, SimPlacement
 from scheduler.policies.base import Plan, Policy
+from scheduler.priority import CLASS_NAMES, NORMAL, priority_class
 from scheduler.records import JobRecord
 from scheduler.throughput import (
     NetworkSpec,
@@ -90,6 +93,8 @@ class SimConfig:
     least; ``sample_every`` thins the time series (seconds).  ``placement``
     names the placement (``count``, ``consolidated``, ``vclos``, ``ecmp``);
     the fabric ones need ``fabric``, and ``seed`` is ECMP's hash seed.
+    ``tenant_weights`` turns tenant fair share on (usage decays with
+    ``half_life`` seconds; the simulator keeps it from its running jobs).
     """
 
     total_gpus: int
@@ -104,6 +109,8 @@ class SimConfig:
     placement: str = "count"
     fabric: FabricSpec | None = None
     seed: int = 0
+    tenant_weights: Mapping[str, float] | None = None
+    half_life: float = FAIR_SHARE_HALF_LIFE
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +126,8 @@ class JobResult:
     model: str
     preemptions: int
     scale_events: int
+    tenant: str = ""
+    klass: int = NORMAL
 
     @property
     def jct(self) -> float:
@@ -145,6 +154,7 @@ def _percentile(sorted_values: Sequence[float], q: float) -> float:
 
 
 def _make_record(idx: int, job: TraceJob, cfg: SimConfig, elastic: bool) -> JobRecord:
+    klass = NORMAL if job.priority is None else priority_class(job.priority)
     if elastic:
         top = max(job.gpus, int(job.gpus * cfg.max_scale))
         top = min(top, cfg.total_gpus)
@@ -154,12 +164,14 @@ def _make_record(idx: int, job: TraceJob, cfg: SimConfig, elastic: bool) -> JobR
         rec = JobRecord(
             job.id, idx, job.submit, job.gpus, job.duration,
             tenant=job.tenant, model=job.model, min_gpus=low, max_gpus=top, speed=speed,
+            klass=klass,
         )  # fmt: skip
         rec.gain_ref = speedup_over_one(model, job.gpus, cfg.gpus_per_server)
         return rec
     return JobRecord(
-        job.id, idx, job.submit, job.gpus, job.duration, tenant=job.tenant, model=job.model
-    )
+        job.id, idx, job.submit, job.gpus, job.duration,
+        tenant=job.tenant, model=job.model, klass=klass,
+    )  # fmt: skip
 
 
 class Accounting:
@@ -170,7 +182,9 @@ class Accounting:
     from one place whatever the policy and the placement.
     """
 
-    def __init__(self, cfg: SimConfig, first: float, with_model: bool, fabric: bool) -> None:
+    def __init__(
+        self, cfg: SimConfig, first: float, with_model: bool, fabric: bool, by_tenant: bool = False
+    ) -> None:
         self.total = cfg.total_gpus
         self.gpus_per_server = cfg.gpus_per_server
         self.sample_every = cfg.sample_every
@@ -197,6 +211,13 @@ class Accounting:
         }
         if fabric:
             self.series["slowdown"] = []
+        # GPUs held and GPU-seconds held per tenant (kept only with fair share on)
+        self.by_tenant = by_tenant
+        self.tenant_held: dict[str, int] = {}
+        self.tenant_area: dict[str, float] = {}
+
+    def _hold(self, job: JobRecord, delta: int) -> None:
+        self.tenant_held[job.tenant] = self.tenant_held.get(job.tenant, 0) + delta
 
     def advance(self, now: float) -> None:
         """Integrate busy GPUs and efficiency up to ``now``."""
@@ -205,6 +226,10 @@ class Accounting:
             self.busy_area += self.used * dt
             self.eff_area += self.eff_sum * dt
             self.prev = now
+            if self.by_tenant:
+                area = self.tenant_area
+                for name, gpus in self.tenant_held.items():
+                    area[name] = area.get(name, 0.0) + gpus * dt
 
     def _contribution(self, job: JobRecord, n: int) -> float:
         if n <= 0:
@@ -217,6 +242,8 @@ class Accounting:
         """A queued job got ``n`` GPUs."""
         self.running += 1
         self.used += n
+        if self.by_tenant:
+            self._hold(job, n)
         self.eff_sum -= self.contrib.pop(job, 0.0)
         c = self._contribution(job, n)
         self.contrib[job] = c
@@ -227,6 +254,8 @@ class Accounting:
         self.scale_events += 1
         job.scale_events += 1
         self.used += n - old
+        if self.by_tenant:
+            self._hold(job, n - old)
         self.eff_sum -= self.contrib.pop(job, 0.0)
         c = self._contribution(job, n)
         self.contrib[job] = c
@@ -236,6 +265,8 @@ class Accounting:
         """A job was told to stop (it counts as a preemption even if it held nothing)."""
         if was_running:
             self.used -= old
+            if self.by_tenant:
+                self._hold(job, -old)
             self.eff_sum -= self.contrib.pop(job, 0.0)
             self.running -= 1
         job.preemptions += 1
@@ -244,12 +275,15 @@ class Accounting:
     def finished(self, job: JobRecord, now: float) -> None:
         """A running job completed at ``now``."""
         self.used -= job.alloc
+        if self.by_tenant:
+            self._hold(job, -job.alloc)
         self.eff_sum -= self.contrib.pop(job, 0.0)
         self.running -= 1
         self.results.append(
             JobResult(
                 job.id, job.submit, job.start_time if job.start_time is not None else now,
                 now, job.requested, job.duration, job.model, job.preemptions, job.scale_events,
+                job.tenant, job.klass,
             )
         )  # fmt: skip
 
@@ -268,10 +302,18 @@ class Accounting:
     def summary(self, unfinished: int) -> dict[str, Any]:
         """The JSON summary (see :func:`summarize`)."""
         self.results.sort(key=lambda r: (r.submit, r.id))
-        return summarize(
+        out = summarize(
             self.results, self.total, self.busy_area, self.eff_area, self.first, self.prev,
             self.scale_events, self.preemptions, unfinished=unfinished,
         )  # fmt: skip
+        if len({r.klass for r in self.results}) > 1:
+            out["by_class"] = jct_by(self.results, lambda r: CLASS_NAMES[r.klass])
+        if self.by_tenant:
+            groups = jct_by(self.results, lambda r: r.tenant)
+            for name, row in groups.items():
+                row["gpu_seconds"] = round(self.tenant_area.get(name, 0.0), 1)
+            out["by_tenant"] = groups
+        return out
 
 
 def simulate(
@@ -301,7 +343,11 @@ def simulate(
     first = trace[0].submit if trace else 0.0
     fabric_aware = placement.name != "count"
     by_count = isinstance(placement, CountOnly)  # never refuses and holds nothing: skip the calls
-    acct = Accounting(cfg, first, any(j.model for j in trace), fabric_aware)
+    fair = None
+    if cfg.tenant_weights:
+        fair = FairShare(cfg.tenant_weights, half_life_s=cfg.half_life, now=first)
+        core.fair_share = fair
+    acct = Accounting(cfg, first, any(j.model for j in trace), fabric_aware, fair is not None)
     net = NetworkSpec(gpus_per_server=cfg.gpus_per_server)
     if cfg.fabric is not None:
         net = NetworkSpec(
@@ -385,6 +431,8 @@ def simulate(
                 skipped += 1
             ai += 1
         # 3. one pass (and, after refusals, one more that goes around the refused jobs)
+        if fair is not None:
+            fair.advance(now, acct.tenant_held)
         plan = core.decide(now)
         for retry in (False, True):
             refused: Plan = []
@@ -461,6 +509,25 @@ def simulate(
         slow = acct.series["slowdown"]
         summary["mean_max_slowdown"] = round(statistics.fmean(slow), 4) if slow else 1.0
     return SimResult(name, tuple(acct.results), acct.series, summary)
+
+
+def jct_by(
+    results: Sequence[JobResult], group: Callable[[JobResult], str]
+) -> dict[str, dict[str, float]]:
+    """JCT (avg, median, p95) and job count per group (``group(result) -> name``), by name."""
+    buckets: dict[str, list[float]] = {}
+    for r in results:
+        buckets.setdefault(group(r), []).append(r.jct)
+    out: dict[str, dict[str, float]] = {}
+    for name in sorted(buckets):
+        jcts = sorted(buckets[name])
+        out[name] = {
+            "jobs": len(jcts),
+            "avg_jct": round(statistics.fmean(jcts), 4),
+            "median_jct": round(_percentile(jcts, 0.5), 4),
+            "p95_jct": round(_percentile(jcts, 0.95), 4),
+        }
+    return out
 
 
 def summarize(

@@ -94,7 +94,7 @@ class JobView:
     attained_service: float = 0.0
     remaining_work: float | None = None
     state: JobState = JobState.QUEUED
-    priority: int = 0
+    priority: int = 50
     queue_since: float | None = None
     throughput: Mapping[int, float] | None = None
 
@@ -105,12 +105,24 @@ class JobView:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantShare:
+    """A tenant's fair-share inputs: its weight and its decayed GPU-seconds held at snapshot time."""
+
+    weight: float
+    usage: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
-    """Everything a policy may read: the time (from an injected clock), the cluster, the jobs."""
+    """Everything a policy may read: the time (from an injected clock), the cluster, the jobs.
+
+    ``tenants`` turns fair share on (see :mod:`scheduler.fairshare`); empty: off.
+    """
 
     now: float
     cluster: Cluster
     jobs: tuple[JobView, ...] = field(default_factory=tuple)
+    tenants: Mapping[str, TenantShare] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
