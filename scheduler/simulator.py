@@ -6,8 +6,7 @@ One event loop for every policy and every placement::
       1. completions      job done: placement.release, accounting.finished, core.remove
       2. arrivals         in trace order: core.add (a job no placement could ever
                           hold, e.g. no vClos shape of its size, is skipped)
-      3. one pass         fair share on: usage.advance(now, GPUs held per tenant)
-                          core.decide(now) -> [(job, n GPUs)], 0 = preempt
+      3. one pass         core.decide(now) -> [(job, n GPUs)], 0 = preempt
                           each change: placement.place(job, n) -> GPU ids | None
                             placed:   accounting.started / resized / preempted,
                                       new completion time on the heap
@@ -15,7 +14,8 @@ One event loop for every policy and every placement::
                                       (FIFO: the starts behind it wait too)
       4. contention       if anything moved: slowdown of every running job's
                           communication -> its pace -> new completion times
-    accounting integrates busy GPUs and cluster efficiency between events
+    accounting integrates busy GPUs and cluster efficiency between events; with fair
+    share on, each tenant's decayed usage advances there too (GPUs held since the last event)
 
 At one timestamp the order is the public Tiresias simulator's: completions
 release GPUs, arrivals join, then one scheduling pass.  Completions sit in a
@@ -404,6 +404,8 @@ def simulate(
         if now == math.inf:
             break  # nothing runs and nothing arrives: the rest can never be placed
         acct.advance(now)
+        if fair is not None:  # usage up to now, from what each tenant held since the last event
+            fair.advance(now, acct.tenant_held)
         if now >= next_tick:
             next_tick = now + tick if tick and (acct.running or ai < n_jobs) else math.inf
         changed = False
@@ -431,8 +433,6 @@ def simulate(
                 skipped += 1
             ai += 1
         # 3. one pass (and, after refusals, one more that goes around the refused jobs)
-        if fair is not None:
-            fair.advance(now, acct.tenant_held)
         plan = core.decide(now)
         for retry in (False, True):
             refused: Plan = []
