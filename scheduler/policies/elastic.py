@@ -100,7 +100,9 @@ class ElasticTiresiasCore(TiresiasCore):
         if n < job.max_gpus:
             gain = self._gain(job, n)
             if gain > _MIN_GAIN:
-                entry = (job.klass, self._tenant_key(job), -gain, job.queue, job.idx, job, n)
+                fs = self.fair_share
+                key = fs.key(job.tenant) if fs is not None else 0.0
+                entry = (job.klass, key, -gain, job.queue, job.idx, job, n)
                 heapq.heappush(self._grow, entry)
 
     def restore_running(self, job: JobRecord, now: float) -> None:
@@ -189,9 +191,14 @@ class ElasticTiresiasCore(TiresiasCore):
         The top queue is level 0 of the highest class with jobs: a higher
         class's served jobs and every lower class's jobs are compacted.
         """
-        top = next((i for i, q in enumerate(self.queues) if q.running or q.pending or q.tail), 0)
-        top -= top % self.levels
-        for q in self.queues[top + 1 :]:
+        queues = self.active_queues  # whole classes, in order
+        top = 0
+        if len(queues) > self.levels:  # more than one class: find the highest with jobs
+            for i, q in enumerate(queues):
+                if q.running or q.pending or q.tail:
+                    top = i - i % self.levels
+                    break
+        for q in queues[top + 1 :]:
             for job in list(q.running) + q.tail:
                 low = min_size(job, self.r)
                 if job.compacted and job.base <= low and job not in self.extra:

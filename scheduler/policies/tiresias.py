@@ -86,6 +86,10 @@ class TiresiasCore(PolicyCore):
         self.levels = len(self.limits) + 1
         # queue index = class x levels + level: every class's levels, high class first
         self.queues = [_Queue() for _ in range(len(CLASSES) * self.levels)]
+        # the queues of the classes seen so far, in order: a pass scans only these,
+        # so a one-class trace costs what it did before classes existed
+        self.active_queues: list[_Queue] = []
+        self._classes_seen: set[int] = set()
         self.compat = compat
         self.by_gpu_time = by_gpu_time
         self.starvation_factor = starvation_factor
@@ -97,8 +101,17 @@ class TiresiasCore(PolicyCore):
         self._wake: float | None = None
 
     # -- membership -------------------------------------------------------
+    def _see_class(self, klass: int) -> None:
+        self._classes_seen.add(klass)
+        L = self.levels
+        self.active_queues = [
+            q for c in sorted(self._classes_seen) for q in self.queues[c * L : (c + 1) * L]
+        ]
+
     def add(self, job: JobRecord, now: float) -> None:
         """Arrivals join the tail of their class's level 0 (a snapshot's: the level its service says)."""
+        if job.klass not in self._classes_seen:
+            self._see_class(job.klass)
         job.queue = job.klass * self.levels + (self.level_of(job) if job.attained > 0 else 0)
         job.base = self.start_size(job)
         self.queues[job.queue].pending.append(job)
@@ -106,6 +119,8 @@ class TiresiasCore(PolicyCore):
 
     def restore_running(self, job: JobRecord, now: float) -> None:
         """Snapshot path: put a running job straight into the queue its class and service say."""
+        if job.klass not in self._classes_seen:
+            self._see_class(job.klass)
         job.queue = job.klass * self.levels + self.level_of(job)
         job.base = job.alloc or job.requested
         q = self.queues[job.queue]
@@ -133,7 +148,7 @@ class TiresiasCore(PolicyCore):
 
     def pending_order(self, now: float) -> list[JobRecord]:
         """Queue by queue (class, then LAS level), each in fair-share then queue order."""
-        return [job for q in self.queues for job in fair_order(q.pending, self.fair_share)]
+        return [job for q in self.active_queues for job in fair_order(q.pending, self.fair_share)]
 
     # -- service accounting -------------------------------------------------
     def service(self, job: JobRecord) -> float:
@@ -282,9 +297,7 @@ class TiresiasCore(PolicyCore):
         preempts: Plan = []
         starts: Plan = []
         fs = self.fair_share
-        for q in self.queues:
-            if not q.running and not q.pending and not q.tail:
-                continue
+        for q in self.active_queues:
             # 1. running jobs of this queue, in order
             if q.run_gpus - _tail_gpus(q) <= free:
                 free -= q.run_gpus - _tail_gpus(q)
