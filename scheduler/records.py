@@ -24,22 +24,31 @@ class JobRecord:
     all-reduce shares uplinks progresses more slowly than its table says.
     ``klass`` is the priority class (:mod:`scheduler.priority`; 0 high, 1
     normal, 2 low), which every policy orders by before its own rule.
+
+    Retries and limits (simulator only): ``fail_after`` seconds after each
+    start the program fails; it is requeued with its progress while
+    ``restarts < max_restarts``, else it ends failed; ``max_runtime`` seconds
+    of wall clock after its first start it ends failed wherever it is.
     """
 
     __slots__ = (
         "alloc",
         "attained",
+        "attempt_start",
         "base",
         "compacted",
         "duration",
         "end_time",
         "executed",
+        "fail_after",
         "gain_ref",
         "id",
         "idx",
         "klass",
         "last",
         "max_gpus",
+        "max_restarts",
+        "max_runtime",
         "min_gpus",
         "model",
         "pace",
@@ -49,6 +58,7 @@ class JobRecord:
         "queue",
         "remaining",
         "requested",
+        "restarts",
         "resume_at",
         "running",
         "scale_events",
@@ -103,6 +113,11 @@ class JobRecord:
         self.pending_since = submit
         self.compacted = False
         self.pace = 1.0
+        self.fail_after: float | None = None
+        self.max_restarts = 0
+        self.max_runtime: float | None = None
+        self.restarts = 0
+        self.attempt_start = submit
         # throughput(requested)/throughput(1): turns ``rate`` into a speedup over one GPU
         self.gain_ref = float(requested)
 

@@ -4,6 +4,9 @@ One event loop for every policy and every placement::
 
     next event = min(completion heap, next arrival, policy wake-up, --tick)
       1. completions      job done: placement.release, accounting.finished, core.remove
+                          (or its program failed: requeued with its progress while
+                          restarts remain, else failed; or its run-time limit: failed)
+         deadlines        a queued job past its run-time limit leaves the queue, failed
       2. arrivals         in trace order: core.add (a job no placement could ever
                           hold, e.g. no vClos shape of its size, is skipped)
       3. one pass         core.decide(now) -> [(job, n GPUs)], 0 = preempt
@@ -128,6 +131,8 @@ class JobResult:
     scale_events: int
     tenant: str = ""
     klass: int = NORMAL
+    restarts: int = 0
+    failed: str = ""  # why the job failed ("" when it completed)
 
     @property
     def jct(self) -> float:
@@ -137,12 +142,17 @@ class JobResult:
 
 @dataclass(frozen=True, slots=True)
 class SimResult:
-    """Per-job results, a thinned time series and the summary figures."""
+    """Per-job results, a thinned time series and the summary figures.
+
+    ``jobs`` are the completed jobs (the JCT statistics); ``failed`` the jobs
+    that ended failed (retries used up, or their run-time limit).
+    """
 
     policy: str
     jobs: tuple[JobResult, ...]
     series: dict[str, list[float]]
     summary: dict[str, Any]
+    failed: tuple[JobResult, ...] = ()
 
 
 def _percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -154,6 +164,14 @@ def _percentile(sorted_values: Sequence[float], q: float) -> float:
 
 
 def _make_record(idx: int, job: TraceJob, cfg: SimConfig, elastic: bool) -> JobRecord:
+    rec = _new_record(idx, job, cfg, elastic)
+    rec.fail_after = job.fail_after
+    rec.max_restarts = job.max_restarts
+    rec.max_runtime = job.max_runtime
+    return rec
+
+
+def _new_record(idx: int, job: TraceJob, cfg: SimConfig, elastic: bool) -> JobRecord:
     klass = NORMAL if job.priority is None else priority_class(job.priority)
     if elastic:
         top = max(job.gpus, int(job.gpus * cfg.max_scale))
@@ -202,6 +220,8 @@ class Accounting:
         self.worst_slowdown = 1.0
         self.contrib: dict[JobRecord, float] = {}
         self.results: list[JobResult] = []
+        self.failed: list[JobResult] = []
+        self.restarts = 0
         self.series: dict[str, list[float]] = {
             "t": [],
             "busy": [],
@@ -272,20 +292,35 @@ class Accounting:
         job.preemptions += 1
         self.preemptions += 1
 
-    def finished(self, job: JobRecord, now: float) -> None:
-        """A running job completed at ``now``."""
+    def _release(self, job: JobRecord) -> None:
         self.used -= job.alloc
         if self.by_tenant:
             self._hold(job, -job.alloc)
         self.eff_sum -= self.contrib.pop(job, 0.0)
         self.running -= 1
-        self.results.append(
-            JobResult(
-                job.id, job.submit, job.start_time if job.start_time is not None else now,
-                now, job.requested, job.duration, job.model, job.preemptions, job.scale_events,
-                job.tenant, job.klass,
-            )
+
+    def _result(self, job: JobRecord, now: float, failed: str = "") -> JobResult:
+        return JobResult(
+            job.id, job.submit, job.start_time if job.start_time is not None else now,
+            now, job.requested, job.duration, job.model, job.preemptions, job.scale_events,
+            job.tenant, job.klass, job.restarts, failed,
         )  # fmt: skip
+
+    def finished(self, job: JobRecord, now: float) -> None:
+        """A running job completed at ``now``."""
+        self._release(job)
+        self.results.append(self._result(job, now))
+
+    def requeued(self, job: JobRecord) -> None:
+        """A running job's program failed and it waits for another try (not a preemption)."""
+        self._release(job)
+        self.restarts += 1
+
+    def ended_failed(self, job: JobRecord, now: float, reason: str) -> None:
+        """A job (running or queued) ends failed at ``now``."""
+        if job.running:
+            self._release(job)
+        self.failed.append(self._result(job, now, reason))
 
     def sample(self, now: float, queued: int) -> None:
         """Append one point to the time series (the loop calls it once ``next_sample`` is due)."""
@@ -306,6 +341,9 @@ class Accounting:
             self.results, self.total, self.busy_area, self.eff_area, self.first, self.prev,
             self.scale_events, self.preemptions, unfinished=unfinished,
         )  # fmt: skip
+        if self.failed or self.restarts:
+            out["failed"] = len(self.failed)
+            out["restarts"] = self.restarts
         if len({r.klass for r in self.results}) > 1:
             out["by_class"] = jct_by(self.results, lambda r: CLASS_NAMES[r.klass])
         if self.by_tenant:
@@ -357,16 +395,37 @@ def simulate(
     # Running jobs' GPUs in start order: the input of the contention model.
     held: dict[JobRecord, tuple[int, ...]] = {}
     comp: list[tuple[float, int, JobRecord, int]] = []
+    # Run-time limits of started jobs (a queued job can pass its limit too).
+    deadlines: list[tuple[float, int, JobRecord]] = []
     seq = 0
     ai = 0
     skipped = 0
     tick = cfg.tick
     next_tick = first + tick if tick else math.inf
 
+    # Only a trace with failing programs or run-time limits pays for checking them.
+    limited = any(r.fail_after is not None or r.max_runtime is not None for r in records)
+
     def push(job: JobRecord) -> None:
         nonlocal seq
         seq += 1
-        heapq.heappush(comp, (job.finish_time(), seq, job, job.version))
+        if not limited:
+            heapq.heappush(comp, (job.finish_time(), seq, job, job.version))
+            return
+        when = job.finish_time()
+        if job.fail_after is not None and job.attempt_start + job.fail_after < when:
+            when = job.attempt_start + job.fail_after
+        if job.max_runtime is not None and job.start_time is not None:
+            when = min(when, job.start_time + job.max_runtime)
+        heapq.heappush(comp, (when, seq, job, job.version))
+
+    def stop(job: JobRecord, now: float) -> None:
+        """Take a running job off its GPUs and out of the core (it completed or failed)."""
+        core.remove(job, now)
+        placement.release(job.id)
+        held.pop(job, None)
+        job.running = False
+        job.version += 1
 
     def refresh_paces(now: float) -> float:
         """Re-pace every running job after a change; returns the worst slowdown."""
@@ -393,14 +452,19 @@ def simulate(
         bar = tqdm(total=n_jobs, file=sys.stderr, unit="job", mininterval=0.5)
     done = 0
 
-    while ai < n_jobs or comp:
+    while ai < n_jobs or comp or deadlines:
         while comp and comp[0][2].version != comp[0][3]:
             heapq.heappop(comp)
+        if deadlines:
+            while deadlines and (deadlines[0][2].end_time is not None or deadlines[0][2].running):
+                heapq.heappop(deadlines)  # done, or running: its completion entry holds the limit
         t_comp = comp[0][0] if comp else math.inf
         t_arr = records[ai].submit if ai < n_jobs else math.inf
         wake = core.next_wakeup()
         t_wake = wake if wake is not None else math.inf
         now = min(t_comp, t_arr, t_wake, next_tick)
+        if deadlines and deadlines[0][0] < now:
+            now = deadlines[0][0]
         if now == math.inf:
             break  # nothing runs and nothing arrives: the rest can never be placed
         acct.advance(now)
@@ -415,16 +479,40 @@ def simulate(
             if job.version != version:
                 continue
             job.settle(now)
-            job.remaining = 0.0
-            core.remove(job, now)
-            placement.release(job.id)
-            held.pop(job, None)
-            acct.finished(job, now)
-            job.running = False
-            job.end_time = now
-            job.version += 1
-            done += 1
             changed = True
+            if limited and job.remaining > 1e-7 * max(1.0, job.duration):
+                first = job.start_time if job.start_time is not None else now
+                limit = first + job.max_runtime if job.max_runtime is not None else math.inf
+                if now >= limit - 1e-9:
+                    acct.ended_failed(job, now, "run-time limit reached")
+                elif job.restarts < job.max_restarts:
+                    acct.requeued(job)
+                    stop(job, now)
+                    job.restarts += 1
+                    job.alloc = 0
+                    job.pace = 1.0
+                    core.add(job, now)  # keeps its progress: resumes from its checkpoint
+                    continue
+                else:
+                    acct.ended_failed(job, now, "program failed, no restarts left")
+                stop(job, now)
+                job.end_time = now
+                done += 1
+                continue
+            job.remaining = 0.0
+            acct.finished(job, now)
+            stop(job, now)
+            job.end_time = now
+            done += 1
+        while deadlines and deadlines[0][0] <= now:
+            job = heapq.heappop(deadlines)[2]
+            if job.end_time is None and not job.running:
+                core.remove(job, now)
+                acct.ended_failed(job, now, "run-time limit reached")
+                job.end_time = now
+                job.version += 1
+                done += 1
+                changed = True
         # 2. arrivals
         while ai < n_jobs and records[ai].submit <= now:
             if placement.admits(records[ai].requested):
@@ -473,8 +561,11 @@ def simulate(
                     acct.resized(job, old, n)
                 else:
                     acct.started(job, n)
+                    job.attempt_start = now
                     if job.start_time is None:
                         job.start_time = now
+                        if job.max_runtime is not None:
+                            heapq.heappush(deadlines, (now + job.max_runtime, job.idx, job))
                 if contention is not None:
                     held[job] = gpus or ()
                 job.alloc = n
@@ -501,14 +592,14 @@ def simulate(
         bar.update(done - bar.n)
         bar.close()
 
-    summary = acct.summary(unfinished=n_jobs - skipped - len(acct.results))
+    summary = acct.summary(unfinished=n_jobs - skipped - len(acct.results) - len(acct.failed))
     name = policy.name if not fabric_aware else f"{policy.name}+{placement.name}"
     summary["policy"] = name
     if fabric_aware:
         summary["skipped"] = skipped
         slow = acct.series["slowdown"]
         summary["mean_max_slowdown"] = round(statistics.fmean(slow), 4) if slow else 1.0
-    return SimResult(name, tuple(acct.results), acct.series, summary)
+    return SimResult(name, tuple(acct.results), acct.series, summary, tuple(acct.failed))
 
 
 def jct_by(

@@ -33,6 +33,8 @@ class TraceJob:
     """One job of a trace: submit time and duration in seconds, duration at ``gpus`` GPUs.
 
     ``priority`` (0-100) is None when the trace has none (the job is then normal class).
+    ``fail_after``, ``max_restarts`` and ``max_runtime`` model a failing program and
+    the job's limits (see :class:`scheduler.records.JobRecord`); None/0: none.
     """
 
     id: str
@@ -42,6 +44,9 @@ class TraceJob:
     model: str = ""
     tenant: str = ""
     priority: int | None = None
+    fail_after: float | None = None
+    max_restarts: int = 0
+    max_runtime: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,8 +35,11 @@ class FifoCore(PolicyCore):
         self.used += job.alloc
 
     def remove(self, job: JobRecord, now: float) -> None:
-        """Give back the finished job's GPUs."""
-        self.used -= job.alloc
+        """Give back the finished job's GPUs (a queued job leaves its queue)."""
+        if job.running:
+            self.used -= job.alloc
+        else:
+            self.queues[job.klass].remove(job)
 
     def decide(self, now: float) -> Plan:
         """Start queued jobs from the head while each fits."""
