@@ -165,9 +165,10 @@ def _percentile(sorted_values: Sequence[float], q: float) -> float:
 
 def _make_record(idx: int, job: TraceJob, cfg: SimConfig, elastic: bool) -> JobRecord:
     rec = _new_record(idx, job, cfg, elastic)
-    rec.fail_after = job.fail_after
-    rec.max_restarts = job.max_restarts
-    rec.max_runtime = job.max_runtime
+    if job.fail_after is not None or job.max_runtime is not None:
+        rec.fail_after = job.fail_after
+        rec.max_restarts = job.max_restarts
+        rec.max_runtime = job.max_runtime
     return rec
 
 
@@ -308,8 +309,18 @@ class Accounting:
 
     def finished(self, job: JobRecord, now: float) -> None:
         """A running job completed at ``now``."""
-        self._release(job)
-        self.results.append(self._result(job, now))
+        self.used -= job.alloc  # _release and _result inlined: this runs once per job
+        if self.by_tenant:
+            self._hold(job, -job.alloc)
+        self.eff_sum -= self.contrib.pop(job, 0.0)
+        self.running -= 1
+        self.results.append(
+            JobResult(
+                job.id, job.submit, job.start_time if job.start_time is not None else now,
+                now, job.requested, job.duration, job.model, job.preemptions, job.scale_events,
+                job.tenant, job.klass, job.restarts,
+            )
+        )  # fmt: skip
 
     def requeued(self, job: JobRecord) -> None:
         """A running job's program failed and it waits for another try (not a preemption)."""

@@ -168,7 +168,7 @@ class ElasticTiresiasCore(TiresiasCore):
             self._compacting = True
             self._merge(self._pass(now), target)
             self._compacting = False
-        in_use = sum(q.run_gpus for q in self.queues) + self.extra_total
+        in_use = sum(q.run_gpus for q in self.active_queues) + self.extra_total
         if in_use > self.total:
             self._reclaim(in_use - self.total, target)
             in_use = self.total
