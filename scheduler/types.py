@@ -106,10 +106,19 @@ class JobView:
 
 @dataclass(frozen=True, slots=True)
 class TenantShare:
-    """A tenant's fair-share inputs: its weight and its decayed GPU-seconds held at snapshot time."""
+    """A tenant's fair-share inputs: its weight and its decayed GPU-seconds held at snapshot time.
+
+    Both must be finite and >= 0 (ValueError otherwise): a bad row from the
+    database stops the tick with a clear message instead of a silent order.
+    """
 
     weight: float
     usage: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name, value in (("weight", self.weight), ("usage", self.usage)):
+            if not 0 <= value < float("inf"):
+                raise ValueError(f"tenant share {name} must be a finite number >= 0, not {value!r}")
 
 
 @dataclass(frozen=True, slots=True)

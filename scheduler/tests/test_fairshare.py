@@ -247,3 +247,11 @@ def test_cli_bad_fair_share_or_priority_options_exit_2_in_one_line(
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "\n" not in err
+
+
+@pytest.mark.parametrize(
+    ("weight", "usage"), [(-1.0, 0.0), (math.nan, 0.0), (1.0, -3.0), (1.0, math.inf)]
+)
+def test_bad_tenant_share_is_refused_with_a_clear_error(weight: float, usage: float) -> None:
+    with pytest.raises(ValueError, match="tenant share"):
+        TenantShare(weight, usage)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 
@@ -10,7 +11,7 @@ from scheduler.policies import REGISTRY, get_policy
 from scheduler.priority import HIGH, LOW, NORMAL, assign_priorities, parse_shares, priority_class
 from scheduler.simulator import JobResult, SimConfig, simulate
 from scheduler.tests.builders import cluster, queued, running, snapshot
-from scheduler.traces import TraceJob, load_philly, load_tiresias, shared_trace
+from scheduler.traces import TraceError, TraceJob, load_philly, load_tiresias, shared_trace
 from scheduler.types import Preempt, Scale, Start, TenantShare
 
 LAS = ("tiresias", "elastic-tiresias")
@@ -239,3 +240,16 @@ def test_one_class_and_fair_share_off_decide_exactly_as_before(
             same, get_policy(policy), SimConfig(total_gpus=gpus, tenant_weights={"t": 1, "u": 2})
         )
         assert _digest(res2.jobs) == GOLDEN[(trace_name, policy)]
+
+
+def test_tiresias_trace_priority_and_tenant_columns(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(
+        "job_id,num_gpu,submit_time,duration,priority,tenant\n"
+        "1,2,0,100,90,a\n2,2,1,100,,b\n3,2,2,100,abc,a\n4,2,3,100,101,a\n"
+    )
+    loaded = load_tiresias(path)
+    assert [(j.id, j.priority, j.tenant) for j in loaded.jobs] == [("1", 90, "a"), ("2", None, "b")]
+    assert loaded.skipped == {"priority not an integer in 0-100": 2}
+    with pytest.raises(TraceError, match="priority"):
+        load_tiresias(path, on_error="fail")
