@@ -356,7 +356,8 @@ class Accounting:
             out["failed"] = len(self.failed)
             out["restarts"] = self.restarts
         if len({r.klass for r in self.results}) > 1:
-            out["by_class"] = jct_by(self.results, lambda r: CLASS_NAMES[r.klass])
+            by_name = jct_by(self.results, lambda r: CLASS_NAMES[r.klass])
+            out["by_class"] = {n: by_name[n] for n in CLASS_NAMES.values() if n in by_name}
         if self.by_tenant:
             groups = jct_by(self.results, lambda r: r.tenant)
             for name, row in groups.items():
