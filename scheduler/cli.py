@@ -26,7 +26,7 @@ from fabric.errors import TopologyError
 from scheduler.fabric_placement import SIM_PLACEMENTS, fabric_spec_for
 from scheduler.fairshare import FAIR_SHARE_HALF_LIFE, parse_weights
 from scheduler.policies import REGISTRY, get_policy
-from scheduler.priority import assign_priorities, parse_shares
+from scheduler.priority import CLASS_NAMES, assign_priorities, parse_shares
 from scheduler.simulator import ScalingCost, SimConfig, SimResult, simulate
 from scheduler.traces import (
     LoadedTrace,
@@ -333,11 +333,12 @@ def _write_jobs_csv(results: Sequence[SimResult], path: Path) -> None:
     with path.open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["policy", "job", "submit", "start", "end", "jct", "gpus", "duration", "model",
-                    "preemptions", "scale_events"])  # fmt: skip
+                    "preemptions", "scale_events", "class", "tenant", "restarts", "failed"])  # fmt: skip
         for res in results:
-            for j in res.jobs:
+            for j in (*res.jobs, *res.failed):
                 w.writerow([res.policy, j.id, j.submit, j.start, j.end, round(j.jct, 4), j.gpus,
-                            j.duration, j.model, j.preemptions, j.scale_events])  # fmt: skip
+                            j.duration, j.model, j.preemptions, j.scale_events,
+                            CLASS_NAMES[j.klass], j.tenant, j.restarts, j.failed])  # fmt: skip
 
 
 def _write_series_csv(results: Sequence[SimResult], path: Path) -> None:
