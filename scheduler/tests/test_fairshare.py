@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import csv
+import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -213,18 +216,21 @@ def test_without_weights_the_same_tenants_split_evenly() -> None:
 
 
 def test_cli_reports_classes_and_tenants(
-    tmp_path: object, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import json
+    jobs_csv = tmp_path / "jobs.csv"
 
     args = ["simulate", "--trace", "60_job.csv", "--servers", "2", "--gpus-per-server", "8",
             "--priority-share", "high=0.2,low=0.3", "--tenant-weights", "a=2,b=1",
-            "--half-life", "86400", "--json"]  # fmt: skip
+            "--half-life", "86400", "--json", "--jobs-csv", str(jobs_csv)]  # fmt: skip
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["by_class"]) == {"high", "normal", "low"}
     assert set(out["by_tenant"]) == {"a", "b"}
     assert sum(g["jobs"] for g in out["by_class"].values()) == out["jobs"] == 60
+    rows = list(csv.DictReader(jobs_csv.open()))
+    assert {r["class"] for r in rows} == {"high", "normal", "low"}
+    assert {r["tenant"] for r in rows} == {"a", "b"}
 
 
 @pytest.mark.parametrize(
