@@ -15,14 +15,18 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import random
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
 from fabric.errors import TopologyError
 from scheduler.fabric_placement import SIM_PLACEMENTS, fabric_spec_for
+from scheduler.fairshare import FAIR_SHARE_HALF_LIFE, parse_weights
 from scheduler.policies import REGISTRY, get_policy
+from scheduler.priority import CLASS_NAMES, assign_priorities, parse_shares
 from scheduler.simulator import ScalingCost, SimConfig, SimResult, simulate
 from scheduler.traces import (
     LoadedTrace,
@@ -95,6 +99,20 @@ def _positive_int(text: str) -> int:
     return v
 
 
+def _priority_share(text: str) -> dict[str, float]:
+    try:
+        return parse_shares(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _tenant_weights(text: str) -> dict[str, float]:
+    try:
+        return parse_weights(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", type=Path, help="trace file (not needed for synthetic formats)")
     p.add_argument(
@@ -150,6 +168,24 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--edl-mixed",
         action="store_true",
         help="edl-synthetic: durations from 10 min to 2 h, not all 1 h",
+    )
+    p.add_argument(
+        "--priority-share",
+        type=_priority_share,
+        help="assign priority classes at random (seeded), e.g. high=0.1,low=0.3; rest normal "
+        "(overrides a trace's priority column)",
+    )
+    p.add_argument(
+        "--tenant-weights",
+        type=_tenant_weights,
+        help="turn tenant fair share on, e.g. a=2,b=1; if the trace's tenants are not all "
+        "named, every job gets one of these tenants at random (seeded)",
+    )
+    p.add_argument(
+        "--half-life",
+        type=float,
+        default=FAIR_SHARE_HALF_LIFE,
+        help="fair share: usage half-life in seconds (default 7 days)",
     )
     p.add_argument("--sample-every", type=float, default=60.0, help="time series step, seconds")
     p.add_argument("--on-error", choices=("skip", "fail"), default="skip")
@@ -227,6 +263,25 @@ def load_trace(args: argparse.Namespace, total_gpus: int) -> LoadedTrace:
     return poisson_workload(jobs=args.jobs, total_gpus=total_gpus, load=args.load, seed=args.seed)
 
 
+def with_priorities_and_tenants(trace: LoadedTrace, args: argparse.Namespace) -> LoadedTrace:
+    """The trace with ``--priority-share`` priorities and ``--tenant-weights`` tenants applied.
+
+    Priorities are drawn with ``--seed``; tenants are kept when every job's
+    tenant is named in the weights, else each job draws one of the named
+    tenants uniformly (seed ``--seed + 1``, so the two draws are independent).
+    """
+    jobs = trace.jobs
+    if args.priority_share is not None:
+        prios = assign_priorities(len(jobs), args.priority_share, args.seed)
+        jobs = tuple(replace(j, priority=p) for j, p in zip(jobs, prios, strict=True))
+    weights = args.tenant_weights
+    if weights and not all(j.tenant in weights for j in jobs):
+        rng = random.Random(args.seed + 1)
+        names = sorted(weights)
+        jobs = tuple(replace(j, tenant=rng.choice(names)) for j in jobs)
+    return LoadedTrace(jobs, trace.skipped)
+
+
 def make_policy(name: str, args: argparse.Namespace) -> Any:
     """A policy from its name and the relevant options."""
     params: dict[str, Any] = {}
@@ -268,6 +323,8 @@ def run_one(name: str, trace: LoadedTrace, args: argparse.Namespace, total: int)
         placement=args.placement,
         fabric=fabric,
         seed=args.seed,
+        tenant_weights=args.tenant_weights,
+        half_life=args.half_life,
     )
     return simulate(trace.jobs, make_policy(name, args), cfg)
 
@@ -276,11 +333,12 @@ def _write_jobs_csv(results: Sequence[SimResult], path: Path) -> None:
     with path.open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["policy", "job", "submit", "start", "end", "jct", "gpus", "duration", "model",
-                    "preemptions", "scale_events"])  # fmt: skip
+                    "preemptions", "scale_events", "class", "tenant", "restarts", "failed"])  # fmt: skip
         for res in results:
-            for j in res.jobs:
+            for j in (*res.jobs, *res.failed):
                 w.writerow([res.policy, j.id, j.submit, j.start, j.end, round(j.jct, 4), j.gpus,
-                            j.duration, j.model, j.preemptions, j.scale_events])  # fmt: skip
+                            j.duration, j.model, j.preemptions, j.scale_events,
+                            CLASS_NAMES[j.klass], j.tenant, j.restarts, j.failed])  # fmt: skip
 
 
 def _write_series_csv(results: Sequence[SimResult], path: Path) -> None:
@@ -303,7 +361,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.servers % args.leaves:
             raise UsageError("--servers must be a multiple of --leaves")
-        trace = load_trace(args, total)
+        if args.half_life <= 0:
+            raise UsageError("--half-life must be positive")
+        trace = with_priorities_and_tenants(load_trace(args, total), args)
         if not trace.jobs:
             raise UsageError("no jobs left in the trace after filtering")
         names = (
@@ -353,4 +413,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if "mean_max_slowdown" in s:
                 line += f", mean worst slowdown {s['mean_max_slowdown']:.2f}"
             _out(line)
+            for group in ("by_class", "by_tenant"):
+                for gname, g in s.get(group, {}).items():
+                    extra = f", {g['gpu_seconds']:.0f} GPU-s" if "gpu_seconds" in g else ""
+                    _out(
+                        f"{'':>17}  {group[3:]} {gname}: {g['jobs']} jobs, avg JCT "
+                        f"{g['avg_jct']:.2f} s, median {g['median_jct']:.2f} s, "
+                        f"p95 {g['p95_jct']:.2f} s{extra}"
+                    )
     return 0

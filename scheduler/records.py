@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from scheduler.priority import NORMAL
+
 
 class JobRecord:
     """A job's requests, progress and allocation.
@@ -20,21 +22,33 @@ class JobRecord:
     ``executed`` is seconds run in total.  ``pace`` (1.0 unless the simulator
     models link contention) multiplies the progress rate: a job whose
     all-reduce shares uplinks progresses more slowly than its table says.
+    ``klass`` is the priority class (:mod:`scheduler.priority`; 0 high, 1
+    normal, 2 low), which every policy orders by before its own rule.
+
+    Retries and limits (simulator only): ``fail_after`` seconds after each
+    start the program fails; it is requeued with its progress while
+    ``restarts < max_restarts``, else it ends failed; ``max_runtime`` seconds
+    of wall clock after its first start it ends failed wherever it is.
     """
 
     __slots__ = (
         "alloc",
         "attained",
+        "attempt_start",
         "base",
         "compacted",
         "duration",
         "end_time",
         "executed",
+        "fail_after",
         "gain_ref",
         "id",
         "idx",
+        "klass",
         "last",
         "max_gpus",
+        "max_restarts",
+        "max_runtime",
         "min_gpus",
         "model",
         "pace",
@@ -44,6 +58,7 @@ class JobRecord:
         "queue",
         "remaining",
         "requested",
+        "restarts",
         "resume_at",
         "running",
         "scale_events",
@@ -67,6 +82,7 @@ class JobRecord:
         min_gpus: int = 0,
         max_gpus: int = 0,
         speed: Sequence[float] | None = None,
+        klass: int = NORMAL,
     ) -> None:
         self.id = id
         self.idx = idx
@@ -74,6 +90,7 @@ class JobRecord:
         self.requested = requested
         self.duration = duration
         self.tenant = tenant
+        self.klass = klass
         self.model = model
         self.min_gpus = min_gpus or requested
         self.max_gpus = max(max_gpus or requested, requested)
@@ -96,6 +113,11 @@ class JobRecord:
         self.pending_since = submit
         self.compacted = False
         self.pace = 1.0
+        self.fail_after: float | None = None
+        self.max_restarts = 0
+        self.max_runtime: float | None = None
+        self.restarts = 0
+        self.attempt_start = submit
         # throughput(requested)/throughput(1): turns ``rate`` into a speedup over one GPU
         self.gain_ref = float(requested)
 

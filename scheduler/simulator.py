@@ -4,6 +4,9 @@ One event loop for every policy and every placement::
 
     next event = min(completion heap, next arrival, policy wake-up, --tick)
       1. completions      job done: placement.release, accounting.finished, core.remove
+                          (or its program failed: requeued with its progress while
+                          restarts remain, else failed; or its run-time limit: failed)
+         deadlines        a queued job past its run-time limit leaves the queue, failed
       2. arrivals         in trace order: core.add (a job no placement could ever
                           hold, e.g. no vClos shape of its size, is skipped)
       3. one pass         core.decide(now) -> [(job, n GPUs)], 0 = preempt
@@ -14,7 +17,8 @@ One event loop for every policy and every placement::
                                       (FIFO: the starts behind it wait too)
       4. contention       if anything moved: slowdown of every running job's
                           communication -> its pace -> new completion times
-    accounting integrates busy GPUs and cluster efficiency between events
+    accounting integrates busy GPUs and cluster efficiency between events; with fair
+    share on, each tenant's decayed usage advances there too (GPUs held since the last event)
 
 At one timestamp the order is the public Tiresias simulator's: completions
 release GPUs, arrivals join, then one scheduling pass.  Completions sit in a
@@ -34,14 +38,16 @@ import heapq
 import math
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fabric.topology import FabricSpec
 from scheduler.fabric_placement import Contention, sim_placement
+from scheduler.fairshare import FAIR_SHARE_HALF_LIFE, FairShare
 from scheduler.placement import CountOnly, SimPlacement
 from scheduler.policies.base import Plan, Policy
+from scheduler.priority import CLASS_NAMES, NORMAL, priority_class
 from scheduler.records import JobRecord
 from scheduler.throughput import (
     NetworkSpec,
@@ -90,6 +96,8 @@ class SimConfig:
     least; ``sample_every`` thins the time series (seconds).  ``placement``
     names the placement (``count``, ``consolidated``, ``vclos``, ``ecmp``);
     the fabric ones need ``fabric``, and ``seed`` is ECMP's hash seed.
+    ``tenant_weights`` turns tenant fair share on (usage decays with
+    ``half_life`` seconds; the simulator keeps it from its running jobs).
     """
 
     total_gpus: int
@@ -104,6 +112,8 @@ class SimConfig:
     placement: str = "count"
     fabric: FabricSpec | None = None
     seed: int = 0
+    tenant_weights: Mapping[str, float] | None = None
+    half_life: float = FAIR_SHARE_HALF_LIFE
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +129,10 @@ class JobResult:
     model: str
     preemptions: int
     scale_events: int
+    tenant: str = ""
+    klass: int = NORMAL
+    restarts: int = 0
+    failed: str = ""  # why the job failed ("" when it completed)
 
     @property
     def jct(self) -> float:
@@ -128,12 +142,17 @@ class JobResult:
 
 @dataclass(frozen=True, slots=True)
 class SimResult:
-    """Per-job results, a thinned time series and the summary figures."""
+    """Per-job results, a thinned time series and the summary figures.
+
+    ``jobs`` are the completed jobs (the JCT statistics); ``failed`` the jobs
+    that ended failed (retries used up, or their run-time limit).
+    """
 
     policy: str
     jobs: tuple[JobResult, ...]
     series: dict[str, list[float]]
     summary: dict[str, Any]
+    failed: tuple[JobResult, ...] = ()
 
 
 def _percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -145,6 +164,16 @@ def _percentile(sorted_values: Sequence[float], q: float) -> float:
 
 
 def _make_record(idx: int, job: TraceJob, cfg: SimConfig, elastic: bool) -> JobRecord:
+    rec = _new_record(idx, job, cfg, elastic)
+    if job.fail_after is not None or job.max_runtime is not None:
+        rec.fail_after = job.fail_after
+        rec.max_restarts = job.max_restarts
+        rec.max_runtime = job.max_runtime
+    return rec
+
+
+def _new_record(idx: int, job: TraceJob, cfg: SimConfig, elastic: bool) -> JobRecord:
+    klass = NORMAL if job.priority is None else priority_class(job.priority)
     if elastic:
         top = max(job.gpus, int(job.gpus * cfg.max_scale))
         top = min(top, cfg.total_gpus)
@@ -154,12 +183,14 @@ def _make_record(idx: int, job: TraceJob, cfg: SimConfig, elastic: bool) -> JobR
         rec = JobRecord(
             job.id, idx, job.submit, job.gpus, job.duration,
             tenant=job.tenant, model=job.model, min_gpus=low, max_gpus=top, speed=speed,
+            klass=klass,
         )  # fmt: skip
         rec.gain_ref = speedup_over_one(model, job.gpus, cfg.gpus_per_server)
         return rec
     return JobRecord(
-        job.id, idx, job.submit, job.gpus, job.duration, tenant=job.tenant, model=job.model
-    )
+        job.id, idx, job.submit, job.gpus, job.duration,
+        tenant=job.tenant, model=job.model, klass=klass,
+    )  # fmt: skip
 
 
 class Accounting:
@@ -170,7 +201,9 @@ class Accounting:
     from one place whatever the policy and the placement.
     """
 
-    def __init__(self, cfg: SimConfig, first: float, with_model: bool, fabric: bool) -> None:
+    def __init__(
+        self, cfg: SimConfig, first: float, with_model: bool, fabric: bool, by_tenant: bool = False
+    ) -> None:
         self.total = cfg.total_gpus
         self.gpus_per_server = cfg.gpus_per_server
         self.sample_every = cfg.sample_every
@@ -188,6 +221,8 @@ class Accounting:
         self.worst_slowdown = 1.0
         self.contrib: dict[JobRecord, float] = {}
         self.results: list[JobResult] = []
+        self.failed: list[JobResult] = []
+        self.restarts = 0
         self.series: dict[str, list[float]] = {
             "t": [],
             "busy": [],
@@ -197,6 +232,13 @@ class Accounting:
         }
         if fabric:
             self.series["slowdown"] = []
+        # GPUs held and GPU-seconds held per tenant (kept only with fair share on)
+        self.by_tenant = by_tenant
+        self.tenant_held: dict[str, int] = {}
+        self.tenant_area: dict[str, float] = {}
+
+    def _hold(self, job: JobRecord, delta: int) -> None:
+        self.tenant_held[job.tenant] = self.tenant_held.get(job.tenant, 0) + delta
 
     def advance(self, now: float) -> None:
         """Integrate busy GPUs and efficiency up to ``now``."""
@@ -205,6 +247,10 @@ class Accounting:
             self.busy_area += self.used * dt
             self.eff_area += self.eff_sum * dt
             self.prev = now
+            if self.by_tenant:
+                area = self.tenant_area
+                for name, gpus in self.tenant_held.items():
+                    area[name] = area.get(name, 0.0) + gpus * dt
 
     def _contribution(self, job: JobRecord, n: int) -> float:
         if n <= 0:
@@ -217,6 +263,8 @@ class Accounting:
         """A queued job got ``n`` GPUs."""
         self.running += 1
         self.used += n
+        if self.by_tenant:
+            self._hold(job, n)
         self.eff_sum -= self.contrib.pop(job, 0.0)
         c = self._contribution(job, n)
         self.contrib[job] = c
@@ -227,6 +275,8 @@ class Accounting:
         self.scale_events += 1
         job.scale_events += 1
         self.used += n - old
+        if self.by_tenant:
+            self._hold(job, n - old)
         self.eff_sum -= self.contrib.pop(job, 0.0)
         c = self._contribution(job, n)
         self.contrib[job] = c
@@ -236,22 +286,52 @@ class Accounting:
         """A job was told to stop (it counts as a preemption even if it held nothing)."""
         if was_running:
             self.used -= old
+            if self.by_tenant:
+                self._hold(job, -old)
             self.eff_sum -= self.contrib.pop(job, 0.0)
             self.running -= 1
         job.preemptions += 1
         self.preemptions += 1
 
+    def _release(self, job: JobRecord) -> None:
+        self.used -= job.alloc
+        if self.by_tenant:
+            self._hold(job, -job.alloc)
+        self.eff_sum -= self.contrib.pop(job, 0.0)
+        self.running -= 1
+
+    def _result(self, job: JobRecord, now: float, failed: str = "") -> JobResult:
+        return JobResult(
+            job.id, job.submit, job.start_time if job.start_time is not None else now,
+            now, job.requested, job.duration, job.model, job.preemptions, job.scale_events,
+            job.tenant, job.klass, job.restarts, failed,
+        )  # fmt: skip
+
     def finished(self, job: JobRecord, now: float) -> None:
         """A running job completed at ``now``."""
-        self.used -= job.alloc
+        self.used -= job.alloc  # _release and _result inlined: this runs once per job
+        if self.by_tenant:
+            self._hold(job, -job.alloc)
         self.eff_sum -= self.contrib.pop(job, 0.0)
         self.running -= 1
         self.results.append(
             JobResult(
                 job.id, job.submit, job.start_time if job.start_time is not None else now,
                 now, job.requested, job.duration, job.model, job.preemptions, job.scale_events,
+                job.tenant, job.klass, job.restarts,
             )
         )  # fmt: skip
+
+    def requeued(self, job: JobRecord) -> None:
+        """A running job's program failed and it waits for another try (not a preemption)."""
+        self._release(job)
+        self.restarts += 1
+
+    def ended_failed(self, job: JobRecord, now: float, reason: str) -> None:
+        """A job (running or queued) ends failed at ``now``."""
+        if job.running:
+            self._release(job)
+        self.failed.append(self._result(job, now, reason))
 
     def sample(self, now: float, queued: int) -> None:
         """Append one point to the time series (the loop calls it once ``next_sample`` is due)."""
@@ -268,10 +348,22 @@ class Accounting:
     def summary(self, unfinished: int) -> dict[str, Any]:
         """The JSON summary (see :func:`summarize`)."""
         self.results.sort(key=lambda r: (r.submit, r.id))
-        return summarize(
+        out = summarize(
             self.results, self.total, self.busy_area, self.eff_area, self.first, self.prev,
             self.scale_events, self.preemptions, unfinished=unfinished,
         )  # fmt: skip
+        if self.failed or self.restarts:
+            out["failed"] = len(self.failed)
+            out["restarts"] = self.restarts
+        if len({r.klass for r in self.results}) > 1:
+            by_name = jct_by(self.results, lambda r: CLASS_NAMES[r.klass])
+            out["by_class"] = {n: by_name[n] for n in CLASS_NAMES.values() if n in by_name}
+        if self.by_tenant:
+            groups = jct_by(self.results, lambda r: r.tenant)
+            for name, row in groups.items():
+                row["gpu_seconds"] = round(self.tenant_area.get(name, 0.0), 1)
+            out["by_tenant"] = groups
+        return out
 
 
 def simulate(
@@ -301,7 +393,11 @@ def simulate(
     first = trace[0].submit if trace else 0.0
     fabric_aware = placement.name != "count"
     by_count = isinstance(placement, CountOnly)  # never refuses and holds nothing: skip the calls
-    acct = Accounting(cfg, first, any(j.model for j in trace), fabric_aware)
+    fair = None
+    if cfg.tenant_weights:
+        fair = FairShare(cfg.tenant_weights, half_life_s=cfg.half_life, now=first)
+        core.fair_share = fair
+    acct = Accounting(cfg, first, any(j.model for j in trace), fabric_aware, fair is not None)
     net = NetworkSpec(gpus_per_server=cfg.gpus_per_server)
     if cfg.fabric is not None:
         net = NetworkSpec(
@@ -311,16 +407,37 @@ def simulate(
     # Running jobs' GPUs in start order: the input of the contention model.
     held: dict[JobRecord, tuple[int, ...]] = {}
     comp: list[tuple[float, int, JobRecord, int]] = []
+    # Run-time limits of started jobs (a queued job can pass its limit too).
+    deadlines: list[tuple[float, int, JobRecord]] = []
     seq = 0
     ai = 0
     skipped = 0
     tick = cfg.tick
     next_tick = first + tick if tick else math.inf
 
+    # Only a trace with failing programs or run-time limits pays for checking them.
+    limited = any(r.fail_after is not None or r.max_runtime is not None for r in records)
+
     def push(job: JobRecord) -> None:
         nonlocal seq
         seq += 1
-        heapq.heappush(comp, (job.finish_time(), seq, job, job.version))
+        if not limited:
+            heapq.heappush(comp, (job.finish_time(), seq, job, job.version))
+            return
+        when = job.finish_time()
+        if job.fail_after is not None and job.attempt_start + job.fail_after < when:
+            when = job.attempt_start + job.fail_after
+        if job.max_runtime is not None and job.start_time is not None:
+            when = min(when, job.start_time + job.max_runtime)
+        heapq.heappush(comp, (when, seq, job, job.version))
+
+    def stop(job: JobRecord, now: float) -> None:
+        """Take a running job off its GPUs and out of the core (it completed or failed)."""
+        core.remove(job, now)
+        placement.release(job.id)
+        held.pop(job, None)
+        job.running = False
+        job.version += 1
 
     def refresh_paces(now: float) -> float:
         """Re-pace every running job after a change; returns the worst slowdown."""
@@ -347,17 +464,24 @@ def simulate(
         bar = tqdm(total=n_jobs, file=sys.stderr, unit="job", mininterval=0.5)
     done = 0
 
-    while ai < n_jobs or comp:
+    while ai < n_jobs or comp or deadlines:
         while comp and comp[0][2].version != comp[0][3]:
             heapq.heappop(comp)
+        if deadlines:
+            while deadlines and (deadlines[0][2].end_time is not None or deadlines[0][2].running):
+                heapq.heappop(deadlines)  # done, or running: its completion entry holds the limit
         t_comp = comp[0][0] if comp else math.inf
         t_arr = records[ai].submit if ai < n_jobs else math.inf
         wake = core.next_wakeup()
         t_wake = wake if wake is not None else math.inf
         now = min(t_comp, t_arr, t_wake, next_tick)
+        if deadlines and deadlines[0][0] < now:
+            now = deadlines[0][0]
         if now == math.inf:
             break  # nothing runs and nothing arrives: the rest can never be placed
         acct.advance(now)
+        if fair is not None:  # usage up to now, from what each tenant held since the last event
+            fair.advance(now, acct.tenant_held)
         if now >= next_tick:
             next_tick = now + tick if tick and (acct.running or ai < n_jobs) else math.inf
         changed = False
@@ -367,16 +491,40 @@ def simulate(
             if job.version != version:
                 continue
             job.settle(now)
-            job.remaining = 0.0
-            core.remove(job, now)
-            placement.release(job.id)
-            held.pop(job, None)
-            acct.finished(job, now)
-            job.running = False
-            job.end_time = now
-            job.version += 1
-            done += 1
             changed = True
+            if limited and job.remaining > 1e-7 * max(1.0, job.duration):
+                first = job.start_time if job.start_time is not None else now
+                limit = first + job.max_runtime if job.max_runtime is not None else math.inf
+                if now >= limit - 1e-9:
+                    acct.ended_failed(job, now, "run-time limit reached")
+                elif job.restarts < job.max_restarts:
+                    acct.requeued(job)
+                    stop(job, now)
+                    job.restarts += 1
+                    job.alloc = 0
+                    job.pace = 1.0
+                    core.add(job, now)  # keeps its progress: resumes from its checkpoint
+                    continue
+                else:
+                    acct.ended_failed(job, now, "program failed, no restarts left")
+                stop(job, now)
+                job.end_time = now
+                done += 1
+                continue
+            job.remaining = 0.0
+            acct.finished(job, now)
+            stop(job, now)
+            job.end_time = now
+            done += 1
+        while deadlines and deadlines[0][0] <= now:
+            job = heapq.heappop(deadlines)[2]
+            if job.end_time is None and not job.running:
+                core.remove(job, now)
+                acct.ended_failed(job, now, "run-time limit reached")
+                job.end_time = now
+                job.version += 1
+                done += 1
+                changed = True
         # 2. arrivals
         while ai < n_jobs and records[ai].submit <= now:
             if placement.admits(records[ai].requested):
@@ -425,8 +573,11 @@ def simulate(
                     acct.resized(job, old, n)
                 else:
                     acct.started(job, n)
+                    job.attempt_start = now
                     if job.start_time is None:
                         job.start_time = now
+                        if job.max_runtime is not None:
+                            heapq.heappush(deadlines, (now + job.max_runtime, job.idx, job))
                 if contention is not None:
                     held[job] = gpus or ()
                 job.alloc = n
@@ -453,14 +604,33 @@ def simulate(
         bar.update(done - bar.n)
         bar.close()
 
-    summary = acct.summary(unfinished=n_jobs - skipped - len(acct.results))
+    summary = acct.summary(unfinished=n_jobs - skipped - len(acct.results) - len(acct.failed))
     name = policy.name if not fabric_aware else f"{policy.name}+{placement.name}"
     summary["policy"] = name
     if fabric_aware:
         summary["skipped"] = skipped
         slow = acct.series["slowdown"]
         summary["mean_max_slowdown"] = round(statistics.fmean(slow), 4) if slow else 1.0
-    return SimResult(name, tuple(acct.results), acct.series, summary)
+    return SimResult(name, tuple(acct.results), acct.series, summary, tuple(acct.failed))
+
+
+def jct_by(
+    results: Sequence[JobResult], group: Callable[[JobResult], str]
+) -> dict[str, dict[str, float]]:
+    """JCT (avg, median, p95) and job count per group (``group(result) -> name``), by name."""
+    buckets: dict[str, list[float]] = {}
+    for r in results:
+        buckets.setdefault(group(r), []).append(r.jct)
+    out: dict[str, dict[str, float]] = {}
+    for name in sorted(buckets):
+        jcts = sorted(buckets[name])
+        out[name] = {
+            "jobs": len(jcts),
+            "avg_jct": round(statistics.fmean(jcts), 4),
+            "median_jct": round(_percentile(jcts, 0.5), 4),
+            "p95_jct": round(_percentile(jcts, 0.95), 4),
+        }
+    return out
 
 
 def summarize(

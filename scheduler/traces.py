@@ -1,6 +1,7 @@
 """Trace loaders and synthetic workloads, all producing :class:`TraceJob` tuples.
 
-* Tiresias CSV (``job_id,num_gpu,submit_time,iterations,model_name,duration,interval``).
+* Tiresias CSV (``job_id,num_gpu,submit_time,iterations,model_name,duration,interval``;
+  optional ``priority`` (0-100) and ``tenant`` columns).
 * Philly CSV (``timestamp,duration,num_gpus,gpu_time,cluster``), unsorted rows;
   filter by date range, virtual cluster and size; models from a seeded mix.
 * EDL §6's synthetic workload and Poisson arrivals at a target load.
@@ -29,7 +30,12 @@ class TraceError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class TraceJob:
-    """One job of a trace: submit time and duration in seconds, duration at ``gpus`` GPUs."""
+    """One job of a trace: submit time and duration in seconds, duration at ``gpus`` GPUs.
+
+    ``priority`` (0-100) is None when the trace has none (the job is then normal class).
+    ``fail_after``, ``max_restarts`` and ``max_runtime`` model a failing program and
+    the job's limits (see :class:`scheduler.records.JobRecord`); None/0: none.
+    """
 
     id: str
     submit: float
@@ -37,6 +43,10 @@ class TraceJob:
     duration: float
     model: str = ""
     tenant: str = ""
+    priority: int | None = None
+    fail_after: float | None = None
+    max_restarts: int = 0
+    max_runtime: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +128,16 @@ def load_tiresias(
             if max_gpus is not None and gpus > max_gpus:
                 _bad("larger than the cluster", skipped, on_error, where)
                 continue
+            priority: int | None = None
+            text = (row.get("priority") or "").strip()
+            if text:
+                try:
+                    priority = int(text)
+                except ValueError:
+                    priority = -1
+                if not 0 <= priority <= 100:
+                    _bad("priority not an integer in 0-100", skipped, on_error, where)
+                    continue
             jobs.append(
                 TraceJob(
                     id=str(row["job_id"]),
@@ -125,6 +145,8 @@ def load_tiresias(
                     gpus=gpus,
                     duration=duration,
                     model=(row.get("model_name") or "").strip(),
+                    tenant=(row.get("tenant") or "").strip(),
+                    priority=priority,
                 )
             )
     jobs.sort(key=lambda j: j.submit)

@@ -94,7 +94,7 @@ class JobView:
     attained_service: float = 0.0
     remaining_work: float | None = None
     state: JobState = JobState.QUEUED
-    priority: int = 0
+    priority: int = 50
     queue_since: float | None = None
     throughput: Mapping[int, float] | None = None
 
@@ -105,12 +105,33 @@ class JobView:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantShare:
+    """A tenant's fair-share inputs: its weight and its decayed GPU-seconds held at snapshot time.
+
+    Both must be finite and >= 0 (ValueError otherwise): a bad row from the
+    database stops the tick with a clear message instead of a silent order.
+    """
+
+    weight: float
+    usage: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name, value in (("weight", self.weight), ("usage", self.usage)):
+            if not 0 <= value < float("inf"):
+                raise ValueError(f"tenant share {name} must be a finite number >= 0, not {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
-    """Everything a policy may read: the time (from an injected clock), the cluster, the jobs."""
+    """Everything a policy may read: the time (from an injected clock), the cluster, the jobs.
+
+    ``tenants`` turns fair share on (see :mod:`scheduler.fairshare`); empty: off.
+    """
 
     now: float
     cluster: Cluster
     jobs: tuple[JobView, ...] = field(default_factory=tuple)
+    tenants: Mapping[str, TenantShare] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

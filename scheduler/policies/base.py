@@ -7,6 +7,12 @@ A policy has two faces over the same deciding code:
   once, and turns the size changes into GPU tuples with a placement.
 * ``new_core(total_gpus)``: a long-lived core the simulator feeds with
   arrivals and completions, so a pass costs what changed, not the whole trace.
+* ``queue_order(snapshot) -> list[str]``: the queued jobs in the order this
+  policy would start them (the queue position users see).
+
+Every core orders by priority class first (:mod:`scheduler.priority`) and,
+when it has a :class:`~scheduler.fairshare.FairShare`, by tenant key inside
+each of its queues (:func:`fair_order`).
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from scheduler.curves import relative_speeds
+from scheduler.fairshare import FairShare
 from scheduler.placement import ConsolidatedPlacement, Placement
+from scheduler.priority import priority_class
 from scheduler.records import JobRecord
 from scheduler.types import Decision, JobView, Migrate, Preempt, Scale, Snapshot, Start
 
@@ -36,6 +44,8 @@ class PolicyCore(ABC):
         # same time goes around them (see ``held_back``).
         self.refused: set[JobRecord] = set()
         self.refused_at = -1.0
+        # Tenant fair share (None: off); the simulator advances its usage before each pass.
+        self.fair_share: FairShare | None = None
 
     @abstractmethod
     def add(self, job: JobRecord, now: float) -> None:
@@ -85,6 +95,10 @@ class PolicyCore(ABC):
         """Jobs queued now (for time series)."""
         return 0
 
+    @abstractmethod
+    def pending_order(self, now: float) -> list[JobRecord]:
+        """The queued jobs in the order a pass at ``now`` would consider them for a start."""
+
 
 class Policy(ABC):
     """A named scheduling policy."""
@@ -101,20 +115,51 @@ class Policy(ABC):
         Jobs are fed to the core running first, then by ``queue_since`` (or
         submit time) and id, so ties break the same way every time.
         """
-        cluster = snapshot.cluster
-        core = self.new_core(cluster.total_gpus)
-        records: dict[str, JobRecord] = {}
+        core, views = self._core_from(snapshot)
+        plan = core.decide(snapshot.now)
+        placer = placement or ConsolidatedPlacement()
+        return _plan_to_decisions(plan, {v.id: v for v in views}, snapshot, placer)
+
+    def queue_order(self, snapshot: Snapshot) -> list[str]:
+        """Ids of the snapshot's queued jobs in the order this policy would start them.
+
+        Class first, then the policy's own queues (Tiresias' LAS levels), then
+        tenant fair share inside a queue, then the queue's own order.  A job
+        that does not fit the free GPUs may be passed over by a later one that
+        does (first fit); the order is who is considered first.
+        """
+        core, _ = self._core_from(snapshot)
+        return [job.id for job in core.pending_order(snapshot.now)]
+
+    def _core_from(self, snapshot: Snapshot) -> tuple[PolicyCore, list[JobView]]:
+        """A fresh core holding the snapshot's jobs (running ones restored), and the views in order."""
+        core = self.new_core(snapshot.cluster.total_gpus)
+        if snapshot.tenants:
+            core.fair_share = FairShare(
+                {name: t.weight for name, t in snapshot.tenants.items()},
+                {name: t.usage for name, t in snapshot.tenants.items()},
+                now=snapshot.now,
+            )
         views = sorted(snapshot.jobs, key=_view_order)
         for idx, view in enumerate(views):
             rec = _record_from_view(view, idx, snapshot.now)
-            records[view.id] = rec
             if view.running:
                 core.restore_running(rec, snapshot.now)
             else:
                 core.add(rec, snapshot.now)
-        plan = core.decide(snapshot.now)
-        placer = placement or ConsolidatedPlacement()
-        return _plan_to_decisions(plan, {v.id: v for v in views}, snapshot, placer)
+        return core, views
+
+
+def fair_order(jobs: list[JobRecord], fair_share: FairShare | None) -> list[JobRecord]:
+    """``jobs`` stably re-ordered by tenant key (below share first); the same list when off.
+
+    Sorts only when fair share is on and more than one tenant is among the jobs,
+    so a single-tenant queue costs nothing.
+    """
+    if fair_share is None or not fair_share.active(j.tenant for j in jobs):
+        return jobs
+    key = fair_share.key
+    return sorted(jobs, key=lambda j: key(j.tenant))
 
 
 def _view_order(view: JobView) -> tuple[int, float, float, str]:
@@ -138,6 +183,7 @@ def _record_from_view(view: JobView, idx: int, now: float) -> JobRecord:
         min_gpus=view.min_gpus,
         max_gpus=view.max_gpus,
         speed=speed,
+        klass=priority_class(view.priority),
     )
     if speed is not None and len(speed) > 1 and speed[1] > 0:
         rec.gain_ref = 1.0 / speed[1]  # throughput(requested) / throughput(1)

@@ -25,6 +25,12 @@ choices down here:
    with the largest marginal gain in speedup (throughput over one GPU), up
    to its ``max_gpus``; stop when no gain is positive.  The gains come from
    each job's throughput curve (``JobRecord.speed``).
+
+Priority classes and fair share (see :mod:`scheduler.policies.tiresias` for
+the queues): the reclaim takes extras from the lowest class first, inside a
+class from the tenant most above its share first, then by least speedup lost;
+scale-out gives idle GPUs to the highest class first, inside a class to the
+tenant most below its share first, then by largest gain.
 """
 
 from __future__ import annotations
@@ -66,7 +72,8 @@ class ElasticTiresiasCore(TiresiasCore):
         self._compacting = False
         self.extra: dict[JobRecord, int] = {}
         self.extra_total = 0
-        self._grow: list[tuple[float, int, int, JobRecord, int]] = []
+        # scale-out candidates: (class, tenant key, -gain, queue, idx, job, size)
+        self._grow: list[tuple[int, float, float, int, int, JobRecord, int]] = []
 
     # -- sizes ----------------------------------------------------------------
     def fit_size(self, job: JobRecord, free: int) -> int:
@@ -85,11 +92,18 @@ class ElasticTiresiasCore(TiresiasCore):
         """Speedup (over one GPU) gained by going from n to n+1 GPUs."""
         return (job.rate(n + 1) - job.rate(n)) * job.gain_ref / max(job.rate(1), 1e-12)
 
+    def _tenant_key(self, job: JobRecord) -> float:
+        fs = self.fair_share
+        return fs.key(job.tenant) if fs is not None else 0.0
+
     def _push_grow(self, job: JobRecord, n: int) -> None:
         if n < job.max_gpus:
             gain = self._gain(job, n)
             if gain > _MIN_GAIN:
-                heapq.heappush(self._grow, (-gain, job.queue, job.idx, job, n))
+                fs = self.fair_share
+                key = fs.key(job.tenant) if fs is not None else 0.0
+                entry = (job.klass, key, -gain, job.queue, job.idx, job, n)
+                heapq.heappush(self._grow, entry)
 
     def restore_running(self, job: JobRecord, now: float) -> None:
         """Snapshot path: a job below its request counts as compacted; above it holds extras."""
@@ -154,7 +168,7 @@ class ElasticTiresiasCore(TiresiasCore):
             self._compacting = True
             self._merge(self._pass(now), target)
             self._compacting = False
-        in_use = sum(q.run_gpus for q in self.queues) + self.extra_total
+        in_use = sum(q.run_gpus for q in self.active_queues) + self.extra_total
         if in_use > self.total:
             self._reclaim(in_use - self.total, target)
             in_use = self.total
@@ -172,8 +186,19 @@ class ElasticTiresiasCore(TiresiasCore):
                 self._push_grow(job, n)
 
     def _compact(self, target: dict[JobRecord, int]) -> None:
-        """Scale every running job below the top queue in to its minimum (our R1)."""
-        for q in self.queues[1:]:
+        """Scale every running job below the top queue in to its minimum (our R1).
+
+        The top queue is level 0 of the highest class with jobs: a higher
+        class's served jobs and every lower class's jobs are compacted.
+        """
+        queues = self.active_queues  # whole classes, in order
+        top = 0
+        if len(queues) > self.levels:  # more than one class: find the highest with jobs
+            for i, q in enumerate(queues):
+                if q.running or q.pending or q.tail:
+                    top = i - i % self.levels
+                    break
+        for q in queues[top + 1 :]:
             for job in list(q.running) + q.tail:
                 low = min_size(job, self.r)
                 if job.compacted and job.base <= low and job not in self.extra:
@@ -190,13 +215,14 @@ class ElasticTiresiasCore(TiresiasCore):
 
     def _reclaim(self, need: int, target: dict[JobRecord, int]) -> None:
         """Take ``need`` extra GPUs back, cheapest speedup loss first."""
-        heap: list[tuple[float, int, int, JobRecord]] = []
+        heap: list[tuple[int, float, float, int, int, JobRecord]] = []
         for job in self.extra:
             cur = target.get(job, job.alloc)
-            heap.append((self._gain(job, cur - 1), -job.queue, -job.idx, job))
+            key = self._tenant_key(job)
+            heap.append((-job.klass, -key, self._gain(job, cur - 1), -job.queue, -job.idx, job))
         heapq.heapify(heap)
         while need > 0 and heap:
-            _, nq, ni, job = heapq.heappop(heap)
+            nk, nkey, _, nq, ni, job = heapq.heappop(heap)
             cur = target.get(job, job.alloc)
             target[job] = cur - 1
             need -= 1
@@ -204,7 +230,7 @@ class ElasticTiresiasCore(TiresiasCore):
             left = self.extra[job] - 1
             if left:
                 self.extra[job] = left
-                heapq.heappush(heap, (self._gain(job, cur - 2), nq, ni, job))
+                heapq.heappush(heap, (nk, nkey, self._gain(job, cur - 2), nq, ni, job))
             else:
                 del self.extra[job]
             self._push_grow(job, cur - 1)
@@ -212,14 +238,21 @@ class ElasticTiresiasCore(TiresiasCore):
     def _scale_out(self, free: int, target: dict[JobRecord, int]) -> None:
         """Give free GPUs one at a time to the largest positive marginal gain."""
         heap = self._grow
-        if len(heap) > 8 * (len(self.extra) + 64) + 4 * self.total:
+        fs = self.fair_share
+        if fs is not None and fs.active(e[5].tenant for e in heap):
+            # tenant keys moved since the entries were pushed: re-key the valid ones
+            heap[:] = [
+                (e[0], fs.key(e[5].tenant), *e[2:]) for e in heap if self._grow_valid(e, target)
+            ]
+            heapq.heapify(heap)
+        elif len(heap) > 8 * (len(self.extra) + 64) + 4 * self.total:
             heap[:] = [e for e in heap if self._grow_valid(e, target)]
             heapq.heapify(heap)
         while free > 0 and heap:
             entry = heapq.heappop(heap)
             if not self._grow_valid(entry, target):
                 continue
-            job, n = entry[3], entry[4]
+            job, n = entry[5], entry[6]
             target[job] = n + 1
             self.extra[job] = self.extra.get(job, 0) + 1
             self.extra_total += 1
@@ -227,9 +260,11 @@ class ElasticTiresiasCore(TiresiasCore):
             self._push_grow(job, n + 1)
 
     def _grow_valid(
-        self, entry: tuple[float, int, int, JobRecord, int], target: dict[JobRecord, int]
+        self,
+        entry: tuple[int, float, float, int, int, JobRecord, int],
+        target: dict[JobRecord, int],
     ) -> bool:
-        job, n = entry[3], entry[4]
+        job, n = entry[5], entry[6]
         cur = target.get(job)
         if cur is None:
             cur = job.alloc if job.running else 0

@@ -1,61 +1,91 @@
-"""FIFO: non-preemptive, strict head-of-line blocking, no backfill (the Tiresias simulator's fifo)."""
+"""FIFO: non-preemptive, strict head-of-line blocking, no backfill (the Tiresias simulator's fifo).
+
+With priority classes there is one FIFO queue per class, served high before
+normal before low; the head of the whole line (the first job of the highest
+non-empty class) blocks everything behind it.  With fair share, each class's
+queue is ordered by tenant key first, then arrival.
+"""
 
 from __future__ import annotations
 
 from collections import deque
 
 from scheduler.policies.base import Plan, Policy, PolicyCore
+from scheduler.priority import CLASSES
 from scheduler.records import JobRecord
 
 
 class FifoCore(PolicyCore):
-    """Jobs start in arrival order; the first one that does not fit blocks all behind it."""
+    """Jobs start in class, then arrival order; the first one that does not fit blocks all behind it."""
 
     blocking = True
 
     def __init__(self, total_gpus: int) -> None:
         super().__init__(total_gpus)
-        self.queue: deque[JobRecord] = deque()
+        self.queues: list[deque[JobRecord]] = [deque() for _ in CLASSES]
         self.used = 0
 
     def add(self, job: JobRecord, now: float) -> None:
-        """Join the tail of the one queue."""
-        self.queue.append(job)
+        """Join the tail of its class's queue."""
+        self.queues[job.klass].append(job)
 
     def mark_running(self, job: JobRecord, now: float) -> None:
         """A job restored from a snapshot already holds its GPUs."""
-        self.queue.remove(job)
+        self.queues[job.klass].remove(job)
         self.used += job.alloc
 
     def remove(self, job: JobRecord, now: float) -> None:
-        """Give back the finished job's GPUs."""
-        self.used -= job.alloc
+        """Give back the finished job's GPUs (a queued job leaves its queue)."""
+        if job.running:
+            self.used -= job.alloc
+        else:
+            self.queues[job.klass].remove(job)
 
     def decide(self, now: float) -> Plan:
         """Start queued jobs from the head while each fits."""
         plan: Plan = []
         free = self.total - self.used
-        queue = self.queue
-        while queue and queue[0].requested <= free:
-            job = queue.popleft()
-            free -= job.requested
-            self.used += job.requested
-            plan.append((job, job.requested))
+        for i, queue in enumerate(self.queues):
+            if not queue:
+                continue
+            fs = self.fair_share
+            if fs is not None and len(queue) > 1 and fs.active(j.tenant for j in queue):
+                key = fs.key
+                queue = self.queues[i] = deque(sorted(queue, key=lambda j: (key(j.tenant), j.idx)))
+            while queue and queue[0].requested <= free:
+                job = queue.popleft()
+                free -= job.requested
+                self.used += job.requested
+                plan.append((job, job.requested))
+            if queue:
+                break  # head-of-line blocking across classes too
         return plan
 
     def unplaced(self, refused: Plan, now: float) -> None:
-        """Refused starts go back to the head of the queue, in their order."""
+        """Refused starts go back to the head of their class's queue, in their order."""
         for job, _ in reversed(refused):
-            self.queue.appendleft(job)
+            self.queues[job.klass].appendleft(job)
             self.used -= job.requested
 
     def waiting_count(self) -> int:
         """Jobs queued."""
-        return len(self.queue)
+        return sum(len(q) for q in self.queues)
+
+    def pending_order(self, now: float) -> list[JobRecord]:
+        """Class by class, each queue in fair-share then arrival order."""
+        fs = self.fair_share
+        out: list[JobRecord] = []
+        for q in self.queues:
+            if fs is not None and fs.active(j.tenant for j in q):
+                key = fs.key
+                out.extend(sorted(q, key=lambda j: (key(j.tenant), j.idx)))
+            else:
+                out.extend(q)
+        return out
 
 
 class FifoPolicy(Policy):
-    """First in, first out."""
+    """First in, first out (per priority class)."""
 
     name = "fifo"
 

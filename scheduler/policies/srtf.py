@@ -6,6 +6,9 @@ ties keep the previous pass's order, arrivals join at the end), then a greedy
 first fit starts or keeps each job that fits and preempts running ones that
 do not.  Each pass is O(jobs log jobs): fine for reference runs, not for
 whole production traces.
+
+Priority classes come first (a high job with more remaining time is still
+served before a normal one); with fair share, the tenant key comes next.
 """
 
 from __future__ import annotations
@@ -33,7 +36,12 @@ class SrtfCore(PolicyCore):
         """Sort by remaining time, first fit, preempt what no longer fits."""
         for job in self.jobs:
             job.settle(now)
-        self.jobs.sort(key=_remaining)
+        fs = self.fair_share
+        if fs is not None and fs.active(j.tenant for j in self.jobs):
+            key = fs.key
+            self.jobs.sort(key=lambda j: (j.klass, key(j.tenant), j.remaining))
+        else:
+            self.jobs.sort(key=_class_remaining)
         free = self.total
         plan: Plan = []
         starts: Plan = []
@@ -56,9 +64,20 @@ class SrtfCore(PolicyCore):
         """Jobs without GPUs."""
         return sum(1 for j in self.jobs if not j.running)
 
+    def pending_order(self, now: float) -> list[JobRecord]:
+        """Queued jobs by class, tenant key (with fair share) and remaining time."""
+        for job in self.jobs:
+            job.settle(now)
+        fs = self.fair_share
+        pending = [j for j in self.jobs if not j.running]
+        if fs is not None and fs.active(j.tenant for j in pending):
+            key = fs.key
+            return sorted(pending, key=lambda j: (j.klass, key(j.tenant), j.remaining))
+        return sorted(pending, key=_class_remaining)
 
-def _remaining(job: JobRecord) -> float:
-    return job.remaining
+
+def _class_remaining(job: JobRecord) -> tuple[int, float]:
+    return (job.klass, job.remaining)
 
 
 class SrtfPolicy(Policy):

@@ -27,6 +27,15 @@ Starvation promotion (our parameter ``starvation_factor``; off by default, as
 in the published runs): a pending job below queue 0 that has waited at least
 ``factor x`` its executed seconds since it last ran goes back to queue 0 with
 its attained service reset.
+
+Priority classes (:mod:`scheduler.priority`) come strictly before the LAS
+levels: with ``L`` levels a job sits in queue ``klass x L + level``, so every
+high-class queue is scanned before any normal one.  Demotion stays inside the
+class (a class's last level keeps its jobs) and starvation promotion returns a
+job to its own class's level 0.  Because the pass lets a higher queue's pending
+job take GPUs before a lower queue's running job, a higher class preempts a
+lower one.  With fair share (``fair_share``), each queue's pending jobs are
+considered by tenant key first (below share first), then in queue order.
 """
 
 from __future__ import annotations
@@ -36,7 +45,8 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from scheduler.policies.base import Plan, Policy, PolicyCore
+from scheduler.policies.base import Plan, Policy, PolicyCore, fair_order
+from scheduler.priority import CLASSES
 from scheduler.records import JobRecord
 
 #: The Tiresias paper's defaults are not public as numbers in our sources; the
@@ -73,7 +83,13 @@ class TiresiasCore(PolicyCore):
     ) -> None:
         super().__init__(total_gpus)
         self.limits = tuple(float(x) for x in thresholds)
-        self.queues = [_Queue() for _ in range(len(self.limits) + 1)]
+        self.levels = len(self.limits) + 1
+        # queue index = class x levels + level: every class's levels, high class first
+        self.queues = [_Queue() for _ in range(len(CLASSES) * self.levels)]
+        # the queues of the classes seen so far, in order: a pass scans only these,
+        # so a one-class trace costs what it did before classes existed
+        self.active_queues: list[_Queue] = []
+        self._classes_seen: set[int] = set()
         self.compat = compat
         self.by_gpu_time = by_gpu_time
         self.starvation_factor = starvation_factor
@@ -85,16 +101,27 @@ class TiresiasCore(PolicyCore):
         self._wake: float | None = None
 
     # -- membership -------------------------------------------------------
+    def _see_class(self, klass: int) -> None:
+        self._classes_seen.add(klass)
+        L = self.levels
+        self.active_queues = [
+            q for c in sorted(self._classes_seen) for q in self.queues[c * L : (c + 1) * L]
+        ]
+
     def add(self, job: JobRecord, now: float) -> None:
-        """Arrivals join the tail of queue 0 (a snapshot's queued job: the queue its service says)."""
-        job.queue = self.level_of(job) if job.attained > 0 else 0
+        """Arrivals join the tail of their class's level 0 (a snapshot's: the level its service says)."""
+        if job.klass not in self._classes_seen:
+            self._see_class(job.klass)
+        job.queue = job.klass * self.levels + (self.level_of(job) if job.attained > 0 else 0)
         job.base = self.start_size(job)
         self.queues[job.queue].pending.append(job)
         self.waiting += 1
 
     def restore_running(self, job: JobRecord, now: float) -> None:
-        """Snapshot path: put a running job straight into the queue its service says."""
-        job.queue = self.level_of(job)
+        """Snapshot path: put a running job straight into the queue its class and service say."""
+        if job.klass not in self._classes_seen:
+            self._see_class(job.klass)
+        job.queue = job.klass * self.levels + self.level_of(job)
         job.base = job.alloc or job.requested
         q = self.queues[job.queue]
         q.running[job] = None
@@ -119,6 +146,10 @@ class TiresiasCore(PolicyCore):
         """Jobs queued without GPUs."""
         return self.waiting
 
+    def pending_order(self, now: float) -> list[JobRecord]:
+        """Queue by queue (class, then LAS level), each in fair-share then queue order."""
+        return [job for q in self.active_queues for job in fair_order(q.pending, self.fair_share)]
+
     # -- service accounting -------------------------------------------------
     def service(self, job: JobRecord) -> float:
         """The quantity compared with the thresholds: GPU-seconds (or seconds for ``dlas``)."""
@@ -129,7 +160,7 @@ class TiresiasCore(PolicyCore):
         return job.q_exec
 
     def level_of(self, job: JobRecord) -> int:
-        """The queue a job's service puts it in."""
+        """The LAS level (inside its class) a job's service puts it in."""
         s = self.service(job)
         level = 0
         for limit in self.limits:
@@ -154,9 +185,10 @@ class TiresiasCore(PolicyCore):
     def _started(self, job: JobRecord, now: float, gpus: int = 0) -> None:
         """Book the next threshold crossing of a job that runs from now on (on ``gpus``)."""
         stamp = self._bump(job)
-        if self.compat or job.queue >= len(self.limits):
+        level = job.queue % self.levels
+        if self.compat or level >= len(self.limits):
             return
-        limit = self.limits[job.queue]
+        limit = self.limits[level]
         if self.by_gpu_time:
             rate = float(gpus or job.alloc or job.base)
             when = now + max(0.0, limit - job.attained) / rate
@@ -169,7 +201,7 @@ class TiresiasCore(PolicyCore):
         job.settle(now)
         stamp = self._bump(job)
         job.pending_since = now
-        if self.starvation_factor is not None and job.queue > 0 and job.q_exec > 0:
+        if self.starvation_factor is not None and job.queue % self.levels and job.q_exec > 0:
             when = now + self.starvation_factor * job.q_exec
             self._seq += 1
             heapq.heappush(self._promote_heap, (when, self._seq, job, stamp))
@@ -208,12 +240,15 @@ class TiresiasCore(PolicyCore):
 
     def _apply_demotions(self, now: float) -> None:
         last = len(self.limits)
+        levels = self.levels
         if self.compat:
             due = []
-            for q in self.queues[:last]:
+            for i, q in enumerate(self.queues):
+                if i % levels >= last:
+                    continue
                 for job in q.running:
                     job.settle(now)
-                    if self.service(job) >= self.limits[job.queue]:
+                    if self.service(job) >= self.limits[job.queue % levels]:
                         due.append(job)
             due.sort(key=_arrival)
             for job in due:
@@ -223,13 +258,14 @@ class TiresiasCore(PolicyCore):
         due = []
         while heap and heap[0][0] <= now + _EPS:
             _, _, job, stamp = heapq.heappop(heap)
-            if self._stamp.get(job) != stamp or not job.running or job.queue >= last:
+            if self._stamp.get(job) != stamp or not job.running or job.queue % levels >= last:
                 continue
             job.settle(now)
             due.append(job)
         due.sort(key=_arrival)
         for job in due:
-            if job.queue < last and self.service(job) + _EPS >= self.limits[job.queue]:
+            level = job.queue % levels
+            if level < last and self.service(job) + _EPS >= self.limits[level]:
                 self._demote(job)
             self._started(job, now)  # books the next threshold, if any
 
@@ -241,10 +277,10 @@ class TiresiasCore(PolicyCore):
                 continue
             q = self.queues[job.queue]
             q.pending.remove(job)
-            job.queue = 0
+            job.queue = job.klass * self.levels
             job.attained = 0.0
             job.q_exec = 0.0
-            self.queues[0].pending.append(job)
+            self.queues[job.queue].pending.append(job)
 
     def decide(self, now: float) -> Plan:
         """Demote, promote, then one first-fit pass over the queues in priority order."""
@@ -260,7 +296,8 @@ class TiresiasCore(PolicyCore):
         skip = self.held_back(now) if self.refused else None
         preempts: Plan = []
         starts: Plan = []
-        for q in self.queues:
+        fs = self.fair_share
+        for q in self.active_queues:
             # 1. running jobs of this queue, in order
             if q.run_gpus - _tail_gpus(q) <= free:
                 free -= q.run_gpus - _tail_gpus(q)
@@ -274,7 +311,20 @@ class TiresiasCore(PolicyCore):
                         lost_running.append(job)
             # 2. pending jobs of this queue, first fit
             started: list[JobRecord] = []
-            if q.pending and free > 0:
+            if q.pending and free > 0 and fs is not None and fs.active(j.tenant for j in q.pending):
+                # fair share: tenants below their share first, queue order among equals
+                for job in fair_order(q.pending, fs):
+                    if free <= 0:
+                        break
+                    size = self.fit_size(job, free) if not (skip and job in skip) else 0
+                    if size:
+                        free -= size
+                        job.base = size
+                        started.append(job)
+                if started:
+                    gone = set(started)
+                    q.pending = [j for j in q.pending if j not in gone]
+            elif q.pending and free > 0:
                 kept: list[JobRecord] = []
                 pending = q.pending
                 i = 0
@@ -327,10 +377,12 @@ class TiresiasCore(PolicyCore):
         last = len(self.limits)
         if self.compat:
             best: float | None = None
-            for q in self.queues[:last]:
+            for i, q in enumerate(self.queues):
+                if i % self.levels >= last:
+                    continue
                 for job in q.running:
                     # the simulator's formula: (threshold - executed seconds) // GPUs
-                    step: float = self.limits[job.queue] - job.q_exec
+                    step: float = self.limits[job.queue % self.levels] - job.q_exec
                     if self.by_gpu_time:
                         step = math.floor(step / job.requested)
                     when = now + step
