@@ -11,6 +11,7 @@ from fabric.topology import FabricSpec
 from inventory.models import Fabric, Server, ServerState
 from jobs.agent_commands import GpuHome, runtime_job_name
 from jobs.choices import ACTIVE_STATES, JobState
+from jobs.control.fair_share import tenant_shares
 from jobs.models import Job, JobGpu
 from scheduler.curves import policy_curve
 from scheduler.quota import QuotaBook
@@ -160,6 +161,7 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
             "measured_curve",
             "profile_state",
             "tenant__profile_jobs",
+            "tenant__priority_weight",
         )
     )
     # Quota counts each job's requested share only: GPUs above it are idle extras that
@@ -174,6 +176,7 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
     held_back: dict[int, str] = {}
     book = QuotaBook()
     profile_candidates: list[int] = []
+    weights: dict[str, float] = {}
     epoch = now.timestamp()
     for (
         job_id,
@@ -192,6 +195,7 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
         measured_json,
         profile_state,
         tenant_profiles,
+        weight,
     ) in rows:
         if state == JobState.SCALING or profile_state == "requested":
             continue  # switching or profiling: its size belongs to the runtime for now
@@ -204,6 +208,7 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
             )
             continue
         book.quota[slug] = quota
+        weights[slug] = weight
         book.in_use[slug] = in_use.get(tenant_id, 0)
         name = runtime_job_name(job_id)
         profiled = {int(k): float(v) for k, v in (curve_json or {}).items()}
@@ -226,6 +231,9 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
         )
         ids[name] = job_id
     snapshot = Snapshot(
-        now=0.0, cluster=Cluster(gpus=tuple(gpus), fabric_spec=cluster.spec), jobs=tuple(views)
+        now=0.0,
+        cluster=Cluster(gpus=tuple(gpus), fabric_spec=cluster.spec),
+        jobs=tuple(views),
+        tenants=tenant_shares(weights, now),
     )
     return PolicyInput(snapshot, ids, held_back, book, tuple(profile_candidates))

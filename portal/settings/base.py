@@ -13,6 +13,7 @@ from pathlib import Path
 
 import dj_database_url
 import plotly
+from django.core.exceptions import ImproperlyConfigured
 
 from portal.settings import safety
 from portal.settings.env import env_bool, env_float, env_int, env_list, env_str
@@ -165,6 +166,13 @@ TICK_SECONDS = env_float("TICK_SECONDS", 3.0)
 # The tick's Redis lock expires after this: a worker killed mid-tick delays ticks at most so long.
 TICK_LOCK_SECONDS = env_float("TICK_LOCK_SECONDS", max(10.0, 4 * TICK_SECONDS))
 SCHEDULER_POLICY = env_str("SCHEDULER_POLICY", "elastic-tiresias")
+# Tenant fair share (docs/scheduler.md): weights order tenants' jobs by their GPU-seconds
+# held, decayed with this half-life (Slurm's PriorityDecayHalfLife; 7 days).
+FAIR_SHARE = env_bool("FAIR_SHARE", True)
+FAIR_SHARE_HALF_LIFE = env_float("FAIR_SHARE_HALF_LIFE", 7 * 24 * 3600.0)
+FAIR_SHARE_REFRESH_SECONDS = env_float("FAIR_SHARE_REFRESH_SECONDS", 60.0)
+if not FAIR_SHARE_HALF_LIFE > 0:
+    raise ImproperlyConfigured("FAIR_SHARE_HALF_LIFE must be a positive number of seconds")
 AGENT_HEARTBEAT_SECONDS = env_float("AGENT_HEARTBEAT_SECONDS", 5.0)
 AGENT_DOWN_AFTER_SECONDS = env_float("AGENT_DOWN_AFTER_SECONDS", 20.0)
 # A running job whose workers the heartbeats of its (live) servers stopped listing this

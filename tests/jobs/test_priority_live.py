@@ -1,0 +1,114 @@
+"""Priority classes and tenant fair share in the live control plane (the real tick, database, Redis).
+
+The rules live in the policy cores (``scheduler/policies``); these tests check
+that the tick feeds them what they need: each job's priority, each tenant's
+weight and its decayed GPU-seconds held (``jobs.control.fair_share``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from jobs.control import fair_share
+from jobs.control.tick import run_tick
+from jobs.models import Job
+from jobs.services import check_job_spec, do_cancel_job, do_submit_job
+from tenancy.models import Tenant
+from tests.jobs.control_helpers import demo_cluster
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def fresh_usage(settings: Any) -> Iterator[None]:
+    """Every tick reads the usage history again (the kept reading would outlive the test)."""
+    settings.FAIR_SHARE_REFRESH_SECONDS = 0.0
+    fair_share.forget()
+    yield
+    fair_share.forget()
+
+
+def submit(user: Any, tenant: Tenant, name: str, gpus: int, priority: int = 50) -> Job:
+    data = {"name": name, "workload": "mlp-digits", "gpus": gpus, "priority": priority}
+    return do_submit_job(user=user, tenant=tenant, spec=check_job_spec(tenant=tenant, data=data))
+
+
+def state(job: Job) -> str:
+    job.refresh_from_db()
+    return job.state
+
+
+@pytest.mark.parametrize("policy", ["tiresias", "elastic-tiresias"])
+def test_a_high_priority_job_starts_before_queued_normal_ones_and_preempts_a_low_one(
+    policy: str, make_tenant: Callable[..., Tenant], make_user: Callable[..., Any]
+) -> None:
+    tenant = make_tenant("big", quota=16)
+    user = make_user("carol", tenant)
+    demo_cluster()  # 8 GPUs
+    low = submit(user, tenant, "low", 4, priority=10)
+    running = submit(user, tenant, "normal-1", 4)
+    run_tick(policy=policy)
+    assert (state(low), state(running)) == ("running", "running")
+
+    waiting = submit(user, tenant, "normal-2", 4)  # submitted first ...
+    high = submit(user, tenant, "high", 4, priority=90)  # ... but of a higher class
+    run_tick(policy=policy)
+    run_tick(policy=policy)
+
+    assert state(high) == "running"
+    assert state(running) == "running"  # same class as the queued one: never displaced by it
+    assert state(waiting) == "queued"
+    assert state(low) == "queued"
+    assert low.events.filter(kind="preempted").exists()
+
+
+@pytest.mark.parametrize(("enabled", "first"), [(True, "initech"), (False, "acme")])
+def test_the_tenant_below_its_share_gets_the_free_gpus_first(
+    enabled: bool,
+    first: str,
+    settings: Any,
+    make_tenant: Callable[..., Tenant],
+    make_user: Callable[..., Any],
+) -> None:
+    """acme held the whole cluster a moment ago; initech held nothing (equal weights)."""
+    settings.FAIR_SHARE = enabled
+    acme, initech = make_tenant("acme", quota=8), make_tenant("initech", quota=8)
+    alice, ivan = make_user("alice", acme), make_user("ivan", initech)
+    demo_cluster()
+    used = submit(alice, acme, "used", 8)
+    run_tick(policy="tiresias")
+    assert state(used) == "running"
+    mine = submit(alice, acme, "acme-next", 8)  # submitted first
+    theirs = submit(ivan, initech, "initech-next", 8)
+    do_cancel_job(user=alice, job_id=used.pk)
+    run_tick(policy="tiresias")
+    run_tick(policy="tiresias")
+
+    started = {job.tenant.slug for job in (mine, theirs) if state(job) == "running"}
+    assert started == {first}
+
+
+def test_weights_scale_the_share(
+    settings: Any, make_tenant: Callable[..., Tenant], make_user: Callable[..., Any]
+) -> None:
+    """The same history as above, but acme weighs a million times initech: acme goes first."""
+    acme, initech = make_tenant("acme", quota=8), make_tenant("initech", quota=8)
+    Tenant.objects.filter(pk=acme.pk).update(priority_weight=1e6)
+    alice, ivan = make_user("alice", acme), make_user("ivan", initech)
+    demo_cluster()
+    used = submit(alice, acme, "used", 8)
+    run_tick(policy="tiresias")
+    other = submit(ivan, initech, "initech-before", 8)  # initech gets a little usage too
+    do_cancel_job(user=alice, job_id=used.pk)
+    run_tick(policy="tiresias")
+    run_tick(policy="tiresias")
+    assert state(other) == "running"
+    mine = submit(alice, acme, "acme-next", 8)
+    theirs = submit(ivan, initech, "initech-next", 8)
+    do_cancel_job(user=ivan, job_id=other.pk)
+    run_tick(policy="tiresias")
+    run_tick(policy="tiresias")
+    assert (state(mine), state(theirs)) == ("running", "queued")
