@@ -1,0 +1,330 @@
+"""Predicted start and finish: the production policy run forward from a snapshot (pure).
+
+The control plane's tick decides on a :class:`~scheduler.types.Snapshot` once
+every few seconds.  A forecast replays that same decision, ``Policy.schedule``
+with placement by count, on a virtual clock, with no new arrivals::
+
+    t = snapshot.now
+    loop
+      1. hold back queued jobs over their tenant's quota (the tick's rule)
+      2. policy.schedule(snapshot at t) -> decisions; quota check on the starts
+      3. apply them: starts (first start = predicted start), resizes, preemptions
+      4. next time = the next finish of a running job with known remaining work,
+         or, while jobs still wait, t + step (the policy's own clock: LAS
+         demotions, starvation promotions); the step doubles up to ``max_step_s``
+         while passes change nothing and is back to ``step_s`` after a change
+      5. progress: remaining -= dt x rate(GPUs held); service += GPUs x dt
+    until no job waits and none with known work runs, or the horizon
+
+A job's ``remaining_work`` is seconds at its requested size; ``rate(n)`` comes
+from its throughput curve relative to the requested size (1.0 without one, as
+in the simulator).  A job whose remaining work is unknown runs forever in the
+forecast: its finish is None with a reason, and jobs that wait on its GPUs get
+no start.  Nothing is invented.
+
+Placement is by GPU count: the fabric (vClos shapes, which the tick's binding
+may refuse) is not modelled, so a start that binding would refuse is predicted
+too early.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from scheduler.curves import relative_speeds
+from scheduler.placement import CountPlacement
+from scheduler.policies.base import Policy
+from scheduler.quota import QuotaBook, enforce_quotas
+from scheduler.types import (
+    Cluster,
+    Gpu,
+    GpuState,
+    JobState,
+    JobView,
+    Migrate,
+    Preempt,
+    Scale,
+    Snapshot,
+    Start,
+)
+
+DEFAULT_STEP_S = 60.0
+DEFAULT_MAX_STEP_S = 960.0
+DEFAULT_HORIZON_S = 7 * 24 * 3600.0
+DEFAULT_MAX_PASSES = 5000
+
+UNKNOWN_WORK = "remaining work unknown (no total steps or no measured throughput)"
+WAITS_ON_UNKNOWN = "waits for GPUs held by jobs whose remaining work is unknown"
+BEYOND_HORIZON = "not within the forecast horizon"
+NEVER_FITS = "asks for more GPUs than the cluster has up"
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """One job's forecast: seconds from the snapshot's ``now`` (None: not predicted, see reason).
+
+    ``start`` is for a queued job (a running one has started); ``finish`` for both.
+    """
+
+    job: str
+    start: float | None
+    finish: float | None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Forecast:
+    """Every job's estimate, and the queued jobs in queue order (position 1 first)."""
+
+    estimates: Mapping[str, Estimate]
+    order: tuple[str, ...]
+    passes: int = 0
+    horizon_reached: bool = False
+
+
+@dataclass(slots=True)
+class _Progress:
+    """The virtual state of one job during a forecast."""
+
+    view: JobView
+    gpus: tuple[int, ...]
+    remaining: float
+    attained: float
+    speeds: list[float] | None
+    started: float | None = None
+    finished: float | None = None
+
+    def rate(self, n: int) -> float:
+        """Seconds of requested-size work done per second on ``n`` GPUs."""
+        if n <= 0:
+            return 0.0
+        table = self.speeds
+        if table is None:
+            return 1.0
+        return table[n] if n < len(table) else table[-1]
+
+    def finish_after(self) -> float:
+        """Seconds until it finishes on the GPUs it holds (inf: unknown work or no progress)."""
+        rate = self.rate(len(self.gpus))
+        if not self.gpus or rate <= 0 or math.isinf(self.remaining):
+            return math.inf
+        return max(0.0, self.remaining) / rate
+
+
+@dataclass(slots=True)
+class _World:
+    """GPUs and jobs of the virtual cluster."""
+
+    gpus: dict[int, Gpu]
+    jobs: dict[str, _Progress] = field(default_factory=dict)
+
+
+def _speeds(view: JobView) -> list[float] | None:
+    if not view.throughput:
+        return None
+    top = max(max(view.throughput), view.max_gpus or 0, view.requested_gpus)
+    return relative_speeds(view.throughput, view.requested_gpus, top)
+
+
+def _start_world(snapshot: Snapshot) -> _World:
+    world = _World(gpus={g.id: g for g in snapshot.cluster.gpus})
+    for view in snapshot.jobs:
+        remaining = math.inf if view.remaining_work is None else max(0.0, view.remaining_work)
+        world.jobs[view.id] = _Progress(
+            view=view,
+            gpus=tuple(view.gpus) if view.running else (),
+            remaining=remaining,
+            attained=view.attained_service,
+            speeds=_speeds(view),
+            started=snapshot.now if view.running else None,
+        )
+    return world
+
+
+def _held_by_quota(world: _World, quota: Mapping[str, int]) -> tuple[set[str], QuotaBook]:
+    """Queued jobs the tick would hold back now, and the quota book for the rest."""
+    in_use: dict[str, int] = {}
+    for p in world.jobs.values():
+        if p.gpus and p.finished is None:
+            share = min(len(p.gpus), p.view.requested_gpus)
+            in_use[p.view.tenant] = in_use.get(p.view.tenant, 0) + share
+    held = {
+        job
+        for job, p in world.jobs.items()
+        if not p.gpus
+        and p.finished is None
+        and p.view.tenant in quota
+        and in_use.get(p.view.tenant, 0) + (p.view.min_gpus or p.view.requested_gpus)
+        > quota[p.view.tenant]
+    }
+    book = QuotaBook(quota=dict(quota), in_use=in_use)
+    return held, book
+
+
+def _snapshot_at(world: _World, now: float, held: set[str]) -> Snapshot:
+    busy = {g: job for job, p in world.jobs.items() if p.finished is None for g in p.gpus}
+    gpus = []
+    for gid, gpu in world.gpus.items():
+        if gpu.state is GpuState.DOWN:
+            gpus.append(gpu)
+        elif gid in busy:
+            gpus.append(Gpu(gpu.id, gpu.server, gpu.leaf, GpuState.BUSY, busy[gid]))
+        else:
+            gpus.append(Gpu(gpu.id, gpu.server, gpu.leaf))
+    views = []
+    for job, p in world.jobs.items():
+        if p.finished is not None or job in held:
+            continue
+        views.append(
+            JobView(
+                id=p.view.id,
+                submit_time=p.view.submit_time,
+                requested_gpus=p.view.requested_gpus,
+                tenant=p.view.tenant,
+                min_gpus=p.view.min_gpus,
+                max_gpus=p.view.max_gpus,
+                gpus=p.gpus,
+                attained_service=p.attained,
+                remaining_work=None if math.isinf(p.remaining) else p.remaining,
+                state=JobState.RUNNING if p.gpus else JobState.QUEUED,
+                priority=p.view.priority,
+                queue_since=p.view.queue_since,
+                throughput=p.view.throughput,
+            )
+        )
+    return Snapshot(now=now, cluster=Cluster(gpus=tuple(gpus)), jobs=tuple(views))
+
+
+def _apply(
+    world: _World, snapshot: Snapshot, policy: Policy, book: QuotaBook | None, t: float
+) -> bool:
+    """One pass of the policy at ``t``; True when anything changed."""
+    decisions = policy.schedule(snapshot, placement=CountPlacement())
+    if book is not None:
+        decisions, _ = enforce_quotas(decisions, {v.id: v for v in snapshot.jobs}, book)
+    changed = False
+    for decision in decisions:
+        p = world.jobs.get(decision.job)
+        if p is None:
+            continue
+        if isinstance(decision, Preempt):
+            p.gpus = ()
+        elif isinstance(decision, Start | Scale):
+            p.gpus = tuple(decision.gpus)
+            if p.started is None:
+                p.started = t
+        elif isinstance(decision, Migrate):
+            continue  # same size elsewhere: the pace does not change by count
+        changed = True
+    return changed
+
+
+def _advance(world: _World, dt: float, t_next: float) -> bool:
+    """Progress every running job by ``dt``; True when one finished."""
+    finished = False
+    for p in world.jobs.values():
+        if not p.gpus or p.finished is not None:
+            continue
+        if not math.isinf(p.remaining):
+            p.remaining -= dt * p.rate(len(p.gpus))
+        p.attained += len(p.gpus) * dt
+        if p.remaining <= 1e-6:
+            p.remaining = 0.0
+            p.finished = t_next
+            p.gpus = ()
+            finished = True
+    return finished
+
+
+def forecast(
+    snapshot: Snapshot,
+    policy: Policy,
+    *,
+    quota: Mapping[str, int] | None = None,
+    step_s: float = DEFAULT_STEP_S,
+    max_step_s: float = DEFAULT_MAX_STEP_S,
+    horizon_s: float = DEFAULT_HORIZON_S,
+    max_passes: int = DEFAULT_MAX_PASSES,
+) -> Forecast:
+    """Run ``policy`` forward from ``snapshot``; each job's predicted start and finish.
+
+    ``quota`` maps tenant to its GPU quota (None: no quota rule); queued jobs
+    of the snapshot are all given, including those the tick holds back now.
+    """
+    if step_s <= 0 or max_step_s < step_s or horizon_s <= 0 or max_passes < 1:
+        raise ValueError("forecast needs 0 < step_s <= max_step_s, horizon_s > 0, max_passes >= 1")
+    world = _start_world(snapshot)
+    t = snapshot.now
+    end = snapshot.now + horizon_s
+    step = step_s
+    passes = 0
+    horizon_reached = False
+    while True:
+        held, book = _held_by_quota(world, quota) if quota is not None else (set(), None)
+        changed = _apply(world, _snapshot_at(world, t, held), policy, book, t)
+        passes += 1
+        step = step_s if changed else min(step * 2, max_step_s)
+        active = [p for p in world.jobs.values() if p.finished is None]
+        waiting = any(not p.gpus for p in active)
+        if not changed and not any(p.gpus for p in active):
+            break  # free GPUs and no taker: no later pass decides otherwise
+        t_finish = min((t + p.finish_after() for p in active if p.gpus), default=math.inf)
+        t_next = min(t_finish, t + step) if waiting else t_finish
+        if math.isinf(t_next) and waiting and any(p.gpus for p in active):
+            t_next = t + step  # only unknown-work jobs run: the policy's clock may still move
+        if math.isinf(t_next):
+            break
+        if t_next > end or passes >= max_passes:
+            horizon_reached = True
+            break
+        _advance(world, t_next - t, t_next)
+        t = t_next
+    return _result(world, snapshot, passes, horizon_reached)
+
+
+def _result(world: _World, snapshot: Snapshot, passes: int, horizon_reached: bool) -> Forecast:
+    up = snapshot.cluster.total_gpus
+    unknown_holds = any(
+        math.isinf(p.remaining) and p.gpus and p.finished is None for p in world.jobs.values()
+    )
+    estimates: dict[str, Estimate] = {}
+    for job, p in world.jobs.items():
+        queued = not p.view.running
+        start = p.started - snapshot.now if queued and p.started is not None else None
+        finish = None if p.finished is None else p.finished - snapshot.now
+        reason = ""
+        if queued and p.started is None:
+            if (p.view.min_gpus or p.view.requested_gpus) > up:
+                reason = NEVER_FITS
+            elif unknown_holds:
+                reason = WAITS_ON_UNKNOWN
+            else:
+                reason = BEYOND_HORIZON
+        elif finish is None:
+            reason = UNKNOWN_WORK if math.isinf(p.remaining) else BEYOND_HORIZON
+        estimates[job] = Estimate(job=job, start=start, finish=finish, reason=reason)
+    return Forecast(
+        estimates=estimates,
+        order=queue_order(snapshot, estimates),
+        passes=passes,
+        horizon_reached=horizon_reached,
+    )
+
+
+def queue_order(snapshot: Snapshot, estimates: Mapping[str, Estimate]) -> tuple[str, ...]:
+    """The queued jobs in the order the policy will start them: position 1 first.
+
+    The one place the queue's order is decided.  Until the policies expose their
+    own order (``Policy.queue_order(snapshot)``), it is the predicted start
+    (ties and jobs without a prediction by submit time, then id).
+    """
+    queued = [v for v in snapshot.jobs if not v.running]
+
+    def key(view: JobView) -> tuple[float, float, str]:
+        estimate = estimates.get(view.id)
+        start = estimate.start if estimate is not None and estimate.start is not None else math.inf
+        return (start, view.submit_time, view.id)
+
+    return tuple(v.id for v in sorted(queued, key=key))
