@@ -165,6 +165,8 @@ TICK_SECONDS = env_float("TICK_SECONDS", 3.0)
 # The tick's Redis lock expires after this: a worker killed mid-tick delays ticks at most so long.
 TICK_LOCK_SECONDS = env_float("TICK_LOCK_SECONDS", max(10.0, 4 * TICK_SECONDS))
 SCHEDULER_POLICY = env_str("SCHEDULER_POLICY", "elastic-tiresias")
+# Predicted start/finish (jobs.forecast): refreshed in the background at most this often.
+FORECAST_SECONDS = env_float("FORECAST_SECONDS", 10.0)
 AGENT_HEARTBEAT_SECONDS = env_float("AGENT_HEARTBEAT_SECONDS", 5.0)
 AGENT_DOWN_AFTER_SECONDS = env_float("AGENT_DOWN_AFTER_SECONDS", 20.0)
 # A running job whose workers the heartbeats of its (live) servers stopped listing this
@@ -324,6 +326,7 @@ DEFAULT_TENANT_MAX_QUEUED_JOBS = env_int("DEFAULT_TENANT_MAX_QUEUED_JOBS", 100)
 # or the agents' reports (queue "portal"); bounded in time and in size.
 CELERY_TASK_ROUTES = {
     "portal.whatif.run": {"queue": "whatif"},
+    "jobs.tasks.refresh_forecast": {"queue": "whatif"},
     "control.scheduler_tick": {"queue": "portal"},
     "control.agent_report": {"queue": "portal"},
 }
