@@ -39,6 +39,7 @@ from scheduler.policies.base import Policy
 from scheduler.quota import QuotaBook, enforce_quotas
 from scheduler.types import (
     Cluster,
+    Decision,
     Gpu,
     GpuState,
     JobState,
@@ -54,6 +55,8 @@ DEFAULT_STEP_S = 60.0
 DEFAULT_MAX_STEP_S = 960.0
 DEFAULT_HORIZON_S = 7 * 24 * 3600.0
 DEFAULT_MAX_PASSES = 5000
+RESOLUTION_S = 1.0
+"""How precisely a change the policy's own clock makes (a demotion) is placed in time."""
 
 UNKNOWN_WORK = "remaining work unknown (no total steps or no measured throughput)"
 WAITS_ON_UNKNOWN = "waits for GPUs held by jobs whose remaining work is unknown"
@@ -197,13 +200,20 @@ def _snapshot_at(world: _World, now: float, held: set[str]) -> Snapshot:
     return Snapshot(now=now, cluster=Cluster(gpus=tuple(gpus)), jobs=tuple(views))
 
 
-def _apply(
-    world: _World, snapshot: Snapshot, policy: Policy, book: QuotaBook | None, t: float
-) -> bool:
-    """One pass of the policy at ``t``; True when anything changed."""
+def _decide(
+    world: _World, t: float, policy: Policy, quota: Mapping[str, int] | None
+) -> list[Decision]:
+    """The tick's pass at ``t`` on the virtual cluster: held-back rule, policy, quota check."""
+    held, book = _held_by_quota(world, quota) if quota is not None else (set(), None)
+    snapshot = _snapshot_at(world, t, held)
     decisions = policy.schedule(snapshot, placement=CountPlacement())
     if book is not None:
         decisions, _ = enforce_quotas(decisions, {v.id: v for v in snapshot.jobs}, book)
+    return [d for d in decisions if not isinstance(d, Migrate)]  # same size: no effect by count
+
+
+def _apply(world: _World, decisions: list[Decision], t: float) -> bool:
+    """Bind a pass's decisions in the virtual cluster; True when anything changed."""
     changed = False
     for decision in decisions:
         p = world.jobs.get(decision.job)
@@ -215,8 +225,6 @@ def _apply(
             p.gpus = tuple(decision.gpus)
             if p.started is None:
                 p.started = t
-        elif isinstance(decision, Migrate):
-            continue  # same size elsewhere: the pace does not change by count
         changed = True
     return changed
 
@@ -236,6 +244,54 @@ def _advance(world: _World, dt: float, t_next: float) -> bool:
             p.gpus = ()
             finished = True
     return finished
+
+
+_Saved = dict[str, tuple[float, float, tuple[int, ...]]]
+
+
+def _save(world: _World) -> _Saved:
+    """What moving the clock changes: each running job's remaining work, service, GPUs."""
+    return {
+        job: (p.remaining, p.attained, p.gpus)
+        for job, p in world.jobs.items()
+        if p.gpus and p.finished is None
+    }
+
+
+def _move_to(world: _World, saved: _Saved, t: float, to: float) -> None:
+    """Put the running jobs back where they were at ``t`` (``saved``), then on to ``to``."""
+    for job, (remaining, attained, gpus) in saved.items():
+        p = world.jobs[job]
+        p.remaining, p.attained, p.gpus, p.finished = remaining, attained, gpus, None
+    _advance(world, to - t, to)
+
+
+def _first_change(
+    world: _World,
+    saved: _Saved,
+    t: float,
+    hi: float,
+    decisions: list[Decision],
+    policy: Policy,
+    quota: Mapping[str, int] | None,
+) -> tuple[float, list[Decision], int]:
+    """Bisect (t, hi] for the first time a pass decides something; no finish lies inside.
+
+    ``decisions`` are the pass's at ``hi``.  Leaves ``world`` at the time found and
+    returns it, that pass's decisions and the passes spent.
+    """
+    lo, passes = t, 0
+    while hi - lo > RESOLUTION_S:
+        mid = (lo + hi) / 2
+        _move_to(world, saved, t, mid)
+        found = _decide(world, mid, policy, quota)
+        passes += 1
+        if found:
+            hi, decisions = mid, found
+        else:
+            lo = mid
+    _move_to(world, saved, t, hi)
+    return hi, decisions, passes
 
 
 def forecast(
@@ -259,12 +315,11 @@ def forecast(
     t = snapshot.now
     end = snapshot.now + horizon_s
     step = step_s
-    passes = 0
+    passes = 1
     horizon_reached = False
+    decisions = _decide(world, t, policy, quota)
     while True:
-        held, book = _held_by_quota(world, quota) if quota is not None else (set(), None)
-        changed = _apply(world, _snapshot_at(world, t, held), policy, book, t)
-        passes += 1
+        changed = _apply(world, decisions, t)
         step = step_s if changed else min(step * 2, max_step_s)
         active = [p for p in world.jobs.values() if p.finished is None]
         waiting = any(not p.gpus for p in active)
@@ -279,7 +334,25 @@ def forecast(
         if t_next > end or passes >= max_passes:
             horizon_reached = True
             break
+        saved = _save(world)
         _advance(world, t_next - t, t_next)
+        decisions = _decide(world, t_next, policy, quota)
+        passes += 1
+        # Did the policy's own clock (a demotion) move something before t_next?  At a
+        # finish, one probe just before it tells; then the change is found to a second.
+        hi, found = t_next, decisions
+        if t_next >= t_finish:
+            found = []
+            if waiting and t_next - t > RESOLUTION_S:
+                hi = t_next - RESOLUTION_S / 2
+                _move_to(world, saved, t, hi)
+                found = _decide(world, hi, policy, quota)
+                passes += 1
+                if not found:
+                    _move_to(world, saved, t, t_next)  # nothing before the finish
+        if found:
+            t_next, decisions, probes = _first_change(world, saved, t, hi, found, policy, quota)
+            passes += probes
         t = t_next
     return _result(world, snapshot, passes, horizon_reached)
 
