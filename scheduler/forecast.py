@@ -10,11 +10,13 @@ with placement by count, on a virtual clock, with no new arrivals::
       2. policy.schedule(snapshot at t) -> decisions; quota check on the starts
       3. apply them: starts (first start = predicted start), resizes, preemptions
       4. next time = the next finish of a running job with known remaining work,
-         or, while jobs still wait, t + step (the policy's own clock: LAS
-         demotions, starvation promotions); the step doubles up to ``max_step_s``
-         while passes change nothing and is back to ``step_s`` after a change
+         or, while jobs still wait, t + step (the step doubles from ``step_s`` up to
+         ``max_step_s`` while passes change nothing)
       5. progress: remaining -= dt x rate(GPUs held); service += GPUs x dt
-    until no job waits and none with known work runs, or the horizon
+      6. a change the policy's own clock made inside the interval (a LAS demotion
+         that lets a queued job in) is found by bisection to ``RESOLUTION_S``;
+         before a finish, one probe just earlier tells whether there is one
+    until no job waits and none with known work runs, the horizon or max_passes
 
 A job's ``remaining_work`` is seconds at its requested size; ``rate(n)`` comes
 from its throughput curve relative to the requested size (1.0 without one, as

@@ -137,3 +137,23 @@ def test_bad_parameters_are_refused() -> None:
         forecast(snap, get_policy("fifo"), step_s=0.0)
     with pytest.raises(ValueError, match="forecast needs"):
         forecast(snap, get_policy("fifo"), max_passes=0)
+
+
+def test_a_las_demotion_is_placed_to_the_second() -> None:
+    # Tiresias' queues are cut at 3250 and 7200 GPU-seconds. "long" on 8 GPUs reaches
+    # 7200 at t = 900 s and drops below "next" (queue 1, waiting): "next" starts then.
+    clu = cluster(busy=dict.fromkeys(range(8), "long"))
+    snap = snapshot(
+        0.0,
+        clu,
+        running("long", tuple(range(8)), remaining_work=10_000.0),
+        queued("next", 8, submit=1.0, remaining_work=100.0, attained_service=5000.0),
+    )
+    result = forecast(snap, get_policy("tiresias"))
+    start = result.estimates["next"].start
+    assert start is not None and abs(start - 900.0) <= 1.0
+    finish = result.estimates["long"].finish  # preempted for the 100 s of "next"
+    assert finish is not None and abs(finish - 10_100.0) <= 2.0
+    coarse = forecast(snap, get_policy("tiresias"), step_s=600.0, max_step_s=600.0)
+    coarse_start = coarse.estimates["next"].start
+    assert coarse_start is not None and abs(coarse_start - 900.0) <= 1.0  # not at 1200

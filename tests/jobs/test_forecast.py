@@ -30,7 +30,7 @@ from jobs.tasks import forecast_estimates
 from portal.celery import app
 from scheduler.forecast import UNKNOWN_WORK
 from tenancy.models import Tenant
-from tests.jobs.control_helpers import demo_cluster, drain_all
+from tests.jobs.control_helpers import demo_cluster, drain_envelopes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -111,7 +111,8 @@ def test_refresh_writes_start_behind_the_running_job_and_positions(
     nodes = demo_cluster()  # 8 GPUs
     first = submit(alice, acme, gpus=8, name="first")
     run_tick(policy="fifo")
-    drain_all(nodes)
+    for node in nodes:
+        drain_envelopes(node)  # the start commands: not this test's subject
     second = submit(alice, acme, gpus=8, name="second")
     third = submit(alice, acme, gpus=8, name="third", steps=1)
     # 600 of 1000 steps done at 320 samples/s: 400 x 32 / 320 = 40 s left.
@@ -201,9 +202,11 @@ def test_maybe_refresh_is_off_with_no_interval(whatif_queue: Any, fresh_redis: r
 def test_api_page_and_dashboard_show_estimates_to_their_tenant_only(
     alice: Any, bob: Any, acme: Tenant, globex: Tenant, fresh_redis: redis.Redis
 ) -> None:
-    demo_cluster()
+    nodes = demo_cluster()
     runs = submit(alice, acme, gpus=8, name="runs")
     run_tick(policy="fifo")
+    for node in nodes:
+        drain_envelopes(node)
     waits = submit(alice, acme, gpus=8, name="waits")
     other = submit(bob, globex, gpus=4, name="other")
     Job.objects.filter(pk=runs.pk).update(step=500, samples_per_s=320.0)
