@@ -32,6 +32,7 @@ from django.utils import timezone
 from jobs.agent_commands import runtime_job_name
 from jobs.choices import JobState
 from jobs.control.state import build_snapshot, read_cluster
+from jobs.lifecycle import ESTIMATE_FIELDS, save_estimates
 from jobs.models import Job
 from scheduler.curves import policy_curve, relative_speeds
 from scheduler.forecast import Forecast, forecast
@@ -48,7 +49,6 @@ LOCK_KEY = "portal:forecast"
 DIGITS_SAMPLES = 1797
 """Samples in scikit-learn's 8x8 digits, the ``mlp-digits`` workload's training set."""
 FORECAST_STATES = (JobState.QUEUED, JobState.RUNNING, JobState.SCALING)
-_FIELDS = ("estimated_start", "estimated_finish", "queue_position", "estimate_reason")
 
 
 def total_steps(workload: str, args: Mapping[str, Any], batch_size: int) -> int | None:
@@ -214,16 +214,19 @@ def store_estimates(*, live: LiveForecast) -> list[int]:
             "queue_position": positions.get(name),
             "estimate_reason": estimate.reason[:200],
         }
-    blank = dict.fromkeys(_FIELDS[:3]) | {"estimate_reason": ""}
-    jobs = Job.objects.filter(Q(pk__in=wanted) | Q(estimated_at__isnull=False)).only(
-        "id", "tenant_id", "estimated_at", *_FIELDS
+    blank: dict[str, Any] = {
+        "estimated_start": None,
+        "estimated_finish": None,
+        "queue_position": None,
+        "estimate_reason": "",
+    }
+    jobs = Job.objects.filter(Q(pk__in=list(wanted)) | Q(estimated_at__isnull=False)).only(
+        "id", "tenant_id", *ESTIMATE_FIELDS
     )
     changed: list[Job] = []
     touched: list[Job] = []
     for job in jobs:
         values = wanted.get(job.pk, blank)
-        if job.pk not in wanted and job.estimated_at is None:
-            continue
         if any(getattr(job, key) != value for key, value in values.items()):
             changed.append(job)
         for key, value in values.items():
@@ -231,7 +234,7 @@ def store_estimates(*, live: LiveForecast) -> list[int]:
         job.estimated_at = live.at if job.pk in wanted else None
         touched.append(job)
     with transaction.atomic():
-        Job.objects.bulk_update(touched, [*_FIELDS, "estimated_at"], batch_size=500)
+        save_estimates(touched)
         _announce(changed)
     return [job.pk for job in changed]
 

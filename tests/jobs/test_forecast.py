@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import redis
 from django.conf import settings
+from django.db import transaction
 from django.test import Client, override_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -236,3 +237,30 @@ def test_api_page_and_dashboard_show_estimates_to_their_tenant_only(
     assert rows[waits.pk]["estimated_start"] == waits.estimated_start.isoformat()
     assert rows[runs.pk]["estimated_start"] is None
     assert other.pk not in rows
+
+
+def test_clients_cannot_set_estimates_or_positions(
+    alice: Any, acme: Tenant, fresh_redis: redis.Redis
+) -> None:
+    demo_cluster()
+    job = submit(alice, acme, gpus=2)
+    refresh_forecast()
+    job.refresh_from_db()
+    before = (job.queue_position, job.estimated_start, job.estimated_at)
+    api = APIClient()
+    api.force_authenticate(alice)
+    forged = {"queue_position": 0, "estimated_start": "2000-01-01T00:00:00Z"}
+    response = api.patch(f"/api/v1/jobs/{job.pk}/", forged, format="json")
+    assert response.status_code == 400
+    assert "Unknown field(s): estimated_start, queue_position" in response.content.decode()
+    job.refresh_from_db()
+    assert (job.queue_position, job.estimated_start, job.estimated_at) == before
+
+
+def test_maybe_refresh_inside_a_transaction_waits_for_the_commit(
+    whatif_queue: Any, fresh_redis: redis.Redis
+) -> None:
+    with transaction.atomic():
+        maybe_refresh(timezone.now())
+        assert fresh_redis.get(DUE_KEY) is None  # nothing sent, nothing marked yet
+    assert whatif_queue.get(timeout=5).headers["task"] == FORECAST_TASK
