@@ -32,6 +32,7 @@ from portal.celery import app
 from scheduler.forecast import UNKNOWN_WORK
 from tenancy.models import Tenant
 from tests.jobs.control_helpers import demo_cluster, drain_envelopes
+from utilities.realtime import job_group, tenant_group
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -264,3 +265,27 @@ def test_maybe_refresh_inside_a_transaction_waits_for_the_commit(
         maybe_refresh(timezone.now())
         assert fresh_redis.get(DUE_KEY) is None  # nothing sent, nothing marked yet
     assert whatif_queue.get(timeout=5).headers["task"] == FORECAST_TASK
+
+
+def test_changed_estimates_are_announced_to_their_own_tenant_and_page_only(
+    alice: Any, bob: Any, acme: Tenant, globex: Tenant, fresh_redis: redis.Redis, monkeypatch: Any
+) -> None:
+    sent: list[tuple[tuple[str, ...], dict[str, Any]]] = []
+    monkeypatch.setattr(
+        "jobs.forecast.broadcast_on_commit",
+        lambda groups, payload: sent.append((tuple(groups), payload)),
+    )
+    demo_cluster()
+    mine = submit(alice, acme, gpus=2, name="mine")
+    theirs = submit(bob, globex, gpus=2, name="theirs")
+    refresh_forecast()
+    by_group = dict(sent)
+    tenant_msg = by_group[(tenant_group(acme.pk),)]
+    assert tenant_msg["type"] == "forecast.updated"
+    assert [entry["job"] for entry in tenant_msg["jobs"]] == [mine.pk]  # not globex's job
+    assert [e["job"] for e in by_group[(tenant_group(globex.pk),)]["jobs"]] == [theirs.pk]
+    assert by_group[(job_group(mine.pk),)]["job"] == mine.pk
+    assert len(sent) == 4  # two tenants, two job pages
+    sent.clear()
+    refresh_forecast()
+    assert sent == []  # nothing changed: nothing announced
