@@ -38,7 +38,7 @@ from scheduler.curves import policy_curve, relative_speeds
 from scheduler.forecast import Forecast, forecast
 from scheduler.policies import get_policy
 from scheduler.types import JobState as ViewState
-from scheduler.types import JobView, Snapshot
+from scheduler.types import JobView
 from utilities.realtime import broadcast_on_commit, job_group, tenant_group
 
 log = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ def compute_forecast(now: datetime) -> LiveForecast | None:
             curve_known=bool(data["throughput_curve"] or data["measured_curve"]),
         )
         with_work.append(dataclasses.replace(job_view, remaining_work=work))
-    snapshot = Snapshot(now=0.0, cluster=view.snapshot.cluster, jobs=tuple(with_work))
+    snapshot = dataclasses.replace(view.snapshot, jobs=tuple(with_work))  # keeps what else it has
     quota = {row["tenant__slug"]: row["tenant__gpu_quota"] for row in rows.values()}
     result = forecast(snapshot, get_policy(settings.SCHEDULER_POLICY), quota=quota)
     return LiveForecast(result=result, ids=ids, at=now)

@@ -31,6 +31,7 @@ too early.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -100,6 +101,7 @@ class _Progress:
     speeds: list[float] | None
     started: float | None = None
     finished: float | None = None
+    last_view: JobView | None = None  # the view of the last pass, while nothing moved
 
     def rate(self, n: int) -> float:
         """Seconds of requested-size work done per second on ``n`` GPUs."""
@@ -120,9 +122,10 @@ class _Progress:
 
 @dataclass(slots=True)
 class _World:
-    """GPUs and jobs of the virtual cluster."""
+    """The virtual cluster: the input snapshot, its GPUs as when idle (down stays down), jobs."""
 
-    gpus: dict[int, Gpu]
+    base: Snapshot
+    idle: dict[int, Gpu]
     jobs: dict[str, _Progress] = field(default_factory=dict)
 
 
@@ -134,7 +137,11 @@ def _speeds(view: JobView) -> list[float] | None:
 
 
 def _start_world(snapshot: Snapshot) -> _World:
-    world = _World(gpus={g.id: g for g in snapshot.cluster.gpus})
+    idle = {
+        g.id: g if g.state is GpuState.DOWN else Gpu(g.id, g.server, g.leaf)
+        for g in snapshot.cluster.gpus
+    }
+    world = _World(base=snapshot, idle=idle)
     for view in snapshot.jobs:
         remaining = math.inf if view.remaining_work is None else max(0.0, view.remaining_work)
         world.jobs[view.id] = _Progress(
@@ -169,37 +176,40 @@ def _held_by_quota(world: _World, quota: Mapping[str, int]) -> tuple[set[str], Q
 
 
 def _snapshot_at(world: _World, now: float, held: set[str]) -> Snapshot:
+    """The virtual cluster as the tick would see it at ``now`` (held-back jobs left out).
+
+    Views are the input's with only what the forecast moves replaced, so whatever
+    else the snapshot carries (tenants, classes) reaches every pass unchanged.
+    """
     busy = {g: job for job, p in world.jobs.items() if p.finished is None for g in p.gpus}
-    gpus = []
-    for gid, gpu in world.gpus.items():
-        if gpu.state is GpuState.DOWN:
-            gpus.append(gpu)
-        elif gid in busy:
-            gpus.append(Gpu(gpu.id, gpu.server, gpu.leaf, GpuState.BUSY, busy[gid]))
-        else:
-            gpus.append(Gpu(gpu.id, gpu.server, gpu.leaf))
+    gpus = [
+        Gpu(gpu.id, gpu.server, gpu.leaf, GpuState.BUSY, busy[gid]) if gid in busy else gpu
+        for gid, gpu in world.idle.items()
+    ]
     views = []
     for job, p in world.jobs.items():
         if p.finished is not None or job in held:
             continue
-        views.append(
-            JobView(
-                id=p.view.id,
-                submit_time=p.view.submit_time,
-                requested_gpus=p.view.requested_gpus,
-                tenant=p.view.tenant,
-                min_gpus=p.view.min_gpus,
-                max_gpus=p.view.max_gpus,
+        remaining = None if math.isinf(p.remaining) else p.remaining
+        view = p.last_view
+        if (
+            view is None
+            or view.gpus != p.gpus
+            or view.attained_service != p.attained
+            or view.remaining_work != remaining
+        ):
+            view = dataclasses.replace(
+                p.view,
                 gpus=p.gpus,
                 attained_service=p.attained,
-                remaining_work=None if math.isinf(p.remaining) else p.remaining,
+                remaining_work=remaining,
                 state=JobState.RUNNING if p.gpus else JobState.QUEUED,
-                priority=p.view.priority,
-                queue_since=p.view.queue_since,
-                throughput=p.view.throughput,
             )
-        )
-    return Snapshot(now=now, cluster=Cluster(gpus=tuple(gpus)), jobs=tuple(views))
+            p.last_view = view
+        views.append(view)
+    return dataclasses.replace(
+        world.base, now=now, cluster=Cluster(gpus=tuple(gpus)), jobs=tuple(views)
+    )
 
 
 def _decide(
@@ -356,10 +366,12 @@ def forecast(
             t_next, decisions, probes = _first_change(world, saved, t, hi, found, policy, quota)
             passes += probes
         t = t_next
-    return _result(world, snapshot, passes, horizon_reached)
+    return _result(world, snapshot, policy, passes, horizon_reached)
 
 
-def _result(world: _World, snapshot: Snapshot, passes: int, horizon_reached: bool) -> Forecast:
+def _result(
+    world: _World, snapshot: Snapshot, policy: Policy, passes: int, horizon_reached: bool
+) -> Forecast:
     up = snapshot.cluster.total_gpus
     unknown_holds = any(
         math.isinf(p.remaining) and p.gpus and p.finished is None for p in world.jobs.values()
@@ -382,18 +394,21 @@ def _result(world: _World, snapshot: Snapshot, passes: int, horizon_reached: boo
         estimates[job] = Estimate(job=job, start=start, finish=finish, reason=reason)
     return Forecast(
         estimates=estimates,
-        order=queue_order(snapshot, estimates),
+        order=queue_order(snapshot, policy, estimates),
         passes=passes,
         horizon_reached=horizon_reached,
     )
 
 
-def queue_order(snapshot: Snapshot, estimates: Mapping[str, Estimate]) -> tuple[str, ...]:
+def queue_order(
+    snapshot: Snapshot, policy: Policy, estimates: Mapping[str, Estimate]
+) -> tuple[str, ...]:
     """The queued jobs in the order the policy will start them: position 1 first.
 
     The one place the queue's order is decided.  Until the policies expose their
-    own order (``Policy.queue_order(snapshot)``), it is the predicted start
-    (ties and jobs without a prediction by submit time, then id).
+    own order, it is the predicted start (ties, and jobs without a prediction, by
+    submit time, then id).  Once ``Policy.queue_order(snapshot)`` exists, this
+    body becomes ``return tuple(policy.queue_order(snapshot))``.
     """
     queued = [v for v in snapshot.jobs if not v.running]
 

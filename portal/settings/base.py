@@ -165,8 +165,6 @@ TICK_SECONDS = env_float("TICK_SECONDS", 3.0)
 # The tick's Redis lock expires after this: a worker killed mid-tick delays ticks at most so long.
 TICK_LOCK_SECONDS = env_float("TICK_LOCK_SECONDS", max(10.0, 4 * TICK_SECONDS))
 SCHEDULER_POLICY = env_str("SCHEDULER_POLICY", "elastic-tiresias")
-# Predicted start/finish (jobs.forecast): refreshed in the background at most this often.
-FORECAST_SECONDS = env_float("FORECAST_SECONDS", 10.0)
 AGENT_HEARTBEAT_SECONDS = env_float("AGENT_HEARTBEAT_SECONDS", 5.0)
 AGENT_DOWN_AFTER_SECONDS = env_float("AGENT_DOWN_AFTER_SECONDS", 20.0)
 # A running job whose workers the heartbeats of its (live) servers stopped listing this
@@ -334,6 +332,8 @@ WHATIF_SOFT_TIME_LIMIT_SECONDS = env_int("WHATIF_SOFT_TIME_LIMIT_SECONDS", 600)
 WHATIF_MAX_TRACE_JOBS = env_int("WHATIF_MAX_TRACE_JOBS", 5000)
 WHATIF_MAX_GPUS = env_int("WHATIF_MAX_GPUS", 16_384)
 WHATIF_MAX_LEAVES = env_int("WHATIF_MAX_LEAVES", 512)
+# Predicted start/finish (jobs.forecast), on the whatif queue: refreshed at most this often.
+FORECAST_SECONDS = env_float("FORECAST_SECONDS", 10.0)
 # ``/metrics``: a scraper sends ``Authorization: Bearer <METRICS_TOKEN>``; unset, only an
 # admin's session may read it.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
