@@ -123,6 +123,24 @@ def save_fields(job: Job, *fields: str) -> None:
     job.save(update_fields=list(fields))
 
 
+ESTIMATE_FIELDS = (
+    "estimated_start",
+    "estimated_finish",
+    "queue_position",
+    "estimate_reason",
+    "estimated_at",
+)
+
+
+def save_estimates(jobs: list[Job]) -> None:
+    """Persist the forecast's fields of many jobs in one bulk update (jobs.forecast).
+
+    Only :data:`ESTIMATE_FIELDS`: a tick that changed a job's state or
+    parallelism meanwhile is never undone by a forecast made before it.
+    """
+    Job.objects.bulk_update(jobs, list(ESTIMATE_FIELDS), batch_size=500)
+
+
 def request_tick(delay_s: float = 0.3) -> None:
     """Ask for one scheduler tick shortly after commit; a burst of requests makes one tick."""
 

@@ -11,6 +11,7 @@ from typing import Any
 from django.db.models import QuerySet
 
 from jobs.choices import ACTIVE_STATES, EventKind, JobState
+from jobs.forecast import FORECAST_STATES, estimate_fields
 from jobs.models import Job
 from jobs.services import tenant_jct_stats
 from tenancy.models import Tenant
@@ -21,9 +22,26 @@ LOG_LINES = 40
 
 
 def queue_positions() -> dict[int, int]:
-    """Position (1-based) of every queued job in the cluster's queue, by submission time."""
-    queued = Job.objects.filter(state=JobState.QUEUED).order_by("submitted_at", "id")
-    return {pk: index for index, pk in enumerate(queued.values_list("pk", flat=True), start=1)}
+    """Position (1-based) of every queued job in the policy's order, as the forecast stored it.
+
+    Cluster-wide ranks (``jobs.forecast``); a job queued since the last refresh
+    has none yet (at most ``FORECAST_SECONDS``).
+    """
+    queued = Job.objects.filter(state=JobState.QUEUED, queue_position__isnull=False)
+    return dict(queued.values_list("pk", "queue_position"))
+
+
+def estimates(job: Job) -> dict[str, Any]:
+    """The job's predicted start and finish (ISO times or None) and why one is missing.
+
+    Only a queued or running job has estimates; a job that ended since the
+    last forecast shows none.
+    """
+    if job.state not in FORECAST_STATES:
+        return {"estimated_start": None, "estimated_finish": None, "estimate_reason": ""}
+    fields = estimate_fields(job)
+    fields.pop("queue_position")
+    return fields
 
 
 def job_row(job: Job, positions: dict[int, int]) -> dict[str, Any]:
@@ -39,6 +57,7 @@ def job_row(job: Job, positions: dict[int, int]) -> dict[str, Any]:
         "parallelism": job.parallelism,
         "attained_gpu_seconds": round(job.attained_gpu_seconds, 1),
         "queue_position": positions.get(job.pk),
+        **estimates(job),
         "step": job.step,
         "throughput": job.samples_per_s,
         "submitted_at": job.submitted_at.isoformat(),
@@ -128,6 +147,7 @@ def job_snapshot(job: Job) -> dict[str, Any]:
         "attained_gpu_seconds": round(job.attained_gpu_seconds, 1),
         "jct_seconds": job.jct_seconds,
         "queue_position": queue_positions().get(job.pk),
+        **estimates(job),
         "events": events,
         "parallelism_series": parallelism_series(job),
         "throughput_series": throughput_series(job),

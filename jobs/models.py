@@ -118,6 +118,21 @@ class Job(models.Model):
         blank=True,
         help_text="When the job's coordination keys were removed from Redis (after it ended).",
     )
+    estimated_start = models.DateTimeField(
+        null=True, blank=True, help_text="Predicted start of a queued job (jobs.forecast)."
+    )
+    estimated_finish = models.DateTimeField(
+        null=True, blank=True, help_text="Predicted finish of a queued or running job."
+    )
+    queue_position = models.PositiveIntegerField(
+        null=True, blank=True, help_text="1-based place in the policy's queue order (queued jobs)."
+    )
+    estimate_reason = models.CharField(
+        max_length=200, blank=True, default="", help_text="Why an estimate is missing."
+    )
+    estimated_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the forecast behind the estimates ran."
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     objects = JobQuerySet.as_manager()

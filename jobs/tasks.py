@@ -14,6 +14,7 @@ from django.db import InterfaceError, OperationalError
 from jobs.control.reports import handle_signed_report
 from jobs.control.tick import TICK_TASK, run_tick
 from jobs.expiry import expire_outputs as run_expiry
+from jobs.forecast import FORECAST_TASK, refresh_forecast
 from jobs.lifecycle import EXPORT_LOG_TASK
 from jobs.log_export import export_log
 from workers.protocol import REPORT_TASK
@@ -95,3 +96,14 @@ def expire_outputs() -> dict[str, Any]:
         "coordination": result.coordination,
         "errors": result.errors,
     }
+
+
+@shared_task(name=FORECAST_TASK, ignore_result=True)
+def forecast_estimates() -> dict[str, Any]:
+    """Predict every queued and running job's start and finish (on the ``whatif`` queue).
+
+    ``jobs.forecast.maybe_refresh`` sends it from the tick when one is due; a
+    refresh already running makes this one a no-op.
+    """
+    changed = refresh_forecast()
+    return {"ran": changed is not None, "changed": changed or []}

@@ -45,6 +45,7 @@ from jobs.control.reconcile import reconcile
 from jobs.control.state import ClusterState, build_snapshot, load_allocator, read_cluster
 from jobs.control.tick_stats import record_tick
 from jobs.coordination import forget_coordination
+from jobs.forecast import maybe_refresh
 from jobs.lifecycle import TICK_TASK, broadcast, record, save_fields, transition
 from jobs.models import Job
 from jobs.outbox import Outbox
@@ -179,6 +180,7 @@ def _tick(policy_name: str, now: datetime) -> TickResult:
     waiting.update({ids[name]: reason for name, reason in over_quota.items()})
     note_waiting(waiting, now)
     outbox.send_on_commit()
+    maybe_refresh(now)  # estimates and queue positions, in the background when due
     return TickResult(
         ran=True,
         changed_jobs=tuple(dict.fromkeys(changed)),

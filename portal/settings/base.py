@@ -332,6 +332,7 @@ DEFAULT_TENANT_MAX_QUEUED_JOBS = env_int("DEFAULT_TENANT_MAX_QUEUED_JOBS", 100)
 # or the agents' reports (queue "portal"); bounded in time and in size.
 CELERY_TASK_ROUTES = {
     "portal.whatif.run": {"queue": "whatif"},
+    "jobs.tasks.refresh_forecast": {"queue": "whatif"},
     "control.scheduler_tick": {"queue": "portal"},
     "control.agent_report": {"queue": "portal"},
 }
@@ -339,6 +340,8 @@ WHATIF_SOFT_TIME_LIMIT_SECONDS = env_int("WHATIF_SOFT_TIME_LIMIT_SECONDS", 600)
 WHATIF_MAX_TRACE_JOBS = env_int("WHATIF_MAX_TRACE_JOBS", 5000)
 WHATIF_MAX_GPUS = env_int("WHATIF_MAX_GPUS", 16_384)
 WHATIF_MAX_LEAVES = env_int("WHATIF_MAX_LEAVES", 512)
+# Predicted start/finish (jobs.forecast), on the whatif queue: refreshed at most this often.
+FORECAST_SECONDS = env_float("FORECAST_SECONDS", 10.0)
 # ``/metrics``: a scraper sends ``Authorization: Bearer <METRICS_TOKEN>``; unset, only an
 # admin's session may read it.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")

@@ -13,6 +13,25 @@
     return el("td", { "data-field": "progress" }, row.step ? "step " + row.step : "—");
   }
 
+  function timeNode(iso) {
+    return el("time", { datetime: iso }, new Date(iso).toLocaleString());
+  }
+
+  /** The predicted start (queued) and finish (queued, running); the reason when missing. */
+  function estimateCell(row) {
+    const td = el("td", { "data-field": "estimate" });
+    if (row.estimate_reason) td.title = row.estimate_reason;
+    if (row.state === "queued" && row.estimated_start) {
+      td.append("start ", timeNode(row.estimated_start));
+      if (row.estimated_finish) td.append(" · end ", timeNode(row.estimated_finish));
+    } else if (row.estimated_finish) {
+      td.append("end ", timeNode(row.estimated_finish));
+    } else {
+      td.textContent = "—";
+    }
+    return td;
+  }
+
   function renderRow(row) {
     const tr = el("tr", { id: "job-" + row.id, "data-job": row.id, "data-state": row.state });
     const idCell = el("td");
@@ -29,6 +48,7 @@
     tr.appendChild(el("td", { "data-field": "throughput" }, row.throughput == null ? "—" : row.throughput.toFixed(0) + "/s"));
     tr.appendChild(el("td", { "data-field": "attained_gpu_seconds" }, seconds(row.attained_gpu_seconds)));
     tr.appendChild(el("td", { "data-field": "queue_position" }, row.queue_position == null ? "—" : "#" + row.queue_position));
+    tr.appendChild(estimateCell(row));
     const when = el("td");
     when.appendChild(el("time", { datetime: row.submitted_at }, new Date(row.submitted_at).toLocaleString()));
     tr.appendChild(when);
@@ -80,7 +100,22 @@
   const resyncSoon = throttle(resync, 300, 700);
   const resyncSlow = throttle(resync, 5000, 2000);
 
+  /** A forecast refresh: patch the changed jobs' positions and estimates in place. */
+  function onForecast(event) {
+    for (const entry of event.jobs || []) {
+      const row = document.getElementById("job-" + entry.job);
+      if (!row) continue;
+      row.querySelector('[data-field="queue_position"]').textContent = entry.queue_position == null ? "—" : "#" + entry.queue_position;
+      const shown = Object.assign({ state: row.dataset.state }, entry);
+      row.replaceChild(estimateCell(shown), row.querySelector('[data-field="estimate"]'));
+    }
+  }
+
   function onEvent(event) {
+    if (event.type === "forecast.updated") {
+      if (event.tenant === tenant) onForecast(event);
+      return;
+    }
     if (event.tenant !== tenant || !event.job) return;
     const row = document.getElementById("job-" + event.job);
     if (!row) { resyncSoon(); return; }

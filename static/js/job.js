@@ -201,11 +201,24 @@
     }
   }
 
+  /** The predicted start (while queued) and finish tiles, and why one is missing. */
+  function showEstimates(est, state) {
+    const put = (id, iso) => {
+      const node = document.getElementById(id);
+      if (iso) node.replaceChildren(el("time", { datetime: iso }, new Date(iso).toLocaleString()));
+      else node.textContent = "—";
+    };
+    put("job-estimated-start", state === "queued" ? est.estimated_start : null);
+    put("job-estimated-finish", est.estimated_finish);
+    document.getElementById("job-estimate-reason").textContent = est.estimate_reason || "";
+  }
+
   function apply(snap) {
     setState(snap.state);
     document.getElementById("job-parallelism").textContent = snap.parallelism;
     document.getElementById("job-gpu-time").textContent = seconds(snap.attained_gpu_seconds);
     document.getElementById("job-queue").textContent = snap.queue_position ? "#" + snap.queue_position : "—";
+    showEstimates(snap, snap.state);
     document.getElementById("job-jct").textContent = seconds(snap.jct_seconds);
     drawParallelism(snap.parallelism_series);
     drawThroughput(snap.throughput_series);
@@ -218,6 +231,13 @@
 
   function onEvent(event) {
     if (event.job !== jobId) return;
+    if (event.type === "forecast.updated") {
+      const est = (event.jobs || [])[0];
+      if (!est) return;
+      document.getElementById("job-queue").textContent = est.queue_position ? "#" + est.queue_position : "—";
+      showEstimates(est, root.dataset.state);
+      return;
+    }
     if (event.type === "job.log") {
       if (event.lines) appendLog(event.lines);
       return;

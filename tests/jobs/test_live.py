@@ -44,13 +44,18 @@ def test_tenant_snapshot_counts_queue_and_quota(
     alice: Any, bob: Any, acme: Tenant, globex: Tenant
 ) -> None:
     first = submit(alice, acme, "a")
-    submit(bob, globex, "b")  # another tenant's job is ahead in the cluster queue
+    second = submit(bob, globex, "b")  # another tenant's job, submitted earlier
     third = submit(alice, acme, "c", gpus=2)
     move(job_id=first.pk, to_state="running", reason="t", parallelism=3)
+    # Positions are the policy's order as the forecast stored it, not submission order;
+    # a job no longer queued shows none even before the next refresh clears it.
+    Job.objects.filter(pk=third.pk).update(queue_position=1)
+    Job.objects.filter(pk=second.pk).update(queue_position=2)
+    Job.objects.filter(pk=first.pk).update(queue_position=3)
     snap = tenant_snapshot(acme, Job.objects.restrict(alice))
     rows = {row["id"]: row for row in snap["jobs"]}
     assert set(rows) == {first.pk, third.pk}
-    assert rows[first.pk]["queue_position"] is None and rows[third.pk]["queue_position"] == 2
+    assert rows[first.pk]["queue_position"] is None and rows[third.pk]["queue_position"] == 1
     assert snap["in_use"] == 3 and snap["counts"]["running"] == 1 and snap["counts"]["queued"] == 1
 
 

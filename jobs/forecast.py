@@ -1,0 +1,306 @@
+"""Predicted start, finish and queue position of the live cluster's jobs.
+
+    maybe_refresh(now)            the tick calls it; cheap: one Redis SET NX PX after commit
+    └─ due (once every FORECAST_SECONDS) → FORECAST_TASK on the ``whatif`` queue
+        refresh_forecast()        Redis lock: one refresh at a time, never inside a tick
+        1. read_cluster + build_snapshot      the tick's own view of the cluster
+        2. + the jobs the tick leaves out now (held back by quota, scaling, profiling)
+        3. remaining work per job             total steps, step, measured samples/s
+        4. scheduler.forecast.forecast        the production policy run forward
+        5. store_estimates                    one bulk update; live updates on commit
+
+The forecast is pure (``scheduler.forecast``); this module reads and writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import redis
+from celery import current_app
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from jobs.agent_commands import runtime_job_name
+from jobs.choices import JobState
+from jobs.control.state import build_snapshot, read_cluster
+from jobs.lifecycle import ESTIMATE_FIELDS, save_estimates
+from jobs.models import Job
+from scheduler.curves import policy_curve, relative_speeds
+from scheduler.forecast import Forecast, forecast
+from scheduler.policies import get_policy
+from scheduler.types import JobState as ViewState
+from scheduler.types import JobView
+from utilities.realtime import broadcast_on_commit, job_group, tenant_group
+
+log = logging.getLogger(__name__)
+
+FORECAST_TASK = "jobs.tasks.refresh_forecast"
+DUE_KEY = "portal:forecast-due"
+LOCK_KEY = "portal:forecast"
+DIGITS_SAMPLES = 1797
+"""Samples in scikit-learn's 8x8 digits, the ``mlp-digits`` workload's training set."""
+FORECAST_STATES = (JobState.QUEUED, JobState.RUNNING, JobState.SCALING)
+
+
+def total_steps(workload: str, args: Mapping[str, Any], batch_size: int) -> int | None:
+    """Mini-batches a built-in workload trains in all; None for a program (it does not say)."""
+    try:
+        if workload == "resnet18-synthetic":
+            return int(args["steps"])
+        if workload == "mlp-digits":
+            return int(args["epochs"]) * -(-DIGITS_SAMPLES // max(1, batch_size))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None
+
+
+def remaining_work(
+    *,
+    total: int | None,
+    step: int,
+    batch_size: int,
+    samples_per_s: float | None,
+    parallelism: int,
+    requested: int,
+    curve: Mapping[int, float] | None,
+    curve_known: bool,
+) -> float | None:
+    """Seconds of work left at the requested size (``JobView.remaining_work``); None: unknown.
+
+    A running job with a measured rate: the samples left at that rate, turned
+    into requested-size seconds with the policy's curve (the forecast turns
+    them back, so the measured rate is what it uses).  A job that is not
+    running: the samples left at the curve's rate for its request, when the
+    curve was profiled or measured (the linear prior is no measurement).
+    """
+    if total is None or batch_size <= 0:
+        return None
+    samples_left = max(0, total - step) * batch_size
+    top = max([requested, parallelism, *(curve or {})])
+    speeds = relative_speeds(curve, requested, top) if curve else None
+    if samples_per_s and samples_per_s > 0 and parallelism > 0:
+        seconds_here = samples_left / samples_per_s
+        rate = speeds[parallelism] if speeds is not None else 1.0
+        return seconds_here * rate if rate > 0 else seconds_here
+    if curve_known and curve and curve.get(requested, 0.0) > 0:
+        return samples_left / curve[requested]
+    return None
+
+
+@dataclass(frozen=True)
+class LiveForecast:
+    """A forecast of the live cluster and the database ids of its jobs."""
+
+    result: Forecast
+    ids: dict[str, int]  # job name in the snapshot -> database id
+    at: datetime
+
+
+def _row_view(row: Mapping[str, Any], holdings: Mapping[int, list[int]], epoch: float) -> JobView:
+    """A job the tick's snapshot leaves out now, as the forecast sees it."""
+    held = tuple(holdings.get(row["id"], ())) if row["state"] != JobState.QUEUED else ()
+    return JobView(
+        id=runtime_job_name(row["id"]),
+        submit_time=row["submitted_at"].timestamp() - epoch,
+        requested_gpus=row["gpus"],
+        tenant=row["tenant__slug"],
+        min_gpus=row["min_gpus"],
+        max_gpus=row["max_gpus"],
+        gpus=held,
+        attained_service=row["attained_gpu_seconds"],
+        state=ViewState.RUNNING if held else ViewState.QUEUED,
+        priority=row["priority"],
+        throughput=_curve(row),
+    )
+
+
+def _curve(row: Mapping[str, Any]) -> Mapping[int, float]:
+    profiled = {int(k): float(v) for k, v in (row["throughput_curve"] or {}).items()}
+    measured = {int(k): float(v) for k, v in (row["measured_curve"] or {}).items()}
+    return policy_curve(profiled, measured, row["max_gpus"])
+
+
+def compute_forecast(now: datetime) -> LiveForecast | None:
+    """Read the cluster and run the production policy forward (no writes); None: no fabric."""
+    cluster = read_cluster()
+    if cluster is None:
+        return None
+    view = build_snapshot(cluster, now)
+    rows = {
+        row["id"]: row
+        for row in Job.objects.filter(state__in=FORECAST_STATES).values(
+            "id",
+            "state",
+            "submitted_at",
+            "gpus",
+            "min_gpus",
+            "max_gpus",
+            "parallelism",
+            "attained_gpu_seconds",
+            "priority",
+            "workload",
+            "args",
+            "batch_size",
+            "step",
+            "samples_per_s",
+            "throughput_curve",
+            "measured_curve",
+            "tenant__slug",
+            "tenant__gpu_quota",
+        )
+    }
+    epoch = now.timestamp()
+    ids = dict(view.ids)
+    views = list(view.snapshot.jobs)
+    for job_id, row in rows.items():
+        name = runtime_job_name(job_id)
+        if name not in ids:
+            views.append(_row_view(row, cluster.holdings, epoch))
+            ids[name] = job_id
+    with_work = []
+    for job_view in views:
+        data = rows.get(ids[job_view.id])
+        if data is None:
+            continue  # gone since the snapshot's read
+        work = remaining_work(
+            total=total_steps(data["workload"], data["args"] or {}, data["batch_size"]),
+            step=data["step"],
+            batch_size=data["batch_size"],
+            samples_per_s=data["samples_per_s"],
+            parallelism=len(job_view.gpus),
+            requested=job_view.requested_gpus,
+            curve=job_view.throughput,
+            curve_known=bool(data["throughput_curve"] or data["measured_curve"]),
+        )
+        with_work.append(dataclasses.replace(job_view, remaining_work=work))
+    snapshot = dataclasses.replace(view.snapshot, jobs=tuple(with_work))  # keeps what else it has
+    quota = {row["tenant__slug"]: row["tenant__gpu_quota"] for row in rows.values()}
+    result = forecast(snapshot, get_policy(settings.SCHEDULER_POLICY), quota=quota)
+    return LiveForecast(result=result, ids=ids, at=now)
+
+
+def _at(now: datetime, seconds: float | None) -> datetime | None:
+    if seconds is None or not math.isfinite(seconds):
+        return None
+    return (now + timedelta(seconds=seconds)).replace(microsecond=0)
+
+
+def store_estimates(*, live: LiveForecast) -> list[int]:
+    """Write every forecast job's estimates and position; clear those of jobs it left.
+
+    Only the estimate fields are written (never a job's state), so a tick that
+    moved a job meanwhile is not undone; the next refresh catches up.  Jobs
+    whose figures changed are announced to their tenant and their page, on
+    commit.  Returns the ids of those jobs.
+    """
+    positions = {name: index for index, name in enumerate(live.result.order, start=1)}
+    wanted: dict[int, dict[str, Any]] = {}
+    for name, estimate in live.result.estimates.items():
+        job_id = live.ids.get(name)
+        if job_id is None:
+            continue
+        wanted[job_id] = {
+            "estimated_start": _at(live.at, estimate.start),
+            "estimated_finish": _at(live.at, estimate.finish),
+            "queue_position": positions.get(name),
+            "estimate_reason": estimate.reason[:200],
+        }
+    blank: dict[str, Any] = {
+        "estimated_start": None,
+        "estimated_finish": None,
+        "queue_position": None,
+        "estimate_reason": "",
+    }
+    jobs = Job.objects.filter(Q(pk__in=list(wanted)) | Q(estimated_at__isnull=False)).only(
+        "id", "tenant_id", *ESTIMATE_FIELDS
+    )
+    changed: list[Job] = []
+    touched: list[Job] = []
+    for job in jobs:
+        values = wanted.get(job.pk, blank)
+        if any(getattr(job, key) != value for key, value in values.items()):
+            changed.append(job)
+        for key, value in values.items():
+            setattr(job, key, value)
+        job.estimated_at = live.at if job.pk in wanted else None
+        touched.append(job)
+    with transaction.atomic():
+        save_estimates(touched)
+        _announce(changed)
+    return [job.pk for job in changed]
+
+
+def estimate_fields(job: Job) -> dict[str, Any]:
+    """A job's estimates as live pages and events carry them (ISO times or None)."""
+    return {
+        "estimated_start": job.estimated_start.isoformat() if job.estimated_start else None,
+        "estimated_finish": job.estimated_finish.isoformat() if job.estimated_finish else None,
+        "queue_position": job.queue_position,
+        "estimate_reason": job.estimate_reason,
+    }
+
+
+def _announce(changed: list[Job]) -> None:
+    """One small event per tenant (its changed jobs) and one per changed job's page."""
+    by_tenant: dict[int, list[dict[str, Any]]] = {}
+    for job in changed:
+        entry = {"job": job.pk, **estimate_fields(job)}
+        by_tenant.setdefault(job.tenant_id, []).append(entry)
+        page = {"type": "forecast.updated", "job": job.pk, "jobs": [entry]}
+        broadcast_on_commit((job_group(job.pk),), page)
+    for tenant_id, entries in by_tenant.items():
+        payload = {"type": "forecast.updated", "tenant": tenant_id, "jobs": entries}
+        broadcast_on_commit((tenant_group(tenant_id),), payload)
+
+
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+def refresh_forecast(now: datetime | None = None) -> list[int] | None:
+    """Forecast and store, under a lock; None when another refresh holds it or no fabric."""
+    lock = _redis().lock(LOCK_KEY, timeout=max(60.0, 6 * settings.FORECAST_SECONDS))
+    if not lock.acquire(blocking=False):
+        return None
+    try:
+        live = compute_forecast(now or timezone.now())
+        return None if live is None else store_estimates(live=live)
+    finally:
+        try:
+            lock.release()
+        except redis.exceptions.LockError:
+            log.warning("the forecast outlived its lock")
+
+
+def maybe_refresh(now: datetime) -> None:
+    """Ask for a forecast in the background when one is due (the tick calls this every time).
+
+    Due means none was asked for in the last ``FORECAST_SECONDS`` (a Redis key
+    with that lifetime).  The task is sent after the caller's transaction
+    commits, on the ``whatif`` queue, and expires when the next one is due.
+    """
+    interval = settings.FORECAST_SECONDS
+    if interval <= 0:
+        return
+
+    def enqueue() -> None:
+        try:
+            if _redis().set(DUE_KEY, "1", nx=True, px=int(interval * 1000)):
+                current_app.send_task(
+                    FORECAST_TASK,
+                    expires=interval,  # seconds from sending: the next one is due then
+                    ignore_result=True,
+                )
+        except Exception:  # estimates only go stale; the tick must not fail for them
+            log.warning("could not request a forecast", exc_info=True)
+
+    transaction.on_commit(enqueue)

@@ -1,0 +1,291 @@
+"""Predicted start and finish on the live cluster: remaining work, the refresh, pages and API."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import transaction
+from django.test import Client, override_settings
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from jobs.control.tick import run_tick
+from jobs.forecast import (
+    DUE_KEY,
+    FORECAST_TASK,
+    LOCK_KEY,
+    maybe_refresh,
+    refresh_forecast,
+    remaining_work,
+    total_steps,
+)
+from jobs.live import queue_positions, tenant_snapshot
+from jobs.models import Job
+from jobs.services import check_job_spec, do_submit_job
+from jobs.tasks import forecast_estimates
+from portal.celery import app
+from scheduler.forecast import UNKNOWN_WORK
+from tenancy.models import Tenant
+from tests.jobs.control_helpers import demo_cluster, drain_envelopes
+from utilities.realtime import job_group, tenant_group
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def submit(user: Any, tenant: Tenant, gpus: int, steps: int = 1000, name: str = "j") -> Job:
+    data = {
+        "name": name,
+        "workload": "resnet18-synthetic",
+        "args": {"steps": steps},
+        "gpus": gpus,
+        "min_gpus": gpus,
+        "max_gpus": gpus,
+        "batch_size": 32,
+    }
+    return do_submit_job(user=user, tenant=tenant, spec=check_job_spec(tenant=tenant, data=data))
+
+
+@pytest.fixture
+def fresh_redis() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(DUE_KEY, LOCK_KEY)
+    yield client
+    client.delete(DUE_KEY, LOCK_KEY)
+
+
+# -- remaining work (pure) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("workload", "args", "batch", "expected"),
+    [
+        ("resnet18-synthetic", {"steps": 500}, 32, 500),
+        ("mlp-digits", {"epochs": 2}, 64, 2 * 29),  # 1797 samples: 29 batches of 64
+        ("", {}, 32, None),  # a program: its total is its own
+        ("resnet18-synthetic", {"steps": "many"}, 32, None),  # hostile args: unknown, no error
+        ("mlp-digits", {}, 64, None),
+    ],
+)
+def test_total_steps(workload: str, args: dict[str, Any], batch: int, expected: int | None) -> None:
+    assert total_steps(workload, args, batch) == expected
+
+
+def test_remaining_work_from_the_measured_rate_and_unknown_without_one() -> None:
+    linear = {n: 100.0 * n for n in range(1, 9)}
+    # 100 steps x 32 samples left at 320 samples/s on 2 GPUs: 10 s there; a request of 4
+    # GPUs runs twice as fast on the curve, so 5 s of requested-size work.
+    common = {"total": 200, "step": 100, "batch_size": 32, "requested": 4, "curve": linear}
+    assert remaining_work(
+        **common, samples_per_s=320.0, parallelism=2, curve_known=False
+    ) == pytest.approx(5.0)
+    assert remaining_work(**common, samples_per_s=None, parallelism=0, curve_known=False) is None
+    # A queued job with a measured curve: samples left at the curve's rate for its request.
+    assert remaining_work(
+        **common, samples_per_s=None, parallelism=0, curve_known=True
+    ) == pytest.approx(3200 / 400)
+    assert (
+        remaining_work(
+            total=None,
+            step=0,
+            batch_size=32,
+            samples_per_s=10.0,
+            parallelism=1,
+            requested=1,
+            curve=None,
+            curve_known=False,
+        )
+        is None
+    )
+
+
+# -- the refresh against the real database and Redis --------------------------------------
+
+
+@override_settings(SCHEDULER_POLICY="fifo")
+def test_refresh_writes_start_behind_the_running_job_and_positions(
+    alice: Any, acme: Tenant, fresh_redis: redis.Redis
+) -> None:
+    nodes = demo_cluster()  # 8 GPUs
+    first = submit(alice, acme, gpus=8, name="first")
+    run_tick(policy="fifo")
+    for node in nodes:
+        drain_envelopes(node)  # the start commands: not this test's subject
+    second = submit(alice, acme, gpus=8, name="second")
+    third = submit(alice, acme, gpus=8, name="third", steps=1)
+    # 600 of 1000 steps done at 320 samples/s: 400 x 32 / 320 = 40 s left.
+    Job.objects.filter(pk=first.pk).update(step=600, samples_per_s=320.0)
+    now = timezone.now()
+    changed = refresh_forecast(now)
+    assert changed is not None and set(changed) == {first.pk, second.pk, third.pk}
+    first.refresh_from_db()
+    second.refresh_from_db()
+    third.refresh_from_db()
+    assert first.state == "running" and first.queue_position is None
+    assert first.estimated_start is None
+    assert abs((first.estimated_finish - now).total_seconds() - 40) <= 1
+    assert second.estimated_start == first.estimated_finish  # starts when the first ends
+    assert second.estimated_finish is None and second.estimate_reason == UNKNOWN_WORK
+    assert (second.queue_position, third.queue_position) == (1, 2)
+    assert third.estimated_start is None  # waits behind a job of unknown length
+    assert first.estimated_at == second.estimated_at is not None
+    assert queue_positions() == {second.pk: 1, third.pk: 2}
+    # A second refresh with nothing new changes nothing and announces nothing.
+    assert refresh_forecast(now) == []
+
+
+def test_a_refresh_while_another_runs_does_nothing(fresh_redis: redis.Redis) -> None:
+    lock = fresh_redis.lock(LOCK_KEY, timeout=30)
+    assert lock.acquire(blocking=False)
+    try:
+        assert refresh_forecast() is None
+        assert forecast_estimates() == {"ran": False, "changed": []}
+    finally:
+        lock.release()
+
+
+def test_estimates_of_a_job_that_left_the_queue_are_cleared(
+    alice: Any, acme: Tenant, fresh_redis: redis.Redis
+) -> None:
+    demo_cluster()
+    job = submit(alice, acme, gpus=2)
+    refresh_forecast()
+    job.refresh_from_db()
+    assert job.queue_position == 1 and job.estimated_at is not None
+    Job.objects.filter(pk=job.pk).update(state="cancelled")
+    refresh_forecast()
+    job.refresh_from_db()
+    assert (job.queue_position, job.estimated_at, job.estimated_start) == (None, None, None)
+
+
+@pytest.fixture
+def whatif_queue() -> Iterator[Any]:
+    with app.connection_for_write() as conn:
+        queue = conn.SimpleQueue("whatif")
+        queue.clear()
+        try:
+            yield queue
+        finally:
+            queue.clear()
+            queue.close()
+
+
+def test_maybe_refresh_sends_one_task_per_interval_on_the_whatif_queue(
+    whatif_queue: Any, fresh_redis: redis.Redis
+) -> None:
+    assert app.amqp.router.route({}, FORECAST_TASK)["queue"].name == "whatif"
+    now = timezone.now()
+    maybe_refresh(now)
+    maybe_refresh(now + timedelta(seconds=1))  # not due yet: nothing more is sent
+    message = whatif_queue.get(timeout=5)
+    assert message.headers["task"] == FORECAST_TASK
+    message.ack()
+    with pytest.raises(whatif_queue.Empty):
+        whatif_queue.get(timeout=0.5)
+    fresh_redis.delete(DUE_KEY)  # the interval has passed
+    maybe_refresh(now)
+    assert whatif_queue.get(timeout=5).headers["task"] == FORECAST_TASK
+
+
+@override_settings(FORECAST_SECONDS=0)
+def test_maybe_refresh_is_off_with_no_interval(whatif_queue: Any, fresh_redis: redis.Redis) -> None:
+    maybe_refresh(timezone.now())
+    with pytest.raises(whatif_queue.Empty):
+        whatif_queue.get(timeout=0.5)
+
+
+# -- what users see --------------------------------------------------------------------------
+
+
+def test_api_page_and_dashboard_show_estimates_to_their_tenant_only(
+    alice: Any, bob: Any, acme: Tenant, globex: Tenant, fresh_redis: redis.Redis
+) -> None:
+    nodes = demo_cluster()
+    runs = submit(alice, acme, gpus=8, name="runs")
+    run_tick(policy="fifo")
+    for node in nodes:
+        drain_envelopes(node)
+    waits = submit(alice, acme, gpus=8, name="waits")
+    other = submit(bob, globex, gpus=4, name="other")
+    Job.objects.filter(pk=runs.pk).update(step=500, samples_per_s=320.0)
+    refresh_forecast()
+    runs.refresh_from_db()
+    waits.refresh_from_db()
+    assert waits.estimated_start is not None and runs.estimated_finish is not None
+
+    api = APIClient()
+    api.force_authenticate(alice)
+    body = api.get(f"/api/v1/jobs/{waits.pk}/").json()
+    assert body["queue_position"] == waits.queue_position
+    assert body["estimated_start"] is not None and body["estimated_finish"] is None
+    assert body["estimate_reason"] == UNKNOWN_WORK
+    listed = {row["id"] for row in api.get("/api/v1/jobs/").json()["results"]}
+    assert other.pk not in listed  # another tenant's job (and its estimate) stays hidden
+    assert api.get(f"/api/v1/jobs/{other.pk}/").status_code == 404
+
+    page = Client()
+    page.force_login(alice)
+    html = page.get(f"/jobs/{waits.pk}/").content.decode()
+    assert "Estimated start" in html
+    assert waits.estimated_start.isoformat()[:19] in html
+    dashboard = page.get("/").content.decode()
+    assert runs.estimated_finish.isoformat()[:19] in dashboard
+    rows = {r["id"]: r for r in tenant_snapshot(acme, Job.objects.restrict(alice))["jobs"]}
+    assert rows[waits.pk]["estimated_start"] == waits.estimated_start.isoformat()
+    assert rows[runs.pk]["estimated_start"] is None
+    assert other.pk not in rows
+
+
+def test_clients_cannot_set_estimates_or_positions(
+    alice: Any, acme: Tenant, fresh_redis: redis.Redis
+) -> None:
+    demo_cluster()
+    job = submit(alice, acme, gpus=2)
+    refresh_forecast()
+    job.refresh_from_db()
+    before = (job.queue_position, job.estimated_start, job.estimated_at)
+    api = APIClient()
+    api.force_authenticate(alice)
+    forged = {"queue_position": 0, "estimated_start": "2000-01-01T00:00:00Z"}
+    response = api.patch(f"/api/v1/jobs/{job.pk}/", forged, format="json")
+    assert response.status_code == 400
+    assert "Unknown field(s): estimated_start, queue_position" in response.content.decode()
+    job.refresh_from_db()
+    assert (job.queue_position, job.estimated_start, job.estimated_at) == before
+
+
+def test_maybe_refresh_inside_a_transaction_waits_for_the_commit(
+    whatif_queue: Any, fresh_redis: redis.Redis
+) -> None:
+    with transaction.atomic():
+        maybe_refresh(timezone.now())
+        assert fresh_redis.get(DUE_KEY) is None  # nothing sent, nothing marked yet
+    assert whatif_queue.get(timeout=5).headers["task"] == FORECAST_TASK
+
+
+def test_changed_estimates_are_announced_to_their_own_tenant_and_page_only(
+    alice: Any, bob: Any, acme: Tenant, globex: Tenant, fresh_redis: redis.Redis, monkeypatch: Any
+) -> None:
+    sent: list[tuple[tuple[str, ...], dict[str, Any]]] = []
+    monkeypatch.setattr(
+        "jobs.forecast.broadcast_on_commit",
+        lambda groups, payload: sent.append((tuple(groups), payload)),
+    )
+    demo_cluster()
+    mine = submit(alice, acme, gpus=2, name="mine")
+    theirs = submit(bob, globex, gpus=2, name="theirs")
+    refresh_forecast()
+    by_group = dict(sent)
+    tenant_msg = by_group[(tenant_group(acme.pk),)]
+    assert tenant_msg["type"] == "forecast.updated"
+    assert [entry["job"] for entry in tenant_msg["jobs"]] == [mine.pk]  # not globex's job
+    assert [e["job"] for e in by_group[(tenant_group(globex.pk),)]["jobs"]] == [theirs.pk]
+    assert by_group[(job_group(mine.pk),)]["job"] == mine.pk
+    assert len(sent) == 4  # two tenants, two job pages
+    sent.clear()
+    refresh_forecast()
+    assert sent == []  # nothing changed: nothing announced
