@@ -244,6 +244,7 @@ def test_an_admin_sets_a_tenants_retention_days(client: Any, make_user: Any, acm
         "name": acme.name,
         "gpu_quota": 8,
         "max_queued_jobs": 100,
+        "default_max_restarts": 0,
         "priority_weight": 1.0,
         "profile_jobs": "on",
         "artifact_retention_days": "7",
