@@ -34,6 +34,9 @@ from scheduler.priority import AGED_CEILING, aged_class, priority_class
 from scheduler.records import JobRecord
 from scheduler.types import Decision, JobView, Migrate, Preempt, Scale, Snapshot, Start
 
+#: Slack when comparing ageing times (seconds), so a wake-up at a job's due time ages it.
+_AGE_EPS = 1e-6
+
 #: A core's answer: (job, new GPU count); 0 preempts, a positive count starts or resizes.
 Plan = list[tuple[JobRecord, int]]
 
@@ -70,10 +73,7 @@ class PolicyCore(ABC):
         if ageing is None or job.running or job.own_klass <= AGED_CEILING:
             return
         job.klass = aged_class(job.own_klass, now - job.pending_since, ageing)
-        if job.klass > AGED_CEILING:
-            due = job.pending_since + ageing * (job.own_klass - job.klass + 1)
-            self._age_seq += 1
-            heapq.heappush(self._age_heap, (due, self._age_seq, job))
+        self._book_ageing(job)
 
     def requeued(self, job: JobRecord, now: float) -> None:
         """A running job was stopped and waits again: its own class, its wait from ``now``.
@@ -86,32 +86,48 @@ class PolicyCore(ABC):
             return
         if job.klass != job.own_klass:
             self.reclass(job, job.own_klass, now)
-        self._age_seq += 1
-        heapq.heappush(self._age_heap, (now + self.ageing, self._age_seq, job))
+        self._book_ageing(job)
 
     def apply_ageing(self, now: float) -> None:
-        """Lift every queued job whose ageing time has come (the start of a pass)."""
-        heap = self._age_heap
+        """Lift every queued job whose ageing time has come (call at the start of a pass)."""
         ageing = self.ageing
-        while heap and heap[0][0] <= now + 1e-6 and ageing is not None:
-            job = heapq.heappop(heap)[2]
-            if job.running or job.end_time is not None:
-                continue  # started (ageing starts over when it stops) or gone
-            klass = aged_class(job.own_klass, now + 1e-6 - job.pending_since, ageing)
-            if klass < job.klass:
-                self.reclass(job, klass, now)
-            if job.klass > AGED_CEILING:
-                due = job.pending_since + ageing * (job.own_klass - job.klass + 1)
-                if due > now:
-                    self._age_seq += 1
-                    heapq.heappush(heap, (due, self._age_seq, job))
+        heap = self._age_heap
+        if ageing is None:
+            return
+        while heap and heap[0][0] <= now + _AGE_EPS:
+            due, _, job = heapq.heappop(heap)
+            if not self._ageing_valid(due, job):
+                continue  # it started, ended, or waits again since a later time
+            self.reclass(
+                job, aged_class(job.own_klass, due + _AGE_EPS - job.pending_since, ageing), now
+            )
+            self._book_ageing(job)
 
     def next_ageing(self) -> float | None:
         """When a queued job next moves up a class (None: no job will)."""
         heap = self._age_heap
-        while heap and (heap[0][2].running or heap[0][2].end_time is not None):
+        while heap and not self._ageing_valid(heap[0][0], heap[0][2]):
             heapq.heappop(heap)
         return heap[0][0] if heap else None
+
+    def _due(self, job: JobRecord) -> float | None:
+        """When a queued job's class next moves up (None: at the ceiling, or ageing off)."""
+        if self.ageing is None or job.klass <= AGED_CEILING:
+            return None
+        return job.pending_since + self.ageing * (job.own_klass - job.klass + 1)
+
+    def _book_ageing(self, job: JobRecord) -> None:
+        due = self._due(job)
+        if due is not None:
+            self._age_seq += 1
+            heapq.heappush(self._age_heap, (due, self._age_seq, job))
+
+    def _ageing_valid(self, due: float, job: JobRecord) -> bool:
+        """An entry still stands: the job waits, and its wait still ends at ``due``."""
+        if job.running or job.end_time is not None:
+            return False
+        current = self._due(job)
+        return current is not None and abs(current - due) <= _AGE_EPS
 
     def reclass(self, job: JobRecord, klass: int, now: float) -> None:
         """Move a queued job to class ``klass``; cores that file jobs by class override this."""
