@@ -35,6 +35,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColu
 from rich.table import Table
 
 from portalctl.client import BUNDLE_ID, Client, Job, PortalError
+from portalctl.duration import format_duration, parse_duration
 from portalctl.jobfile import JobFileError, load_job_file
 
 EXIT_FAILED = 1
@@ -46,6 +47,24 @@ STATE_EXIT = {"completed": 0, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class DurationType(click.ParamType[int, Any]):
+    """A click option of whole seconds written as ``7200``, ``2h`` or ``1h30m``."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        """Seconds, or a usage error that says which forms work."""
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_duration(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DURATION = DurationType()
 
 
 # ---------------------------------------------------------------------- configuration
@@ -197,7 +216,15 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
     return shown
 
 
-JOB_COLUMNS = ("ID", "NAME", "TENANT", "STATE", "GPUS", "RANGE", "STEP", "SUBMITTED")
+JOB_COLUMNS = (
+    "ID", "NAME", "TENANT", "STATE", "GPUS", "RANGE", "PRIO", "RESTARTS", "LIMIT", "STEP",
+    "SUBMITTED",
+)  # fmt: skip
+
+
+def restarts_cell(job: Job) -> str:
+    """Restarts used of those allowed, ``"1/3"``; ``"0/0"`` when a failure is final."""
+    return f"{job.restarts}/{job.max_restarts}"
 
 
 def job_row(job: Job) -> list[Any]:
@@ -209,20 +236,30 @@ def job_row(job: Job) -> list[Any]:
         job.state,
         job.parallelism,
         f"{job.min_gpus}-{job.max_gpus}",
+        job.priority,
+        restarts_cell(job),
+        format_duration(job.max_runtime_s),
         job.step,
         (job.submitted_at or "")[:19].replace("T", " "),
     ]
 
 
 def show_job(job: Job) -> None:
-    """One job as a two-column table."""
+    """One job as a two-column table (a run-time limit also in short form: ``7200 (2h)``)."""
     keys = [
         "id", "name", "tenant", "state", "workload", "code", "entrypoint", "launcher", "gpus",
-        "min_gpus", "max_gpus", "parallelism", "priority", "generation", "step", "loss",
+        "min_gpus", "max_gpus", "parallelism", "priority", "restarts", "max_restarts",
+        "max_runtime_s", "runtime_deadline", "generation", "step", "loss",
         "submitted_at", "started_at", "finished_at", "jct_seconds", "wait_reason",
         "failure_reason",
     ]  # fmt: skip
     rows = [(key, job.raw.get(key)) for key in keys if key in job.raw]
+    rows = [
+        (key, f"{value} ({format_duration(value)})")
+        if key == "max_runtime_s" and isinstance(value, int) and value > 0
+        else (key, value)
+        for key, value in rows
+    ]
     out.print(table(None, ("FIELD", "VALUE"), rows))
 
 
@@ -324,7 +361,18 @@ def _follow_and_exit(ctx: Context, job_id: int, follow: bool) -> NoReturn:
 @click.option("--max", "max_gpus", type=click.IntRange(min=1))
 @click.option("--name")
 @click.option("--tenant", help="Tenant slug (needed only if you belong to several).")
-@click.option("--priority", type=click.IntRange(0, 100))
+@click.option("--priority", type=click.IntRange(0, 100), help="0-100 (70+ high, below 30 low).")
+@click.option(
+    "--max-restarts",
+    type=click.IntRange(min=0),
+    help="Times a failed program is requeued from its checkpoint (default: the tenant's).",
+)
+@click.option(
+    "--max-runtime",
+    type=DURATION,
+    help="Wall-clock limit since the first start: seconds, 30m, 2h, 1h30m, 1d "
+    "(default: the tenant's).",
+)
 @click.option("--arg", "args", multiple=True, help="A workload argument K=V (repeatable).")
 @click.option("--env", "env", multiple=True, help="An environment variable K=V (repeatable).")
 @click.option("--wait", is_flag=True, help="Wait for the end; the exit code says how it ended.")
@@ -342,6 +390,8 @@ def submit(
     name: str | None,
     tenant: str | None,
     priority: int | None,
+    max_restarts: int | None,
+    max_runtime: int | None,
     args: tuple[str, ...],
     env: tuple[str, ...],
     wait: bool,
@@ -365,6 +415,8 @@ def submit(
         "name": name,
         "tenant": tenant,
         "priority": priority,
+        "max_restarts": max_restarts,
+        "max_runtime_s": max_runtime,
     }
     fields.update({k: v for k, v in flags.items() if v is not None})
     if env:

@@ -108,6 +108,10 @@ class Job:
     max_gpus: int = 0
     parallelism: int = 0
     priority: int = 0
+    restarts: int = 0
+    max_restarts: int = 0
+    max_runtime_s: int | None = None
+    runtime_deadline: str | None = None
     code: str | None = None
     entrypoint: str = ""
     launcher: str = ""

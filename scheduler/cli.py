@@ -26,7 +26,13 @@ from fabric.errors import TopologyError
 from scheduler.fabric_placement import SIM_PLACEMENTS, fabric_spec_for
 from scheduler.fairshare import FAIR_SHARE_HALF_LIFE, parse_weights
 from scheduler.policies import REGISTRY, get_policy
-from scheduler.priority import CLASS_NAMES, assign_priorities, parse_shares
+from scheduler.priority import (
+    CLASS_AGEING_S,
+    CLASS_NAMES,
+    assign_priorities,
+    parse_ageing,
+    parse_shares,
+)
 from scheduler.simulator import ScalingCost, SimConfig, SimResult, simulate
 from scheduler.traces import (
     LoadedTrace,
@@ -106,6 +112,13 @@ def _priority_share(text: str) -> dict[str, float]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _class_ageing(text: str) -> float | None:
+    try:
+        return parse_ageing(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _tenant_weights(text: str) -> dict[str, float]:
     try:
         return parse_weights(text)
@@ -174,6 +187,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         type=_priority_share,
         help="assign priority classes at random (seeded), e.g. high=0.1,low=0.3; rest normal "
         "(overrides a trace's priority column)",
+    )
+    p.add_argument(
+        "--class-ageing",
+        type=_class_ageing,
+        default=CLASS_AGEING_S,
+        help="a queued low-class job counts as normal after waiting this long since it last "
+        f"ran (seconds, 30m, 12h, 1d; off: strict classes; default {CLASS_AGEING_S:g} s)",
     )
     p.add_argument(
         "--tenant-weights",
@@ -298,9 +318,11 @@ def make_policy(name: str, args: argparse.Namespace) -> Any:
         params["waiting_threshold"] = args.waiting_threshold
         params["r"] = args.min_fraction
     try:
-        return get_policy(name, **params)
+        policy = get_policy(name, **params)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    policy.class_ageing_s = args.class_ageing
+    return policy
 
 
 def run_one(name: str, trace: LoadedTrace, args: argparse.Namespace, total: int) -> SimResult:

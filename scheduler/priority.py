@@ -10,6 +10,15 @@ first)::
     class      LOW (2)       | NORMAL (1)     | HIGH (0)
 
 Class numbers grow downwards so that sorting by class puts HIGH first.
+
+Ageing (as Slurm's age factor): strict classes starve the low class on a
+loaded cluster, so a queued job that has waited ``class_ageing_s`` since it
+last ran (or since it was submitted) counts one class higher, at most up to
+NORMAL (:data:`AGED_CEILING`): HIGH stays reserved for jobs that ask for it.
+An aged job keeps its aged class while it runs (so the class it joined does
+not preempt it at once); stopped and queued again, it is back in its own class
+and its wait starts over.  Ageing is off (None) unless a caller turns it on;
+:data:`CLASS_AGEING_S` is the recommended value.
 """
 
 from __future__ import annotations
@@ -28,6 +37,12 @@ CLASS_NAMES: dict[int, str] = {HIGH: "high", NORMAL: "normal", LOW: "low"}
 HIGH_FROM = 70
 LOW_BELOW = 30
 
+#: The highest class ageing can lift a job to.
+AGED_CEILING = NORMAL
+
+#: Recommended ageing period, seconds (see docs/results.md §9 for the sweep).
+CLASS_AGEING_S: float = 24 * 3600.0
+
 #: The priority a trace replay gives each class when it assigns them.
 CLASS_PRIORITY: dict[str, int] = {"high": 90, "normal": 50, "low": 10}
 
@@ -39,6 +54,40 @@ def priority_class(priority: int) -> int:
     if priority < LOW_BELOW:
         return LOW
     return NORMAL
+
+
+def aged_class(klass: int, waited: float, ageing: float | None) -> int:
+    """The class a job of class ``klass`` counts as after waiting ``waited`` seconds.
+
+    One class higher per full ``ageing`` period waited, never above
+    :data:`AGED_CEILING`; a class already at or above the ceiling never moves;
+    ``ageing`` None turns ageing off.
+    """
+    if ageing is None or klass <= AGED_CEILING or waited < ageing:
+        return klass
+    return max(AGED_CEILING, klass - int(waited // ageing))
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_ageing(text: str) -> float | None:
+    """``"off"`` or ``"0"`` -> None; ``"86400"``, ``"90m"``, ``"12h"``, ``"1.5d"`` -> seconds.
+
+    Raises ValueError (one line) for anything else, negative or not finite.
+    """
+    t = text.strip().lower()
+    if t in ("off", "none", "0"):
+        return None
+    scale = _UNITS.get(t[-1:], 0.0)
+    number = t[:-1] if scale else t
+    try:
+        value = float(number) * (scale or 1.0)
+    except ValueError:
+        raise ValueError(f"bad class ageing {text!r} (use seconds, 30m, 12h, 1d or off)") from None
+    if not 0 < value < float("inf"):
+        raise ValueError(f"class ageing {text!r} must be positive (or off)")
+    return value
 
 
 def parse_shares(text: str) -> dict[str, float]:

@@ -23,7 +23,10 @@ class JobRecord:
     models link contention) multiplies the progress rate: a job whose
     all-reduce shares uplinks progresses more slowly than its table says.
     ``klass`` is the priority class (:mod:`scheduler.priority`; 0 high, 1
-    normal, 2 low), which every policy orders by before its own rule.
+    normal, 2 low), which every policy orders by before its own rule: the
+    job's effective class, which ageing may lift above ``own_klass``, the class
+    its priority gives (see :mod:`scheduler.priority`).  ``pending_since`` is
+    when the job last started waiting (submit, preemption or requeue).
 
     Retries and limits (simulator only): ``fail_after`` seconds after each
     start the program fails; it is requeued with its progress while
@@ -51,6 +54,7 @@ class JobRecord:
         "max_runtime",
         "min_gpus",
         "model",
+        "own_klass",
         "pace",
         "pending_since",
         "preemptions",
@@ -91,6 +95,7 @@ class JobRecord:
         self.duration = duration
         self.tenant = tenant
         self.klass = klass
+        self.own_klass = klass
         self.model = model
         self.min_gpus = min_gpus or requested
         self.max_gpus = max(max_gpus or requested, requested)

@@ -304,7 +304,7 @@ class Accounting:
         return JobResult(
             job.id, job.submit, job.start_time if job.start_time is not None else now,
             now, job.requested, job.duration, job.model, job.preemptions, job.scale_events,
-            job.tenant, job.klass, job.restarts, failed,
+            job.tenant, job.own_klass, job.restarts, failed,
         )  # fmt: skip
 
     def finished(self, job: JobRecord, now: float) -> None:
@@ -318,7 +318,7 @@ class Accounting:
             JobResult(
                 job.id, job.submit, job.start_time if job.start_time is not None else now,
                 now, job.requested, job.duration, job.model, job.preemptions, job.scale_events,
-                job.tenant, job.klass, job.restarts,
+                job.tenant, job.own_klass, job.restarts,
             )
         )  # fmt: skip
 
@@ -387,6 +387,8 @@ def simulate(
             cfg.placement, cfg.total_gpus, cfg.gpus_per_server, cfg.fabric, seed=cfg.seed
         )
     core = policy.new_core(cfg.total_gpus)
+    core.ageing = policy.class_ageing_s
+    ageing = core.ageing is not None
     elastic = cfg.elastic or bool(getattr(policy, "elastic", False))
     records = [_make_record(i, j, cfg, elastic) for i, j in enumerate(trace)]
     n_jobs = len(records)
@@ -474,6 +476,10 @@ def simulate(
         t_arr = records[ai].submit if ai < n_jobs else math.inf
         wake = core.next_wakeup()
         t_wake = wake if wake is not None else math.inf
+        if ageing:
+            aged = core.next_ageing()
+            if aged is not None and aged < t_wake:
+                t_wake = aged
         now = min(t_comp, t_arr, t_wake, next_tick)
         if deadlines and deadlines[0][0] < now:
             now = deadlines[0][0]
@@ -503,6 +509,7 @@ def simulate(
                     job.restarts += 1
                     job.alloc = 0
                     job.pace = 1.0
+                    job.pending_since = now  # waits again: class ageing starts over
                     core.add(job, now)  # keeps its progress: resumes from its checkpoint
                     continue
                 else:

@@ -13,19 +13,29 @@ A policy has two faces over the same deciding code:
 Every core orders by priority class first (:mod:`scheduler.priority`) and,
 when it has a :class:`~scheduler.fairshare.FairShare`, by tenant key inside
 each of its queues (:func:`fair_order`).
+
+Class ageing lives here once for every core: ``add`` calls :meth:`PolicyCore.age_queued`
+(the job's class from its wait, and when it ages next), ``decide`` calls
+:meth:`PolicyCore.apply_ageing` (due jobs move up through the core's
+:meth:`PolicyCore.reclass`), a preemption calls :meth:`PolicyCore.requeued`
+(own class again, the wait starts over).
 """
 
 from __future__ import annotations
 
+import heapq
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from scheduler.curves import relative_speeds
 from scheduler.fairshare import FairShare
 from scheduler.placement import ConsolidatedPlacement, Placement
-from scheduler.priority import priority_class
+from scheduler.priority import AGED_CEILING, aged_class, priority_class
 from scheduler.records import JobRecord
 from scheduler.types import Decision, JobView, Migrate, Preempt, Scale, Snapshot, Start
+
+#: Slack when comparing ageing times (seconds), so a wake-up at a job's due time ages it.
+_AGE_EPS = 1e-6
 
 #: A core's answer: (job, new GPU count); 0 preempts, a positive count starts or resizes.
 Plan = list[tuple[JobRecord, int]]
@@ -46,6 +56,82 @@ class PolicyCore(ABC):
         self.refused_at = -1.0
         # Tenant fair share (None: off); the simulator advances its usage before each pass.
         self.fair_share: FairShare | None = None
+        # Class ageing period in seconds (None: off) and the queued jobs' next ageing times.
+        self.ageing: float | None = None
+        self._age_heap: list[tuple[float, int, JobRecord]] = []
+        self._age_seq = 0
+
+    # -- class ageing ---------------------------------------------------------
+    def age_queued(self, job: JobRecord, now: float) -> None:
+        """Give a job joining the queue the class its wait since ``pending_since`` earns.
+
+        Call before the core files the job by class.  A running job (snapshot
+        path) keeps the class it was given; a queued one that can still move up
+        is booked for :meth:`apply_ageing`.
+        """
+        ageing = self.ageing
+        if ageing is None or job.running or job.own_klass <= AGED_CEILING:
+            return
+        job.klass = aged_class(job.own_klass, now - job.pending_since, ageing)
+        self._book_ageing(job)
+
+    def requeued(self, job: JobRecord, now: float) -> None:
+        """A running job was stopped and waits again: its own class, its wait from ``now``.
+
+        Call after the core has filed the job as queued; a job whose class
+        changes is moved with :meth:`reclass`.
+        """
+        job.pending_since = now
+        if self.ageing is None or job.own_klass <= AGED_CEILING:
+            return
+        if job.klass != job.own_klass:
+            self.reclass(job, job.own_klass, now)
+        self._book_ageing(job)
+
+    def apply_ageing(self, now: float) -> None:
+        """Lift every queued job whose ageing time has come (call at the start of a pass)."""
+        ageing = self.ageing
+        heap = self._age_heap
+        if ageing is None:
+            return
+        while heap and heap[0][0] <= now + _AGE_EPS:
+            due, _, job = heapq.heappop(heap)
+            if not self._ageing_valid(due, job):
+                continue  # it started, ended, or waits again since a later time
+            self.reclass(
+                job, aged_class(job.own_klass, due + _AGE_EPS - job.pending_since, ageing), now
+            )
+            self._book_ageing(job)
+
+    def next_ageing(self) -> float | None:
+        """When a queued job next moves up a class (None: no job will)."""
+        heap = self._age_heap
+        while heap and not self._ageing_valid(heap[0][0], heap[0][2]):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def _due(self, job: JobRecord) -> float | None:
+        """When a queued job's class next moves up (None: at the ceiling, or ageing off)."""
+        if self.ageing is None or job.klass <= AGED_CEILING:
+            return None
+        return job.pending_since + self.ageing * (job.own_klass - job.klass + 1)
+
+    def _book_ageing(self, job: JobRecord) -> None:
+        due = self._due(job)
+        if due is not None:
+            self._age_seq += 1
+            heapq.heappush(self._age_heap, (due, self._age_seq, job))
+
+    def _ageing_valid(self, due: float, job: JobRecord) -> bool:
+        """An entry still stands: the job waits, and its wait still ends at ``due``."""
+        if job.running or job.end_time is not None:
+            return False
+        current = self._due(job)
+        return current is not None and abs(current - due) <= _AGE_EPS
+
+    def reclass(self, job: JobRecord, klass: int, now: float) -> None:
+        """Move a queued job to class ``klass``; cores that file jobs by class override this."""
+        job.klass = klass
 
     @abstractmethod
     def add(self, job: JobRecord, now: float) -> None:
@@ -104,6 +190,9 @@ class Policy(ABC):
     """A named scheduling policy."""
 
     name: str = ""
+    #: Seconds a queued job waits before it counts one class higher (None: no ageing);
+    #: see :mod:`scheduler.priority` and its ``CLASS_AGEING_S``.
+    class_ageing_s: float | None = None
 
     @abstractmethod
     def new_core(self, total_gpus: int) -> PolicyCore:
@@ -134,6 +223,7 @@ class Policy(ABC):
     def _core_from(self, snapshot: Snapshot) -> tuple[PolicyCore, list[JobView]]:
         """A fresh core holding the snapshot's jobs (running ones restored), and the views in order."""
         core = self.new_core(snapshot.cluster.total_gpus)
+        core.ageing = self.class_ageing_s
         if snapshot.tenants:
             core.fair_share = FairShare(
                 {name: t.weight for name, t in snapshot.tenants.items()},
@@ -142,7 +232,7 @@ class Policy(ABC):
             )
         views = sorted(snapshot.jobs, key=_view_order)
         for idx, view in enumerate(views):
-            rec = _record_from_view(view, idx, snapshot.now)
+            rec = _record_from_view(view, idx, snapshot.now, self.class_ageing_s)
             if view.running:
                 core.restore_running(rec, snapshot.now)
             else:
@@ -167,7 +257,17 @@ def _view_order(view: JobView) -> tuple[int, float, float, str]:
     return (0 if view.running else 1, since, view.submit_time, view.id)
 
 
-def _record_from_view(view: JobView, idx: int, now: float) -> JobRecord:
+def _record_from_view(
+    view: JobView, idx: int, now: float, ageing: float | None = None
+) -> JobRecord:
+    """A working record for a view; the class ageing gives it comes from its wait.
+
+    A queued job has waited since ``queue_since`` (or submit); the core's
+    ``add`` ages it.  A running job keeps the class it started with: the view
+    knows only its wait from submit to its current start (``queue_since``, or
+    ``now`` when unknown), exact for a job never stopped before and an
+    over-estimate for one that was, which errs towards not preempting it.
+    """
     speed: list[float] | None = None
     if view.throughput:
         top = max(max(view.throughput), view.max_gpus or 0, view.requested_gpus)
@@ -185,6 +285,8 @@ def _record_from_view(view: JobView, idx: int, now: float) -> JobRecord:
         speed=speed,
         klass=priority_class(view.priority),
     )
+    since = view.queue_since if view.queue_since is not None else view.submit_time
+    rec.pending_since = since
     if speed is not None and len(speed) > 1 and speed[1] > 0:
         rec.gain_ref = 1.0 / speed[1]  # throughput(requested) / throughput(1)
     rec.attained = view.attained_service
@@ -196,6 +298,8 @@ def _record_from_view(view: JobView, idx: int, now: float) -> JobRecord:
         rec.running = True
         rec.alloc = len(view.gpus)
         rec.start_time = view.queue_since
+        started = view.queue_since if view.queue_since is not None else now
+        rec.klass = aged_class(rec.own_klass, started - view.submit_time, ageing)
     return rec
 
 

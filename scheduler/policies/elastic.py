@@ -160,6 +160,8 @@ class ElasticTiresiasCore(TiresiasCore):
         self._apply_demotions(now)
         if self._promote_heap:
             self._apply_promotions(now)
+        if self._age_heap:
+            self.apply_ageing(now)
         target: dict[JobRecord, int] = {}
         self._compacting = False
         self._merge(self._pass(now), target)

@@ -26,7 +26,8 @@ class FifoCore(PolicyCore):
         self.used = 0
 
     def add(self, job: JobRecord, now: float) -> None:
-        """Join the tail of its class's queue."""
+        """Join the tail of its class's queue (the class ageing gives it, if on)."""
+        self.age_queued(job, now)
         self.queues[job.klass].append(job)
 
     def mark_running(self, job: JobRecord, now: float) -> None:
@@ -43,6 +44,8 @@ class FifoCore(PolicyCore):
 
     def decide(self, now: float) -> Plan:
         """Start queued jobs from the head while each fits."""
+        if self._age_heap:
+            self.apply_ageing(now)
         plan: Plan = []
         free = self.total - self.used
         for i, queue in enumerate(self.queues):
@@ -60,6 +63,16 @@ class FifoCore(PolicyCore):
             if queue:
                 break  # head-of-line blocking across classes too
         return plan
+
+    def reclass(self, job: JobRecord, klass: int, now: float) -> None:
+        """Move a queued job to its new class's queue, in arrival order there."""
+        self.queues[job.klass].remove(job)
+        job.klass = klass
+        queue = self.queues[klass]
+        at = len(queue)
+        while at and queue[at - 1].idx > job.idx:
+            at -= 1
+        queue.insert(at, job)
 
     def unplaced(self, refused: Plan, now: float) -> None:
         """Refused starts go back to the head of their class's queue, in their order."""

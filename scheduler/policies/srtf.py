@@ -26,6 +26,7 @@ class SrtfCore(PolicyCore):
 
     def add(self, job: JobRecord, now: float) -> None:
         """Arrivals join the end (they sort by remaining time at the next pass)."""
+        self.age_queued(job, now)
         self.jobs.append(job)
 
     def remove(self, job: JobRecord, now: float) -> None:
@@ -34,6 +35,8 @@ class SrtfCore(PolicyCore):
 
     def decide(self, now: float) -> Plan:
         """Sort by remaining time, first fit, preempt what no longer fits."""
+        if self._age_heap:
+            self.apply_ageing(now)
         for job in self.jobs:
             job.settle(now)
         fs = self.fair_share
@@ -55,6 +58,9 @@ class SrtfCore(PolicyCore):
                     starts.append((job, job.requested))
             elif job.running:
                 plan.append((job, 0))
+        if self.ageing is not None:
+            for job, _ in plan:
+                self.requeued(job, now)
         return plan + starts
 
     def unplaced(self, refused: Plan, now: float) -> None:

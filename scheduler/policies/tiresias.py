@@ -110,6 +110,7 @@ class TiresiasCore(PolicyCore):
 
     def add(self, job: JobRecord, now: float) -> None:
         """Arrivals join the tail of their class's level 0 (a snapshot's: the level its service says)."""
+        self.age_queued(job, now)
         if job.klass not in self._classes_seen:
             self._see_class(job.klass)
         job.queue = job.klass * self.levels + (self.level_of(job) if job.attained > 0 else 0)
@@ -200,7 +201,7 @@ class TiresiasCore(PolicyCore):
     def _stopped(self, job: JobRecord, now: float) -> None:
         job.settle(now)
         stamp = self._bump(job)
-        job.pending_since = now
+        self.requeued(job, now)
         if self.starvation_factor is not None and job.queue % self.levels and job.q_exec > 0:
             when = now + self.starvation_factor * job.q_exec
             self._seq += 1
@@ -210,6 +211,25 @@ class TiresiasCore(PolicyCore):
         """A running job's GPU count changes to ``gpus``: re-book its crossing (elastic)."""
         job.settle(now)
         self._started(job, now, gpus)
+
+    def reclass(self, job: JobRecord, klass: int, now: float) -> None:
+        """Move a queued job to the same LAS level of class ``klass``.
+
+        An aged job joins the tail of its new queue's pending jobs; a stopped
+        job going back down to its own class waits at the head of its queue,
+        as every preempted job does.
+        """
+        if klass not in self._classes_seen:
+            self._see_class(klass)
+        self.queues[job.queue].pending.remove(job)
+        up = klass < job.klass
+        job.klass = klass
+        job.queue = klass * self.levels + job.queue % self.levels
+        pending = self.queues[job.queue].pending
+        if up:
+            pending.append(job)
+        else:
+            pending.insert(0, job)
 
     def unplaced(self, refused: Plan, now: float) -> None:
         """Refused starts leave the running set and wait at the head of their queue."""
@@ -283,8 +303,10 @@ class TiresiasCore(PolicyCore):
             self.queues[job.queue].pending.append(job)
 
     def decide(self, now: float) -> Plan:
-        """Demote, promote, then one first-fit pass over the queues in priority order."""
+        """Demote, promote, age, then one first-fit pass over the queues in priority order."""
         self._apply_demotions(now)
+        if self._age_heap:
+            self.apply_ageing(now)
         if self._promote_heap:
             self._apply_promotions(now)
         plan = self._pass(now)
