@@ -31,12 +31,12 @@ from django.utils import timezone
 
 from jobs.agent_commands import runtime_job_name
 from jobs.choices import JobState
+from jobs.control.policy import live_policy
 from jobs.control.state import build_snapshot, read_cluster
 from jobs.lifecycle import ESTIMATE_FIELDS, save_estimates
 from jobs.models import Job
 from scheduler.curves import policy_curve, relative_speeds
 from scheduler.forecast import Forecast, forecast
-from scheduler.policies import get_policy
 from scheduler.types import JobState as ViewState
 from scheduler.types import JobView
 from utilities.realtime import broadcast_on_commit, job_group, tenant_group
@@ -184,7 +184,7 @@ def compute_forecast(now: datetime) -> LiveForecast | None:
         with_work.append(dataclasses.replace(job_view, remaining_work=work))
     snapshot = dataclasses.replace(view.snapshot, jobs=tuple(with_work))  # keeps what else it has
     quota = {row["tenant__slug"]: row["tenant__gpu_quota"] for row in rows.values()}
-    result = forecast(snapshot, get_policy(settings.SCHEDULER_POLICY), quota=quota)
+    result = forecast(snapshot, live_policy(), quota=quota)
     return LiveForecast(result=result, ids=ids, at=now)
 
 

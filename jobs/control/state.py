@@ -6,14 +6,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db.models import Max
+
 from fabric.allocator import Allocation, VClosAllocator
 from fabric.topology import FabricSpec
 from inventory.models import Fabric, Server, ServerState
 from jobs.agent_commands import GpuHome, runtime_job_name
 from jobs.choices import ACTIVE_STATES, JobState
 from jobs.control.fair_share import tenant_shares
-from jobs.models import Job, JobGpu
+from jobs.models import Job, JobEvent, JobGpu
 from scheduler.curves import policy_curve
+from scheduler.priority import AGED_CEILING, priority_class
 from scheduler.quota import QuotaBook
 from scheduler.types import Cluster, GpuState, JobView, Snapshot
 from scheduler.types import Gpu as GpuView
@@ -104,6 +107,24 @@ def load_allocator(cluster: ClusterState) -> VClosAllocator:
     return allocator
 
 
+def _last_state_change(job_ids: set[int]) -> dict[int, datetime]:
+    """When each job last started, was stopped or was requeued (its latest state event).
+
+    Class ageing measures a job's wait from there; only jobs that can age (the
+    low class) are asked for, in one query.
+    """
+    if not job_ids:
+        return {}
+    rows = (
+        JobEvent.objects.filter(job_id__in=job_ids)
+        .exclude(to_state="")
+        .values("job_id")
+        .annotate(last=Max("at"))
+        .values_list("job_id", "last")
+    )
+    return dict(rows)
+
+
 @dataclass(frozen=True)
 class PolicyInput:
     """What the tick hands the policy, and what it needs to act on the answer."""
@@ -171,6 +192,7 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
         if row[1] in ACTIVE_STATES:
             in_use[row[3]] = in_use.get(row[3], 0) + min(row[2], row[7])
     holdings = cluster.holdings
+    since = _last_state_change({row[0] for row in rows if priority_class(row[11]) > AGED_CEILING})
     views: list[JobView] = []
     ids: dict[str, int] = {}
     held_back: dict[int, str] = {}
@@ -226,6 +248,7 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
                 attained_service=service,
                 state=ViewState.RUNNING if held else ViewState.QUEUED,
                 priority=priority,
+                queue_since=since[job_id].timestamp() - epoch if job_id in since else None,
                 throughput=curve,
             )
         )

@@ -41,6 +41,7 @@ from jobs.agent_commands import job_id_from_name, runtime_job_name
 from jobs.choices import EventKind, JobState
 from jobs.control.apply import apply_bound, note_waiting
 from jobs.control.limits import stop_jobs_at_limit
+from jobs.control.policy import live_policy
 from jobs.control.reconcile import reconcile
 from jobs.control.state import ClusterState, build_snapshot, load_allocator, read_cluster
 from jobs.control.tick_stats import record_tick
@@ -51,7 +52,6 @@ from jobs.models import Job
 from jobs.outbox import Outbox
 from scheduler.binding import Refused, bind
 from scheduler.placement import CountPlacement
-from scheduler.policies import get_policy
 from scheduler.quota import enforce_quotas
 from scheduler.types import Decision, Migrate
 from workers.protocol import Profile
@@ -167,7 +167,7 @@ def _tick(policy_name: str, now: datetime) -> TickResult:
         cluster = read_cluster() or cluster
     view = build_snapshot(cluster, now)
     snapshot, ids = view.snapshot, view.ids
-    decisions: Sequence[Decision] = get_policy(policy_name).schedule(
+    decisions: Sequence[Decision] = live_policy(policy_name).schedule(
         snapshot, placement=CountPlacement()
     )
     decisions, over_quota = enforce_quotas(decisions, {v.id: v for v in snapshot.jobs}, view.book)

@@ -171,6 +171,9 @@ SCHEDULER_POLICY = env_str("SCHEDULER_POLICY", "elastic-tiresias")
 FAIR_SHARE = env_bool("FAIR_SHARE", True)
 FAIR_SHARE_HALF_LIFE = env_float("FAIR_SHARE_HALF_LIFE", 7 * 24 * 3600.0)
 FAIR_SHARE_REFRESH_SECONDS = env_float("FAIR_SHARE_REFRESH_SECONDS", 60.0)
+# A queued job counts one priority class higher per period waited, up to normal
+# (scheduler.priority; docs/scheduler.md); 0 turns ageing off.
+CLASS_AGEING_SECONDS = env_float("CLASS_AGEING_SECONDS", 24 * 3600.0)
 if not FAIR_SHARE_HALF_LIFE > 0:
     raise ImproperlyConfigured("FAIR_SHARE_HALF_LIFE must be a positive number of seconds")
 AGENT_HEARTBEAT_SECONDS = env_float("AGENT_HEARTBEAT_SECONDS", 5.0)

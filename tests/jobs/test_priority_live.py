@@ -8,9 +8,11 @@ weight and its decayed GPU-seconds held (``jobs.control.fair_share``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from jobs.control import fair_share
 from jobs.control.tick import run_tick
@@ -112,3 +114,32 @@ def test_weights_scale_the_share(
     run_tick(policy="tiresias")
     run_tick(policy="tiresias")
     assert (state(mine), state(theirs)) == ("running", "queued")
+
+
+@pytest.mark.parametrize(("ageing", "first"), [(60.0, "low"), (0.0, "normal")])
+def test_a_low_job_that_waited_a_period_counts_as_normal(
+    ageing: float,
+    first: str,
+    settings: Any,
+    make_tenant: Callable[..., Tenant],
+    make_user: Callable[..., Any],
+) -> None:
+    """Class ageing in the live tick: the wait comes from the job's latest state event."""
+    settings.CLASS_AGEING_SECONDS = ageing
+    tenant = make_tenant("big", quota=16)
+    user = make_user("carol", tenant)
+    demo_cluster()
+    blocker = submit(user, tenant, "blocker", 8)
+    run_tick(policy="tiresias")
+    low = submit(user, tenant, "low", 8, priority=10)
+    an_hour_ago = timezone.now() - timedelta(hours=1)
+    Job.objects.filter(pk=low.pk).update(submitted_at=an_hour_ago)
+    low.events.update(at=an_hour_ago)
+    normal = submit(user, tenant, "normal", 8)
+    run_tick(policy="tiresias")
+    assert (state(low), state(normal)) == ("queued", "queued")
+    do_cancel_job(user=user, job_id=blocker.pk)
+    run_tick(policy="tiresias")
+    run_tick(policy="tiresias")
+    started = {name for name, job in (("low", low), ("normal", normal)) if state(job) == "running"}
+    assert started == {first}
