@@ -69,7 +69,10 @@ class Tenant(models.Model):
     priority_weight = models.FloatField(
         default=1.0,
         validators=[MinValueValidator(0.0)],
-        help_text="Relative weight of this tenant's jobs when the scheduler breaks ties.",
+        help_text=(
+            "Fair-share weight: a tenant whose recent GPU use (decayed, FAIR_SHARE_HALF_LIFE)"
+            " is below its share of all weights gets idle GPUs first; 0 = last."
+        ),
     )
     profile_jobs = models.BooleanField(
         default=True, help_text="Profile each job's throughput curve on its first run."
