@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
+from portal.celery import app
 from tenancy.models import Role, Tenant
 from tenancy.services import do_add_member, do_create_tenant
 from tenancy.token_services import do_issue_token
@@ -80,3 +81,16 @@ def job_body(**overrides: Any) -> dict[str, Any]:
     body: dict[str, Any] = {"name": "train", "workload": "mlp-digits", "gpus": 2}
     body.update(overrides)
     return body
+
+
+@pytest.fixture
+def whatif_queue() -> Iterator[Any]:
+    """The real broker's ``whatif`` queue, emptied before and after."""
+    with app.connection_for_write() as conn:
+        queue = conn.SimpleQueue("whatif")
+        queue.clear()
+        try:
+            yield queue
+        finally:
+            queue.clear()
+            queue.close()

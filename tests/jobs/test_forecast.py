@@ -162,18 +162,6 @@ def test_estimates_of_a_job_that_left_the_queue_are_cleared(
     assert (job.queue_position, job.estimated_at, job.estimated_start) == (None, None, None)
 
 
-@pytest.fixture
-def whatif_queue() -> Iterator[Any]:
-    with app.connection_for_write() as conn:
-        queue = conn.SimpleQueue("whatif")
-        queue.clear()
-        try:
-            yield queue
-        finally:
-            queue.clear()
-            queue.close()
-
-
 def test_maybe_refresh_sends_one_task_per_interval_on_the_whatif_queue(
     whatif_queue: Any, fresh_redis: redis.Redis
 ) -> None:

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,19 +58,6 @@ def test_whatif_is_routed_to_its_own_queue_and_control_tasks_stay_on_portal() ->
     assert router.route({}, "portal.whatif.run")["queue"].name == "whatif"
     assert router.route({}, "control.scheduler_tick")["queue"].name == "portal"
     assert router.route({}, "control.agent_report")["queue"].name == "portal"
-
-
-@pytest.fixture
-def whatif_queue() -> Iterator[Any]:
-    """The real broker's ``whatif`` queue, emptied before and after."""
-    with app.connection_for_write() as conn:
-        queue = conn.SimpleQueue("whatif")
-        queue.clear()
-        try:
-            yield queue
-        finally:
-            queue.clear()
-            queue.close()
 
 
 @override_settings(WHATIF_SOFT_TIME_LIMIT_SECONDS=42)
