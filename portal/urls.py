@@ -48,5 +48,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
 ]
 
-handler404 = "portal.views.not_found"
-handler500 = "portal.views.server_error"
+# The portal's own pages (JSON for JSON callers): portal.error_views.
+handler400 = "portal.error_views.bad_request"
+handler403 = "portal.error_views.permission_denied"
+handler404 = "portal.error_views.page_not_found"
+handler500 = "portal.error_views.server_error"
