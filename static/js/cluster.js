@@ -2,10 +2,10 @@
  * queue/efficiency timeline and JCT statistics; resynced after cluster events. */
 (function () {
   "use strict";
-  const { LiveSocket, fetchJSON, throttle, el, seconds, plotLayout } = window.PortalLive;
+  const { LiveSocket, fetchJSON, throttle, el, seconds } = window.PortalLive;
+  const { axis, countAxis, percentAxis, timeAxis, durationUnit, cdf, note, draw, showEmpty } = window.PortalCharts;
   const root = document.getElementById("live-cluster");
   if (!root) return;
-  const config = { displayModeBar: false, responsive: true };
   const PALETTE = ["#2f6fed", "#e4572e", "#17a398", "#9b5de5", "#f3a712", "#d81159", "#3bb273", "#8f2d56", "#0081a7", "#c2711f", "#5c6bc0", "#6a994e"];
   const IDLE = "#d5dae2", DOWN = "#59606b", LINK = "#e3e6eb";
   const colourOf = (job) => PALETTE[(Number(job) * 7) % PALETTE.length];
@@ -84,8 +84,9 @@
       legend.appendChild(item);
     }
     if (!Object.keys(byJob).length) legend.appendChild(el("li", { class: "help" }, "No job holds GPUs right now."));
-    Plotly.react("topology", traces, plotLayout({ height: 380, margin: { l: 10, r: 10, t: 20, b: 10 }, hovermode: "closest",
-      xaxis: { visible: false, range: [-0.5, width + 0.5] }, yaxis: { visible: false, range: [0.2, 3.5] } }), config);
+    // A drawing, not a chart: its axes are positions, hidden on purpose.
+    draw("topology", traces, { height: 380, margin: { l: 10, r: 10, t: 20, b: 10 }, hovermode: "closest",
+      xaxis: { visible: false, range: [-0.5, width + 0.5] }, yaxis: { visible: false, range: [0.2, 3.5] } });
   }
 
   function drawHeatmap(snap) {
@@ -102,18 +103,19 @@
     }
     const x = [];
     for (let slot = 0; slot < f.servers_per_leaf; slot++) for (let g = 0; g < f.gpus_per_server; g++) x.push("s" + slot + ":g" + g);
-    Plotly.react("heatmap", [{ z: z, x: x, y: [...Array(f.leaves).keys()].map((l) => "leaf " + l), text: text, type: "heatmap", hoverinfo: "text", zmin: -1, zmax: 1, xgap: 2, ygap: 2, showscale: false,
+    draw("heatmap", [{ z: z, x: x, y: [...Array(f.leaves).keys()].map((l) => "leaf " + l), text: text, type: "heatmap", hoverinfo: "text", zmin: -1, zmax: 1, xgap: 2, ygap: 2, showscale: false,
       colorscale: [[0, DOWN], [0.499, DOWN], [0.5, IDLE], [0.52, "#c9d8fb"], [1, "#1a4fc4"]] }],
-      plotLayout({ height: Math.max(200, 40 * f.leaves + 80), xaxis: { type: "category", tickangle: -45 }, yaxis: { autorange: "reversed", type: "category" } }), config);
+      { height: Math.max(200, 40 * f.leaves + 100), xaxis: axis("Server : GPU", { type: "category", tickangle: -45, showgrid: false }), yaxis: axis("Leaf switch", { autorange: "reversed", type: "category", showgrid: false }) });
   }
 
   function drawTimeline(snap) {
     const t = snap.timeline;
-    Plotly.react("timeline", [
-      { x: t.t, y: t.queue, name: "queue length", type: "scatter", mode: "lines", line: { shape: "hv", color: "#b7791f" } },
-      { x: t.t, y: t.efficiency, name: "efficiency", type: "scatter", mode: "lines", line: { shape: "hv", color: "#1e8e3e" }, yaxis: "y2" },
-    ], plotLayout({ showlegend: true, legend: { orientation: "h", y: 1.15 }, margin: { l: 50, r: 50, t: 10, b: 40 }, yaxis: { title: "jobs queued", rangemode: "tozero", gridcolor: "#e3e6eb" },
-      yaxis2: { title: "efficiency", overlaying: "y", side: "right", range: [0, 1.05], tickformat: ".0%" } }), config);
+    draw("timeline", [
+      { x: t.t, y: t.queue, name: "queue length", type: "scatter", mode: "lines", line: { shape: "hv", color: "#b7791f" }, hovertemplate: "%{y} jobs queued<extra></extra>" },
+      { x: t.t, y: t.efficiency, name: "efficiency", type: "scatter", mode: "lines", line: { shape: "hv", color: "#1e8e3e" }, yaxis: "y2", hovertemplate: "%{y:.0%} efficient<extra></extra>" },
+    ], { showlegend: true, legend: { orientation: "h", y: 1.18 }, margin: { l: 56, r: 56, t: 10, b: 48 }, xaxis: timeAxis(),
+      yaxis: countAxis("Jobs queued", Math.max(1, ...t.queue)),
+      yaxis2: percentAxis("Cluster efficiency", { overlaying: "y", side: "right", showgrid: false }) });
   }
 
   function drawJct(snap) {
@@ -122,13 +124,14 @@
     document.getElementById("jct-mean").textContent = seconds(j.mean);
     document.getElementById("jct-median").textContent = seconds(j.median);
     document.getElementById("jct-p95").textContent = seconds(j.p95);
-    if (!j.values.length) return;
-    const node = document.getElementById("jct-cdf");
-    const empty = node.querySelector(".chart-empty");
-    if (empty) empty.remove();
-    const y = j.values.map((_, i) => (i + 1) / j.values.length);
-    Plotly.react(node, [{ x: j.values, y: y, type: "scatter", mode: "lines", line: { shape: "hv", color: "#2f6fed" } }],
-      plotLayout({ xaxis: { title: "JCT (s)", type: j.values[j.values.length - 1] > 100 * Math.max(1, j.values[0]) ? "log" : "linear", gridcolor: "#e3e6eb" }, yaxis: { title: "fraction of jobs", range: [0, 1.02], tickformat: ".0%", gridcolor: "#e3e6eb" } }), config);
+    if (!j.values.length) { showEmpty("jct-cdf", "No job completed in this window yet."); return; }
+    const values = j.values.slice().sort((a, b) => a - b);
+    const unit = durationUnit(values[values.length - 1]);
+    const points = cdf(values, unit.seconds);
+    const wide = values[values.length - 1] > 100 * Math.max(1, values[0]);
+    draw("jct-cdf", [{ x: points.x, y: points.y, type: "scatter", mode: "lines+markers", marker: { size: 6 }, line: { shape: "hv", color: "#2f6fed" }, hovertemplate: "%{x:.3~f} " + unit.unit + ": %{y:.0%} of jobs done<extra></extra>" }],
+      { xaxis: axis("JCT (" + unit.unit + ")", { type: wide ? "log" : "linear", rangemode: wide ? "normal" : "tozero" }), yaxis: percentAxis("Jobs finished within"),
+        annotations: values.length === 1 ? [note("One job so far")] : [] });
   }
 
   function apply(snap) {

@@ -9,7 +9,15 @@ from typing import Any
 
 import pytest
 
-from tests.browser.conftest import Driver, Server, login, screenshot, wait_live
+from tests.browser.conftest import (
+    Driver,
+    Server,
+    assert_all_titled,
+    chart_axes,
+    login,
+    screenshot,
+    wait_live,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -109,6 +117,9 @@ def test_whatif_shows_progress_then_the_report(
     driver("call", path="portal.whatif:run_whatif", kwargs={"run_id": run_id})
     root.wait_for_selector("#whatif-table tbody tr[data-policy=tiresias]")
     root.wait_for_function("() => document.querySelector('#whatif-cdf .main-svg')")
+    charts = chart_axes(root)
+    assert_all_titled(charts, {"whatif-cdf", "whatif-queue", "whatif-eff"})
+    assert charts["whatif-queue"]["xaxis"] == "Simulated time (h)"
     policies = root.locator("#whatif-table tbody tr").evaluate_all(
         "rows => rows.map(r => r.dataset.policy)"
     )

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.conftest import Server, login, screenshot
+from tests.browser.conftest import Driver, Server, assert_all_titled, chart_axes, login, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -24,3 +24,81 @@ def test_a_tenant_on_an_admin_page_sees_the_portals_404(browser: Any, server: Se
     assert answer.status == 404 and answer.headers["content-type"] == "application/json"
     assert json.loads(answer.text()) == {"message": "Not found.", "errors": {}}
     alice.context.close()
+
+
+def ensure_topology(root: Any) -> None:
+    """A small fabric for the cluster view (the session's portal may already have one)."""
+    root.goto("/cluster/")
+    if root.locator("#cluster-empty:visible").count() == 0:
+        return
+    root.goto("/cluster/topology/")
+    for field, value in (
+        ("leaves", 2),
+        ("spines", 2),
+        ("servers_per_leaf", 2),
+        ("gpus_per_server", 2),
+    ):
+        root.fill(f"#id_{field}", str(value))
+    root.click("#generate-form button[type=submit]")
+    root.wait_for_load_state()
+
+
+def test_every_chart_has_titled_axes_and_the_cdf_starts_at_zero(
+    browser: Any, server: Server, driver: Driver
+) -> None:
+    job = driver("submit", user="alice", tenant="acme", name="axes", gpus=2)["job"]
+    driver("transition", job=job, state="running", parallelism=2, reason="placed")
+    driver("report", kind="profile", job=job, curve=[[1, 900.0], [2, 1650.0], [4, 2700.0]])
+    for i, rate in enumerate((1600.0, 1650.0, 1630.0)):
+        driver(
+            "report",
+            kind="progress",
+            job=job,
+            step=10 * (i + 1),
+            samples_per_s=rate,
+            world=2,
+            loss=2.0 - i / 10,
+        )
+    driver("parallelism", job=job, parallelism=4)
+    driver("report", kind="progress", job=job, step=40, samples_per_s=2650.0, world=4, loss=1.6)
+
+    alice = login(browser, server, "alice")
+    alice.goto(f"/jobs/{job}/")
+    for chart in ("chart-parallelism", "chart-throughput", "chart-profile", "chart-loss"):
+        alice.wait_for_function(f"() => document.querySelector('#{chart} .main-svg')")
+    charts = chart_axes(alice)
+    assert_all_titled(
+        charts, {"chart-parallelism", "chart-throughput", "chart-profile", "chart-loss"}
+    )
+    assert charts["chart-parallelism"]["yaxis"] == "GPUs"
+    assert charts["chart-throughput"]["yaxis"] == "Throughput (samples/s)"
+    # counts get whole-number ticks; both time charts share one span; scale-ups are marked
+    layout = "(id) => document.getElementById(id).layout"
+    assert alice.evaluate(f"({layout})('chart-parallelism').yaxis.tickformat") == "d"
+    spans = alice.evaluate(
+        f"['chart-parallelism', 'chart-throughput'].map(id => ({layout})(id).xaxis.range.join())"
+    )
+    assert spans[0] == spans[1]
+    assert len(alice.evaluate(f"({layout})('chart-throughput').shapes")) >= 1
+    alice.context.close()
+
+    driver("transition", job=job, state="completed", reason="finished")
+    root = login(browser, server, "root")
+    ensure_topology(root)
+    root.goto("/cluster/?window=all")
+    root.wait_for_function("() => document.querySelector('#jct-cdf .main-svg')")
+    root.wait_for_function("() => document.querySelector('#timeline .main-svg')")
+    charts = chart_axes(root)
+    assert_all_titled(charts, {"jct-cdf", "timeline", "heatmap"})
+    assert charts["jct-cdf"]["xaxis"].startswith("JCT (")
+    cdf = root.evaluate("document.getElementById('jct-cdf').data[0]")
+    assert cdf["y"][0] == 0 and cdf["x"][0] == cdf["x"][1], "the CDF must start at (x0, 0)"
+    assert cdf["y"][-1] == 1 and "markers" in cdf["mode"]
+    if len(cdf["y"]) == 2:  # the session's only completed job so far
+        notes = root.evaluate("document.getElementById('jct-cdf').layout.annotations")
+        assert [n["text"] for n in notes] == ["One job so far"]
+
+    root.goto("/usage/all/")
+    root.wait_for_function("() => window.__usageDrawn")
+    assert_all_titled(chart_axes(root), {"usage-by-day", "usage-by-user"})
+    root.context.close()
