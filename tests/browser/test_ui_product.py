@@ -102,3 +102,101 @@ def test_every_chart_has_titled_axes_and_the_cdf_starts_at_zero(
     root.wait_for_function("() => window.__usageDrawn")
     assert_all_titled(chart_axes(root), {"usage-by-day", "usage-by-user"})
     root.context.close()
+
+
+TENANT_PAGES = ["/", "/jobs/new/", "/code/", "/usage/", "/account/token/", "/api/docs/"]
+ADMIN_PAGES = ["/cluster/", "/cluster/topology/", "/whatif/", "/usage/all/", "/admin/"]
+
+
+def watch_problems(page: Any) -> list[str]:
+    """Console errors, failed requests and error answers of sub-requests, as they happen."""
+    problems: list[str] = []
+    page.on(
+        "console", lambda m: problems.append(f"console: {m.text}") if m.type == "error" else None
+    )
+    # A request cut off by the next navigation (a late favicon) is not a failure.
+    page.on(
+        "requestfailed",
+        lambda r: (
+            None if "ERR_ABORTED" in (r.failure or "") else problems.append(f"{r.url} {r.failure}")
+        ),
+    )
+
+    def on_response(response: Any) -> None:
+        if response.status >= 400 and not response.request.is_navigation_request():
+            problems.append(f"{response.status}: {response.url}")
+
+    page.on("response", on_response)
+    return problems
+
+
+def test_no_page_has_console_errors_or_failed_requests(
+    browser: Any, server: Server, driver: Driver
+) -> None:
+    job = driver("submit", user="alice", tenant="acme", name="quiet", gpus=1)["job"]
+    for user, paths in (("alice", [*TENANT_PAGES, f"/jobs/{job}/"]), ("root", ADMIN_PAGES)):
+        page = login(browser, server, user)
+        problems = watch_problems(page)
+        for path in paths:
+            page.goto(path)
+            page.wait_for_load_state("networkidle")
+            icon = page.evaluate(
+                "() => fetch(document.querySelector('link[rel=icon]')?.href || '/favicon.ico')"
+                ".then(r => r.ok && r.headers.get('content-type'))"
+            )
+            assert icon and icon.startswith("image/"), (path, icon)
+        assert not problems, problems
+        page.context.close()
+    driver("cancel", user="alice", job=job)
+
+
+# The elements that stick out of a 390 px screen (not those inside a scrolling wrapper).
+WIDE = """() => [...document.querySelectorAll('body *')]
+  .filter(e => e.getBoundingClientRect().right > 391 && !e.closest('.table-wrap'))
+  .slice(-6).map(e => e.tagName + '#' + e.id + '.' + e.className + ' ' + Math.round(e.getBoundingClientRect().right))"""
+
+
+def test_no_page_is_wider_than_a_phone(browser: Any, server: Server, driver: Driver) -> None:
+    long_name = "a-rather-long-job-name-on-a-phone"
+    job = driver("submit", user="alice", tenant="acme", name=long_name, gpus=2)["job"]
+    elastic = driver(
+        "submit", user="alice", tenant="acme", name="stretchy", gpus=2, gpu_range=[1, 4]
+    )
+    pages = {
+        "alice": [*TENANT_PAGES[:-1], f"/jobs/{job}/", "/no-such-page/"],
+        "root": ADMIN_PAGES[:-1],
+    }
+    for user, paths in pages.items():
+        page = login(browser, server, user, width=390)
+        for path in paths:
+            page.goto(path)
+            page.wait_for_load_state("networkidle")
+            width = page.evaluate("document.documentElement.scrollWidth")
+            assert width <= 390, f"{path} is {width} px wide at 390 px: {page.evaluate(WIDE)}"
+        if user == "alice":
+            # sizes say what they count: "2 GPUs (range 1-4)", a rigid job only "2 GPUs"
+            page.goto("/")
+            assert "2 GPUs" in page.inner_text(f"#job-{job}")
+            assert "range" not in page.inner_text(f"#job-{job}")
+            assert "2 GPUs (range 1\u20134)" in page.inner_text(f"#job-{elastic['job']}")
+            page.goto(f"/jobs/{job}/")
+            screenshot(page, "job-page-phone")
+        page.context.close()
+    for doomed in (job, elastic["job"]):
+        driver("cancel", user="alice", job=doomed)
+
+
+def test_the_token_page_copies_the_new_secret(browser: Any, server: Server) -> None:
+    alice = login(browser, server, "alice")
+    alice.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    alice.goto("/account/token/")
+    alice.fill("#id_name", "laptop")
+    alice.click("#token-form button[type=submit]")
+    secret = alice.inner_text("#token")
+    alice.click("#copy-token")
+    alice.wait_for_function(
+        "() => document.getElementById('copy-status').textContent === 'Copied.'"
+    )
+    assert alice.evaluate("navigator.clipboard.readText()") == secret
+    screenshot(alice, "token-page")
+    alice.context.close()
