@@ -6,7 +6,8 @@
   const root = document.getElementById("whatif-run");
   if (!root) return;
   const url = "/whatif/" + root.dataset.run + ".json";
-  const COLOURS = ["#2f6fed", "#e4572e", "#17a398", "#9b5de5", "#f3a712", "#d81159"];
+  // As many colours as a comparison has runs (3 policies x 3 placements fit).
+  const COLOURS = ["#2f6fed", "#e4572e", "#17a398", "#9b5de5", "#f3a712", "#d81159", "#3bb273", "#8f2d56", "#0081a7", "#c2711f", "#5c6bc0", "#6a994e"];
   const pct = (v) => (v * 100).toFixed(1) + "%";
 
   function report(r) {

@@ -80,6 +80,21 @@ def test_admin_edits_topology_and_sees_jobs_coloured(
     assert traces[f"job {narrow}"]["colour"] != colour
     assert traces["down GPUs"]["n"] == 2
     assert root.inner_text("#tile-allocated") == "10 / 16"
+    # a legible fabric: every switch and server labelled, servers linked to their leaf,
+    # and a job inside one leaf says why it holds no links
+    labels = root.evaluate(
+        "Object.fromEntries(document.getElementById('topology').data"
+        ".filter(t => t.text).map(t => [t.name, t.text]))"
+    )
+    assert labels["spines"] == ["spine 0", "spine 1", "spine 2", "spine 3"]
+    assert labels["leaves"] == ["leaf 0", "leaf 1", "leaf 2", "leaf 3"]
+    assert "node-7" in labels["servers"] and len(labels["servers"]) == 8
+    assert traces["server-leaf links"]["n"] == 8 * 3
+    assert "0 links" in root.inner_text(f'#job-legend li[data-job="{narrow}"]')
+    assert "inside one leaf" in root.inner_text(f'#job-legend li[data-job="{narrow}"]')
+    assert "inside one leaf" not in root.inner_text(f'#job-legend li[data-job="{wide}"]')
+    colorbar = root.evaluate("document.getElementById('heatmap').data[0].colorbar.ticktext")
+    assert colorbar[:2] == ["down", "idle"]
     heat = root.evaluate("document.getElementById('heatmap').data[0].z")
     assert heat[0][0] == 0.65  # 520/s measured over 8 x 100/s profiled on one GPU
     assert heat[3][3] == -1  # node-7 is down
