@@ -16,6 +16,19 @@
     return Object.assign({ title: { text: title }, gridcolor: GRID, automargin: true, zeroline: false }, extra || {});
   }
 
+  /** The largest and smallest of ``values`` (numbers), ``fallback`` when there are none.
+   * A loop, not Math.max(...values): a long run's series overflows the argument list. */
+  function maxOf(values, fallback) {
+    let best = -Infinity;
+    for (const v of values) if (v !== null && v !== undefined && v > best) best = v;
+    return best === -Infinity ? fallback : best;
+  }
+  function minOf(values, fallback) {
+    let best = Infinity;
+    for (const v of values) if (v !== null && v !== undefined && v < best) best = v;
+    return best === Infinity ? fallback : best;
+  }
+
   /** A step of 1, 2 or 5 × 10^k giving about six ticks up to ``max``, never below 1. */
   function integerStep(max) {
     const rough = Math.max(1, Number(max) || 1) / 6;
@@ -92,5 +105,5 @@
     target.replaceChildren(line);
   }
 
-  window.PortalCharts = { axis, countAxis, percentAxis, timeAxis, durationUnit, cdf, note, layout, draw, showEmpty, integerStep };
+  window.PortalCharts = { maxOf, minOf, axis, countAxis, percentAxis, timeAxis, durationUnit, cdf, note, layout, draw, showEmpty, integerStep };
 })();

@@ -3,7 +3,7 @@
 (function () {
   "use strict";
   const { LiveSocket, fetchJSON, throttle, el, seconds } = window.PortalLive;
-  const { axis, countAxis, percentAxis, timeAxis, durationUnit, cdf, note, draw, showEmpty } = window.PortalCharts;
+  const { maxOf, axis, countAxis, percentAxis, timeAxis, durationUnit, cdf, note, draw, showEmpty } = window.PortalCharts;
   const root = document.getElementById("live-cluster");
   if (!root) return;
   const PALETTE = ["#2f6fed", "#e4572e", "#17a398", "#9b5de5", "#f3a712", "#d81159", "#3bb273", "#8f2d56", "#0081a7", "#c2711f", "#5c6bc0", "#6a994e"];
@@ -131,7 +131,7 @@
       { x: t.t, y: t.queue, name: "queue length", type: "scatter", mode: "lines", line: { shape: "hv", color: "#b7791f" }, hovertemplate: "%{y} jobs queued<extra></extra>" },
       { x: t.t, y: t.efficiency, name: "efficiency", type: "scatter", mode: "lines", line: { shape: "hv", color: "#1e8e3e" }, yaxis: "y2", hovertemplate: "%{y:.0%} efficient<extra></extra>" },
     ], { showlegend: true, legend: { orientation: "h", y: 1.18 }, margin: { l: 56, r: 56, t: 10, b: 48 }, xaxis: timeAxis(),
-      yaxis: countAxis("Jobs queued", Math.max(1, ...t.queue)),
+      yaxis: countAxis("Jobs queued", maxOf(t.queue, 1)),
       yaxis2: percentAxis("Cluster efficiency", { overlaying: "y", side: "right", showgrid: false }) });
   }
 

@@ -2,7 +2,7 @@
 (function () {
   "use strict";
   const { LiveSocket, fetchJSON, throttle, el, seconds } = window.PortalLive;
-  const { axis, countAxis, timeAxis, draw, showEmpty } = window.PortalCharts;
+  const { maxOf, minOf, axis, countAxis, timeAxis, draw, showEmpty } = window.PortalCharts;
   const root = document.getElementById("live-job");
   if (!root) return;
   const jobId = Number(root.dataset.job);
@@ -13,8 +13,8 @@
   function runSpan(parallelism, throughput) {
     const times = (parallelism.t || []).concat((throughput && throughput.t) || []).map((t) => Date.parse(t)).filter((t) => !Number.isNaN(t));
     if (!times.length) return null;
-    const end = isOver() ? Math.max(...times) : Math.max(Date.now(), ...times);
-    const start = Math.min(...times);
+    const end = isOver() ? maxOf(times) : Math.max(Date.now(), maxOf(times));
+    const start = minOf(times);
     return [new Date(start).toISOString(), new Date(Math.max(end, start + 1000)).toISOString()];
   }
 
@@ -24,7 +24,7 @@
     const y = series.gpus.slice();
     if (!isOver()) { x.push(new Date().toISOString()); y.push(y[y.length - 1]); }
     draw("chart-parallelism", [{ x: x, y: y, type: "scatter", mode: "lines", line: { shape: "hv", color: "#2f6fed", width: 2 }, fill: "tozeroy", fillcolor: "rgba(47,111,237,.12)", name: "GPUs", hovertemplate: "%{y} GPUs<extra></extra>" }],
-      { xaxis: timeAxis(span), yaxis: countAxis("GPUs", Math.max(...y)) });
+      { xaxis: timeAxis(span), yaxis: countAxis("GPUs", maxOf(y, 1)) });
   }
 
   /** Dotted vertical lines where the job's parallelism changed (after it first started). */
@@ -47,7 +47,7 @@
   function drawProfile(profile) {
     if (!profile || !profile.gpus || !profile.gpus.length) return;
     draw("chart-profile", [{ x: profile.gpus, y: profile.samples_per_second, type: "scatter", mode: "lines+markers", line: { color: "#b7791f" }, name: "profiled", hovertemplate: "%{x} GPUs: %{y:.0f} samples/s<extra></extra>" }],
-      { xaxis: countAxis("GPUs", Math.max(...profile.gpus), { rangemode: "normal" }), yaxis: axis("Throughput (samples/s)", { rangemode: "tozero", tickformat: "~s" }) });
+      { xaxis: countAxis("GPUs", maxOf(profile.gpus, 1), { rangemode: "normal" }), yaxis: axis("Throughput (samples/s)", { rangemode: "tozero", tickformat: "~s" }) });
   }
 
   // Loss (from the progress samples) and the metrics the program logs, by step, and the
@@ -62,7 +62,7 @@
     if (!points.length) return;
     const steps = points.map((p) => p.step);
     draw("chart-loss", [{ x: steps, y: points.map((p) => p.loss), type: "scatter", mode: "lines", line: { color: "#c5221f" }, name: "loss", hovertemplate: "loss %{y:.4g}<br>step %{x}<extra></extra>" }],
-      { xaxis: countAxis("Step", Math.max(...steps), { rangemode: "normal" }), yaxis: axis("Loss") });
+      { xaxis: countAxis("Step", maxOf(steps, 1), { rangemode: "normal" }), yaxis: axis("Loss") });
   }
 
   function drawMetrics(metrics) {
@@ -72,7 +72,7 @@
       x: metrics[name].map((p) => p[0]), y: metrics[name].map((p) => p[1]), type: "scatter", mode: "lines",
       name: name, line: { color: PALETTE[i % PALETTE.length] }, hovertemplate: name + " %{y:.4g}<br>step %{x}<extra></extra>",
     }));
-    const lastStep = Math.max(...traces.map((t) => Math.max(...t.x)));
+    const lastStep = maxOf(traces.map((t) => maxOf(t.x, 1)), 1);
     draw("chart-metrics", traces, { showlegend: true, legend: { orientation: "h", y: -0.3 }, margin: { l: 56, r: 16, t: 10, b: 80 }, xaxis: countAxis("Step", lastStep, { rangemode: "normal" }), yaxis: axis(names.length === 1 ? names[0] : "Value (as logged)") });
   }
 

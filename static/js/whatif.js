@@ -2,7 +2,7 @@
 (function () {
   "use strict";
   const { fetchJSON, el, seconds } = window.PortalLive;
-  const { axis, countAxis, percentAxis, durationUnit, cdf, note, draw, showEmpty } = window.PortalCharts;
+  const { maxOf, axis, countAxis, percentAxis, durationUnit, cdf, note, draw, showEmpty } = window.PortalCharts;
   const root = document.getElementById("whatif-run");
   if (!root) return;
   const url = "/whatif/" + root.dataset.run + ".json";
@@ -40,7 +40,7 @@
   }
 
   function drawCharts(r) {
-    const longest = Math.max(0, ...r.results.map((p) => (p.jct_cdf.length ? Math.max(...p.jct_cdf) : 0)));
+    const longest = maxOf(r.results.map((p) => maxOf(p.jct_cdf, 0)), 0);
     const unit = durationUnit(longest);
     const cdfs = [], queue = [], eff = [];
     let mostQueued = 1;
@@ -50,7 +50,7 @@
       cdfs.push({ x: points.x, y: points.y, name: p.policy, mode: "lines+markers", marker: { size: 4 }, line: { shape: "hv", color: c }, hovertemplate: p.policy + ": %{y:.0%} within %{x:.3~f} " + unit.unit + "<extra></extra>" });
       const t = (p.series.t || []).map((v) => v / 3600);
       const queued = p.series.queued || [];
-      mostQueued = Math.max(mostQueued, ...queued);
+      mostQueued = Math.max(mostQueued, maxOf(queued, 0));
       queue.push({ x: t, y: queued, name: p.policy, mode: "lines", line: { shape: "hv", color: c } });
       eff.push({ x: t, y: (p.series.efficiency || []).map((v) => v / r.total_gpus), name: p.policy, mode: "lines", line: { color: c } });
     });

@@ -200,3 +200,24 @@ def test_the_token_page_copies_the_new_secret(browser: Any, server: Server) -> N
     assert alice.evaluate("navigator.clipboard.readText()") == secret
     screenshot(alice, "token-page")
     alice.context.close()
+
+
+def test_the_chart_helper_in_the_page(browser: Any, server: Server) -> None:
+    """PortalCharts' pure parts, as the pages load them (every page carries charts.js)."""
+    alice = login(browser, server, "alice")
+    got = alice.evaluate(
+        """() => { const C = window.PortalCharts; return {
+          cdf: C.cdf([60, 120, 180], 60),
+          units: [59, 120, 7199, 7200].map(s => C.durationUnit(s).unit),
+          steps: [0, 3, 4, 37, 1000].map(C.integerStep),
+          long: C.maxOf(Array.from({ length: 300000 }, (_, i) => i), 0),
+          none: C.maxOf([], 1),
+          title: C.axis('GPUs').title,
+        }; }"""
+    )
+    assert got["cdf"] == {"x": [1, 1, 2, 3], "y": [0, 1 / 3, 2 / 3, 1]}
+    assert got["units"] == ["s", "min", "min", "h"]
+    assert got["steps"] == [1, 1, 1, 10, 200]
+    assert got["long"] == 299999 and got["none"] == 1  # no argument-list overflow
+    assert got["title"] == {"text": "GPUs"}  # the object form plotly.js 4 reads
+    alice.context.close()
