@@ -124,6 +124,11 @@ def test_whatif_shows_progress_then_the_report(
     root.check('input[name="placements"][value="vclos"]')
     root.check('input[name="placements"][value="ecmp"]')
     root.fill("#id_leaves", "2")
+    # every choice is a box beside its words, not a full-width input above them
+    boxes = root.locator("#whatif-form input[type=checkbox], #whatif-form input[type=radio]")
+    widths = boxes.evaluate_all("nodes => nodes.map(n => n.getBoundingClientRect().width)")
+    assert widths and max(widths) < 40, widths
+    screenshot(root, "whatif-form")
     root.click("#whatif-form button[type=submit]")
     root.wait_for_url(re.compile(r"/whatif/[0-9a-f]{32}/$"))
     assert "Waiting for a worker" in root.inner_text("#whatif-step")
