@@ -2,7 +2,9 @@
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from jobs import views as job_views
@@ -46,7 +48,12 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="swagger-ui"),
     path("metrics", metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
+    # Browsers ask for /favicon.ico on pages without base.html's icon (admin, Swagger UI).
+    path("favicon.ico", RedirectView.as_view(url=static("img/favicon.svg"), permanent=True)),
 ]
 
-handler404 = "portal.views.not_found"
-handler500 = "portal.views.server_error"
+# The portal's own pages (JSON for JSON callers): portal.error_views.
+handler400 = "portal.error_views.bad_request"
+handler403 = "portal.error_views.permission_denied"
+handler404 = "portal.error_views.page_not_found"
+handler500 = "portal.error_views.server_error"

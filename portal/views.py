@@ -1,4 +1,4 @@
-"""Tenant-facing pages: login, the dashboard and the API token page; error pages."""
+"""Tenant-facing pages: login, the dashboard and the API token page."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from jobs.live import tenant_snapshot
 from jobs.models import Job
-from portal.api.errors import json_not_found, json_server_error
 from tenancy.forms import RATE_LIMITED, NewTokenForm, RateLimitedAuthenticationForm
 from tenancy.login_limits import Limits
 from tenancy.models import ApiToken, Tenant
@@ -79,17 +78,3 @@ def revoke_api_token(request: HttpRequest, token_id: int) -> HttpResponse:
     token = get_object_or_404(ApiToken.objects.restrict(request.user), pk=token_id)
     do_revoke_token(user=request.user, token_id=token.pk)
     return redirect("api-token")
-
-
-def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
-    """404: JSON under /api/, a page elsewhere."""
-    if request.path.startswith("/api/"):
-        return json_not_found(request, exception)
-    return render(request, "404.html", status=404)
-
-
-def server_error(request: HttpRequest) -> HttpResponse:
-    """500: JSON under /api/, a page elsewhere."""
-    if request.path.startswith("/api/"):
-        return json_server_error(request)
-    return render(request, "500.html", status=500)

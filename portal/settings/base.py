@@ -83,7 +83,10 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # The portal's own error pages, also under DEBUG (after auth, so they show the header).
+    "portal.error_views.ErrorPagesMiddleware",
 ]
+CSRF_FAILURE_VIEW = "portal.error_views.csrf_failure"
 
 ROOT_URLCONF = "portal.urls"
 ASGI_APPLICATION = "portal.asgi.application"

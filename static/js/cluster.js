@@ -2,12 +2,12 @@
  * queue/efficiency timeline and JCT statistics; resynced after cluster events. */
 (function () {
   "use strict";
-  const { LiveSocket, fetchJSON, throttle, el, seconds, plotLayout } = window.PortalLive;
+  const { LiveSocket, fetchJSON, throttle, el, seconds } = window.PortalLive;
+  const { maxOf, axis, countAxis, percentAxis, timeAxis, durationUnit, cdf, note, draw, showEmpty } = window.PortalCharts;
   const root = document.getElementById("live-cluster");
   if (!root) return;
-  const config = { displayModeBar: false, responsive: true };
   const PALETTE = ["#2f6fed", "#e4572e", "#17a398", "#9b5de5", "#f3a712", "#d81159", "#3bb273", "#8f2d56", "#0081a7", "#c2711f", "#5c6bc0", "#6a994e"];
-  const IDLE = "#d5dae2", DOWN = "#59606b", LINK = "#e3e6eb";
+  const IDLE = "#d5dae2", DOWN = "#59606b", LINK = "#b9c1cd", SERVER_LINK = "#9aa3b2";
   const colourOf = (job) => PALETTE[(Number(job) * 7) % PALETTE.length];
   window.__clusterColour = colourOf;
 
@@ -28,7 +28,7 @@
     // idle cables: one grey trace; reserved ones: per job
     const reserved = {};
     for (const [leaf, port, spine, job] of snap.cables) reserved[leaf + ":" + port] = job;
-    const idle = { x: [], y: [], mode: "lines", line: { color: LINK, width: 1 }, hoverinfo: "skip", name: "idle links" };
+    const idle = { x: [], y: [], mode: "lines", line: { color: LINK, width: 1, dash: "dot" }, hoverinfo: "skip", name: "idle links" };
     const byJob = {};
     for (let leaf = 0; leaf < f.leaves; leaf++) {
       for (let port = 0; port < f.gpus_per_leaf; port++) {
@@ -56,17 +56,25 @@
         idleGpus.x.push(x); idleGpus.y.push(0.6); idleGpus.text.push(label + " · idle");
       }
     }
-    // switches and servers
-    traces.push({ x: [...Array(f.spines).keys()].map(spineX), y: Array(f.spines).fill(3), mode: "markers+text", marker: { symbol: "square", size: 18, color: "#141a26" }, text: [...Array(f.spines).keys()].map((s) => "S" + s), textposition: "top center", hoverinfo: "text", name: "spines" });
-    traces.push({ x: [...Array(f.leaves).keys()].map(leafX), y: Array(f.leaves).fill(2), mode: "markers+text", marker: { symbol: "square", size: 18, color: "#3b4456" }, text: [...Array(f.leaves).keys()].map((l) => "L" + l), textposition: "bottom center", hoverinfo: "text", name: "leaves" });
-    const srv = { x: [], y: [], text: [], color: [] };
+    // switches and servers, each labelled; servers hang off their leaf by one link each
+    const spineName = (i) => "spine " + i, leafName = (i) => "leaf " + i;
+    traces.push({ x: [...Array(f.spines).keys()].map(spineX), y: Array(f.spines).fill(3), mode: "markers+text", marker: { symbol: "square", size: 18, color: "#141a26" }, text: [...Array(f.spines).keys()].map(spineName), textposition: "top center", hoverinfo: "text", name: "spines" });
+    traces.push({ x: [...Array(f.leaves).keys()].map(leafX), y: Array(f.leaves).fill(2), mode: "markers+text", marker: { symbol: "square", size: 18, color: "#3b4456" }, text: [...Array(f.leaves).keys()].map(leafName), textposition: "middle right", hoverinfo: "text", name: "leaves" });
+    const srv = { x: [], y: [], text: [], hover: [], color: [] };
+    const uplinks = { x: [], y: [], mode: "lines", line: { color: SERVER_LINK, width: 1.5 }, hoverinfo: "skip", name: "server-leaf links" };
+    const labelServers = snap.servers.length <= 24;  // beyond that the names overlap: hover only
     for (const s of snap.servers) {
-      srv.x.push(gpuX(s.leaf, (s.slot + 0.5) * f.gpus_per_server - 0.5));
+      const x = gpuX(s.leaf, (s.slot + 0.5) * f.gpus_per_server - 0.5);
+      srv.x.push(x);
       srv.y.push(1.1);
-      srv.text.push(s.node + " (" + s.state + (s.reason ? ": " + s.reason : "") + ")");
+      srv.text.push(labelServers ? s.node : "");
+      srv.hover.push(s.node + " · leaf " + s.leaf + " · " + f.gpus_per_server + " GPUs · " + s.state + (s.reason ? ": " + s.reason : ""));
       srv.color.push(s.state === "up" ? "#8a94a6" : DOWN);
+      uplinks.x.push(x, leafX(s.leaf), null);
+      uplinks.y.push(1.1, 2, null);
     }
-    traces.push({ x: srv.x, y: srv.y, mode: "markers", marker: { symbol: "square", size: 12, color: srv.color }, text: srv.text, hoverinfo: "text", name: "servers" });
+    traces.splice(1, 0, uplinks);  // under the switches, over nothing
+    traces.push({ x: srv.x, y: srv.y, mode: "markers+text", marker: { symbol: "square", size: 12, color: srv.color }, text: srv.text, hovertext: srv.hover, textposition: "middle right", textfont: { size: 10, color: "#3b4456" }, hoverinfo: "text", name: "servers" });
     const gpuSize = Math.max(5, Math.min(14, 700 / width));
     traces.push({ x: idleGpus.x, y: idleGpus.y, text: idleGpus.text, mode: "markers", marker: { size: gpuSize, color: IDLE }, hoverinfo: "text", name: "idle GPUs" });
     traces.push({ x: downGpus.x, y: downGpus.y, text: downGpus.text, mode: "markers", marker: { size: gpuSize, color: DOWN, symbol: "x" }, hoverinfo: "text", name: "down GPUs" });
@@ -80,13 +88,21 @@
       item.appendChild(el("span", { class: "swatch", style: "background:" + colour }));
       const link = el("a", { href: "/jobs/" + job + "/" }, "job " + job);
       item.appendChild(link);
-      item.appendChild(el("span", {}, " " + (info.name || "") + " · " + (info.tenant || "") + " · " + byJob[job].gpus.x.length + " GPUs, " + byJob[job].links.x.length / 3 + " links"));
+      const links = byJob[job].links.x.length / 3;
+      item.appendChild(el("span", {}, " " + (info.name || "") + " · " + (info.tenant || "") + " · " + byJob[job].gpus.x.length + " GPUs, " + links + (links === 1 ? " link" : " links")));
+      if (links === 0) item.appendChild(el("span", { class: "help" }, " (inside one leaf: its GPUs talk through the leaf switch, so vClos reserves no spine links)"));
       legend.appendChild(item);
     }
     if (!Object.keys(byJob).length) legend.appendChild(el("li", { class: "help" }, "No job holds GPUs right now."));
-    Plotly.react("topology", traces, plotLayout({ height: 380, margin: { l: 10, r: 10, t: 20, b: 10 }, hovermode: "closest",
-      xaxis: { visible: false, range: [-0.5, width + 0.5] }, yaxis: { visible: false, range: [0.2, 3.5] } }), config);
+    // A drawing, not a chart: its axes are positions, hidden on purpose.
+    draw("topology", traces, { height: 380, margin: { l: 10, r: 10, t: 20, b: 10 }, hovermode: "closest",
+      xaxis: { visible: false, range: [-0.5, width + 0.5] }, yaxis: { visible: false, range: [0.3, 3.45] } });
   }
+
+  // Heatmap values: down or draining, idle, or 0.05-1 the holding job's efficiency (1 when
+  // not profiled yet); on the -1..1 scale each band has its own stretch of the colour bar.
+  const DOWN_Z = -1, IDLE_Z = -0.3;
+  const HEAT_SCALE = [[0, DOWN], [0.2, DOWN], [0.2, IDLE], [0.5, IDLE], [0.5, "#c9d8fb"], [1, "#1a4fc4"]];
 
   function drawHeatmap(snap) {
     const f = snap.fabric;
@@ -97,23 +113,26 @@
       const s = servers[leaf + ":" + slot];
       const port = slot * f.gpus_per_server + local;
       const eff = job === null ? null : (snap.jobs[job] || {}).gpu_efficiency;
-      z[leaf][port] = s.state !== "up" && job === null ? -1 : job === null ? 0 : eff == null ? 1 : Math.max(0.05, eff);
+      z[leaf][port] = s.state !== "up" && job === null ? DOWN_Z : job === null ? IDLE_Z : eff == null ? 1 : Math.max(0.05, eff);
       text[leaf][port] = "GPU " + index + " · " + s.node + " · " + (job === null ? (s.state === "up" ? "idle" : s.state) : "job " + job + (eff == null ? " (not profiled yet)" : " · " + (eff * 100).toFixed(0) + "% efficient"));
     }
     const x = [];
-    for (let slot = 0; slot < f.servers_per_leaf; slot++) for (let g = 0; g < f.gpus_per_server; g++) x.push("s" + slot + ":g" + g);
-    Plotly.react("heatmap", [{ z: z, x: x, y: [...Array(f.leaves).keys()].map((l) => "leaf " + l), text: text, type: "heatmap", hoverinfo: "text", zmin: -1, zmax: 1, xgap: 2, ygap: 2, showscale: false,
-      colorscale: [[0, DOWN], [0.499, DOWN], [0.5, IDLE], [0.52, "#c9d8fb"], [1, "#1a4fc4"]] }],
-      plotLayout({ height: Math.max(200, 40 * f.leaves + 80), xaxis: { type: "category", tickangle: -45 }, yaxis: { autorange: "reversed", type: "category" } }), config);
+    const short = f.gpus_per_leaf > 12;  // many columns: "0/1" rather than "server 0 · GPU 1"
+    for (let slot = 0; slot < f.servers_per_leaf; slot++) for (let g = 0; g < f.gpus_per_server; g++) x.push(short ? slot + "/" + g : "server " + slot + " · GPU " + g);
+    const colorbar = { title: { text: "Useful work", side: "right" }, tickmode: "array", tickvals: [-0.8, -0.3, 0.5, 1], ticktext: ["down", "idle", "50%", "100%"], thickness: 12, len: 1, outlinewidth: 0 };
+    draw("heatmap", [{ z: z, x: x, y: [...Array(f.leaves).keys()].map((l) => "leaf " + l), text: text, type: "heatmap", hoverinfo: "text", zmin: -1, zmax: 1, xgap: 2, ygap: 2, showscale: true, colorbar: colorbar,
+      colorscale: HEAT_SCALE }],
+      { height: Math.max(200, 40 * f.leaves + 100), xaxis: axis(short ? "Server / GPU within the leaf" : "Server and GPU within the leaf", { type: "category", tickangle: -40, showgrid: false }), yaxis: axis("Leaf switch", { autorange: "reversed", type: "category", showgrid: false }) });
   }
 
   function drawTimeline(snap) {
     const t = snap.timeline;
-    Plotly.react("timeline", [
-      { x: t.t, y: t.queue, name: "queue length", type: "scatter", mode: "lines", line: { shape: "hv", color: "#b7791f" } },
-      { x: t.t, y: t.efficiency, name: "efficiency", type: "scatter", mode: "lines", line: { shape: "hv", color: "#1e8e3e" }, yaxis: "y2" },
-    ], plotLayout({ showlegend: true, legend: { orientation: "h", y: 1.15 }, margin: { l: 50, r: 50, t: 10, b: 40 }, yaxis: { title: "jobs queued", rangemode: "tozero", gridcolor: "#e3e6eb" },
-      yaxis2: { title: "efficiency", overlaying: "y", side: "right", range: [0, 1.05], tickformat: ".0%" } }), config);
+    draw("timeline", [
+      { x: t.t, y: t.queue, name: "queue length", type: "scatter", mode: "lines", line: { shape: "hv", color: "#b7791f" }, hovertemplate: "%{y} jobs queued<extra></extra>" },
+      { x: t.t, y: t.efficiency, name: "efficiency", type: "scatter", mode: "lines", line: { shape: "hv", color: "#1e8e3e" }, yaxis: "y2", hovertemplate: "%{y:.0%} efficient<extra></extra>" },
+    ], { showlegend: true, legend: { orientation: "h", y: 1.18 }, margin: { l: 56, r: 56, t: 10, b: 48 }, xaxis: timeAxis(),
+      yaxis: countAxis("Jobs queued", maxOf(t.queue, 1)),
+      yaxis2: percentAxis("Cluster efficiency", { overlaying: "y", side: "right", showgrid: false }) });
   }
 
   function drawJct(snap) {
@@ -122,13 +141,14 @@
     document.getElementById("jct-mean").textContent = seconds(j.mean);
     document.getElementById("jct-median").textContent = seconds(j.median);
     document.getElementById("jct-p95").textContent = seconds(j.p95);
-    if (!j.values.length) return;
-    const node = document.getElementById("jct-cdf");
-    const empty = node.querySelector(".chart-empty");
-    if (empty) empty.remove();
-    const y = j.values.map((_, i) => (i + 1) / j.values.length);
-    Plotly.react(node, [{ x: j.values, y: y, type: "scatter", mode: "lines", line: { shape: "hv", color: "#2f6fed" } }],
-      plotLayout({ xaxis: { title: "JCT (s)", type: j.values[j.values.length - 1] > 100 * Math.max(1, j.values[0]) ? "log" : "linear", gridcolor: "#e3e6eb" }, yaxis: { title: "fraction of jobs", range: [0, 1.02], tickformat: ".0%", gridcolor: "#e3e6eb" } }), config);
+    if (!j.values.length) { showEmpty("jct-cdf", "No job completed in this window yet."); return; }
+    const values = j.values.slice().sort((a, b) => a - b);
+    const unit = durationUnit(values[values.length - 1]);
+    const points = cdf(values, unit.seconds);
+    const wide = values[values.length - 1] > 100 * Math.max(1, values[0]);
+    draw("jct-cdf", [{ x: points.x, y: points.y, type: "scatter", mode: "lines+markers", marker: { size: 6 }, line: { shape: "hv", color: "#2f6fed" }, hovertemplate: "%{x:.3~f} " + unit.unit + ": %{y:.0%} of jobs done<extra></extra>" }],
+      { xaxis: axis("JCT (" + unit.unit + ")", { type: wide ? "log" : "linear", rangemode: wide ? "normal" : "tozero" }), yaxis: percentAxis("Jobs finished within"),
+        annotations: values.length === 1 ? [note("One job so far")] : [] });
   }
 
   function apply(snap) {

@@ -1,6 +1,8 @@
 /* The tenant dashboard: the jobs table and tiles, kept live over the socket. */
 (function () {
   "use strict";
+  /** "2 GPUs (range 1–4)"; a rigid job's range is its size, so only "2 GPUs". */
+  const gpuRange = (row) => row.gpus + (row.gpus === 1 ? " GPU" : " GPUs") + (row.min_gpus === row.max_gpus ? "" : " (range " + row.min_gpus + "–" + row.max_gpus + ")");
   const { LiveSocket, fetchJSON, throttle, el, seconds } = window.PortalLive;
   const root = document.getElementById("live-dashboard");
   if (!root) return;
@@ -42,7 +44,7 @@
     const stateCell = el("td");
     stateCell.appendChild(el("span", { class: "state state-" + row.state, "data-field": "state" }, row.state));
     tr.appendChild(stateCell);
-    tr.appendChild(el("td", {}, row.gpus + " (" + row.min_gpus + "–" + row.max_gpus + ")"));
+    tr.appendChild(el("td", {}, gpuRange(row)));
     tr.appendChild(el("td", { "data-field": "parallelism" }, row.parallelism));
     tr.appendChild(progressCell(row));
     tr.appendChild(el("td", { "data-field": "throughput" }, row.throughput == null ? "—" : row.throughput.toFixed(0) + "/s"));

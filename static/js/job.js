@@ -1,41 +1,53 @@
 /* The job page: state, counters, charts, artifacts and history, kept live (socket and polling). */
 (function () {
   "use strict";
-  const { LiveSocket, fetchJSON, throttle, el, seconds, plotLayout } = window.PortalLive;
+  const { LiveSocket, fetchJSON, throttle, el, seconds } = window.PortalLive;
+  const { maxOf, minOf, axis, countAxis, timeAxis, draw, showEmpty } = window.PortalCharts;
   const root = document.getElementById("live-job");
   if (!root) return;
   const jobId = Number(root.dataset.job);
-  const config = { displayModeBar: false, responsive: true };
+  const TERMINAL = ["completed", "failed", "cancelled"];
+  const isOver = () => TERMINAL.includes(root.dataset.state || "");
 
-  function clearEmpty(node) {
-    const empty = node.querySelector(".chart-empty");
-    if (empty) empty.remove();
+  /** One time span for both job charts: from the first event or sample to now (or the end). */
+  function runSpan(parallelism, throughput) {
+    const times = (parallelism.t || []).concat((throughput && throughput.t) || []).map((t) => Date.parse(t)).filter((t) => !Number.isNaN(t));
+    if (!times.length) return null;
+    const end = isOver() ? maxOf(times) : Math.max(Date.now(), maxOf(times));
+    const start = minOf(times);
+    return [new Date(start).toISOString(), new Date(Math.max(end, start + 1000)).toISOString()];
   }
 
-  function drawParallelism(series) {
-    const node = document.getElementById("chart-parallelism");
+  function drawParallelism(series, span) {
+    if (!series.t.length) { showEmpty("chart-parallelism", "Not started yet: the chart begins when the job first gets GPUs."); return; }
     const x = series.t.slice();
     const y = series.gpus.slice();
-    const live = !["completed", "failed", "cancelled"].includes(root.dataset.state || "");
-    if (live && x.length) { x.push(new Date().toISOString()); y.push(y[y.length - 1]); }
-    Plotly.react(node, [{ x: x, y: y, type: "scatter", mode: "lines", line: { shape: "hv", color: "#2f6fed", width: 2 }, fill: "tozeroy", fillcolor: "rgba(47,111,237,.12)", name: "GPUs" }],
-      plotLayout({ yaxis: { title: "GPUs", rangemode: "tozero", dtick: 1, gridcolor: "#e3e6eb" } }), config);
+    if (!isOver()) { x.push(new Date().toISOString()); y.push(y[y.length - 1]); }
+    draw("chart-parallelism", [{ x: x, y: y, type: "scatter", mode: "lines", line: { shape: "hv", color: "#2f6fed", width: 2 }, fill: "tozeroy", fillcolor: "rgba(47,111,237,.12)", name: "GPUs", hovertemplate: "%{y} GPUs<extra></extra>" }],
+      { xaxis: timeAxis(span), yaxis: countAxis("GPUs", maxOf(y, 1)) });
   }
 
-  function drawThroughput(series) {
+  /** Dotted vertical lines where the job's parallelism changed (after it first started). */
+  function parallelismMarks(series) {
+    const marks = [];
+    for (let i = 1; i < series.t.length; i++) {
+      if (series.gpus[i] === series.gpus[i - 1]) continue;
+      marks.push({ type: "line", xref: "x", yref: "paper", x0: series.t[i], x1: series.t[i], y0: 0, y1: 1, line: { color: "#2f6fed", width: 1, dash: "dot" } });
+    }
+    return marks;
+  }
+
+  function drawThroughput(series, parallelism, span) {
     if (!series || !series.t || !series.t.length) return;
-    const node = document.getElementById("chart-throughput");
-    clearEmpty(node);
-    Plotly.react(node, [{ x: series.t, y: series.samples_per_second, type: "scatter", mode: "lines", line: { color: "#1e8e3e" }, name: "samples/s", customdata: series.step, hovertemplate: "%{y:.0f} samples/s<br>step %{customdata}<extra></extra>" }],
-      plotLayout({ yaxis: { title: "samples/s", rangemode: "tozero", gridcolor: "#e3e6eb" } }), config);
+    const shapes = parallelismMarks(parallelism);
+    draw("chart-throughput", [{ x: series.t, y: series.samples_per_second, type: "scatter", mode: "lines", line: { color: "#1e8e3e" }, name: "samples/s", customdata: series.step, hovertemplate: "%{y:.0f} samples/s<br>step %{customdata}<extra></extra>" }],
+      { xaxis: timeAxis(span), yaxis: axis("Throughput (samples/s)", { rangemode: "tozero", tickformat: "~s" }), shapes: shapes });
   }
 
   function drawProfile(profile) {
     if (!profile || !profile.gpus || !profile.gpus.length) return;
-    const node = document.getElementById("chart-profile");
-    clearEmpty(node);
-    Plotly.react(node, [{ x: profile.gpus, y: profile.samples_per_second, type: "scatter", mode: "lines+markers", line: { color: "#b7791f" }, name: "profiled" }],
-      plotLayout({ xaxis: { title: "GPUs", dtick: 1, gridcolor: "#e3e6eb" }, yaxis: { title: "samples/s", rangemode: "tozero", gridcolor: "#e3e6eb" } }), config);
+    draw("chart-profile", [{ x: profile.gpus, y: profile.samples_per_second, type: "scatter", mode: "lines+markers", line: { color: "#b7791f" }, name: "profiled", hovertemplate: "%{x} GPUs: %{y:.0f} samples/s<extra></extra>" }],
+      { xaxis: countAxis("GPUs", maxOf(profile.gpus, 1), { rangemode: "normal" }), yaxis: axis("Throughput (samples/s)", { rangemode: "tozero", tickformat: "~s" }) });
   }
 
   // Loss (from the progress samples) and the metrics the program logs, by step, and the
@@ -43,29 +55,25 @@
   // runs (no socket event carries them), once more a little after it ends (its log export).
   const OUTPUTS_POLL_MS = 5000;
   const AFTER_END_MS = 20000;
-  const TERMINAL = ["completed", "failed", "cancelled"];
   const PALETTE = ["#2f6fed", "#c5221f", "#1e8e3e", "#b7791f", "#8e44ad", "#00838f", "#5f6368", "#d81b60"];
-  const isOver = () => TERMINAL.includes(root.dataset.state || "");
 
   function drawLoss(progress) {
     const points = (progress || []).filter((p) => p.loss !== null && p.loss !== undefined);
     if (!points.length) return;
-    const node = document.getElementById("chart-loss");
-    clearEmpty(node);
-    Plotly.react(node, [{ x: points.map((p) => p.step), y: points.map((p) => p.loss), type: "scatter", mode: "lines", line: { color: "#c5221f" }, name: "loss", hovertemplate: "loss %{y:.4g}<br>step %{x}<extra></extra>" }],
-      plotLayout({ xaxis: { title: "step", gridcolor: "#e3e6eb" }, yaxis: { title: "loss", gridcolor: "#e3e6eb" } }), config);
+    const steps = points.map((p) => p.step);
+    draw("chart-loss", [{ x: steps, y: points.map((p) => p.loss), type: "scatter", mode: "lines", line: { color: "#c5221f" }, name: "loss", hovertemplate: "loss %{y:.4g}<br>step %{x}<extra></extra>" }],
+      { xaxis: countAxis("Step", maxOf(steps, 1), { rangemode: "normal" }), yaxis: axis("Loss") });
   }
 
   function drawMetrics(metrics) {
     const names = Object.keys(metrics || {}).sort();
     if (!names.length) return;
-    const node = document.getElementById("chart-metrics");
-    clearEmpty(node);
     const traces = names.map((name, i) => ({
       x: metrics[name].map((p) => p[0]), y: metrics[name].map((p) => p[1]), type: "scatter", mode: "lines",
       name: name, line: { color: PALETTE[i % PALETTE.length] }, hovertemplate: name + " %{y:.4g}<br>step %{x}<extra></extra>",
     }));
-    Plotly.react(node, traces, plotLayout({ showlegend: true, legend: { orientation: "h", y: -0.25 }, xaxis: { title: "step", gridcolor: "#e3e6eb" }, yaxis: { gridcolor: "#e3e6eb" } }), config);
+    const lastStep = maxOf(traces.map((t) => maxOf(t.x, 1)), 1);
+    draw("chart-metrics", traces, { showlegend: true, legend: { orientation: "h", y: -0.3 }, margin: { l: 56, r: 16, t: 10, b: 80 }, xaxis: countAxis("Step", lastStep, { rangemode: "normal" }), yaxis: axis(names.length === 1 ? names[0] : "Value (as logged)") });
   }
 
   function fileSize(bytes) {
@@ -220,8 +228,9 @@
     document.getElementById("job-queue").textContent = snap.queue_position ? "#" + snap.queue_position : "—";
     showEstimates(snap, snap.state);
     document.getElementById("job-jct").textContent = seconds(snap.jct_seconds);
-    drawParallelism(snap.parallelism_series);
-    drawThroughput(snap.throughput_series);
+    const span = runSpan(snap.parallelism_series, snap.throughput_series);
+    drawParallelism(snap.parallelism_series, span);
+    drawThroughput(snap.throughput_series, snap.parallelism_series, span);
     drawProfile(snap.profile);
     drawEvents(snap.events);
   }

@@ -121,19 +121,5 @@
     return (value / 3600).toFixed(1) + " h";
   }
 
-  /** Shared Plotly layout: compact, readable, responsive. */
-  function plotLayout(extra) {
-    return Object.assign({
-      margin: { l: 50, r: 16, t: 10, b: 40 },
-      height: 260,
-      paper_bgcolor: "rgba(0,0,0,0)",
-      plot_bgcolor: "rgba(0,0,0,0)",
-      font: { family: "system-ui, sans-serif", size: 12, color: "#1d2330" },
-      xaxis: { gridcolor: "#e3e6eb" },
-      yaxis: { gridcolor: "#e3e6eb", rangemode: "tozero" },
-      showlegend: false,
-    }, extra || {});
-  }
-
-  window.PortalLive = { LiveSocket, fetchJSON, debounce, throttle, el, seconds, plotLayout, setStatus };
+  window.PortalLive = { LiveSocket, fetchJSON, debounce, throttle, el, seconds, setStatus };
 })();

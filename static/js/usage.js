@@ -2,20 +2,15 @@
  * The figures come from the page's #usage-data (jobs.usage.chart_data); nothing is fetched. */
 (function () {
   "use strict";
-  const { el, plotLayout } = window.PortalLive;
+  const { axis, draw, showEmpty } = window.PortalCharts;
   const source = document.getElementById("usage-data");
   if (!source) return;
   const data = JSON.parse(source.textContent);
-  const config = { displayModeBar: false, responsive: true };
   const COLOURS = ["#2f6fed", "#e4572e", "#17a398", "#9b5de5", "#f3a712", "#d81159", "#5c677d", "#8ac926"];
   const hours = (s) => s / 3600;
-  const axis = { gridcolor: "#e3e6eb" };
-  // plotly.js 4 reads a title only in its object form; plain numbers, never "400µ".
-  const hoursAxis = Object.assign({ title: { text: "GPU-hours" }, rangemode: "tozero", tickformat: ",.3~r", automargin: true }, axis);
-
-  function empty(id, text) {
-    document.getElementById(id).replaceChildren(el("p", { class: "chart-empty" }, text));
-  }
+  // Plain numbers, never "400µ".
+  const hoursAxis = axis("GPU-hours", { rangemode: "tozero", tickformat: ",.3~r" });
+  const empty = showEmpty;
 
   function byDay() {
     if (!data.by_day_user.length) return empty("usage-by-day", "No GPUs held in this range.");
@@ -24,13 +19,13 @@
       const rows = data.by_day_user.filter((r) => r.user === user);
       return { type: "bar", name: user, x: rows.map((r) => r.day), y: rows.map((r) => hours(r.gpu_seconds)), marker: { color: COLOURS[i % COLOURS.length] } };
     });
-    Plotly.newPlot("usage-by-day", traces, plotLayout({ barmode: "stack", showlegend: true, legend: { orientation: "h", y: -0.35 }, height: 320, margin: { l: 70, r: 16, t: 10, b: 90 }, xaxis: Object.assign({ type: "category", title: { text: "Day (UTC)" } }, axis), yaxis: hoursAxis }), config);
+    draw("usage-by-day", traces, { barmode: "stack", showlegend: true, legend: { orientation: "h", y: -0.35 }, height: 320, margin: { l: 70, r: 16, t: 10, b: 90 }, xaxis: axis("Day (UTC)", { type: "category" }), yaxis: hoursAxis });
   }
 
   function byUser() {
     if (!data.by_user.length) return empty("usage-by-user", "No GPUs held in this range.");
     const rows = data.by_user.slice().sort((a, b) => b.gpu_seconds - a.gpu_seconds);
-    Plotly.newPlot("usage-by-user", [{ type: "bar", orientation: "h", x: rows.map((r) => hours(r.gpu_seconds)), y: rows.map((r) => r.user), marker: { color: COLOURS[0] } }], plotLayout({ height: Math.max(200, 40 + 28 * rows.length), margin: { l: 100, r: 16, t: 10, b: 40 }, xaxis: hoursAxis, yaxis: { autorange: "reversed" } }), config);
+    draw("usage-by-user", [{ type: "bar", orientation: "h", x: rows.map((r) => hours(r.gpu_seconds)), y: rows.map((r) => r.user), marker: { color: COLOURS[0] } }], { height: Math.max(200, 40 + 28 * rows.length), margin: { l: 100, r: 16, t: 10, b: 48 }, xaxis: hoursAxis, yaxis: axis("User", { autorange: "reversed" }) });
   }
 
   function share() {
@@ -40,7 +35,7 @@
     const slices = data.by_tenant.map((r) => ({ name: r.tenant, value: r.gpu_seconds }));
     const used = slices.reduce((sum, s) => sum + s.value, 0);
     slices.push({ name: data.scope === "tenant" ? "rest of the cluster" : "not held", value: Math.max(0, capacity - used) });
-    Plotly.newPlot("usage-share", [{ type: "pie", hole: 0.45, sort: false, labels: slices.map((s) => s.name), values: slices.map((s) => hours(s.value)), marker: { colors: slices.map((_, i) => (i === slices.length - 1 ? "#d6dae1" : COLOURS[i % COLOURS.length])) }, textinfo: "label+percent", hovertemplate: "%{label}: %{value:.2f} GPU-hours<extra></extra>" }], plotLayout({ height: 300, showlegend: false, margin: { l: 10, r: 10, t: 10, b: 10 } }), config);
+    draw("usage-share", [{ type: "pie", hole: 0.45, sort: false, labels: slices.map((s) => s.name), values: slices.map((s) => hours(s.value)), marker: { colors: slices.map((_, i) => (i === slices.length - 1 ? "#d6dae1" : COLOURS[i % COLOURS.length])) }, textinfo: "label+percent", hovertemplate: "%{label}: %{value:.2f} GPU-hours<extra></extra>" }], { height: 300, showlegend: false, margin: { l: 10, r: 10, t: 10, b: 10 } });
   }
 
   byDay();

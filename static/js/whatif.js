@@ -1,12 +1,13 @@
 /* A what-if run: poll its state, show progress, then the comparison report. */
 (function () {
   "use strict";
-  const { fetchJSON, el, seconds, plotLayout } = window.PortalLive;
+  const { fetchJSON, el, seconds } = window.PortalLive;
+  const { maxOf, axis, countAxis, percentAxis, durationUnit, cdf, note, draw, showEmpty } = window.PortalCharts;
   const root = document.getElementById("whatif-run");
   if (!root) return;
   const url = "/whatif/" + root.dataset.run + ".json";
-  const config = { displayModeBar: false, responsive: true };
-  const COLOURS = ["#2f6fed", "#e4572e", "#17a398", "#9b5de5", "#f3a712", "#d81159"];
+  // As many colours as a comparison has runs (3 policies x 3 placements fit).
+  const COLOURS = ["#2f6fed", "#e4572e", "#17a398", "#9b5de5", "#f3a712", "#d81159", "#3bb273", "#8f2d56", "#0081a7", "#c2711f", "#5c6bc0", "#6a994e"];
   const pct = (v) => (v * 100).toFixed(1) + "%";
 
   function report(r) {
@@ -19,18 +20,43 @@
       return tr;
     }));
     document.getElementById("whatif-note").textContent = r.jobs + " jobs replayed on " + r.total_gpus + " GPUs" + (r.elastic ? " (elastic)" : "") + (r.dropped_too_wide ? "; " + r.dropped_too_wide + " jobs wider than the cluster left out" : "") + ".";
-    const cdf = [], queue = [], eff = [];
+    drawCharts(r);
+  }
+
+  /** Why a series has no points, in words (a run of zero jobs, or none that finished). */
+  function whyEmpty(r) {
+    if (r.jobs === 0 && r.dropped_too_wide) return "every job in the trace is wider than the cluster's " + r.total_gpus + " GPUs";
+    if (r.jobs === 0) return "the trace has no jobs";
+    return "no job finished in the simulation";
+  }
+
+  /** Draw ``traces`` (one per policy); a policy without points is named in a note, and a
+   * chart where no policy has any says why instead of showing an empty box. */
+  function drawSeries(id, traces, r, layout) {
+    const missing = traces.filter((t) => !t.x.length).map((t) => t.name);
+    if (missing.length === traces.length) { showEmpty(id, "Nothing to draw: " + whyEmpty(r) + "."); return; }
+    const notes = missing.length ? [note("No points for " + missing.join(", ") + ": " + whyEmpty(r))] : [];
+    draw(id, traces.filter((t) => t.x.length), Object.assign({ showlegend: true, legend: { orientation: "h", y: -0.35 }, height: 340, margin: { l: 56, r: 16, t: 10, b: 100 }, annotations: notes }, layout));
+  }
+
+  function drawCharts(r) {
+    const longest = maxOf(r.results.map((p) => maxOf(p.jct_cdf, 0)), 0);
+    const unit = durationUnit(longest);
+    const cdfs = [], queue = [], eff = [];
+    let mostQueued = 1;
     r.results.forEach((p, i) => {
       const c = COLOURS[i % COLOURS.length];
-      cdf.push({ x: p.jct_cdf, y: p.jct_cdf.map((_, k) => (k + 1) / p.jct_cdf.length), name: p.policy, mode: "lines", line: { shape: "hv", color: c } });
+      const points = cdf(p.jct_cdf.slice().sort((a, b) => a - b), unit.seconds);
+      cdfs.push({ x: points.x, y: points.y, name: p.policy, mode: "lines+markers", marker: { size: 4 }, line: { shape: "hv", color: c }, hovertemplate: p.policy + ": %{y:.0%} within %{x:.3~f} " + unit.unit + "<extra></extra>" });
       const t = (p.series.t || []).map((v) => v / 3600);
-      queue.push({ x: t, y: p.series.queued, name: p.policy, mode: "lines", line: { shape: "hv", color: c } });
+      const queued = p.series.queued || [];
+      mostQueued = Math.max(mostQueued, maxOf(queued, 0));
+      queue.push({ x: t, y: queued, name: p.policy, mode: "lines", line: { shape: "hv", color: c } });
       eff.push({ x: t, y: (p.series.efficiency || []).map((v) => v / r.total_gpus), name: p.policy, mode: "lines", line: { color: c } });
     });
-    const legend = { showlegend: true, legend: { orientation: "h", y: -0.3 }, height: 330, margin: { l: 50, r: 16, t: 10, b: 90 } };
-    Plotly.react("whatif-cdf", cdf, plotLayout(Object.assign({ xaxis: { title: "JCT (s)", type: "log", gridcolor: "#e3e6eb" }, yaxis: { range: [0, 1.02], tickformat: ".0%", gridcolor: "#e3e6eb" } }, legend)), config);
-    Plotly.react("whatif-queue", queue, plotLayout(Object.assign({ xaxis: { title: "hours", gridcolor: "#e3e6eb" }, yaxis: { title: "queued", rangemode: "tozero", gridcolor: "#e3e6eb" } }, legend)), config);
-    Plotly.react("whatif-eff", eff, plotLayout(Object.assign({ xaxis: { title: "hours", gridcolor: "#e3e6eb" }, yaxis: { title: "efficiency", rangemode: "tozero", tickformat: ".0%", gridcolor: "#e3e6eb" } }, legend)), config);
+    drawSeries("whatif-cdf", cdfs, r, { xaxis: axis("JCT (" + unit.unit + ")", { type: "log" }), yaxis: percentAxis("Jobs finished within") });
+    drawSeries("whatif-queue", queue, r, { xaxis: axis("Simulated time (h)", { rangemode: "tozero" }), yaxis: countAxis("Jobs queued", mostQueued) });
+    drawSeries("whatif-eff", eff, r, { xaxis: axis("Simulated time (h)", { rangemode: "tozero" }), yaxis: percentAxis("Cluster efficiency") });
   }
 
   async function poll() {

@@ -21,7 +21,16 @@ from tests.browser.harness import CHROMIUM, CHROMIUM_ARGS, ROOT, Driver, Server,
 
 SCREENSHOTS = ROOT / "docs" / "screenshots"
 
-__all__ = ["Driver", "Server", "login", "screenshot", "wait_live", "watch_csp"]
+__all__ = [
+    "Driver",
+    "Server",
+    "assert_all_titled",
+    "chart_axes",
+    "login",
+    "screenshot",
+    "wait_live",
+    "watch_csp",
+]
 
 # Console messages of the current test that report a blocked script, style, frame or fetch.
 CSP_VIOLATIONS: list[str] = []
@@ -131,3 +140,32 @@ def screenshot(page: Any, name: str) -> None:
 def wait_live(page: Any) -> None:
     """Wait until the page's socket is subscribed (its badge says live)."""
     page.wait_for_function("() => window.__portalLive && window.__portalLive.state === 'live'")
+
+
+# Every visible cartesian axis of every Plotly chart on the page, with the title it was given.
+# plotly.js 4 ignores a title given as a plain string, so ``layout.<axis>.title.text`` is
+# exactly what the reader sees; an axis without it is an unlabelled axis.
+AXES = """() => [...document.querySelectorAll('.js-plotly-plot')].map(gd => ({
+  id: gd.id,
+  axes: Object.keys(gd._fullLayout)
+    .filter(k => /^[xy]axis[0-9]*$/.test(k) && gd._fullLayout[k].visible)
+    .map(k => [k, ((gd.layout[k] || {}).title || {}).text || '', gd._fullLayout[k].title.text]),
+}))"""
+
+
+def chart_axes(page: Any) -> dict[str, dict[str, str]]:
+    """``{chart id: {axis: title}}``; fails on an axis whose layout title is not what is drawn."""
+    found: dict[str, dict[str, str]] = {}
+    for chart in page.evaluate(AXES):
+        for name, given, drawn in chart["axes"]:
+            assert given == drawn, (chart["id"], name, given, drawn)
+        found[chart["id"]] = {name: given for name, given, _ in chart["axes"]}
+    return found
+
+
+def assert_all_titled(charts: dict[str, dict[str, str]], expected: set[str]) -> None:
+    assert expected <= set(charts), f"charts missing: {expected - set(charts)}"
+    untitled = {
+        (chart, axis) for chart, axes in charts.items() for axis, t in axes.items() if not t
+    }
+    assert not untitled, f"axes without a title: {sorted(untitled)}"

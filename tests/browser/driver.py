@@ -36,8 +36,15 @@ def seed() -> dict[str, Any]:
     return {"acme": acme.tenant.pk, "globex": globex.tenant.pk}
 
 
-def submit(user: str, tenant: str, name: str, gpus: int, elastic: bool = False) -> int:
-    """Submit a job as ``user`` through the services (rigid unless ``elastic``)."""
+def submit(
+    user: str,
+    tenant: str,
+    name: str,
+    gpus: int,
+    elastic: bool = False,
+    gpu_range: tuple[int, int] | None = None,
+) -> int:
+    """Submit a job as ``user`` through the services (rigid unless ``elastic`` or ``gpu_range``)."""
     from django.contrib.auth import get_user_model
 
     from jobs.services import check_job_spec, do_submit_job
@@ -46,7 +53,9 @@ def submit(user: str, tenant: str, name: str, gpus: int, elastic: bool = False) 
     owner = get_user_model().objects.get(username=user)
     target = Tenant.objects.get(slug=tenant)
     data: dict[str, Any] = {"name": name, "workload": "mlp-digits", "gpus": gpus}
-    if not elastic:
+    if gpu_range is not None:
+        data.update(min_gpus=gpu_range[0], max_gpus=gpu_range[1])
+    elif not elastic:
         data.update(min_gpus=gpus, max_gpus=gpus)
     return do_submit_job(
         user=owner, tenant=target, spec=check_job_spec(tenant=target, data=data)

@@ -9,7 +9,15 @@ from typing import Any
 
 import pytest
 
-from tests.browser.conftest import Driver, Server, login, screenshot, wait_live
+from tests.browser.conftest import (
+    Driver,
+    Server,
+    assert_all_titled,
+    chart_axes,
+    login,
+    screenshot,
+    wait_live,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -72,6 +80,21 @@ def test_admin_edits_topology_and_sees_jobs_coloured(
     assert traces[f"job {narrow}"]["colour"] != colour
     assert traces["down GPUs"]["n"] == 2
     assert root.inner_text("#tile-allocated") == "10 / 16"
+    # a legible fabric: every switch and server labelled, servers linked to their leaf,
+    # and a job inside one leaf says why it holds no links
+    labels = root.evaluate(
+        "Object.fromEntries(document.getElementById('topology').data"
+        ".filter(t => t.text).map(t => [t.name, t.text]))"
+    )
+    assert labels["spines"] == ["spine 0", "spine 1", "spine 2", "spine 3"]
+    assert labels["leaves"] == ["leaf 0", "leaf 1", "leaf 2", "leaf 3"]
+    assert "node-7" in labels["servers"] and len(labels["servers"]) == 8
+    assert traces["server-leaf links"]["n"] == 8 * 3
+    assert "0 links" in root.inner_text(f'#job-legend li[data-job="{narrow}"]')
+    assert "inside one leaf" in root.inner_text(f'#job-legend li[data-job="{narrow}"]')
+    assert "inside one leaf" not in root.inner_text(f'#job-legend li[data-job="{wide}"]')
+    colorbar = root.evaluate("document.getElementById('heatmap').data[0].colorbar.ticktext")
+    assert colorbar[:2] == ["down", "idle"]
     heat = root.evaluate("document.getElementById('heatmap').data[0].z")
     assert heat[0][0] == 0.65  # 520/s measured over 8 x 100/s profiled on one GPU
     assert heat[3][3] == -1  # node-7 is down
@@ -101,6 +124,11 @@ def test_whatif_shows_progress_then_the_report(
     root.check('input[name="placements"][value="vclos"]')
     root.check('input[name="placements"][value="ecmp"]')
     root.fill("#id_leaves", "2")
+    # every choice is a box beside its words, not a full-width input above them
+    boxes = root.locator("#whatif-form input[type=checkbox], #whatif-form input[type=radio]")
+    widths = boxes.evaluate_all("nodes => nodes.map(n => n.getBoundingClientRect().width)")
+    assert widths and max(widths) < 40, widths
+    screenshot(root, "whatif-form")
     root.click("#whatif-form button[type=submit]")
     root.wait_for_url(re.compile(r"/whatif/[0-9a-f]{32}/$"))
     assert "Waiting for a worker" in root.inner_text("#whatif-step")
@@ -109,6 +137,9 @@ def test_whatif_shows_progress_then_the_report(
     driver("call", path="portal.whatif:run_whatif", kwargs={"run_id": run_id})
     root.wait_for_selector("#whatif-table tbody tr[data-policy=tiresias]")
     root.wait_for_function("() => document.querySelector('#whatif-cdf .main-svg')")
+    charts = chart_axes(root)
+    assert_all_titled(charts, {"whatif-cdf", "whatif-queue", "whatif-eff"})
+    assert charts["whatif-queue"]["xaxis"] == "Simulated time (h)"
     policies = root.locator("#whatif-table tbody tr").evaluate_all(
         "rows => rows.map(r => r.dataset.policy)"
     )

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.conftest import CSP_VIOLATIONS, Server, login
+from tests.browser.conftest import CSP_VIOLATIONS, SCREENSHOTS, Server, login
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -40,6 +40,11 @@ def test_api_docs_render_under_the_policy(browser: Any, server: Server) -> None:
     root.goto("/api/docs/")
     root.wait_for_selector(".swagger-ui .opblock")
     assert root.locator(".swagger-ui .opblock").count() > 5
+    # the portal's bar leads back, and the page keeps the portal's icon
+    assert root.locator(".portal-bar a[href='/']").count() >= 1
+    assert root.locator("link[rel=icon][href$='favicon.svg']").count() == 1
+    root.set_viewport_size({"width": 1280, "height": 700})
+    root.screenshot(path=str(SCREENSHOTS / "api-docs.png"))
     root.context.close()
 
 
