@@ -11,7 +11,7 @@ from django.core.exceptions import (
     SuspiciousOperation,
 )
 from django.db import DataError
-from django.http import Http404, HttpRequest, JsonResponse
+from django.http import Http404
 from rest_framework import status
 from rest_framework.exceptions import APIException, ParseError, ValidationError
 from rest_framework.response import Response
@@ -67,13 +67,3 @@ def json_exception_handler(exc: Exception, context: dict[str, Any]) -> Response 
     errors = _as_field_errors(detail) if names_fields else {}
     response.data = {"message": _first_message(detail), "errors": errors}
     return response
-
-
-def json_not_found(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
-    """404 for unknown API URLs, in the API's error shape."""
-    return JsonResponse({"message": "Not found.", "errors": {}}, status=404)
-
-
-def json_server_error(request: HttpRequest) -> JsonResponse:
-    """500 for the API, in the API's error shape."""
-    return JsonResponse({"message": "Internal server error.", "errors": {}}, status=500)
