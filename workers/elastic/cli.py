@@ -16,6 +16,7 @@ from typing import Any
 
 from workers.catalog import WorkloadArgumentError, validate_args
 from workers.elastic.redis_client import DEFAULT_OUTAGE_S, MAX_OUTAGE_S
+from workers.elastic.straggler import DEFAULT_RULE, parse_rule
 
 RECOVERY_MODES = ("consistent", "approximate")
 
@@ -51,6 +52,9 @@ class WorkerOptions:
     """Non-final checkpoints kept (plus the final one)."""
     redis_outage_s: float = DEFAULT_OUTAGE_S
     """How long a Redis outage (restart, AOF loading) the worker rides out before it fails."""
+    straggler_rule: str = DEFAULT_RULE.spec()
+    """When the leader flags a straggler (``straggler.parse_rule``: ``default``, ``paper``,
+    ``K/N@R``)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale-lead-ms", type=float, default=500.0, help="T_a of the switch step")
     p.add_argument("--drop-stragglers", action="store_true", help="scale in detected stragglers")
     p.add_argument(
+        "--straggler-rule",
+        default=DEFAULT_RULE.spec(),
+        help="slow in K of the last N mini-batches above R x the peers' time: K/N@R[/batch]; "
+        "'paper' is EDL's 10 consecutive (10/10@1.2/batch)",
+    )
+    p.add_argument(
         "--slow-ms", type=float, default=0.0, help="inject a delay per mini-batch (tests)"
     )
     p.add_argument(
@@ -158,6 +168,7 @@ def parse_options(argv: list[str] | None = None) -> WorkerOptions:
         checkpoint_keep=ns.checkpoint_keep,
         checkpoint_min_seconds=ns.checkpoint_min_seconds,
         redis_outage_s=ns.redis_outage_s,
+        straggler_rule=ns.straggler_rule,
     )
 
 
@@ -177,6 +188,10 @@ def _check(ns: Any) -> None:
         raise WorkerArgumentError("--initial-world must be >= 1")
     if not (0 <= ns.redis_outage_s <= MAX_OUTAGE_S):  # also refuses nan and inf
         raise WorkerArgumentError(f"--redis-outage-s must be within [0, {MAX_OUTAGE_S:.0f}]")
+    try:
+        parse_rule(ns.straggler_rule)
+    except ValueError as exc:
+        raise WorkerArgumentError(f"--straggler-rule: {exc}") from None
     if not ns.redis_url:
         raise WorkerArgumentError("no Redis: pass --redis-url or set REDIS_URL")
     if not (ns.device == "cpu" or ns.device.startswith("cuda")):

@@ -52,6 +52,7 @@ from workers.elastic.messages import (
 from workers.elastic.profiling import Profiler
 from workers.elastic.redis_io import read_stream, text, text_or_none
 from workers.elastic.reporting import JobReporter
+from workers.elastic.straggler import parse_rule
 from workers.elastic.views import JobView
 from workers.schema import ProtocolError
 
@@ -83,7 +84,9 @@ class Leader:
         self.profiler = Profiler(self)
         self.pending: list[str] = []
         self.op: Operation | None = None
-        self.reports = JobReporter(client, self.keys, self.meta, clock)
+        self.reports = JobReporter(
+            client, self.keys, self.meta, clock, parse_rule(view.opts.straggler_rule)
+        )
         self._thread = threading.Thread(target=self._run, daemon=True, name="edl-leader")
 
     def start(self) -> None:

@@ -22,7 +22,7 @@ from workers.elastic.messages import (
     finite_or_none,
     publish,
 )
-from workers.elastic.straggler import StragglerDetector
+from workers.elastic.straggler import DEFAULT_RULE, StragglerDetector, StragglerRule
 from workers.elastic.views import ReportedJob
 
 PROGRESS_EVERY_S = 0.5
@@ -31,12 +31,19 @@ PROGRESS_EVERY_S = 0.5
 class JobReporter:
     """The leader's reports about its job."""
 
-    def __init__(self, client: redis.Redis, keys: JobKeys, meta: LeaderMeta, clock: Clock) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: JobKeys,
+        meta: LeaderMeta,
+        clock: Clock,
+        rule: StragglerRule = DEFAULT_RULE,
+    ) -> None:
         self.redis = client
         self.keys = keys
         self.meta = meta
         self.clock = clock
-        self.detector = StragglerDetector()
+        self.detector = StragglerDetector(rule)
         self.reported: set[str] = set()
         self._last_progress = -math.inf
 
