@@ -42,6 +42,9 @@ class StragglerRule:
     """How many of the worker's latest mini-batches are looked at."""
     needed: int = 9
     """How many of those must be slow (``needed == window``: consecutive, as in EDL)."""
+    min_excess_s: float = 0.01
+    """And it must exceed the peers' time by this many seconds: in mini-batches of a few
+    milliseconds (the leader's own duties, a warm-up) a ratio means nothing."""
     baseline: Literal["window", "batch"] = "window"
     """The peers' time a worker is compared with: the median of all their times in the
     window, or (EDL) the median of their times in the same mini-batch."""
@@ -55,6 +58,8 @@ class StragglerRule:
             raise ValueError(
                 f"straggler needed must be within [1, window={self.window}], not {self.needed!r}"
             )
+        if not (math.isfinite(self.min_excess_s) and self.min_excess_s >= 0):
+            raise ValueError(f"straggler min_excess_s must be >= 0, not {self.min_excess_s!r}")
         if self.baseline not in ("window", "batch"):
             raise ValueError(f"straggler baseline must be window or batch, not {self.baseline!r}")
 
@@ -128,7 +133,8 @@ class StragglerDetector:
         for worker, seconds in times.items():
             peers = self._peers_time(worker, times)
             ratios = self.history.setdefault(worker, deque(maxlen=self.rule.window))
-            ratios.append(seconds / peers if peers > 0 else 1.0)
+            slow_enough = seconds - peers >= self.rule.min_excess_s
+            ratios.append(seconds / peers if peers > 0 and slow_enough else 1.0)
             slow = [r for r in ratios if r > self.rule.ratio]
             if len(slow) >= self.rule.needed:
                 flagged.append((worker, statistics.median(slow)))

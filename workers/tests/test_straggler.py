@@ -124,6 +124,13 @@ def test_window_baseline_ignores_a_peer_slow_for_one_batch() -> None:
     assert flags[-1][0] == [] and [w for w, _ in flags[-1][1]] == ["c"]
 
 
+def test_millisecond_differences_are_no_straggler() -> None:
+    """A leader 1.3x slower on 4 ms mini-batches (its own duties) is not flagged."""
+    det = StragglerDetector()
+    assert all(det.observe({"a": 0.004, "b": 0.004, "c": 0.0052}) == [] for _ in range(50))
+    assert all(det.history["c"][i] == 1.0 for i in range(10))
+
+
 def test_two_workers_are_told_apart() -> None:
     """Against the median of its *peers*: with two workers the fast one is not the median."""
     det = StragglerDetector(StragglerRule(window=3, needed=3, baseline="batch"))
@@ -172,3 +179,13 @@ def test_worker_command_line_takes_the_rule_and_refuses_a_bad_one() -> None:
     assert parse_options([*base, "--straggler-rule", "paper"]).straggler_rule == "paper"
     with pytest.raises(WorkerArgumentError, match="--straggler-rule"):
         parse_options([*base, "--straggler-rule", "12/10@1.2"])
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"min_excess_s": -1.0}, {"min_excess_s": float("nan")}, {"ratio": float("inf")},
+     {"window": 0, "needed": 0}, {"baseline": "mean"}],
+)  # fmt: skip
+def test_rule_refuses_bad_fields(fields: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="straggler"):
+        StragglerRule(**fields)  # type: ignore[arg-type]
