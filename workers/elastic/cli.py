@@ -52,6 +52,8 @@ class WorkerOptions:
     """Non-final checkpoints kept (plus the final one)."""
     redis_outage_s: float = DEFAULT_OUTAGE_S
     """How long a Redis outage (restart, AOF loading) the worker rides out before it fails."""
+    rank: int | None = None
+    """This worker's place in the allocation's rank order (``ranks.py``); None: unranked."""
     straggler_rule: str = DEFAULT_RULE.spec()
     """When the leader flags a straggler (``straggler.parse_rule``: ``default``, ``paper``,
     ``K/N@R``)."""
@@ -96,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="size of generation 0; omit for a newcomer joining a running job",
     )
     p.add_argument("--device", default="cpu", help="cpu or cuda:K")
+    p.add_argument(
+        "--rank",
+        type=int,
+        default=None,
+        help="this worker's place in the allocation's order; every generation sorts by it",
+    )
     p.add_argument("--redis-url", default=os.environ.get("REDIS_URL"))
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument(
@@ -169,6 +177,7 @@ def parse_options(argv: list[str] | None = None) -> WorkerOptions:
         checkpoint_min_seconds=ns.checkpoint_min_seconds,
         redis_outage_s=ns.redis_outage_s,
         straggler_rule=ns.straggler_rule,
+        rank=ns.rank,
     )
 
 
@@ -184,6 +193,8 @@ def _check(ns: Any) -> None:
         raise WorkerArgumentError("--checkpoint-keep must be >= 1")
     if not ns.store_url or not ns.store_url.strip():
         raise WorkerArgumentError("--store-url must not be empty")
+    if ns.rank is not None and not 0 <= ns.rank < 1_000_000:
+        raise WorkerArgumentError("--rank must be within [0, 1000000)")
     if ns.initial_world is not None and ns.initial_world < 1:
         raise WorkerArgumentError("--initial-world must be >= 1")
     if not (0 <= ns.redis_outage_s <= MAX_OUTAGE_S):  # also refuses nan and inf

@@ -122,6 +122,7 @@ class ElasticContext:
             options.sync_timeout_s,
             self.builder,
             clock,
+            options.rank,
         )
         self._registration.start()
         parts = (self.redis, self.keys, self.view, self.builder, self.transfer, clock)
