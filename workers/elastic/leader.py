@@ -219,8 +219,8 @@ class Leader:
             members=members,
             joiners=tuple(joiners),
             leavers=tuple(leavers),
-            # the state comes from a member that has it
-            source=members.index(staying[0]) if staying else 0,
+            # the state comes from the first member (in rank order) that has it
+            source=next((i for i, w in enumerate(members) if w in staying), 0),
             # Every worker moves: no member can broadcast the state, so the leaving
             # leader leaves it in Redis at the switch and the newcomers load it from there.
             handoff=not staying,
