@@ -28,6 +28,7 @@ from jobs.control import outputs, program_exits
 from jobs.control.endings import accrue_service, complete_job, fail_or_retry
 from jobs.control.logs import log_lines
 from jobs.control.report_time import report_time as _at
+from jobs.control.stragglers import shrink_around_straggler
 from jobs.lifecycle import broadcast, record, record_metric, request_tick, save_fields, transition
 from jobs.models import Job
 from jobs.services import do_set_parallelism
@@ -283,14 +284,7 @@ def _worker_failed(job: Job, report: WorkerFailed) -> str:
 
 
 def _straggler(job: Job, report: Straggler) -> str:
-    record(
-        job,
-        EventKind.STRAGGLER,
-        _at(report),
-        reason=f"worker {report.worker_id} is {report.ratio:.2f}x slower than the median",
-        data={"worker": report.worker_id, "ratio": report.ratio},
-    )
-    return "straggler"
+    return shrink_around_straggler(job, report.worker_id, report.ratio, _at(report))
 
 
 def _profile_done(job: Job, report: ProfileDone) -> str:

@@ -35,6 +35,8 @@ def worker_argv(config: AgentConfig, command: StartWorkers, worker: WorkerSlot) 
     # A newcomer joins the running job; only the first generation is told its size.
     if not command.join and command.initial_world is not None:
         argv += ["--initial-world", str(command.initial_world)]
+    if worker.rank is not None:  # the allocation's order: every generation sorts by it
+        argv += ["--rank", str(worker.rank)]
     if command.checkpoint_min_seconds > 0:
         argv += ["--checkpoint-min-seconds", repr(command.checkpoint_min_seconds)]
     if command.checkpoint_minutes is not None:

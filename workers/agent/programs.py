@@ -198,6 +198,7 @@ def edl_options(
         scale_lead_ms=DEFAULT_SCALE_LEAD_MS,
         drop_stragglers=False,
         slow_ms=0.0,
+        rank=worker.rank,
     )
 
 

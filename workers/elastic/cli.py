@@ -16,6 +16,7 @@ from typing import Any
 
 from workers.catalog import WorkloadArgumentError, validate_args
 from workers.elastic.redis_client import DEFAULT_OUTAGE_S, MAX_OUTAGE_S
+from workers.elastic.straggler import DEFAULT_RULE, parse_rule
 
 RECOVERY_MODES = ("consistent", "approximate")
 
@@ -51,6 +52,11 @@ class WorkerOptions:
     """Non-final checkpoints kept (plus the final one)."""
     redis_outage_s: float = DEFAULT_OUTAGE_S
     """How long a Redis outage (restart, AOF loading) the worker rides out before it fails."""
+    rank: int | None = None
+    """This worker's place in the allocation's rank order (``ranks.py``); None: unranked."""
+    straggler_rule: str = DEFAULT_RULE.spec()
+    """When the leader flags a straggler (``straggler.parse_rule``: ``default``, ``paper``,
+    ``K/N@R``)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="size of generation 0; omit for a newcomer joining a running job",
     )
     p.add_argument("--device", default="cpu", help="cpu or cuda:K")
+    p.add_argument(
+        "--rank",
+        type=int,
+        default=None,
+        help="this worker's place in the allocation's order; every generation sorts by it",
+    )
     p.add_argument("--redis-url", default=os.environ.get("REDIS_URL"))
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument(
@@ -107,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--scale-lead-ms", type=float, default=500.0, help="T_a of the switch step")
     p.add_argument("--drop-stragglers", action="store_true", help="scale in detected stragglers")
+    p.add_argument(
+        "--straggler-rule",
+        default=DEFAULT_RULE.spec(),
+        help="slow in K of the last N mini-batches above R x the peers' time: K/N@R[/batch]; "
+        "'paper' is EDL's 10 consecutive (10/10@1.2/batch)",
+    )
     p.add_argument(
         "--slow-ms", type=float, default=0.0, help="inject a delay per mini-batch (tests)"
     )
@@ -158,6 +176,8 @@ def parse_options(argv: list[str] | None = None) -> WorkerOptions:
         checkpoint_keep=ns.checkpoint_keep,
         checkpoint_min_seconds=ns.checkpoint_min_seconds,
         redis_outage_s=ns.redis_outage_s,
+        straggler_rule=ns.straggler_rule,
+        rank=ns.rank,
     )
 
 
@@ -173,10 +193,16 @@ def _check(ns: Any) -> None:
         raise WorkerArgumentError("--checkpoint-keep must be >= 1")
     if not ns.store_url or not ns.store_url.strip():
         raise WorkerArgumentError("--store-url must not be empty")
+    if ns.rank is not None and not 0 <= ns.rank < 1_000_000:
+        raise WorkerArgumentError("--rank must be within [0, 1000000)")
     if ns.initial_world is not None and ns.initial_world < 1:
         raise WorkerArgumentError("--initial-world must be >= 1")
     if not (0 <= ns.redis_outage_s <= MAX_OUTAGE_S):  # also refuses nan and inf
         raise WorkerArgumentError(f"--redis-outage-s must be within [0, {MAX_OUTAGE_S:.0f}]")
+    try:
+        parse_rule(ns.straggler_rule)
+    except ValueError as exc:
+        raise WorkerArgumentError(f"--straggler-rule: {exc}") from None
     if not ns.redis_url:
         raise WorkerArgumentError("no Redis: pass --redis-url or set REDIS_URL")
     if not (ns.device == "cpu" or ns.device.startswith("cuda")):

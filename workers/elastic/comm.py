@@ -11,6 +11,9 @@ training, and dropped afterwards.
 from __future__ import annotations
 
 import io
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -41,9 +44,64 @@ def build_group(
     return group
 
 
-def allreduce_sum(group: Any, tensor: torch.Tensor) -> None:
-    """In-place sum over the group; raises on a peer's failure or timeout."""
-    group.allreduce([tensor]).wait()
+WATCH_EVERY_S = 0.5
+"""How often a worker blocked in a collective asks ``watch`` whether a peer is lost."""
+
+
+class PeerLost(RuntimeError):
+    """A collective was abandoned because a member is known to be gone."""
+
+
+def allreduce_sum(
+    group: Any, tensor: torch.Tensor, watch: Callable[[], str | None] | None = None
+) -> None:
+    """In-place sum over the group; raises on a peer's failure or timeout.
+
+    With ``watch`` (gloo only: an NCCL ``wait`` does not block the host), the
+    wait is cut into ``WATCH_EVERY_S`` slices and ``watch`` is asked between
+    them; once it names a lost peer the collective is abandoned with
+    ``PeerLost`` instead of waiting out the group's timeout. A member not
+    connected to the dead one (or blocked on a peer that is) learns of the death
+    this way within the liveness key's lifetime, not the sync timeout.
+    """
+    work = group.allreduce([tensor])
+    if watch is None:
+        work.wait()
+        return
+    wait_watched(work, watch)
+
+
+def release_later(group: Any, after_s: float) -> None:
+    """Drop a failed group on a daemon thread ``after_s`` seconds from now.
+
+    gloo's destructor joins the group's threads, and a thread still blocked in
+    an abandoned collective (a peer frozen, not dead: its connections stay
+    open) returns only at the group's timeout. Dropped on the main thread, the
+    last reference would stall training that long after a quick recovery.
+    """
+
+    def hold(box: list[Any]) -> None:
+        time.sleep(after_s)
+        box.clear()
+
+    threading.Thread(target=hold, args=([group],), daemon=True, name="edl-drop-group").start()
+
+
+def wait_watched(work: Any, watch: Callable[[], str | None]) -> None:
+    """Wait for ``work``; raise ``PeerLost`` as soon as ``watch`` names a lost peer."""
+    slice_ = timedelta(seconds=WATCH_EVERY_S)
+    while True:
+        try:
+            work.wait(slice_)
+            return
+        except RuntimeError:
+            if work.is_completed():
+                raise  # the collective itself failed (a peer's connection closed)
+        lost = watch()
+        if lost is not None:
+            # The abandoned work stays on gloo's thread until the group's timeout; its
+            # tensor is never read again (the step is redone in a new generation).
+            raise PeerLost(f"peer {lost} lost its liveness key; collective abandoned")
 
 
 def _bcast(group: Any, tensor: torch.Tensor, root: int, timeout_s: float | None) -> None:

@@ -51,7 +51,7 @@ from workers.elastic.cli import WorkerOptions
 from workers.elastic.constants import ElasticError, log
 from workers.elastic.keys import JobKeys
 from workers.elastic.leader import Leader
-from workers.elastic.lease import Beat, Lease
+from workers.elastic.lease import Beat, Lease, first_dead_peer
 from workers.elastic.membership import GroupBuilder, Membership, Registration
 from workers.elastic.messages import (
     FailedEvent,
@@ -122,6 +122,7 @@ class ElasticContext:
             options.sync_timeout_s,
             self.builder,
             clock,
+            options.rank,
         )
         self._registration.start()
         parts = (self.redis, self.keys, self.view, self.builder, self.transfer, clock)
@@ -286,7 +287,9 @@ class ElasticContext:
             device=self.device,
         )
         try:
-            comm.allreduce_sum(self.view.group, flat)
+            # NCCL's wait does not block the host (its watchdog times out): gloo only
+            watch = self._watch if self.device.type == "cpu" else None
+            comm.allreduce_sum(self.view.group, flat, watch)
         except Exception as exc:
             self._recover(exc)
             return False
@@ -328,6 +331,10 @@ class ElasticContext:
         if self.generation != generation:  # switched: the next step's clock starts now
             self.last_pause_s = self.plans.last_pause_s
             self._t_step = self.clock.monotonic()
+
+    def _watch(self) -> str | None:
+        """While blocked in the gradient all-reduce: a member whose liveness key lapsed."""
+        return first_dead_peer(self.redis, self.keys, self.members, self.me)
 
     def _recover(self, exc: BaseException) -> None:
         """A collective failed: report as a survivor, wait for the leader's plan, rebuild."""

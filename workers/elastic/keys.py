@@ -52,6 +52,10 @@ class JobKeys:
         """List: the leader's RPC replies to one worker."""
         return self.k("reply", worker_id)
 
+    def ranks(self) -> str:
+        """Hash: worker -> its rank in the allocation's order (``ranks.py``)."""
+        return self.k("ranks")
+
     def alive(self, worker_id: str) -> str:
         """Per-worker liveness key with a short expiry, refreshed in the background."""
         return self.k("alive", worker_id)

@@ -50,8 +50,10 @@ from workers.elastic.messages import (
     rpc_from_json,
 )
 from workers.elastic.profiling import Profiler
-from workers.elastic.redis_io import read_stream, text, text_or_none
+from workers.elastic.ranks import order_by_rank, parse_ranks
+from workers.elastic.redis_io import hash_fields, read_stream, text, text_or_none
 from workers.elastic.reporting import JobReporter
+from workers.elastic.straggler import parse_rule
 from workers.elastic.views import JobView
 from workers.schema import ProtocolError
 
@@ -83,7 +85,9 @@ class Leader:
         self.profiler = Profiler(self)
         self.pending: list[str] = []
         self.op: Operation | None = None
-        self.reports = JobReporter(client, self.keys, self.meta, clock)
+        self.reports = JobReporter(
+            client, self.keys, self.meta, clock, parse_rule(view.opts.straggler_rule)
+        )
         self._thread = threading.Thread(target=self._run, daemon=True, name="edl-leader")
 
     def start(self) -> None:
@@ -202,17 +206,21 @@ class Leader:
         return False
 
     def prepare(self, leavers: list[str], joiners: list[str], reason: str) -> None:
-        """Publish the next generation: the members without ``leavers``, then ``joiners``."""
+        """Publish the next generation: the members without ``leavers``, with ``joiners``,
+        in the allocation's rank order (``ranks.py``; unranked ones last)."""
         view = self.view
         gen = int(self.redis.incr(self.keys.gen_counter))
         staying = [w for w in view.members if w not in leavers]
+        ranks = parse_ranks(hash_fields(self.redis, self.keys.ranks()))
+        members = order_by_rank(staying + joiners, ranks)
         plan = PreparePlan(
             generation=gen,
             base_generation=view.generation,
-            members=tuple(staying + joiners),
+            members=members,
             joiners=tuple(joiners),
             leavers=tuple(leavers),
-            source=0,
+            # the state comes from the first member (in rank order) that has it
+            source=next((i for i, w in enumerate(members) if w in staying), 0),
             # Every worker moves: no member can broadcast the state, so the leaving
             # leader leaves it in Redis at the switch and the newcomers load it from there.
             handoff=not staying,

@@ -126,6 +126,21 @@ def peer_is_dead(
     return outages.settled(ALIVE_MS / 1000 + BEAT_S)
 
 
+def first_dead_peer(client: redis.Redis, keys: JobKeys, members: list[str], me: str) -> str | None:
+    """The first of ``members`` (not ``me``) whose liveness key lapsed; None if all live.
+
+    One ``EXISTS`` for all while everyone lives; ``peer_is_dead`` per member
+    only then. A Redis error answers None: an outage is not a death.
+    """
+    peers = [m for m in members if m != me]
+    try:
+        if not peers or client.exists(*(keys.alive(m) for m in peers)) == len(peers):
+            return None
+        return next((m for m in peers if peer_is_dead(client, keys, m)), None)
+    except redis.RedisError:
+        return None
+
+
 class Beat:
     """A daemon thread that keeps this worker's liveness key fresh and watches the lease."""
 

@@ -157,10 +157,12 @@ class Registration:
         sync_timeout_s: float,
         builder: GroupBuilder,
         clock: Clock,
+        rank: int | None = None,
     ) -> None:
         self.redis = client
         self.keys = keys
         self.me = me
+        self.rank = rank
         self.initial_world = initial_world
         self.sync_timeout_s = sync_timeout_s
         self.builder = builder
@@ -188,11 +190,16 @@ class Registration:
             self._error = exc
 
     def _register(self) -> Joined:
+        if self.rank is not None:  # before anything else: every later plan orders by it
+            self.redis.hset(self.keys.ranks(), self.me, self.rank)
         n = self.initial_world
         if n is not None:
-            slot = int(self.redis.incr(self.keys.k("gen0slot"))) - 1
-            if slot < n:
-                return self._first_generation(slot, n)
+            # The counter tells the n first workers from a restarted one (a newcomer);
+            # the first ones sit in generation 0 at their allocation rank (ranks.py).
+            count = int(self.redis.incr(self.keys.k("gen0slot"))) - 1
+            if count < n:
+                rank = self.rank
+                return self._first_generation(rank if rank is not None and rank < n else count, n)
         # a newcomer: register with the leader over the RPC list, wait for its answer
         while True:
             self.redis.rpush(self.keys.rpc, Register(worker=self.me).to_json())

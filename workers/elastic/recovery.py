@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+from workers.elastic import comm
 from workers.elastic.constants import ElasticError, log
 from workers.elastic.membership import MemberParts
 from workers.elastic.messages import RecoveryPlan
@@ -34,8 +35,10 @@ class WorkerRecovery(MemberParts):
         group, self.view.group = self.view.group, None
         with contextlib.suppress(Exception):  # best effort; the sync timeout is the fallback
             group.abort()
-        # Dropping the last reference closes our connections, so that peers still blocked
-        # on us in the same collective fail now instead of at their sync timeout.
+        # The traceback's frames hold the group too: drop them, and let a daemon thread
+        # hold the last reference until the abandoned collective has timed out.
+        exc.with_traceback(None)
+        comm.release_later(group, self.sync_timeout_s + 5.0)
         del group
         training.actions.clear()
         self.redis.hset(self.keys.survivors(failed_gen), me, training.step)

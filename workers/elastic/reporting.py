@@ -22,7 +22,7 @@ from workers.elastic.messages import (
     finite_or_none,
     publish,
 )
-from workers.elastic.straggler import StragglerDetector
+from workers.elastic.straggler import DEFAULT_RULE, StragglerDetector, StragglerRule
 from workers.elastic.views import ReportedJob
 
 PROGRESS_EVERY_S = 0.5
@@ -31,12 +31,19 @@ PROGRESS_EVERY_S = 0.5
 class JobReporter:
     """The leader's reports about its job."""
 
-    def __init__(self, client: redis.Redis, keys: JobKeys, meta: LeaderMeta, clock: Clock) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: JobKeys,
+        meta: LeaderMeta,
+        clock: Clock,
+        rule: StragglerRule = DEFAULT_RULE,
+    ) -> None:
         self.redis = client
         self.keys = keys
         self.meta = meta
         self.clock = clock
-        self.detector = StragglerDetector()
+        self.detector = StragglerDetector(rule)
         self.reported: set[str] = set()
         self._last_progress = -math.inf
 
@@ -58,11 +65,12 @@ class JobReporter:
             publish(self.redis, self.keys, event)
 
     def new_stragglers(self, view: ReportedJob, times: dict[str, float]) -> list[str]:
-        """Feed one mini-batch's compute times; report and return workers newly flagged."""
+        """Feed one mini-batch's compute times; report and return workers newly flagged
+        (once per worker and generation)."""
         flagged = []
         for worker, ratio in self.detector.observe(times):
             if worker in self.reported:
-                continue  # once per worker
+                continue  # once per worker and generation
             self.reported.add(worker)
             publish(
                 self.redis, self.keys, StragglerEvent(worker=worker, ratio=ratio, step=view.step)
@@ -74,8 +82,14 @@ class JobReporter:
     def scale_done(
         self, plan: SwitchPlan, pause_s: float, step: int, new_leader: str | None = None
     ) -> None:
-        """Tell the world (the agent, the control plane) that ``plan``'s switch happened."""
+        """Tell the world (the agent, the control plane) that ``plan``'s switch happened.
+
+        Straggler evidence starts afresh in the new generation, and a straggler
+        reported before may be reported again: whoever acts on the report (the
+        control plane) may have kept it while the job was changing.
+        """
         self.detector.reset()
+        self.reported.clear()
         event = ScaleDoneEvent(
             generation=plan.generation,
             world=len(plan.members),

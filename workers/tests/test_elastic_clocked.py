@@ -6,6 +6,7 @@ the real Redis, reading a stand-in for its worker (``JobView``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import uuid
@@ -200,3 +201,29 @@ def test_control_entries_round_trip_the_control_api_payloads() -> None:
     assert request.to_dict() == {"kind": "migrate", "workers": ["w1"], "joiners": 2, "reason": "x"}
     with pytest.raises(ProtocolError, match=r"profile\.max"):
         request_from_entry({"kind": "profile", "payload": '{"min": 3, "max": 2, "batches": 5}'})
+
+
+def test_a_straggler_is_reported_once_per_generation_by_the_jobs_rule(
+    redis_url: str, job: str
+) -> None:
+    """Reported once; after a switch (the control plane may have kept it) once more."""
+    leader, _view = make_leader(redis_url, job, ManualClock())
+    slow = {"w0": 0.1, "w1": 0.1, "w2": 0.2}
+    for _ in range(12):
+        leader.observe_times(slow)
+    assert [e["worker"] for e in events(redis_url, job, "straggler")] == ["w2"]
+    plan = PreparePlan(generation=1, base_generation=0, members=("w0", "w1", "w2"), reason="t")
+    leader.on_switched(SwitchPlan.of(plan, 1), 0.0)
+    for _ in range(8):
+        leader.observe_times(slow)
+    assert len(events(redis_url, job, "straggler")) == 1  # a fresh window: 9 of 10 needed
+    leader.observe_times(slow)
+    assert [e["worker"] for e in events(redis_url, job, "straggler")] == ["w2", "w2"]
+
+
+def test_the_leader_applies_the_rule_of_the_command_line(redis_url: str, job: str) -> None:
+    leader, view = make_leader(redis_url, job, ManualClock())
+    view.opts = dataclasses.replace(view.opts, straggler_rule="paper")
+    paper = Leader(view, leader.redis, ManualClock())
+    assert paper.reports.detector.rule.needed == 10
+    assert leader.reports.detector.rule.needed == 9

@@ -8,6 +8,8 @@ equals a single-process run of the same global batches.
 
 from __future__ import annotations
 
+import signal
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,6 +111,33 @@ def test_sigkill_of_a_worker_then_of_the_leader(job: JobRun, mode: str) -> None:
             assert recovered["restored_step"] % job.checkpoint_every == 0
         job.wait_step(recovered["step"] + 10)
     assert job.control.status().leader not in (None, leader)
+    finish_and_check(job, killed=True)
+
+
+def test_a_frozen_then_a_killed_leader_are_noticed_in_seconds(job: JobRun) -> None:
+    """Survivors notice a lost peer by its liveness key, not by the (60 s) sync timeout.
+
+    A frozen worker (SIGSTOP: its connections stay open, as a hung node's do)
+    and then a killed leader: every survivor abandons the all-reduce once the
+    lost peer's key lapses (3 s) and recovers; the job trains on well before
+    the sync timeout.
+    """
+    job.sync_timeout_s = 60.0
+    job.start_initial(4)
+    job.wait_step(25)
+    leader = job.control.status().leader
+    assert leader is not None
+    frozen = next(w for w in ("w3", "w2") if w != leader)
+    for victim, sig in ((frozen, signal.SIGSTOP), (leader, signal.SIGKILL)):
+        t0 = time.monotonic()
+        job.procs[victim].send_signal(sig)
+        failed = job.wait_event("worker_failed", 20)
+        recovered = job.wait_event("recovered", 20)
+        job.wait_step(recovered["step"] + 1, 20)
+        assert failed["worker"] == victim
+        assert time.monotonic() - t0 < 12.0, "a survivor waited out the sync timeout"
+    job.kill(frozen)
+    assert job.procs[frozen].wait(timeout=10) == -signal.SIGKILL
     finish_and_check(job, killed=True)
 
 

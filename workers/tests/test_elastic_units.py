@@ -21,7 +21,6 @@ from workers.elastic import checkpoint
 from workers.elastic.cli import WorkerArgumentError, parse_options
 from workers.elastic.control import JobControl, emit_event
 from workers.elastic.sampler import ElasticSampler, shard
-from workers.elastic.straggler import StragglerDetector
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,19 +57,6 @@ def test_shard_sizes_differ_by_at_most_one() -> None:
     assert sizes == [3, 3, 2, 2]
     with pytest.raises(ValueError):
         ElasticSampler(10, 2).local_indices(0, 4, 4)
-
-
-def test_straggler_needs_ten_consecutive_slow_batches() -> None:
-    det = StragglerDetector()
-    normal = {"a": 1.0, "b": 1.0, "c": 1.0}
-    for _ in range(9):
-        assert det.observe({**normal, "c": 1.3}) == []
-    assert det.observe(normal) == []  # the streak breaks
-    flagged = []
-    for _ in range(10):
-        flagged += det.observe({**normal, "c": 1.5})
-    assert [w for w, _ in flagged] == ["c"] and flagged[0][1] == pytest.approx(1.5)
-    assert det.observe({**normal, "c": 1.5}) == []  # reported once per streak
 
 
 def test_per_job_directory_checkpoints_keep_the_two_newest(tmp_path: Path) -> None:
