@@ -1,7 +1,7 @@
 /* The job page: state, counters, charts, artifacts and history, kept live (socket and polling). */
 (function () {
   "use strict";
-  const { LiveSocket, fetchJSON, throttle, el, seconds, when } = window.PortalLive;
+  const { LiveSocket, fetchJSON, throttle, el, seconds, when, timeEl } = window.PortalLive;
   const { maxOf, minOf, axis, countAxis, timeAxis, draw, showEmpty } = window.PortalCharts;
   const root = document.getElementById("live-job");
   if (!root) return;
@@ -189,7 +189,7 @@
     const body = document.getElementById("events-body");
     body.replaceChildren(...events.map((e) => {
       const tr = el("tr");
-      tr.appendChild(el("td", {}, new Date(e.at).toLocaleTimeString()));
+      tr.appendChild(el("td", {}, when(e.at)));
       tr.appendChild(el("td", {}, e.label));
       tr.appendChild(el("td", {}, e.from_state || e.to_state ? (e.from_state || "·") + " → " + e.to_state : ""));
       tr.appendChild(el("td", {}, e.to_parallelism !== null ? (e.from_parallelism === null ? "·" : e.from_parallelism) + " → " + e.to_parallelism : ""));
@@ -213,7 +213,7 @@
   function showEstimates(est, state) {
     const put = (id, iso) => {
       const node = document.getElementById(id);
-      if (iso) node.replaceChildren(el("time", { datetime: iso }, new Date(iso).toLocaleString()));
+      if (iso) node.replaceChildren(timeEl(iso, false));
       else node.textContent = "—";
     };
     put("job-estimated-start", state === "queued" ? est.estimated_start : null);

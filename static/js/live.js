@@ -131,9 +131,9 @@
   /** A length of time in words: "45 s", "12 min", "1 h 32 min", "2 d 3 h"; "—" for none. */
   function seconds(value) {
     if (value === null || value === undefined || Number.isNaN(Number(value))) return "—";
-    const total = Math.max(0, Math.round(Number(value)));
+    const total = Math.max(0, Math.floor(Number(value) + 0.5));
     if (total < 120) return total + " s";
-    const minutes = Math.round(total / 60);
+    const minutes = Math.floor((total + 30) / 60);
     if (minutes < 60) return minutes + " min";
     const hours = Math.floor(minutes / 60);
     if (hours < 48) return hours + " h" + (minutes % 60 ? " " + (minutes % 60) + " min" : "");
