@@ -16,6 +16,7 @@ from django.db.models import QuerySet
 from bundles.errors import BundleRefusedError
 from bundles.models import CodeBundle
 from bundles.services import do_upload
+from inventory.services import current_spec
 from jobs.choices import Launcher, RecoveryMode
 from jobs.program_spec import PROGRAM_FIELDS
 from jobs.services import (
@@ -72,9 +73,16 @@ def fabric_words(gpus: int, most: int) -> str:
     """Why ``gpus`` GPUs cannot run here, in plain words, with the nearest sizes that can."""
     below, above = nearest_placeable(gpus, most)
     sizes = " or ".join(str(n) for n in (below, above) if n is not None)
+    spec = current_spec()
+    shape = (
+        f" ({spec.leaves} leaf switch{'es' if spec.leaves != 1 else ''} of "
+        f"{spec.gpus_per_leaf} GPUs)"
+        if spec is not None
+        else ""
+    )
     why = (
-        f"{gpus} GPUs cannot be given switches of their own on this cluster: a job larger "
-        "than one leaf switch must split into equal parts over whole leaves."
+        f"{gpus} GPUs cannot be given switches of their own on this cluster{shape}: a job "
+        "larger than one leaf switch must split into equal parts over whole leaves."
     )
     return f"{why} The nearest sizes that can: {sizes}." if sizes else why
 
@@ -213,9 +221,14 @@ class JobForm(forms.Form):
         default = WORKLOADS[min(WORKLOADS)].default_batch_size
         self.fields["batch_size"].widget.attrs["placeholder"] = str(default)
 
-    def in_users_words(self, field: str | None, message: str, tenant: Tenant) -> str:
-        """A service error reworded with the form's labels and the tenant's real limits."""
-        cleaned = getattr(self, "cleaned_data", {})
+    def in_users_words(
+        self, field: str | None, message: str, tenant: Tenant, cleaned: dict[str, Any]
+    ) -> str:
+        """A service error reworded with the form's labels and the tenant's real limits.
+
+        ``cleaned`` is the form's data as submitted (``add_error`` drops a field from
+        ``cleaned_data``, so a second error of one field would no longer see its value).
+        """
         size = cleaned.get(field) if field in GPU_FIELDS else None
         if isinstance(size, int) and size > 0 and message == placement_problem(size):
             return fabric_words(size, tenant.gpu_quota)
@@ -253,10 +266,11 @@ class JobForm(forms.Form):
         try:
             self.spec = check_job_spec(tenant=tenant, data=data)
         except JobValidationError as exc:
+            submitted = dict(cleaned)
             for field, messages in exc.errors.items():
                 target = field if field in self.fields else None
                 for message in messages:
-                    self.add_error(target, self.in_users_words(target, message, tenant))
+                    self.add_error(target, self.in_users_words(target, message, tenant, submitted))
         return cleaned
 
     def _take_archive(self, tenant: Tenant, data: dict[str, Any]) -> bool:

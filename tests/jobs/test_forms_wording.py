@@ -65,10 +65,20 @@ def test_a_shape_the_fabric_cannot_isolate_is_explained_with_sizes_that_work(ali
     assert not form.is_valid()
     (message,) = form.errors["gpus"]
     assert message == fabric_words(6, 8)
-    assert "6 GPUs cannot be given switches of their own" in message
+    assert (
+        "6 GPUs cannot be given switches of their own on this cluster (2 leaf switches of 4 GPUs)"
+        in message
+    )
     assert message.endswith("The nearest sizes that can: 4 or 8.")
     assert "m x n" not in message
     assert not Job.objects.exists()
+
+
+def test_every_error_of_a_field_is_reworded(alice: Any) -> None:
+    small_fabric()  # 6 cannot be isolated and exceeds Max GPUs: both said in the form's words
+    form = form_for(alice, gpus=2, min_gpus=6, max_gpus=2)
+    assert not form.is_valid()
+    assert form.errors["min_gpus"] == ["Min GPUs cannot exceed Max GPUs.", fabric_words(6, 8)]
 
 
 def test_no_larger_size_fits_the_quota(alice: Any) -> None:
