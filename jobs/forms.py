@@ -131,7 +131,7 @@ class JobForm(forms.Form):
     )
     launcher = forms.ChoiceField(
         required=False,
-        choices=Launcher.choices,
+        choices=[(v, v) for v in Launcher.values],
         initial=Launcher.TORCHRUN,
         help_text="torchrun: an unmodified DDP program (a resize restarts it from its "
         "CHECKPOINT_DIR). edl: a program on the elastic SDK (resized without stopping).",
@@ -170,7 +170,16 @@ class JobForm(forms.Form):
         "Empty: the workload's default.",
     )
     priority = forms.IntegerField(min_value=0, max_value=100, initial=50)
-    recovery = forms.ChoiceField(choices=RecoveryMode.choices, initial=RecoveryMode.CONSISTENT)
+    # Short option labels (a select cuts long ones off); what they mean is in the help.
+    recovery = forms.ChoiceField(
+        choices=[
+            (RecoveryMode.CONSISTENT, "Consistent"),
+            (RecoveryMode.APPROXIMATE, "Approximate"),
+        ],
+        initial=RecoveryMode.CONSISTENT,
+        help_text="When a worker is lost. Consistent: restore the latest checkpoint. "
+        "Approximate: the survivors redo the current mini-batch.",
+    )
     checkpoint_interval = forms.IntegerField(
         min_value=1, initial=50, label="Checkpoint every (mini-batches)"
     )

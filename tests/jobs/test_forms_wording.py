@@ -92,3 +92,11 @@ def test_the_workload_guide_lists_defaults_and_ranges() -> None:
     epochs = {a["name"]: a for a in digits["args"]}["epochs"]
     assert (epochs["default"], epochs["minimum"], epochs["maximum"]) == (20, 1, 100_000)
     assert epochs["kind"] == "whole number"
+
+
+def test_select_options_are_short_and_their_meaning_is_in_the_help(alice: Any) -> None:
+    form = form_for(alice)
+    for name in ("workload", "recovery", "launcher"):
+        labels = [str(label) for _, label in form.fields[name].choices]  # type: ignore[attr-defined]
+        assert labels and max(len(label) for label in labels) <= 20, (name, labels)
+    assert "restore the latest checkpoint" in str(form.fields["recovery"].help_text)
