@@ -7,25 +7,92 @@ the tenant's earlier bundles, with an entrypoint, a launcher and variables.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django import forms
+from django.db.models import QuerySet
 
 from bundles.errors import BundleRefusedError
 from bundles.models import CodeBundle
 from bundles.services import do_upload
+from inventory.services import current_spec
 from jobs.choices import Launcher, RecoveryMode
 from jobs.program_spec import PROGRAM_FIELDS
-from jobs.services import JobSpec, JobValidationError, check_job_spec
+from jobs.services import (
+    MAX_GPUS_PER_JOB,
+    JobSpec,
+    JobValidationError,
+    check_job_spec,
+    placement_problem,
+)
 from tenancy.models import Tenant
 from workers.catalog import WORKLOADS
 
 BUILT_IN, PROGRAM = "builtin", "program"
 PROGRAM_ONLY = ("archive", *PROGRAM_FIELDS)
+GPU_FIELDS = ("gpus", "min_gpus", "max_gpus")
+NEAREST_SEARCH = 64
+"""How far from a refused size the form looks for sizes that work (one query each)."""
+
+
+def workload_guide() -> dict[str, dict[str, Any]]:
+    """Each built-in workload's arguments (default, range, meaning) and its default batch.
+
+    The submit form shows the chosen workload's list next to the arguments box.
+    """
+    return {
+        name: {
+            "description": spec.description,
+            "default_batch_size": spec.default_batch_size,
+            "args": [
+                {
+                    "name": arg,
+                    "kind": "whole number" if a.kind is int else "number",
+                    "default": a.default,
+                    "minimum": a.minimum,
+                    "maximum": a.maximum,
+                    "help": a.help,
+                }
+                for arg, a in spec.args.items()
+            ],
+        }
+        for name, spec in sorted(WORKLOADS.items())
+    }
+
+
+def nearest_placeable(gpus: int, most: int) -> tuple[int | None, int | None]:
+    """The nearest job sizes below and above ``gpus`` (up to ``most``) that the fabric can isolate."""
+    low, high = max(gpus - NEAREST_SEARCH, 0), min(gpus + NEAREST_SEARCH, most)
+    below = next((n for n in range(gpus - 1, low, -1) if placement_problem(n) is None), None)
+    above = next((n for n in range(gpus + 1, high + 1) if placement_problem(n) is None), None)
+    return below, above
+
+
+def fabric_words(gpus: int, most: int) -> str:
+    """Why ``gpus`` GPUs cannot run here, in plain words, with the nearest sizes that can."""
+    below, above = nearest_placeable(gpus, most)
+    sizes = " or ".join(str(n) for n in (below, above) if n is not None)
+    spec = current_spec()
+    shape = (
+        f" ({spec.leaves} leaf switch{'es' if spec.leaves != 1 else ''} of "
+        f"{spec.gpus_per_leaf} GPUs)"
+        if spec is not None
+        else ""
+    )
+    why = (
+        f"{gpus} GPUs cannot be given switches of their own on this cluster{shape}: a job "
+        "larger than one leaf switch must split into equal parts over whole leaves."
+    )
+    return f"{why} The nearest sizes that can: {sizes}." if sizes else why
 
 
 class JobForm(forms.Form):
-    """Submit a training job to one of the user's tenants."""
+    """Submit a training job to one of the user's tenants.
+
+    Errors come from the service (``check_job_spec``) and are reworded here with
+    the labels the user sees; the limits named are the tenant's, not the API's.
+    """
 
     tenant = forms.ModelChoiceField(queryset=Tenant.objects.none(), to_field_name="slug")
     name = forms.CharField(max_length=100)
@@ -38,14 +105,15 @@ class JobForm(forms.Form):
     )
     workload = forms.ChoiceField(
         required=False,
-        choices=[
-            (name, f"{name} — {spec.description}") for name, spec in sorted(WORKLOADS.items())
-        ],
+        # Names only, so no option is cut off; the description shows with the arguments.
+        choices=[(name, name) for name in sorted(WORKLOADS)],
     )
     args = forms.CharField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 2}),
-        help_text='JSON object, e.g. {"epochs": 5}. Empty for defaults.',
+        label="Arguments",
+        help_text='A JSON object, e.g. {"epochs": 5}; arguments left out take their defaults '
+        "(listed below for the chosen workload).",
     )
     archive = forms.FileField(
         required=False,
@@ -63,7 +131,7 @@ class JobForm(forms.Form):
     )
     launcher = forms.ChoiceField(
         required=False,
-        choices=Launcher.choices,
+        choices=[(v, v) for v in Launcher.values],
         initial=Launcher.TORCHRUN,
         help_text="torchrun: an unmodified DDP program (a resize restarts it from its "
         "CHECKPOINT_DIR). edl: a program on the elastic SDK (resized without stopping).",
@@ -74,12 +142,44 @@ class JobForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 2}),
         help_text="NAME=value, one per line.",
     )
-    gpus = forms.IntegerField(min_value=1, initial=2, label="GPUs requested")
-    min_gpus = forms.IntegerField(min_value=1, required=False, label="Min GPUs")
-    max_gpus = forms.IntegerField(min_value=1, required=False, label="Max GPUs")
-    batch_size = forms.IntegerField(min_value=1, required=False, label="Global batch size")
+    gpus = forms.IntegerField(
+        min_value=1,
+        initial=2,
+        label="GPUs requested",
+        help_text="What the job starts on when GPUs are free.",
+    )
+    min_gpus = forms.IntegerField(
+        min_value=1,
+        required=False,
+        label="Min GPUs",
+        help_text="The fewest it keeps: the scheduler may shrink it to this when others wait. "
+        "Empty: GPUs requested.",
+    )
+    max_gpus = forms.IntegerField(
+        min_value=1,
+        required=False,
+        label="Max GPUs",
+        help_text="The most it grows to onto idle GPUs. Empty: GPUs requested "
+        "(Min = Max: a fixed size).",
+    )
+    batch_size = forms.IntegerField(
+        min_value=1,
+        required=False,
+        label="Global batch size",
+        help_text="Samples per step over all GPUs, kept when the job is resized. "
+        "Empty: the workload's default.",
+    )
     priority = forms.IntegerField(min_value=0, max_value=100, initial=50)
-    recovery = forms.ChoiceField(choices=RecoveryMode.choices, initial=RecoveryMode.CONSISTENT)
+    # Short option labels (a select cuts long ones off); what they mean is in the help.
+    recovery = forms.ChoiceField(
+        choices=[
+            (RecoveryMode.CONSISTENT, "Consistent"),
+            (RecoveryMode.APPROXIMATE, "Approximate"),
+        ],
+        initial=RecoveryMode.CONSISTENT,
+        help_text="When a worker is lost. Consistent: restore the latest checkpoint. "
+        "Approximate: the survivors redo the current mini-batch.",
+    )
     checkpoint_interval = forms.IntegerField(
         min_value=1, initial=50, label="Checkpoint every (mini-batches)"
     )
@@ -111,6 +211,50 @@ class JobForm(forms.Form):
             for b in bundles
         ]  # fmt: skip
         self.spec: JobSpec | None = None
+        self.workload_guide = workload_guide()
+        self._explain_limits(tenants)
+
+    def _explain_limits(self, tenants: QuerySet[Tenant]) -> None:
+        """Say the real GPU limit (the tenant's quota) and the default batch next to the fields."""
+        quotas = ", ".join(f"{t.slug}: {t.gpu_quota}" for t in tenants[:20])
+        single = tenants.first() if tenants.count() == 1 else None
+        limit = (
+            f"At most {single.gpu_quota}, the GPU quota of tenant {single.slug}."
+            if single is not None
+            else f"At most your tenant's GPU quota ({quotas})."
+        )
+        self.fields["gpus"].help_text = f"{self.fields['gpus'].help_text} {limit}"
+        self.fields["gpus"].widget.attrs["max"] = str(
+            single.gpu_quota if single is not None else MAX_GPUS_PER_JOB
+        )
+        default = WORKLOADS[min(WORKLOADS)].default_batch_size
+        self.fields["batch_size"].widget.attrs["placeholder"] = str(default)
+
+    def in_users_words(
+        self, field: str | None, message: str, tenant: Tenant, cleaned: dict[str, Any]
+    ) -> str:
+        """A service error reworded with the form's labels and the tenant's real limits.
+
+        ``cleaned`` is the form's data as submitted (``add_error`` drops a field from
+        ``cleaned_data``, so a second error of one field would no longer see its value).
+        """
+        size = cleaned.get(field) if field in GPU_FIELDS else None
+        if isinstance(size, int) and size > 0 and message == placement_problem(size):
+            return fabric_words(size, tenant.gpu_quota)
+        if message == f"Must be between 1 and {MAX_GPUS_PER_JOB}." and field in GPU_FIELDS:
+            return (
+                f"Must be between 1 and {tenant.gpu_quota}, the GPU quota of tenant {tenant.slug}."
+            )
+        if field == "gpus" and message.startswith("Requests ") and "has a quota of" in message:
+            return (
+                f"GPUs requested cannot exceed {tenant.gpu_quota}, the GPU quota of tenant "
+                f"{tenant.slug}."
+            )
+        if field == "gpus" and message.startswith("Requested GPUs must lie between"):
+            low, high = cleaned.get("min_gpus"), cleaned.get("max_gpus")
+            return f"GPUs requested must lie between Min GPUs ({low}) and Max GPUs ({high})."
+        labels = {name: str(self.fields[name].label) for name in (*GPU_FIELDS, "batch_size")}
+        return re.sub(r"\b(" + "|".join(labels) + r")\b", lambda m: labels[m.group(1)], message)
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
@@ -131,10 +275,11 @@ class JobForm(forms.Form):
         try:
             self.spec = check_job_spec(tenant=tenant, data=data)
         except JobValidationError as exc:
+            submitted = dict(cleaned)
             for field, messages in exc.errors.items():
                 target = field if field in self.fields else None
                 for message in messages:
-                    self.add_error(target, message)
+                    self.add_error(target, self.in_users_words(target, message, tenant, submitted))
         return cleaned
 
     def _take_archive(self, tenant: Tenant, data: dict[str, Any]) -> bool:

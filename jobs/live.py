@@ -6,13 +6,15 @@ one tenant's jobs or of one job, built with a fixed number of queries.
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
 from typing import Any
 
 from django.db.models import QuerySet
 
-from jobs.choices import ACTIVE_STATES, EventKind, JobState
+from jobs.choices import ACTIVE_STATES, ArtifactKind, EventKind, JobState
 from jobs.forecast import FORECAST_STATES, estimate_fields
-from jobs.models import Job
+from jobs.models import Job, JobEvent
 from jobs.services import tenant_jct_stats
 from tenancy.models import Tenant
 
@@ -124,13 +126,56 @@ def profile_curve(job: Job) -> dict[str, list[Any]]:
     return {"gpus": [n for n, _ in points], "samples_per_second": [v for _, v in points]}
 
 
+STATE_LABELS = {
+    JobState.PENDING: "Pending",
+    JobState.QUEUED: "Queued",
+    JobState.RUNNING: "Running",
+    JobState.SCALING: "Scaling",
+    JobState.COMPLETED: "Completed",
+    JobState.FAILED: "Failed",
+    JobState.CANCELLED: "Cancelled",
+}
+"""What a state change is called in a job's history: the state it reached."""
+
+
+def event_label(event: JobEvent) -> str:
+    """What happened, in the words of a job's history.
+
+    One kind can record two moments: a profile is requested ("profiling
+    throughput from ...") and later measured ("throughput profiled at ...");
+    a state change is named for the state it reached ("Queued", "Completed").
+    """
+    if event.kind == EventKind.PROFILED:
+        return (
+            "Profiling started" if event.reason.startswith("profiling") else "Throughput profiled"
+        )
+    if event.kind == EventKind.STATE and event.to_state in STATE_LABELS:
+        return STATE_LABELS[JobState(event.to_state)]
+    return str(EventKind(event.kind).label) if event.kind in EventKind.values else event.kind
+
+
+def final_step(job: Job) -> int:
+    """The furthest step the job is known to have reached.
+
+    Progress reports stop a little before the end; the final checkpoint is
+    stored at the step training ended, so an ended job's progress ends there.
+    """
+    stored = job.artifacts.filter(kind=ArtifactKind.FINAL).order_by("-step").first()
+    last = stored.step if stored is not None and stored.step is not None else 0
+    return max(job.step, int(last))
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
 def job_snapshot(job: Job) -> dict[str, Any]:
-    """The job page's view: state, counters, history with reasons, parallelism over time."""
+    """The job page's view: state, counters, settings that change, history, series."""
     events = [
         {
             "at": e.at.isoformat(),
             "kind": e.kind,
-            "label": EventKind(e.kind).label if e.kind in EventKind.values else e.kind,
+            "label": event_label(e),
             "from_state": e.from_state,
             "to_state": e.to_state,
             "from_parallelism": e.from_parallelism,
@@ -144,6 +189,15 @@ def job_snapshot(job: Job) -> dict[str, Any]:
         "job": job.pk,
         "state": job.state,
         "parallelism": job.parallelism,
+        "gpus": job.gpus,
+        "min_gpus": job.min_gpus,
+        "max_gpus": job.max_gpus,
+        "submitted_at": job.submitted_at.isoformat(),
+        "started_at": _iso(job.started_at),
+        "finished_at": _iso(job.finished_at),
+        "restarts": job.restarts,
+        "max_restarts": job.max_restarts,
+        "args_json": json.dumps(job.args, indent=None, sort_keys=True) if job.args else "{}",
         "attained_gpu_seconds": round(job.attained_gpu_seconds, 1),
         "jct_seconds": job.jct_seconds,
         "queue_position": queue_positions().get(job.pk),
@@ -152,7 +206,7 @@ def job_snapshot(job: Job) -> dict[str, Any]:
         "parallelism_series": parallelism_series(job),
         "throughput_series": throughput_series(job),
         "profile": profile_curve(job),
-        "step": job.step,
+        "step": final_step(job) if job.state == JobState.COMPLETED else job.step,
         "throughput": job.samples_per_s,
         "loss": job.loss,
         "log": job.log_tail.splitlines()[-LOG_LINES:],

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
@@ -41,6 +43,7 @@ from jobs.choices import JobState
 from jobs.models import Job
 from scheduler.fabric_placement import fabric_spec_for
 from scheduler.policies import REGISTRY, get_policy
+from scheduler.policies.base import Policy, PolicyCore
 from scheduler.simulator import SimConfig, simulate
 from scheduler.traces import TraceError, TraceJob, load_tiresias, shared_trace
 
@@ -57,6 +60,76 @@ PLACEMENTS = (
     ("vclos", "vClos (isolated links)"),
     ("ecmp", "ECMP (hashed uplinks)"),
 )
+PLACEMENT_NAMES = {"count": "GPU count", "vclos": "vClos", "ecmp": "ECMP"}
+"""Short names of the placements, for headings and table rows."""
+POLICY_NAMES = {
+    "fifo": "FIFO",
+    "srtf": "SRTF",
+    "tiresias": "Tiresias",
+    "dlas": "2D-LAS",
+    "elastic-tiresias": "Elastic Tiresias",
+}
+"""How the policies are written for people (the registry's keys are for machines)."""
+PROGRESS_EVERY_S = 0.5  # wall seconds between progress writes to the cache
+
+
+def run_label(policy: str, placement: str) -> str:
+    """A comparison row's name: "Tiresias", or "Tiresias on vClos" off the GPU-count model."""
+    name = POLICY_NAMES.get(policy, policy)
+    return (
+        name if placement == "count" else f"{name} on {PLACEMENT_NAMES.get(placement, placement)}"
+    )
+
+
+def run_title(params: dict[str, Any]) -> str:
+    """A run's heading: "FIFO vs Tiresias", with the placements unless only GPU count."""
+    policies = " vs ".join(POLICY_NAMES.get(p, p) for p in params.get("policies") or [])
+    placements = list(params.get("placements") or ["count"])
+    if placements == ["count"]:
+        return policies
+    return f"{policies} ({', '.join(PLACEMENT_NAMES.get(p, p) for p in placements)})"
+
+
+def simulated_horizon(trace: tuple[TraceJob, ...], total_gpus: int) -> float:
+    """Roughly how long (simulated seconds) replaying ``trace`` takes: for the progress bar.
+
+    At least until the last job could end if it started on arrival, and at least the
+    trace's GPU-seconds spread over the whole cluster.
+    """
+    if not trace:
+        return 1.0
+    first = min(j.submit for j in trace)
+    arrivals = max(j.submit + j.duration for j in trace) - first
+    work = sum(j.gpus * j.duration for j in trace) / max(total_gpus, 1)
+    return max(arrivals, work, 1.0)
+
+
+class WatchedPolicy:
+    """A policy whose cores tell ``on_time`` the simulated time of each scheduling pass.
+
+    Everything else is the wrapped policy's; the simulator cannot tell them apart.
+    """
+
+    def __init__(self, policy: Policy, on_time: Callable[[float], None]) -> None:
+        self._policy = policy
+        self._on_time = on_time
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._policy, name)
+
+    def new_core(self, total_gpus: int) -> PolicyCore:
+        """The wrapped policy's core, its ``decide`` reporting the time first."""
+        core = self._policy.new_core(total_gpus)
+        decide = core.decide
+
+        def watched(now: float) -> Any:
+            self._on_time(now)
+            return decide(now)
+
+        core.decide = watched  # type: ignore[method-assign]
+        return core
+
+
 SOURCES = (
     ("history", "This cluster's completed jobs"),
     ("60_job", "Shared Tiresias trace (60 jobs)"),
@@ -105,7 +178,9 @@ class WhatIfForm(forms.Form):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         names = available_policies()
-        self.fields["policies"].choices = [(n, n) for n in names]  # type: ignore[attr-defined]
+        self.fields["policies"].choices = [  # type: ignore[attr-defined]
+            (n, POLICY_NAMES.get(n, n)) for n in names
+        ]
         self.fields["policies"].initial = [n for n in ("fifo", "tiresias") if n in names]
         spec = current_spec()
         self.fields["total_gpus"].initial = spec.total_gpus if spec else 64
@@ -266,9 +341,15 @@ def _thin(values: list[Any], points: int) -> list[Any]:
 
 
 def compare(
-    trace: tuple[TraceJob, ...], params: dict[str, Any], on_policy: Any = None
+    trace: tuple[TraceJob, ...],
+    params: dict[str, Any],
+    on_progress: Callable[[float, str], None] | None = None,
 ) -> dict[str, Any]:
-    """Simulate ``trace`` under every chosen policy; the comparison report (plain JSON)."""
+    """Simulate ``trace`` under every chosen policy; the comparison report (plain JSON).
+
+    ``on_progress(fraction, words)`` hears how far the whole comparison is, by
+    simulated time within each run (runs count equally).
+    """
     if problems := size_problems(params):
         raise ValueError(" ".join(problems.values()))
     cfg = SimConfig(
@@ -284,21 +365,29 @@ def compare(
         for placement in params.get("placements") or ["count"]
     ]  # every policy on every placement: one simulator loop serves them all
     results = []
+    horizon = simulated_horizon(runnable, cfg.total_gpus)
+    first = min((j.submit for j in runnable), default=0.0)
     for index, (name, placement) in enumerate(runs):
-        if on_policy is not None:
-            on_policy(index, len(runs), f"{name} / {placement}")
+        label = run_label(name, placement)
+        policy = get_policy(name)
+        if on_progress is not None:
+            on_progress(index / len(runs), f"Simulating {label} ({index + 1} of {len(runs)})")
+            policy = cast(Policy, WatchedPolicy(policy, _time_reporter(
+                on_progress, index, len(runs), label, first, horizon
+            )))  # fmt: skip
         if placement == "count":
-            result = simulate(runnable, get_policy(name), cfg)
+            result = simulate(runnable, policy, cfg)
         else:
             spec = fabric_spec_for(cfg.total_gpus, cfg.gpus_per_server, int(params["leaves"]))
             on_fabric = replace(cfg, placement=placement, fabric=spec)
-            result = simulate(runnable, get_policy(name), on_fabric)
+            result = simulate(runnable, policy, on_fabric)
         jcts = sorted(r.jct for r in result.jobs)
         series = result.series
         keep = _thin(list(range(len(series.get("t", [])))), SERIES_POINTS)
         results.append(
             {
                 "policy": name if placement == "count" else f"{name} / {placement}",
+                "label": label,
                 "summary": result.summary,
                 "jct_cdf": _thin(jcts, CDF_POINTS),
                 "series": {k: [v[i] for i in keep] for k, v in series.items()},
@@ -313,6 +402,32 @@ def compare(
     }
 
 
+def _time_reporter(
+    on_progress: Callable[[float, str], None],
+    index: int,
+    runs: int,
+    label: str,
+    first: float,
+    horizon: float,
+) -> Callable[[float], None]:
+    """``on_time(now)`` for run ``index``: the bar's share by simulated time, twice a second."""
+    last = [0.0]
+
+    def on_time(now: float) -> None:
+        wall = time.monotonic()
+        if wall - last[0] < PROGRESS_EVERY_S:
+            return
+        last[0] = wall
+        done = min(max(now - first, 0.0) / horizon, 0.99)
+        words = (
+            f"Simulating {label} ({index + 1} of {runs}): "
+            f"{(now - first) / 3600:.1f} h of about {horizon / 3600:.1f} h simulated"
+        )
+        on_progress((index + done) / runs, words)
+
+    return on_time
+
+
 @shared_task(name="portal.whatif.run", ignore_result=True)
 def run_whatif(run_id: str) -> None:
     """Run one what-if comparison; progress and the report go to the run's cache entry."""
@@ -321,15 +436,15 @@ def run_whatif(run_id: str) -> None:
         return
     params = state["params"]
 
-    def on_policy(index: int, total: int, name: str) -> None:
-        state.update(status="running", progress=index / total, step=f"simulating {name}")
+    def on_progress(fraction: float, words: str) -> None:
+        state.update(status="running", progress=round(fraction, 4), step=words)
         _put(run_id, state)
 
     try:
         trace = load_trace(params, state.get("upload"))
         if not trace:
             raise TraceError("the trace has no job to replay (no completed job yet?)")
-        report = compare(trace, params, on_policy)
+        report = compare(trace, params, on_progress)
     except (TraceError, ValueError) as exc:
         state.update(status="failed", error=str(exc), upload=None)
         _put(run_id, state)

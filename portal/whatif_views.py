@@ -9,7 +9,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET
 
 from portal.cluster_views import admin_only
-from portal.whatif import WhatIfForm, get_run, start_run
+from portal.whatif import WhatIfForm, get_run, run_title, start_run
 
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -50,7 +50,11 @@ def _run_or_404(run_id: str) -> dict[str, object]:
 def whatif_run(request: HttpRequest, run_id: str) -> HttpResponse:
     """A run: progress bar while it runs, the comparison when done."""
     state = _run_or_404(run_id)
-    return render(request, "whatif/run.html", {"run_id": run_id, "params": state["params"]})
+    params = state["params"]
+    assert isinstance(params, dict)
+    return render(
+        request, "whatif/run.html", {"run_id": run_id, "params": params, "title": run_title(params)}
+    )
 
 
 @admin_only

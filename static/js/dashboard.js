@@ -3,7 +3,7 @@
   "use strict";
   /** "2 GPUs (range 1–4)"; a rigid job's range is its size, so only "2 GPUs". */
   const gpuRange = (row) => row.gpus + (row.gpus === 1 ? " GPU" : " GPUs") + (row.min_gpus === row.max_gpus ? "" : " (range " + row.min_gpus + "–" + row.max_gpus + ")");
-  const { LiveSocket, fetchJSON, throttle, el, seconds } = window.PortalLive;
+  const { LiveSocket, fetchJSON, throttle, el, seconds, timeEl } = window.PortalLive;
   const root = document.getElementById("live-dashboard");
   if (!root) return;
   const tenant = Number(root.dataset.tenant);
@@ -15,9 +15,8 @@
     return el("td", { "data-field": "progress" }, row.step ? "step " + row.step : "—");
   }
 
-  function timeNode(iso) {
-    return el("time", { datetime: iso }, new Date(iso).toLocaleString());
-  }
+  /** Estimates and submission times read best as distances ("in 12 min", "3 min ago"). */
+  const timeNode = (iso) => timeEl(iso, true);
 
   /** The predicted start (queued) and finish (queued, running); the reason when missing. */
   function estimateCell(row) {
@@ -52,7 +51,7 @@
     tr.appendChild(el("td", { "data-field": "queue_position" }, row.queue_position == null ? "—" : "#" + row.queue_position));
     tr.appendChild(estimateCell(row));
     const when = el("td");
-    when.appendChild(el("time", { datetime: row.submitted_at }, new Date(row.submitted_at).toLocaleString()));
+    when.appendChild(timeNode(row.submitted_at));
     tr.appendChild(when);
     return tr;
   }

@@ -1,7 +1,7 @@
 /* The job page: state, counters, charts, artifacts and history, kept live (socket and polling). */
 (function () {
   "use strict";
-  const { LiveSocket, fetchJSON, throttle, el, seconds } = window.PortalLive;
+  const { LiveSocket, fetchJSON, throttle, el, seconds, when, timeEl } = window.PortalLive;
   const { maxOf, minOf, axis, countAxis, timeAxis, draw, showEmpty } = window.PortalCharts;
   const root = document.getElementById("live-job");
   if (!root) return;
@@ -189,7 +189,7 @@
     const body = document.getElementById("events-body");
     body.replaceChildren(...events.map((e) => {
       const tr = el("tr");
-      tr.appendChild(el("td", {}, new Date(e.at).toLocaleTimeString()));
+      tr.appendChild(el("td", {}, when(e.at)));
       tr.appendChild(el("td", {}, e.label));
       tr.appendChild(el("td", {}, e.from_state || e.to_state ? (e.from_state || "·") + " → " + e.to_state : ""));
       tr.appendChild(el("td", {}, e.to_parallelism !== null ? (e.from_parallelism === null ? "·" : e.from_parallelism) + " → " + e.to_parallelism : ""));
@@ -213,7 +213,7 @@
   function showEstimates(est, state) {
     const put = (id, iso) => {
       const node = document.getElementById(id);
-      if (iso) node.replaceChildren(el("time", { datetime: iso }, new Date(iso).toLocaleString()));
+      if (iso) node.replaceChildren(timeEl(iso, false));
       else node.textContent = "—";
     };
     put("job-estimated-start", state === "queued" ? est.estimated_start : null);
@@ -221,8 +221,40 @@
     document.getElementById("job-estimate-reason").textContent = est.estimate_reason || "";
   }
 
+  function rangeText(snap) {
+    if (snap.min_gpus === snap.max_gpus) return snap.gpus + (snap.gpus === 1 ? " GPU" : " GPUs") + ", fixed";
+    return snap.min_gpus + "–" + snap.max_gpus + " GPUs (asked " + snap.gpus + ")";
+  }
+
+  function restartsText(snap) {
+    if (!snap.max_restarts) return "none: a failed program ends the job";
+    return snap.restarts + " of " + snap.max_restarts + " used (a failed program is requeued from its latest checkpoint)";
+  }
+
+  /** The Settings card's parts that change while the job runs, and its Progress tile. */
+  function showSettings(snap) {
+    const put = (id, text) => { const node = document.getElementById(id); if (node) node.textContent = text; };
+    put("job-started", snap.started_at ? when(snap.started_at) : "—");
+    put("job-finished", snap.finished_at ? when(snap.finished_at) : "—");
+    put("job-range", rangeText(snap));
+    put("job-range-tile", rangeText(snap));
+    put("job-restarts", restartsText(snap));
+    put("job-step", snap.step ? "step " + snap.step : "—");
+  }
+
+  // The "Job N submitted." note describes the page as it opened; once a live event
+  // has changed the job, it is stale and goes.
+  let updatedLive = false;
+  function dropFlash() {
+    if (updatedLive) return;
+    updatedLive = true;
+    document.querySelectorAll(".messages li.success").forEach((li) => li.remove());
+    document.querySelectorAll(".messages").forEach((ul) => { if (!ul.children.length) ul.remove(); });
+  }
+
   function apply(snap) {
     setState(snap.state);
+    showSettings(snap);
     document.getElementById("job-parallelism").textContent = snap.parallelism;
     document.getElementById("job-gpu-time").textContent = seconds(snap.attained_gpu_seconds);
     document.getElementById("job-queue").textContent = snap.queue_position ? "#" + snap.queue_position : "—";
@@ -251,7 +283,9 @@
       if (event.lines) appendLog(event.lines);
       return;
     }
+    dropFlash();
     if (event.state) setState(event.state);
+    if (event.step !== undefined) document.getElementById("job-step").textContent = "step " + event.step;
     if (event.parallelism !== undefined) document.getElementById("job-parallelism").textContent = event.parallelism;
     if (event.attained_gpu_seconds !== undefined) document.getElementById("job-gpu-time").textContent = seconds(event.attained_gpu_seconds);
     resyncSoon();

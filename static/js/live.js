@@ -114,12 +114,53 @@
     return node;
   }
 
-  function seconds(value) {
-    if (value === null || value === undefined) return "—";
-    if (value < 120) return value.toFixed(0) + " s";
-    if (value < 7200) return (value / 60).toFixed(1) + " min";
-    return (value / 3600).toFixed(1) + " h";
+  // Time, one way everywhere (the template filters of portal/templatetags/portal_time.py
+  // write the same): absolute times as "2026-12-01 13:48:42 UTC", 24-hour, in the portal's
+  // zone (UTC); durations as "1 h 32 min"; "3 min ago" where the distance reads better.
+  const pad = (n) => String(n).padStart(2, "0");
+
+  /** An ISO time (or Date) as "YYYY-MM-DD HH:MM:SS UTC"; "—" for none or nonsense. */
+  function when(value) {
+    if (value === null || value === undefined || value === "") return "—";
+    const d = value instanceof Date ? value : new Date(value);
+    if (Number.isNaN(d.getTime())) return "—";
+    return d.getUTCFullYear() + "-" + pad(d.getUTCMonth() + 1) + "-" + pad(d.getUTCDate()) + " " +
+      pad(d.getUTCHours()) + ":" + pad(d.getUTCMinutes()) + ":" + pad(d.getUTCSeconds()) + " UTC";
   }
 
-  window.PortalLive = { LiveSocket, fetchJSON, debounce, throttle, el, seconds, setStatus };
+  /** A length of time in words: "45 s", "12 min", "1 h 32 min", "2 d 3 h"; "—" for none. */
+  function seconds(value) {
+    if (value === null || value === undefined || Number.isNaN(Number(value))) return "—";
+    const total = Math.max(0, Math.floor(Number(value) + 0.5));
+    if (total < 120) return total + " s";
+    const minutes = Math.floor((total + 30) / 60);
+    if (minutes < 60) return minutes + " min";
+    const hours = Math.floor(minutes / 60);
+    if (hours < 48) return hours + " h" + (minutes % 60 ? " " + (minutes % 60) + " min" : "");
+    const days = Math.floor(hours / 24);
+    return days + " d" + (hours % 24 ? " " + (hours % 24) + " h" : "");
+  }
+
+  /** How far an ISO time is from now: "just now", "3 min ago", "in 1 h 5 min". */
+  function ago(value, now) {
+    const d = new Date(value);
+    if (value === null || value === undefined || Number.isNaN(d.getTime())) return "—";
+    const delta = ((now === undefined ? Date.now() : now) - d.getTime()) / 1000;
+    if (Math.abs(delta) < 10) return "just now";
+    return delta > 0 ? seconds(delta) + " ago" : "in " + seconds(-delta);
+  }
+
+  /** A <time> element: relative text, the absolute time on hover (or the other way round). */
+  function timeEl(iso, relative) {
+    const node = el("time", { datetime: iso, title: relative ? when(iso) : ago(iso) }, relative ? ago(iso) : when(iso));
+    if (relative) node.dataset.relative = "1";
+    return node;
+  }
+
+  // Relative times age: refresh them every 30 s.
+  setInterval(() => {
+    document.querySelectorAll("time[data-relative]").forEach((t) => { t.textContent = ago(t.getAttribute("datetime")); });
+  }, 30000);
+
+  window.PortalLive = { LiveSocket, fetchJSON, debounce, throttle, el, seconds, when, ago, timeEl, setStatus };
 })();

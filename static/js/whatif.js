@@ -16,7 +16,7 @@
     const body = document.querySelector("#whatif-table tbody");
     body.replaceChildren(...r.results.map((p) => {
       const s = p.summary, tr = el("tr", { "data-policy": p.policy });
-      for (const v of [p.policy, s.jobs, seconds(s.avg_jct), seconds(s.median_jct), seconds(s.p95_jct), seconds(s.avg_queueing_delay), seconds(s.makespan), pct(s.gpu_utilization), pct(s.cluster_efficiency), s.preemptions, s.scale_events]) tr.appendChild(el("td", {}, v));
+      for (const v of [p.label || p.policy, s.jobs, seconds(s.avg_jct), seconds(s.median_jct), seconds(s.p95_jct), seconds(s.avg_queueing_delay), seconds(s.makespan), pct(s.gpu_utilization), pct(s.cluster_efficiency), s.preemptions, s.scale_events]) tr.appendChild(el("td", {}, v));
       return tr;
     }));
     document.getElementById("whatif-note").textContent = r.jobs + " jobs replayed on " + r.total_gpus + " GPUs" + (r.elastic ? " (elastic)" : "") + (r.dropped_too_wide ? "; " + r.dropped_too_wide + " jobs wider than the cluster left out" : "") + ".";
@@ -47,12 +47,13 @@
     r.results.forEach((p, i) => {
       const c = COLOURS[i % COLOURS.length];
       const points = cdf(p.jct_cdf.slice().sort((a, b) => a - b), unit.seconds);
-      cdfs.push({ x: points.x, y: points.y, name: p.policy, mode: "lines+markers", marker: { size: 4 }, line: { shape: "hv", color: c }, hovertemplate: p.policy + ": %{y:.0%} within %{x:.3~f} " + unit.unit + "<extra></extra>" });
+      const name = p.label || p.policy;
+      cdfs.push({ x: points.x, y: points.y, name: name, mode: "lines+markers", marker: { size: 4 }, line: { shape: "hv", color: c }, hovertemplate: name + ": %{y:.0%} within %{x:.3~f} " + unit.unit + "<extra></extra>" });
       const t = (p.series.t || []).map((v) => v / 3600);
       const queued = p.series.queued || [];
       mostQueued = Math.max(mostQueued, maxOf(queued, 0));
-      queue.push({ x: t, y: queued, name: p.policy, mode: "lines", line: { shape: "hv", color: c } });
-      eff.push({ x: t, y: (p.series.efficiency || []).map((v) => v / r.total_gpus), name: p.policy, mode: "lines", line: { color: c } });
+      queue.push({ x: t, y: queued, name: name, mode: "lines", line: { shape: "hv", color: c } });
+      eff.push({ x: t, y: (p.series.efficiency || []).map((v) => v / r.total_gpus), name: name, mode: "lines", line: { color: c } });
     });
     drawSeries("whatif-cdf", cdfs, r, { xaxis: axis("JCT (" + unit.unit + ")", { type: "log" }), yaxis: percentAxis("Jobs finished within") });
     drawSeries("whatif-queue", queue, r, { xaxis: axis("Simulated time (h)", { rangemode: "tozero" }), yaxis: countAxis("Jobs queued", mostQueued) });
@@ -62,7 +63,9 @@
   async function poll() {
     let state;
     try { state = await fetchJSON(url); } catch (e) { setTimeout(poll, 2000); return; }
-    document.getElementById("whatif-bar").style.width = (state.progress * 100).toFixed(0) + "%";
+    const percent = (state.progress * 100).toFixed(0);
+    document.getElementById("whatif-bar").style.width = percent + "%";
+    document.getElementById("whatif-progressbar").setAttribute("aria-valuenow", percent);
     document.getElementById("whatif-step").textContent = state.status === "queued" ? "Waiting for a worker…" : state.step || state.status;
     if (state.status === "done") { report(state.report); return; }
     if (state.status === "failed") {

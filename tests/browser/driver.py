@@ -80,6 +80,8 @@ def report(kind: str, job: int, **fields: Any) -> str:
     elif kind == "profile":
         curve = tuple(protocol.CurvePoint(workers=n, samples_per_s=v) for n, v in fields["curve"])
         message = protocol.ProfileDone(**event, curve=curve)
+    elif kind == "finished":
+        message = protocol.Finished(**event, **fields)
     elif kind == "log":
         message = protocol.LogLines(
             **common, worker_id="w0", log_id="node-0-1-browser", offset=0, text=fields["text"]

@@ -369,7 +369,7 @@ def test_the_form_takes_limits_and_refuses_them_over_the_ceiling(
     job = Job.objects.get()
     assert (job.max_restarts, job.max_runtime_s) == (2, 7200)
     detail = client.get(f"/jobs/{job.pk}/").content.decode()
-    assert "0 of 2 used" in detail and "7200 s since the first start" in detail
+    assert "0 of 2 used" in detail and "2 h (7200 s) since the first start" in detail
 
 
 def test_a_tenant_cannot_see_or_change_another_tenants_limits(
