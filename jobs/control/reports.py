@@ -303,11 +303,17 @@ def _profile_done(job: Job, report: ProfileDone) -> str:
     return "profiled"
 
 
+#: The largest step a report may set (the column is a 32-bit PositiveIntegerField).
+MAX_STEP = 2**31 - 1
+
+
 def _finished(job: Job, report: Finished) -> str:
     if job.state in TERMINAL_STATES or report.reason != "finished":
         return "noted"
     if job.state not in ACTIVE_STATES:
         return "stale"
+    if report.step is not None and 0 <= report.step <= MAX_STEP:
+        job.step = max(job.step, report.step)  # progress ends at the final step (saved with it)
     complete_job(job, f"training finished at step {report.step}", _at(report))
     return "completed"
 

@@ -151,6 +151,7 @@ def test_reports_progress_finish_and_replays(alice: Any, acme: Any) -> None:
     assert handle_report(finished) == "duplicate"
     job.refresh_from_db()
     assert job.state == "completed" and job.finished_at is not None
+    assert job.step == 50  # progress ends at the final step, not the last progress report's
     assert JobGpu.objects.filter(job=job).count() == 0
     assert handle_report({"type": "progress", "node": "x"}).startswith("invalid")
     assert handle_report({"type": "teleport", "node": "x"}).startswith("invalid")
