@@ -5,8 +5,8 @@ queued after a preemption, a lost server or a retry counts too, so a job's
 bill has a known end.  A tick step, before the policy runs (the GPUs it
 frees are placed in the same tick)::
 
-    running/scaling job, started_at + max_runtime_s <= now
-      └─ StopJob to its nodes (after commit): the runtime stops every worker at an
+    running/scaling job (or one queued again since), started_at + max_runtime_s <= now
+      └─ StopJob to its nodes (after commit; a queued job has none): the runtime stops every worker at an
          agreed mini-batch after a last checkpoint (forced: the CHECKPOINT_MIN_SECONDS
          floor of periodic ones does not apply); a torchrun program gets SIGTERM and
          its grace period to write its own
@@ -31,6 +31,9 @@ from jobs.outbox import Outbox
 
 RUNTIME_LIMIT_REASON = "run-time limit reached"
 STOP_REASON = f"{RUNTIME_LIMIT_REASON}: final checkpoint, then stop"
+#: The limit's clock runs from the first start on: a job queued again (preempted,
+#: requeued, retried) is past its limit there too, and ends without starting again.
+LIMITED_STATES = ACTIVE_STATES | {JobState.QUEUED}
 
 
 def limit_reached(started_at: datetime | None, max_runtime_s: int | None, now: datetime) -> bool:
@@ -46,13 +49,14 @@ def stop_jobs_at_limit(now: datetime, outbox: Outbox) -> list[int]:
     Runs inside the tick's transaction; the stop commands go out with the
     tick's other commands once it commits.
     """
+    limited = LIMITED_STATES
     rows = Job.objects.filter(
-        state__in=ACTIVE_STATES, max_runtime_s__isnull=False, started_at__isnull=False
+        state__in=limited, max_runtime_s__isnull=False, started_at__isnull=False
     ).values_list("pk", "started_at", "max_runtime_s")
     due = [pk for pk, started_at, limit in rows if limit_reached(started_at, limit, now)]
     stopped: list[int] = []
     for job in Job.objects.select_for_update().filter(pk__in=due):
-        if job.state not in ACTIVE_STATES:
+        if job.state not in limited:
             continue
         accrue_service(job, now)  # saved with the transition below
         outbox.stop_workers(job, holdings.release(job), reason=STOP_REASON)

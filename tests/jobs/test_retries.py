@@ -270,6 +270,19 @@ def test_time_queued_after_the_first_start_counts(alice: Any, acme: Any) -> None
     assert job.state == "running" and job.started_at == first
 
 
+def test_a_job_queued_again_past_its_limit_fails_without_starting(alice: Any, acme: Any) -> None:
+    nodes = demo_cluster()
+    job = submit(alice, acme, max_restarts=1, max_runtime_s=60)
+    run_tick(policy="fifo")
+    assert failed(job) == "retried"  # queued again, its first start kept
+    Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(seconds=61))
+    drain_all(nodes)
+    run_tick(policy="fifo")
+    job.refresh_from_db()
+    assert (job.state, job.failure_reason) == ("failed", "run-time limit reached")
+    assert commands(nodes) == []  # nothing ran: nothing to start or stop
+
+
 # --------------------------------------------------------------------------- submission rules
 
 
