@@ -6,6 +6,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
@@ -13,6 +15,20 @@ from portal.celery import app
 from tenancy.models import Role, Tenant
 from tenancy.services import do_add_member, do_create_tenant
 from tenancy.token_services import do_issue_token
+
+
+@pytest.fixture(scope="session", autouse=True)
+def empty_agent_queues() -> None:
+    """Agents' command queues start the run empty.
+
+    The machine's Redis outlives test runs: commands an earlier run left on
+    ``agent.<node>`` were signed long ago, and a test that reads them would
+    fail on a stale signature rather than on what it tests.
+    """
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    keys = list(client.scan_iter(match="agent.*", count=1000))
+    if keys:
+        client.delete(*keys)
 
 
 @pytest.fixture
