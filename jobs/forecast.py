@@ -35,6 +35,7 @@ from jobs.control.policy import live_policy
 from jobs.control.state import build_snapshot, read_cluster
 from jobs.lifecycle import ESTIMATE_FIELDS, save_estimates
 from jobs.models import Job
+from jobs.progress import total_steps
 from scheduler.curves import policy_curve, relative_speeds
 from scheduler.forecast import Forecast, forecast
 from scheduler.types import JobState as ViewState
@@ -46,21 +47,7 @@ log = logging.getLogger(__name__)
 FORECAST_TASK = "jobs.tasks.refresh_forecast"
 DUE_KEY = "portal:forecast-due"
 LOCK_KEY = "portal:forecast"
-DIGITS_SAMPLES = 1797
-"""Samples in scikit-learn's 8x8 digits, the ``mlp-digits`` workload's training set."""
 FORECAST_STATES = (JobState.QUEUED, JobState.RUNNING, JobState.SCALING)
-
-
-def total_steps(workload: str, args: Mapping[str, Any], batch_size: int) -> int | None:
-    """Mini-batches a built-in workload trains in all; None for a program (it does not say)."""
-    try:
-        if workload == "resnet18-synthetic":
-            return int(args["steps"])
-        if workload == "mlp-digits":
-            return int(args["epochs"]) * -(-DIGITS_SAMPLES // max(1, batch_size))
-    except (KeyError, TypeError, ValueError):
-        return None
-    return None
 
 
 def remaining_work(

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Max
 
 from fabric.allocator import Allocation, VClosAllocator
@@ -15,6 +16,7 @@ from jobs.agent_commands import GpuHome, runtime_job_name
 from jobs.choices import ACTIVE_STATES, JobState
 from jobs.control.fair_share import tenant_shares
 from jobs.models import Job, JobEvent, JobGpu
+from jobs.progress import seconds_left, total_steps
 from scheduler.curves import policy_curve
 from scheduler.priority import AGED_CEILING, priority_class
 from scheduler.quota import QuotaBook
@@ -125,6 +127,20 @@ def _last_state_change(job_ids: set[int]) -> dict[int, datetime]:
     return dict(rows)
 
 
+def finishing(
+    workload: str, args: Any, batch_size: int, step: int, samples_per_s: float | None
+) -> bool:
+    """Whether a running job ends within ``SCALE_OUT_MIN_SECONDS_LEFT`` at its measured rate.
+
+    A scale-out takes seconds (a newcomer starts, the state is broadcast): one
+    decided just before the last step makes a worker join a job that has ended.
+    Programs do not say their length, so only built-in workloads are held back.
+    """
+    total = total_steps(workload, args if isinstance(args, dict) else {}, batch_size)
+    left = seconds_left(total, step, batch_size, samples_per_s)
+    return left is not None and left < settings.SCALE_OUT_MIN_SECONDS_LEFT
+
+
 @dataclass(frozen=True)
 class PolicyInput:
     """What the tick hands the policy, and what it needs to act on the answer."""
@@ -183,6 +199,11 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
             "profile_state",
             "tenant__profile_jobs",
             "tenant__priority_weight",
+            "workload",
+            "args",
+            "batch_size",
+            "step",
+            "samples_per_s",
         )
     )
     # Quota counts each job's requested share only: GPUs above it are idle extras that
@@ -218,6 +239,11 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
         profile_state,
         tenant_profiles,
         weight,
+        workload,
+        args,
+        batch_size,
+        step,
+        samples_per_s,
     ) in rows:
         if state == JobState.SCALING or profile_state == "requested":
             continue  # switching or profiling: its size belongs to the runtime for now
@@ -232,6 +258,8 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
         book.quota[slug] = quota
         weights[slug] = weight
         book.in_use[slug] = in_use.get(tenant_id, 0)
+        if held and hi > len(held) and finishing(workload, args, batch_size, step, samples_per_s):
+            hi = len(held)  # a newcomer would join a job about to end: no growth
         name = runtime_job_name(job_id)
         profiled = {int(k): float(v) for k, v in (curve_json or {}).items()}
         measured = {int(k): float(v) for k, v in (measured_json or {}).items()}

@@ -169,6 +169,9 @@ TICK_SECONDS = env_float("TICK_SECONDS", 3.0)
 # The tick's Redis lock expires after this: a worker killed mid-tick delays ticks at most so long.
 TICK_LOCK_SECONDS = env_float("TICK_LOCK_SECONDS", max(10.0, 4 * TICK_SECONDS))
 SCHEDULER_POLICY = env_str("SCHEDULER_POLICY", "elastic-tiresias")
+# A running job that ends within this many seconds (at its measured rate) is not scaled
+# out: a newcomer would join a job that has finished (built-in workloads only).
+SCALE_OUT_MIN_SECONDS_LEFT = env_float("SCALE_OUT_MIN_SECONDS_LEFT", 30.0)
 # Tenant fair share (docs/scheduler.md): weights order tenants' jobs by their GPU-seconds
 # held, decayed with this half-life (Slurm's PriorityDecayHalfLife; 7 days).
 FAIR_SHARE = env_bool("FAIR_SHARE", True)

@@ -22,10 +22,10 @@ from jobs.forecast import (
     maybe_refresh,
     refresh_forecast,
     remaining_work,
-    total_steps,
 )
 from jobs.live import queue_positions, tenant_snapshot
 from jobs.models import Job
+from jobs.progress import total_steps
 from jobs.services import check_job_spec, do_submit_job
 from jobs.tasks import forecast_estimates
 from portal.celery import app
