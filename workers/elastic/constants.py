@@ -33,6 +33,10 @@ class ElasticError(RuntimeError):
     """The job cannot continue on this worker."""
 
 
+class JobEnded(ElasticError):
+    """The job ended before this worker could join it: nothing to do, a clean exit."""
+
+
 def log(worker: str, message: str) -> None:
     """One line on the worker's stderr (the agent keeps it in the process log)."""
     sys.stderr.write(f"[edl {worker} {time.strftime('%H:%M:%S')}] {message}\n")

@@ -14,6 +14,7 @@ step); a switch or a recovery replaces it as a whole.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +24,7 @@ import torch
 
 from workers.clock import Clock
 from workers.elastic import comm
-from workers.elastic.constants import ElasticError, log
+from workers.elastic.constants import FINISHED, ElasticError, JobEnded, log
 from workers.elastic.keys import JobKeys
 from workers.elastic.messages import (
     PreparePlan,
@@ -145,6 +146,14 @@ class Joined:
     first_generation: bool
 
 
+REGISTRATION_WAIT_S = 300.0
+"""How long a newcomer waits for the leader's answer before it gives up."""
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 class Registration:
     """Finds this worker's first generation and builds its group, in a background thread."""
 
@@ -176,8 +185,14 @@ class Registration:
         self._thread.start()
 
     def wait(self) -> Joined:
-        """The outcome of registration (blocking); ElasticError if it failed."""
+        """The outcome of registration (blocking); ElasticError if it failed.
+
+        JobEnded when the job ended before this worker could join (a scale-out
+        decided just before the last step): the worker has nothing to do.
+        """
         self._thread.join()
+        if isinstance(self._error, JobEnded):
+            raise self._error
         if self._error is not None:
             raise ElasticError(f"could not join: {self._error}")
         assert self._result is not None
@@ -203,7 +218,7 @@ class Registration:
         # a newcomer: register with the leader over the RPC list, wait for its answer
         while True:
             self.redis.rpush(self.keys.rpc, Register(worker=self.me).to_json())
-            reply = self.redis.blpop([self.keys.reply(self.me)], timeout=300)
+            reply = self._await_reply()
             if reply is None:
                 raise ElasticError("no leader answered the registration")
             answer = reply_from_json(reply[1])
@@ -213,6 +228,32 @@ class Registration:
             if self.builder.is_built(answer.generation):
                 return Joined(answer, first_generation=False)
             log(self.me, f"generation {answer.generation} failed to build; registering again")
+
+    def _await_reply(self) -> Any:
+        """The leader's answer to a registration (None: none in 300 s).
+
+        Waits in one-second slices and gives up with JobEnded once the job has
+        ended (its lease's tombstone, or the state its leader wrote last).
+        """
+        deadline = time.monotonic() + REGISTRATION_WAIT_S  # real time, as blpop's own timeout
+        while time.monotonic() < deadline:
+            reply = self.redis.blpop([self.keys.reply(self.me)], timeout=1)
+            if reply is not None:
+                return reply
+            if self.job_ended():
+                raise JobEnded("the job ended before this worker could join it")
+        return None
+
+    def job_ended(self) -> bool:
+        """Whether the job has ended: its leader left the tombstone, or wrote ``finished``/``stopped``.
+
+        A restarted job's first generation starts with a world size, never here.
+        """
+        leader = self.redis.get(self.keys.leader)
+        if leader is not None and _text(leader) == FINISHED:
+            return True
+        state = self.redis.hget(self.keys.meta, "state")
+        return state is not None and _text(state) in ("finished", "stopped")
 
     def _first_generation(self, slot: int, n: int) -> Joined:
         self.redis.hset(self.keys.k("gen0members"), str(slot), self.me)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from workers import workloads
 from workers.elastic.cli import WorkerOptions
-from workers.elastic.constants import ElasticError, log
+from workers.elastic.constants import ElasticError, JobEnded, log
 from workers.elastic.context import ElasticContext
 from workers.elastic.sampler import ElasticSampler
 
@@ -33,6 +33,9 @@ def run_elastic(options: WorkerOptions, main: Main) -> int:
     ctx = ElasticContext(options)  # the background thread registers from here on
     try:
         main(ctx)
+    except JobEnded as exc:  # a late joiner: the job finished without it, nothing failed
+        log(options.worker_id, f"exit ({exc})")
+        return 0
     except ElasticError as exc:
         log(options.worker_id, f"error: {exc}")
         ctx.fail(str(exc))

@@ -162,3 +162,16 @@ def test_profile_1_to_4(job: JobRun) -> None:
     assert sorted(curve) == [1, 2, 3, 4] and all(v > 0 for v in curve.values())
     assert job.control.status().throughput_curve == curve
     finish_and_check(job)
+
+
+def test_a_worker_that_joins_a_job_that_ended_exits_cleanly(job: JobRun) -> None:
+    """A scale-out decided just before the end: the newcomer leaves, nothing failed."""
+    job.start_initial(2)
+    job.wait_step(5)
+    job.stop_and_wait()
+    job.start("late")  # no world size: a newcomer, registering with a leader that is gone
+    codes = job.wait_exit(timeout=30)
+    assert codes["late"] == 0, job.tail()
+    job.poll_events()
+    assert not {e["kind"] for _id, e in job.events} & {"failed", "worker_failed"}
+    assert "ended before this worker could join" in (job.workdir / "logs" / "late.out").read_text()
