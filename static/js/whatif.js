@@ -36,7 +36,12 @@
     const missing = traces.filter((t) => !t.x.length).map((t) => t.name);
     if (missing.length === traces.length) { showEmpty(id, "Nothing to draw: " + whyEmpty(r) + "."); return; }
     const notes = missing.length ? [note("No points for " + missing.join(", ") + ": " + whyEmpty(r))] : [];
-    draw(id, traces.filter((t) => t.x.length), Object.assign({ showlegend: true, legend: { orientation: "h", y: -0.35 }, height: 340, margin: { l: 56, r: 16, t: 10, b: 100 }, annotations: notes }, layout));
+    const shown = traces.filter((t) => t.x.length);
+    // The plot keeps 250 px; the legend (a row per run at worst, in a narrow card) goes below the
+    // x-axis title, inside a bottom margin that grows with the runs, so it never covers the title.
+    const bottom = 70 + 20 * shown.length;
+    const legend = { orientation: "h", x: 0, xanchor: "left", y: -0.24, yanchor: "top" };
+    draw(id, shown, Object.assign({ showlegend: true, legend: legend, height: 260 + bottom, margin: { l: 56, r: 16, t: 10, b: bottom }, annotations: notes }, layout));
   }
 
   function drawCharts(r) {
