@@ -70,3 +70,17 @@ def test_swagger_ui_is_served_locally(client: Client) -> None:
     # the start-up script comes from the page's own URL (no inline script: CSP)
     local = ("/static/", "/api/docs/?script")
     assert asset and all(src.startswith(local) for src in asset), asset
+
+
+def test_every_operation_has_a_summary_swagger_ui_lists(client: Client) -> None:
+    schema = yaml.safe_load(client.get("/api/schema/").content)
+    operations = [
+        (method, path, operation)
+        for path, item in schema["paths"].items()
+        for method, operation in item.items()
+        if method in ("get", "post", "put", "patch", "delete")
+    ]
+    unsummarised = [f"{m} {p}" for m, p, op in operations if not op.get("summary")]
+    assert not unsummarised, f"add them to portal/api/summaries.py: {unsummarised}"
+    summaries = [op["summary"] for _m, _p, op in operations]
+    assert len(set(summaries)) == len(summaries)  # each line tells its operation apart

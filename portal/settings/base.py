@@ -271,6 +271,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "portal.api.schema.document_error_responses",
+        "portal.api.summaries.add_summaries",
     ],
 }
 
