@@ -81,6 +81,7 @@ def main() -> None:
         artifacts.mkdir(parents=True, exist_ok=True)
         torch.save(model.module.state_dict(), artifacts / "model.pt")
     print(f"rank {rank} of {world}: done", flush=True)
+    dist.barrier()  # every rank tears gloo down together: a peer gone first can abort a rank
     dist.destroy_process_group()
 
 
