@@ -33,7 +33,7 @@ from workers.elastic.messages import (
     Register,
     reply_from_json,
 )
-from workers.elastic.redis_io import hash_fields
+from workers.elastic.redis_io import hash_fields, text_or_none
 from workers.elastic.store import RedisStore
 from workers.elastic.transfer import StateTransfer
 
@@ -150,10 +150,6 @@ REGISTRATION_WAIT_S = 300.0
 """How long a newcomer waits for the leader's answer before it gives up."""
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 class Registration:
     """Finds this worker's first generation and builds its group, in a background thread."""
 
@@ -249,11 +245,9 @@ class Registration:
 
         A restarted job's first generation starts with a world size, never here.
         """
-        leader = self.redis.get(self.keys.leader)
-        if leader is not None and _text(leader) == FINISHED:
+        if text_or_none(self.redis.get(self.keys.leader)) == FINISHED:
             return True
-        state = self.redis.hget(self.keys.meta, "state")
-        return state is not None and _text(state) in ("finished", "stopped")
+        return text_or_none(self.redis.hget(self.keys.meta, "state")) in ("finished", "stopped")
 
     def _first_generation(self, slot: int, n: int) -> Joined:
         self.redis.hset(self.keys.k("gen0members"), str(slot), self.me)
