@@ -35,7 +35,7 @@ from jobs.control.policy import live_policy
 from jobs.control.state import build_snapshot, read_cluster
 from jobs.lifecycle import ESTIMATE_FIELDS, save_estimates
 from jobs.models import Job
-from jobs.progress import total_steps
+from jobs.progress import seconds_left, total_steps
 from scheduler.curves import policy_curve, relative_speeds
 from scheduler.forecast import Forecast, forecast
 from scheduler.types import JobState as ViewState
@@ -71,15 +71,14 @@ def remaining_work(
     """
     if total is None or batch_size <= 0:
         return None
-    samples_left = max(0, total - step) * batch_size
-    top = max([requested, parallelism, *(curve or {})])
-    speeds = relative_speeds(curve, requested, top) if curve else None
-    if samples_per_s and samples_per_s > 0 and parallelism > 0:
-        seconds_here = samples_left / samples_per_s
+    seconds_here = seconds_left(total, step, batch_size, samples_per_s)
+    if seconds_here is not None and parallelism > 0:
+        top = max([requested, parallelism, *(curve or {})])
+        speeds = relative_speeds(curve, requested, top) if curve else None
         rate = speeds[parallelism] if speeds is not None else 1.0
         return seconds_here * rate if rate > 0 else seconds_here
     if curve_known and curve and curve.get(requested, 0.0) > 0:
-        return samples_left / curve[requested]
+        return max(0, total - step) * batch_size / curve[requested]
     return None
 
 
