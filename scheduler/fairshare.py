@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
+from scheduler.named_numbers import named_numbers
+
 #: Usage halves every week unless renewed (Slurm's PriorityDecayHalfLife default).
 FAIR_SHARE_HALF_LIFE = 604_800.0
 
@@ -107,17 +109,7 @@ class FairShare:
 def parse_weights(text: str) -> dict[str, float]:
     """``"a=2,b=1"`` -> weights per tenant; ValueError (one line) on bad input."""
     weights: dict[str, float] = {}
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        name, sep, value = part.partition("=")
-        name = name.strip()
-        if not sep or not name:
-            raise ValueError(f"bad tenant weight {part!r} (use e.g. a=2,b=1)")
-        try:
-            weight = float(value)
-        except ValueError:
-            raise ValueError(f"bad tenant weight {part!r}: not a number") from None
+    for part, name, weight in named_numbers(text, "tenant weight", "a=2,b=1"):
         if not weight >= 0 or math.isinf(weight):
             raise ValueError(f"tenant weight {part!r} must be a finite number >= 0")
         weights[name] = weight

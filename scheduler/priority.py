@@ -26,6 +26,8 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 
+from scheduler.named_numbers import named_numbers
+
 #: Class numbers, in service order.
 HIGH = 0
 NORMAL = 1
@@ -97,17 +99,8 @@ def parse_shares(text: str) -> dict[str, float]:
     shares or shares summing above 1.
     """
     shares: dict[str, float] = {}
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        name, sep, value = part.partition("=")
-        name = name.strip()
-        if not sep or name not in CLASS_PRIORITY:
-            raise ValueError(f"bad priority share {part!r} (use e.g. high=0.1,low=0.3)")
-        try:
-            share = float(value)
-        except ValueError:
-            raise ValueError(f"bad priority share {part!r}: not a number") from None
+    pairs = named_numbers(text, "priority share", "high=0.1,low=0.3", names=CLASS_PRIORITY)
+    for part, name, share in pairs:
         if not 0 <= share <= 1:
             raise ValueError(f"priority share {part!r} must be in [0, 1]")
         shares[name] = share
