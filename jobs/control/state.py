@@ -127,6 +127,20 @@ def _last_state_change(job_ids: set[int]) -> dict[int, datetime]:
     return dict(rows)
 
 
+def _finishing(job_ids: set[int]) -> set[int]:
+    """Which of these running jobs end within ``SCALE_OUT_MIN_SECONDS_LEFT`` at their rate.
+
+    Asked only for running jobs that could still grow, in one query, so the
+    tick does not read every job's arguments.
+    """
+    if not job_ids:
+        return set()
+    rows = Job.objects.filter(pk__in=job_ids).values_list(
+        "pk", "workload", "args", "batch_size", "step", "samples_per_s"
+    )
+    return {pk for pk, *progress in rows if finishing(*progress)}
+
+
 def finishing(
     workload: str, args: Any, batch_size: int, step: int, samples_per_s: float | None
 ) -> bool:
@@ -199,11 +213,6 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
             "profile_state",
             "tenant__profile_jobs",
             "tenant__priority_weight",
-            "workload",
-            "args",
-            "batch_size",
-            "step",
-            "samples_per_s",
         )
     )
     # Quota counts each job's requested share only: GPUs above it are idle extras that
@@ -213,6 +222,13 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
         if row[1] in ACTIVE_STATES:
             in_use[row[3]] = in_use.get(row[3], 0) + min(row[2], row[7])
     holdings = cluster.holdings
+    about_to_end = _finishing(
+        {
+            row[0]
+            for row in rows
+            if row[1] == JobState.RUNNING and row[9] > len(holdings.get(row[0], ()))
+        }
+    )
     since = _last_state_change({row[0] for row in rows if priority_class(row[11]) > AGED_CEILING})
     views: list[JobView] = []
     ids: dict[str, int] = {}
@@ -239,11 +255,6 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
         profile_state,
         tenant_profiles,
         weight,
-        workload,
-        args,
-        batch_size,
-        step,
-        samples_per_s,
     ) in rows:
         if state == JobState.SCALING or profile_state == "requested":
             continue  # switching or profiling: its size belongs to the runtime for now
@@ -258,7 +269,7 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
         book.quota[slug] = quota
         weights[slug] = weight
         book.in_use[slug] = in_use.get(tenant_id, 0)
-        if held and hi > len(held) and finishing(workload, args, batch_size, step, samples_per_s):
+        if held and job_id in about_to_end:
             hi = len(held)  # a newcomer would join a job about to end: no growth
         name = runtime_job_name(job_id)
         profiled = {int(k): float(v) for k, v in (curve_json or {}).items()}
