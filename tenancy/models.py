@@ -251,3 +251,8 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…, {self.scope})"
+
+    @property
+    def audit_label(self) -> str:
+        """How the audit log names a change made with this token (``audit.context``)."""
+        return f"token {self.name} ({self.prefix}…)"

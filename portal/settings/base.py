@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "channels",
     # Our apps, bottom to top: each may import only those above it in this list.
+    "audit",
     "tenancy",
     "inventory",
     "bundles",
@@ -81,6 +82,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Changes made while serving a request are audited as its user's (audit.context).
+    "audit.middleware.AuditContextMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # The portal's own error pages, also under DEBUG (after auth, so they show the header).

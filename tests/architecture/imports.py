@@ -7,7 +7,7 @@ importing late is still a cycle.  Two rules follow from the rings of
 
     client       portalctl                            (no Django; speaks HTTP only)
     cores        fabric ← scheduler ← workers         (no Django)
-    Django apps  utilities ← tenancy ← inventory ← jobs ← portal
+    Django apps  utilities ← audit ← tenancy ← inventory ← jobs ← portal
 
 1. a package imports only packages at its own ring position or below
    (no upward import);
@@ -31,6 +31,7 @@ LAYERS: tuple[str, ...] = (
     "workers",
     "edl",
     "utilities",
+    "audit",
     "tenancy",
     "inventory",
     "bundles",
