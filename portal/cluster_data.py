@@ -33,25 +33,35 @@ DEFAULT_WINDOW = "24h"
 TIMELINE_POINTS = 600
 
 
+def _share(state: str | None, width: int, curve: Any) -> tuple[int, int, float]:
+    """One job's part of the timeline's sums: (queued, GPUs in use, thr(n)/thr(1))."""
+    if state in ACTIVE_STATES:
+        return 0, width, speedup(curve, width)
+    return (1 if state == JobState.QUEUED else 0), 0, 0.0
+
+
 def timeline(since: datetime | None, now: datetime, total_gpus: int) -> dict[str, list[Any]]:
-    """Queue length, GPUs in use and cluster efficiency over [since, now]."""
+    """Queue length, GPUs in use and cluster efficiency over [since, now].
+
+    The sums are kept as the events are replayed (each event moves one job's share),
+    so the cost is linear in the events, not events x jobs.
+    """
     relevant = Job.objects.all()
     if since is not None:
         relevant = relevant.filter(Q(finished_at__isnull=True) | Q(finished_at__gte=since))
     curves = dict(relevant.values_list("pk", "throughput_curve"))
-    events = JobEvent.objects.filter(job_id__in=list(curves)).order_by("at", "id")
+    events = JobEvent.objects.filter(job__in=relevant.values("pk")).order_by("at", "id")
     state: dict[int, str] = {}
     width: dict[int, int] = {}
+    shares: dict[int, tuple[int, int, float]] = {}
+    queued, used, eff = 0, 0, 0.0
     series: dict[str, list[Any]] = {"t": [], "queue": [], "gpus_in_use": [], "efficiency": []}
 
     def emit(at: datetime) -> None:
-        active = [j for j, s in state.items() if s in ACTIVE_STATES]
-        used = sum(width.get(j, 0) for j in active)
-        eff = sum(speedup(curves.get(j), width.get(j, 0)) for j in active)
-        series["t"].append(at.isoformat())
-        series["queue"].append(sum(1 for s in state.values() if s == JobState.QUEUED))
+        series["t"].append(at)
+        series["queue"].append(queued)
         series["gpus_in_use"].append(used)
-        series["efficiency"].append(round(eff / total_gpus, 4) if total_gpus else None)
+        series["efficiency"].append(eff)
 
     started = False
     for job_id, at, to_state, to_parallelism in events.values_list(
@@ -65,6 +75,12 @@ def timeline(since: datetime | None, now: datetime, total_gpus: int) -> dict[str
             state[job_id] = to_state
         if to_parallelism is not None:
             width[job_id] = to_parallelism
+        old = shares.get(job_id, (0, 0, 0.0))
+        new = _share(state.get(job_id), width.get(job_id, 0), curves.get(job_id))
+        shares[job_id] = new
+        queued += new[0] - old[0]
+        used += new[1] - old[1]
+        eff += new[2] - old[2]
         if since is None or at >= since:
             emit(at)
     if not started and since is not None:
@@ -74,6 +90,11 @@ def timeline(since: datetime | None, now: datetime, total_gpus: int) -> dict[str
         step = len(series["t"]) / TIMELINE_POINTS
         keep = sorted({int(i * step) for i in range(TIMELINE_POINTS)} | {len(series["t"]) - 1})
         series = {k: [v[i] for i in keep] for k, v in series.items()}
+    # Formatted once thinned: the replay itself keeps raw times and sums.
+    series["t"] = [at.isoformat() for at in series["t"]]
+    series["efficiency"] = [
+        round(max(e, 0.0) / total_gpus, 4) if total_gpus else None for e in series["efficiency"]
+    ]
     return series
 
 
