@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 #: provider's discovery document offers ("none" and HS256 never).
 ID_TOKEN_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384")
 HTTP_TIMEOUT_SECONDS = 10
-_UNSAFE = re.compile(r"[^\w.@+-]", re.ASCII)
+_UNSAFE = re.compile(r"[^\w.@+-]+", re.ASCII)
 _USERNAME_MAX = 150  # Django's User.username
 
 
