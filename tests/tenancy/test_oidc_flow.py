@@ -244,3 +244,22 @@ def test_on_the_login_page_offers_the_button(sso: Provider, client: Client, db: 
     page = client.get("/login/?next=/usage/").content.decode()
     assert 'href="/oidc/login/?next=/usage/"' in page
     assert "Sign in with SSO" in page
+
+
+def test_a_disabled_user_is_refused_and_gets_no_new_role(
+    sso: Provider, make_tenant: Callable[..., Tenant], client: Client
+) -> None:
+    acme = make_tenant("acme")
+    sso.add_user("carol", "pw", groups=["auditors"])
+    sign_in(client, sso, "carol")
+    carol = signed_in_as(client)
+    carol.is_active = False
+    carol.save()
+    client.logout()
+    sso.add_user("carol", "pw", groups=["ml-leads"])
+
+    answer = sign_in(client, sso, "carol")
+
+    assert answer.status_code == 400 and "this account is disabled" in answer.content.decode()
+    assert signed_in_as(client) is None
+    assert Membership.objects.get(user=carol, tenant=acme).role == Role.VIEWER
