@@ -14,6 +14,7 @@ from django.urls import path, reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET
 
+from audit.context import acting_as, system_actor
 from tenancy.oidc import SsoError, current_config, do_sso_sign_in, finish_sign_in, start_sign_in
 from tenancy.oidc_config import OidcConfig
 
@@ -62,7 +63,9 @@ def sso_callback(request: HttpRequest) -> HttpResponse:
     config = _config()
     try:
         claims = finish_sign_in(request, config)
-        signed_in = do_sso_sign_in(config=config, claims=claims)
+        # No one is signed in yet: the grants are the portal's, on the provider's word.
+        with acting_as(system_actor(f"single sign-on ({config.issuer})")):
+            signed_in = do_sso_sign_in(config=config, claims=claims)
     except SsoError as error:
         return _refused(request, str(error))
     target = _safe_next(request, request.session.pop(NEXT_KEY, None))
