@@ -16,6 +16,7 @@ urlpatterns = [
     path("", portal_views.dashboard, name="dashboard"),
     path("login/", portal_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("oidc/", include("tenancy.oidc_views")),  # single sign-on; 404s while it is off
     path("account/token/", portal_views.api_token, name="api-token"),
     path(
         "account/token/<int:token_id>/revoke/",

@@ -256,3 +256,26 @@ class ApiToken(models.Model):
     def audit_label(self) -> str:
         """How the audit log names a change made with this token (``audit.context``)."""
         return f"token {self.name} ({self.prefix}…)"
+
+
+class OidcIdentity(models.Model):
+    """The portal user a single sign-on subject signs in as (tenancy.oidc).
+
+    The link is the provider's ``(iss, sub)``, never a username or an email: a provider
+    account named ``alice`` must not take over the local ``alice``.
+    """
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="oidc_identity"
+    )
+    issuer = models.CharField(max_length=255)
+    subject = models.CharField(max_length=255)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["issuer", "subject"], name="one_user_per_oidc_subject")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.subject} at {self.issuer}"

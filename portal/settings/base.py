@@ -17,6 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from portal.settings import safety
 from portal.settings.env import env_bool, env_float, env_int, env_list, env_str
+from tenancy.oidc_config import oidc_config
 from utilities import embedded_redis
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
@@ -244,6 +245,30 @@ LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
 API_TOKEN_DAYS = env_int("API_TOKEN_DAYS", 90)  # a new API token's lifetime unless told otherwise
+
+# --- Single sign-on with OpenID Connect (docs/sso.md; tenancy.oidc): off unless both
+# OIDC_ISSUER and OIDC_CLIENT_ID are set.  The issuer's discovery document gives the
+# endpoints unless OIDC_AUTHORIZATION_ENDPOINT, OIDC_TOKEN_ENDPOINT and OIDC_JWKS_URI do;
+# https only (plain http to a loopback host alone).  OIDC_ROLE_MAP="group:tenant:role,..."
+# grants tenant roles (tenancy.oidc_roles); a malformed one stops the start here.
+try:
+    OIDC = oidc_config(
+        issuer=env_str("OIDC_ISSUER"),
+        client_id=env_str("OIDC_CLIENT_ID"),
+        client_secret=env_str("OIDC_CLIENT_SECRET"),
+        scopes=env_str("OIDC_SCOPES", "openid profile email groups"),
+        discovery_url=env_str("OIDC_DISCOVERY_URL"),
+        authorization_endpoint=env_str("OIDC_AUTHORIZATION_ENDPOINT"),
+        token_endpoint=env_str("OIDC_TOKEN_ENDPOINT"),
+        userinfo_endpoint=env_str("OIDC_USERINFO_ENDPOINT"),
+        jwks_uri=env_str("OIDC_JWKS_URI"),
+        username_claim=env_str("OIDC_USERNAME_CLAIM", "preferred_username"),
+        groups_claim=env_str("OIDC_GROUPS_CLAIM", "groups"),
+        role_map=env_str("OIDC_ROLE_MAP"),
+        redirect_uri=env_str("OIDC_REDIRECT_URI"),
+    )
+except ValueError as error:
+    raise ImproperlyConfigured(f"single sign-on: {error}") from None
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
