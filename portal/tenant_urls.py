@@ -5,7 +5,7 @@ from django.urls import path
 from portal import tenant_views
 
 urlpatterns = [
-    path("", tenant_views.tenant_list, name="tenant-list"),
+    path("", tenant_views.tenant_list, name="tenants"),
     path("new/", tenant_views.tenant_new, name="tenant-new"),
     path("<slug:slug>/settings/", tenant_views.tenant_settings, name="tenant-settings"),
     path("<slug:slug>/members/", tenant_views.members, name="tenant-members"),

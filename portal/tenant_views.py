@@ -197,7 +197,7 @@ def tenant_new(request: HttpRequest) -> HttpResponse:
             form.add_error(None, str(refused))
         else:
             messages.success(request, f"Created tenant {created.tenant.slug}.")
-            return redirect("tenant-list")
+            return redirect("tenants")
     return render(
         request,
         "tenants/form.html",
@@ -220,7 +220,7 @@ def tenant_settings(request: HttpRequest, slug: str) -> HttpResponse:
             form.add_error(None, str(refused))
         else:
             messages.success(request, f"Saved the settings of {tenant.slug}.")
-            return redirect("tenant-list")
+            return redirect("tenants")
     return render(
         request,
         "tenants/form.html",
