@@ -11,9 +11,7 @@ from tests.browser.conftest import Driver, Server, login, screenshot
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
 
-def test_an_owner_manages_members_on_the_page(
-    browser: Any, server: Server, driver: Driver
-) -> None:
+def test_an_owner_manages_members_on_the_page(browser: Any, server: Server, driver: Driver) -> None:
     # nora exists (she owns a tenant of her own) but is not in acme
     driver(
         "call",
@@ -41,7 +39,9 @@ def test_an_owner_manages_members_on_the_page(
     row.locator("select[name=role]").select_option("member")
     row.locator("button[type=submit]").click()
     alice.wait_for_load_state()
-    assert alice.locator("#members tbody tr:has-text('nora')").get_attribute("data-role") == "member"
+    assert (
+        alice.locator("#members tbody tr:has-text('nora')").get_attribute("data-role") == "member"
+    )
     screenshot(alice, "tenant-members")
 
     # the last owner cannot step down: the page says why and nothing changes
@@ -63,3 +63,33 @@ def test_an_owner_manages_members_on_the_page(
     assert gone is not None and gone.status == 404
     alice.context.close()
     nora.context.close()
+
+
+def test_an_admin_creates_a_tenant_and_sets_its_quota_on_the_pages(
+    browser: Any, server: Server
+) -> None:
+    root = login(browser, server, "root")
+    root.click("nav a:has-text('Tenants')")
+    root.wait_for_url(server.url + "/tenants/")
+    root.click("a:has-text('New tenant')")
+    root.fill("#id_slug", "browser-made")
+    root.fill("#id_owner", "bob")
+    root.fill("#id_gpu_quota", "3")
+    root.click("#tenant-form button[type=submit]")
+    root.wait_for_url(server.url + "/tenants/")
+    row = root.locator("tr[data-tenant='browser-made']")
+    assert row.locator("[data-field=quota]").inner_text() == "0 / 3"
+    assert row.locator("[data-field=members]").inner_text() == "1"
+
+    row.locator("a:has-text('Settings')").click()
+    root.fill("#id_gpu_quota", "6")
+    root.fill("#id_default_max_restarts", "4")
+    root.fill("#id_max_restarts_ceiling", "2")
+    root.click("#tenant-form button[type=submit]")
+    assert "must not exceed" in root.inner_text("#tenant-form .error")  # refused, shown
+    root.fill("#id_max_restarts_ceiling", "")
+    root.click("#tenant-form button[type=submit]")
+    root.wait_for_url(server.url + "/tenants/")
+    assert root.locator("tr[data-tenant='browser-made'] [data-field=quota]").inner_text() == "0 / 6"
+    screenshot(root, "tenants-admin")
+    root.context.close()

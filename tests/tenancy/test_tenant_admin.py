@@ -252,3 +252,17 @@ def test_django_admin_saves_through_the_service_and_shows_members_read_only(
 
 def test_the_api_settings_and_the_services_name_the_same_fields() -> None:
     assert set(TenantSettingsSerializer().fields) == set(SETTINGS)
+
+
+def test_the_tenant_list_takes_as_many_queries_for_ten_tenants_as_for_one(
+    admin: Any, make_tenant: Callable[..., Tenant], django_assert_num_queries: Any
+) -> None:
+    client = signed_in(admin)
+    make_tenant("t0")
+    client.get("/tenants/")  # the session and user are read once, like every page
+    with django_assert_num_queries(5) as one:  # session, user, nav tenants, tenants, members
+        assert client.get("/tenants/").status_code == 200
+    for n in range(1, 10):
+        make_tenant(f"t{n}")
+    with django_assert_num_queries(len(one.captured_queries)):
+        assert b"t9" in client.get("/tenants/").content
