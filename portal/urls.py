@@ -37,6 +37,7 @@ urlpatterns = [
         cluster_views.server_action,
         name="server-action",
     ),
+    path("tenants/", include("portal.tenant_urls")),  # members; the admins' tenant pages
     path("usage/", usage_views.tenant_usage, name="usage"),
     path("usage/all/", usage_views.cluster_usage, name="usage-all"),
     path("whatif/", whatif_views.whatif, name="whatif"),

@@ -1,4 +1,8 @@
-"""Forms: the login form (rate-limited) and the API token page's new-token form."""
+"""Forms: the login form (rate-limited), the API token page's, and the tenant pages'.
+
+The tenant forms only parse: the services (``tenancy.services``) decide, and
+their refusals are added to the form by the view.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,12 @@ from django import forms
 from django.conf import settings
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
+from django.db import models
 
 from tenancy.login_limits import client_address, is_locked_out, lockout_message
-from tenancy.models import TokenScope
+from tenancy.models import Role, Tenant, TokenScope
+from tenancy.services import IDENTIFIER_MAX
+from tenancy.tenant_settings import SETTINGS
 from tenancy.tokens import MAX_EXPIRY_DAYS, MAX_NAME_LENGTH
 
 
@@ -48,3 +55,62 @@ class RateLimitedAuthenticationForm(AuthenticationForm):
             raise ValidationError(lockout_message(), code=RATE_LIMITED)
         cleaned: dict[str, Any] = super().clean()
         return cleaned
+
+
+def _model_field(name: str) -> forms.Field:
+    """The form field Django makes for ``Tenant.<name>`` (label, help text, bounds)."""
+    model_field = Tenant._meta.get_field(name)
+    field = model_field.formfield() if isinstance(model_field, models.Field) else None
+    if field is None:
+        raise LookupError(f"Tenant.{name} has no form field")
+    return field
+
+
+class InviteMemberForm(forms.Form):
+    """Who to add to a tenant (an existing user) and with which role."""
+
+    identifier = forms.CharField(
+        label="Username or email",
+        max_length=IDENTIFIER_MAX,
+        help_text="An existing account; nobody is created here.",
+    )
+    role = forms.ChoiceField(choices=Role.choices, initial=Role.MEMBER)
+
+
+class RoleForm(forms.Form):
+    """A member's new role."""
+
+    role = forms.ChoiceField(choices=Role.choices)
+
+
+class TenantSettingsForm(forms.Form):
+    """Every tenant setting an admin may change (``tenancy.tenant_settings.SETTINGS``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name in SETTINGS:
+            self.fields[name] = _model_field(name)
+
+
+CREATE_FIELDS = ("name", "gpu_quota", "priority_weight", "max_queued_jobs")
+
+
+class TenantCreateForm(forms.Form):
+    """A new tenant: its slug, name, owner (an existing user) and first limits."""
+
+    slug = forms.SlugField(
+        max_length=50, help_text="Short unique name: lowercase letters, digits, hyphens."
+    )
+    owner = forms.CharField(
+        label="Owner (username or email)",
+        max_length=IDENTIFIER_MAX,
+        help_text="An existing account; it becomes the tenant's first owner.",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name in CREATE_FIELDS:
+            self.fields[name] = _model_field(name)
+        self.fields["name"].required = False
+        self.fields["name"].help_text = "Defaults to the slug."
+        self.fields["max_queued_jobs"].initial = settings.DEFAULT_TENANT_MAX_QUEUED_JOBS

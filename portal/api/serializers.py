@@ -1,4 +1,4 @@
-"""Serializers for tenancy endpoints."""
+"""Serializers for tenancy endpoints: tenants (admins create and configure them), members."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from rest_framework import serializers
 
-from tenancy.models import Membership, Tenant
+from tenancy.models import Membership, Role, Tenant
+from tenancy.services import IDENTIFIER_MAX
+from tenancy.tenant_settings import INT_MAX, NAME_MAX
 
 
 class TenantSerializer(serializers.ModelSerializer[Tenant]):
@@ -25,6 +27,10 @@ class TenantSerializer(serializers.ModelSerializer[Tenant]):
             "priority_weight",
             "role",
             "gpus_in_use",
+            "max_queued_jobs",
+            "profile_jobs",
+            "artifact_retention_days",
+            "log_retention_days",
             "default_max_restarts",
             "max_restarts_ceiling",
             "default_max_runtime_s",
@@ -59,3 +65,88 @@ class MeSerializer(serializers.ModelSerializer[Any]):
     class Meta:
         model = get_user_model()
         fields = ["id", "username", "email", "is_admin", "memberships"]
+
+
+class StrictSerializer(serializers.Serializer[Any]):
+    """A request body whose unknown keys are refused (a typo must not pass as "no change")."""
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """Refuse keys that are not fields of this body."""
+        unknown = sorted(set(self.initial_data) - set(self.fields)) if self.initial_data else []
+        if unknown:
+            names = ", ".join(str(k)[:50] for k in unknown[:5])
+            raise serializers.ValidationError({"non_field_errors": [f"unknown field(s): {names}"]})
+        return attrs
+
+
+def _count(**kwargs: Any) -> serializers.IntegerField:
+    return serializers.IntegerField(min_value=0, max_value=INT_MAX, **kwargs)
+
+
+def _days(**kwargs: Any) -> serializers.IntegerField:
+    return serializers.IntegerField(min_value=1, max_value=INT_MAX, allow_null=True, **kwargs)
+
+
+class TenantSettingsSerializer(StrictSerializer):
+    """Tenant settings an admin changes (PATCH: any of them); null clears the optional ones."""
+
+    name = serializers.CharField(max_length=NAME_MAX, required=False)
+    gpu_quota = _count(required=False)
+    priority_weight = serializers.FloatField(min_value=0, required=False)
+    profile_jobs = serializers.BooleanField(required=False)
+    max_queued_jobs = _count(required=False)
+    artifact_retention_days = _days(required=False)
+    log_retention_days = _days(required=False)
+    default_max_restarts = _count(required=False)
+    max_restarts_ceiling = _count(required=False, allow_null=True)
+    default_max_runtime_s = _days(required=False)
+    max_runtime_ceiling_s = _days(required=False)
+
+
+class TenantCreateSerializer(StrictSerializer):
+    """A new tenant: slug, owner (an existing user's username or email) and its first limits."""
+
+    slug = serializers.SlugField(max_length=50)
+    owner = serializers.CharField(max_length=IDENTIFIER_MAX, help_text="Username or email.")
+    name = serializers.CharField(max_length=NAME_MAX, required=False)
+    gpu_quota = _count(required=False)
+    priority_weight = serializers.FloatField(min_value=0, required=False)
+    profile_jobs = serializers.BooleanField(required=False)
+    max_queued_jobs = _count(required=False)
+
+
+class MemberSerializer(serializers.ModelSerializer[Membership]):
+    """A member of a tenant: who, their role and since when."""
+
+    user_id = serializers.IntegerField(read_only=True)
+    username = serializers.CharField(source="user.username", read_only=True)
+    since = serializers.DateTimeField(source="created_at", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["user_id", "username", "role", "since"]
+        read_only_fields = fields
+
+
+class MemberInviteSerializer(StrictSerializer):
+    """Who to add (an existing user: ``username`` or ``email``, one of them) and the role."""
+
+    username = serializers.CharField(max_length=IDENTIFIER_MAX, required=False)
+    email = serializers.CharField(max_length=IDENTIFIER_MAX, required=False)
+    role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """Exactly one of ``username`` and ``email``."""
+        attrs = super().validate(attrs)
+        given = [k for k in ("username", "email") if attrs.get(k)]
+        if len(given) != 1:
+            raise serializers.ValidationError(
+                {"non_field_errors": ["give exactly one of 'username' and 'email'"]}
+            )
+        return attrs
+
+
+class MemberRoleSerializer(StrictSerializer):
+    """A member's new role."""
+
+    role = serializers.ChoiceField(choices=Role.choices)

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from audit.context import acting_as, system_actor
 from tenancy.services import TenancyError, check_password_strength, do_create_tenant
 
 
@@ -37,17 +38,18 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            if options["password"] is not None:
-                check_password_strength(username=options["owner"], password=options["password"])
-            created = do_create_tenant(
-                slug=options["slug"],
-                owner_username=options["owner"],
-                name=options["name"],
-                password=options["password"],
-                gpu_quota=options["gpu_quota"],
-                max_queued_jobs=options["max_queued_jobs"],
-                profile_jobs=not options["no_profile"],
-            )
+            with acting_as(system_actor("manage.py createtenant")):
+                if options["password"] is not None:
+                    check_password_strength(username=options["owner"], password=options["password"])
+                created = do_create_tenant(
+                    slug=options["slug"],
+                    owner_username=options["owner"],
+                    name=options["name"],
+                    password=options["password"],
+                    gpu_quota=options["gpu_quota"],
+                    max_queued_jobs=options["max_queued_jobs"],
+                    profile_jobs=not options["no_profile"],
+                )
         except TenancyError as exc:
             raise CommandError(str(exc)) from exc
         who = "new user" if created.owner_created else "existing user"

@@ -11,6 +11,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from audit.context import acting_as, system_actor
 from tenancy.models import TokenScope
 from tenancy.services import TenancyError
 from tenancy.token_services import do_issue_token
@@ -42,12 +43,13 @@ class Command(BaseCommand):
         if user is None:
             raise CommandError(f"no user named {options['username']!r}")
         try:
-            secret = do_issue_token(
-                user=user,
-                name=options["name"],
-                scope=options["scope"],
-                expires_in_days=options["expires_in"],
-            )
+            with acting_as(system_actor("manage.py issuetoken")):
+                secret = do_issue_token(
+                    user=user,
+                    name=options["name"],
+                    scope=options["scope"],
+                    expires_in_days=options["expires_in"],
+                )
         except TenancyError as error:
             raise CommandError(str(error)) from None
         self.stdout.write(secret)
