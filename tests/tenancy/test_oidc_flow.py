@@ -17,6 +17,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from joserfc.jwk import RSAKey
 
+from audit.models import AuditEntry
 from tenancy.models import Membership, OidcIdentity, Role, Tenant
 from tenancy.oidc_config import oidc_config
 from tests.tenancy.oidc_provider import Provider
@@ -97,6 +98,11 @@ def test_a_new_user_signs_in_with_the_mapped_role(
     assert f'data-tenant="{acme.pk}"' in client.get("/").content.decode()  # its dashboard
     # PKCE: the verifier went with the code to the token endpoint (the provider checked it).
     assert sso.token_requests[-1]["code_verifier"]
+    # The grant is in the audit log, made by the portal acting for single sign-on.
+    grant = AuditEntry.objects.get(
+        action="membership.add", tenant_id=acme.pk, object_repr__contains="carol"
+    )
+    assert grant.via == f"single sign-on ({sso.issuer})" and grant.after["role"] == Role.MEMBER
 
 
 def test_later_sign_ins_grant_and_raise_but_never_lower_or_remove(
