@@ -398,11 +398,11 @@ def test_a_tenant_cannot_see_or_change_another_tenants_limits(
     assert b.get(f"/api/v1/tenants/{limited.slug}/").status_code == 404
     mine = token_client(alice).get(f"/api/v1/tenants/{limited.slug}/").json()
     assert (mine["default_max_restarts"], mine["max_runtime_ceiling_s"]) == (1, 7200)
-    # Tenants' limits are the cluster admins' to set: the API only reads them.
+    # Tenants' limits are the cluster admins' to set: a member's PATCH is refused.
     refused = token_client(alice).patch(
         f"/api/v1/tenants/{limited.slug}/", {"max_restarts_ceiling": 100}, format="json"
     )
-    assert refused.status_code == 405
+    assert refused.status_code == 403
     limited.refresh_from_db()
     assert limited.max_restarts_ceiling == 3
 
