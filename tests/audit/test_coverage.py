@@ -71,7 +71,7 @@ def test_the_allowlist_names_only_unaudited_functions_that_exist() -> None:
     assert stale == [], f"remove from the allowlist: {stale}"
 
 
-PLANTED = '''
+PLANTED = """
 from audit import services as audit
 from audit.services import record as audit_record
 from jobs.lifecycle import record
@@ -99,7 +99,7 @@ def do_nothing():
 
 def not_a_service():
     pass
-'''
+"""
 
 
 def test_the_checker_follows_imports_and_helpers_and_names_what_is_missing() -> None:
