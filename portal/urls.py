@@ -36,6 +36,7 @@ urlpatterns = [
         cluster_views.server_action,
         name="server-action",
     ),
+    path("audit/", include("portal.audit_views")),  # the audit log and its CSV export
     path("usage/", usage_views.tenant_usage, name="usage"),
     path("usage/all/", usage_views.cluster_usage, name="usage-all"),
     path("whatif/", whatif_views.whatif, name="whatif"),

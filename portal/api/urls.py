@@ -17,5 +17,6 @@ urlpatterns = [
     path("me/", MeView.as_view(), name="me"),
     path("stats/jct/", JctStatsView.as_view(), name="jct-stats"),
     path("usage/", UsageView.as_view(), name="api-usage"),
+    path("", include("portal.api.audit")),  # audit/
     path("", include(router.urls)),
 ]
