@@ -127,7 +127,7 @@ def csv_lines(entries: AuditQuerySet, total: int) -> Iterator[str]:
 
 @login_required
 @require_GET
-def audit_export(request: HttpRequest) -> HttpResponse:
+def audit_export(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     """The filtered audit log as CSV, newest first, streamed and bounded."""
     rows = _rows(request)
     form = AuditFilterForm(request.GET)
