@@ -55,16 +55,37 @@ def _plain(value: str) -> str:
     return value.strip()
 
 
+def _text(placeholder: str) -> forms.TextInput:
+    return forms.TextInput(attrs={"placeholder": placeholder, "size": 14})
+
+
 class AuditFilterForm(forms.Form):
     """The audit log's filters, from a query string; every field is optional."""
 
-    tenant = forms.CharField(required=False, max_length=50, help_text="Tenant slug.")
-    actor = forms.CharField(required=False, max_length=150, help_text="User name, or system.")
-    action = forms.CharField(
-        required=False, max_length=50, help_text="e.g. job.cancel, or job. for every job action."
+    tenant = forms.CharField(
+        required=False, max_length=50, help_text="Tenant slug.", widget=_text("slug")
     )
-    since = forms.CharField(required=False, max_length=40, help_text="ISO 8601 time or date.")
-    until = forms.CharField(required=False, max_length=40, help_text="ISO 8601 time or date.")
+    actor = forms.CharField(
+        required=False, max_length=150, help_text="User name, or system.", widget=_text("user")
+    )
+    action = forms.CharField(
+        required=False,
+        max_length=50,
+        help_text="e.g. job.cancel, or job. for every job action.",
+        widget=_text("job.cancel or job."),
+    )
+    since = forms.CharField(
+        required=False,
+        max_length=40,
+        help_text="ISO 8601 time or date (inclusive).",
+        widget=_text("2026-12-01"),
+    )
+    until = forms.CharField(
+        required=False,
+        max_length=40,
+        help_text="ISO 8601 time or date (inclusive).",
+        widget=_text("2026-12-31"),
+    )
 
     def clean_tenant(self) -> str:
         return _plain(self.cleaned_data["tenant"])
