@@ -1,6 +1,13 @@
-"""Django admin for code bundles (cluster admins see every tenant's uploads here)."""
+"""Django admin for code bundles: cluster admins see every tenant's uploads here, read-only.
+
+Uploads go through ``bundles.services.do_upload`` (which writes the audit row);
+there is no delete path, here or elsewhere: a job may still run the code.
+"""
+
+from typing import Any
 
 from django.contrib import admin
+from django.http import HttpRequest
 
 from bundles.models import CodeBundle
 
@@ -21,3 +28,15 @@ class CodeBundleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "uploaded_by",
         "created_at",
     ]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        """Uploads go through the Code page and the API."""
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Read-only: a bundle's bytes and row never change."""
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """No delete path: it would bypass the audit log and orphan the stored archive."""
+        return False

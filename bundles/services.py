@@ -16,6 +16,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.files.uploadedfile import UploadedFile
 from django.db import IntegrityError, transaction
 
+from audit import services as audit
 from bundles.errors import BundlePermissionError, BundleRefusedError, BundleTenantError
 from bundles.models import CodeBundle
 from tenancy.models import Tenant
@@ -65,7 +66,8 @@ def do_upload(
     """Store ``uploaded_file`` as a bundle of ``tenant``; ``(bundle, created)``.
 
     The same bytes uploaded again to the same tenant return the existing bundle
-    with ``created`` False, and store nothing new.
+    with ``created`` False, and store nothing new (and, changing nothing, leave
+    no audit row); a new bundle is audited as ``code.upload`` with its row.
     """
     if not can_write(user, tenant):
         raise BundlePermissionError(f"your role in tenant {tenant.slug!r} is read-only")
@@ -94,14 +96,27 @@ def do_upload(
         )
         store = artifact_store()
         store.put_file(bundle.store_path, local)
-    return _insert(bundle, store)
+    return _insert(bundle, store, user)
 
 
-def _insert(bundle: CodeBundle, store: ArtifactStore) -> tuple[CodeBundle, bool]:
-    """Write the row of a stored bundle; on failure the stored object goes too."""
+UPLOAD_AUDIT_FIELDS = ("sha256", "kind", "size", "file_count", "unpacked_bytes")
+"""What the audit log keeps of an upload (not the list of files)."""
+
+
+def _insert(
+    bundle: CodeBundle, store: ArtifactStore, user: AbstractBaseUser | AnonymousUser
+) -> tuple[CodeBundle, bool]:
+    """Write the row of a stored bundle and its audit row; on failure the stored object goes too."""
     try:
         with transaction.atomic():
             bundle.save()
+            audit.record(
+                "code.upload",
+                obj=bundle,
+                tenant=bundle.tenant,
+                user=user,
+                after=audit.snapshot(bundle, UPLOAD_AUDIT_FIELDS),
+            )
     except IntegrityError:
         # The same bytes may have just been uploaded by someone else of the tenant:
         # their row owns the (identical) stored object, which must stay.

@@ -93,8 +93,5 @@ class ServerForm(forms.Form):
     node = forms.CharField(max_length=64, label="Node name")
 
 
-SERVER_ACTIONS = {
-    "drain": ("draining", "drained by an admin"),
-    "undrain": ("up", "returned to service by an admin"),
-    "down": ("down", "marked down by an admin"),
-}
+SERVER_ACTIONS = {"drain": "draining", "undrain": "up", "down": "down"}
+"""The topology page's server buttons: action → state (the reason names who: the service)."""

@@ -16,6 +16,8 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from audit import services as audit
+from audit.context import current_actor
 from fabric.errors import TopologyError
 from fabric.topology import FabricSpec
 from inventory.limits import TopologyLimits, TopologyTooLarge, check_topology_size
@@ -24,6 +26,12 @@ from utilities.realtime import CLUSTER_GROUP, broadcast_on_commit
 
 NODE_NAME_MAX = 64
 MISSED_HEARTBEATS = "missed heartbeats"
+STATE_ACTIONS = {
+    ServerState.DRAINING: ("server.drain", "drained"),
+    ServerState.UP: ("server.undrain", "returned to service"),
+    ServerState.DOWN: ("server.down", "marked down"),
+}
+"""A state a person sets: its audit action and the verb of its reason ("drained by alice")."""
 
 
 class InventoryError(ValueError):
@@ -141,15 +149,27 @@ def _create_server(spec: FabricSpec, leaf: int, slot: int, node: str) -> Server:
     return server
 
 
+def inventory_summary() -> dict[str, Any]:
+    """The inventory in a few numbers (the audit log's before/after of a topology load)."""
+    spec = current_spec()
+    return {
+        "fabric": None if spec is None else spec.to_dict(),
+        "servers": Server.objects.count(),
+        "gpus": Gpu.objects.count(),
+    }
+
+
 @transaction.atomic
 def do_load_topology(data: Any) -> LoadResult:
     """Make the inventory match a topology document; idempotent.
 
     Refuses (and changes nothing) when a running job holds a GPU that the new
-    topology would remove or renumber.
+    topology would remove or renumber.  A load that changes something is
+    audited as ``topology.load`` with counts before and after (not the document).
     """
     spec, servers = check_fabric_spec(data)
     fabric = Fabric.objects.select_for_update().filter(pk=1).first()
+    before = inventory_summary()
     allocated = _allocated_gpu_indices()
     wanted = {(leaf, slot): node for leaf, slot, node in servers}
     if fabric is not None and fabric.spec() != spec:
@@ -195,6 +215,14 @@ def do_load_topology(data: Any) -> LoadResult:
         added += 1
     unchanged = not created and not added and not removed
     if not unchanged:
+        audit.record(
+            "topology.load",
+            object_type="inventory.fabric",
+            object_id="1",
+            object_repr=str(Fabric.objects.get(pk=1)),
+            before=before,
+            after={**inventory_summary(), "servers_added": added, "servers_removed": removed},
+        )
         broadcast_on_commit((CLUSTER_GROUP,), {"type": "topology.changed"})
     return LoadResult(created, added, removed, unchanged)
 
@@ -225,6 +253,11 @@ def do_add_server(*, leaf: int, slot: int, node: str) -> Server:
     if Server.objects.filter(node=node).exists():
         raise InventoryError(f"node name {node!r} is already used")
     server = _create_server(spec, leaf, slot, node)
+    audit.record(
+        "server.add",
+        obj=server,
+        after={**audit.snapshot(server, SERVER_AUDIT_FIELDS), "gpus": spec.gpus_per_server},
+    )
     broadcast_on_commit((CLUSTER_GROUP,), {"type": "topology.changed"})
     return server
 
@@ -238,22 +271,46 @@ def do_remove_server(*, node: str) -> None:
     held = set(server.gpu_set.values_list("index", flat=True)) & _allocated_gpu_indices()
     if held:
         raise InventoryError(f"server {node} runs jobs on GPUs {sorted(held)}: drain it first")
+    audit.record(
+        "server.remove",
+        obj=server,
+        before={**audit.snapshot(server, SERVER_AUDIT_FIELDS), "gpus": server.gpu_set.count()},
+    )
     server.delete()
     broadcast_on_commit((CLUSTER_GROUP,), {"type": "topology.changed"})
 
 
+SERVER_AUDIT_FIELDS = ("node", "leaf", "slot", "state", "state_reason")
+
+
 @transaction.atomic
-def do_set_server_state(*, node: str, state: str, reason: str = "by an admin") -> Server:
-    """Mark a server up, draining (jobs migrate off, nothing new lands) or down."""
+def do_set_server_state(
+    *, node: str, state: str, reason: str | None = None, user: Any = None
+) -> Server:
+    """Mark a server up, draining (jobs migrate off, nothing new lands) or down.
+
+    The reason the server shows is ``reason``, else who did it ("drained by
+    alice": ``user``, else the actor of ``audit.context``).  A change is audited
+    as ``server.drain``, ``server.undrain`` or ``server.down``.
+    """
     if state not in ServerState.values:
         raise InventoryError(f"unknown server state {state!r}")
     server = Server.objects.select_for_update().filter(node=node).first()
     if server is None:
         raise InventoryError(f"no server named {node!r}")
     if server.state != state:
+        action, verb = STATE_ACTIONS[ServerState(state)]
+        before = audit.snapshot(server, ("state", "state_reason"))
         server.state = state
-        server.state_reason = reason[:200]
+        server.state_reason = (reason or f"{verb} by {current_actor(user).name}")[:200]
         server.save(update_fields=["state", "state_reason"])
+        audit.record(
+            action,
+            obj=server,
+            user=user,
+            before=before,
+            after=audit.snapshot(server, ("state", "state_reason")),
+        )
         broadcast_on_commit(
             (CLUSTER_GROUP,), {"type": "server.state", "node": node, "state": state}
         )

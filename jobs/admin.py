@@ -1,6 +1,14 @@
-"""Django admin for jobs (read-mostly: state changes go through the services)."""
+"""Django admin for jobs: read-only.
+
+Every change to a job goes through ``jobs.services``, which writes its audit
+row; an admin edit here would bypass both, so the admin may look, not touch
+(cancel or change a job on its page or through the API).
+"""
+
+from typing import Any
 
 from django.contrib import admin
+from django.http import HttpRequest
 
 from jobs.models import Artifact, Job, JobEvent
 
@@ -11,6 +19,9 @@ class JobEventInline(admin.TabularInline):  # type: ignore[type-arg]
     can_delete = False
     readonly_fields = [f.name for f in JobEvent._meta.fields]
 
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
 
 class ArtifactInline(admin.TabularInline):  # type: ignore[type-arg]
     """What the job stored (rows only: deleting here would leave the objects in the store)."""
@@ -20,6 +31,9 @@ class ArtifactInline(admin.TabularInline):  # type: ignore[type-arg]
     can_delete = False
     readonly_fields = [f.name for f in Artifact._meta.fields]
 
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -28,3 +42,15 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     search_fields = ["name"]
     readonly_fields = [f.name for f in Job._meta.fields]
     inlines = [JobEventInline, ArtifactInline]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        """Jobs are submitted through the services (the form, the API)."""
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Read-only: a change here would bypass the services and the audit log."""
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Jobs are never deleted here (their history, usage and audit rows refer to them)."""
+        return False

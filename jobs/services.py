@@ -18,6 +18,8 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 from django.utils import timezone
 
+from audit import services as audit
+from audit.context import current_actor
 from fabric.allocator import clos_shapes
 from inventory.services import current_spec
 from jobs.choices import TERMINAL_STATES, EventKind, JobState, RecoveryMode
@@ -55,6 +57,26 @@ JOB_FIELDS = (
     "max_runtime_s",
     *PROGRAM_FIELDS,
 )
+SUBMIT_AUDIT_FIELDS = (
+    "name",
+    "workload",
+    "args",
+    "code_id",
+    "entrypoint",
+    "launcher",
+    "gpus",
+    "min_gpus",
+    "max_gpus",
+    "batch_size",
+    "priority",
+    "recovery",
+    "checkpoint_interval",
+    "max_restarts",
+    "max_runtime_s",
+)
+"""What the audit log keeps of a submission (``env`` by its names only: values may be secrets)."""
+UPDATE_AUDIT_FIELDS = ("priority", "min_gpus", "max_gpus", "max_restarts", "max_runtime_s")
+"""What ``do_update_job`` may change: the audit row holds the ones that did."""
 
 
 @dataclass(frozen=True)
@@ -367,6 +389,17 @@ def do_submit_job(
         to_state=JobState.PENDING,
     )
     transition(job, JobState.QUEUED, reason="accepted: waiting for GPUs", at=now)
+    audit.record(
+        "job.submit",
+        obj=job,
+        tenant=tenant,
+        user=user,
+        after={
+            **audit.snapshot(job, SUBMIT_AUDIT_FIELDS),
+            "env_names": sorted(job.env),
+            "state": job.state,
+        },
+    )
     broadcast(job, "job.created")
     request_tick()
     return job
@@ -376,8 +409,14 @@ def do_submit_job(
 def do_set_parallelism(
     *, job_id: int, parallelism: int, reason: str, at: datetime | None = None
 ) -> Job:
-    """Record that a running job now holds ``parallelism`` GPUs."""
-    job: Job = Job.objects.select_for_update().get(pk=job_id)
+    """Record that a running job now holds ``parallelism`` GPUs.
+
+    The control plane calls this when the runtime reports a new world size: that
+    is the system, not a person, and leaves no audit row.  A person's or a
+    token's call (a request being served, ``acting_as`` a user) is audited as
+    ``job.scale``.
+    """
+    job: Job = Job.objects.select_for_update().select_related("tenant").get(pk=job_id)
     if job.state not in (JobState.RUNNING, JobState.SCALING):
         raise JobConflictError(f"a {job.state} job has no parallelism to change")
     if parallelism < 1:
@@ -394,6 +433,14 @@ def do_set_parallelism(
             from_parallelism=previous,
             to_parallelism=parallelism,
         )
+        if current_actor().user_id is not None:  # a person, not the control plane
+            audit.record(
+                "job.scale",
+                obj=job,
+                tenant=job.tenant,
+                before={"parallelism": previous},
+                after={"parallelism": parallelism, "reason": reason},
+            )
         broadcast(job, "job.updated")
     return job
 
@@ -411,9 +458,18 @@ def do_cancel_job(*, user: AbstractBaseUser | AnonymousUser, job_id: int, reason
     if job.state in TERMINAL_STATES:
         raise JobConflictError(f"job {job.pk} is already {job.state}")
     why = reason or f"cancelled by {user.get_username()}"
+    before = job.state
     outbox = Outbox()
     outbox.stop_workers(job, release(job), reason=why)  # a graceful stop, GPUs freed
     transition(job, JobState.CANCELLED, reason=why, at=timezone.now())
+    audit.record(
+        "job.cancel",
+        obj=job,
+        tenant=job.tenant,
+        user=user,
+        before={"state": before},
+        after={"state": job.state, "reason": why},
+    )
     outbox.send_on_commit()
     broadcast(job, "job.updated")
     request_tick()
@@ -463,6 +519,7 @@ def do_update_job(
         errors.add("max_runtime_s", f"Must be between 1 and {MAX_RUNTIME_S}.")
     _check_ceilings(job.tenant, max_restarts, max_runtime_s, errors)
     errors.raise_if_any()
+    before = audit.snapshot(job, UPDATE_AUDIT_FIELDS)
     now = timezone.now()
     if priority is not None and priority != job.priority:
         record(
@@ -484,6 +541,9 @@ def do_update_job(
         job.min_gpus, job.max_gpus = new_min, new_max
     _update_limits(job, max_restarts, max_runtime_s, now)
     job.save()
+    old, new = audit.changed(before, audit.snapshot(job, UPDATE_AUDIT_FIELDS))
+    if new:  # a request that changes nothing is no change
+        audit.record("job.update", obj=job, tenant=job.tenant, user=user, before=old, after=new)
     broadcast(job, "job.updated")
     return job
 

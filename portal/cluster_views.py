@@ -160,8 +160,8 @@ def server_action(request: HttpRequest, node: str, action: str) -> HttpResponse:
             do_remove_server(node=node)
             messages.success(request, f"Server {node} removed.")
         elif action in SERVER_ACTIONS:
-            state, reason = SERVER_ACTIONS[action]
-            do_set_server_state(node=node, state=state, reason=reason)
+            state = SERVER_ACTIONS[action]
+            do_set_server_state(node=node, state=state, user=request.user)  # "drained by alice"
             messages.success(request, f"Server {node} is now {state}.")
         else:
             raise Http404("unknown action")

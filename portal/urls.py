@@ -38,6 +38,7 @@ urlpatterns = [
         name="server-action",
     ),
     path("tenants/", include("portal.tenant_urls")),  # members; the admins' tenant pages
+    path("audit/", include("portal.audit_views")),  # the audit log and its CSV export
     path("usage/", usage_views.tenant_usage, name="usage"),
     path("usage/all/", usage_views.cluster_usage, name="usage-all"),
     path("whatif/", whatif_views.whatif, name="whatif"),

@@ -14,6 +14,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from audit import services as audit
 from tenancy.models import ApiToken, TokenScope
 from tenancy.services import TenancyError
 from tenancy.tokens import (
@@ -26,6 +27,9 @@ from tenancy.tokens import (
     new_secret,
     refusal,
 )
+
+TOKEN_AUDIT_FIELDS = ("name", "scope", "prefix", "expires_at")
+"""What the audit log keeps of a token: never its secret nor its hash."""
 
 DEFAULT_NAME = "default"
 """The name ``do_issue_token`` gives when none is asked for (then ``default-2``, ...)."""
@@ -98,6 +102,12 @@ def do_create_token(
                 created_at=now,
                 expires_at=expiry(now, days),
             )
+            audit.record(
+                "token.create",
+                obj=token,
+                user=user,
+                after=audit.snapshot(token, TOKEN_AUDIT_FIELDS),
+            )
     except IntegrityError:  # the same name made at the same moment by another request
         raise TenancyError(f"you already have a token named {name!r}") from None
     return IssuedToken(token=token, secret=secret)
@@ -141,12 +151,23 @@ def do_issue_token(
     return issued.secret
 
 
+@transaction.atomic
 def do_revoke_token(*, user: AbstractBaseUser | AnonymousUser, token_id: int) -> ApiToken:
-    """Revoke one of ``user``'s tokens (another user's is ``ApiToken.DoesNotExist``)."""
-    token = ApiToken.objects.restrict(user).get(pk=token_id)
+    """Revoke one of ``user``'s tokens (another user's is ``ApiToken.DoesNotExist``).
+
+    Revoking a revoked token changes nothing and leaves no audit row.
+    """
+    token = ApiToken.objects.restrict(user).select_for_update().get(pk=token_id)
     if token.revoked_at is None:
         token.revoked_at = timezone.now()
         token.save(update_fields=["revoked_at"])
+        audit.record(
+            "token.revoke",
+            obj=token,
+            user=user,
+            before={"revoked_at": None},
+            after=audit.snapshot(token, ["revoked_at"]),
+        )
     return token
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from portal.api.schema import HTTP_METHODS
 
 SUMMARIES: dict[str, str] = {
+    "v1_audit_list": "The audit log: who changed what, filtered (admins, tenant owners)",
     "v1_code_list": "List your tenant's uploaded programs",
     "v1_code_create": "Upload a program (a .tar.gz or .zip)",
     "v1_code_retrieve": "Show one uploaded program and its files",

@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from audit.context import acting_as, system_actor
 from inventory.limits import TopologyLimits, TopologyTooLarge, check_document_size
 from inventory.services import InventoryError, do_load_topology
 from utilities.bounded_json import JsonRefused, loads
@@ -43,7 +44,8 @@ class Command(BaseCommand):
         except RecursionError:  # PyYAML composes nested nodes recursively
             raise CommandError(f"{path} is nested too deeply") from None
         try:
-            result = do_load_topology(data)
+            with acting_as(system_actor("manage.py loadtopology")):
+                result = do_load_topology(data)
         except InventoryError as exc:
             raise CommandError(str(exc)) from None
         if result.unchanged:

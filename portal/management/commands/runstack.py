@@ -16,6 +16,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 from django.db.models import Count
 
+from audit.context import acting_as, system_actor
 from jobs.lifecycle import TICK_QUEUE
 from portal.demo import ensure_demo_data, ensure_demo_fabric
 from portal.stack import Keeper, ProcessSpec, Stack, python_module
@@ -130,9 +131,10 @@ class Command(BaseCommand):
             ensure_running(settings.DATA_DIR)
             keepers.append(lambda: restart_if_dead(settings.DATA_DIR))
         call_command("migrate", interactive=False, verbosity=0)
-        demo = ensure_demo_data(external_database=bool(settings.DATABASE_URL))
-        if not options["no_demo_fabric"]:
-            ensure_demo_fabric()
+        with acting_as(system_actor("manage.py runstack")):  # the demo's tenant and fabric
+            demo = ensure_demo_data(external_database=bool(settings.DATABASE_URL))
+            if not options["no_demo_fabric"]:
+                ensure_demo_fabric()
         env = {
             "DJANGO_SETTINGS_MODULE": os.environ.get(
                 "DJANGO_SETTINGS_MODULE", "portal.settings.dev"
