@@ -13,6 +13,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from rest_framework.authtoken.models import TokenProxy
 
@@ -20,6 +21,7 @@ from tenancy.errors import TenancyError
 from tenancy.models import ApiToken, Membership, Tenant
 from tenancy.services import do_update_tenant
 from tenancy.tenant_settings import SETTINGS, check_settings
+from tenancy.token_services import do_revoke_any_token
 
 
 class MembershipInline(admin.TabularInline):  # type: ignore[type-arg]
@@ -111,13 +113,37 @@ if admin.site.is_registered(TokenProxy):
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """Admins see and revoke tokens (set "revoked at"); secrets are never stored to show."""
+    """Admins see tokens and revoke them with the "Revoke" action (through the audited
+    service); no field is edited here, and secrets are never stored to show."""
 
-    list_display = ["user", "name", "scope", "prefix", "created_at", "expires_at", "last_used_at"]
+    list_display = [
+        "user",
+        "name",
+        "scope",
+        "prefix",
+        "created_at",
+        "expires_at",
+        "last_used_at",
+        "revoked_at",
+    ]
     list_filter = ["scope"]
     search_fields = ["user__username", "name", "prefix"]
-    readonly_fields = ["user", "name", "scope", "prefix", "created_at", "last_used_at"]
+    actions = ["revoke"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         """Tokens are made by their users (the token page, the API, ``issuetoken``)."""
         return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Read-only: a change here would bypass the audit log."""
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Tokens are revoked, never deleted (their history stays)."""
+        return False
+
+    @admin.action(description="Revoke the selected tokens", permissions=["view"])
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
+        """Revoke each selected token through ``do_revoke_any_token`` (one audit row each)."""
+        for token_id in queryset.values_list("pk", flat=True):
+            do_revoke_any_token(admin=request.user, token_id=token_id)  # type: ignore[arg-type]

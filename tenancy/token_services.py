@@ -158,6 +158,20 @@ def do_revoke_token(*, user: AbstractBaseUser | AnonymousUser, token_id: int) ->
     Revoking a revoked token changes nothing and leaves no audit row.
     """
     token = ApiToken.objects.restrict(user).select_for_update().get(pk=token_id)
+    return _revoke(token, user)
+
+
+@transaction.atomic
+def do_revoke_any_token(*, admin: AbstractBaseUser, token_id: int) -> ApiToken:
+    """A cluster admin revokes anyone's token (the Django admin's action); others are refused."""
+    if not getattr(admin, "is_staff", False):
+        raise TenancyError("only a cluster admin may revoke another user's token")
+    token = ApiToken.objects.select_for_update().get(pk=token_id)
+    return _revoke(token, admin)
+
+
+def _revoke(token: ApiToken, user: AbstractBaseUser | AnonymousUser) -> ApiToken:
+    """Mark ``token`` revoked now and record it, unless it is revoked already."""
     if token.revoked_at is None:
         token.revoked_at = timezone.now()
         token.save(update_fields=["revoked_at"])
