@@ -20,5 +20,6 @@ urlpatterns = [
     path("usage/", UsageView.as_view(), name="api-usage"),
     path("tenants/<slug:slug>/members/", members.members, name="tenant-member-list"),
     path("tenants/<slug:slug>/members/<int:user_id>/", members.member, name="tenant-member-detail"),
+    path("", include("notifications.api")),  # /api/v1/subscriptions/
     path("", include(router.urls)),
 ]
