@@ -302,3 +302,23 @@ def test_private_addresses_are_refused_when_the_operator_says_so(
     assert result is not None and not result.outcome.ok
     assert "non-public address (127.0.0.1)" in result.outcome.error
     assert receiver.requests == []
+
+
+def test_the_sweep_enqueues_a_delivery_whose_task_was_lost(
+    alice: Any,
+    subscribe: Callable[..., Subscription],
+    receiver: Receiver,
+    portal_queue: Any,
+) -> None:
+    from notifications.services import do_send_test_event
+    from notifications.tasks import sweep
+
+    sub = subscribe(alice, events=["completed"], url=receiver.url)
+    lost = do_send_test_event(subscription=sub, now=timezone.now() - timedelta(minutes=5))
+    fresh = do_send_test_event(subscription=sub, now=timezone.now())  # its own task is on its way
+    assert sweep() == {"queued_long": 0, "requeued": 1}
+    assert ("notifications.deliver", [lost.pk]) in queued_tasks(portal_queue)
+    assert deliver(lost.pk) == "delivered"
+    assert deliver(lost.pk) == "skipped"  # a second copy of the task sends nothing
+    assert Delivery.objects.get(pk=fresh.pk).attempts == 0
+    assert len(receiver.requests) == 1
