@@ -34,6 +34,8 @@ from django.db import transaction
 from django.db.models import F, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 
+from audit.services import record as audit_record
+from audit.services import snapshot
 from jobs.choices import JobState
 from jobs.models import Job, JobEvent
 from notifications import events as notices
@@ -60,6 +62,8 @@ CLAIM_S = 120.0
 SWEEP_GRACE_S = 60.0
 """The sweep re-enqueues a delivery only when it has been due this long (its own task is lost)."""
 SWEEP_BATCH = 500
+AUDITED_FIELDS = ("owner_id", "tenant_id", "events", "queued_minutes", "channel", "url", "email")
+"""What the audit log keeps of a subscription: never its secret."""
 
 
 class NotificationError(ValueError):
@@ -180,7 +184,7 @@ def do_create_subscription(
         raise NotificationError(
             "non_field_errors", f"You have {MAX_SUBSCRIPTIONS_PER_USER} subscriptions already."
         )
-    return Subscription.objects.create(
+    subscription = Subscription.objects.create(
         owner_id=owner.pk,
         tenant=spec.tenant,
         events=list(spec.events),
@@ -191,11 +195,26 @@ def do_create_subscription(
         secret=new_secret() if spec.channel == Channel.WEBHOOK else "",
         created_at=now,
     )
+    audit_record(
+        "subscription.create",
+        obj=subscription,
+        tenant=spec.tenant,
+        after=snapshot(subscription, AUDITED_FIELDS),
+        user=owner,
+    )
+    return subscription
 
 
 @transaction.atomic
 def do_delete_subscription(*, subscription: Subscription) -> None:
     """Delete a subscription and its delivery log; pending retries stop."""
+    audit_record(
+        "subscription.delete",
+        obj=subscription,
+        tenant=subscription.tenant,
+        before=snapshot(subscription, AUDITED_FIELDS),
+        user=subscription.owner,
+    )
     subscription.delete()
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from audit.models import AuditEntry
 from notifications.models import Delivery, Subscription
 from notifications.services import do_attempt_delivery
 from notifications.signing import verify
@@ -43,6 +44,20 @@ def test_create_list_retrieve_and_delete(
     assert client.get(f"{URL}{created['id']}/").json()["secret"] == created["secret"]
     assert client.delete(f"{URL}{created['id']}/").status_code == 204
     assert not Subscription.objects.exists()
+    # One audit row each, with the fields before/after and never the secret.
+    made, gone = AuditEntry.objects.order_by("id")
+    assert (made.action, made.actor_name, made.tenant_slug) == (
+        "subscription.create",
+        "alice",
+        "acme",
+    )
+    assert made.after["url"] == receiver.url and made.after["events"] == ["completed", "failed"]
+    assert (gone.action, gone.before["channel"], gone.after) == (
+        "subscription.delete",
+        "webhook",
+        {},
+    )
+    assert created["secret"] not in json.dumps([made.after, gone.before])
 
 
 def test_an_email_subscription_defaults_to_the_users_address(
@@ -96,6 +111,7 @@ def test_bad_input_is_a_400_naming_the_field_and_creates_nothing(
     assert field in answer.json()["errors"], answer.json()
     assert words in answer.json()["message"]
     assert not Subscription.objects.exists()
+    assert not AuditEntry.objects.exists()
 
 
 def test_another_tenants_user_cannot_see_test_or_delete_it(
@@ -114,6 +130,7 @@ def test_another_tenants_user_cannot_see_test_or_delete_it(
     assert intruder.delete(f"{URL}{sub.pk}/").status_code == 404
     assert Subscription.objects.filter(pk=sub.pk).exists()
     assert not Delivery.objects.exists()
+    assert not AuditEntry.objects.filter(action="subscription.delete").exists()
 
 
 def test_an_admin_sees_only_their_own_but_may_subscribe_to_any_tenant(
