@@ -44,6 +44,7 @@ urlpatterns = [
     path("whatif/", whatif_views.whatif, name="whatif"),
     path("whatif/<str:run_id>/", whatif_views.whatif_run, name="whatif-run"),
     path("whatif/<str:run_id>.json", whatif_views.whatif_run_json, name="whatif-run-json"),
+    path("", include("notifications.urls")),  # /account/notifications/
     path("", include("bundles.urls")),  # the Code page and /api/v1/code/
     path("api/v1/", include("portal.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

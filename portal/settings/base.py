@@ -17,6 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from portal.settings import safety
 from portal.settings.env import env_bool, env_float, env_int, env_list, env_str
+from portal.settings.mail import mail_settings
 from tenancy.oidc_config import oidc_config
 from utilities import embedded_redis
 
@@ -73,6 +74,7 @@ INSTALLED_APPS = [
     "inventory",
     "bundles",
     "jobs",
+    "notifications",
     "portal",
 ]
 
@@ -238,6 +240,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 3600.0,
         "options": {"queue": "portal", "expires": 3600.0},
     },
+    # Jobs queued past a subscription's threshold, and webhook retries that are due.
+    "notifications-sweep": {
+        "task": "notifications.sweep",
+        "schedule": 60.0,
+        "options": {"queue": "portal", "expires": 60.0},
+    },
 }
 
 # --- Auth and API.
@@ -380,6 +388,34 @@ WHATIF_MAX_GPUS = env_int("WHATIF_MAX_GPUS", 16_384)
 WHATIF_MAX_LEAVES = env_int("WHATIF_MAX_LEAVES", 512)
 # Predicted start/finish (jobs.forecast), on the whatif queue: refreshed at most this often.
 FORECAST_SECONDS = env_float("FORECAST_SECONDS", 10.0)
+# --- Notifications (docs/notifications.md): webhooks and email about jobs' events.
+# Links in notifications point here (the address people reach the portal at).
+PORTAL_BASE_URL = env_str("PORTAL_BASE_URL", "http://127.0.0.1:8000").rstrip("/")
+WEBHOOK_TIMEOUT_S = env_float("WEBHOOK_TIMEOUT_S", 5.0)
+# A failed delivery is tried again after 30 s, 60 s, 120 s ... (at most WEBHOOK_RETRY_MAX_S
+# apart) until this long after the event, then given up.
+WEBHOOK_RETRY_FOR_S = env_int("WEBHOOK_RETRY_FOR_S", 86400)
+WEBHOOK_RETRY_BASE_S = env_float("WEBHOOK_RETRY_BASE_S", 30.0)
+WEBHOOK_RETRY_MAX_S = env_float("WEBHOOK_RETRY_MAX_S", 1800.0)
+# Off: a webhook whose host resolves to a loopback, private or link-local address is refused.
+WEBHOOK_ALLOW_PRIVATE = env_bool("WEBHOOK_ALLOW_PRIVATE", True)
+# Email through Django's mail: EMAIL_URL (smtp://user:password@host:587?tls=1,
+# smtps://... for implicit TLS) or the usual EMAIL_HOST, EMAIL_PORT, ... variables.
+_mail = mail_settings(
+    url=env_str("EMAIL_URL"),
+    host=env_str("EMAIL_HOST", "localhost"),
+    port=env_int("EMAIL_PORT", 25),
+    user=env_str("EMAIL_HOST_USER"),
+    password=env_str("EMAIL_HOST_PASSWORD"),
+    use_tls=env_bool("EMAIL_USE_TLS", False),
+    use_ssl=env_bool("EMAIL_USE_SSL", False),
+)
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST, EMAIL_PORT = _mail.host, _mail.port
+EMAIL_HOST_USER, EMAIL_HOST_PASSWORD = _mail.user, _mail.password
+EMAIL_USE_TLS, EMAIL_USE_SSL = _mail.use_tls, _mail.use_ssl
+EMAIL_TIMEOUT = env_float("EMAIL_TIMEOUT", 10.0)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "gpu-portal@localhost")
 # ``/metrics``: a scraper sends ``Authorization: Bearer <METRICS_TOKEN>``; unset, only an
 # admin's session may read it.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")

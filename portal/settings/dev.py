@@ -8,5 +8,8 @@ local one is kept in the data directory) and ALLOWED_HOSTS must stay loopback-on
 import os
 
 os.environ.setdefault("DEBUG", "1")
+# Mail is printed on the console unless EMAIL_BACKEND (or EMAIL_URL/EMAIL_HOST) says otherwise.
+if not (os.environ.get("EMAIL_URL") or os.environ.get("EMAIL_HOST")):
+    os.environ.setdefault("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 
 from portal.settings.base import *  # noqa: F403

@@ -55,7 +55,16 @@ WRITE_METHODS = frozenset(
         "update_or_create",
     }
 )
-APP_PACKAGES = ("utilities", "tenancy", "inventory", "bundles", "jobs", "portal")
+APP_PACKAGES = (
+    "utilities",
+    "audit",
+    "tenancy",
+    "inventory",
+    "bundles",
+    "jobs",
+    "notifications",
+    "portal",
+)
 SETUP_PACKAGES = ("tests", "bench", "conftest")  # fixtures may build rows directly
 
 

@@ -1,0 +1,1 @@
+"""Notifications: users subscribe to their jobs' events and hear of them by webhook or email."""

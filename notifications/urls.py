@@ -1,0 +1,24 @@
+"""Routes of the notifications pages (one include in portal.urls)."""
+
+from django.urls import path
+
+from notifications import views
+
+urlpatterns = [
+    path("account/notifications/", views.subscriptions_page, name="notifications"),
+    path(
+        "account/notifications/<int:subscription_id>/",
+        views.subscription_detail,
+        name="notification-detail",
+    ),
+    path(
+        "account/notifications/<int:subscription_id>/test/",
+        views.subscription_test,
+        name="notification-test",
+    ),
+    path(
+        "account/notifications/<int:subscription_id>/delete/",
+        views.subscription_delete,
+        name="notification-delete",
+    ),
+]
