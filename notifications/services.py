@@ -233,6 +233,13 @@ def do_send_test_event(*, subscription: Subscription, now: datetime) -> Delivery
         next_attempt_at=now,
         created_at=now,
     )
+    audit_record(
+        "subscription.test",
+        obj=subscription,
+        tenant=subscription.tenant,
+        after={"event_id": event_id},
+        user=subscription.owner,
+    )
     enqueue_delivery_on_commit(delivery.pk)
     return delivery
 

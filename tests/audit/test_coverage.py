@@ -35,6 +35,11 @@ SYSTEM_WRITES = {
     # Authentication notes a token's last use (at most once a minute): bookkeeping, no change
     # a person makes.
     "tenancy.token_services.do_use_token",
+    # Notifications' Celery tasks: fanning a job event out to subscriptions, a delivery
+    # attempt, the sweep of jobs queued too long. The portal acting on events, not a person.
+    "notifications.services.do_fan_out_job_event",
+    "notifications.services.do_attempt_delivery",
+    "notifications.services.do_sweep_queued_long",
 }
 """Writes of the system itself, which the audit log leaves out (docs/audit.md)."""
 

@@ -174,6 +174,9 @@ def test_the_test_button_sends_a_signed_test_event(
         sub.secret, headers["X-Portal-Timestamp"], request.body, headers["X-Portal-Signature"]
     )
     assert json.loads(request.body)["type"] == "job.test"
+    [row] = AuditEntry.objects.filter(action="subscription.test")
+    assert (row.actor_name, row.object_id) == ("alice", str(sub.pk))
+    assert row.after["event_id"] == delivery.event_id
     log = client.get(f"{URL}{sub.pk}/deliveries/").json()["results"]
     assert [(d["event_type"], d["state"]) for d in log] == [("test", "delivered")]
 
