@@ -96,9 +96,10 @@ class SimConfig:
     ``elastic`` gives every job a speed table from the throughput model with
     ``max_scale`` x requested GPUs at most (``max_scale <= 0``: bounded by the
     curve only, up to where the next GPU adds no throughput) and
-    ``min_fraction`` x requested at least; ``sample_every`` thins the time series (seconds).  ``placement``
-    names the placement (``count``, ``consolidated``, ``vclos``, ``ecmp``);
-    the fabric ones need ``fabric``, and ``seed`` is ECMP's hash seed.
+    ``min_fraction`` x requested at least; ``sample_every`` thins the time
+    series (seconds).  ``placement`` names the placement (``count``,
+    ``consolidated``, ``vclos``, ``ecmp``); the fabric ones need ``fabric``,
+    and ``seed`` is ECMP's hash seed.
     ``tenant_weights`` turns tenant fair share on (usage decays with
     ``half_life`` seconds; the simulator keeps it from its running jobs).
     """

@@ -7,6 +7,10 @@ only bound; ``--max-scale K`` also caps a job at ``K`` x its request.
 
 from __future__ import annotations
 
+import csv
+import json
+from pathlib import Path
+
 import pytest
 
 from scheduler.cli import build_parser, main
@@ -103,3 +107,27 @@ def test_bad_max_scale_is_a_one_line_error(text: str, capsys: pytest.CaptureFixt
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "--max-scale" in err and len(err.splitlines()) == 1
+
+
+def _cli_summary(capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, float]:
+    argv = ["simulate", "--trace-format", "poisson", "--jobs", "100", "--load", "0.3", "--servers"]
+    assert main([*argv, "4", "--gpus-per-server", "8", "--policy", "elastic-tiresias", "--json",
+                 *extra]) == 0  # fmt: skip
+    out: dict[str, float] = json.loads(capsys.readouterr().out)
+    return out
+
+
+def test_the_command_lines_default_is_the_curve(capsys: pytest.CaptureFixture[str]) -> None:
+    default = _cli_summary(capsys)
+    assert default == _cli_summary(capsys, "--max-scale", "curve")
+    assert default["avg_jct"] < _cli_summary(capsys, "--max-scale", "2")["avg_jct"]
+
+
+def test_jobs_csv_splits_each_jct_into_run_time_and_waiting(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.csv"
+    argv = ["simulate", "--trace-format", "edl-synthetic", "--servers", "2", "--gpus-per-server"]
+    assert main([*argv, "8", "--policy", "tiresias", "--json", "--jobs-csv", str(path)]) == 0
+    rows = list(csv.DictReader(path.open()))
+    assert len(rows) == 16
+    assert all(0 < float(r["run_time"]) <= float(r["jct"]) + 1e-6 for r in rows)
+    assert any(float(r["run_time"]) < float(r["jct"]) - 1 for r in rows)  # 16 GPUs, 64 asked
