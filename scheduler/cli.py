@@ -46,6 +46,12 @@ from scheduler.traces import (
 )
 
 PLACEMENTS = SIM_PLACEMENTS
+#: Elastic scale-out bound (``--max-scale``): 0 is "bounded by the throughput curve only",
+#: EDL's R2 ("idle GPUs go to the largest marginal speedup until no gain is positive"; the
+#: paper names no multiple of the request).  ``SimConfig``'s own default stays 2.0 (the
+#: what-if page and the forecast use it); docs/results.md §11 measures both.
+DEFAULT_MAX_SCALE = 0.0
+DEFAULT_MAX_SCALE_TEXT = "curve" if DEFAULT_MAX_SCALE == 0 else f"{DEFAULT_MAX_SCALE:g}"
 EPILOG = (
     "Bad rows (negative durations, unparsable numbers, jobs larger than the cluster) are "
     "skipped and counted in the output by default; with --on-error fail the first one is an "
@@ -102,6 +108,23 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
     if v <= 0:
         raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return v
+
+
+def _max_scale(text: str) -> float:
+    """``--max-scale``: ``curve`` (or 0) is bounded by the throughput curve only; K >= 1 caps at K x."""
+    if text.strip().lower() == "curve":
+        return 0.0
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"bad --max-scale {text!r} (use curve, or a multiple of the request >= 1)"
+        ) from None
+    if v != 0 and not 1 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"--max-scale must be curve (or 0), or a multiple >= 1: {text!r}"
+        )
     return v
 
 
@@ -165,7 +188,12 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="elastic: r, fewest GPUs as share of request",
     )
     p.add_argument(
-        "--max-scale", type=float, default=2.0, help="elastic: most GPUs as multiple of request"
+        "--max-scale",
+        type=_max_scale,
+        default=DEFAULT_MAX_SCALE,
+        help="elastic: how far scale-out may grow a job: 'curve' (or 0) while its throughput "
+        "curve still rises (EDL's R2, 'until no gain is positive'), or K: at most K x its "
+        f"request, and never past where its curve stops rising (default {DEFAULT_MAX_SCALE_TEXT})",
     )
     p.add_argument("--cost", choices=("free", "stop-free", "stop-resume"), default="free")
     p.add_argument("--tick", type=float, help="also schedule every TICK seconds")
@@ -355,12 +383,14 @@ def _write_jobs_csv(results: Sequence[SimResult], path: Path) -> None:
     with path.open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["policy", "job", "submit", "start", "end", "jct", "gpus", "duration", "model",
-                    "preemptions", "scale_events", "class", "tenant", "restarts", "failed"])  # fmt: skip
+                    "preemptions", "scale_events", "class", "tenant", "restarts", "failed",
+                    "run_time"])  # fmt: skip
         for res in results:
             for j in (*res.jobs, *res.failed):
                 w.writerow([res.policy, j.id, j.submit, j.start, j.end, round(j.jct, 4), j.gpus,
                             j.duration, j.model, j.preemptions, j.scale_events,
-                            CLASS_NAMES[j.klass], j.tenant, j.restarts, j.failed])  # fmt: skip
+                            CLASS_NAMES[j.klass], j.tenant, j.restarts, j.failed,
+                            round(j.run_time, 4)])  # fmt: skip
 
 
 def _write_series_csv(results: Sequence[SimResult], path: Path) -> None:

@@ -34,6 +34,7 @@ ids, with ECMP link contention).  Scaling and preemption costs are parameters
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import statistics
@@ -47,6 +48,7 @@ from scheduler.fabric_placement import Contention, sim_placement
 from scheduler.fairshare import FAIR_SHARE_HALF_LIFE, FairShare
 from scheduler.placement import CountOnly, SimPlacement
 from scheduler.policies.base import Plan, Policy
+from scheduler.policies.elastic import curve_limit
 from scheduler.priority import CLASS_NAMES, NORMAL, priority_class
 from scheduler.records import JobRecord
 from scheduler.throughput import (
@@ -92,10 +94,12 @@ class SimConfig:
     """Simulation knobs.
 
     ``elastic`` gives every job a speed table from the throughput model with
-    ``max_scale`` x requested GPUs at most and ``min_fraction`` x requested at
-    least; ``sample_every`` thins the time series (seconds).  ``placement``
-    names the placement (``count``, ``consolidated``, ``vclos``, ``ecmp``);
-    the fabric ones need ``fabric``, and ``seed`` is ECMP's hash seed.
+    ``max_scale`` x requested GPUs at most (``max_scale <= 0``: bounded by the
+    curve only, up to where the next GPU adds no throughput) and
+    ``min_fraction`` x requested at least; ``sample_every`` thins the time
+    series (seconds).  ``placement`` names the placement (``count``,
+    ``consolidated``, ``vclos``, ``ecmp``); the fabric ones need ``fabric``,
+    and ``seed`` is ECMP's hash seed.
     ``tenant_weights`` turns tenant fair share on (usage decays with
     ``half_life`` seconds; the simulator keeps it from its running jobs).
     """
@@ -133,6 +137,7 @@ class JobResult:
     klass: int = NORMAL
     restarts: int = 0
     failed: str = ""  # why the job failed ("" when it completed)
+    run_time: float = 0.0  # seconds it held GPUs; jct - run_time is time spent waiting
 
     @property
     def jct(self) -> float:
@@ -172,13 +177,24 @@ def _make_record(idx: int, job: TraceJob, cfg: SimConfig, elastic: bool) -> JobR
     return rec
 
 
+@functools.lru_cache(maxsize=4096)
+def _curve_top(model: str, requested: int, total: int, gpus_per_server: int) -> int:
+    """Most GPUs a job may reach when only its throughput curve bounds scale-out."""
+    return max(
+        requested,
+        curve_limit(lambda n: speedup_over_one(model, n, gpus_per_server), requested, total),
+    )
+
+
 def _new_record(idx: int, job: TraceJob, cfg: SimConfig, elastic: bool) -> JobRecord:
     klass = NORMAL if job.priority is None else priority_class(job.priority)
     if elastic:
-        top = max(job.gpus, int(job.gpus * cfg.max_scale))
-        top = min(top, cfg.total_gpus)
-        low = max(1, math.ceil(job.gpus * cfg.min_fraction))
         model = job.model or "resnet50"
+        if cfg.max_scale > 0:
+            top = min(max(job.gpus, int(job.gpus * cfg.max_scale)), cfg.total_gpus)
+        else:
+            top = _curve_top(model, job.gpus, cfg.total_gpus, cfg.gpus_per_server)
+        low = max(1, math.ceil(job.gpus * cfg.min_fraction))
         speed = speed_table(model, job.gpus, top, cfg.gpus_per_server)
         rec = JobRecord(
             job.id, idx, job.submit, job.gpus, job.duration,
@@ -304,7 +320,7 @@ class Accounting:
         return JobResult(
             job.id, job.submit, job.start_time if job.start_time is not None else now,
             now, job.requested, job.duration, job.model, job.preemptions, job.scale_events,
-            job.tenant, job.own_klass, job.restarts, failed,
+            job.tenant, job.own_klass, job.restarts, failed, job.executed,
         )  # fmt: skip
 
     def finished(self, job: JobRecord, now: float) -> None:
@@ -318,7 +334,7 @@ class Accounting:
             JobResult(
                 job.id, job.submit, job.start_time if job.start_time is not None else now,
                 now, job.requested, job.duration, job.model, job.preemptions, job.scale_events,
-                job.tenant, job.own_klass, job.restarts,
+                job.tenant, job.own_klass, job.restarts, run_time=job.executed,
             )
         )  # fmt: skip
 
@@ -654,6 +670,7 @@ def summarize(
     """The JSON summary: JCT statistics, queueing delay, makespan, utilization, efficiency."""
     jcts = sorted(r.jct for r in results)
     waits = [r.start - r.submit for r in results]
+    runs = [r.run_time for r in results]
     makespan = (max(r.end for r in results) - first) if results else 0.0
     span = max(last - first, 1e-9)
     return {
@@ -664,6 +681,9 @@ def summarize(
         "p95_jct": round(_percentile(jcts, 0.95), 4),
         "p99_jct": round(_percentile(jcts, 0.99), 4),
         "avg_queueing_delay": round(statistics.fmean(waits), 4) if waits else 0.0,
+        # JCT = time holding GPUs + time waiting (before the first start and after preemptions)
+        "avg_run_time": round(statistics.fmean(runs), 4) if runs else 0.0,
+        "avg_waiting": round(statistics.fmean(jcts) - statistics.fmean(runs), 4) if runs else 0.0,
         "makespan": round(makespan, 4),
         "gpu_utilization": round(busy_area / (total_gpus * span), 6),
         "cluster_efficiency": round(eff_area / (total_gpus * span), 6),

@@ -21,10 +21,16 @@ choices down here:
    waiting jobs at their minimum when their request does not fit.  A
    compacted job keeps the minimum as its base; it can grow again only
    through phase 3.
-3. **Scale-out.**  While GPUs are free, give one more GPU to the running job
-   with the largest marginal gain in speedup (throughput over one GPU), up
-   to its ``max_gpus``; stop when no gain is positive.  The gains come from
-   each job's throughput curve (``JobRecord.speed``).
+3. **Scale-out** (R2).  While GPUs are free, give one more GPU to the
+   running job with the largest marginal gain in speedup (throughput over
+   one GPU), up to its ``max_gpus``; stop when no gain is positive.  The
+   gains come from each job's throughput curve (``JobRecord.speed``), so the
+   curve alone bounds a job: it stops growing at the first size whose next
+   GPU adds no throughput (:func:`curve_limit`).  ``max_gpus`` is a second,
+   optional bound: the simulator sets it to ``max_scale`` x the request, or
+   to :func:`curve_limit` when scale-out is "bounded by the curve only"
+   (``--max-scale curve``, EDL's "until no gain is positive"); in the portal
+   it is the job's own ``max_gpus``.
 
 Priority classes and fair share (see :mod:`scheduler.policies.tiresias` for
 the queues): the reclaim takes extras from the lowest class first, inside a
@@ -37,7 +43,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from scheduler.policies.base import Plan, Policy
 from scheduler.policies.tiresias import TiresiasCore
@@ -47,6 +53,25 @@ from scheduler.records import JobRecord
 ELASTIC_THRESHOLDS: tuple[float, ...] = (500.0, 10_000.0)
 
 _MIN_GAIN = 1e-9
+
+
+def curve_limit(throughput: Callable[[int], float], start: int, limit: int) -> int:
+    """Where R2's growth stops: the size, from ``start`` up, whose next GPU adds no throughput.
+
+    Scale-out adds one GPU at a time while the marginal gain is positive, so
+    a job that starts at ``start`` GPUs (its request) ends at the first local
+    peak of its curve, never above ``limit`` (the cluster).  A curve that
+    dips and rises again (throughput falls when a ring leaves the server)
+    stops at the dip: the next GPU would lose throughput.
+    """
+    n = max(1, min(start, limit))
+    here = throughput(n)
+    while n < limit:
+        nxt = throughput(n + 1)
+        if nxt - here <= _MIN_GAIN * max(here, 1.0):
+            break
+        n, here = n + 1, nxt
+    return n
 
 
 def min_size(job: JobRecord, r: float) -> int:
