@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import DurationField, ExpressionWrapper, F, QuerySet
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,6 @@ def completed_jcts(jobs: QuerySet[Any], since: datetime | None = None) -> list[f
     finished = jobs.filter(state=JobState.COMPLETED, finished_at__isnull=False)
     if since is not None:
         finished = finished.filter(finished_at__gte=since)
-    return [
-        (done - submitted).total_seconds()
-        for submitted, done in finished.values_list("submitted_at", "finished_at")
-    ]
+    # The database subtracts: one duration per row to read instead of two timestamps.
+    jct = ExpressionWrapper(F("finished_at") - F("submitted_at"), output_field=DurationField())
+    return [d.total_seconds() for d in finished.annotate(jct=jct).values_list("jct", flat=True)]

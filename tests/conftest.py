@@ -12,6 +12,7 @@ from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
 from portal.celery import app
+from portal.cluster_timeline import forget as forget_timelines
 from tenancy.models import Role, Tenant
 from tenancy.services import do_add_member, do_create_tenant
 from tenancy.token_services import do_issue_token
@@ -29,6 +30,14 @@ def empty_agent_queues() -> None:
     keys = list(client.scan_iter(match="agent.*", count=1000))
     if keys:
         client.delete(*keys)
+
+
+@pytest.fixture(autouse=True)
+def fresh_cluster_timeline() -> Iterator[None]:
+    """Each test's cluster view replays its own events (a kept replay is per process)."""
+    forget_timelines()
+    yield
+    forget_timelines()
 
 
 @pytest.fixture
