@@ -9,10 +9,12 @@ COPY scheduler ./scheduler
 COPY workers ./workers
 COPY edl ./edl
 COPY utilities ./utilities
+COPY audit ./audit
 COPY tenancy ./tenancy
 COPY inventory ./inventory
 COPY bundles ./bundles
 COPY jobs ./jobs
+COPY notifications ./notifications
 COPY portal ./portal
 COPY portalctl ./portalctl
 RUN pip install --no-cache-dir .

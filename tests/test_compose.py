@@ -80,7 +80,7 @@ def test_services_present_and_wired() -> None:
     pg = services["postgres"]["environment"]
     url = f"postgres://{pg['POSTGRES_USER']}:{pg['POSTGRES_PASSWORD']}@postgres:5432/{pg['POSTGRES_DB']}"
     assert services["web"]["environment"]["DATABASE_URL"] == url
-    assert "8000:8000" in services["web"]["ports"]
+    assert services["web"]["ports"] == ["8000-8009:8000"]
 
 
 def test_every_command_names_a_real_entry_point() -> None:
@@ -230,3 +230,71 @@ def test_each_queue_has_its_own_worker_and_the_agent_its_key() -> None:
     agent = services["agent"]["environment"]
     assert agent["AGENT_KEY"] == "sample-AGENT_KEY"
     assert agent["REDIS_URL"] == services["web"]["environment"]["REDIS_URL"]  # merged, not lost
+
+
+# --------------------------------------------------------------------------- replicas
+
+SCALED = {"web": 2, "worker": 2, "tick-worker": 2, "beat": 2}
+"""Services that run as several containers by default (docs/scaling.md)."""
+
+
+def host_ports(spec: str) -> tuple[int, int, int]:
+    """``"8000-8009:8000"`` (or ``"8000:8000"``): first and last host port, container port."""
+    match = re.fullmatch(r"(?:[\d.]+:)?(\d+)(?:-(\d+))?:(\d+)(?:/tcp)?", spec)
+    assert match is not None, spec
+    first, last, inner = match.groups()
+    return int(first), int(last or first), int(inner)
+
+
+def test_web_workers_and_beat_scale_with_replicas() -> None:
+    services = load()["services"]
+    for name, replicas in SCALED.items():
+        assert services[name]["deploy"]["replicas"] == replicas, name
+    # one-of-a-kind services stay single: a second migration or a second node-0 agent
+    # (one key, one queue agent.node-0) would be wrong
+    for name in ("migrate", "agent", "postgres", "redis"):
+        assert services[name].get("deploy", {}).get("replicas", 1) == 1, name
+
+
+def test_no_fixed_names_and_no_clashing_host_ports() -> None:
+    """``--scale`` refuses a container_name, and N replicas need N host ports."""
+    services = load()["services"]
+    taken: dict[int, str] = {}
+    for name, service in services.items():
+        assert "container_name" not in service, name
+        assert "hostname" not in service, name  # workers' node names (-n ...@%h) stay unique
+        replicas = service.get("deploy", {}).get("replicas", 1)
+        for spec in service.get("ports", []):
+            first, last, _ = host_ports(str(spec))
+            assert last - first + 1 >= max(replicas, 10 if name == "web" else 1), (name, spec)
+            for port in range(first, last + 1):
+                assert port not in taken, (name, port, taken.get(port))
+                taken[port] = name
+    assert set(taken.values()) <= {"web"}, taken  # only the ASGI servers are published
+
+
+def test_every_worker_name_is_unique_per_container() -> None:
+    """Celery refuses two workers of one node name: each carries its container's hostname."""
+    for name, service in load()["services"].items():
+        command = service.get("command", [])
+        if "worker" in command and "celery" in command:
+            node = command[command.index("-n") + 1]
+            assert node.endswith("@%h"), (name, node)
+
+
+def test_each_beat_keeps_its_schedule_out_of_the_shared_volume() -> None:
+    """Two beats writing one shelve file on the shared volume would corrupt it."""
+    services = load()["services"]
+    beat = services["beat"]["command"]
+    schedule = beat[beat.index("--schedule") + 1]
+    shared = [volume.split(":")[1] for volume in services["beat"]["volumes"]]
+    assert not any(schedule.startswith(mount) for mount in shared), (schedule, shared)
+    assert schedule.startswith("/tmp/")
+
+
+def test_scaling_is_documented_where_the_file_points() -> None:
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "docs/scaling.md" in text and "--scale" in text
+    doc = (ROOT / "docs" / "scaling.md").read_text()
+    for needle in ("tick", "advisory lock", "channel layer", "load balancer", "PostgreSQL"):
+        assert needle in doc, needle
