@@ -18,7 +18,7 @@ from types import MappingProxyType
 
 from fabric.routing import EcmpRouting, Path, Router
 from fabric.topology import FabricSpec
-from fabric.traffic import Flow, Step, pattern_steps
+from fabric.traffic import PATTERNS, Flow, Step, pattern_steps
 
 
 @dataclass(frozen=True)
@@ -149,28 +149,63 @@ def _ecmp_router(spec: FabricSpec, seed: int) -> EcmpRouting:
     return EcmpRouting(spec, seed=seed)
 
 
+#: A compiled step: (cross-leaf flows as (leaf-spine links, bytes), largest
+#: intra-leaf flow's bytes, largest flow's bytes).
 CompiledStep = tuple[tuple[tuple[tuple[int, ...], float], ...], float, float]
 
+MAX_DISTINCT_STEPS = 32
+"""Most distinct steps of one job the ECMP analysis looks at (all-to-all has ``N-1``).
 
-@lru_cache(maxsize=8192)
-def _compile_job(
-    spec: FabricSpec, gpus: tuple[int, ...], pattern: str, seed: int
-) -> tuple[tuple[CompiledStep, ...], tuple[int, ...]]:
-    """A job's distinct steps under ECMP, and which of them each step is.
+A pattern with more (only all-to-all of more than 33 ranks) is represented by
+this many of its steps, evenly spaced: every all-to-all step moves the same
+bytes, so the job's slowdown is estimated from a sample of its shifts.
+"""
 
-    A compiled step is (cross-leaf flows as (leaf-spine links, bytes), the largest
-    intra-leaf flow's bytes, the largest flow's bytes). NIC links are left out:
-    in every pattern a GPU sends and receives at most one flow per step, and a
-    GPU belongs to one job, so they are never shared. Cached per job, so the
-    simulator's repeated calls only redo the combination.
+MAX_ALIGNED_STEPS = 64
+"""Most aligned time steps per group of interacting jobs (see :func:`ecmp_slowdown`)."""
+
+
+@dataclass(frozen=True)
+class CompiledJob:
+    """A job's distinct steps under ECMP, its schedule over them, and its fabric links.
+
+    ``schedule`` is the job's shortest repeating sequence of step ids (a ring
+    is one step repeated, so its schedule is that one step).
+    """
+
+    steps: tuple[CompiledStep, ...]
+    schedule: tuple[int, ...]
+    links: frozenset[int]
+
+
+def _period(order: Sequence[int]) -> tuple[int, ...]:
+    """The shortest prefix whose repetition is ``order`` (the whole of it if none)."""
+    n = len(order)
+    for p in range(1, n + 1):
+        if n % p == 0 and all(order[i] == order[i % p] for i in range(n)):
+            return tuple(order[:p])
+    return tuple(order)
+
+
+@lru_cache(maxsize=2048)
+def _compile_job(spec: FabricSpec, gpus: tuple[int, ...], pattern: str, seed: int) -> CompiledJob:
+    """A job's steps under ECMP (cached per job, so the simulator only redoes combinations).
+
+    NIC links are left out: in every pattern a GPU sends and receives at most
+    one flow per step, and a GPU belongs to one job, so they are never shared.
     """
     router = _ecmp_router(spec, seed)
     gpl = spec.gpus_per_leaf
     fabric_from = 2 * spec.total_gpus  # link ids below this are NIC links
+    steps = pattern_steps(pattern, gpus, 1.0, _group_size(spec, gpus))
+    if len(steps) > MAX_DISTINCT_STEPS and pattern == "a2a":
+        stride = len(steps) / MAX_DISTINCT_STEPS
+        steps = [steps[int(i * stride)] for i in range(MAX_DISTINCT_STEPS)]
     compiled: list[CompiledStep] = []
     ids: dict[int, int] = {}  # identical steps (ring repeats one flow set) compile once
     order = []
-    for step in pattern_steps(pattern, gpus, 1.0, _group_size(spec, gpus)):
+    links: set[int] = set()
+    for step in steps:
         sid = ids.get(id(step.flows))
         if sid is None:
             cross: list[tuple[tuple[int, ...], float]] = []
@@ -181,67 +216,107 @@ def _compile_job(
                 if f.src // gpl == f.dst // gpl:
                     local = max(local, f.nbytes)
                 else:
-                    path = router.path(f.src, f.dst)
-                    cross.append((tuple(link for link in path if link >= fabric_from), f.nbytes))
+                    path = tuple(link for link in router.path(f.src, f.dst) if link >= fabric_from)
+                    cross.append((path, f.nbytes))
+                    links.update(path)
             sid = len(compiled)
             compiled.append((tuple(cross), local, ideal))
             ids[id(step.flows)] = sid
         order.append(sid)
-    return tuple(compiled), tuple(order)
+    return CompiledJob(tuple(compiled), _period(order), frozenset(links))
 
 
-@lru_cache(maxsize=4096)
-def _ecmp_slowdown_cached(
-    spec: FabricSpec, jobs: tuple[tuple[int, ...], ...], pattern: str, seed: int
-) -> tuple[float, ...]:
-    per_job = [_compile_job(spec, gpus, pattern, seed) for gpus in jobs]
-    # Global step ids: (job index, compiled id) flattened.
-    compiled: list[CompiledStep] = []
-    schedule: list[list[int]] = []
-    for steps, order in per_job:
-        base = len(compiled)
-        compiled.extend(steps)
-        schedule.append([base + sid for sid in order])
-    longest = max((len(s) for s in schedule), default=0)
+def _groups(jobs: Sequence[CompiledJob]) -> list[list[int]]:
+    """Indices of jobs that share a fabric link, directly or through others (union-find)."""
+    parent = list(range(len(jobs)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    owner: dict[int, int] = {}
+    for j, job in enumerate(jobs):
+        for link in job.links:
+            k = owner.setdefault(link, j)
+            if k != j:
+                a, b = root(j), root(k)
+                if a != b:
+                    parent[a] = b
+    out: dict[int, list[int]] = {}
+    for j in range(len(jobs)):
+        out.setdefault(root(j), []).append(j)
+    return list(out.values())
+
+
+def _step_times(key: Sequence[CompiledStep]) -> list[float]:
+    """Each job's time for one aligned step (``key[j]``: job ``j``'s step), max-min fair."""
+    counts: Counter[int] = Counter()
+    for step in key:
+        for links, _ in step[0]:
+            counts.update(links)
+    hot = {link for link, c in counts.items() if c > 1}
+    jt = [step[1] for step in key]
+    shared: list[tuple[int, float]] = []
+    shared_paths: list[tuple[int, ...]] = []
+    for j, step in enumerate(key):
+        for links, nbytes in step[0]:
+            on_hot = tuple(link for link in links if link in hot) if hot else ()
+            if on_hot:
+                shared.append((j, nbytes))
+                shared_paths.append(on_hot)
+            elif nbytes > jt[j]:
+                jt[j] = nbytes
+    # Links that carry one flow never limit it below the full rate, so the
+    # max-min computation only needs the shared links.
+    for (j, nbytes), rate in zip(shared, max_min_rates(shared_paths), strict=True):
+        jt[j] = max(jt[j], nbytes / rate)
+    return jt
+
+
+def _combine(jobs: Sequence[CompiledJob]) -> tuple[float, ...]:
+    """Slowdowns of jobs that run together: step ``t`` of every job at the same time.
+
+    A job shorter than the longest repeats its schedule; with more than
+    ``MAX_ALIGNED_STEPS`` aligned steps, that many evenly spaced ones are used.
+    """
+    longest = max(len(job.schedule) for job in jobs)
+    ts: Sequence[int] = range(longest)
+    if longest > MAX_ALIGNED_STEPS:
+        stride = longest / MAX_ALIGNED_STEPS
+        ts = [int(i * stride) for i in range(MAX_ALIGNED_STEPS)]
     times = [0.0] * len(jobs)
     ideals = [0.0] * len(jobs)
     seen: dict[tuple[int, ...], list[float]] = {}
-    for t in range(longest):
-        # Step t of every job runs at the same time; shorter jobs repeat their steps
-        # (training iterates). Identical combinations are computed once.
-        key = tuple(s[t % len(s)] if s else -1 for s in schedule)
-        hit = seen.get(key)
+    for t in ts:
+        sids = tuple(job.schedule[t % len(job.schedule)] for job in jobs)
+        hit = seen.get(sids)
         if hit is None:
-            counts: Counter[int] = Counter()
-            for sid in key:
-                if sid >= 0:
-                    for links, _ in compiled[sid][0]:
-                        counts.update(links)
-            hot = {link for link, c in counts.items() if c > 1}
-            jt = [compiled[sid][1] if sid >= 0 else 0.0 for sid in key]
-            shared: list[tuple[int, float]] = []
-            shared_paths: list[tuple[int, ...]] = []
-            for j, sid in enumerate(key):
-                if sid < 0:
-                    continue
-                for links, nbytes in compiled[sid][0]:
-                    on_hot = tuple(link for link in links if link in hot)
-                    if on_hot:
-                        shared.append((j, nbytes))
-                        shared_paths.append(on_hot)
-                    elif nbytes > jt[j]:
-                        jt[j] = nbytes
-            # Links that carry one flow never limit it below the full rate, so the
-            # max-min computation only needs the shared links.
-            for (j, nbytes), rate in zip(shared, max_min_rates(shared_paths), strict=True):
-                jt[j] = max(jt[j], nbytes / rate)
-            hit = jt
-            seen[key] = hit
-        for j, sid in enumerate(key):
-            if sid >= 0:
-                times[j] += hit[j]
-                ideals[j] += compiled[sid][2]
+            hit = _step_times([job.steps[s] for job, s in zip(jobs, sids, strict=True)])
+            seen[sids] = hit
+        for j, job in enumerate(jobs):
+            times[j] += hit[j]
+            ideals[j] += job.steps[sids[j]][2]
     return tuple(tm / i if i > 0 else 1.0 for tm, i in zip(times, ideals, strict=True))
+
+
+@lru_cache(maxsize=16384)
+def _group_slowdowns(
+    spec: FabricSpec, group: tuple[tuple[tuple[int, ...], str], ...], seed: int
+) -> tuple[float, ...]:
+    """Slowdowns of one group of interacting jobs, memoised: an event elsewhere keeps it.
+
+    A group of one still has a slowdown: a job's own flows may hash onto one link.
+    """
+    return _combine([_compile_job(spec, gpus, pattern, seed) for gpus, pattern in group])
+
+
+@lru_cache(maxsize=8192)
+def _spans_leaves(gpus: tuple[int, ...], gpus_per_leaf: int) -> bool:
+    """Whether a job's GPUs sit under two or more leaves (only then it uses the fabric)."""
+    first = gpus[0] // gpus_per_leaf if gpus else 0
+    return any(g // gpus_per_leaf != first for g in gpus)
 
 
 def _group_size(spec: FabricSpec, gpus: Sequence[int]) -> int:
@@ -252,18 +327,44 @@ def _group_size(spec: FabricSpec, gpus: Sequence[int]) -> int:
 
 
 def ecmp_slowdown(
-    spec: FabricSpec, jobs_gpu_lists: Sequence[Sequence[int]], pattern: str = "ring", seed: int = 0
+    spec: FabricSpec,
+    jobs_gpu_lists: Sequence[Sequence[int]],
+    pattern: str | Sequence[str] = "ring",
+    seed: int = 0,
 ) -> tuple[float, ...]:
-    """Communication slowdown of each job when all of them run ``pattern`` under ECMP.
+    """Communication slowdown of each job when all of them run their collectives under ECMP.
 
-    ``jobs_gpu_lists[j]`` is job ``j``'s GPUs in rank order. Step ``t`` of every
-    job runs concurrently with step ``t`` of the others (a job with fewer steps
-    repeats its sequence while the longest runs). Returns one factor ``>= 1`` per
-    job, in input order (``max(...)`` for the worst job). Memoised on its
-    arguments, so the simulator can call it in its inner loop.
+    ``jobs_gpu_lists[j]`` is job ``j``'s GPUs in rank order; ``pattern`` names
+    every job's collective (one name for all, or one per job). Jobs that share
+    no fabric link, directly or through others, do not affect each other, so
+    each group of interacting jobs is analysed on its own (and memoised: the
+    simulator's next event usually changes one group). Within a group, step
+    ``t`` of every job runs concurrently with step ``t`` of the others (a job
+    with a shorter repeating schedule repeats it while the longest runs).
+    Returns one factor ``>= 1`` per job, in input order.
     """
-    jobs = tuple(tuple(int(g) for g in gpus) for gpus in jobs_gpu_lists)
+    jobs = tuple(
+        gpus if type(gpus) is tuple else tuple(int(g) for g in gpus) for gpus in jobs_gpu_lists
+    )
+    patterns = [pattern] * len(jobs) if isinstance(pattern, str) else list(pattern)
+    if len(patterns) != len(jobs):
+        raise ValueError(f"{len(patterns)} patterns for {len(jobs)} jobs")
+    for p in set(patterns):
+        if p not in PATTERNS:
+            raise ValueError(f"unknown pattern {p!r}; expected one of {', '.join(PATTERNS)}")
+    total = spec.total_gpus
     for gpus in jobs:
-        for g in gpus:
-            spec.check_gpu(g)
-    return _ecmp_slowdown_cached(spec, jobs, pattern, seed)
+        if gpus and not (min(gpus) >= 0 and max(gpus) < total):
+            for g in gpus:
+                spec.check_gpu(g)  # raises with the offending id
+    out = [1.0] * len(jobs)
+    gpl = spec.gpus_per_leaf
+    # Only jobs on two or more leaves send over the fabric.
+    wide = [j for j, gpus in enumerate(jobs) if _spans_leaves(gpus, gpl)]
+    compiled = [_compile_job(spec, jobs[j], patterns[j], seed) for j in wide]
+    for members in _groups(compiled):
+        idx = sorted((wide[m] for m in members), key=lambda j: (jobs[j], patterns[j]))
+        group = tuple((jobs[j], patterns[j]) for j in idx)
+        for j, s in zip(idx, _group_slowdowns(spec, group, seed), strict=True):
+            out[j] = s
+    return tuple(out)

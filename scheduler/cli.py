@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fabric.errors import TopologyError
-from scheduler.fabric_placement import SIM_PLACEMENTS, fabric_spec_for
+from scheduler.fabric_placement import MIX_MODELS, SIM_PLACEMENTS, TRAFFIC, fabric_spec_for
 from scheduler.fairshare import FAIR_SHARE_HALF_LIFE, parse_weights
 from scheduler.policies import REGISTRY, get_policy
 from scheduler.priority import (
@@ -243,6 +243,15 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--series-csv", type=Path, help="write the time series (busy, efficiency, queue) as CSV"
     )
+    # Fabric traffic (issue 17): which collective each job runs under ECMP.
+    p.add_argument(
+        "--traffic",
+        choices=TRAFFIC,
+        default="ring",
+        help="ecmp: every job runs ring all-reduce (ring), or each job its model's collective "
+        "(mix: ring, hierarchical ring, halving-doubling, all-to-all for moe; vclos-synthetic "
+        "then also draws the moe model)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -296,9 +305,10 @@ def load_trace(args: argparse.Namespace, total_gpus: int) -> LoadedTrace:
     if fmt == "edl-synthetic":
         return edl_synthetic(seed=args.seed, mixed=args.edl_mixed)
     if fmt == "vclos-synthetic":
+        models = MIX_MODELS if args.traffic == "mix" else ("vgg16", "resnet50", "resnet101", "bert")
         if args.sizes is None:
             return vclos_workload(
-                jobs=args.jobs, total_gpus=total_gpus, load=args.load, seed=args.seed
+                jobs=args.jobs, total_gpus=total_gpus, load=args.load, seed=args.seed, models=models
             )
         return vclos_workload(
             jobs=args.jobs,
@@ -307,6 +317,7 @@ def load_trace(args: argparse.Namespace, total_gpus: int) -> LoadedTrace:
             sizes=args.sizes,
             size_weights=None,
             seed=args.seed,
+            models=models,
         )
     return poisson_workload(jobs=args.jobs, total_gpus=total_gpus, load=args.load, seed=args.seed)
 
@@ -373,6 +384,7 @@ def run_one(name: str, trace: LoadedTrace, args: argparse.Namespace, total: int)
         placement=args.placement,
         fabric=fabric,
         seed=args.seed,
+        traffic=args.traffic,
         tenant_weights=args.tenant_weights,
         half_life=args.half_life,
     )

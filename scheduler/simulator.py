@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fabric.topology import FabricSpec
-from scheduler.fabric_placement import Contention, sim_placement
+from scheduler.fabric_placement import Contention, collective_for, sim_placement
 from scheduler.fairshare import FAIR_SHARE_HALF_LIFE, FairShare
 from scheduler.placement import CountOnly, SimPlacement
 from scheduler.policies.base import Plan, Policy
@@ -100,6 +100,8 @@ class SimConfig:
     series (seconds).  ``placement`` names the placement (``count``,
     ``consolidated``, ``vclos``, ``ecmp``); the fabric ones need ``fabric``,
     and ``seed`` is ECMP's hash seed.
+    ``traffic`` picks each job's collective for the contention model (``ring``
+    for all, or ``mix``: by model, see :func:`scheduler.fabric_placement.collective_for`).
     ``tenant_weights`` turns tenant fair share on (usage decays with
     ``half_life`` seconds; the simulator keeps it from its running jobs).
     """
@@ -116,6 +118,7 @@ class SimConfig:
     placement: str = "count"
     fabric: FabricSpec | None = None
     seed: int = 0
+    traffic: str = "ring"
     tenant_weights: Mapping[str, float] | None = None
     half_life: float = FAIR_SHARE_HALF_LIFE
 
@@ -402,6 +405,7 @@ def simulate(
         placement, contention = sim_placement(
             cfg.placement, cfg.total_gpus, cfg.gpus_per_server, cfg.fabric, seed=cfg.seed
         )
+    collective_for("", cfg.traffic)  # an unknown traffic model fails here, not mid-run
     core = policy.new_core(cfg.total_gpus)
     core.ageing = policy.class_ageing_s
     ageing = core.ageing is not None
@@ -462,7 +466,8 @@ def simulate(
         if contention is None or not held:
             return 1.0
         multi = [(job, gpus) for job, gpus in held.items() if len(gpus) > 1]
-        slow = contention.slowdowns([gpus for _, gpus in multi]) if multi else ()
+        patterns = [collective_for(job.model, cfg.traffic) for job, _ in multi]
+        slow = contention.slowdowns([gpus for _, gpus in multi], patterns) if multi else ()
         factor = {job: s for (job, _), s in zip(multi, slow, strict=True)}
         for job, gpus in held.items():
             s = factor.get(job, 1.0)
