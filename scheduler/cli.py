@@ -243,7 +243,16 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--series-csv", type=Path, help="write the time series (busy, efficiency, queue) as CSV"
     )
-    # Fabric traffic (issue 17): which collective each job runs under ECMP.
+    # Fabric traffic and the Philly mapping of the vClos studies (issue 17).
+    p.add_argument(
+        "--min-gpus", type=_positive_int, default=1, help="philly: keep jobs of at least this many"
+    )
+    p.add_argument(
+        "--gpu-scale",
+        type=_positive_int,
+        default=1,
+        help="philly: multiply every kept job's GPUs (4 maps Philly's 1-128 onto vClos's 4-512)",
+    )
     p.add_argument(
         "--traffic",
         choices=TRAFFIC,
@@ -301,6 +310,8 @@ def load_trace(args: argparse.Namespace, total_gpus: int) -> LoadedTrace:
             max_gpus=limit,
             seed=args.seed,
             on_error=args.on_error,
+            min_gpus=args.min_gpus,
+            gpu_scale=args.gpu_scale,
         )
     if fmt == "edl-synthetic":
         return edl_synthetic(seed=args.seed, mixed=args.edl_mixed)

@@ -104,3 +104,39 @@ def test_cli_rejects_unknown_traffic(capsys: pytest.CaptureFixture[str]) -> None
         main([*ARGV, "--traffic", "mesh"])
     assert exc.value.code == 2
     assert "--traffic" in capsys.readouterr().err
+
+
+def test_ecmp_reports_each_jobs_slowdown_distribution() -> None:
+    trace = list(vclos_workload(jobs=60, total_gpus=64, load=0.9, seed=3).jobs)
+    s = _run(trace, "mix", seed=3)
+    dist = s["job_slowdown"]
+    assert 1.0 <= dist["p50"] <= dist["p95"] <= dist["max"]
+    assert dist["max"] > 1.0 and dist["mean"] >= 1.0
+    # Each job's average never exceeds the worst any job saw at any time.
+    assert dist["max"] <= max(simulate_series(trace)["slowdown"])
+
+
+def simulate_series(trace: list[TraceJob]) -> dict[str, list[float]]:
+    spec = fabric_spec_for(64, 4, 4)
+    cfg = SimConfig(
+        total_gpus=64, gpus_per_server=4, placement="ecmp", fabric=spec, seed=3, traffic="mix",
+        sample_every=0.0,
+    )  # fmt: skip
+    return simulate(trace, get_policy("fifo"), cfg).series
+
+
+def test_elastic_growth_refused_for_want_of_a_shape_is_counted() -> None:
+    spec = fabric_spec_for(64, 4, 4)
+    trace = vclos_workload(
+        jobs=80, total_gpus=64, load=0.7, sizes=(4, 8, 12), size_weights=(1, 1, 1), seed=4
+    ).jobs
+    out = {}
+    for mode in ("vclos", "ecmp"):
+        cfg = SimConfig(total_gpus=64, gpus_per_server=4, placement=mode, fabric=spec, seed=4)
+        out[mode] = simulate(trace, get_policy("elastic-tiresias"), cfg).summary
+    v, e = out["vclos"], out["ecmp"]
+    assert 0 < v["grow_refused"] <= v["grow_requests"]
+    assert e["grow_refused"] == 0 and e["start_extras_refused"] == 0  # any free GPUs do
+    assert v["jobs"] == e["jobs"] == 80
+    plain = SimConfig(total_gpus=64, gpus_per_server=4, placement="vclos", fabric=spec)
+    assert "grow_refused" not in simulate(trace, get_policy("tiresias"), plain).summary
