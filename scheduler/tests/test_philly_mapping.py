@@ -36,10 +36,10 @@ def test_min_gpus_keeps_multi_gpu_jobs_and_scale_multiplies(trace: Path) -> None
     assert capped.skipped == {"larger than the cluster": 1}
 
 
-@pytest.mark.parametrize("kw", [{"min_gpus": 0}, {"gpu_scale": 0}, {"gpu_scale": -2}])
-def test_bad_mapping_is_refused(trace: Path, kw: dict[str, int]) -> None:
+@pytest.mark.parametrize(("low", "scale"), [(0, 1), (1, 0), (2, -2)])
+def test_bad_mapping_is_refused(trace: Path, low: int, scale: int) -> None:
     with pytest.raises(TraceError, match="at least 1"):
-        load_philly(trace, **kw)
+        load_philly(trace, min_gpus=low, gpu_scale=scale)
 
 
 def test_cli_mapping(trace: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -41,7 +42,7 @@ def test_contention_uses_each_jobs_own_collective() -> None:
     assert model.slowdowns([a, b], ["a2a", "a2a"]) != model.slowdowns([a, b])
 
 
-def _run(trace: list[TraceJob], traffic: str, seed: int = 1) -> dict[str, float]:
+def _run(trace: list[TraceJob], traffic: str, seed: int = 1) -> dict[str, Any]:
     spec = fabric_spec_for(64, 4, 4)
     cfg = SimConfig(
         total_gpus=64, gpus_per_server=4, placement="ecmp", fabric=spec, seed=seed, traffic=traffic
