@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
 
+import numpy as np
+import numpy.typing as npt
+
 from fabric.routing import EcmpRouting, Path, Router
 from fabric.topology import FabricSpec
 from fabric.traffic import PATTERNS, Flow, Step, pattern_steps
@@ -149,9 +152,21 @@ def _ecmp_router(spec: FabricSpec, seed: int) -> EcmpRouting:
     return EcmpRouting(spec, seed=seed)
 
 
-#: A compiled step: (cross-leaf flows as (leaf-spine links, bytes), largest
-#: intra-leaf flow's bytes, largest flow's bytes).
-CompiledStep = tuple[tuple[tuple[tuple[int, ...], float], ...], float, float]
+@dataclass(frozen=True, eq=False)
+class CompiledStep:
+    """One distinct step of a job under ECMP, as arrays for the combination.
+
+    ``up`` and ``down``: each cross-leaf flow's leaf-spine links (ids counted
+    from the first fabric link), ``nbytes`` its bytes; ``local``: the largest
+    intra-leaf flow's bytes; ``ideal``: the largest flow's bytes.
+    """
+
+    up: npt.NDArray[np.int64]
+    down: npt.NDArray[np.int64]
+    nbytes: npt.NDArray[np.float64]
+    local: float
+    ideal: float
+
 
 MAX_DISTINCT_STEPS = 32
 """Most distinct steps of one job the ECMP analysis looks at (all-to-all has ``N-1``).
@@ -167,7 +182,7 @@ MAX_ALIGNED_STEPS = 64
 
 @dataclass(frozen=True)
 class CompiledJob:
-    """A job's distinct steps under ECMP, its schedule over them, and its fabric links.
+    """A job's distinct steps under ECMP and its schedule over them.
 
     ``schedule`` is the job's shortest repeating sequence of step ids (a ring
     is one step repeated, so its schedule is that one step).
@@ -175,7 +190,6 @@ class CompiledJob:
 
     steps: tuple[CompiledStep, ...]
     schedule: tuple[int, ...]
-    links: frozenset[int]
 
 
 def _period(order: Sequence[int]) -> tuple[int, ...]:
@@ -197,18 +211,25 @@ def _compile_job(spec: FabricSpec, gpus: tuple[int, ...], pattern: str, seed: in
     router = _ecmp_router(spec, seed)
     gpl = spec.gpus_per_leaf
     fabric_from = 2 * spec.total_gpus  # link ids below this are NIC links
-    steps = pattern_steps(pattern, gpus, 1.0, _group_size(spec, gpus))
-    if len(steps) > MAX_DISTINCT_STEPS and pattern == "a2a":
-        stride = len(steps) / MAX_DISTINCT_STEPS
-        steps = [steps[int(i * stride)] for i in range(MAX_DISTINCT_STEPS)]
+    n = len(gpus)
+    if pattern == "a2a" and n - 1 > MAX_DISTINCT_STEPS:
+        # all_to_all's step k-1 is shift k: build only the sampled shifts.
+        stride = (n - 1) / MAX_DISTINCT_STEPS
+        steps = [
+            Step(tuple(Flow(gpus[r], gpus[(r + k) % n], 1.0 / n) for r in range(n)))
+            for k in (1 + int(i * stride) for i in range(MAX_DISTINCT_STEPS))
+        ]
+    else:
+        steps = pattern_steps(pattern, gpus, 1.0, _group_size(spec, gpus))
     compiled: list[CompiledStep] = []
     ids: dict[int, int] = {}  # identical steps (ring repeats one flow set) compile once
     order = []
-    links: set[int] = set()
     for step in steps:
         sid = ids.get(id(step.flows))
         if sid is None:
-            cross: list[tuple[tuple[int, ...], float]] = []
+            ups: list[int] = []
+            downs: list[int] = []
+            sizes: list[float] = []
             local = 0.0
             ideal = 0.0
             for f in step.flows:
@@ -216,19 +237,32 @@ def _compile_job(spec: FabricSpec, gpus: tuple[int, ...], pattern: str, seed: in
                 if f.src // gpl == f.dst // gpl:
                     local = max(local, f.nbytes)
                 else:
-                    path = tuple(link for link in router.path(f.src, f.dst) if link >= fabric_from)
-                    cross.append((path, f.nbytes))
-                    links.update(path)
+                    _, up, down, _ = router.path(f.src, f.dst)
+                    ups.append(up - fabric_from)
+                    downs.append(down - fabric_from)
+                    sizes.append(f.nbytes)
             sid = len(compiled)
-            compiled.append((tuple(cross), local, ideal))
+            compiled.append(
+                CompiledStep(
+                    np.array(ups, dtype=np.int64),
+                    np.array(downs, dtype=np.int64),
+                    np.array(sizes, dtype=np.float64),
+                    local,
+                    ideal,
+                )
+            )
             ids[id(step.flows)] = sid
         order.append(sid)
-    return CompiledJob(tuple(compiled), _period(order), frozenset(links))
+    return CompiledJob(tuple(compiled), _period(order))
 
 
-def _groups(jobs: Sequence[CompiledJob]) -> list[list[int]]:
-    """Indices of jobs that share a fabric link, directly or through others (union-find)."""
-    parent = list(range(len(jobs)))
+def _groups(leaf_sets: Sequence[frozenset[int]]) -> list[list[int]]:
+    """Indices of jobs that share a leaf, directly or through others (union-find).
+
+    Only jobs under a common leaf can share a link (an uplink belongs to its
+    source leaf, a down cable to its destination leaf).
+    """
+    parent = list(range(len(leaf_sets)))
 
     def root(i: int) -> int:
         while parent[i] != i:
@@ -237,45 +271,85 @@ def _groups(jobs: Sequence[CompiledJob]) -> list[list[int]]:
         return i
 
     owner: dict[int, int] = {}
-    for j, job in enumerate(jobs):
-        for link in job.links:
-            k = owner.setdefault(link, j)
+    for j, leaves in enumerate(leaf_sets):
+        for leaf in leaves:
+            k = owner.setdefault(leaf, j)
             if k != j:
                 a, b = root(j), root(k)
                 if a != b:
                     parent[a] = b
     out: dict[int, list[int]] = {}
-    for j in range(len(jobs)):
+    for j in range(len(leaf_sets)):
         out.setdefault(root(j), []).append(j)
     return list(out.values())
 
 
-def _step_times(key: Sequence[CompiledStep]) -> list[float]:
-    """Each job's time for one aligned step (``key[j]``: job ``j``'s step), max-min fair."""
-    counts: Counter[int] = Counter()
-    for step in key:
-        for links, _ in step[0]:
-            counts.update(links)
-    hot = {link for link, c in counts.items() if c > 1}
-    jt = [step[1] for step in key]
-    shared: list[tuple[int, float]] = []
-    shared_paths: list[tuple[int, ...]] = []
-    for j, step in enumerate(key):
-        for links, nbytes in step[0]:
-            on_hot = tuple(link for link in links if link in hot) if hot else ()
-            if on_hot:
-                shared.append((j, nbytes))
-                shared_paths.append(on_hot)
-            elif nbytes > jt[j]:
-                jt[j] = nbytes
-    # Links that carry one flow never limit it below the full rate, so the
-    # max-min computation only needs the shared links.
-    for (j, nbytes), rate in zip(shared, max_min_rates(shared_paths), strict=True):
-        jt[j] = max(jt[j], nbytes / rate)
-    return jt
+def _max_min_pairs(
+    a: npt.NDArray[np.int64], b: npt.NDArray[np.int64], nlinks: int
+) -> npt.NDArray[np.float64]:
+    """Max-min fair rates (progressive filling) of flows on at most two unit links each.
+
+    Flow ``i`` crosses links ``a[i]`` and ``b[i]`` (``-1``: none); the same
+    computation as :func:`max_min_rates`, vectorised for the simulator.
+    """
+    n = len(a)
+    rates = np.zeros(n)
+    frozen = np.zeros(n, dtype=bool)
+    residual = np.ones(nlinks)
+    has_a, has_b = a >= 0, b >= 0
+    a0, b0 = np.where(has_a, a, 0), np.where(has_b, b, 0)
+    share = np.empty(nlinks)
+    while not frozen.all():
+        live = ~frozen
+        active = np.bincount(a[live & has_a], minlength=nlinks) + np.bincount(
+            b[live & has_b], minlength=nlinks
+        )
+        used = active > 0
+        share.fill(np.inf)
+        np.divide(residual, active, out=share, where=used)
+        level = float(share.min())
+        tight = used & (share <= level * (1 + 1e-12))
+        newly = live & ((has_a & tight[a0]) | (has_b & tight[b0]))
+        rates[newly] = level
+        frozen |= newly
+        residual -= level * (
+            np.bincount(a[newly & has_a], minlength=nlinks)
+            + np.bincount(b[newly & has_b], minlength=nlinks)
+        )
+    return rates
 
 
-def _combine(jobs: Sequence[CompiledJob]) -> tuple[float, ...]:
+def _step_times(key: Sequence[CompiledStep], nlinks: int) -> list[float]:
+    """Each job's time for one aligned step (``key[j]``: job ``j``'s step), max-min fair.
+
+    Links that carry one flow never limit it below the full rate, so the
+    max-min computation only needs the flows on shared links.
+    """
+    jt = np.array([step.local for step in key])
+    ups = np.concatenate([step.up for step in key])
+    if not len(ups):
+        return [float(x) for x in jt]
+    downs = np.concatenate([step.down for step in key])
+    nbytes = np.concatenate([step.nbytes for step in key])
+    owner = np.repeat(np.arange(len(key)), [len(step.up) for step in key])
+    counts = np.bincount(ups, minlength=nlinks) + np.bincount(downs, minlength=nlinks)
+    hot_up, hot_down = counts[ups] > 1, counts[downs] > 1
+    shared = hot_up | hot_down
+    alone = ~shared
+    np.maximum.at(jt, owner[alone], nbytes[alone])
+    if shared.any():
+        a = np.where(hot_up, ups, -1)[shared]
+        b = np.where(hot_down, downs, -1)[shared]
+        # Number the shared links 0..k-1 (-1 stays "none") so the filling's arrays are small.
+        used, inverse = np.unique(np.concatenate([a, b]), return_inverse=True)
+        offset = 1 if used[0] < 0 else 0
+        inverse = inverse.reshape(-1) - offset
+        rates = _max_min_pairs(inverse[: len(a)], inverse[len(a) :], len(used) - offset)
+        np.maximum.at(jt, owner[shared], nbytes[shared] / rates)
+    return [float(x) for x in jt]
+
+
+def _combine(jobs: Sequence[CompiledJob], nlinks: int) -> tuple[float, ...]:
     """Slowdowns of jobs that run together: step ``t`` of every job at the same time.
 
     A job shorter than the longest repeats its schedule; with more than
@@ -293,11 +367,11 @@ def _combine(jobs: Sequence[CompiledJob]) -> tuple[float, ...]:
         sids = tuple(job.schedule[t % len(job.schedule)] for job in jobs)
         hit = seen.get(sids)
         if hit is None:
-            hit = _step_times([job.steps[s] for job, s in zip(jobs, sids, strict=True)])
+            hit = _step_times([job.steps[s] for job, s in zip(jobs, sids, strict=True)], nlinks)
             seen[sids] = hit
         for j, job in enumerate(jobs):
             times[j] += hit[j]
-            ideals[j] += job.steps[sids[j]][2]
+            ideals[j] += job.steps[sids[j]].ideal
     return tuple(tm / i if i > 0 else 1.0 for tm, i in zip(times, ideals, strict=True))
 
 
@@ -309,14 +383,14 @@ def _group_slowdowns(
 
     A group of one still has a slowdown: a job's own flows may hash onto one link.
     """
-    return _combine([_compile_job(spec, gpus, pattern, seed) for gpus, pattern in group])
+    nlinks = 2 * spec.leaves * spec.uplinks_per_leaf  # leaf-spine links, up and down
+    return _combine([_compile_job(spec, gpus, pattern, seed) for gpus, pattern in group], nlinks)
 
 
 @lru_cache(maxsize=8192)
-def _spans_leaves(gpus: tuple[int, ...], gpus_per_leaf: int) -> bool:
-    """Whether a job's GPUs sit under two or more leaves (only then it uses the fabric)."""
-    first = gpus[0] // gpus_per_leaf if gpus else 0
-    return any(g // gpus_per_leaf != first for g in gpus)
+def _leaves(gpus: tuple[int, ...], gpus_per_leaf: int) -> frozenset[int]:
+    """The leaves a job's GPUs sit under (only a job on two or more uses the fabric)."""
+    return frozenset(g // gpus_per_leaf for g in gpus)
 
 
 def _group_size(spec: FabricSpec, gpus: Sequence[int]) -> int:
@@ -336,7 +410,7 @@ def ecmp_slowdown(
 
     ``jobs_gpu_lists[j]`` is job ``j``'s GPUs in rank order; ``pattern`` names
     every job's collective (one name for all, or one per job). Jobs that share
-    no fabric link, directly or through others, do not affect each other, so
+    no leaf, directly or through others, share no link and do not affect each other, so
     each group of interacting jobs is analysed on its own (and memoised: the
     simulator's next event usually changes one group). Within a group, step
     ``t`` of every job runs concurrently with step ``t`` of the others (a job
@@ -360,9 +434,9 @@ def ecmp_slowdown(
     out = [1.0] * len(jobs)
     gpl = spec.gpus_per_leaf
     # Only jobs on two or more leaves send over the fabric.
-    wide = [j for j, gpus in enumerate(jobs) if _spans_leaves(gpus, gpl)]
-    compiled = [_compile_job(spec, jobs[j], patterns[j], seed) for j in wide]
-    for members in _groups(compiled):
+    leaf_sets = [_leaves(gpus, gpl) for gpus in jobs]
+    wide = [j for j in range(len(jobs)) if len(leaf_sets[j]) > 1]
+    for members in _groups([leaf_sets[j] for j in wide]):
         idx = sorted((wide[m] for m in members), key=lambda j: (jobs[j], patterns[j]))
         group = tuple((jobs[j], patterns[j]) for j in idx)
         for j, s in zip(idx, _group_slowdowns(spec, group, seed), strict=True):

@@ -13,11 +13,17 @@ from __future__ import annotations
 import itertools
 import random
 
+import numpy as np
 import pytest
 
 from fabric.allocator import Allocation, VClosAllocator
-from fabric.contention import MAX_DISTINCT_STEPS, analyze, ecmp_slowdown
-from fabric.errors import PlacementError
+from fabric.contention import (
+    MAX_DISTINCT_STEPS,
+    _max_min_pairs,
+    analyze,
+    ecmp_slowdown,
+    max_min_rates,
+)
 from fabric.routing import EcmpRouting, SourceRouting
 from fabric.topology import FabricSpec
 from fabric.traffic import Step, pattern_steps
@@ -144,3 +150,19 @@ def test_every_pair_of_patterns_on_one_fabric_is_isolated_under_vclos() -> None:
     for p, q in itertools.product(MIX, repeat=2):
         merged = _merged([_steps(wide[0], p), _steps(wide[1], q)])
         assert analyze(spec, merged, router).max_flows <= 1, (p, q)
+
+
+def test_vectorised_max_min_matches_the_reference() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        nlinks = rng.randint(1, 12)
+        flows = []
+        for _ in range(rng.randint(1, 30)):
+            a = rng.randrange(nlinks)
+            b = rng.choice([-1, rng.randrange(nlinks)])
+            flows.append((a, b if b != a else -1))
+        ref = max_min_rates([tuple(x for x in f if x >= 0) for f in flows])
+        fast = _max_min_pairs(
+            np.array([f[0] for f in flows]), np.array([f[1] for f in flows]), nlinks
+        )
+        assert fast.tolist() == pytest.approx(ref, rel=1e-12)
