@@ -176,7 +176,7 @@ this many of its steps, evenly spaced: every all-to-all step moves the same
 bytes, so the job's slowdown is estimated from a sample of its shifts.
 """
 
-MAX_ALIGNED_STEPS = 64
+MAX_ALIGNED_STEPS = 32
 """Most aligned time steps per group of interacting jobs (see :func:`ecmp_slowdown`)."""
 
 
@@ -285,20 +285,30 @@ def _groups(leaf_sets: Sequence[frozenset[int]]) -> list[list[int]]:
 
 
 def _max_min_pairs(
-    a: npt.NDArray[np.int64], b: npt.NDArray[np.int64], nlinks: int
+    a: npt.NDArray[np.int64],
+    b: npt.NDArray[np.int64],
+    nlinks: int,
+    group: npt.NDArray[np.int64] | None = None,
 ) -> npt.NDArray[np.float64]:
     """Max-min fair rates (progressive filling) of flows on at most two unit links each.
 
     Flow ``i`` crosses links ``a[i]`` and ``b[i]`` (``-1``: none); the same
     computation as :func:`max_min_rates`, vectorised for the simulator.
+    ``group[link]`` splits the links into independent problems (no flow
+    crosses two groups) that are filled side by side, each at its own level.
     """
     n = len(a)
+    if group is None:
+        group = np.zeros(nlinks, dtype=np.int64)
+    ngroups = int(group.max()) + 1 if nlinks else 1
     rates = np.zeros(n)
     frozen = np.zeros(n, dtype=bool)
     residual = np.ones(nlinks)
     has_a, has_b = a >= 0, b >= 0
     a0, b0 = np.where(has_a, a, 0), np.where(has_b, b, 0)
+    flow_group = group[np.where(has_a, a0, b0)]
     share = np.empty(nlinks)
+    level = np.empty(ngroups)
     while not frozen.all():
         live = ~frozen
         active = np.bincount(a[live & has_a], minlength=nlinks) + np.bincount(
@@ -307,46 +317,57 @@ def _max_min_pairs(
         used = active > 0
         share.fill(np.inf)
         np.divide(residual, active, out=share, where=used)
-        level = float(share.min())
-        tight = used & (share <= level * (1 + 1e-12))
+        level.fill(np.inf)
+        np.minimum.at(level, group, share)
+        tight = used & (share <= level[group] * (1 + 1e-12))
         newly = live & ((has_a & tight[a0]) | (has_b & tight[b0]))
-        rates[newly] = level
+        rates[newly] = level[flow_group[newly]]
         frozen |= newly
-        residual -= level * (
-            np.bincount(a[newly & has_a], minlength=nlinks)
-            + np.bincount(b[newly & has_b], minlength=nlinks)
+        on_a, on_b = newly & has_a, newly & has_b
+        residual -= np.bincount(a[on_a], weights=rates[on_a], minlength=nlinks) + np.bincount(
+            b[on_b], weights=rates[on_b], minlength=nlinks
         )
     return rates
 
 
-def _step_times(key: Sequence[CompiledStep], nlinks: int) -> list[float]:
-    """Each job's time for one aligned step (``key[j]``: job ``j``'s step), max-min fair.
+def _keys_times(keys: Sequence[Sequence[CompiledStep]], nlinks: int) -> npt.NDArray[np.float64]:
+    """Each job's time in each aligned step (``keys[k][j]``: job ``j``'s step in the k-th).
 
-    Links that carry one flow never limit it below the full rate, so the
-    max-min computation only needs the flows on shared links.
+    All steps are solved in one max-min computation: a step's links are its
+    own (ids offset by ``k * nlinks``), so steps do not interact. Links that
+    carry one flow never limit it below the full rate, so the max-min
+    computation only needs the flows on shared links.
     """
-    jt = np.array([step.local for step in key])
-    ups = np.concatenate([step.up for step in key])
-    if not len(ups):
-        return [float(x) for x in jt]
-    downs = np.concatenate([step.down for step in key])
-    nbytes = np.concatenate([step.nbytes for step in key])
-    owner = np.repeat(np.arange(len(key)), [len(step.up) for step in key])
-    counts = np.bincount(ups, minlength=nlinks) + np.bincount(downs, minlength=nlinks)
-    hot_up, hot_down = counts[ups] > 1, counts[downs] > 1
+    nkeys, njobs = len(keys), len(keys[0])
+    steps = [step for key in keys for step in key]
+    jt = np.array([step.local for step in steps])  # row-major: key k, job j at k * njobs + j
+    sizes = [len(step.up) for step in steps]
+    if not sum(sizes):
+        return jt.reshape(nkeys, njobs)
+    cell = np.repeat(np.arange(len(steps)), sizes)  # which (key, job) each flow belongs to
+    shift = (cell // njobs) * nlinks
+    ups = np.concatenate([step.up for step in steps]) + shift
+    downs = np.concatenate([step.down for step in steps]) + shift
+    nbytes = np.concatenate([step.nbytes for step in steps])
+    both = np.concatenate([ups, downs])
+    links, inverse, counts = np.unique(both, return_inverse=True, return_counts=True)
+    inverse = inverse.reshape(-1)
+    hot = counts[inverse] > 1
+    hot_up, hot_down = hot[: len(ups)], hot[len(ups) :]
     shared = hot_up | hot_down
     alone = ~shared
-    np.maximum.at(jt, owner[alone], nbytes[alone])
+    np.maximum.at(jt, cell[alone], nbytes[alone])
     if shared.any():
-        a = np.where(hot_up, ups, -1)[shared]
-        b = np.where(hot_down, downs, -1)[shared]
-        # Number the shared links 0..k-1 (-1 stays "none") so the filling's arrays are small.
-        used, inverse = np.unique(np.concatenate([a, b]), return_inverse=True)
-        offset = 1 if used[0] < 0 else 0
-        inverse = inverse.reshape(-1) - offset
-        rates = _max_min_pairs(inverse[: len(a)], inverse[len(a) :], len(used) - offset)
-        np.maximum.at(jt, owner[shared], nbytes[shared] / rates)
-    return [float(x) for x in jt]
+        # Number the shared links 0..m-1 (-1: not shared) so the filling's arrays are small.
+        hot_ids = np.flatnonzero(counts > 1)
+        compact = np.full(len(links), -1, dtype=np.int64)
+        compact[hot_ids] = np.arange(len(hot_ids))
+        a = compact[inverse[: len(ups)]][shared]
+        b = compact[inverse[len(ups) :]][shared]
+        group = links[hot_ids] // nlinks  # the aligned step each shared link belongs to
+        rates = _max_min_pairs(a, b, len(hot_ids), group)
+        np.maximum.at(jt, cell[shared], nbytes[shared] / rates)
+    return jt.reshape(nkeys, njobs)
 
 
 def _combine(jobs: Sequence[CompiledJob], nlinks: int) -> tuple[float, ...]:
@@ -354,25 +375,25 @@ def _combine(jobs: Sequence[CompiledJob], nlinks: int) -> tuple[float, ...]:
 
     A job shorter than the longest repeats its schedule; with more than
     ``MAX_ALIGNED_STEPS`` aligned steps, that many evenly spaced ones are used.
+    Identical combinations of steps are computed once.
     """
     longest = max(len(job.schedule) for job in jobs)
     ts: Sequence[int] = range(longest)
     if longest > MAX_ALIGNED_STEPS:
         stride = longest / MAX_ALIGNED_STEPS
         ts = [int(i * stride) for i in range(MAX_ALIGNED_STEPS)]
-    times = [0.0] * len(jobs)
-    ideals = [0.0] * len(jobs)
-    seen: dict[tuple[int, ...], list[float]] = {}
+    index: dict[tuple[int, ...], int] = {}
+    order = []
     for t in ts:
         sids = tuple(job.schedule[t % len(job.schedule)] for job in jobs)
-        hit = seen.get(sids)
-        if hit is None:
-            hit = _step_times([job.steps[s] for job, s in zip(jobs, sids, strict=True)], nlinks)
-            seen[sids] = hit
-        for j, job in enumerate(jobs):
-            times[j] += hit[j]
-            ideals[j] += job.steps[sids[j]].ideal
-    return tuple(tm / i if i > 0 else 1.0 for tm, i in zip(times, ideals, strict=True))
+        order.append(index.setdefault(sids, len(index)))
+    keys = [[job.steps[s] for job, s in zip(jobs, sids, strict=True)] for sids in index]
+    hits = _keys_times(keys, nlinks)
+    ideal = np.array([[step.ideal for step in key] for key in keys])
+    weight = np.bincount(np.array(order), minlength=len(keys)).astype(float)
+    times = weight @ hits
+    ideals = weight @ ideal
+    return tuple(float(tm / i) if i > 0 else 1.0 for tm, i in zip(times, ideals, strict=True))
 
 
 @lru_cache(maxsize=16384)

@@ -166,3 +166,27 @@ def test_vectorised_max_min_matches_the_reference() -> None:
             np.array([f[0] for f in flows]), np.array([f[1] for f in flows]), nlinks
         )
         assert fast.tolist() == pytest.approx(ref, rel=1e-12)
+
+
+def test_independent_problems_filled_side_by_side_match_each_alone() -> None:
+    rng = random.Random(8)
+    problems = []
+    for _ in range(6):
+        nlinks = rng.randint(1, 8)
+        flows = [
+            (rng.randrange(nlinks), rng.choice([-1, rng.randrange(nlinks)])) for _ in range(12)
+        ]
+        problems.append((nlinks, [(x, y if y != x else -1) for x, y in flows]))
+    a: list[int] = []
+    b: list[int] = []
+    group: list[int] = []
+    expected: list[float] = []
+    base = 0
+    for k, (nlinks, flows) in enumerate(problems):
+        expected += max_min_rates([tuple(x for x in f if x >= 0) for f in flows])
+        a += [x + base for x, _ in flows]
+        b += [y + base if y >= 0 else -1 for _, y in flows]
+        group += [k] * nlinks
+        base += nlinks
+    fast = _max_min_pairs(np.array(a), np.array(b), base, np.array(group))
+    assert fast.tolist() == pytest.approx(expected, rel=1e-12)
