@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fabric.errors import TopologyError
-from scheduler.fabric_placement import SIM_PLACEMENTS, fabric_spec_for
+from scheduler.fabric_placement import MIX_MODELS, SIM_PLACEMENTS, TRAFFIC, fabric_spec_for
 from scheduler.fairshare import FAIR_SHARE_HALF_LIFE, parse_weights
 from scheduler.policies import REGISTRY, get_policy
 from scheduler.priority import (
@@ -243,6 +243,24 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--series-csv", type=Path, help="write the time series (busy, efficiency, queue) as CSV"
     )
+    # Fabric traffic and the Philly mapping of the vClos studies (issue 17).
+    p.add_argument(
+        "--min-gpus", type=_positive_int, default=1, help="philly: keep jobs of at least this many"
+    )
+    p.add_argument(
+        "--gpu-scale",
+        type=_positive_int,
+        default=1,
+        help="philly: multiply every kept job's GPUs (4 maps Philly's 1-128 onto vClos's 4-512)",
+    )
+    p.add_argument(
+        "--traffic",
+        choices=TRAFFIC,
+        default="ring",
+        help="ecmp: every job runs ring all-reduce (ring), or each job its model's collective "
+        "(mix: ring, hierarchical ring, halving-doubling, all-to-all for moe; vclos-synthetic "
+        "then also draws the moe model)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -292,13 +310,16 @@ def load_trace(args: argparse.Namespace, total_gpus: int) -> LoadedTrace:
             max_gpus=limit,
             seed=args.seed,
             on_error=args.on_error,
+            min_gpus=args.min_gpus,
+            gpu_scale=args.gpu_scale,
         )
     if fmt == "edl-synthetic":
         return edl_synthetic(seed=args.seed, mixed=args.edl_mixed)
     if fmt == "vclos-synthetic":
+        models = MIX_MODELS if args.traffic == "mix" else ("vgg16", "resnet50", "resnet101", "bert")
         if args.sizes is None:
             return vclos_workload(
-                jobs=args.jobs, total_gpus=total_gpus, load=args.load, seed=args.seed
+                jobs=args.jobs, total_gpus=total_gpus, load=args.load, seed=args.seed, models=models
             )
         return vclos_workload(
             jobs=args.jobs,
@@ -307,6 +328,7 @@ def load_trace(args: argparse.Namespace, total_gpus: int) -> LoadedTrace:
             sizes=args.sizes,
             size_weights=None,
             seed=args.seed,
+            models=models,
         )
     return poisson_workload(jobs=args.jobs, total_gpus=total_gpus, load=args.load, seed=args.seed)
 
@@ -373,6 +395,7 @@ def run_one(name: str, trace: LoadedTrace, args: argparse.Namespace, total: int)
         placement=args.placement,
         fabric=fabric,
         seed=args.seed,
+        traffic=args.traffic,
         tenant_weights=args.tenant_weights,
         half_life=args.half_life,
     )

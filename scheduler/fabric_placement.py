@@ -148,11 +148,51 @@ class VClosBinder:
             bind(self.spec, self.allocator, [Preempt(job)])
 
 
+#: Traffic models of the simulator: ``ring`` (every job's collective is ring
+#: all-reduce) or ``mix`` (each job's collective by its model, :data:`COLLECTIVES`).
+TRAFFIC = ("ring", "mix")
+
+#: The journal's traffic mix, one collective per model (which all-reduce each
+#: data-parallel model uses is our choice; the journal names ring and
+#: halving-doubling for VGG16, ResNet50, ResNet101 and BERT, hierarchical rings
+#: as multi-plane rings, and all-to-all for its mixture-of-experts model).
+COLLECTIVES: Mapping[str, str] = {
+    "vgg16": "ring",
+    "vgg19": "ring",
+    "alexnet": "ring",
+    "resnet50": "hring",
+    "resnet152": "hring",
+    "inception3": "hring",
+    "resnet101": "hd",
+    "bert": "hd",
+    "googlenet": "hd",
+    "moe": "a2a",
+}
+
+#: The models of the vclos-synthetic workload with ``--traffic mix``: the
+#: journal's four data-parallel models and its mixture-of-experts model.
+MIX_MODELS = ("vgg16", "resnet50", "resnet101", "bert", "moe")
+
+
+def collective_for(model: str, traffic: str = "ring") -> str:
+    """The collective a job of ``model`` runs under ``traffic`` (unknown models: ring)."""
+    if traffic not in TRAFFIC:
+        raise ValueError(f"unknown traffic {traffic!r} (choose {', '.join(TRAFFIC)})")
+    if traffic == "ring":
+        return "ring"
+    return COLLECTIVES.get(model, "ring")
+
+
 class Contention(Protocol):
     """Link contention: a slowdown >= 1 of each job's communication, given where all run."""
 
-    def slowdowns(self, placed: Sequence[tuple[int, ...]]) -> Sequence[float]:
-        """One factor per job of ``placed`` (multi-GPU jobs' GPUs in rank order), in order."""
+    def slowdowns(
+        self, placed: Sequence[tuple[int, ...]], patterns: Sequence[str] | None = None
+    ) -> Sequence[float]:
+        """One factor per job of ``placed`` (multi-GPU jobs' GPUs in rank order), in order.
+
+        ``patterns`` names each job's collective (None: the model's default).
+        """
         ...
 
 
@@ -164,9 +204,13 @@ class EcmpContention:
     pattern: str = "ring"
     seed: int = 0
 
-    def slowdowns(self, placed: Sequence[tuple[int, ...]]) -> Sequence[float]:
-        """The fabric's max-min analysis of all jobs' flows at once."""
-        return ecmp_slowdown(self.spec, placed, self.pattern, self.seed)
+    def slowdowns(
+        self, placed: Sequence[tuple[int, ...]], patterns: Sequence[str] | None = None
+    ) -> Sequence[float]:
+        """The fabric's max-min analysis of all jobs' flows at once (each its own collective)."""
+        return ecmp_slowdown(
+            self.spec, placed, self.pattern if patterns is None else patterns, self.seed
+        )
 
 
 def fabric_spec_for(total_gpus: int, gpus_per_server: int, leaves: int) -> FabricSpec:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fabric.topology import FabricSpec
-from scheduler.fabric_placement import Contention, sim_placement
+from scheduler.fabric_placement import Contention, collective_for, sim_placement
 from scheduler.fairshare import FAIR_SHARE_HALF_LIFE, FairShare
 from scheduler.placement import CountOnly, SimPlacement
 from scheduler.policies.base import Plan, Policy
@@ -100,6 +100,8 @@ class SimConfig:
     series (seconds).  ``placement`` names the placement (``count``,
     ``consolidated``, ``vclos``, ``ecmp``); the fabric ones need ``fabric``,
     and ``seed`` is ECMP's hash seed.
+    ``traffic`` picks each job's collective for the contention model (``ring``
+    for all, or ``mix``: by model, see :func:`scheduler.fabric_placement.collective_for`).
     ``tenant_weights`` turns tenant fair share on (usage decays with
     ``half_life`` seconds; the simulator keeps it from its running jobs).
     """
@@ -116,6 +118,7 @@ class SimConfig:
     placement: str = "count"
     fabric: FabricSpec | None = None
     seed: int = 0
+    traffic: str = "ring"
     tenant_weights: Mapping[str, float] | None = None
     half_life: float = FAIR_SHARE_HALF_LIFE
 
@@ -396,12 +399,18 @@ def simulate(
     ``placement`` is given (then ``contention`` goes with it; None: links are
     free).  With any placement but ``count`` the policy is reported as
     ``policy+placement`` and the summary adds ``skipped`` (jobs no placement
-    could ever hold) and ``mean_max_slowdown``.
+    could ever hold) and ``mean_max_slowdown``; with an elastic policy also
+    ``grow_requests`` and ``grow_refused`` (resizes up the placement was asked
+    for and refused: no shape free) and ``start_extras_refused`` (starts whose
+    extra GPUs fitted no shape; they started on their base size); with a
+    contention model ``job_slowdown``: the distribution over jobs of each job's
+    communication slowdown averaged over the time it ran.
     """
     if placement is None:
         placement, contention = sim_placement(
             cfg.placement, cfg.total_gpus, cfg.gpus_per_server, cfg.fabric, seed=cfg.seed
         )
+    collective_for("", cfg.traffic)  # an unknown traffic model fails here, not mid-run
     core = policy.new_core(cfg.total_gpus)
     core.ageing = policy.class_ageing_s
     ageing = core.ageing is not None
@@ -430,6 +439,9 @@ def simulate(
     seq = 0
     ai = 0
     skipped = 0
+    # Elasticity against the placement: grows asked for and refused (no shape free),
+    # and elastic starts whose extras no shape fitted (started on their base size).
+    growth = {"grow_requests": 0, "grow_refused": 0, "start_extras_refused": 0}
     tick = cfg.tick
     next_tick = first + tick if tick else math.inf
 
@@ -457,13 +469,32 @@ def simulate(
         job.running = False
         job.version += 1
 
+    # Per job, its communication slowdown integrated over the time it ran (contention
+    # models only): job id -> [slowdown x seconds, seconds]; running job -> (since, factor).
+    slow_area: dict[str, list[float]] = {}
+    slow_now: dict[JobRecord, tuple[float, float]] = {}
+
+    def book_slowdowns(now: float, factor: Mapping[JobRecord, float]) -> None:
+        for job, (since, f) in slow_now.items():
+            acc = slow_area.setdefault(job.id, [0.0, 0.0])
+            acc[0] += f * (now - since)
+            acc[1] += now - since
+        slow_now.clear()
+        for job in held:
+            slow_now[job] = (now, factor.get(job, 1.0))
+
     def refresh_paces(now: float) -> float:
         """Re-pace every running job after a change; returns the worst slowdown."""
-        if contention is None or not held:
+        if contention is None:
+            return 1.0
+        if not held:
+            book_slowdowns(now, {})
             return 1.0
         multi = [(job, gpus) for job, gpus in held.items() if len(gpus) > 1]
-        slow = contention.slowdowns([gpus for _, gpus in multi]) if multi else ()
+        patterns = [collective_for(job.model, cfg.traffic) for job, _ in multi]
+        slow = contention.slowdowns([gpus for _, gpus in multi], patterns) if multi else ()
         factor = {job: s for (job, _), s in zip(multi, slow, strict=True)}
+        book_slowdowns(now, factor)
         for job, gpus in held.items():
             s = factor.get(job, 1.0)
             model = get_model(job.model or "resnet50")
@@ -564,9 +595,14 @@ def simulate(
                 gpus: tuple[int, ...] | None = ()
                 if n > 0 and not by_count and not (job.running and n == job.alloc):
                     gpus = None if blocked and not job.running else placement.place(job.id, n)
+                    grows = job.running and n > job.alloc
+                    if grows:
+                        growth["grow_requests"] += 1
+                        growth["grow_refused"] += gpus is None
                     if gpus is None and not blocked and not job.running and 0 < job.base < n:
                         # An elastic start with extras no shape fits: start on the base
                         # size alone; the core hears that the extras were refused.
+                        growth["start_extras_refused"] += 1
                         refused.append((job, n))
                         n = job.base
                         gpus = placement.place(job.id, n)
@@ -634,7 +670,22 @@ def simulate(
         summary["skipped"] = skipped
         slow = acct.series["slowdown"]
         summary["mean_max_slowdown"] = round(statistics.fmean(slow), 4) if slow else 1.0
+        if elastic:
+            summary.update(growth)
+        if contention is not None:
+            summary["job_slowdown"] = _distribution([a / t for a, t in slow_area.values() if t > 0])
     return SimResult(name, tuple(acct.results), acct.series, summary, tuple(acct.failed))
+
+
+def _distribution(values: Sequence[float]) -> dict[str, float]:
+    """Mean, median, p95 and max of ``values`` (all 1.0 when empty: nothing slowed down)."""
+    v = sorted(values) or [1.0]
+    return {
+        "mean": round(statistics.fmean(v), 4),
+        "p50": round(_percentile(v, 0.5), 4),
+        "p95": round(_percentile(v, 0.95), 4),
+        "max": round(v[-1], 4),
+    }
 
 
 def jct_by(

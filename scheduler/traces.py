@@ -171,13 +171,21 @@ def load_philly(
     seed: int = 0,
     models: Sequence[str] = MODEL_NAMES,
     on_error: str = "skip",
+    min_gpus: int = 1,
+    gpu_scale: int = 1,
 ) -> LoadedTrace:
     """Read the Philly CSV: keep rows in [start, end) of virtual cluster ``vc``.
 
     Submit times become seconds after the first kept job.  Models are drawn
     uniformly from ``models`` with ``random.Random(seed)``, one per kept job in
-    (submit time, file order) order, as the papers assigned models.
+    (submit time, file order) order, as the papers assigned models.  Rows
+    asking for fewer than ``min_gpus`` GPUs are left out (not counted as
+    skipped: a filter, like ``vc``); each kept job's GPUs are multiplied by
+    ``gpu_scale`` (the vClos journal mapped a production trace's sizes onto
+    4-512 GPUs) before the ``max_gpus`` check.
     """
+    if min_gpus < 1 or gpu_scale < 1:
+        raise TraceError("min_gpus and gpu_scale must be at least 1")
     p = Path(path)
     lo = _parse_date(start) if start else None
     hi = _parse_date(end) if end else None
@@ -226,6 +234,9 @@ def load_philly(
             if gpus <= 0:
                 _bad("no GPUs requested", skipped, on_error, f"{p}:{line}")
                 continue
+            if gpus < min_gpus:
+                continue
+            gpus *= gpu_scale
             if max_gpus is not None and gpus > max_gpus:
                 _bad("larger than the cluster", skipped, on_error, f"{p}:{line}")
                 continue
