@@ -84,6 +84,9 @@ def main() -> int:
     # requeue every job placed more than a minute ago (a slow setup on a loaded machine).
     os.environ.setdefault("RECONCILE_SECONDS", "86400")
     os.environ.setdefault("RECONCILE_START_SECONDS", "86400")
+    # Nor does a silence between the bench's heartbeats mean a dead agent: a first tick
+    # placing 10,000 jobs on a loaded machine outlasts the 20 s default.
+    os.environ.setdefault("AGENT_DOWN_AFTER_SECONDS", "86400")
     import django
 
     django.setup()
@@ -108,7 +111,10 @@ def main() -> int:
     do_load_topology({"leaves": leaves, "spines": 32, "servers_per_leaf": 4, "gpus_per_server": 8})
     Server.objects.update(last_heartbeat=timezone.now())
     tenant = do_create_tenant(
-        slug="bench", owner_username="bench", gpu_quota=100_000, max_queued_jobs=options.jobs
+        slug="bench",
+        owner_username="bench",
+        gpu_quota=1_000_000,
+        max_queued_jobs=options.jobs + 2 * options.churn * options.ticks,
     ).tenant
     owner = tenant.memberships.get().user
 
@@ -134,6 +140,7 @@ def main() -> int:
     heartbeats()
     initial = []
     for _ in range(3):
+        heartbeats()
         initial.append(run_tick(policy=options.policy).duration_s)
     active = Job.objects.filter(state__in=("running", "scaling", "queued")).count()
     running = Job.objects.filter(state__in=("running", "scaling")).count()
