@@ -28,6 +28,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricF
 
 from inventory.models import Gpu, ServerState
 from jobs.choices import ACTIVE_STATES, EventKind, JobState
+from jobs.control.incremental import MISMATCH_FIELD
 from jobs.control.tick_stats import read_tick_stats
 from jobs.models import Job, JobEvent, JobGpu
 from jobs.usage import gpu_seconds_by_tenant
@@ -95,6 +96,20 @@ class _UsageCollector:
         yield gpu_seconds_counter(self.tenants)
 
 
+class _MismatchCollector:
+    """The incremental tick's kept state found different from a full rebuild (a counter)."""
+
+    def __init__(self, count: float) -> None:
+        self.count = count
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "portal_tick_state_mismatches",
+            "Verify passes that found the tick's kept state different from the database.",
+            value=self.count,
+        )
+
+
 def build_registry() -> CollectorRegistry:
     """A fresh registry filled from the database."""
     registry = CollectorRegistry()
@@ -159,6 +174,7 @@ def build_registry() -> CollectorRegistry:
         tick.get("sum", 0.0)
     )
 
+    registry.register(_MismatchCollector(tick.get(MISMATCH_FIELD, 0.0)))
     registry.register(_JctCollector())
     registry.register(_UsageCollector(tenants))
     return registry

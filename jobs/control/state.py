@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -37,29 +38,64 @@ class ClusterState:
     draining: frozenset[int]
 
 
-def read_cluster() -> ClusterState | None:
-    """The fabric, where every GPU lives, which are schedulable now, who holds what.
+@dataclass(frozen=True, slots=True)
+class ServerRow:
+    """What the tick needs of a server: its name, position, state, whether it ever beat."""
 
-    GPU ids follow from each server's position (the fabric's numbering), so
-    this reads the servers, not every GPU row.
+    node: str
+    leaf: int
+    slot: int
+    state: str
+    beating: bool
+
+
+def read_servers() -> list[ServerRow]:
+    """Every server, by position (heartbeat times left out: only their presence matters)."""
+    return [
+        ServerRow(node, leaf, slot, state, heartbeat is not None)
+        for node, leaf, slot, state, heartbeat in Server.objects.order_by(
+            "leaf", "slot"
+        ).values_list("node", "leaf", "slot", "state", "last_heartbeat")
+    ]
+
+
+@dataclass(frozen=True)
+class ServerLayout:
+    """Where every GPU lives and which are schedulable or draining, from the server rows."""
+
+    homes: dict[int, GpuHome]
+    schedulable: frozenset[int]
+    draining: frozenset[int]
+
+
+def server_layout(spec: FabricSpec, servers: Iterable[ServerRow]) -> ServerLayout:
+    """Lay out ``servers`` on the fabric's GPU numbering.
+
+    GPU ids follow from each server's position, so this needs the servers, not
+    every GPU row.
     """
+    homes: dict[int, GpuHome] = {}
+    schedulable: set[int] = set()
+    draining: set[int] = set()
+    for server in servers:
+        first = server.leaf * spec.gpus_per_leaf + server.slot * spec.gpus_per_server
+        indices = range(first, first + spec.gpus_per_server)
+        for local, index in enumerate(indices):
+            homes[index] = GpuHome(node=server.node, local=local)
+        if server.state == ServerState.UP and server.beating:
+            schedulable.update(indices)
+        elif server.state == ServerState.DRAINING:
+            draining.update(indices)
+    return ServerLayout(homes, frozenset(schedulable), frozenset(draining))
+
+
+def read_cluster() -> ClusterState | None:
+    """The fabric, where every GPU lives, which are schedulable now, who holds what."""
     fabric = Fabric.objects.filter(pk=1).first()
     if fabric is None:
         return None
     spec = fabric.spec()
-    homes: dict[int, GpuHome] = {}
-    schedulable: set[int] = set()
-    draining: set[int] = set()
-    servers = Server.objects.values_list("node", "leaf", "slot", "state", "last_heartbeat")
-    for node, leaf, slot, state, heartbeat in servers:
-        first = leaf * spec.gpus_per_leaf + slot * spec.gpus_per_server
-        indices = range(first, first + spec.gpus_per_server)
-        for local, index in enumerate(indices):
-            homes[index] = GpuHome(node=node, local=local)
-        if state == ServerState.UP and heartbeat is not None:
-            schedulable.update(indices)
-        elif state == ServerState.DRAINING:
-            draining.update(indices)
+    layout = server_layout(spec, read_servers())
     holders: dict[int, int] = {}
     holdings: dict[int, list[int]] = {}
     for job_id, index in JobGpu.objects.order_by("job_id", "rank").values_list(
@@ -69,11 +105,11 @@ def read_cluster() -> ClusterState | None:
         holdings.setdefault(job_id, []).append(index)
     return ClusterState(
         spec=spec,
-        homes=homes,
-        schedulable=frozenset(schedulable),
+        homes=layout.homes,
+        schedulable=layout.schedulable,
         holders=holders,
         holdings=holdings,
-        draining=frozenset(draining),
+        draining=layout.draining,
     )
 
 
@@ -91,25 +127,40 @@ def _held_shape(data: dict[str, Any]) -> Allocation:
     )
 
 
+def held_allocation(
+    job_id: int, data: dict[str, Any] | None, cluster: ClusterState
+) -> Allocation | None:
+    """What the allocator must reserve for an active job: its persisted shape, else its GPUs."""
+    if data:
+        return _held_shape(data)
+    if gpus := tuple(cluster.holdings.get(job_id, ())):
+        # held GPUs without a recorded shape: reserve them as they are
+        leaves = tuple(sorted({cluster.spec.leaf_of(g) for g in gpus}))
+        return Allocation(runtime_job_name(job_id), gpus, leaves)
+    return None
+
+
+def blocked_gpus(cluster: ClusterState) -> frozenset[int]:
+    """GPUs the allocator must not hand out: every one that is not schedulable now.
+
+    Held GPUs of draining servers are blocked too: a job released there lands elsewhere.
+    """
+    return frozenset(g for g in range(cluster.spec.total_gpus) if g not in cluster.schedulable)
+
+
 def load_allocator(cluster: ClusterState) -> VClosAllocator:
     """A vClos allocator holding every running job's allocation; other GPUs blocked as needed."""
     allocator = VClosAllocator(cluster.spec)
     allocations = []
     for job_id, data in Job.objects.filter(state__in=ACTIVE_STATES).values_list("id", "allocation"):
-        if data:
-            allocations.append(_held_shape(data))
-        elif gpus := tuple(cluster.holdings.get(job_id, ())):
-            # held GPUs without a recorded shape: reserve them as they are
-            leaves = tuple(sorted({cluster.spec.leaf_of(g) for g in gpus}))
-            allocations.append(Allocation(runtime_job_name(job_id), gpus, leaves))
+        if (allocation := held_allocation(job_id, data, cluster)) is not None:
+            allocations.append(allocation)
     allocator.restore(allocations)
-    # Held GPUs of draining servers are blocked too: a job released there lands elsewhere.
-    blocked = [g for g in range(cluster.spec.total_gpus) if g not in cluster.schedulable]
-    allocator.set_unavailable(blocked)
+    allocator.set_unavailable(sorted(blocked_gpus(cluster)))
     return allocator
 
 
-def _last_state_change(job_ids: set[int]) -> dict[int, datetime]:
+def last_state_changes(job_ids: set[int]) -> dict[int, datetime]:
     """When each job last started, was stopped or was requeued (its latest state event).
 
     Class ageing measures a job's wait from there; only jobs that can age (the
@@ -127,7 +178,7 @@ def _last_state_change(job_ids: set[int]) -> dict[int, datetime]:
     return dict(rows)
 
 
-def _finishing(job_ids: set[int]) -> set[int]:
+def finishing_jobs(job_ids: set[int]) -> set[int]:
     """Which of these running jobs end within ``SCALE_OUT_MIN_SECONDS_LEFT`` at their rate.
 
     Asked only for running jobs that could still grow, in one query, so the
@@ -166,70 +217,165 @@ class PolicyInput:
     profile_candidates: tuple[int, ...]  # running at max, never profiled, tenant profiles
 
 
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """What the snapshot needs of one queued, running or scaling job (curves parsed)."""
+
+    id: int
+    state: str
+    parallelism: int
+    tenant_id: int
+    submitted_at: datetime
+    gpus: int
+    min_gpus: int
+    max_gpus: int
+    attained_gpu_seconds: float
+    priority: int
+    profiled: dict[int, float]
+    measured: dict[int, float]
+    profile_state: str
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRow:
+    """What the snapshot needs of a tenant with jobs in it."""
+
+    slug: str
+    gpu_quota: int
+    profile_jobs: bool
+    priority_weight: float
+
+
+SNAPSHOT_STATES = (JobState.QUEUED, JobState.RUNNING, JobState.SCALING)
+"""The jobs a snapshot describes (those the policy may decide on, and those it must leave)."""
+
+JOB_ROW_FIELDS = (
+    "id",
+    "state",
+    "parallelism",
+    "tenant_id",
+    "submitted_at",
+    "gpus",
+    "min_gpus",
+    "max_gpus",
+    "attained_gpu_seconds",
+    "priority",
+    "throughput_curve",
+    "measured_curve",
+    "profile_state",
+)
+TENANT_ROW_FIELDS = ("slug", "gpu_quota", "profile_jobs", "priority_weight")
+
+
+def _curve(data: Any) -> dict[int, float]:
+    return {int(k): float(v) for k, v in (data or {}).items()}
+
+
+def job_row(values: Mapping[str, Any]) -> JobRow:
+    """A :class:`JobRow` from a ``values()`` dict of :data:`JOB_ROW_FIELDS`."""
+    return JobRow(
+        id=values["id"],
+        state=values["state"],
+        parallelism=values["parallelism"],
+        tenant_id=values["tenant_id"],
+        submitted_at=values["submitted_at"],
+        gpus=values["gpus"],
+        min_gpus=values["min_gpus"],
+        max_gpus=values["max_gpus"],
+        attained_gpu_seconds=values["attained_gpu_seconds"],
+        priority=values["priority"],
+        profiled=_curve(values["throughput_curve"]),
+        measured=_curve(values["measured_curve"]),
+        profile_state=values["profile_state"],
+    )
+
+
+def gpu_view(cluster: ClusterState, index: int) -> GpuView:
+    """How the policy sees GPU ``index``: busy (and whose), free, or down."""
+    holder = cluster.holders.get(index)
+    if holder is not None:
+        state, job_name = GpuState.BUSY, runtime_job_name(holder)
+    elif index in cluster.schedulable:
+        state, job_name = GpuState.FREE, None
+    else:
+        state, job_name = GpuState.DOWN, None
+    return GpuView(
+        id=index,
+        server=cluster.spec.server_of(index),
+        leaf=cluster.spec.leaf_of(index),
+        state=state,
+        job=job_name,
+    )
+
+
+def growing_jobs(rows: Iterable[JobRow], holdings: Mapping[int, list[int]]) -> set[int]:
+    """Running jobs that could still grow (the ones whose end must be checked)."""
+    return {
+        row.id
+        for row in rows
+        if row.state == JobState.RUNNING and row.max_gpus > len(holdings.get(row.id, ()))
+    }
+
+
+def ageing_jobs(rows: Iterable[JobRow]) -> set[int]:
+    """Jobs of the low class, which age: their last state change is asked for."""
+    return {row.id for row in rows if priority_class(row.priority) > AGED_CEILING}
+
+
 def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
-    """The policy's view: schedulable GPUs and the jobs it may decide on.
+    """The policy's view, read from the database in full (the reference path).
 
     Jobs in the middle of a membership switch (``scaling``) are left out: the
     policy decides on them again once the switch is done.  A queued job whose
     tenant has no quota left for its request is held back (quota rule).
     Returns the snapshot with what the tick needs next to it (``PolicyInput``).
+    The incremental tick (``jobs.control.incremental``) keeps the same inputs
+    between ticks and assembles them with the same :func:`assemble_snapshot`.
     """
-    gpus = []
-    for index in sorted(cluster.homes):
-        holder = cluster.holders.get(index)
-        if holder is not None:
-            state, job_name = GpuState.BUSY, runtime_job_name(holder)
-        elif index in cluster.schedulable:
-            state, job_name = GpuState.FREE, None
-        else:
-            state, job_name = GpuState.DOWN, None
-        gpus.append(
-            GpuView(
-                id=index,
-                server=cluster.spec.server_of(index),
-                leaf=cluster.spec.leaf_of(index),
-                state=state,
-                job=job_name,
-            )
-        )
-    rows = (
-        Job.objects.filter(state__in=(JobState.QUEUED, JobState.RUNNING, JobState.SCALING))
+    gpus = tuple(gpu_view(cluster, index) for index in sorted(cluster.homes))
+    values = (
+        Job.objects.filter(state__in=SNAPSHOT_STATES)
         .order_by("submitted_at", "id")
-        .values_list(
-            "id",
-            "state",
-            "parallelism",
-            "tenant_id",
-            "tenant__slug",
-            "tenant__gpu_quota",
-            "submitted_at",
-            "gpus",
-            "min_gpus",
-            "max_gpus",
-            "attained_gpu_seconds",
-            "priority",
-            "throughput_curve",
-            "measured_curve",
-            "profile_state",
-            "tenant__profile_jobs",
-            "tenant__priority_weight",
-        )
+        .values(*JOB_ROW_FIELDS, *(f"tenant__{name}" for name in TENANT_ROW_FIELDS))
     )
+    rows: list[JobRow] = []
+    tenants: dict[int, TenantRow] = {}
+    for value in values:
+        rows.append(job_row(value))
+        if value["tenant_id"] not in tenants:
+            tenants[value["tenant_id"]] = TenantRow(
+                *(value[f"tenant__{name}"] for name in TENANT_ROW_FIELDS)
+            )
+    about_to_end = finishing_jobs(growing_jobs(rows, cluster.holdings))
+    since = last_state_changes(ageing_jobs(rows))
+    return assemble_snapshot(cluster, gpus, rows, tenants, about_to_end, since, now)
+
+
+def assemble_snapshot(
+    cluster: ClusterState,
+    gpus: tuple[GpuView, ...],
+    rows: Sequence[JobRow],
+    tenants: Mapping[int, TenantRow],
+    about_to_end: Collection[int],
+    since: Mapping[int, datetime],
+    now: datetime,
+    curves: dict[int, tuple[int, Mapping[int, float]]] | None = None,
+) -> PolicyInput:
+    """The policy's view from rows already read: pure, shared by the full and incremental tick.
+
+    ``rows`` are in submission order; ``about_to_end`` are the running jobs that
+    end within ``SCALE_OUT_MIN_SECONDS_LEFT``; ``since`` each ageing job's last
+    state change; ``curves``, when given, memoizes each job's policy curve (with
+    the largest size it was made for) across ticks (its owner drops a job's entries when
+    the job changes).
+    """
     # Quota counts each job's requested share only: GPUs above it are idle extras that
     # the policy reclaims first, so they never keep a tenant's next job waiting.
     in_use: dict[int, int] = {}
     for row in rows:
-        if row[1] in ACTIVE_STATES:
-            in_use[row[3]] = in_use.get(row[3], 0) + min(row[2], row[7])
+        if row.state in ACTIVE_STATES:
+            in_use[row.tenant_id] = in_use.get(row.tenant_id, 0) + min(row.parallelism, row.gpus)
     holdings = cluster.holdings
-    about_to_end = _finishing(
-        {
-            row[0]
-            for row in rows
-            if row[1] == JobState.RUNNING and row[9] > len(holdings.get(row[0], ()))
-        }
-    )
-    since = _last_state_change({row[0] for row in rows if priority_class(row[11]) > AGED_CEILING})
     views: list[JobView] = []
     ids: dict[str, int] = {}
     held_back: dict[int, str] = {}
@@ -237,56 +383,45 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
     profile_candidates: list[int] = []
     weights: dict[str, float] = {}
     epoch = now.timestamp()
-    for (
-        job_id,
-        state,
-        _parallelism,
-        tenant_id,
-        slug,
-        quota,
-        submitted,
-        requested,
-        lo,
-        hi,
-        service,
-        priority,
-        curve_json,
-        measured_json,
-        profile_state,
-        tenant_profiles,
-        weight,
-    ) in rows:
-        if state == JobState.SCALING or profile_state == "requested":
+    for row in rows:
+        job_id, state, lo, hi = row.id, row.state, row.min_gpus, row.max_gpus
+        if state == JobState.SCALING or row.profile_state == "requested":
             continue  # switching or profiling: its size belongs to the runtime for now
+        tenant = tenants[row.tenant_id]
         held = tuple(holdings.get(job_id, ())) if state == JobState.RUNNING else ()
-        if tenant_profiles and not profile_state and lo < hi and len(held) == hi:
+        if tenant.profile_jobs and not row.profile_state and lo < hi and len(held) == hi:
             profile_candidates.append(job_id)
-        if state == JobState.QUEUED and in_use.get(tenant_id, 0) + lo > quota:
+        used = in_use.get(row.tenant_id, 0)
+        if state == JobState.QUEUED and used + lo > tenant.gpu_quota:
             held_back[job_id] = (
-                f"tenant {slug} holds {in_use.get(tenant_id, 0)} of its {quota}-GPU quota"
+                f"tenant {tenant.slug} holds {used} of its {tenant.gpu_quota}-GPU quota"
             )
             continue
-        book.quota[slug] = quota
-        weights[slug] = weight
-        book.in_use[slug] = in_use.get(tenant_id, 0)
+        book.quota[tenant.slug] = tenant.gpu_quota
+        weights[tenant.slug] = tenant.priority_weight
+        book.in_use[tenant.slug] = used
         if held and job_id in about_to_end:
             hi = len(held)  # a newcomer would join a job about to end: no growth
         name = runtime_job_name(job_id)
-        profiled = {int(k): float(v) for k, v in (curve_json or {}).items()}
-        measured = {int(k): float(v) for k, v in (measured_json or {}).items()}
-        curve = policy_curve(profiled, measured, hi)
+        memo = curves.get(job_id) if curves is not None else None
+        if memo is not None and memo[0] == hi:
+            curve = memo[1]
+        else:
+            curve = policy_curve(row.profiled, row.measured, hi)
+            if curves is not None:
+                curves[job_id] = (hi, curve)
         views.append(
             JobView(
                 id=name,
-                submit_time=submitted.timestamp() - epoch,
-                requested_gpus=requested,
-                tenant=slug,
+                submit_time=row.submitted_at.timestamp() - epoch,
+                requested_gpus=row.gpus,
+                tenant=tenant.slug,
                 min_gpus=lo,
                 max_gpus=hi,
                 gpus=held,
-                attained_service=service,
+                attained_service=row.attained_gpu_seconds,
                 state=ViewState.RUNNING if held else ViewState.QUEUED,
-                priority=priority,
+                priority=row.priority,
                 queue_since=since[job_id].timestamp() - epoch if job_id in since else None,
                 throughput=curve,
             )
@@ -294,7 +429,7 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
         ids[name] = job_id
     snapshot = Snapshot(
         now=0.0,
-        cluster=Cluster(gpus=tuple(gpus), fabric_spec=cluster.spec),
+        cluster=Cluster(gpus=gpus, fabric_spec=cluster.spec),
         jobs=tuple(views),
         tenants=tenant_shares(weights, now),
     )

@@ -14,8 +14,15 @@
            → GPU/cable rows, states, events
     └─ on commit: agent commands to ``agent.<node>``, live updates to browsers
 
-It is idempotent: a tick re-derives everything from the database, so a tick
-killed half-way (its transaction rolls back) is repaired by the next one.
+The cluster, the allocator and the snapshot come from a ``ClusterSource``
+(``jobs.control.incremental``): by default the state kept in this process
+between ticks, brought up to date with the rows that changed since the last
+tick and compared with a full rebuild every ``TICK_VERIFY_EVERY`` ticks;
+with ``TICK_INCREMENTAL=0``, a full rebuild from the database every tick.
+
+It is idempotent: everything is derived from the database, so a tick killed
+half-way (its transaction rolls back, the kept state is dropped) is repaired
+by the next one, which reads everything again.
 """
 
 from __future__ import annotations
@@ -40,10 +47,11 @@ from jobs import holdings
 from jobs.agent_commands import job_id_from_name, runtime_job_name
 from jobs.choices import EventKind, JobState
 from jobs.control.apply import apply_bound, note_waiting
+from jobs.control.incremental import ClusterSource, forget, source_for_tick
 from jobs.control.limits import stop_jobs_at_limit
 from jobs.control.policy import live_policy
 from jobs.control.reconcile import reconcile
-from jobs.control.state import ClusterState, build_snapshot, load_allocator, read_cluster
+from jobs.control.state import ClusterState
 from jobs.control.tick_stats import record_tick
 from jobs.coordination import forget_coordination
 from jobs.forecast import maybe_refresh
@@ -115,10 +123,14 @@ def run_tick(
         return TickResult(ran=False)
     started = time.perf_counter()
     try:
+        source = source_for_tick()
         with transaction.atomic():
             if not _database_lock():
                 return TickResult(ran=False)
-            result = _tick(policy or settings.SCHEDULER_POLICY, now or timezone.now())
+            result = _tick(source, policy or settings.SCHEDULER_POLICY, now or timezone.now())
+    except BaseException:
+        forget()  # it may describe writes that rolled back: the next tick reads everything
+        raise
     finally:
         try:
             lock.release()
@@ -129,31 +141,32 @@ def run_tick(
     return dataclasses.replace(result, duration_s=duration)
 
 
-def _tick(policy_name: str, now: datetime) -> TickResult:
+def _tick(source: ClusterSource, policy_name: str, now: datetime) -> TickResult:
     outbox = Outbox()
     down = tuple(
         do_mark_silent_servers_down(now=now, after_seconds=settings.AGENT_DOWN_AFTER_SECONDS)
     )
-    cluster = read_cluster()
+    cluster = source.cluster()
     if cluster is None:
         return TickResult(ran=True, notes=["no topology loaded"])
     changed = _recover_lost_gpus(cluster, now)
     if changed:
-        cluster = read_cluster() or cluster
+        cluster = source.cluster() or cluster
     orphaned = reconcile(cluster, now)
     if orphaned:
         changed += orphaned
-        cluster = read_cluster() or cluster
+        cluster = source.cluster() or cluster
     overdue = stop_jobs_at_limit(now, outbox)
     if overdue:
         changed += overdue
-        cluster = read_cluster() or cluster
+        cluster = source.cluster() or cluster
     drain_refused: list[Refused] = []
     drains = _drain_decisions(cluster)
     if drains:
         jobs = {d.job: job_id_from_name(d.job) or 0 for d in drains}
-        allocator = load_allocator(cluster)
+        allocator = source.allocator(cluster)
         bound, drain_refused = bind(cluster.spec, allocator, drains)
+        source.touched(jobs.values())  # the allocator holds their bound state, not the rows'
         reasons = {b.job: "migrated off a draining server" for b in bound}
         changed += apply_bound(
             cluster.spec,
@@ -164,15 +177,16 @@ def _tick(policy_name: str, now: datetime) -> TickResult:
             outbox,
             reason_override=reasons,
         )
-        cluster = read_cluster() or cluster
-    view = build_snapshot(cluster, now)
+        cluster = source.cluster() or cluster
+    prepared = source.checked(cluster, now)
+    cluster, view = prepared.cluster, prepared.view
     snapshot, ids = view.snapshot, view.ids
     decisions: Sequence[Decision] = live_policy(policy_name).schedule(
         snapshot, placement=CountPlacement()
     )
     decisions, over_quota = enforce_quotas(decisions, {v.id: v for v in snapshot.jobs}, view.book)
-    allocator = load_allocator(cluster)
-    bound, refused = bind(cluster.spec, allocator, decisions)
+    bound, refused = bind(cluster.spec, prepared.allocator, decisions)
+    source.touched(ids[b.job] for b in bound if b.job in ids)
     changed += apply_bound(cluster.spec, bound, ids, cluster.homes, now, outbox)
     changed += _request_profiles(cluster, view.profile_candidates, now, outbox)
     waiting = {ids[r.job]: r.reason for r in refused if r.job in ids}

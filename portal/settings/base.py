@@ -175,6 +175,11 @@ TICK_SECONDS = env_float("TICK_SECONDS", 3.0)
 # The tick's Redis lock expires after this: a worker killed mid-tick delays ticks at most so long.
 TICK_LOCK_SECONDS = env_float("TICK_LOCK_SECONDS", max(10.0, 4 * TICK_SECONDS))
 SCHEDULER_POLICY = env_str("SCHEDULER_POLICY", "elastic-tiresias")
+# The tick keeps its view of the cluster between ticks and reads only what changed
+# (jobs.control.incremental); every TICK_VERIFY_EVERY ticks it also rebuilds it in full
+# and compares. TICK_INCREMENTAL=0: a full rebuild on every tick.
+TICK_INCREMENTAL = env_bool("TICK_INCREMENTAL", True)
+TICK_VERIFY_EVERY = env_int("TICK_VERIFY_EVERY", 50)
 # A running job that ends within this many seconds (at its measured rate) is not scaled
 # out: a newcomer would join a job that has finished (built-in workloads only).
 SCALE_OUT_MIN_SECONDS_LEFT = env_float("SCALE_OUT_MIN_SECONDS_LEFT", 30.0)

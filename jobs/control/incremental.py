@@ -1,0 +1,458 @@
+"""The tick's view of the cluster, kept in the scheduler process and brought up to date.
+
+A full rebuild (``jobs.control.state``: ``read_cluster`` → ``load_allocator`` →
+``build_snapshot``) reads every job, every held GPU and every allocation on every
+tick; at 1,000 jobs that is most of a tick.  The kept state reads only what changed::
+
+    tick n                                     tick n+1
+    ──────                                     ────────
+    KeptState (module-level, this process)     refresh():
+      rows      job id -> JobRow                 1. fabric row, server rows (small)
+      tokens    job id -> xmin:ctid              2. (id, xmin:ctid) of queued/running/scaling jobs
+      holdings  job id -> GPUs                      → changed = token differs, new, gone, or
+      allocator VClosAllocator (bound state)          marked by the tick (its own writes)
+      gpu views, curves, since, ends-soon        3. rows, JobGpu rows and last state change
+                                                    of the changed jobs only
+                                                 4. allocator: release + reserve those jobs;
+                                                    availability only for changed servers
+
+A row's ``xmin:ctid`` (PostgreSQL's system columns: the transaction that wrote
+this version and where it lies) changes with every update of the row, whoever
+makes it (a report, another replica's tick, an admin), so no writer has to
+remember to announce its change.  What such a token cannot see: a table other
+than the job's changed alone (a ``JobGpu`` row deleted without its job being
+saved), which the verify pass catches.
+
+Verify: every ``TICK_VERIFY_EVERY`` ticks the tick also rebuilds everything from
+the database and compares; a mismatch is logged, counted
+(``portal_tick_state_mismatches_total``) and repaired by rebuilding the kept
+state.  Any error in a tick drops the kept state (the transaction rolled back,
+the state may describe writes that never happened), so the next tick starts
+from a full read; so does a new process.  ``TICK_INCREMENTAL=0`` or a database
+other than PostgreSQL uses the full rebuild on every tick.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+import redis
+from django.conf import settings
+from django.db import connection
+from django.db.models import Model
+from django.db.models.expressions import RawSQL
+
+from fabric.allocator import Allocation, VClosAllocator
+from fabric.topology import FabricSpec
+from inventory.models import Fabric
+from jobs.agent_commands import GpuHome, runtime_job_name
+from jobs.choices import ACTIVE_STATES
+from jobs.control.state import (
+    JOB_ROW_FIELDS,
+    SNAPSHOT_STATES,
+    TENANT_ROW_FIELDS,
+    ClusterState,
+    JobRow,
+    PolicyInput,
+    ServerRow,
+    TenantRow,
+    ageing_jobs,
+    assemble_snapshot,
+    blocked_gpus,
+    build_snapshot,
+    finishing,
+    gpu_view,
+    growing_jobs,
+    held_allocation,
+    job_row,
+    last_state_changes,
+    load_allocator,
+    read_cluster,
+    read_servers,
+    server_layout,
+)
+from jobs.control.tick_stats import TICK_STATS_KEY
+from jobs.models import Job, JobGpu
+from scheduler.types import Gpu as GpuView
+from tenancy.models import Tenant
+
+__all__ = [
+    "ClusterSource",
+    "FullRebuild",
+    "KeptState",
+    "Prepared",
+    "compare",
+    "forget",
+    "has_kept_state",
+    "kept_state",
+    "rebuild",
+    "source_for_tick",
+]
+
+log = logging.getLogger(__name__)
+MISMATCH_FIELD = "mismatches"  # in tick_stats' Redis hash: every process adds to one count
+_PROGRESS_FIELDS = ("workload", "args", "batch_size", "step", "samples_per_s")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the tick's policy step works on: the cluster, the allocator, the policy's view."""
+
+    cluster: ClusterState
+    allocator: VClosAllocator
+    view: PolicyInput
+
+
+def rebuild(now: datetime) -> Prepared | None:
+    """Everything read from the database in full (the reference the kept state must equal)."""
+    cluster = read_cluster()
+    if cluster is None:
+        return None
+    return Prepared(cluster, load_allocator(cluster), build_snapshot(cluster, now))
+
+
+class ClusterSource(Protocol):
+    """Where a tick gets its view of the cluster: a full rebuild or the kept state."""
+
+    def cluster(self) -> ClusterState | None:
+        """The cluster as the database has it now (inside the tick's transaction)."""
+
+    def allocator(self, cluster: ClusterState) -> VClosAllocator:
+        """The allocator for binding (it ends in the bound state)."""
+
+    def policy_input(self, cluster: ClusterState, now: datetime) -> PolicyInput:
+        """The policy's snapshot and what the tick needs next to it."""
+
+    def touched(self, job_ids: Iterable[int]) -> None:
+        """Jobs this tick bound or wrote: read again, whatever their tokens say."""
+
+    def checked(self, cluster: ClusterState, now: datetime) -> Prepared:
+        """The allocator and the policy's view, checked against a rebuild when one is due."""
+
+
+class FullRebuild:
+    """Everything read from the database each time: the reference path."""
+
+    def cluster(self) -> ClusterState | None:
+        """:func:`jobs.control.state.read_cluster`."""
+        return read_cluster()
+
+    def allocator(self, cluster: ClusterState) -> VClosAllocator:
+        """:func:`jobs.control.state.load_allocator`."""
+        return load_allocator(cluster)
+
+    def policy_input(self, cluster: ClusterState, now: datetime) -> PolicyInput:
+        """:func:`jobs.control.state.build_snapshot`."""
+        return build_snapshot(cluster, now)
+
+    def touched(self, job_ids: Iterable[int]) -> None:
+        """Nothing to remember."""
+
+    def checked(self, cluster: ClusterState, now: datetime) -> Prepared:
+        """Read in full: nothing to check."""
+        return Prepared(cluster, self.allocator(cluster), self.policy_input(cluster, now))
+
+
+def _token(model: type[Model]) -> RawSQL:
+    """A row's version: PostgreSQL's ``xmin`` (the writing transaction) and ``ctid`` (where).
+
+    Every update writes a new row version, so the pair changes with each one,
+    even two by the same transaction.
+    """
+    table = connection.ops.quote_name(model._meta.db_table)
+    return RawSQL(f"{table}.xmin::text || ':' || {table}.ctid::text", ())
+
+
+def _tokens(job_ids: Collection[int] | None = None) -> dict[int, str]:
+    """Each queued/running/scaling job's row version (``xmin:ctid``), or only ``job_ids``'."""
+    query = Job.objects.filter(state__in=SNAPSHOT_STATES)
+    if job_ids is not None:
+        query = query.filter(pk__in=list(job_ids))
+    return dict(query.annotate(token=_token(Job)).values_list("id", "token"))
+
+
+class KeptState:
+    """The tick's inputs kept between ticks; :meth:`refresh` applies the database's changes.
+
+    One owner: the tick, under its lock (ticks run one at a time).  ``reset``
+    forgets everything; the next ``refresh`` then reads the whole database.
+    """
+
+    def __init__(self) -> None:
+        self.reset(None)
+        self.ticks_since_verify = 0
+        self.verifications = 0  # compared with a full rebuild, since this process started
+        self.mismatches = 0  # ... and found different
+
+    def reset(self, spec: FabricSpec | None) -> None:
+        """Forget everything (the next :meth:`refresh` reads it all)."""
+        self.spec = spec
+        self.fabric = ""  # the fabric row's version
+        self.servers: list[ServerRow] | None = None
+        self.homes: dict[int, GpuHome] = {}
+        self.schedulable: frozenset[int] = frozenset()
+        self.draining: frozenset[int] = frozenset()
+        self.blocked: frozenset[int] = frozenset()
+        self.holders: dict[int, int] = {}
+        self.holdings: dict[int, list[int]] = {}
+        self.tokens: dict[int, str] = {}
+        self.rows: dict[int, JobRow] = {}
+        self.order: list[tuple[datetime, int]] = []  # (submitted_at, id), sorted
+        self.ends_soon: dict[int, bool] = {}  # from the row: changes only with it
+        self.since: dict[int, datetime] = {}
+        self.curves: dict[int, tuple[int, Mapping[int, float]]] = {}
+        self.gpu_views: list[GpuView] = []
+        self.positions: dict[int, int] = {}
+        self._allocator: VClosAllocator | None = VClosAllocator(spec) if spec else None
+        self.dirty: set[int] = set()
+
+    # --- ClusterSource ---------------------------------------------------------
+
+    def cluster(self) -> ClusterState | None:
+        """Apply the database's changes since the last call; the cluster as it is now."""
+        fabric = Fabric.objects.filter(pk=1).annotate(token=_token(Fabric)).first()
+        if fabric is None:
+            self.reset(None)
+            return None
+        if fabric.token != self.fabric:  # a topology (re)loaded: read everything again
+            self.reset(fabric.spec())
+            self.fabric = fabric.token
+        assert self.spec is not None
+        state = self._state()
+        servers = read_servers()
+        servers_changed = servers != self.servers
+        if servers_changed:
+            layout = server_layout(self.spec, servers)
+            self.servers = servers
+            self.homes, self.schedulable, self.draining = (
+                layout.homes,
+                layout.schedulable,
+                layout.draining,
+            )
+            state = self._state()
+        tokens = _tokens()
+        changed = {job for job, token in tokens.items() if self.tokens.get(job) != token}
+        changed |= self.tokens.keys() - tokens.keys()
+        changed |= self.dirty
+        self.dirty = set()
+        moved = self._apply_jobs(changed) if changed else set()
+        state = self._state()
+        if servers_changed:
+            self._apply_servers(state)
+        elif moved:
+            for gpu in moved:
+                if (position := self.positions.get(gpu)) is not None:
+                    self.gpu_views[position] = gpu_view(state, gpu)
+        return state
+
+    def allocator(self, cluster: ClusterState) -> VClosAllocator:
+        """The kept allocator (binding leaves it in the bound state; :meth:`touched` resyncs)."""
+        assert self._allocator is not None
+        return self._allocator
+
+    def policy_input(self, cluster: ClusterState, now: datetime) -> PolicyInput:
+        """The snapshot from the kept rows (no job query; tenants are read, a few rows)."""
+        rows = [self.rows[job] for _, job in self.order]
+        tenant_ids = {row.tenant_id for row in rows}
+        tenants = {
+            pk: TenantRow(*values)
+            for pk, *values in Tenant.objects.filter(pk__in=tenant_ids).values_list(
+                "pk", *TENANT_ROW_FIELDS
+            )
+        }
+        growing = growing_jobs(rows, cluster.holdings)
+        about_to_end = {job for job in growing if self.ends_soon[job]}
+        return assemble_snapshot(
+            cluster,
+            tuple(self.gpu_views),
+            rows,
+            tenants,
+            about_to_end,
+            self.since,
+            now,
+            curves=self.curves,
+        )
+
+    def touched(self, job_ids: Iterable[int]) -> None:
+        """Read these jobs again on the next refresh, whatever their tokens say."""
+        self.dirty.update(job_ids)
+
+    def checked(self, cluster: ClusterState, now: datetime) -> Prepared:
+        """The kept allocator and view; every ``TICK_VERIFY_EVERY`` ticks compared to a rebuild.
+
+        A difference is logged and counted, and the kept state is rebuilt from
+        the database: this tick already works on the rebuilt state.
+        """
+        kept = Prepared(cluster, self.allocator(cluster), self.policy_input(cluster, now))
+        self.ticks_since_verify += 1
+        if self.ticks_since_verify < settings.TICK_VERIFY_EVERY:
+            return kept
+        self.ticks_since_verify = 0
+        self.verifications += 1
+        reference = rebuild(now)
+        differences = compare(kept, reference) if reference is not None else ["fabric"]
+        if not differences:
+            return kept
+        log.warning(
+            "the tick's kept state differs from the database in %s: rebuilt",
+            ", ".join(differences),
+        )
+        record_mismatch()
+        self.mismatches += 1
+        self.reset(self.spec)
+        repaired = self.cluster()
+        if repaired is None:
+            return kept
+        return Prepared(repaired, self.allocator(repaired), self.policy_input(repaired, now))
+
+    # --- internals -------------------------------------------------------------
+
+    def _state(self) -> ClusterState:
+        assert self.spec is not None
+        return ClusterState(
+            spec=self.spec,
+            homes=self.homes,
+            schedulable=self.schedulable,
+            holders=self.holders,
+            holdings=self.holdings,
+            draining=self.draining,
+        )
+
+    def _apply_jobs(self, changed: set[int]) -> set[int]:
+        """Read the changed jobs again; return the GPUs whose holder changed."""
+        first_read = not (self.rows or self.tokens or self.holdings)
+        query = Job.objects.filter(state__in=SNAPSHOT_STATES)
+        if not first_read:  # the first read takes every job, without an id list
+            query = query.filter(pk__in=list(changed))
+        values = query.annotate(token=_token(Job)).values(
+            *JOB_ROW_FIELDS, *_PROGRESS_FIELDS, "allocation", "token"
+        )
+        fresh = {value["id"]: value for value in values}
+        gpu_rows = JobGpu.objects.all()
+        if not first_read:
+            gpu_rows = gpu_rows.filter(job_id__in=list(changed))
+        held: dict[int, list[int]] = {}
+        for job_id, index in gpu_rows.order_by("job_id", "rank").values_list(
+            "job_id", "gpu__index"
+        ):
+            held.setdefault(job_id, []).append(index)
+        moved: set[int] = set()
+        for job_id in changed:  # every change's old GPUs go first: GPUs may pass between them
+            for gpu in self.holdings.pop(job_id, ()):
+                if self.holders.get(gpu) == job_id:
+                    del self.holders[gpu]
+                moved.add(gpu)
+        for job_id, gpus in held.items():
+            self.holdings[job_id] = gpus
+            for gpu in gpus:
+                self.holders[gpu] = job_id
+            moved.update(gpus)
+        assert self._allocator is not None
+        current = self._allocator.allocations()
+        for job_id in changed:
+            name = runtime_job_name(job_id)
+            if name in current:
+                self._allocator.release(name)
+            old = self.rows.pop(job_id, None)
+            if old is not None:
+                self.order.pop(bisect.bisect_left(self.order, (old.submitted_at, job_id)))
+            self.tokens.pop(job_id, None)
+            self.ends_soon.pop(job_id, None)
+            self.since.pop(job_id, None)
+            self.curves.pop(job_id, None)
+        state = self._state()
+        for job_id, value in fresh.items():
+            row = job_row(value)
+            self.rows[job_id] = row
+            self.tokens[job_id] = value["token"]
+            bisect.insort(self.order, (row.submitted_at, job_id))
+            progress = (value[name] for name in _PROGRESS_FIELDS)
+            self.ends_soon[job_id] = finishing(*progress)
+            if row.state in ACTIVE_STATES:
+                allocation = held_allocation(job_id, value["allocation"], state)
+                if allocation is not None:
+                    self._allocator.reserve(allocation)
+        self.since.update(last_state_changes(ageing_jobs(self.rows[job] for job in fresh)))
+        return moved
+
+    def _apply_servers(self, state: ClusterState) -> None:
+        """Availability and GPU views after a server changed (state, heartbeat, name, slot)."""
+        blocked = blocked_gpus(state)
+        assert self._allocator is not None
+        if freed := self.blocked - blocked:
+            self._allocator.set_available(sorted(freed))
+        if taken := blocked - self.blocked:
+            self._allocator.set_unavailable(sorted(taken))
+        self.blocked = blocked
+        order = sorted(self.homes)
+        self.positions = {gpu: position for position, gpu in enumerate(order)}
+        self.gpu_views = [gpu_view(state, gpu) for gpu in order]
+
+
+def _allocation_key(allocation: Allocation) -> tuple[tuple[int, ...], ...]:
+    return (allocation.gpus, tuple(allocation.leaves), tuple(allocation.uplinks))
+
+
+def compare(kept: Prepared, rebuilt: Prepared) -> list[str]:
+    """The parts in which the kept state differs from a full rebuild (empty: the same)."""
+    cluster, allocator, view = kept.cluster, kept.allocator, kept.view
+    ref_cluster, ref_allocator, ref_view = rebuilt.cluster, rebuilt.allocator, rebuilt.view
+    differences = [
+        name
+        for name in ("spec", "homes", "schedulable", "holders", "holdings", "draining")
+        if getattr(cluster, name) != getattr(ref_cluster, name)
+    ]
+    allocations = {job: _allocation_key(a) for job, a in allocator.allocations().items()}
+    reference = {job: _allocation_key(a) for job, a in ref_allocator.allocations().items()}
+    if allocations != reference:
+        differences.append("allocations")
+    if allocator.unavailable_gpus() != ref_allocator.unavailable_gpus():
+        differences.append("unavailable")
+    differences += [
+        name
+        for name in ("snapshot", "ids", "held_back", "book", "profile_candidates")
+        if getattr(view, name) != getattr(ref_view, name)
+    ]
+    return differences
+
+
+def record_mismatch() -> None:
+    """Count one mismatch where ``/metrics`` reads it (every process adds to one count)."""
+    try:
+        redis.Redis.from_url(settings.REDIS_URL).hincrby(TICK_STATS_KEY, MISMATCH_FIELD, 1)
+    except redis.RedisError:
+        log.warning("could not count a tick state mismatch in Redis")
+
+
+_kept: KeptState | None = None
+
+
+def kept_state() -> KeptState:
+    """This process's kept state (created empty: its first refresh reads everything)."""
+    global _kept
+    if _kept is None:
+        _kept = KeptState()
+    return _kept
+
+
+def has_kept_state() -> bool:
+    """Whether this process keeps a state now (False after an error, and in a new process)."""
+    return _kept is not None
+
+
+def forget() -> None:
+    """Drop the kept state: after an error, or in tests (the next tick reads everything)."""
+    global _kept
+    _kept = None
+
+
+def source_for_tick() -> ClusterSource:
+    """The kept state when ``TICK_INCREMENTAL`` and PostgreSQL, else the full rebuild."""
+    if settings.TICK_INCREMENTAL and connection.vendor == "postgresql":
+        return kept_state()
+    return FullRebuild()

@@ -1,0 +1,220 @@
+"""The incremental tick: its kept state equals a full rebuild, mismatches are caught, restarts rebuild.
+
+Every check compares the state kept in the process (``jobs.control.incremental``)
+with a full rebuild from the database (``jobs.control.state``, the reference),
+and the policy's decisions and their bindings on both.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from django.utils import timezone
+from prometheus_client import generate_latest
+
+from inventory.models import Server
+from inventory.services import do_set_server_state
+from jobs.control import incremental
+from jobs.control.incremental import FullRebuild, KeptState, Prepared, compare, rebuild
+from jobs.control.policy import live_policy
+from jobs.control.reports import handle_report
+from jobs.control.tick import run_tick
+from jobs.control.tick_stats import TICK_STATS_KEY
+from jobs.models import Job, JobGpu
+from jobs.services import check_job_spec, do_cancel_job, do_submit_job
+from portal.metrics import build_registry
+from scheduler.binding import bind
+from scheduler.placement import CountPlacement
+from tests.jobs.control_helpers import demo_cluster, drain_all
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FABRIC = {"leaves": 4, "spines": 4, "servers_per_leaf": 2, "gpus_per_server": 4}  # 32 GPUs
+POLICY = "elastic-tiresias"
+
+
+@pytest.fixture(autouse=True)
+def fresh_process(settings: Any) -> Iterator[None]:
+    """Each test starts as a new scheduler process would, ticking incrementally."""
+    settings.TICK_INCREMENTAL = True
+    settings.TICK_VERIFY_EVERY = 10_000  # only the tests' own comparisons, unless one says
+    incremental.forget()
+    yield
+    incremental.forget()
+
+
+def submit(user: Any, tenant: Any, gpus: int, lo: int, hi: int, priority: int = 50) -> Job:
+    data = {
+        "name": f"j{gpus}",
+        "workload": "mlp-digits",
+        "gpus": gpus,
+        "min_gpus": lo,
+        "max_gpus": hi,
+        "priority": priority,
+    }
+    return do_submit_job(user=user, tenant=tenant, spec=check_job_spec(tenant=tenant, data=data))
+
+
+def kept_equals_rebuild() -> None:
+    """The kept state, brought up to date, equals a full rebuild; so do decisions and bindings.
+
+    Binding mutates the kept allocator as the tick's does, so the bound jobs are
+    marked touched, as the tick marks them.
+    """
+    now = timezone.now()
+    kept = incremental.kept_state()
+    cluster = kept.cluster()
+    assert cluster is not None
+    mine = Prepared(cluster, kept.allocator(cluster), kept.policy_input(cluster, now))
+    reference = rebuild(now)
+    assert reference is not None
+    assert compare(mine, reference) == []
+    policy = live_policy(POLICY)
+    decisions = policy.schedule(mine.view.snapshot, placement=CountPlacement())
+    assert decisions == policy.schedule(reference.view.snapshot, placement=CountPlacement())
+    bound, refused = bind(cluster.spec, mine.allocator, decisions)
+    assert (bound, refused) == bind(reference.cluster.spec, reference.allocator, decisions)
+    kept.touched(mine.view.ids[b.job] for b in bound)
+
+
+def report(job: Job, kind: str, serial: int, **fields: Any) -> str:
+    payload = {"type": kind, "node": "node-0", "job": f"job-{job.pk}", "event_id": f"{serial}-0"}
+    return handle_report({**payload, **fields})
+
+
+def test_incremental_and_full_rebuild_agree_over_arrivals_endings_scaling_and_drains(
+    alice: Any, acme: Any
+) -> None:
+    nodes = demo_cluster(FABRIC)
+    acme.profile_jobs = False
+    acme.save()
+    jobs = [submit(alice, acme, gpus=2, lo=1, hi=8) for _ in range(3)]
+    jobs.append(submit(alice, acme, gpus=4, lo=2, hi=8, priority=10))  # low class: ageing
+    kept_equals_rebuild()  # the first read of a new process
+    assert run_tick(policy=POLICY).ran
+    kept_equals_rebuild()
+    serial = 1_700_000_000_000
+    # Progress (attained service, measured curve: no event, only the row changes).
+    for job in Job.objects.filter(state="running"):
+        serial += 1
+        report(job, "progress", serial, step=5, samples_per_s=100.0, world=job.parallelism)
+    kept_equals_rebuild()
+    # Arrivals make the elastic jobs give GPUs back: scale-ins, then their reports.
+    jobs += [submit(alice, acme, gpus=4, lo=4, hi=4) for _ in range(4)]
+    kept_equals_rebuild()
+    run_tick(policy=POLICY)
+    kept_equals_rebuild()
+    for job in Job.objects.filter(state="scaling"):
+        serial += 1
+        report(job, "scale_done", serial, world=len(JobGpu.objects.filter(job=job)), step=9)
+    kept_equals_rebuild()
+    run_tick(policy=POLICY)
+    kept_equals_rebuild()
+    # A completion and a cancellation.
+    running = list(Job.objects.filter(state="running").order_by("pk"))
+    serial += 1
+    assert report(running[0], "finished", serial, step=50) == "completed"
+    do_cancel_job(user=alice, job_id=running[1].pk)
+    kept_equals_rebuild()
+    run_tick(policy=POLICY)
+    kept_equals_rebuild()
+    # A drain: its jobs migrate; a server down: its jobs shrink or requeue.
+    held = JobGpu.objects.select_related("gpu__server").first()
+    assert held is not None
+    do_set_server_state(node=held.gpu.server.node, state="draining")
+    kept_equals_rebuild()
+    run_tick(policy=POLICY)
+    kept_equals_rebuild()
+    other = Server.objects.exclude(state="draining").exclude(gpu_set__assignment=None).first()
+    assert other is not None
+    do_set_server_state(node=other.node, state="down")
+    kept_equals_rebuild()
+    run_tick(policy=POLICY)
+    kept_equals_rebuild()
+    # A writer that tells nobody (an admin's direct update) is seen by the row's version.
+    queued = Job.objects.filter(state="queued").first() or jobs[-1]
+    Job.objects.filter(pk=queued.pk).update(priority=95)
+    kept_equals_rebuild()
+    run_tick(policy=POLICY)
+    kept_equals_rebuild()
+    assert incremental.kept_state().mismatches == 0
+    drain_all(nodes)
+
+
+def test_a_planted_divergence_is_caught_counted_and_repaired(
+    alice: Any, acme: Any, settings: Any, caplog: Any
+) -> None:
+    demo_cluster(FABRIC)
+    job = submit(alice, acme, gpus=4, lo=4, hi=4)
+    run_tick(policy=POLICY)
+    kept_equals_rebuild()
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    before = float(client.hget(TICK_STATS_KEY, incremental.MISMATCH_FIELD) or 0)
+    # Behind the kept state's back: one of the job's GPU rows goes, its job row untouched
+    # (no writer of this code does that: jobs.holdings saves the job with its rows).
+    JobGpu.objects.filter(job=job, rank=3).delete()
+    kept = incremental.kept_state()
+    cluster = kept.cluster()
+    assert cluster is not None
+    now = timezone.now()
+    mine = Prepared(cluster, kept.allocator(cluster), kept.policy_input(cluster, now))
+    reference = rebuild(now)
+    assert reference is not None
+    assert {"holders", "holdings", "snapshot"} <= set(compare(mine, reference))
+    settings.TICK_VERIFY_EVERY = 1
+    with caplog.at_level(logging.WARNING, logger="jobs.control.incremental"):
+        assert run_tick(policy=POLICY).ran
+    assert "differs from the database in holders, holdings" in caplog.text
+    assert incremental.kept_state().mismatches == 1
+    assert float(client.hget(TICK_STATS_KEY, incremental.MISMATCH_FIELD) or 0) == before + 1
+    exposed = generate_latest(build_registry()).decode()
+    assert f"portal_tick_state_mismatches_total {before + 1}" in exposed
+    kept_equals_rebuild()  # repaired
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="jobs.control.incremental"):
+        run_tick(policy=POLICY)  # verified again: now the same
+    assert "differs" not in caplog.text
+    assert incremental.kept_state().verifications >= 2
+    assert incremental.kept_state().mismatches == 1
+
+
+def test_a_new_process_and_a_failed_tick_start_from_a_full_read(
+    alice: Any, acme: Any, monkeypatch: Any
+) -> None:
+    demo_cluster(FABRIC)
+    for _ in range(3):
+        submit(alice, acme, gpus=2, lo=1, hi=4)
+    run_tick(policy=POLICY)
+    first = incremental.kept_state()
+    assert first.rows  # kept after the tick
+    incremental.forget()  # the scheduler process was killed; a new one starts empty
+    fresh = incremental.kept_state()
+    assert fresh is not first and not fresh.rows
+    kept_equals_rebuild()
+    assert set(fresh.rows) == set(
+        Job.objects.filter(state__in=("queued", "running", "scaling")).values_list("pk", flat=True)
+    )
+    # A tick that fails half-way drops what it kept: its writes rolled back.
+    submit(alice, acme, gpus=2, lo=2, hi=2)
+
+    def broken(*args: Any, **kwargs: Any) -> list[int]:
+        raise RuntimeError("killed mid-apply")
+
+    monkeypatch.setattr("jobs.control.tick.apply_bound", broken)
+    with pytest.raises(RuntimeError):
+        run_tick(policy=POLICY)
+    assert not incremental.has_kept_state()
+    monkeypatch.undo()
+    assert run_tick(policy=POLICY).ran
+    kept_equals_rebuild()
+
+
+def test_full_rebuild_is_selectable(settings: Any) -> None:
+    settings.TICK_INCREMENTAL = False
+    assert isinstance(incremental.source_for_tick(), FullRebuild)
+    settings.TICK_INCREMENTAL = True
+    assert isinstance(incremental.source_for_tick(), KeptState)
