@@ -170,17 +170,15 @@ def run_ours(redis_url: str, workdir: Path, profile_batches: int) -> dict[str, A
         job.start("w5", extra=["--slow-ms", str(slow_ms)])  # a cold newcomer (no warm process)
         joined = job.wait_event("scale_done", 300)
         t_joined = now()
-        cold = phase_breakdown(job.phases("w5"), t_cold)
-        out["newcomer_cold_phases_s"] = cold
-        out["newcomer_cold_ready_s"] = cold.get("state_loaded", float("nan"))
-        say(
-            f"  cold newcomer's phases after its start (first_batch includes +{slow_ms} ms): {cold}"
-        )
         straggler = job.wait_event("straggler", 300)
         t_detected = now()
         removed = job.wait_event("scale_done", 300, lambda e: "w5" in e["leavers"])
         t_removed = now()
         del joined, straggler
+        cold = phase_breakdown(job.phases("w5"), t_cold)  # all written: it trained since
+        out["newcomer_cold_phases_s"] = cold
+        out["newcomer_cold_ready_s"] = cold.get("state_loaded")
+        say(f"  cold newcomer's phases after its start (+{slow_ms} ms a batch): {cold}")
         out["straggler_detect_s"] = t_detected - t_joined
         out["straggler_remove_s"] = t_removed - t_detected
         say(f"ours straggler (+{slow_ms} ms/batch): detected {out['straggler_detect_s']:.1f}s "
