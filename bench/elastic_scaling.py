@@ -72,6 +72,11 @@ def first_step_after(job: Any, t: float, generation: int, timeout: float) -> flo
     raise TimeoutError(f"no mini-batch of generation {generation} within {timeout}s")
 
 
+def phase_breakdown(times: dict[str, float], t0: float) -> dict[str, float]:
+    """Seconds from ``t0`` to each start-up phase the worker reached (``workers.elastic.phases``)."""
+    return {phase: round(t - t0, 3) for phase, t in sorted(times.items(), key=lambda kv: kv[1])}
+
+
 def gap_pause(step_ends: list[tuple[int, float]], switch_step: int) -> tuple[float, float]:
     """(pause, batch time): the interval ending the first post-switch step minus the median."""
     times = dict(step_ends)
@@ -108,9 +113,13 @@ def run_ours(redis_url: str, workdir: Path, profile_batches: int) -> dict[str, A
     out: dict[str, Any] = {}
     try:
         job.start_initial(4)
+        job.start_warm("w4")  # the agent's warm process for the idle slot (workers/agent/warm.py)
         job.wait_step(8, timeout=300)
+        job.wait_warm("w4")
+        latest = max(r["step"] for r in job.step_records_raw())
+        job.wait_step(latest + 3, timeout=120)  # the warm-up's CPU load is over
         t_start = now()
-        job.start("w4")
+        job.assign("w4")
         grown = job.wait_event("scale_done", 300)
         first = job.wait_event("progress", 120, lambda e: e["world"] == 5)
         del first
@@ -130,11 +139,18 @@ def run_ours(redis_url: str, workdir: Path, profile_batches: int) -> dict[str, A
                 job.control.keys.pauses(grown["generation"])
             ).values()
         )
+        profiles = job.control.redis.hgetall(job.control.keys.switch_profile(grown["generation"]))
+        out["scale_out_switch_parts_s"] = {
+            (k.decode() if isinstance(k, bytes) else k): json.loads(v) for k, v in profiles.items()
+        }
         out["newcomer_ready_s"] = newcomer_first - t_start
+        out["newcomer_phases_s"] = phase_breakdown(job.phases("w4"), t_start)
         out["batch_time_s"] = statistics.median(b for _, b in pauses)
         say(f"ours scale-out 4->5: pause {out['scale_out_pause_s']:.3f}s "
               f"(switch+broadcast {out['scale_out_switch_s']:.3f}s), batch {out['batch_time_s']:.3f}s, "
-              f"newcomer end-to-end {out['newcomer_ready_s']:.1f}s")  # fmt: skip
+              f"newcomer (warm) end-to-end {out['newcomer_ready_s']:.1f}s")  # fmt: skip
+        say(f"  switch parts (s) per member: {out['scale_out_switch_parts_s']}")
+        say(f"  warm newcomer's phases after the assignment: {out['newcomer_phases_s']}")
 
         job.control.request_scale_in(["w4"], "bench")
         shrunk = job.wait_event("scale_done", 120)
@@ -150,7 +166,8 @@ def run_ours(redis_url: str, workdir: Path, profile_batches: int) -> dict[str, A
               f"(batch {out['scale_in_batch_time_s']:.3f}s)")  # fmt: skip
 
         slow_ms = int(1000 * out["batch_time_s"] / 2)
-        job.start("w5", extra=["--slow-ms", str(slow_ms)])
+        t_cold = now()
+        job.start("w5", extra=["--slow-ms", str(slow_ms)])  # a cold newcomer (no warm process)
         joined = job.wait_event("scale_done", 300)
         t_joined = now()
         straggler = job.wait_event("straggler", 300)
@@ -158,6 +175,10 @@ def run_ours(redis_url: str, workdir: Path, profile_batches: int) -> dict[str, A
         removed = job.wait_event("scale_done", 300, lambda e: "w5" in e["leavers"])
         t_removed = now()
         del joined, straggler
+        cold = phase_breakdown(job.phases("w5"), t_cold)  # all written: it trained since
+        out["newcomer_cold_phases_s"] = cold
+        out["newcomer_cold_ready_s"] = cold.get("state_loaded")
+        say(f"  cold newcomer's phases after its start (+{slow_ms} ms a batch): {cold}")
         out["straggler_detect_s"] = t_detected - t_joined
         out["straggler_remove_s"] = t_removed - t_detected
         say(f"ours straggler (+{slow_ms} ms/batch): detected {out['straggler_detect_s']:.1f}s "

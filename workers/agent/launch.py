@@ -72,11 +72,13 @@ def spawn(
     *,
     cwd: Path = REPO_ROOT,
     preexec_fn: Callable[[], None] | None = None,
+    stdin: int = subprocess.DEVNULL,
 ) -> subprocess.Popen[bytes]:
     """Start a process in its own session with stdout and stderr appended to ``log_path``.
 
     ``env`` is the process's whole environment; ``preexec_fn`` runs in the
-    child before exec (a program's resource limits).
+    child before exec (a program's resource limits); ``stdin``: PIPE for a
+    warm process (``warm.py``), which reads its assignment there.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
@@ -86,7 +88,7 @@ def spawn(
         # training, and the agent can signal a worker's whole process group.
         return subprocess.Popen(
             argv,
-            stdin=subprocess.DEVNULL,
+            stdin=stdin,
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

@@ -13,6 +13,7 @@ Not thread-safe on its own: the ``Agent`` calls it under its one lock.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -49,6 +50,7 @@ from workers.agent.sandbox import (
     sandbox_problem,
 )
 from workers.agent.store import AgentStore, StopRecord, WorkerRecord
+from workers.agent.warm import WarmPool, enabled_from_env
 from workers.clock import Clock
 from workers.protocol import Program, RunningWorker, StartWorkers, WorkerSlot
 
@@ -186,6 +188,8 @@ class ProcessTable:
         self.job_users: set[str] = set()
         """Jobs whose Redis user this agent created (deleted when the job ends here)."""
         self._leftover_cgroups: list[str] = []
+        self.warm = WarmPool(config, enabled_from_env())
+        """Warm worker processes of the idle slots (``AGENT_WARM_WORKERS=1``; warm.py)."""
 
     # ------------------------------------------------------------------ queries
     def has(self, job: str, worker_id: str) -> bool:
@@ -241,9 +245,28 @@ class ProcessTable:
         ``resolve_code`` raises) if a program cannot.
         """
         if command.program is not None:
+            self.warm.release(worker.slot)  # a program never runs in the agent's warm process
             return self._start_program(command, command.program, worker)
-        log_path = self.config.log_path(command.job, worker.worker_id)
         argv = worker_argv(self.config, command, worker)
+        args = json.dumps(command.args, sort_keys=True)
+        warm = self.warm.start(worker.slot, argv, command.workload, args)
+        if warm is not None:
+            # its command line is the warm module's: adoption recognises it by start time
+            record = self._remember(
+                command,
+                worker,
+                warm.popen,
+                warm.log_path,
+                start_ticks=limits.start_ticks(warm.popen.pid),
+            )
+            log.info(
+                "started worker %s of job %s in a warm process (pid %d)",
+                worker.worker_id,
+                command.job,
+                warm.popen.pid,
+            )
+            return record
+        log_path = self.config.log_path(command.job, worker.worker_id)
         popen = spawn(argv, worker_env(self.config), log_path)
         record = self._remember(command, worker, popen, log_path)
         log.info("started worker %s of job %s (pid %d)", worker.worker_id, command.job, popen.pid)
@@ -390,6 +413,7 @@ class ProcessTable:
                 )
             )
         self._remove_cgroups()
+        self.warm.fill(self.free_slots())
         return exits
 
     def _diagnose(self, record: WorkerRecord, code: int | None) -> str:
@@ -441,6 +465,7 @@ class ProcessTable:
 
     def end_all(self) -> None:
         """SIGTERM every process, SIGKILL those still there after ``stop_kill_after_seconds``."""
+        self.warm.close()
         children = list(self.children.values())
         for child in children:
             child.stop_signal_sent = self.clock.now()

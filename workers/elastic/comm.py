@@ -209,6 +209,7 @@ def broadcast_state(
     device: torch.device,
     want: bool = True,
     timeout_s: float | None = None,
+    timings: dict[str, float] | None = None,
 ) -> Any:
     """Send a state (nested dicts/lists of tensors and plain values) from ``root`` to all.
 
@@ -216,7 +217,11 @@ def broadcast_state(
     flat buffer per dtype: the tensors travel without serialisation, which is
     most of a model's bytes. A member
     that already holds the state passes ``want=False`` and skips unpacking.
+    ``timings`` (when given) receives the seconds of each part: ``skeleton``
+    (strip and send it), ``pack`` (the root's concatenation), ``bulk`` (the
+    flat buffers' broadcasts), ``unpack``.
     """
+    marks = _Marks(timings)
     is_root = group.rank() == root
     flats: dict[str, list[torch.Tensor]] = {}
     sizes: dict[str, int] = {}
@@ -224,10 +229,13 @@ def broadcast_state(
     header = broadcast_object(
         group, (skeleton, sizes) if is_root else None, root, device, timeout_s
     )
+    marks.lap("skeleton")
     if is_root:
+        packed = {key: torch.cat(flats[key]).to(device) for key in sorted(sizes)}
+        marks.lap("pack")
         for key in sorted(sizes):
-            buffer = torch.cat(flats[key]).to(device)
-            group.broadcast(buffer, root).wait()
+            group.broadcast(packed[key], root).wait()
+        marks.lap("bulk")
         return state
     skeleton, sizes = header
     buffers = {}
@@ -235,4 +243,21 @@ def broadcast_state(
         buffer = torch.empty(sizes[key], dtype=_dtype(key), device=device)
         group.broadcast(buffer, root).wait()
         buffers[key] = buffer
-    return _fill(skeleton, buffers) if want else None
+    marks.lap("bulk")
+    result = _fill(skeleton, buffers) if want else None
+    marks.lap("unpack")
+    return result
+
+
+class _Marks:
+    """Lap times into an optional dict (``broadcast_state``'s profile)."""
+
+    def __init__(self, into: dict[str, float] | None) -> None:
+        self.into = into
+        self.t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        if self.into is not None:
+            now = time.perf_counter()
+            self.into[name] = now - self.t
+            self.t = now

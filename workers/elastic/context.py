@@ -46,7 +46,7 @@ import torch
 
 from workers.artifacts import StoredObject
 from workers.clock import SYSTEM_CLOCK, Clock
-from workers.elastic import comm, gradients
+from workers.elastic import comm, gradients, phases
 from workers.elastic.cli import WorkerOptions
 from workers.elastic.constants import ElasticError, log
 from workers.elastic.keys import JobKeys
@@ -111,6 +111,7 @@ class ElasticContext:
         self.leader: Leader | None = None
         self._lead_lock = threading.Lock()
         self._step_log = StepLog(options.step_log) if options.step_log else None
+        self._first_batch_marked = False
         self.sampler: ElasticSampler | None = None
         self._params: list[torch.nn.Parameter] = []
         self.lease = Lease(self.redis, self.keys, self.me, clock)
@@ -128,6 +129,12 @@ class ElasticContext:
         parts = (self.redis, self.keys, self.view, self.builder, self.transfer, clock)
         self._recovery = WorkerRecovery(*parts, options.sync_timeout_s)
         self.plans = PlanFollower(*parts, self._leading)
+        threading.Thread(
+            target=self.plans.watch_nudges,
+            args=(lambda: self.exit_reason is None,),
+            daemon=True,
+            name="edl-nudges",
+        ).start()
         self._beat = Beat(self.lease, self._may_lead, self._become_leader, clock)
         self._beat.start()
 
@@ -245,7 +252,9 @@ class ElasticContext:
         else:
             # ready: the model is prepared and the communicator built; wait for the switch
             self.redis.sadd(self.keys.ready(gen), self.me)
+            phases.mark("ready")
             self.transfer.join_running(training, group, plan)
+            phases.mark("state_loaded")
         if self.lease.is_mine():
             self._become_leader()
         self.state = "running"
@@ -306,6 +315,9 @@ class ElasticContext:
         assert self.sampler is not None and training is not None
         training.step += 1
         self.times.mark(training.step, self.clock.monotonic())
+        if not self._first_batch_marked:
+            self._first_batch_marked = True
+            phases.mark("first_batch")
         if self._step_log is not None:
             done = training.step - 1
             self._step_log.write(

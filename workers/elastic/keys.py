@@ -92,6 +92,14 @@ class JobKeys:
         """Hash worker -> seconds it stood still while switching to ``generation``."""
         return self.k("pauses", generation)
 
+    def nudge(self, worker_id: str) -> str:
+        """List of plan numbers a member should read now (a prepare plan: build ahead)."""
+        return self.k("nudge", worker_id)
+
+    def switch_profile(self, generation: int) -> str:
+        """Hash worker -> JSON seconds of each part of its switch to ``generation``."""
+        return self.k("switchprof", generation)
+
     @property
     def saved_at_end(self) -> str:
         """The step of rank 0's last checkpoint at the job's end (the leader waits for it)."""

@@ -58,6 +58,8 @@ from workers.elastic.views import JobView
 from workers.schema import ProtocolError
 
 TICK_S = 0.02
+NUDGE_TTL_S = 120
+"""How long an unread nudge (a member told to read a prepare plan) is kept."""
 
 
 @dataclass(frozen=True)
@@ -229,6 +231,12 @@ class Leader:
         self._publish(plan)
         for worker in joiners:
             self.redis.rpush(self.keys.reply(worker), plan.to_json())
+        # The staying members build the new group as soon as they read this, rather than
+        # at their next all-reduce (PlanFollower.watch_nudges): a newcomer is ready sooner.
+        for worker in staying:
+            nudge = self.keys.nudge(worker)
+            self.redis.rpush(nudge, self.published_seq)
+            self.redis.expire(nudge, NUDGE_TTL_S)
         self.op = Operation("prepare", plan, self.clock.monotonic())
         self.set_state("profiling" if self.profiler.active else "scaling")
         log(view.me, f"preparing generation {gen}: +{joiners} -{leavers}")

@@ -23,7 +23,7 @@ import redis
 import torch
 
 from workers.clock import Clock
-from workers.elastic import comm
+from workers.elastic import comm, phases
 from workers.elastic.constants import FINISHED, ElasticError, JobEnded, log
 from workers.elastic.keys import JobKeys
 from workers.elastic.messages import (
@@ -75,6 +75,8 @@ class GroupBuilder:
         self._building: dict[int, threading.Thread] = {}
         self._built: dict[int, Any] = {}
         self._errors: dict[int, BaseException] = {}
+        self._started: set[int] = set()
+        self._lock = threading.Lock()  # the main thread and the nudge watcher both start builds
 
     def build(self, plan: PreparePlan | RecoveryPlan) -> bool:
         """Build the group of ``plan`` (blocking); False if that failed."""
@@ -97,16 +99,18 @@ class GroupBuilder:
     def build_in_background(self, plan: PreparePlan, on_built: Callable[[], None]) -> None:
         """Build the group of ``plan`` in a thread; call ``on_built`` once it is built."""
         gen = plan.generation
-        if gen in self._building:
-            return
+        with self._lock:
+            if gen in self._started:  # once per generation, whoever asks first
+                return
+            self._started.add(gen)
 
-        def run() -> None:
-            if self.build(plan):
-                on_built()
+            def run() -> None:
+                if self.build(plan):
+                    on_built()
 
-        thread = threading.Thread(target=run, daemon=True, name=f"edl-build-{gen}")
-        self._building[gen] = thread
-        thread.start()
+            thread = threading.Thread(target=run, daemon=True, name=f"edl-build-{gen}")
+            self._building[gen] = thread
+            thread.start()
 
     def is_built(self, generation: int) -> bool:
         """Whether the group of ``generation`` is built and not taken yet."""
@@ -220,8 +224,10 @@ class Registration:
             answer = reply_from_json(reply[1])
             if isinstance(answer, Refused):
                 raise ElasticError(f"registration refused: {answer.reason}")
+            phases.mark("registered")
             self.builder.build(answer)
             if self.builder.is_built(answer.generation):
+                phases.mark("communicator")
                 return Joined(answer, first_generation=False)
             log(self.me, f"generation {answer.generation} failed to build; registering again")
 

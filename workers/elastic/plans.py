@@ -11,13 +11,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from workers.elastic.constants import log
 from workers.elastic.leader import Leader
 from workers.elastic.membership import MemberParts
-from workers.elastic.messages import Plan, StopPlan, SwitchPlan, plan_from_json
+from workers.elastic.messages import Plan, PreparePlan, StopPlan, SwitchPlan, plan_from_json
 from workers.elastic.transfer import TrainingState
 
 
@@ -42,12 +43,41 @@ class PlanFollower(MemberParts):
         if isinstance(plan, SwitchPlan | StopPlan):
             training.actions.setdefault(training.step + plan.k, []).append(plan)
         elif self.view.me in plan.members:  # a PreparePlan
-            gen, me = plan.generation, self.view.me
+            self._build_ahead(plan)
 
-            def ready() -> None:
-                self.redis.sadd(self.keys.ready(gen), me)
+    def _build_ahead(self, plan: PreparePlan) -> None:
+        """Build the prepared generation's group in the background, then say ready (once)."""
+        gen, me = plan.generation, self.view.me
 
-            self.builder.build_in_background(plan, ready)
+        def ready() -> None:
+            self.redis.sadd(self.keys.ready(gen), me)
+
+        self.builder.build_in_background(plan, ready)
+
+    def watch_nudges(self, running: Callable[[], bool]) -> None:
+        """Until ``running()`` is False: build a prepared group as soon as the leader nudges.
+
+        A prepare plan needs no agreement on a mini-batch (only the switch does),
+        so a member may start building its group at once instead of at its next
+        all-reduce; learning the plan there later finds the build under way.
+        """
+        while running():
+            try:
+                item = self.redis.blpop([self.keys.nudge(self.view.me)], timeout=1)
+                if item is None:
+                    continue
+                raw = self.redis.get(self.keys.plan(int(item[1])))
+                plan = plan_from_json(raw) if raw is not None else None
+            except Exception as exc:  # an aid only: the all-reduce path still learns the plan
+                log(self.view.me, f"nudge: {type(exc).__name__}: {exc}")
+                self.clock.sleep(1.0)
+                continue
+            if (
+                type(plan) is PreparePlan
+                and plan.base_generation == self.view.generation
+                and self.view.me in plan.members
+            ):
+                self._build_ahead(plan)
 
     def carry_out(self, training: TrainingState) -> str | None:
         """Do what is due at the committed step; return an exit reason if this worker leaves."""
@@ -74,11 +104,13 @@ class PlanFollower(MemberParts):
         t0 = self.clock.monotonic()
         group = self.builder.take(gen, f"generation {gen} was not built")
         self.view.move_to(group, gen, plan.members)
+        timings = {"take": self.clock.monotonic() - t0}
         if plan.joiners:
             mine = training.snapshot() if self.view.rank == plan.source else None
-            self.transfer.broadcast(group, mine, plan.source, want=False)
+            self.transfer.broadcast(group, mine, plan.source, want=False, timings=timings)
         self.last_pause_s = self.clock.monotonic() - t0
         self.redis.hset(self.keys.pauses(gen), me, self.last_pause_s)
+        self.redis.hset(self.keys.switch_profile(gen), me, json.dumps(timings))
         if leader is not None:
             leader.on_switched(plan, self.last_pause_s)
         log(

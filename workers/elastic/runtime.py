@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from workers import workloads
+from workers.elastic import phases
 from workers.elastic.cli import WorkerOptions
 from workers.elastic.constants import ElasticError, JobEnded, log
 from workers.elastic.context import ElasticContext
@@ -48,16 +49,23 @@ def run_elastic(options: WorkerOptions, main: Main) -> int:
     return 0
 
 
-def run_worker(options: WorkerOptions) -> int:
-    """Run the job's named built-in workload elastically; return the process exit status."""
-    return run_elastic(options, lambda ctx: builtin_main(ctx, options))
+def run_worker(options: WorkerOptions, prepared: workloads.Prepared | None = None) -> int:
+    """Run the job's named built-in workload elastically; return the process exit status.
+
+    ``prepared``: the workload already built for exactly these options (a warm
+    process, ``warm.py``); its weights are replaced by the job's state anyway.
+    """
+    return run_elastic(options, lambda ctx: builtin_main(ctx, options, prepared))
 
 
-def builtin_main(ctx: ElasticContext, options: WorkerOptions) -> None:
+def builtin_main(
+    ctx: ElasticContext, options: WorkerOptions, prepared: workloads.Prepared | None = None
+) -> None:
     """A built-in workload (``workers/workloads``), written as any SDK program is."""
-    prepared = workloads.prepare(options.workload, options.args, ctx.device)
+    if prepared is None:
+        prepared = prepare_builtin(options.workload, options.args, options.device, options.dtype)
+    phases.mark("prepared")
     dtype = getattr(torch, options.dtype)
-    prepared.model.to(dtype)  # in place: the optimizer keeps the same parameters
     sampler = ElasticSampler(prepared.num_samples, ctx.batch_size, prepared.seed)
     ctx.attach(
         prepared.model,
@@ -66,6 +74,15 @@ def builtin_main(ctx: ElasticContext, options: WorkerOptions) -> None:
         prepared.total_steps_for(ctx.batch_size),
     )
     train(ctx, prepared, dtype)
+
+
+def prepare_builtin(
+    workload: str, args: dict[str, int | float], device: str, dtype: str
+) -> workloads.Prepared:
+    """Build a built-in workload's model, optimizer and data on ``device`` in ``dtype``."""
+    prepared = workloads.prepare(workload, args, torch.device(device))
+    prepared.model.to(getattr(torch, dtype))  # in place: the optimizer keeps the same parameters
+    return prepared
 
 
 def train(ctx: ElasticContext, prepared: workloads.Prepared, dtype: torch.dtype) -> None:

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from workers.artifacts import ArtifactStore
+from workers.elastic import phases
 from workers.elastic.checkpoint import Checkpoints
 from workers.elastic.control import JobControl
 from workers.elastic.sampler import ElasticSampler
@@ -83,14 +84,66 @@ class JobRun:
 
     def start(self, worker: str, initial_world: int | None = None, extra: list[str] = ()) -> None:  # type: ignore[assignment]
         """Launch one worker process (``initial_world`` set: a generation-0 member)."""
-        env = dict(os.environ, **self.env, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
         out = open(self.workdir / "logs" / f"{worker}.out", "ab")  # noqa: SIM115
         self.procs[worker] = subprocess.Popen(
             self.command(worker, initial_world, list(extra)),
             cwd=REPO,
-            env=env,
+            env=self._env(worker),
             stdout=out,
             stderr=subprocess.STDOUT,
+        )
+
+    def start_warm(self, worker: str, build_ahead: bool = True) -> None:
+        """Launch a warm process (``workers.elastic.warm``) that will become ``worker``.
+
+        ``build_ahead``: it also builds this job's workload while it waits.
+        ``assign`` then hands it its command line.
+        """
+        cmd = [sys.executable, "-m", "workers.elastic.warm"]
+        if build_ahead:
+            cmd += ["--workload", self.workload, "--args", json.dumps(self.args)]
+            if "--dtype" in self.extra:
+                cmd += ["--dtype", self.extra[self.extra.index("--dtype") + 1]]
+        out = open(self.workdir / "logs" / f"{worker}.out", "ab")  # noqa: SIM115
+        self.procs[worker] = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=self._env(worker),
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+    def wait_warm(self, worker: str, timeout: float = 300.0) -> None:
+        """Wait until the warm process of ``worker`` has imported and built everything."""
+        deadline = time.monotonic() + timeout
+        while "warm" not in self.phases(worker):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{worker} did not warm up within {timeout}s:\n{self.tail()}")
+            if self.procs[worker].poll() is not None:
+                raise RuntimeError(f"the warm process of {worker} exited:\n{self.tail()}")
+            time.sleep(0.05)
+
+    def assign(self, worker: str, initial_world: int | None = None, extra: list[str] = ()) -> None:  # type: ignore[assignment]
+        """Hand the warm process of ``worker`` its command line (it joins the job now)."""
+        proc = self.procs[worker]
+        assert proc.stdin is not None, f"{worker} is not a warm process"
+        argv = self.command(worker, initial_world, list(extra))[3:]  # without python -m module
+        proc.stdin.write((json.dumps(argv) + "\n").encode())
+        proc.stdin.close()
+
+    def phases(self, worker: str) -> dict[str, float]:
+        """When ``worker`` reached each start-up phase (``workers.elastic.phases``)."""
+        return phases.read(str(self.workdir / "logs" / f"{worker}.phases"))
+
+    def _env(self, worker: str) -> dict[str, str]:
+        phase_log = str(self.workdir / "logs" / f"{worker}.phases")
+        return dict(
+            os.environ,
+            **self.env,
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=str(REPO),
+            **{phases.PHASE_LOG_ENV: phase_log},
         )
 
     def start_initial(self, n: int, extra: dict[str, list[str]] | None = None) -> list[str]:

@@ -180,10 +180,11 @@ class StateTransfer:
         *,
         want: bool = True,
         timeout_s: float | None = None,
+        timings: dict[str, float] | None = None,
     ) -> Any:
         """Broadcast a snapshot from rank ``source`` (None on the receivers); return it."""
         return comm.broadcast_state(
-            group, snapshot, source, self.device, want=want, timeout_s=timeout_s
+            group, snapshot, source, self.device, want=want, timeout_s=timeout_s, timings=timings
         )
 
     # -- hand-off through Redis (when every worker of a job moves) ----------------------

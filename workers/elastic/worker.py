@@ -10,17 +10,21 @@ import os
 import sys
 import traceback
 
+from workers.elastic import phases
 from workers.elastic.cli import WorkerArgumentError, parse_options
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line, run the named workload elastically, return the exit status."""
+    phases.mark("python_up")
     try:
         options = parse_options(argv)
     except WorkerArgumentError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
     from workers.elastic.runtime import run_worker  # torch is imported only past parsing
+
+    phases.mark("imported")
 
     try:
         return run_worker(options)

@@ -1,0 +1,153 @@
+"""Warm worker processes: one per idle slot, so that a newcomer starts in about a second.
+
+A cold worker spends its first seconds importing torch and building the
+model (``docs/benchmarks.md``, "Runtime figures"). With ``AGENT_WARM_WORKERS=1``
+the agent keeps, for each idle slot, a ``python -m workers.elastic.warm``
+process that has done the imports (and, once a job of this node told it
+which, built that job's workload) and waits on its stdin.  Starting a
+built-in workload's worker in that slot then writes the worker's command line
+to the pipe instead of starting a process.
+
+Only built-in workloads use them: a tenant's program runs sandboxed from its
+own code (``sandbox.py``), which a warm interpreter of the agent's code must
+not become; starting a program in a slot closes that slot's warm process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workers.agent.config import AgentConfig
+from workers.agent.launch import spawn, worker_env
+
+log = logging.getLogger(__name__)
+
+WARM_ENV = "AGENT_WARM_WORKERS"
+"""``1``: keep a warm worker process per idle slot (default off)."""
+
+WARM_MODULE = "workers.elastic.warm"
+
+
+def enabled_from_env(environ: dict[str, str] | None = None) -> bool:
+    """Whether ``AGENT_WARM_WORKERS`` asks for warm processes."""
+    value = (os.environ if environ is None else environ).get(WARM_ENV, "0").strip().lower()
+    return value in ("1", "true", "yes", "on")
+
+
+def warm_argv(config: AgentConfig, slot: int, ahead: tuple[str, str] | None) -> list[str]:
+    """The command line of a warm process for ``slot`` (``ahead``: workload and JSON args)."""
+    argv = [config.python, "-m", WARM_MODULE, "--device", config.device_for(slot)]
+    if ahead is not None:
+        argv += ["--workload", ahead[0], "--args", ahead[1]]
+    return argv
+
+
+def assignment(worker_argv: list[str]) -> bytes:
+    """What a warm process reads: the worker's arguments after ``python -m <module>``."""
+    if len(worker_argv) < 3 or worker_argv[1] != "-m":
+        raise ValueError("not a worker command line (python -m module ...)")
+    return (json.dumps(worker_argv[3:]) + "\n").encode()
+
+
+@dataclass(frozen=True)
+class WarmProcess:
+    """A warm process and the log file its output goes to (the worker's, once assigned)."""
+
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+
+@dataclass
+class WarmPool:
+    """The warm processes of one agent, by slot."""
+
+    config: AgentConfig
+    enabled: bool = False
+    procs: dict[int, WarmProcess] = field(default_factory=dict)
+    ahead: tuple[str, str] | None = None
+    """The workload (and its JSON arguments) new warm processes build ahead."""
+    _count: Any = field(default_factory=itertools.count)
+
+    def fill(self, idle_slots: tuple[int, ...]) -> None:
+        """Start a warm process in each idle slot that has none (and forget dead ones)."""
+        if not self.enabled:
+            return
+        for slot, warm in list(self.procs.items()):
+            if warm.popen.poll() is not None or slot not in idle_slots:
+                self._close(self.procs.pop(slot).popen)
+        for slot in idle_slots:
+            if slot in self.procs:
+                continue
+            path = self.config.log_path("_warm", f"slot{slot}-{os.getpid()}-{next(self._count)}")
+            try:
+                popen = spawn(
+                    warm_argv(self.config, slot, self.ahead),
+                    worker_env(self.config),
+                    path,
+                    stdin=subprocess.PIPE,
+                )
+            except OSError as exc:
+                log.warning("could not start a warm process in slot %d: %s", slot, exc)
+                return
+            self.procs[slot] = WarmProcess(popen, path)
+
+    def take(self, slot: int) -> WarmProcess | None:
+        """The warm process of ``slot``, if one is alive (it leaves the pool)."""
+        warm = self.procs.pop(slot, None)
+        if warm is not None and warm.popen.poll() is not None:
+            return None
+        return warm
+
+    def start(
+        self, slot: int, worker_argv: list[str], workload: str, args: str
+    ) -> WarmProcess | None:
+        """Turn the warm process of ``slot`` into this worker; None: start it cold.
+
+        Later warm processes build ``workload`` ahead (the job that just grew here
+        is the likeliest to grow again).
+        """
+        self.ahead = (workload, args) if self.enabled else None
+        warm = self.take(slot)
+        if warm is None or warm.popen.stdin is None:
+            return None
+        try:
+            with open(warm.log_path, "ab") as out:
+                out.write(f"--- assigned: {' '.join(worker_argv)}\n".encode())
+            warm.popen.stdin.write(assignment(worker_argv))
+            warm.popen.stdin.close()
+        except (OSError, ValueError) as exc:
+            log.warning("warm process of slot %d refused its assignment: %s", slot, exc)
+            self._close(warm.popen)
+            return None
+        return warm
+
+    def release(self, slot: int) -> None:
+        """End the warm process of ``slot`` (a tenant program starts there)."""
+        warm = self.procs.pop(slot, None)
+        if warm is not None:
+            self._close(warm.popen)
+
+    def close(self) -> None:
+        """End every warm process (the agent stops)."""
+        for slot in list(self.procs):
+            self.release(slot)
+
+    @staticmethod
+    def _close(proc: subprocess.Popen[bytes]) -> None:
+        """End a warm process at once: it holds no state, and the agent's loop must not wait
+        for one still importing torch to read its closed pipe."""
+        with contextlib.suppress(OSError):
+            if proc.stdin is not None:
+                proc.stdin.close()
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
