@@ -225,7 +225,7 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
     async def portal_batch(self, message: dict[str, Any]) -> None:
         """A coalesced batch from ``utilities.realtime``: one frame, named by topic and seq."""
         group = message.get("group")
-        if self.closing or not batch_allowed(group, self.topics):
+        if self.closing or not isinstance(group, str) or not batch_allowed(group, self.topics):
             return
         topic, ident = self.topics[group]
         await self.send_json(

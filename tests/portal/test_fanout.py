@@ -62,7 +62,9 @@ def submit(user: Any, tenant: Tenant, name: str = "live") -> Job:
     return do_submit_job(user=user, tenant=tenant, spec=spec)
 
 
-async def batches_until(comm: WebsocketCommunicator, done: Callable[[list[Any]], bool]) -> list[Any]:
+async def batches_until(
+    comm: WebsocketCommunicator, done: Callable[[list[Any]], bool]
+) -> list[Any]:
     """Frames until ``done(frames)``; every one must be a batch."""
     frames: list[Any] = []
     while not done(frames):
@@ -88,7 +90,9 @@ def test_seqs_are_consecutive_and_the_snapshot_carries_the_last(alice: Any, acme
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), seqs
         assert {(f["topic"], f["id"]) for f in frames} == {("tenant", acme.pk)}
         assert await comm.receive_nothing(timeout=0.3)
-        snap = json.loads((await sync_to_async(client.get)(f"/live/tenants/{acme.pk}/jobs.json")).content)
+        snap = json.loads(
+            (await sync_to_async(client.get)(f"/live/tenants/{acme.pk}/jobs.json")).content
+        )
         assert snap["seq"] == seqs[-1]  # the page applies only batches after it
         await comm.disconnect()
 
@@ -114,7 +118,9 @@ def test_a_missed_batch_shows_as_a_gap_and_the_snapshot_covers_it(alice: Any, ac
         await sync_to_async(submit)(alice, acme, "after")
         after = await batches_until(comm, lambda fs: bool(events(fs, "job.created")))
         assert after[0]["seq"] > first[-1]["seq"] + 1, "the lost batch leaves a gap in seqs"
-        snap = json.loads((await sync_to_async(client.get)(f"/live/tenants/{acme.pk}/jobs.json")).content)
+        snap = json.loads(
+            (await sync_to_async(client.get)(f"/live/tenants/{acme.pk}/jobs.json")).content
+        )
         assert snap["seq"] == after[-1]["seq"]
         assert missed.pk in {row["id"] for row in snap["jobs"]}  # the reload brings it back
         await comm.disconnect()
