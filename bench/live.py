@@ -2,6 +2,9 @@
 
     python bench/live.py            # 100 connected clients (99 sockets + 1 Chromium page), 40 changes
     python bench/live.py --clients 300 --changes 100
+    python bench/live.py --resync                       # queue changes; clients patch from events
+    python bench/live.py --resync --old-reload          # ... as pages did before: reload snapshots
+    python bench/live.py --clients 1000 --servers 2     # 1,000 clients over 2 daphne processes
 
 A fresh portal (daphne + SQLite in a temp dir + the run's Redis) is started,
 exactly as the browser tests do.  One headless Chromium page shows the tenant
@@ -13,6 +16,17 @@ is measured for every (change, client).  Baseline in the same run: the same
 changes with only the browser connected; the report gives p95(N clients) /
 p95(1 client) and checks p95 <= 500 ms.  Timings on a shared 2-core machine
 are noisy.  Last line: one JSON object.
+
+Events arrive in coalesced batches with a seq per group (``utilities.realtime``).
+With ``--resync`` the job leaves and re-enters the queue at every change; the
+socket clients behave as ``static/js/live.js`` now does: they patch from the
+events and reload the snapshot only when a seq is missing (counted as gaps and
+reloads).  ``--old-reload`` makes them reload after every such event instead,
+as the dashboard did before (0.3-1.0 s later, at most one at a time), for a
+baseline of the old behaviour.  ``--servers N`` starts N daphne processes on
+one database and Redis; client i connects to server i mod N (the browser to
+the first).  The fd limit is raised to its hard limit; clients connect in
+batches of ``CONNECT_BATCH``.
 """
 
 from __future__ import annotations
@@ -23,6 +37,7 @@ import base64
 import json
 import os
 import random
+import resource
 import statistics
 import sys
 import tempfile
@@ -35,6 +50,8 @@ sys.path.insert(0, str(ROOT))
 TARGET_P95_MS = 500.0
 # dashboard.js reloads its snapshot 0.3-1.0 s after a state change (at most once in that time)
 RESYNC_DELAY_S = (0.3, 1.0)
+CONNECT_BATCH = 25
+CONNECT_TRIES = 5
 
 
 class Socket:
@@ -49,7 +66,7 @@ class Socket:
         key = base64.b64encode(os.urandom(16)).decode()
         writer.write(
             (
-                "GET /ws/live/ HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                f"GET /ws/live/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
                 f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
                 f"Sec-WebSocket-Version: 13\r\nOrigin: http://127.0.0.1:{port}\r\n"
                 f"Cookie: {cookie}\r\n\r\n"
@@ -82,6 +99,10 @@ class Socket:
             data = await self.reader.readexactly(length)
             if head[0] & 0x0F == 0x1:
                 return dict(json.loads(data))
+            if head[0] & 0x0F == 0x9 and len(data) < 126:  # ping: the server drops the silent
+                mask = os.urandom(4)
+                masked = bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+                self.writer.write(bytes([0x8A, 0x80 | len(data)]) + mask + masked)
 
     def close(self) -> None:
         self.writer.close()
@@ -114,22 +135,57 @@ async def fetch_snapshot(port: int, cookie: str, path: str) -> int:
     return int(status.split()[1])
 
 
+class Tally:
+    """What the socket clients did besides receiving: batches, seq gaps, snapshot reloads."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+        self.gaps = 0
+        self.reloads = 0
+
+
 async def follow(
-    sock: Socket, job: int, arrivals: list[float], expected: int, resync: Any = None
+    sock: Socket,
+    job: int,
+    arrivals: list[float],
+    expected: int,
+    tally: Tally,
+    resync: Any = None,
+    old_reload: bool = False,
 ) -> None:
-    """Record arrival times; with ``resync``, also reload the snapshot as pages do."""
+    """Record arrival times; with ``resync``, also reload the snapshot as pages do.
+
+    As live.js: a missing seq reloads the snapshot (at once); with ``old_reload``,
+    every batch with the job's event reloads it 0.3-1.0 s later, as before.
+    """
     pending: asyncio.Task[Any] | None = None
+    last_seq: int | None = None
 
     async def later() -> None:
         await asyncio.sleep(random.uniform(*RESYNC_DELAY_S))
+        tally.reloads += 1
         await resync()
 
     while len(arrivals) < expected:
-        event = await sock.receive()
-        if event.get("job") == job and event.get("type") == "job.updated":
+        frame = await sock.receive()
+        if frame.get("type") != "batch":
+            continue
+        tally.batches += 1
+        seq = frame.get("seq")
+        gap = last_seq is not None and isinstance(seq, int) and seq != last_seq + 1
+        last_seq = seq if isinstance(seq, int) else last_seq
+        if gap:
+            tally.gaps += 1
+        mine = [e for e in frame["events"] if e.get("job") == job and e["type"] == "job.updated"]
+        for _ in mine:
             arrivals.append(time.time())
-            if resync is not None and (pending is None or pending.done()):
-                pending = asyncio.create_task(later())
+        if resync is None:
+            continue
+        if gap and not old_reload:
+            tally.reloads += 1
+            await resync()
+        elif old_reload and mine and (pending is None or pending.done()):
+            pending = asyncio.create_task(later())
     if pending is not None:
         await pending
 
@@ -141,13 +197,15 @@ async def run_phase(
     job: int,
     changes: int,
     gap_s: float,
+    tally: Tally,
     resync: Any = None,
+    old_reload: bool = False,
 ) -> tuple[list[float], list[float]]:
     """Make ``changes`` changes; return latencies (ms) seen by the sockets and by the browser."""
     await page.evaluate("window.__portalLive.log.length = 0")
     arrivals: list[list[float]] = [[] for _ in sockets]
     tasks = [
-        asyncio.create_task(follow(s, job, a, changes, resync))
+        asyncio.create_task(follow(s, job, a, changes, tally, resync, old_reload))
         for s, a in zip(sockets, arrivals, strict=True)
     ]
     starts: list[float] = []
@@ -156,20 +214,17 @@ async def run_phase(
             answer = await asyncio.to_thread(
                 driver, "parallelism", job=job, parallelism=2 - (i % 2)
             )
-        else:  # the job leaves and re-enters the queue: every page reloads its snapshot
+        else:  # the job leaves and re-enters the queue: counts and positions change
             state = "queued" if i % 2 == 0 else "running"
             answer = await asyncio.to_thread(
                 driver, "transition", job=job, state=state, parallelism=None if i % 2 == 0 else 1
             )
         starts.append(answer["t0"])
         await asyncio.sleep(gap_s)
-    await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
-    await page.wait_for_function(
-        f"() => window.__portalLive.log.filter(e => e.event.job === {job}).length >= {changes}"
-    )
-    seen = await page.evaluate(
-        f"window.__portalLive.log.filter(e => e.event.job === {job}).map(e => e.at)"
-    )
+    await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
+    mine = f"window.__portalLive.log.filter(e => e.event.job === {job} && e.event.type === 'job.updated')"
+    await page.wait_for_function(f"() => {mine}.length >= {changes}")
+    seen = await page.evaluate(f"{mine}.map(e => e.at)")
     browser_ms = [at - starts[i] * 1000 for i, at in enumerate(seen[:changes])]
     socket_ms = [(a[i] - starts[i]) * 1000 for a in arrivals for i in range(changes)]
     return socket_ms, browser_ms
@@ -182,12 +237,17 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     django.setup()
     from playwright.async_api import async_playwright
 
-    from tests.browser.harness import CHROMIUM, CHROMIUM_ARGS, start_portal
+    from tests.browser.harness import CHROMIUM, CHROMIUM_ARGS, Server, start_portal
+    from utilities.embedded_redis import free_port
 
     with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:
         server, driver, tenants = start_portal(Path(tmp))
+        servers = [server]
         pw = await async_playwright().start()
         try:
+            for _ in range(args.servers - 1):
+                servers.append(Server(Path(tmp), free_port()))
+                servers[-1].start()
             chromium = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             context = await chromium.new_context(base_url=server.url)
             page = await context.new_page()
@@ -204,33 +264,54 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             driver("transition", job=job, state="running", parallelism=1)
             time.sleep(0.5)
 
-            _, baseline_browser = await run_phase(driver, page, [], job, args.changes, args.gap)
-            sockets = []
-            for _ in range(args.clients - 1):
-                sock = await Socket.connect(server.port, cookie)
-                await sock.send({"type": "subscribe", "topic": "tenant", "id": tenants["acme"]})
-                assert (await sock.receive())["type"] == "subscribed"
-                sockets.append(sock)
+            tally = Tally()
+            _, baseline_browser = await run_phase(
+                driver, page, [], job, args.changes, args.gap, tally
+            )
+
+            async def connect(i: int) -> Socket:
+                # A loaded server drops handshakes it cannot finish in time: try again.
+                for attempt in range(CONNECT_TRIES):
+                    try:
+                        sock = await Socket.connect(servers[i % len(servers)].port, cookie)
+                        topic = {"type": "subscribe", "topic": "tenant", "id": tenants["acme"]}
+                        await sock.send(topic)
+                        assert (await sock.receive())["type"] == "subscribed"
+                        return sock
+                    except (OSError, RuntimeError, asyncio.IncompleteReadError):
+                        if attempt == CONNECT_TRIES - 1:
+                            raise
+                        await asyncio.sleep(0.5 * 2**attempt)
+                raise AssertionError("unreachable")
+
+            sockets: list[Socket] = []
+            for start in range(0, args.clients - 1, CONNECT_BATCH):
+                batch = range(start, min(args.clients - 1, start + CONNECT_BATCH))
+                sockets.extend(await asyncio.gather(*(connect(i) for i in batch)))
             resync = None
             if args.resync:
                 tenant_path = f"/live/tenants/{tenants['acme']}/jobs.json"
                 statuses: list[int] = []
 
                 async def resync() -> None:
-                    statuses.append(await fetch_snapshot(server.port, cookie, tenant_path))
+                    port = random.choice(servers).port
+                    statuses.append(await fetch_snapshot(port, cookie, tenant_path))
 
+            tally = Tally()
             loaded_sockets, loaded_browser = await run_phase(
-                driver, page, sockets, job, args.changes, args.gap, resync
+                driver, page, sockets, job, args.changes, args.gap, tally, resync, args.old_reload
             )
-            if args.resync:
-                assert statuses and set(statuses) == {200}, set(statuses)
+            if statuses:
+                assert set(statuses) == {200}, set(statuses)
+            browser_reloads = await page.evaluate("window.__portalLive.resyncs")
             for sock in sockets:
                 sock.close()
             await chromium.close()
         finally:
             await pw.stop()
             driver.close()
-            server.stop()
+            for one in servers:
+                one.stop()
 
     base = summary(baseline_browser)
     browser = summary(loaded_browser)
@@ -239,7 +320,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "bench": "live",
         "clients": args.clients,
         "resync": args.resync,
+        "old_reload": args.old_reload,
+        "servers": args.servers,
         "changes": args.changes,
+        "batches_per_socket": round(tally.batches / max(1, args.clients - 1), 1),
+        "seq_gaps": tally.gaps,
+        "snapshot_reloads": tally.reloads,
+        "browser_snapshot_loads": browser_reloads,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "baseline_1_browser": base,
         "browser_with_load": browser,
         "all_clients": everyone,
@@ -259,10 +347,22 @@ def main() -> int:
         action="store_true",
         help="socket clients also reload the dashboard snapshot after events, as pages do",
     )
+    parser.add_argument(
+        "--old-reload",
+        action="store_true",
+        help="with --resync: reload the snapshot after every queue change, as pages did before",
+    )
+    parser.add_argument("--servers", type=int, default=1, help="daphne processes (>= 1)")
     args = parser.parse_args()
-    if args.clients < 1 or args.changes < 1 or args.gap < 0:
-        print("bench/live.py: --clients and --changes must be >= 1, --gap >= 0", file=sys.stderr)
+    if args.clients < 1 or args.changes < 1 or args.gap < 0 or args.servers < 1:
+        print(
+            "bench/live.py: --clients, --changes and --servers must be >= 1, --gap >= 0",
+            file=sys.stderr,
+        )
         return 2
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:  # 1,000 sockets here and as many in the servers (which inherit it)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     result = asyncio.run(main_async(args))
     print(f"baseline, 1 browser:        {result['baseline_1_browser']}")
     print(f"{args.clients} clients, the browser:   {result['browser_with_load']}")

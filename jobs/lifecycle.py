@@ -23,6 +23,7 @@ from django.db import transaction
 
 from jobs.choices import TERMINAL_STATES, EventKind, JobState, can_transition
 from jobs.errors import JobConflictError, JobValidationError
+from jobs.live_summary import note_job_event
 from jobs.models import Job, JobEvent, JobMetric
 from utilities.realtime import CLUSTER_GROUP, broadcast_on_commit, job_group, tenant_group
 
@@ -39,8 +40,13 @@ REASON_MAX = 500
 
 
 def job_payload(job: Job, kind: str) -> dict[str, Any]:
-    """The small live-update message for a change of ``job``."""
-    return {
+    """The small live-update message for a change of ``job``.
+
+    A new job's event also carries what its dashboard row shows and never
+    changes (name, workload, size, submission), so pages add the row without
+    reloading their snapshot.
+    """
+    payload: dict[str, Any] = {
         "type": kind,
         "job": job.pk,
         "tenant": job.tenant_id,
@@ -50,13 +56,29 @@ def job_payload(job: Job, kind: str) -> dict[str, Any]:
         "step": job.step,
         "samples_per_s": None if job.samples_per_s is None else round(job.samples_per_s, 1),
     }
+    if kind == "job.created":
+        payload["row"] = {
+            "name": job.name,
+            "workload": job.runs,
+            "gpus": job.gpus,
+            "min_gpus": job.min_gpus,
+            "max_gpus": job.max_gpus,
+            "submitted_at": job.submitted_at.isoformat(),
+            "url": f"/jobs/{job.pk}/",
+        }
+    return payload
 
 
 def broadcast(job: Job, kind: str) -> None:
-    """Tell the job's tenant, its page and the cluster view about ``job``, after commit."""
+    """Tell the job's tenant, its page and the cluster view about ``job``, after commit.
+
+    The tenant's new counts and queue positions follow in the same batch, built
+    once per transaction (``jobs.live_summary``).
+    """
     broadcast_on_commit(
         (tenant_group(job.tenant_id), job_group(job.pk), CLUSTER_GROUP), job_payload(job, kind)
     )
+    note_job_event(tenant=job.tenant_id, kind=kind, state=job.state)
 
 
 def record(job: Job, kind: str, at: datetime, reason: str = "", **fields: Any) -> JobEvent:

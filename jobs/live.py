@@ -1,7 +1,9 @@
 """Snapshots that live pages load on open and after every reconnect (their resync).
 
 Events over the socket are small diffs; these functions give the whole view of
-one tenant's jobs or of one job, built with a fixed number of queries.
+one tenant's jobs or of one job, built with a fixed number of queries.  Each
+snapshot carries the ``seq`` of its group's last batch, read before its queries:
+a page applies only the batches after it (``static/js/live.js``).
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from django.db.models import QuerySet
 
 from jobs.choices import ACTIVE_STATES, ArtifactKind, EventKind, JobState
 from jobs.forecast import FORECAST_STATES, estimate_fields
+from jobs.live_summary import queue_ranks
 from jobs.models import Job, JobEvent
 from jobs.services import tenant_jct_stats
 from tenancy.models import Tenant
+from utilities.realtime import current_seq, job_group, tenant_group
 
 ROW_LIMIT = 200
 METRIC_LIMIT = 2000
@@ -26,11 +30,11 @@ LOG_LINES = 40
 def queue_positions() -> dict[int, int]:
     """Position (1-based) of every queued job in the policy's order, as the forecast stored it.
 
-    Cluster-wide ranks (``jobs.forecast``); a job queued since the last refresh
-    has none yet (at most ``FORECAST_SECONDS``).
+    Cluster-wide ranks (``jobs.forecast``) with the jobs that left the queue since
+    taken out (``jobs.live_summary.queue_ranks``, the numbers events carry too); a
+    job queued since the last refresh has none yet (at most ``FORECAST_SECONDS``).
     """
-    queued = Job.objects.filter(state=JobState.QUEUED, queue_position__isnull=False)
-    return dict(queued.values_list("pk", "queue_position"))
+    return {pk: rank for pk, (rank, _) in queue_ranks().items()}
 
 
 def estimates(job: Job) -> dict[str, Any]:
@@ -69,6 +73,7 @@ def job_row(job: Job, positions: dict[int, int]) -> dict[str, Any]:
 
 def tenant_snapshot(tenant: Tenant, jobs: QuerySet[Job]) -> dict[str, Any]:
     """The dashboard's view of ``tenant``: its newest jobs, state counts, quota use, JCT."""
+    seq = current_seq(tenant_group(tenant.pk))
     rows = list(jobs.filter(tenant=tenant).order_by("-submitted_at", "-id")[:ROW_LIMIT])
     positions = queue_positions()
     counts = dict.fromkeys(JobState.values, 0)
@@ -80,6 +85,7 @@ def tenant_snapshot(tenant: Tenant, jobs: QuerySet[Job]) -> dict[str, Any]:
     return {
         "type": "tenant.snapshot",
         "tenant": tenant.pk,
+        "seq": seq,
         "quota": tenant.gpu_quota,
         "in_use": in_use,
         "counts": counts,
@@ -171,6 +177,7 @@ def _iso(moment: datetime | None) -> str | None:
 
 def job_snapshot(job: Job) -> dict[str, Any]:
     """The job page's view: state, counters, settings that change, history, series."""
+    seq = current_seq(job_group(job.pk))
     events = [
         {
             "at": e.at.isoformat(),
@@ -187,6 +194,7 @@ def job_snapshot(job: Job) -> dict[str, Any]:
     return {
         "type": "job.snapshot",
         "job": job.pk,
+        "seq": seq,
         "state": job.state,
         "parallelism": job.parallelism,
         "gpus": job.gpus,

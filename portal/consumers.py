@@ -8,7 +8,12 @@ A page opens ``/ws/live/`` (session auth) and sends::
 
 and receives ``{"type": "subscribed", ...}`` or ``{"type": "subscribe.refused", ...}``,
 then the events that the services broadcast after commit (``job.created``,
-``job.updated``, ...), unchanged.  Whether a user may join a group is decided by
+``job.updated``, ``tenant.counts``, ...), coalesced per group (``utilities.realtime``)::
+
+    {"type": "batch", "topic": "tenant", "id": 3, "seq": 17, "events": [{...}, {...}]}
+
+``seq`` counts the group's batches (one Redis counter per group); a page that
+sees one missing reloads its snapshot, which carries the ``seq`` it reflects.  Whether a user may join a group is decided by
 ``group_for`` with the same ``restrict(user)`` scoping as every page; another
 tenant's topic is refused exactly like a topic that does not exist.
 
@@ -21,8 +26,8 @@ Access is not decided once.  The socket also joins its user's own group
         a topic the user may no longer see ──> leave its group, send subscription.revoked
     session.ended   (logout of this socket's session) ──> close (4401)
 
-Events already queued for a group the socket has just left are dropped too
-(``event_allowed``): leaving a group does not recall what was sent before.
+Batches already queued for a group the socket has just left are dropped too
+(``batch_allowed``): leaving a group does not recall what was sent before.
 """
 
 from __future__ import annotations
@@ -123,6 +128,11 @@ def event_allowed(event: Any, joined: set[str] | frozenset[str]) -> bool:
     )
 
 
+def batch_allowed(group: Any, topics: dict[str, tuple[Any, Any]]) -> bool:
+    """Whether a coalesced batch for ``group`` may go to a socket subscribed to ``topics``."""
+    return isinstance(group, str) and group in topics
+
+
 class LiveConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
     """Relays after-commit events of the groups a page has subscribed to, while it may."""
 
@@ -208,9 +218,25 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         await self.send_json({"type": "subscribed", "topic": topic, "id": ident})
 
     async def portal_event(self, message: dict[str, Any]) -> None:
-        """A broadcast from ``utilities.realtime``: pass it on if the socket may still see it."""
+        """A single event sent straight to a group: pass it on if the socket may still see it."""
         if not self.closing and event_allowed(message.get("event"), set(self.topics)):
             await self.send_json(message["event"])
+
+    async def portal_batch(self, message: dict[str, Any]) -> None:
+        """A coalesced batch from ``utilities.realtime``: one frame, named by topic and seq."""
+        group = message.get("group")
+        if self.closing or not isinstance(group, str) or not batch_allowed(group, self.topics):
+            return
+        topic, ident = self.topics[group]
+        await self.send_json(
+            {
+                "type": "batch",
+                "topic": topic,
+                "id": ident,
+                "seq": message.get("seq"),
+                "events": message.get("events", []),
+            }
+        )
 
     async def access_recheck(self, message: dict[str, Any]) -> None:
         """The user's access may have changed: re-check the session and every subscription."""

@@ -1,23 +1,48 @@
-"""Live-update plumbing: group names and after-commit broadcasts over the Channels layer.
+"""Live-update plumbing: group names, after-commit broadcasts, per-group coalescing and seqs.
 
 Payloads are small JSON dicts with a ``type`` key (ids and diffs, never whole
-views).  They are sent only after the transaction that made the change commits.
+views).  They are sent only after the transaction that made the change commits::
+
+    service (in a transaction)
+      └─ broadcast_on_commit(groups, payload, replaces=key)   one hook per transaction
+         on_commit_once(key, factory, update)                  e.g. a tenant's new counts,
+                                                               built once at commit
+    commit
+      └─ the transaction's messages ──> Coalescer (one per process, its own thread)
+            per group: the first message of a quiet group goes at once; later ones
+            within COALESCE_SECONDS wait and go together, as ONE channel message:
+            {"type": "portal.batch", "group": g, "seq": n, "events": [patch, ...]}
+            n = INCR live:seq:<group> in Redis at send time (monotonic per group)
+
+A page keeps the last ``seq`` of each topic and reloads its snapshot only on a
+gap or a reconnect; a snapshot carries the ``seq`` it reflects (:func:`current_seq`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import logging
+import os
 import threading
-from collections.abc import Iterable
-from typing import Any
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
-from asgiref.sync import async_to_sync
+import redis
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import transaction
 
 log = logging.getLogger(__name__)
 
 CLUSTER_GROUP = "cluster"
+SEQ_KEY = "portal:live-seq:{group}"
+SEQ_TTL_S = 7 * 24 * 3600
+"""A group's counter lives a week past its last event; a page that finds it gone reloads once."""
+DEFAULT_COALESCE_SECONDS = 0.1
+FLUSH_WAIT_S = 2.0
 
 
 def tenant_group(tenant_id: int) -> str:
@@ -30,53 +55,218 @@ def job_group(job_id: int) -> str:
     return f"job-{job_id}"
 
 
-def broadcast_now(messages: Iterable[tuple[tuple[str, ...], dict[str, Any]]]) -> None:
-    """Send each (groups, payload) now, in one hop into the event loop.
+@dataclass(frozen=True)
+class Message:
+    """One payload for some groups; ``replaces`` names what a later message with that key supersedes."""
+
+    groups: tuple[str, ...]
+    payload: dict[str, Any]
+    replaces: str | None = None
+
+
+def coalesce(pending: Iterable[tuple[str | None, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The patches of one group's window in order; a keyed patch keeps only its latest version.
+
+    A keyed patch (a tenant's counts) is an absolute value: its latest version
+    says all the earlier ones did, and it takes the place of the last one sent.
+    """
+    out: list[tuple[str | None, dict[str, Any]]] = []
+    for key, payload in pending:
+        if key is not None:
+            out = [(k, p) for k, p in out if k != key]
+        out.append((key, payload))
+    return [payload for _, payload in out]
+
+
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+def current_seq(group: str) -> int:
+    """The seq of the last batch sent to ``group`` (0 if none): what a snapshot reflects.
+
+    Read before the snapshot's queries: every batch up to it was sent after its
+    transaction committed, so the snapshot includes its changes.  0 when Redis is away.
+    """
+    try:
+        value = _redis().get(SEQ_KEY.format(group=group))
+    except redis.RedisError:
+        log.warning("could not read the live seq of %s", group, exc_info=True)
+        return 0
+    return int(value or 0)
+
+
+@dataclass
+class _GroupWindow:
+    """A group's patches waiting for its window to close, and when it last sent."""
+
+    pending: list[tuple[str | None, dict[str, Any]]] = field(default_factory=list)
+    last_sent: float = float("-inf")
+    scheduled: bool = False
+    sending: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class Coalescer:
+    """Sends each group's patches as one message per window, from its own thread and loop.
+
+    One per process (made again after a fork: Celery's workers are forked).
+    ``window_s`` is the least time between two messages to one group; the first
+    message to a quiet group waits for nothing.
+    """
+
+    def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s = window_s
+        self.clock = clock
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.groups: dict[str, _GroupWindow] = {}
+        self.busy = 0
+        self.idle = threading.Condition()
+        self.sent_messages = 0
+        self.redis = _redis()
+        self.thread = threading.Thread(target=self._run, name="live-coalescer", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, messages: list[Message]) -> None:
+        """Queue one transaction's messages (thread-safe; returns at once)."""
+        with self.idle:
+            self.busy += 1
+        self.loop.call_soon_threadsafe(self._add, messages)
+
+    def _add(self, messages: list[Message]) -> None:
+        try:
+            for message in messages:
+                for group in message.groups:
+                    window = self.groups.setdefault(group, _GroupWindow())
+                    window.pending.append((message.replaces, message.payload))
+                    if not window.scheduled:
+                        window.scheduled = True
+                        wait = max(0.0, window.last_sent + self.window_s - self.clock())
+                        self.busy_add(1)
+                        self.loop.call_later(wait, self._flush, group)
+        finally:
+            self.busy_add(-1)
+
+    def busy_add(self, delta: int) -> None:
+        with self.idle:
+            self.busy += delta
+            if self.busy == 0:
+                self.idle.notify_all()
+
+    def _flush(self, group: str) -> None:
+        window = self.groups[group]
+        window.scheduled = False
+        window.last_sent = self.clock()
+        events = coalesce(window.pending)
+        window.pending = []
+        task = self.loop.create_task(self._send(group, window, events))
+        task.add_done_callback(lambda _: self.busy_add(-1))
+        self.loop.call_later(self.window_s * 2, self._forget, group)
+
+    def _forget(self, group: str) -> None:
+        # A quiet group's window is dropped, so job groups do not pile up in memory.
+        window = self.groups.get(group)
+        if window is None or window.scheduled or window.sending.locked():
+            return
+        if window.last_sent + self.window_s <= self.clock():
+            del self.groups[group]
+
+    async def _send(self, group: str, window: _GroupWindow, events: list[dict[str, Any]]) -> None:
+        layer = get_channel_layer()
+        if layer is None or not events:
+            return
+        # One send at a time per group, so seqs reach the layer in order.
+        async with window.sending:
+            try:
+                key = SEQ_KEY.format(group=group)
+                with self.redis.pipeline() as pipe:
+                    pipe.incr(key)
+                    pipe.expire(key, SEQ_TTL_S)
+                    seq = int(pipe.execute()[0])
+                message = {"type": "portal.batch", "group": group, "seq": seq, "events": events}
+                await layer.group_send(group, message)
+                self.sent_messages += 1
+            except Exception:  # the change is committed; a page that misses it sees the gap
+                log.warning(
+                    "could not broadcast %d live updates to %s", len(events), group, exc_info=True
+                )
+
+    def wait_idle(self, timeout: float = FLUSH_WAIT_S) -> bool:
+        """Block until everything submitted has been sent (tests, exit); False on timeout."""
+        with self.idle:
+            return self.idle.wait_for(lambda: self.busy == 0, timeout)
+
+
+_coalescer_lock = threading.Lock()
+_coalescer: Coalescer | None = None
+
+
+def coalescer() -> Coalescer:
+    """This process's coalescer (started on first use, again after a fork)."""
+    global _coalescer
+    with _coalescer_lock:
+        if _coalescer is None or _coalescer.pid != os.getpid():
+            window = float(getattr(settings, "LIVE_COALESCE_SECONDS", DEFAULT_COALESCE_SECONDS))
+            _coalescer = Coalescer(window)
+        return _coalescer
+
+
+@atexit.register
+def _drain_at_exit() -> None:
+    # A management command or a worker that exits right after a commit still delivers it.
+    if _coalescer is not None and _coalescer.pid == os.getpid():
+        _coalescer.wait_idle()
+
+
+def broadcast_now(messages: Iterable[Message]) -> None:
+    """Hand committed messages to the coalescer; they go out within one window.
 
     A layer outage is logged, never raised: the change is already committed,
-    and a page that missed an update resynchronises when it reconnects.
+    and a page that missed an update sees the gap in seqs and resynchronises.
     """
-    layer = get_channel_layer()
     batch = list(messages)
-    if layer is None or not batch:
-        return
+    if batch and get_channel_layer() is not None:
+        coalescer().submit(batch)
 
-    async def send_all() -> None:
-        for groups, payload in batch:
-            message = {"type": "portal.event", "event": payload}
-            for group in groups:
-                await layer.group_send(group, message)
 
-    try:
-        async_to_sync(send_all)()
-    except Exception:
-        log.warning("could not broadcast %d live updates", len(batch), exc_info=True)
+class Finisher(Protocol):
+    """Per-transaction work run once at commit that yields more messages (e.g. counts)."""
+
+    def __call__(self) -> Iterable[Message]: ...
+
+
+F = TypeVar("F", bound=Finisher)
 
 
 class _CommitBatch:
     """The live updates of one transaction, sent together by a single on-commit hook."""
 
     def __init__(self) -> None:
-        self.messages: list[tuple[tuple[str, ...], dict[str, Any]]] = []
+        self.messages: list[Message] = []
+        self.finishers: dict[str, Finisher] = {}
 
     def __call__(self) -> None:
-        broadcast_now(self.messages)
+        messages = list(self.messages)
+        for key, finish in self.finishers.items():
+            try:
+                messages.extend(finish())
+            except Exception:  # counts are a courtesy; the job events still go
+                log.warning("live finisher %s failed", key, exc_info=True)
+        broadcast_now(messages)
 
 
 _local = threading.local()
 
 
-def broadcast_on_commit(groups: Iterable[str], payload: dict[str, Any]) -> None:
-    """Send ``payload`` to ``groups`` once the current transaction commits.
-
-    All updates of a transaction share one hook (a tick that changes hundreds
-    of jobs pays for one event-loop hop, not hundreds).  The batch belongs to
-    the transaction: after a rollback its hook is gone and a new one is made.
-    """
+def _transaction_batch() -> _CommitBatch | None:
+    """The current transaction's batch (made and hooked on first use); None in autocommit."""
     connection = transaction.get_connection()
-    if not connection.in_atomic_block:  # autocommit: the change is already committed
-        broadcast_now([(tuple(groups), payload)])
-        return
+    if not connection.in_atomic_block:
+        return None
     batch: _CommitBatch | None = getattr(_local, "batch", None)
     registered = batch is not None and any(
         hook is batch for _, hook, *_ in connection.run_on_commit
@@ -85,4 +275,42 @@ def broadcast_on_commit(groups: Iterable[str], payload: dict[str, Any]) -> None:
         batch = _CommitBatch()
         _local.batch = batch
         transaction.on_commit(batch)
-    batch.messages.append((tuple(groups), payload))
+    return batch
+
+
+def broadcast_on_commit(
+    groups: Iterable[str], payload: dict[str, Any], *, replaces: str | None = None
+) -> None:
+    """Send ``payload`` to ``groups`` once the current transaction commits.
+
+    All updates of a transaction share one hook (a tick that changes hundreds
+    of jobs pays for one hand-over, not hundreds).  The batch belongs to
+    the transaction: after a rollback its hook is gone and a new one is made.
+    """
+    message = Message(tuple(groups), payload, replaces)
+    batch = _transaction_batch()
+    if batch is None:  # autocommit: the change is already committed
+        broadcast_now([message])
+        return
+    batch.messages.append(message)
+
+
+def on_commit_once(key: str, factory: Callable[[], F], update: Callable[[F], None]) -> None:
+    """Apply ``update`` to this transaction's ``key`` finisher (made by ``factory`` once).
+
+    The finisher runs once at commit, after the transaction's own messages, and
+    its messages go in the same batch; in autocommit it runs at once.
+    """
+    batch = _transaction_batch()
+    if batch is None:
+        finisher = factory()
+        update(finisher)
+        broadcast_now(list(finisher()))
+        return
+    existing = batch.finishers.get(key)
+    if existing is None:
+        made = factory()
+        batch.finishers[key] = made
+        update(made)
+    else:
+        update(existing)  # type: ignore[arg-type]  # one factory per key

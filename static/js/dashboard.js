@@ -3,7 +3,7 @@
   "use strict";
   /** "2 GPUs (range 1–4)"; a rigid job's range is its size, so only "2 GPUs". */
   const gpuRange = (row) => row.gpus + (row.gpus === 1 ? " GPU" : " GPUs") + (row.min_gpus === row.max_gpus ? "" : " (range " + row.min_gpus + "–" + row.max_gpus + ")");
-  const { LiveSocket, fetchJSON, throttle, el, seconds, timeEl } = window.PortalLive;
+  const { LiveSocket, fetchJSON, el, seconds, timeEl } = window.PortalLive;
   const root = document.getElementById("live-dashboard");
   if (!root) return;
   const tenant = Number(root.dataset.tenant);
@@ -61,7 +61,7 @@
     if (node) node.textContent = text;
   }
 
-  let counts = null;  // state -> number of the tenant's jobs, from the last snapshot
+  let counts = null;  // state -> number of the tenant's jobs, from the snapshot or tenant.counts
 
   function showCounts() {
     setTile("count-queued", counts.queued + counts.pending);
@@ -69,78 +69,94 @@
     setTile("count-completed", counts.completed);
   }
 
+  function showJct(jct) {
+    setTile("jct-mean", seconds(jct.mean));
+    setTile("jct-p95", seconds(jct.p95));
+  }
+
+  let quota = Number((document.getElementById("quota-use").textContent.split("/")[1] || "0").trim());
+
   function applySnapshot(snap) {
     body.replaceChildren(...snap.jobs.map(renderRow));
     table.hidden = snap.jobs.length === 0;
     if (empty) empty.hidden = snap.jobs.length !== 0;
     counts = Object.assign({}, snap.counts);
+    quota = snap.quota;
     setTile("quota-use", snap.in_use + " / " + snap.quota);
     showCounts();
-    setTile("jct-mean", seconds(snap.jct.mean));
-    setTile("jct-p95", seconds(snap.jct.p95));
+    showJct(snap.jct);
   }
 
-  let quota = Number((document.getElementById("quota-use").textContent.split("/")[1] || "0").trim());
+  const ROW_LIMIT = 200;  // the snapshot's newest jobs (jobs/live.py)
+  const showPosition = (tr, position) => {
+    tr.querySelector('[data-field="queue_position"]').textContent = position == null ? "—" : "#" + position;
+  };
 
-  /** GPUs in use from the rows on the page (active jobs are recent, so they are listed). */
-  function recountInUse() {
-    let used = 0;
-    for (const tr of body.querySelectorAll("tr")) {
-      if (tr.dataset.state === "running" || tr.dataset.state === "scaling") used += Number(tr.querySelector('[data-field="parallelism"]').textContent) || 0;
-    }
-    setTile("quota-use", used + " / " + quota);
-  }
-
-  const resync = () => fetchJSON("/live/tenants/" + tenant + "/jobs.json").then((snap) => { quota = snap.quota; applySnapshot(snap); }).catch(console.error);
-  // A state change moves counts and queue positions: reload soon. Progress without its
-  // figures in the event: reload now and then. Parallelism and GPU-time: patched here.
-  // Reload (coalesced, jittered so that many pages do not ask at once) only for what the
-  // event cannot tell: queue positions (a job entered or left the queue), JCT (a job
-  // completed), a row this page has not seen, progress figures the event does not carry.
-  // State counts, parallelism, GPUs in use and GPU-time are patched from the event.
-  const resyncSoon = throttle(resync, 300, 700);
-  const resyncSlow = throttle(resync, 5000, 2000);
+  // The snapshot is loaded on open, on every reconnect and after a lost batch (live.js);
+  // it resolves to the snapshot so that live.js learns the seq it reflects.  Everything
+  // else is patched from the events: a job's row from its events, counts and GPUs in use
+  // from tenant.counts, positions from tenant.queue and forecast.updated, JCT from tenant.jct.
+  const resync = () => fetchJSON("/live/tenants/" + tenant + "/jobs.json").then((snap) => { applySnapshot(snap); return snap; });
 
   /** A forecast refresh: patch the changed jobs' positions and estimates in place. */
   function onForecast(event) {
     for (const entry of event.jobs || []) {
       const row = document.getElementById("job-" + entry.job);
       if (!row) continue;
-      row.querySelector('[data-field="queue_position"]').textContent = entry.queue_position == null ? "—" : "#" + entry.queue_position;
+      showPosition(row, entry.queue_position);
       const shown = Object.assign({ state: row.dataset.state }, entry);
       row.replaceChild(estimateCell(shown), row.querySelector('[data-field="estimate"]'));
     }
   }
 
+  /** The queue moved: every queued job of the tenant with its position (absent: none yet). */
+  function onQueue(event) {
+    const positions = event.positions || {};
+    const complete = Object.keys(positions).length < ROW_LIMIT;
+    for (const tr of body.querySelectorAll("tr")) {
+      const position = positions[tr.dataset.job];
+      if (tr.dataset.state !== "queued") showPosition(tr, null);
+      else if (position !== undefined || complete) showPosition(tr, position);
+    }
+  }
+
+  /** A job this page has not listed yet: a new one, whose event carries its row. */
+  function addRow(event) {
+    const row = Object.assign({ id: event.job, state: event.state, parallelism: event.parallelism, step: event.step, throughput: event.samples_per_s, attained_gpu_seconds: event.attained_gpu_seconds, queue_position: null }, event.row);
+    body.prepend(renderRow(row));
+    while (body.children.length > ROW_LIMIT) body.lastElementChild.remove();
+    table.hidden = false;
+    if (empty) empty.hidden = true;
+  }
+
   function onEvent(event) {
-    if (event.type === "forecast.updated") {
-      if (event.tenant === tenant) onForecast(event);
+    if (event.tenant !== tenant) return;
+    if (event.type === "forecast.updated") { onForecast(event); return; }
+    if (event.type === "tenant.counts") {
+      counts = Object.assign({}, event.counts);
+      showCounts();
+      setTile("quota-use", event.in_use + " / " + quota);
       return;
     }
-    if (event.tenant !== tenant || !event.job) return;
+    if (event.type === "tenant.queue") { onQueue(event); return; }
+    if (event.type === "tenant.jct") { showJct(event.jct); return; }
+    if (!event.job) return;
     const row = document.getElementById("job-" + event.job);
-    if (!row) { resyncSoon(); return; }
-    const before = row.dataset.state;
-    const stateChanged = event.state !== undefined && before !== event.state;
-    if (stateChanged) {
+    if (!row) {
+      if (event.row) addRow(event);  // older jobs beyond the newest 200 are not listed
+      return;
+    }
+    if (event.state !== undefined && row.dataset.state !== event.state) {
       row.dataset.state = event.state;
       const badge = row.querySelector('[data-field="state"]');
       badge.textContent = event.state;
       badge.className = "state state-" + event.state;
-      if (counts && before in counts && event.state in counts) {
-        counts[before] -= 1;
-        counts[event.state] += 1;
-        showCounts();
-      }
+      if (event.state !== "queued") showPosition(row, null);
     }
     if (event.parallelism !== undefined) row.querySelector('[data-field="parallelism"]').textContent = event.parallelism;
     if (event.attained_gpu_seconds !== undefined) row.querySelector('[data-field="attained_gpu_seconds"]').textContent = seconds(event.attained_gpu_seconds);
     if (event.step !== undefined) row.replaceChild(progressCell(event), row.querySelector('[data-field="progress"]'));
     if (event.samples_per_s !== undefined && event.samples_per_s !== null) row.querySelector('[data-field="throughput"]').textContent = event.samples_per_s.toFixed(0) + "/s";
-    recountInUse();
-    const queueMoved = stateChanged && (before === "queued" || event.state === "queued" || before === "pending");
-    if (queueMoved || (stateChanged && event.state === "completed") || !counts) resyncSoon();
-    else if (event.type === "job.progress" && event.step === undefined) resyncSlow();
   }
 
   new LiveSocket([{ topic: "tenant", id: tenant }], { onEvent, resync });

@@ -4,12 +4,22 @@
  * subscribes to the page's topics and, once all are confirmed, calls the page's
  * resync() to reload a snapshot, so nothing missed while disconnected is lost.
  * Drops are retried with capped exponential backoff.  No dependencies.
+ *
+ * Events come in batches, one per group and coalescing window:
+ *   {"type": "batch", "topic": "tenant", "id": 3, "seq": 17, "events": [...]}
+ * The socket keeps each topic's last seq and hands the events to page.onEvent
+ * one by one.  A seq that skips one (a batch was lost) reloads the snapshot;
+ * nothing else does.  While a snapshot loads, batches wait; once it is in, only
+ * those after the seq it carries (snap.seq, when page.resync() resolves to the
+ * snapshot) are applied.
  */
 (function () {
   "use strict";
 
   const log = [];  // arrival times of events, read by the browser tests and bench/live.py
-  window.__portalLive = { log: log, state: "connecting", connects: 0 };
+  window.__portalLive = { log: log, state: "connecting", connects: 0, resyncs: 0, gaps: 0 };
+  const GAP_RESYNC_JITTER_MS = 300;  // many pages that saw the same gap do not reload in step
+  const topicKey = (topic, id) => topic + ":" + (id === undefined || id === null ? "" : id);
 
   function setStatus(state) {
     window.__portalLive.state = state;
@@ -37,7 +47,53 @@
       this.topics = topics;
       this.page = page;
       this.attempt = 0;
+      this.seqs = {};      // topic key -> seq of the last batch applied
+      this.loading = false;
+      this.held = [];      // batches that came while a snapshot loaded
       this.connect();
+    }
+
+    /** Reload the page's snapshot; then apply the batches held meanwhile that it does not reflect. */
+    resync() {
+      window.__portalLive.resyncs += 1;
+      this.loading = true;
+      const done = (snap) => {
+        this.loading = false;
+        this.seqs = {};
+        if (snap && typeof snap.seq === "number" && this.topics.length === 1) {
+          this.seqs[topicKey(this.topics[0].topic, this.topics[0].id)] = snap.seq;
+        }
+        const held = this.held;
+        this.held = [];
+        for (const batch of held) this.onBatch(batch);
+      };
+      Promise.resolve()
+        .then(() => this.page.resync())
+        .then(done, (error) => { console.error(error); done(null); });
+    }
+
+    /** Apply a batch in order; a missing seq means a lost batch: reload the snapshot. */
+    onBatch(batch) {
+      if (this.loading) { this.held.push(batch); return; }
+      const key = topicKey(batch.topic, batch.id);
+      const last = this.seqs[key];
+      if (typeof batch.seq === "number" && last !== undefined) {
+        if (batch.seq <= last) return;  // the snapshot already reflects it
+        if (batch.seq !== last + 1) {
+          window.__portalLive.gaps += 1;
+          this.loading = true;
+          this.held.push(batch);
+          setTimeout(() => this.resync(), Math.random() * GAP_RESYNC_JITTER_MS);
+          return;
+        }
+      }
+      if (typeof batch.seq === "number") this.seqs[key] = batch.seq;
+      const at = performance.timeOrigin + performance.now();
+      for (const event of batch.events || []) {
+        log.push({ at: at, event: event });
+        this.page.onEvent(event);
+      }
+      if (log.length > 5000) log.splice(0, 1000);
     }
 
     connect() {
@@ -57,10 +113,12 @@
             this.attempt = 0;
             window.__portalLive.connects += 1;
             setStatus("live");
-            this.page.resync();
+            this.resync();
           }
         } else if (event.type === "subscribe.refused") {
           setStatus("refused");
+        } else if (event.type === "batch") {
+          this.onBatch(event);
         } else if (event.type !== "pong" && event.type !== "unsubscribed") {
           log.push({ at: performance.timeOrigin + performance.now(), event: event });
           if (log.length > 5000) log.splice(0, 1000);

@@ -26,6 +26,7 @@ from portal.consumers import CLOSE_UNAUTHENTICATED, event_allowed
 from tenancy.live_access import session_digest, user_group
 from tenancy.models import Role, Tenant
 from tenancy.services import do_add_member, do_remove_member
+from tests.portal.live_frames import next_event
 from utilities.realtime import CLUSTER_GROUP, job_group, tenant_group
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -84,7 +85,7 @@ def test_logout_closes_the_sessions_sockets_only(alice: Any, acme: Tenant) -> No
         await comm.disconnect()
         # the other session still follows the tenant
         job = await sync_to_async(submit)(alice, acme)
-        event = await other.receive_json_from(timeout=5)
+        event = await next_event(other, "job.created")
         assert event["type"] == "job.created" and event["job"] == job.pk
         await other.disconnect()
 
@@ -125,7 +126,7 @@ def test_role_change_keeps_what_the_new_role_may_see(alice: Any, acme: Tenant) -
         comm = await opened(cookie, ("tenant", acme.pk))
         await sync_to_async(do_add_member)(tenant=acme, user=alice, role=Role.VIEWER)
         job = await sync_to_async(submit)(owner, acme)
-        event = await comm.receive_json_from(timeout=5)  # no revocation came before it
+        event = await next_event(comm, "job.created")  # no revocation came before it
         assert event["type"] == "job.created" and event["job"] == job.pk
         await comm.disconnect()
 
