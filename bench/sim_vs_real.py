@@ -216,13 +216,13 @@ def collect(client: Client, ids: dict[str, int], trace: list[dict[str, Any]]) ->
         detail = client.call(f"/api/v1/jobs/{pk}/")
         history = client.call(f"/api/v1/jobs/{pk}/events/?page_size=200")["results"]
         progress: list[dict[str, Any]] = []
-        since = -1
+        query = ""
         while True:
-            page = client.call(f"/api/v1/jobs/{pk}/metrics/?since_step={since}")["progress"]
+            page = client.call(f"/api/v1/jobs/{pk}/metrics/{query}")["progress"]
             progress += page
             if len(page) < 5000:
                 break
-            since = page[-1]["step"]
+            query = f"?since_step={page[-1]['step']}"
         out[job["name"]] = {"detail": detail, "events": history, "progress": progress}
     return out
 
