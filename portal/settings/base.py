@@ -153,10 +153,19 @@ AGENT_MESSAGE_MAX_AGE_SECONDS = env_float("AGENT_MESSAGE_MAX_AGE_SECONDS", 900.0
 AGENT_MESSAGE_MAX_SKEW_SECONDS = env_float("AGENT_MESSAGE_MAX_SKEW_SECONDS", 60.0)
 AGENT_HOSTED_GRACE_SECONDS = env_float("AGENT_HOSTED_GRACE_SECONDS", 3600.0)
 
+CHANNEL_LAYER_SOCKET_TIMEOUT_S = env_float("CHANNEL_LAYER_SOCKET_TIMEOUT_S", 30.0)
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 30},
+        # redis-py 8 reads with a 5 s socket timeout by default, the same 5 s that
+        # channels_redis blocks for in BZPOPMIN: on a busy machine the read timed out first
+        # and the socket's consumer died ("Timeout reading from ..."). The read may wait
+        # longer than the blocking pop.
+        "CONFIG": {
+            "hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT_S}],
+            "capacity": 1000,
+            "expiry": 30,
+        },
     }
 }
 
