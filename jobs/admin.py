@@ -11,6 +11,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from jobs.models import Artifact, Job, JobEvent
+from utilities.admin import ReadOnlyAdminMixin
 
 
 class JobEventInline(admin.TabularInline):  # type: ignore[type-arg]
@@ -36,21 +37,9 @@ class ArtifactInline(admin.TabularInline):  # type: ignore[type-arg]
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class JobAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ["id", "name", "tenant", "state", "parallelism", "gpus", "submitted_at"]
     list_filter = ["state", "tenant", "workload"]
     search_fields = ["name"]
     readonly_fields = [f.name for f in Job._meta.fields]
     inlines = [JobEventInline, ArtifactInline]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        """Jobs are submitted through the services (the form, the API)."""
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        """Read-only: a change here would bypass the services and the audit log."""
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        """Jobs are never deleted here (their history, usage and audit rows refer to them)."""
-        return False

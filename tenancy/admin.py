@@ -22,6 +22,7 @@ from tenancy.models import ApiToken, Membership, Tenant
 from tenancy.services import do_update_tenant
 from tenancy.tenant_settings import SETTINGS, check_settings
 from tenancy.token_services import do_revoke_any_token
+from utilities.admin import ReadOnlyAdminMixin
 
 
 class MembershipInline(admin.TabularInline):  # type: ignore[type-arg]
@@ -112,7 +113,7 @@ if admin.site.is_registered(TokenProxy):
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ApiTokenAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     """Admins see tokens and revoke them with the "Revoke" action (through the audited
     service); no field is edited here, and secrets are never stored to show."""
 
@@ -129,18 +130,6 @@ class ApiTokenAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_filter = ["scope"]
     search_fields = ["user__username", "name", "prefix"]
     actions = ["revoke"]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        """Tokens are made by their users (the token page, the API, ``issuetoken``)."""
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        """Read-only: a change here would bypass the audit log."""
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        """Tokens are revoked, never deleted (their history stays)."""
-        return False
 
     @admin.action(description="Revoke the selected tokens", permissions=["view"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
