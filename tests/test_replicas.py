@@ -236,7 +236,10 @@ class Listener:
                 message = await sock.receive()
                 if message.get("type") == "subscribed":
                     self.ready.set()
-                self.events.append(message)
+                if message.get("type") == "batch":  # live updates come in batches per group
+                    self.events.extend(message.get("events") or [])
+                else:
+                    self.events.append(message)
         finally:
             sock.close()
 
