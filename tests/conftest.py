@@ -108,14 +108,19 @@ def job_body(**overrides: Any) -> dict[str, Any]:
     return body
 
 
-@pytest.fixture
-def whatif_queue() -> Iterator[Any]:
-    """The real broker's ``whatif`` queue, emptied before and after."""
+def emptied_queue(name: str) -> Iterator[Any]:
+    """The real broker's queue ``name``, emptied before and after (a fixture's body)."""
     with app.connection_for_write() as conn:
-        queue = conn.SimpleQueue("whatif")
+        queue = conn.SimpleQueue(name)
         queue.clear()
         try:
             yield queue
         finally:
             queue.clear()
             queue.close()
+
+
+@pytest.fixture
+def whatif_queue() -> Iterator[Any]:
+    """The real broker's ``whatif`` queue, emptied before and after."""
+    yield from emptied_queue("whatif")

@@ -23,10 +23,8 @@ Watched throughout and asserted at the end:
 from __future__ import annotations
 
 import asyncio
-import base64
 import itertools
 import json
-import os
 import re
 import signal
 import subprocess
@@ -199,26 +197,6 @@ def session_cookie(url: str, username: str, password: str) -> str:
     return "; ".join(f"{name}={value}" for name, value in cookies.items())
 
 
-async def connect(port: int, cookie: str) -> Socket:
-    """Open ``/ws/live/`` as a page of that server would: same origin, port included."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    key = base64.b64encode(os.urandom(16)).decode()
-    writer.write(
-        (
-            f"GET /ws/live/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
-            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-            f"Sec-WebSocket-Version: 13\r\nOrigin: http://127.0.0.1:{port}\r\n"
-            f"Cookie: {cookie}\r\n\r\n"
-        ).encode()
-    )
-    status = await reader.readline()
-    if b" 101 " not in status:
-        raise RuntimeError(f"handshake refused by port {port}: {status!r}")
-    while (await reader.readline()) not in (b"\r\n", b""):
-        pass
-    return Socket(reader, writer)
-
-
 class Listener:
     """A live socket on one web server, subscribed to the tenant, collecting its events."""
 
@@ -229,7 +207,7 @@ class Listener:
 
     async def run(self) -> None:
         """Collect until cancelled (a frame is never cut in two by a timeout)."""
-        sock = await connect(self.port, self.cookie)
+        sock = await Socket.connect(self.port, self.cookie)
         try:
             await sock.send({"type": "subscribe", "topic": "tenant", "id": self.tenant})
             while True:

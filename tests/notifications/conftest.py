@@ -13,8 +13,8 @@ from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
 from notifications.models import Subscription
 from notifications.services import check_subscription, do_create_subscription
-from portal.celery import app
 from tenancy.models import Tenant
+from tests.conftest import emptied_queue
 from tests.notifications.receiver import DeadEndpoint, Receiver
 
 
@@ -79,14 +79,7 @@ def subscribe() -> Callable[..., Subscription]:
 @pytest.fixture
 def portal_queue() -> Iterator[Any]:
     """The real broker's ``portal`` queue, emptied before and after."""
-    with app.connection_for_write() as conn:
-        queue = conn.SimpleQueue("portal")
-        queue.clear()
-        try:
-            yield queue
-        finally:
-            queue.clear()
-            queue.close()
+    yield from emptied_queue("portal")
 
 
 def queued_tasks(queue: Any) -> list[tuple[str, Any]]:
