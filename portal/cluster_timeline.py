@@ -183,8 +183,8 @@ def timeline(window: str, since: datetime | None, now: datetime, total_gpus: int
     """Queue length, GPUs in use and cluster efficiency over [since, now] for ``window``."""
     with _lock:
         replay = _kept.get(window)
-        fresh = replay is None or time.monotonic() - replay.built > REBUILD_SECONDS
-        if replay is None or fresh or not extend(replay):
+        stale = replay is not None and time.monotonic() - replay.built > REBUILD_SECONDS
+        if replay is None or stale or not extend(replay):
             replay = full_replay(since)
             _kept[window] = replay
         return replay.series(since, now, total_gpus)
