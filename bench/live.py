@@ -289,9 +289,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 batch = range(start, min(args.clients - 1, start + CONNECT_BATCH))
                 sockets.extend(await asyncio.gather(*(connect(i) for i in batch)))
             resync = None
+            statuses: list[int] = []
             if args.resync:
                 tenant_path = f"/live/tenants/{tenants['acme']}/jobs.json"
-                statuses: list[int] = []
 
                 async def resync() -> None:
                     port = random.choice(servers).port
