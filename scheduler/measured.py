@@ -272,19 +272,70 @@ def fit_shared_cpu(
     return _fit_external(points, cores, +1.0, grid)
 
 
+def implied_external(
+    jobs: Mapping[str, Sequence[Progress]],
+    free_rates: Mapping[str, Mapping[int, float]],
+    busy: BusySlots,
+    cores: float,
+    bin_s: float,
+) -> list[tuple[float, float, float]]:
+    """The other load each stretch of training implies, averaged per ``bin_s`` of the run.
+
+    A stretch at rate ``r`` of a job whose free-core rate is ``R`` had a
+    factor ``R / r``, hence ``cores * R / r - busy`` other runnable processes.
+    Returns (bin start, implied external load, seconds of training in the bin),
+    bins from the earliest report: how far the run's load drifted from the one
+    constant the fit gives the simulator.
+    """
+    pairs = [
+        (a, b, free_rates[job][a.parallelism])
+        for job, samples in jobs.items()
+        for a, b in _same_size_pairs(samples)
+        if b.step > a.step and free_rates.get(job, {}).get(a.parallelism, 0.0) > 0
+    ]
+    if not pairs or bin_s <= 0:
+        return []
+    origin = min(a.at for a, _, _ in pairs)
+    bins: dict[int, list[float]] = {}
+    for a, b, free in pairs:
+        seconds = b.at - a.at
+        external = cores * free * seconds / (b.step - a.step) - busy.mean(a.at, b.at)
+        acc = bins.setdefault(int((a.at - origin) // bin_s), [0.0, 0.0])
+        acc[0] += external * seconds
+        acc[1] += seconds
+    return [(k * bin_s, acc[0] / acc[1], acc[1]) for k, acc in sorted(bins.items())]
+
+
 def fit_start_law(
-    startups: Sequence[tuple[str, float, int]],
+    startups: Sequence[tuple[str, float, float]],
+    busy: BusySlots,
     cores: float,
     grid: Sequence[float] = EXTERNAL_GRID,
 ) -> CpuFit:
-    """The sharing law of first starts: (workload, seconds, busy slots just after the start).
+    """The sharing law of first starts: (workload, start, first step) of each job.
 
     A start-up is CPU work too (imports, data), but it need not feel the
     crowd as a training step does, so it gets its own law: the ``external``
-    that makes each workload's start-up / factor most constant.
+    that makes each workload's start-up in free-core seconds
+    (``BusySlots.free_seconds`` over it, as the busy slots changed) most
+    constant.  The simulator stretches a start-up in progress the same way
+    (``SimConfig.start_slowdown``).
     """
-    points = [(w, seconds, float(b), 1.0) for w, seconds, b in startups if seconds > 0]
-    return _fit_external(points, cores, -1.0, grid)
+    spans = [(w, t0, t1) for w, t0, t1 in startups if t1 > t0]
+    total = float(len(spans))
+
+    def residual(cpu: SharedCpu | None) -> float:
+        groups: dict[str, list[float]] = {}
+        for workload, t0, t1 in spans:
+            free = busy.free_seconds(t0, t1, cpu) if cpu is not None else t1 - t0
+            groups.setdefault(workload, []).append(math.log(free))
+        return sum(len(v) * statistics.pvariance(v) for v in groups.values()) / total
+
+    if not spans:
+        return CpuFit(SharedCpu(cores), 0.0, 0.0, 0.0)
+    best = min(grid, key=lambda e: (residual(SharedCpu(cores, e)), e))
+    law = SharedCpu(cores, best)
+    return CpuFit(law, residual(law), residual(None), total)
 
 
 @dataclass(frozen=True, slots=True)

@@ -168,9 +168,9 @@ class SimConfig:
     (the CPU emulation of the demo cluster: 8 slots on 2 cores), which a real
     GPU cluster does not have.  Entry ``b`` of ``slot_slowdown`` is the factor
     by which every running job's step time stretches while ``b`` GPUs are
-    busy; entry ``b`` of ``start_slowdown`` stretches a first start
-    (``ScalingCost.first_start_s``) that leaves ``b`` GPUs busy.  The last
-    entry holds beyond a table; empty: off.
+    busy; entry ``b`` of ``start_slowdown`` stretches what is left of a first
+    start (``ScalingCost.first_start_s``, in seconds of a free core) while
+    ``b`` GPUs are busy.  The last entry holds beyond a table; empty: off.
     ``grow_min_left_s``: a running job that ends within this many seconds at
     its current rate gets no more GPUs (the control plane's
     ``SCALE_OUT_MIN_SECONDS_LEFT``: a newcomer would join a finished job);
@@ -594,6 +594,22 @@ def simulate(
         for job in held:
             slow_now[job] = (now, factor.get(job, 1.0))
 
+    # Jobs in their first start -> the stretch its rest runs at (shared CPUs only).
+    starting: dict[JobRecord, float] = {}
+    shared_start = bool(cfg.start_slowdown)
+
+    def restretch(now: float) -> None:
+        """Start-ups in progress go on at the stretch of the busy slots from now on."""
+        stretch = cfg.start_factor(acct.used)
+        for job, was in list(starting.items()):
+            if not job.running or now >= job.resume_at:
+                del starting[job]
+            elif stretch != was:
+                job.resume_at = now + (job.resume_at - now) / was * stretch
+                starting[job] = stretch
+                job.version += 1
+                push(job)
+
     def refresh_paces(now: float) -> float:
         """Re-pace every running job after a change; returns the worst slowdown."""
         cpu = cfg.slot_factor(acct.used)
@@ -804,6 +820,10 @@ def simulate(
                     )
                     job.version += 1
                     push(job)
+                    if shared_start:
+                        starting[job] = stretch
+        if changed and starting:
+            restretch(now)
         if changed and tracked:
             acct.worst_slowdown = refresh_paces(now)
         if now >= acct.next_sample:

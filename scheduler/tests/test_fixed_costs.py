@@ -49,6 +49,10 @@ def test_a_first_start_stretches_with_the_busy_slots_it_leaves() -> None:
     assert jcts([TraceJob("a", 0.0, 2, 100.0)], cfg) == {"a": pytest.approx(115.0)}
     both = [TraceJob("a", 0.0, 2, 100.0), TraceJob("b", 0.0, 2, 100.0)]
     assert jcts(both, cfg) == {"a": pytest.approx(130.0), "b": pytest.approx(130.0)}
+    # "b" arrives while "a" starts: 5 s at 1.5 did 10/3 of a's 10 free-core seconds, the
+    # rest goes at 3 (20 s more), so "a" trains from 25.
+    late = [TraceJob("a", 0.0, 2, 100.0), TraceJob("b", 5.0, 2, 100.0)]
+    assert jcts(late, cfg) == {"a": pytest.approx(125.0), "b": pytest.approx(130.0)}
 
 
 def elastic_pair(

@@ -88,11 +88,16 @@ def test_the_sharing_law_is_fitted_from_rates_that_fall_as_slots_fill() -> None:
 
 
 def test_the_start_up_law_is_fitted_per_workload() -> None:
+    # 2 slots busy until 50, 4 until 100, 8 after: start-ups of 6 and 4 free-core seconds
+    # stretch by (busy + 2) / 2 (the law to find) inside each stretch.
     law = SharedCpu(cores=2.0, external=2.0)
+    busy = BusySlots([(0.0, 2), (50.0, 2), (100.0, 4)])
     starts = [
-        (w, base * law.factor(b), b) for w, base in (("m", 6.0), ("r", 4.0)) for b in (1, 3, 6, 8)
+        (w, t0, t0 + base * law.factor(busy.at(t0)))
+        for w, base in (("m", 6.0), ("r", 4.0))
+        for t0 in (0.0, 50.0, 100.0)
     ]
-    fit = fit_start_law(starts, cores=2.0)
+    fit = fit_start_law(starts, busy, cores=2.0)
     assert fit.cpu.external == pytest.approx(2.0)
     assert fit.residual == pytest.approx(0.0, abs=1e-12)
     assert fit.residual_without > 0
