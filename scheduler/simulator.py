@@ -788,18 +788,21 @@ def simulate(
                 if tracked:
                     held[job] = gpus or ()
                 pause = cfg.cost.pause(old, n, resumed)
+                paused_from = now
                 if switch_times and old > 0:
                     trains_from = max(now, job.resume_at)
                     switched = cfg.cost.switch_end(now, trains_from, old, n)
                     switching[job] = switched
                     if old < n:
+                        # The switch's cost comes after a start-up still in progress.
                         pause += cfg.cost.join_pause(
                             job.progress_rate(old), job.progress_rate(n), switched - trains_from
                         )
+                        paused_from = trains_from
                 job.alloc = n
                 job.running = True
-                if pause > 0 and now + pause > job.resume_at:
-                    job.resume_at = now + pause
+                if pause > 0 and paused_from + pause > job.resume_at:
+                    job.resume_at = paused_from + pause
                 push(job)
                 changed = True
             if not refused:

@@ -109,3 +109,29 @@ def test_switch_times_follow_the_start_up() -> None:
     assert cost.join_pause(10.0, 20.0, 10.0) == pytest.approx(5.0)
     assert cost.join_pause(20.0, 10.0, 10.0) == 0.0  # no faster: nothing lost
     assert cost.join_pause(10.0, 20.0, 0.0) == 0.0  # joined within the start-up
+
+
+def test_a_scale_out_during_the_start_up_costs_only_what_outlasts_it() -> None:
+    # "a" starts for 20 s; "b" (1 s start-up, 4 s of work) ends at 5 and "a" grows to 4 then.
+    a = MeasuredJob("a", requested=2, min_gpus=1, max_gpus=4, steps=1000, rates={2: 10.0, 4: 20.0})
+    b = MeasuredJob("b", requested=2, min_gpus=2, max_gpus=2, steps=40, rates={2: 10.0})
+    trace = [
+        TraceJob("a", 0.0, 2, a.duration(), model="slow"),
+        TraceJob("b", 0.0, 2, b.duration(), model="fast"),
+    ]
+    policy = MeasuredPolicy(get_policy("elastic-tiresias"), {"a": a, "b": b}, learn=False)
+
+    def end_of_a(join_s: float) -> float:
+        cost = ScalingCost(
+            "stop_free",
+            broadcast_s=0.0,
+            join_s=join_s,
+            first_start_by_model={"slow": 20.0, "fast": 1.0},
+        )
+        result = simulate(trace, policy, SimConfig(4, tick=1.0, cost=cost))
+        return {r.id: r.end for r in result.jobs}["a"]
+
+    # Joined before "a" trains: 1,000 steps at 20 steps/s from 20.
+    assert end_of_a(10.0) == pytest.approx(70.0)
+    # Joined at 35: 20-35 at 10 steps/s, the remaining 850 at 20 steps/s.
+    assert end_of_a(30.0) == pytest.approx(77.5)
