@@ -32,6 +32,11 @@ class JobRecord:
     start the program fails; it is requeued with its progress while
     ``restarts < max_restarts``, else it ends failed; ``max_runtime`` seconds
     of wall clock after its first start it ends failed wherever it is.
+    ``done_at`` is when its last step was done (None before): a job whose end
+    costs time (``ScalingCost.finish_s``) still holds its GPUs from there.
+    ``true_speed`` (None: ``speed``) is the table its progress follows when the
+    policy believes another: in a replay of a measured run the policy sees
+    only what the job had measured so far (``scheduler.measured``).
     """
 
     __slots__ = (
@@ -40,6 +45,7 @@ class JobRecord:
         "attempt_start",
         "base",
         "compacted",
+        "done_at",
         "duration",
         "end_time",
         "executed",
@@ -70,6 +76,7 @@ class JobRecord:
         "start_time",
         "submit",
         "tenant",
+        "true_speed",
         "version",
     )
 
@@ -100,6 +107,7 @@ class JobRecord:
         self.min_gpus = min_gpus or requested
         self.max_gpus = max(max_gpus or requested, requested)
         self.speed = speed
+        self.true_speed: Sequence[float] | None = None
         self.remaining = float(duration)
         self.alloc = 0
         self.base = requested
@@ -118,6 +126,7 @@ class JobRecord:
         self.pending_since = submit
         self.compacted = False
         self.pace = 1.0
+        self.done_at: float | None = None
         self.fail_after: float | None = None
         self.max_restarts = 0
         self.max_runtime: float | None = None
@@ -135,6 +144,15 @@ class JobRecord:
             return 1.0
         return table[n] if n < len(table) else table[-1]
 
+    def progress_rate(self, n: int) -> float:
+        """The rate its progress follows on ``n`` GPUs (``rate`` unless ``true_speed`` is set)."""
+        table = self.true_speed
+        if table is None:
+            return self.rate(n)
+        if n <= 0:
+            return 0.0
+        return table[n] if n < len(table) else table[-1]
+
     def settle(self, now: float) -> None:
         """Account progress and service up to ``now`` (idempotent for the same ``now``)."""
         dt = now - self.last
@@ -143,17 +161,28 @@ class JobRecord:
         if self.running:
             busy_from = self.last if self.last > self.resume_at else self.resume_at
             if now > busy_from:
-                self.remaining -= (now - busy_from) * self.rate(self.alloc) * self.pace
+                rate = self.progress_rate(self.alloc) * self.pace
+                left = self.remaining
+                self.remaining = left - (now - busy_from) * rate
+                if self.remaining <= 0 < left and rate > 0:
+                    self.done_at = busy_from + left / rate
             self.attained += self.alloc * dt
             self.executed += dt
             self.q_exec += dt
         self.last = now
 
-    def finish_time(self) -> float:
-        """When the job ends if nothing changes (it must be running)."""
+    def finish_time(self, tail: float = 0.0) -> float:
+        """When the job ends if nothing changes (it must be running).
+
+        ``tail``: seconds it still holds its GPUs after its last step; once
+        that step is behind it (``done_at``), the end stays where it was.
+        """
         start = self.last if self.last > self.resume_at else self.resume_at
-        rate = self.rate(self.alloc) * self.pace
-        return start + (self.remaining / rate if self.remaining > 0 else 0.0)
+        if self.remaining > 0:
+            return start + self.remaining / (self.progress_rate(self.alloc) * self.pace) + tail
+        if tail > 0 and self.done_at is not None:
+            return self.done_at + tail
+        return start + tail
 
     def __repr__(self) -> str:
         return f"JobRecord({self.id!r}, gpus={self.requested}, alloc={self.alloc}, q={self.queue})"

@@ -63,18 +63,45 @@ from scheduler.traces import TraceJob
 
 @dataclass(frozen=True, slots=True)
 class ScalingCost:
-    """Seconds of lost progress when a job's allocation changes.
+    """Seconds of lost progress when a job's allocation changes, and a job's fixed costs.
 
     ``stop_resume`` charges ``restart_s`` to every start after a preemption
     and every resize (EDL measured 40-80 s); ``stop_free`` charges only
     ``broadcast_s`` to existing workers on scale-out and nothing on scale-in
     (new workers prepare their context while the others train).  ``free``
     charges nothing (the Tiresias simulator).
+
+    The fixed costs apply in every mode and are all zero by default:
+
+    * ``first_start_s``: seconds from a job's first start to its first step
+      (process start, imports, data, rendezvous): it holds its GPUs and makes
+      no progress.  ``first_start_by_model`` overrides it per ``TraceJob.model``
+      (the cost is the workload's: its imports and its data).
+    * ``join_s`` (stop-free scale-out): seconds until the newcomers of a
+      scale-out have joined (they start as the job's first workers did); the
+      job keeps training at its old size meanwhile, charged as the progress
+      that costs (``join_pause``).  A job still starting trains at neither
+      size until its start-up ends.
+    * ``leave_s`` (scale-in): seconds from the job training (now, or at the
+      end of its start-up) until the leavers are gone.  The GPUs are free at
+      once (the newcomer of another job starts meanwhile).
+    * ``finish_s``: seconds a job still holds its GPUs after its last step
+      (final checkpoint, exit, the end reported and recorded); its JCT ends
+      there.
+
+    While a switch is in flight (``join_s``, ``leave_s``) the job's size is
+    the runtime's, not the policy's: a resize or preemption decided meanwhile
+    is refused, as the live tick leaves switching jobs out of its snapshot.
     """
 
     mode: str = "free"
     restart_s: float = 40.0
     broadcast_s: float = 1.0
+    first_start_s: float = 0.0
+    first_start_by_model: Mapping[str, float] = field(default_factory=dict)
+    join_s: float = 0.0
+    leave_s: float = 0.0
+    finish_s: float = 0.0
 
     def pause(self, old: int, new: int, resumed: bool) -> float:
         """Seconds without progress after going from ``old`` to ``new`` GPUs."""
@@ -87,6 +114,39 @@ class ScalingCost:
                 return self.restart_s
             return self.broadcast_s if new > old > 0 else 0.0
         raise ValueError(f"unknown scaling cost mode {self.mode!r}")
+
+    def first_start(self, model: str) -> float:
+        """Seconds from a job's first start to its first step (its workload's, else the default)."""
+        return self.first_start_by_model.get(model, self.first_start_s)
+
+    def has_first_start(self) -> bool:
+        """Whether any first start costs something (the loop skips the bookkeeping otherwise)."""
+        return self.first_start_s > 0 or any(v > 0 for v in self.first_start_by_model.values())
+
+    def join_pause(self, old_rate: float, new_rate: float, seconds: float) -> float:
+        """Lost seconds at the new size while a scale-out's newcomers join.
+
+        For ``seconds`` (of ``join_s`` that the job trains: not its start-up)
+        it still progresses at ``old_rate``; in time at ``new_rate`` that is
+        ``seconds * (1 - old_rate / new_rate)`` lost, so one pause charges it
+        exactly while nothing else changes meanwhile.
+        """
+        if seconds <= 0 or new_rate <= old_rate or new_rate <= 0:
+            return 0.0
+        return seconds * (1.0 - old_rate / new_rate)
+
+    def switch_end(self, now: float, trains_from: float, old: int, new: int) -> float:
+        """When a resize from ``old`` to ``new`` GPUs decided at ``now`` is done (``now``: at once).
+
+        ``trains_from`` is when the job makes progress again (its start-up's
+        end, or ``now``).  A scale-out is done when its newcomers have joined
+        and the job trains; a scale-in ``leave_s`` after the job trains.
+        """
+        if 0 < old < new and self.join_s > 0:
+            return max(now + self.join_s, trains_from)
+        if 0 < new < old and self.leave_s > 0:
+            return max(now, trains_from) + self.leave_s
+        return now
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +164,19 @@ class SimConfig:
     for all, or ``mix``: by model, see :func:`scheduler.fabric_placement.collective_for`).
     ``tenant_weights`` turns tenant fair share on (usage decays with
     ``half_life`` seconds; the simulator keeps it from its running jobs).
+    ``slot_slowdown`` and ``start_slowdown`` model GPU slots that share CPUs
+    (the CPU emulation of the demo cluster: 8 slots on 2 cores), which a real
+    GPU cluster does not have.  Entry ``b`` of ``slot_slowdown`` is the factor
+    by which every running job's step time stretches while ``b`` GPUs are
+    busy; entry ``b`` of ``start_slowdown`` stretches what is left of a first
+    start (``ScalingCost.first_start_s``, in seconds of a free core) while
+    ``b`` GPUs are busy.  The last entry holds beyond a table; empty: off.
+    ``grow_min_left_s``: a running job that ends within this many seconds at
+    its current rate gets no more GPUs (the control plane's
+    ``SCALE_OUT_MIN_SECONDS_LEFT``: a newcomer would join a finished job);
+    0: off.  It and a switch in flight (``ScalingCost.join_s``/``leave_s``)
+    refuse resizes, so they need a policy core that takes refusals
+    (``PolicyCore.unplaced``).
     """
 
     total_gpus: int
@@ -121,6 +194,24 @@ class SimConfig:
     traffic: str = "ring"
     tenant_weights: Mapping[str, float] | None = None
     half_life: float = FAIR_SHARE_HALF_LIFE
+    slot_slowdown: tuple[float, ...] = ()
+    start_slowdown: tuple[float, ...] = ()
+    grow_min_left_s: float = 0.0
+
+    def slot_factor(self, busy: int) -> float:
+        """``slot_slowdown`` at ``busy`` busy GPUs (1.0 when off)."""
+        return _entry(self.slot_slowdown, busy)
+
+    def start_factor(self, busy: int) -> float:
+        """``start_slowdown`` at ``busy`` busy GPUs (1.0 when off)."""
+        return _entry(self.start_slowdown, busy)
+
+
+def _entry(table: tuple[float, ...], busy: int) -> float:
+    """A slowdown table's factor at ``busy`` (the last entry beyond it; 1.0 for no table)."""
+    if not table:
+        return 1.0
+    return table[busy] if 0 <= busy < len(table) else table[-1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,8 +522,27 @@ def simulate(
             gpus_per_server=cfg.gpus_per_server,
             network_bytes_per_s=cfg.fabric.link_gbps * 1e9 / 8,
         )
-    # Running jobs' GPUs in start order: the input of the contention model.
+    # Running jobs' GPUs in start order: the input of the contention model (and, with
+    # shared CPUs, the jobs to re-pace when the busy count changes).
     held: dict[JobRecord, tuple[int, ...]] = {}
+    shared_cpu = bool(cfg.slot_slowdown)
+    tracked = contention is not None or shared_cpu
+    tail = cfg.cost.finish_s  # GPUs held after the last step
+    first_costs = cfg.cost.has_first_start()
+    # Resizes in flight: job -> when its switch is done (only with switch times).
+    switching: dict[JobRecord, float] = {}
+    switch_times = cfg.cost.join_s > 0 or cfg.cost.leave_s > 0
+    near_end = cfg.grow_min_left_s
+
+    def resize_refused(job: JobRecord, n: int, now: float) -> bool:
+        """Whether the runtime, not the policy, owns this running job's size now."""
+        if switch_times and switching.get(job, -math.inf) > now:
+            return True
+        if near_end > 0 and n > job.alloc and now >= job.resume_at:
+            job.settle(now)
+            return job.remaining < near_end * job.progress_rate(job.alloc) * job.pace
+        return False
+
     comp: list[tuple[float, int, JobRecord, int]] = []
     # Run-time limits of started jobs (a queued job can pass its limit too).
     deadlines: list[tuple[float, int, JobRecord]] = []
@@ -452,9 +562,9 @@ def simulate(
         nonlocal seq
         seq += 1
         if not limited:
-            heapq.heappush(comp, (job.finish_time(), seq, job, job.version))
+            heapq.heappush(comp, (job.finish_time(tail), seq, job, job.version))
             return
-        when = job.finish_time()
+        when = job.finish_time(tail)
         if job.fail_after is not None and job.attempt_start + job.fail_after < when:
             when = job.attempt_start + job.fail_after
         if job.max_runtime is not None and job.start_time is not None:
@@ -466,6 +576,7 @@ def simulate(
         core.remove(job, now)
         placement.release(job.id)
         held.pop(job, None)
+        switching.pop(job, None)
         job.running = False
         job.version += 1
 
@@ -483,9 +594,33 @@ def simulate(
         for job in held:
             slow_now[job] = (now, factor.get(job, 1.0))
 
+    # Jobs in their first start -> the stretch its rest runs at (shared CPUs only).
+    starting: dict[JobRecord, float] = {}
+    shared_start = bool(cfg.start_slowdown)
+
+    def restretch(now: float) -> None:
+        """Start-ups in progress go on at the stretch of the busy slots from now on."""
+        stretch = cfg.start_factor(acct.used)
+        for job, was in list(starting.items()):
+            if not job.running or now >= job.resume_at:
+                del starting[job]
+            elif stretch != was:
+                job.resume_at = now + (job.resume_at - now) / was * stretch
+                starting[job] = stretch
+                job.version += 1
+                push(job)
+
     def refresh_paces(now: float) -> float:
         """Re-pace every running job after a change; returns the worst slowdown."""
+        cpu = cfg.slot_factor(acct.used)
         if contention is None:
+            target = 1.0 / cpu  # shared CPUs only: one pace for every running job
+            for job in held:
+                if job.pace != target:
+                    job.settle(now)
+                    job.pace = target
+                    job.version += 1
+                    push(job)
             return 1.0
         if not held:
             book_slowdowns(now, {})
@@ -498,7 +633,7 @@ def simulate(
         for job, gpus in held.items():
             s = factor.get(job, 1.0)
             model = get_model(job.model or "resnet50")
-            pace = contention_pace(model, len(gpus), net, s)
+            pace = contention_pace(model, len(gpus), net, s) / cpu
             if pace != job.pace:
                 job.settle(now)
                 job.pace = pace
@@ -588,10 +723,21 @@ def simulate(
             ai += 1
         # 3. one pass (and, after refusals, one more that goes around the refused jobs)
         plan = core.decide(now)
+        fresh: list[JobRecord] = []  # first starts of this pass: start-up charged after it
         for retry in (False, True):
             refused: Plan = []
             blocked = False
             for job, n in plan:
+                if switch_times or near_end > 0:
+                    if job.running and n != job.alloc and resize_refused(job, n, now):
+                        refused.append((job, n))
+                        continue
+                    # Count placement holds no GPU ids: after a refused shrink the GPUs
+                    # the plan counted on are still held, so check the count itself.
+                    held_now = job.alloc if job.running else 0
+                    if by_count and n > held_now and acct.used + n - held_now > cfg.total_gpus:
+                        refused.append((job, n))
+                        continue
                 gpus: tuple[int, ...] | None = ()
                 if n > 0 and not by_count and not (job.running and n == job.alloc):
                     gpus = None if blocked and not job.running else placement.place(job.id, n)
@@ -635,15 +781,28 @@ def simulate(
                     job.attempt_start = now
                     if job.start_time is None:
                         job.start_time = now
+                        if first_costs:
+                            fresh.append(job)
                         if job.max_runtime is not None:
                             heapq.heappush(deadlines, (now + job.max_runtime, job.idx, job))
-                if contention is not None:
+                if tracked:
                     held[job] = gpus or ()
+                pause = cfg.cost.pause(old, n, resumed)
+                paused_from = now
+                if switch_times and old > 0:
+                    trains_from = max(now, job.resume_at)
+                    switched = cfg.cost.switch_end(now, trains_from, old, n)
+                    switching[job] = switched
+                    if old < n:
+                        # The switch's cost comes after a start-up still in progress.
+                        pause += cfg.cost.join_pause(
+                            job.progress_rate(old), job.progress_rate(n), switched - trains_from
+                        )
+                        paused_from = trains_from
                 job.alloc = n
                 job.running = True
-                pause = cfg.cost.pause(old, n, resumed)
-                if pause > 0 and now + pause > job.resume_at:
-                    job.resume_at = now + pause
+                if pause > 0 and paused_from + pause > job.resume_at:
+                    job.resume_at = paused_from + pause
                 push(job)
                 changed = True
             if not refused:
@@ -653,7 +812,22 @@ def simulate(
             if retry or core.blocking:
                 break
             plan = core.decide(now)
-        if changed and contention is not None:
+        if fresh:
+            # Start-up: no progress for the workload's first-start cost, stretched as
+            # the CPUs are shared once this pass's changes are in.
+            stretch = cfg.start_factor(acct.used)
+            for job in fresh:
+                if job.running:
+                    job.resume_at = max(
+                        job.resume_at, now + cfg.cost.first_start(job.model) * stretch
+                    )
+                    job.version += 1
+                    push(job)
+                    if shared_start:
+                        starting[job] = stretch
+        if changed and starting:
+            restretch(now)
+        if changed and tracked:
             acct.worst_slowdown = refresh_paces(now)
         if now >= acct.next_sample:
             acct.sample(now, core.waiting_count())

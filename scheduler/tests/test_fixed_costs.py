@@ -1,0 +1,137 @@
+"""The simulator's fixed costs and the CPU-sharing model: start-up, end, switches, busy slots."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.measured import MeasuredJob, MeasuredPolicy
+from scheduler.policies import get_policy
+from scheduler.simulator import ScalingCost, SimConfig, simulate
+from scheduler.traces import TraceJob
+
+
+def jcts(trace: list[TraceJob], cfg: SimConfig, policy: str = "fifo") -> dict[str, float]:
+    return {r.id: r.jct for r in simulate(trace, get_policy(policy), cfg).jobs}
+
+
+def test_a_first_start_holds_the_gpus_without_progress_per_workload() -> None:
+    trace = [
+        TraceJob("r", 0.0, 2, 100.0, model="resnet50"),
+        TraceJob("v", 0.0, 2, 100.0, model="vgg16"),
+    ]
+    cost = ScalingCost(first_start_s=10.0, first_start_by_model={"resnet50": 5.0})
+    assert jcts(trace, SimConfig(4, cost=cost)) == {"r": 105.0, "v": 110.0}
+    assert jcts(trace, SimConfig(4)) == {"r": 100.0, "v": 100.0}  # default: free
+
+
+def test_the_end_of_a_job_holds_its_gpus_and_the_next_job_waits() -> None:
+    trace = [TraceJob("a", 0.0, 4, 100.0), TraceJob("b", 0.0, 4, 50.0)]
+    result = simulate(trace, get_policy("fifo"), SimConfig(4, cost=ScalingCost(finish_s=3.0)))
+    by_id = {r.id: r for r in result.jobs}
+    assert by_id["a"].jct == pytest.approx(103.0)
+    assert by_id["a"].run_time == pytest.approx(103.0)  # the tail is time on the GPUs
+    assert by_id["b"].start == pytest.approx(103.0)
+    assert by_id["b"].jct == pytest.approx(156.0)
+
+
+def test_busy_slots_stretch_every_running_job() -> None:
+    # Factor 2 with 2 GPUs busy, 4 with 4: "a" alone runs at half speed, then at a quarter.
+    cfg = SimConfig(4, slot_slowdown=(1.0, 1.0, 2.0, 3.0, 4.0))
+    assert jcts([TraceJob("a", 0.0, 2, 100.0)], cfg) == {"a": pytest.approx(200.0)}
+    trace = [TraceJob("a", 0.0, 2, 100.0), TraceJob("b", 50.0, 2, 100.0)]
+    # a: 25 done by 50, 75 more at 1/4 (ends 350); b: 75 by 350, 25 more at 1/2 alone.
+    assert jcts(trace, cfg) == {"a": pytest.approx(350.0), "b": pytest.approx(350.0)}
+
+
+def test_a_first_start_stretches_with_the_busy_slots_it_leaves() -> None:
+    cost = ScalingCost(first_start_s=10.0)
+    cfg = SimConfig(4, cost=cost, start_slowdown=(1.0, 1.0, 1.5, 1.5, 3.0))
+    assert jcts([TraceJob("a", 0.0, 2, 100.0)], cfg) == {"a": pytest.approx(115.0)}
+    both = [TraceJob("a", 0.0, 2, 100.0), TraceJob("b", 0.0, 2, 100.0)]
+    assert jcts(both, cfg) == {"a": pytest.approx(130.0), "b": pytest.approx(130.0)}
+    # "b" arrives while "a" starts: 5 s at 1.5 did 10/3 of a's 10 free-core seconds, the
+    # rest goes at 3 (20 s more), so "a" trains from 25.
+    late = [TraceJob("a", 0.0, 2, 100.0), TraceJob("b", 5.0, 2, 100.0)]
+    assert jcts(late, cfg) == {"a": pytest.approx(125.0), "b": pytest.approx(130.0)}
+
+
+def elastic_pair(
+    cost: ScalingCost | None = None, grow_min_left_s: float = 0.0, extra: tuple[TraceJob, ...] = ()
+) -> dict[str, float]:
+    """End times: "a" (1-2-4, 10 steps/s on 2, 20 on 4, 1,000 steps) beside "b" (2 GPUs, 30 s).
+
+    "a" starts on 2 and, when "b" ends at 30, grows to 4: 300 steps by then,
+    700 left at 20 steps/s, so it ends at 65 when growing costs nothing.
+    ``extra`` jobs are rigid 2-GPU jobs of 10 steps/s.
+    """
+    a = MeasuredJob("a", requested=2, min_gpus=1, max_gpus=4, steps=1000, rates={2: 10.0, 4: 20.0})
+    b = MeasuredJob("b", requested=2, min_gpus=2, max_gpus=2, steps=300, rates={2: 10.0})
+    trace = [TraceJob("a", 0.0, 2, a.duration()), TraceJob("b", 0.0, 2, b.duration()), *extra]
+    jobs = {"a": a, "b": b}
+    for job in extra:
+        jobs[job.id] = MeasuredJob(job.id, 2, 2, 2, round(job.duration * 10), {2: 10.0})
+    policy = MeasuredPolicy(get_policy("elastic-tiresias"), jobs, learn=False)
+    cfg = SimConfig(4, tick=1.0, cost=cost or ScalingCost(), grow_min_left_s=grow_min_left_s)
+    return {r.id: r.end for r in simulate(trace, policy, cfg).jobs}
+
+
+def test_a_scale_out_trains_at_the_old_size_until_its_newcomers_join() -> None:
+    assert elastic_pair()["a"] == pytest.approx(65.0)
+    joining = ScalingCost("stop_free", broadcast_s=0.0, join_s=10.0)
+    # 30-40 still at 10 steps/s: 100 steps, then 600 at 20 steps/s.
+    assert elastic_pair(cost=joining)["a"] == pytest.approx(70.0)
+
+
+def test_a_job_in_a_switch_keeps_its_size_until_the_switch_is_done() -> None:
+    late = (TraceJob("c", 35.0, 2, 10.0),)  # 100 steps at 10 steps/s
+    # Free switches: "a" gives its extras back at once and "c" starts on arrival.
+    assert elastic_pair(extra=late)["c"] == pytest.approx(45.0)
+    joining = ScalingCost("stop_free", broadcast_s=0.0, join_s=10.0)
+    # "a" is switching 2->4 until 40: the scale-in "c" needs waits for it.
+    assert elastic_pair(cost=joining, extra=late)["c"] == pytest.approx(50.0)
+
+
+def test_no_scale_out_for_a_job_about_to_end() -> None:
+    # At 30 "a" has 70 s left on 2 GPUs: a 100 s rule keeps it there, a 60 s one does not.
+    assert elastic_pair(grow_min_left_s=100.0)["a"] == pytest.approx(100.0)
+    assert elastic_pair(grow_min_left_s=60.0)["a"] == pytest.approx(65.0)
+
+
+def test_switch_times_follow_the_start_up() -> None:
+    cost = ScalingCost(join_s=20.0, leave_s=2.0)
+    # A scale-out decided during a 30 s start-up is done once both are over.
+    assert cost.switch_end(10.0, 30.0, 2, 4) == 30.0
+    assert cost.switch_end(10.0, 10.0, 2, 4) == 30.0
+    # A scale-in: 2 s after the job trains.
+    assert cost.switch_end(10.0, 30.0, 4, 2) == 32.0
+    assert cost.switch_end(10.0, 10.0, 4, 2) == 12.0
+    assert ScalingCost().switch_end(10.0, 30.0, 2, 4) == 10.0  # no switch times: at once
+    assert cost.join_pause(10.0, 20.0, 10.0) == pytest.approx(5.0)
+    assert cost.join_pause(20.0, 10.0, 10.0) == 0.0  # no faster: nothing lost
+    assert cost.join_pause(10.0, 20.0, 0.0) == 0.0  # joined within the start-up
+
+
+def test_a_scale_out_during_the_start_up_costs_only_what_outlasts_it() -> None:
+    # "a" starts for 20 s; "b" (1 s start-up, 4 s of work) ends at 5 and "a" grows to 4 then.
+    a = MeasuredJob("a", requested=2, min_gpus=1, max_gpus=4, steps=1000, rates={2: 10.0, 4: 20.0})
+    b = MeasuredJob("b", requested=2, min_gpus=2, max_gpus=2, steps=40, rates={2: 10.0})
+    trace = [
+        TraceJob("a", 0.0, 2, a.duration(), model="slow"),
+        TraceJob("b", 0.0, 2, b.duration(), model="fast"),
+    ]
+    policy = MeasuredPolicy(get_policy("elastic-tiresias"), {"a": a, "b": b}, learn=False)
+
+    def end_of_a(join_s: float) -> float:
+        cost = ScalingCost(
+            "stop_free",
+            broadcast_s=0.0,
+            join_s=join_s,
+            first_start_by_model={"slow": 20.0, "fast": 1.0},
+        )
+        result = simulate(trace, policy, SimConfig(4, tick=1.0, cost=cost))
+        return {r.id: r.end for r in result.jobs}["a"]
+
+    # Joined before "a" trains: 1,000 steps at 20 steps/s from 20.
+    assert end_of_a(10.0) == pytest.approx(70.0)
+    # Joined at 35: 20-35 at 10 steps/s, the remaining 850 at 20 steps/s.
+    assert end_of_a(30.0) == pytest.approx(77.5)
