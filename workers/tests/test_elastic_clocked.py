@@ -117,9 +117,9 @@ def test_a_replay_after_a_recovery_starts_the_step_timeline_again() -> None:
     for step in range(6, 10):
         clock.advance(0.2)
         times.mark(step, clock.monotonic())
-    assert times.throughput_since(6) == (3, pytest.approx(0.6))
-    assert times.throughput_since(8) == (1, pytest.approx(0.2))
-    assert times.throughput_since(4) == (5, pytest.approx(5.4))  # across it: 0.6 + 4.0 + 0.8
+    assert times.throughput_since(6) == pytest.approx((3, 0.6))
+    assert times.throughput_since(8) == pytest.approx((1, 0.2))
+    assert times.throughput_since(4) == pytest.approx((5, 5.4))  # across it: 0.6 + 4.0 + 0.8
 
 
 def test_a_profile_right_after_a_consistent_recovery_measures_the_replayed_steps(
