@@ -4,12 +4,34 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from workers.tests.redis_server import OwnRedis
 from workers.tests.s3_server import S3Server, moto_s3
+
+
+@dataclass(frozen=True)
+class JobDevice:
+    """Where the multi-process runtime tests put their workers (``JobRun.device``, ``.comm``)."""
+
+    device: str
+    comm: str
+
+
+DEVICE_ENV, COMM_ENV = "EDL_TEST_DEVICE", "EDL_TEST_COMM"
+
+
+@pytest.fixture(scope="session")
+def job_device() -> JobDevice:
+    """``EDL_TEST_DEVICE`` (default ``cpu``; ``cuda:0``, or ``cuda``: one GPU per worker) and
+    ``EDL_TEST_COMM`` (default ``auto``; ``gloo`` lets several workers share one GPU).
+
+    ``bench/device_check.sh`` runs the scenario tests on a GPU machine this way.
+    """
+    return JobDevice(os.environ.get(DEVICE_ENV, "cpu"), os.environ.get(COMM_ENV, "auto"))
 
 
 @pytest.fixture(scope="module")
