@@ -149,6 +149,36 @@ def test_a_profile_right_after_a_consistent_recovery_measures_the_replayed_steps
     assert leader.op.plan.leavers == ("w2",)  # the next level, 2 workers
 
 
+def test_the_next_generation_follows_the_latest_rank_order_survivors_included(
+    redis_url: str, job: str
+) -> None:
+    """A re-plan's order (``set_rank_order``) outranks what each worker was told at its start."""
+    clock = ManualClock()
+    leader, _view = make_leader(redis_url, job, clock)
+    control = JobControl(redis_url, job)
+    leader.redis.hset(leader.keys.ranks(), mapping={"w0": 0, "w1": 1})  # the first plan
+    leader.redis.rpush(leader.keys.rpc, '{"op": "register", "worker": "w2"}')
+    control.set_rank_order(["w2", "w1", "w0"])  # the new plan: the newcomer first
+    leader.tick()
+    plan = plan_from_json(str(leader.redis.get(leader.keys.plan(leader.published_seq))))
+    assert isinstance(plan, PreparePlan)
+    assert plan.members == ("w2", "w1", "w0") and plan.joiners == ("w2",)
+    assert plan.source == 1  # the first member that holds the state
+    assert leader.redis.hgetall(leader.keys.ranks()) == {"w2": "0", "w1": "1", "w0": "2"}
+
+
+def test_without_a_rank_order_the_workers_own_ranks_still_order_the_job(
+    redis_url: str, job: str
+) -> None:
+    """An older control plane sends no order: the ranks the workers wrote at start apply."""
+    leader, _view = make_leader(redis_url, job, ManualClock())
+    leader.redis.hset(leader.keys.ranks(), mapping={"w0": 1, "w1": 2, "w2": 0})
+    leader.redis.rpush(leader.keys.rpc, '{"op": "register", "worker": "w2"}')
+    leader.tick()
+    plan = plan_from_json(str(leader.redis.get(leader.keys.plan(leader.published_seq))))
+    assert isinstance(plan, PreparePlan) and plan.members == ("w2", "w0", "w1")
+
+
 def test_lease_is_refreshed_at_most_every_beat_and_lost_to_another_holder(
     redis_url: str, job: str
 ) -> None:
