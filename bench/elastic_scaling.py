@@ -323,6 +323,80 @@ def broadcast_limit(world: int, nbytes: int, workdir: Path, device: str = "cpu")
     return statistics.median(json.loads(out.read_text()))
 
 
+# -- NCCL on this machine (bench/device_check.sh) ---------------------------------------------
+def nccl_smoke() -> dict[str, Any]:
+    """The runtime's NCCL calls on this machine's GPUs (one rank per GPU, at most two).
+
+    ``comm.build_group`` with NCCL, the build's ``warm_up``, a gradient-style
+    all-reduce, the generation-0 ``broadcast_state``, and (two GPUs) the
+    scale-out's ``send_state``/``receive_state``: each rank a thread of this
+    process on its own device. With one GPU the point-to-point part cannot
+    run (NCCL has no send to oneself); the JSON says so.
+    """
+    import threading
+
+    import torch
+
+    # torch.distributed re-exports it from here; its stub does not say so.
+    from torch._C._distributed_c10d import HashStore
+
+    from workers.elastic import comm
+
+    world = min(2, torch.cuda.device_count())
+    if world < 1:
+        raise SystemExit("--nccl-smoke: this machine has no CUDA device")
+    store = HashStore()
+    results: list[Any] = [None] * world
+
+    def rank_main(rank: int) -> None:
+        device = torch.device(f"cuda:{rank}")
+        torch.cuda.set_device(device)
+        t0 = time.perf_counter()
+        group = comm.build_group(store, 0, rank, world, device, 60.0, "nccl")
+        comm.warm_up(group, rank, 0, [1] if world == 2 else [], device)
+        built = time.perf_counter() - t0
+        grads = torch.full((1 << 20,), float(rank + 1), device=device)
+        comm.allreduce_sum(group, grads)
+        summed = float(grads[0])
+        state = {"w": torch.arange(8.0, device=device) * (rank + 1), "step": 3}
+        got = comm.broadcast_state(group, state if rank == 0 else None, 0, device)
+        out: dict[str, Any] = {
+            "built_s": round(built, 3),
+            "allreduce_ok": summed == world * (world + 1) / 2,
+            "broadcast_ok": bool(torch.equal(got["w"].cpu(), torch.arange(8.0))),
+            "broadcast_device": str(got["w"].device),
+        }
+        if world == 2:
+            if rank == 0:
+                comm.send_state(group, state, [1])
+            else:
+                sent = comm.receive_state(group, 0, device, timeout_s=60)
+                out["p2p_ok"] = bool(torch.equal(sent["w"].cpu(), torch.arange(8.0)))
+                out["p2p_device"] = str(sent["w"].device)
+        torch.cuda.synchronize(device)
+        results[rank] = out
+
+    def guarded(rank: int) -> None:
+        try:
+            rank_main(rank)
+        except Exception as exc:  # reported in the JSON, which the script keeps
+            results[rank] = {"error": f"{type(exc).__name__}: {exc}"}
+
+    threads = [threading.Thread(target=guarded, args=(r,)) for r in range(world)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    return {
+        "gpus": torch.cuda.device_count(),
+        "ranks": world,
+        "torch": torch.__version__,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+        "p2p": "tested" if world == 2 else "not possible with one GPU",
+        "per_rank": results,
+    }
+
+
 # -- torchrun --------------------------------------------------------------------------------
 def torchrun_worker(workdir: Path, max_steps: int) -> None:
     """The stop-resume baseline's training script (run by torchrun on every node)."""
@@ -481,6 +555,9 @@ def main() -> int:
     parser.add_argument("--broadcast-worker", metavar="SPEC", help=argparse.SUPPRESS)
     parser.add_argument("--skip-torchrun", action="store_true", help="measure only this runtime")
     parser.add_argument(
+        "--nccl-smoke", action="store_true", help="only check the runtime's NCCL calls (GPU)"
+    )
+    parser.add_argument(
         "--profile-batches", type=int, default=4, help="mini-batches a profile level"
     )
     parser.add_argument(
@@ -493,6 +570,11 @@ def main() -> int:
     if args.broadcast_worker:
         broadcast_worker(args.broadcast_worker)
         return 0
+    if args.nccl_smoke:
+        smoke = nccl_smoke()
+        say(json.dumps(smoke))
+        failed = [r for r in smoke["per_rank"] if not r or "error" in r]
+        return 1 if failed else 0
     from utilities.embedded_redis import ensure_running
 
     with tempfile.TemporaryDirectory(prefix="edl-bench-") as tmp:

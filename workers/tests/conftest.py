@@ -6,11 +6,14 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from workers.tests.redis_server import OwnRedis
-from workers.tests.s3_server import S3Server, moto_s3
+
+if TYPE_CHECKING:
+    from workers.tests.s3_server import S3Server
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,10 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def s3() -> Iterator[S3Server]:
     """moto's S3 server on loopback, one bucket, for the module's tests."""
+    # Imported here: only the S3 tests need moto and boto3, and the runtime's tests also
+    # run where they are not installed (bench/device_check.sh on a GPU machine).
+    from workers.tests.s3_server import moto_s3
+
     with moto_s3("artifacts") as server:
         yield server
 
