@@ -425,16 +425,25 @@ def receive_state(
 def warm_up(group: Any, rank: int, source: int, joiners: list[int], device: torch.device) -> None:
     """Exercise a freshly built group before its switch, off the training thread.
 
-    Every member runs one small all-reduce (NCCL creates its communicator at a
-    group's first collective, seconds on some machines), then the source sends
-    one small tensor to each joiner (NCCL opens point-to-point channels at the
-    first send). All members of the group call this, in the same order, before
-    they say they are ready; the switch then pays for the state's bytes only.
+    All members of the group call this, in the same order, before they say
+    they are ready; the switch then pays for the state's bytes only. The
+    source sends one small tensor to each joiner (NCCL opens its point-to-point
+    channels at the first send; gloo proves the pair). Before that, on gloo,
+    every member runs one small all-reduce; on NCCL the communicator is
+    created instead (``eager_connect_single_device``: NCCL otherwise creates
+    it at the group's first collective, seconds on some machines), because
+    a collective of the new group here could run on the GPU alongside the old
+    group's all-reduce in the training thread, in another order on another
+    member: NCCL may then deadlock. A send to a joiner cannot (the joiner runs
+    nothing else).
     """
-    token = torch.ones(1, device=device)
-    work = group.allreduce([token])
-    work.wait()
-    wire = token.cpu() if is_gloo(group) else token
+    if is_gloo(group):
+        token = torch.ones(1, device=device)
+        group.allreduce([token]).wait()
+        wire = token.cpu()
+    else:
+        group.eager_connect_single_device(device)
+        wire = torch.ones(1, device=device)
     if rank == source:
         for work in [group.send([wire], dst, WARM_UP_TAG) for dst in joiners]:
             work.wait()
