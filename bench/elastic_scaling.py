@@ -21,6 +21,13 @@ are noisy. The last line is one JSON object.
 
     .venv/bin/python bench/elastic_scaling.py            # default, a few minutes
     .venv/bin/python bench/elastic_scaling.py --skip-torchrun
+    .venv/bin/python bench/elastic_scaling.py --skip-torchrun --device cuda   # a GPU machine
+
+``--device cuda``: the models and the communicated tensors on CUDA. With one
+GPU per worker (6 or more GPUs) the workers use NCCL; with fewer, every
+worker sits on ``cuda:0`` and the communicator is gloo through the host (NCCL
+refuses two ranks of one communicator on one GPU). The plain broadcast of the
+limit then runs the same way, and the JSON says which (``device``, ``comm``).
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ sys.path.insert(0, str(REPO))
 ARGS = {"steps": 100_000, "image_size": 16, "num_classes": 10, "lr": 0.01, "seed": 0}
 BATCH = 20
 CKPT_EVERY = 10
+WORKERS_AT_ONCE = 6
+"""The most workers the run has at one time (w0-w4 and the straggler w5), each a slot."""
 
 
 def now() -> float:
@@ -96,9 +105,12 @@ def gap_pause(step_ends: list[tuple[int, float]], switch_step: int) -> tuple[flo
 
 
 # -- ours --------------------------------------------------------------------------------------
-def run_ours(redis_url: str, workdir: Path, profile_batches: int) -> dict[str, Any]:
-    from workers.elastic.testing import JobRun
+def run_ours(
+    redis_url: str, workdir: Path, profile_batches: int, device: str = "cpu"
+) -> dict[str, Any]:
+    from workers.elastic.testing import JobRun, check_devices, device_layout
 
+    job_device, comm = device_layout(device, WORKERS_AT_ONCE)
     job = JobRun(
         redis_url,
         f"bench{os.getpid()}",
@@ -109,6 +121,8 @@ def run_ours(redis_url: str, workdir: Path, profile_batches: int) -> dict[str, A
         checkpoint_every=CKPT_EVERY,
         sync_timeout_s=60.0,
         extra=["--drop-stragglers"],
+        device=job_device,
+        comm=comm,
     )
     out: dict[str, Any] = {}
     try:
@@ -162,8 +176,14 @@ def run_ours(redis_url: str, workdir: Path, profile_batches: int) -> dict[str, A
         ]
         out["scale_in_pause_s"] = max(p for p, _ in pauses)
         out["scale_in_batch_time_s"] = statistics.median(b for _, b in pauses)
+        out["scale_in_switch_s"] = max(
+            float(v)
+            for v in job.control.redis.hgetall(
+                job.control.keys.pauses(shrunk["generation"])
+            ).values()
+        )
         say(f"ours scale-in 5->4: pause {out['scale_in_pause_s']:.3f}s "
-              f"(batch {out['scale_in_batch_time_s']:.3f}s)")  # fmt: skip
+              f"(switch {out['scale_in_switch_s']:.3f}s, batch {out['scale_in_batch_time_s']:.3f}s)")  # fmt: skip
 
         slow_ms = int(1000 * out["batch_time_s"] / 2)
         t_cold = now()
@@ -207,6 +227,8 @@ def run_ours(redis_url: str, workdir: Path, profile_batches: int) -> dict[str, A
         say(f"ours profile(2, 3), {profile_batches} batches a level: {out['profile_s']:.1f}s, "
               f"curve {profile['curve']}")  # fmt: skip
         job.stop_and_wait(120)
+        out["device"], out["comm"] = job_device, comm
+        out["model_devices"] = check_devices(job.step_records_raw(), device)
     finally:
         job.terminate()
         job.control.cleanup()
@@ -228,33 +250,45 @@ def state_bytes() -> int:
 
 
 def broadcast_worker(spec: str) -> None:
-    """One process of the plain broadcast (``RANK,WORLD,PORT,NBYTES,OUT``): rank 0 writes times."""
+    """One process of the plain broadcast (``RANK,WORLD,PORT,NBYTES,DEVICE,COMM,OUT``).
+
+    Rank 0 writes the times. ``DEVICE`` as ``JobRun.device`` (``cuda``: rank
+    ``r`` on GPU ``r``), ``COMM`` ``gloo`` or ``nccl``: the run's own layout.
+    """
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
 
-    rank_s, world_s, port_s, nbytes_s, out = spec.split(",", 4)
+    rank_s, world_s, port_s, nbytes_s, device_s, comm, out = spec.split(",", 6)
     rank, world, nbytes = int(rank_s), int(world_s), int(nbytes_s)
+    device = torch.device(f"cuda:{rank}" if device_s == "cuda" else device_s)
     torch.set_num_threads(1)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     store = dist.TCPStore(
         "127.0.0.1", int(port_s), world, rank == 0, timeout=timedelta(seconds=120)
     )
-    group = dist.ProcessGroupGloo(store, rank, world, timedelta(seconds=120))
-    buffer = torch.zeros(nbytes // 4, dtype=torch.float32)
-    token = torch.zeros(1)
+    group: Any
+    if comm == "nccl":
+        group = dist.ProcessGroupNCCL(store, rank, world)
+    else:
+        group = dist.ProcessGroupGloo(store, rank, world, timedelta(seconds=120))
+    buffer = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
+    token = torch.zeros(1, device=device)
     times = []
     for _ in range(BROADCAST_REPEATS + 1):  # the first one warms the connections up
         group.allreduce([token]).wait()
         t0 = time.perf_counter()
         group.broadcast(buffer, 0).wait()
         group.allreduce([token]).wait()  # every member has the bytes
+        float(token.sum())  # the host waits for the device (NCCL's wait does not block it)
         times.append(time.perf_counter() - t0)
     if rank == 0:
         Path(out).write_text(json.dumps(times[1:]))
 
 
-def broadcast_limit(world: int, nbytes: int, workdir: Path) -> float:
+def broadcast_limit(world: int, nbytes: int, workdir: Path, device: str = "cpu") -> float:
     """Median seconds of a plain gloo broadcast of ``nbytes`` among ``world`` processes.
 
     The scale-out's switch sends the same bytes among the same number of
@@ -264,12 +298,20 @@ def broadcast_limit(world: int, nbytes: int, workdir: Path) -> float:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    from workers.elastic.testing import device_layout
+
     out = workdir / "broadcast.json"
+    job_device, comm = device_layout(device, WORKERS_AT_ONCE)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     script = str(Path(__file__).resolve())
     procs = [
         subprocess.Popen(
-            [sys.executable, script, "--broadcast-worker", f"{rank},{world},{port},{nbytes},{out}"],
+            [
+                sys.executable,
+                script,
+                "--broadcast-worker",
+                f"{rank},{world},{port},{nbytes},{job_device},{comm},{out}",
+            ],
             env=env,
             cwd=REPO,
         )
@@ -279,6 +321,80 @@ def broadcast_limit(world: int, nbytes: int, workdir: Path) -> float:
         if proc.wait(timeout=300) != 0:
             raise RuntimeError("the plain broadcast failed")
     return statistics.median(json.loads(out.read_text()))
+
+
+# -- NCCL on this machine (bench/device_check.sh) ---------------------------------------------
+def nccl_smoke() -> dict[str, Any]:
+    """The runtime's NCCL calls on this machine's GPUs (one rank per GPU, at most two).
+
+    ``comm.build_group`` with NCCL, the build's ``warm_up``, a gradient-style
+    all-reduce, the generation-0 ``broadcast_state``, and (two GPUs) the
+    scale-out's ``send_state``/``receive_state``: each rank a thread of this
+    process on its own device. With one GPU the point-to-point part cannot
+    run (NCCL has no send to oneself); the JSON says so.
+    """
+    import threading
+
+    import torch
+
+    # torch.distributed re-exports it from here; its stub does not say so.
+    from torch._C._distributed_c10d import HashStore
+
+    from workers.elastic import comm
+
+    world = min(2, torch.cuda.device_count())
+    if world < 1:
+        raise SystemExit("--nccl-smoke: this machine has no CUDA device")
+    store = HashStore()
+    results: list[Any] = [None] * world
+
+    def rank_main(rank: int) -> None:
+        device = torch.device(f"cuda:{rank}")
+        torch.cuda.set_device(device)
+        t0 = time.perf_counter()
+        group = comm.build_group(store, 0, rank, world, device, 60.0, "nccl")
+        comm.warm_up(group, rank, 0, [1] if world == 2 else [], device)
+        built = time.perf_counter() - t0
+        grads = torch.full((1 << 20,), float(rank + 1), device=device)
+        comm.allreduce_sum(group, grads)
+        summed = float(grads[0])
+        state = {"w": torch.arange(8.0, device=device) * (rank + 1), "step": 3}
+        got = comm.broadcast_state(group, state if rank == 0 else None, 0, device)
+        out: dict[str, Any] = {
+            "built_s": round(built, 3),
+            "allreduce_ok": summed == world * (world + 1) / 2,
+            "broadcast_ok": bool(torch.equal(got["w"].cpu(), torch.arange(8.0))),
+            "broadcast_device": str(got["w"].device),
+        }
+        if world == 2:
+            if rank == 0:
+                comm.send_state(group, state, [1])
+            else:
+                sent = comm.receive_state(group, 0, device, timeout_s=60)
+                out["p2p_ok"] = bool(torch.equal(sent["w"].cpu(), torch.arange(8.0)))
+                out["p2p_device"] = str(sent["w"].device)
+        torch.cuda.synchronize(device)
+        results[rank] = out
+
+    def guarded(rank: int) -> None:
+        try:
+            rank_main(rank)
+        except Exception as exc:  # reported in the JSON, which the script keeps
+            results[rank] = {"error": f"{type(exc).__name__}: {exc}"}
+
+    threads = [threading.Thread(target=guarded, args=(r,)) for r in range(world)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    return {
+        "gpus": torch.cuda.device_count(),
+        "ranks": world,
+        "torch": torch.__version__,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+        "p2p": "tested" if world == 2 else "not possible with one GPU",
+        "per_rank": results,
+    }
 
 
 # -- torchrun --------------------------------------------------------------------------------
@@ -439,9 +555,14 @@ def main() -> int:
     parser.add_argument("--broadcast-worker", metavar="SPEC", help=argparse.SUPPRESS)
     parser.add_argument("--skip-torchrun", action="store_true", help="measure only this runtime")
     parser.add_argument(
+        "--nccl-smoke", action="store_true", help="only check the runtime's NCCL calls (GPU)"
+    )
+    parser.add_argument(
         "--profile-batches", type=int, default=4, help="mini-batches a profile level"
     )
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--device", default="cpu", choices=("cpu", "cuda"), help="where the models train"
+    )
     args = parser.parse_args()
     if args.torchrun_worker:
         torchrun_worker(Path(args.torchrun_worker), 100_000)
@@ -449,15 +570,21 @@ def main() -> int:
     if args.broadcast_worker:
         broadcast_worker(args.broadcast_worker)
         return 0
+    if args.nccl_smoke:
+        smoke = nccl_smoke()
+        say(json.dumps(smoke))
+        failed = [r for r in smoke["per_rank"] if not r or "error" in r]
+        return 1 if failed else 0
     from utilities.embedded_redis import ensure_running
 
     with tempfile.TemporaryDirectory(prefix="edl-bench-") as tmp:
         workdir = Path(tmp)
         redis_url = os.environ.get("REDIS_URL") or ensure_running(workdir)
         nbytes = state_bytes()
-        limit = broadcast_limit(5, nbytes, workdir)
+        say(f"load average {os.getloadavg()} at the start")
+        limit = broadcast_limit(5, nbytes, workdir, args.device)
         say(f"plain broadcast of {nbytes / 1e6:.0f} MB among 5 processes: {limit:.3f}s")
-        result = run_ours(redis_url, workdir, args.profile_batches)
+        result = run_ours(redis_url, workdir, args.profile_batches, args.device)
         result["broadcast_bytes"] = nbytes
         result["broadcast_limit_s"] = limit
         result["scale_out_pause_over_broadcast"] = result["scale_out_pause_s"] / limit
@@ -480,6 +607,7 @@ def main() -> int:
               f"{result['stop_resume_profile_s_est']:.1f}s ({result['profile_ratio_est']:.0%})")  # fmt: skip
     say(f"scale-in pause {result['scale_in_pause_s']:.3f}s vs batch {result['batch_time_s']:.3f}s "
           f"(target: within one batch)")  # fmt: skip
+    result["load_average_end"] = os.getloadavg()
     say(json.dumps(result))
     return 0
 

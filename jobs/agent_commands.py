@@ -10,6 +10,11 @@ from ``old`` to ``new`` GPUs is: joiners = new - old, leavers = old - new.
     start (old empty)       StartWorkers(initial_world=len(new)) on each node
     stop (new empty)        StopJob on each node that hosts workers
 
+Every StartWorkers, ScaleIn and Migrate carries ``rank_order``: the workers
+of ``new`` in its order, which is the allocation's rank order, so the runtime
+orders the next generation by the new plan, survivors included (a survivor's
+own ``--rank`` is the plan it started in).
+
 A tenant's program (``JobLaunch.program``) rides in every StartWorkers.  A
 ``torchrun`` program cannot change size while it runs, so any change with
 both ``old`` and ``new`` is stop-resume: StopJob on the old nodes (SIGTERM,
@@ -162,6 +167,8 @@ def _start(
     """Start ``gpus`` (all on one node) of a job that will run on ``everyone``."""
     rank = {g: r for r, g in enumerate(everyone)}
     program = launch.program
+    # A torchrun program has no elastic runtime to order: its ranks are its RANK variables.
+    elastic = program is None or not program.restarts_to_resize
     return StartWorkers(
         job=runtime_job_name(launch.job_id),
         command_id=_command_id("start"),
@@ -179,7 +186,13 @@ def _start(
         store_prefix=launch.store_prefix,
         checkpoint_keep=launch.checkpoint_keep,
         checkpoint_min_seconds=launch.checkpoint_min_seconds,
+        rank_order=rank_order(everyone) if elastic else (),
     )
+
+
+def rank_order(gpus: Sequence[int]) -> tuple[str, ...]:
+    """The workers of ``gpus`` (in the allocation's rank order), as the runtime names them."""
+    return tuple(worker_id(g) for g in gpus)
 
 
 def _stops(
@@ -215,7 +228,11 @@ def membership_commands(
     *,
     reason: str,
 ) -> list[tuple[str, Command]]:
-    """The (node, command) pairs that move a job from GPUs ``old`` to ``new``."""
+    """The (node, command) pairs that move a job from GPUs ``old`` to ``new``.
+
+    ``new`` is in the allocation's rank order (``Allocation.gpus``); the
+    commands carry that order (``rank_order``) for the runtime.
+    """
     name = runtime_job_name(launch.job_id)
     joiners = [g for g in new if g not in set(old)]
     leavers = [g for g in old if g not in set(new)]
@@ -241,6 +258,7 @@ def membership_commands(
                     ),
                     joiners=len(joiners),
                     reason=reason[:200],
+                    rank_order=rank_order(new),
                 ),
             )
         )
@@ -255,6 +273,7 @@ def membership_commands(
                     command_id=_command_id("scalein"),
                     worker_ids=tuple(worker_id(g) for g in leavers),
                     reason=reason[:200],
+                    rank_order=rank_order(new),
                 ),
             )
         )

@@ -68,6 +68,26 @@ def agent_queue(node: str) -> str:
     return f"agent.{node}"
 
 
+MAX_RANK_ORDER = 4096
+"""Most workers a command's ``rank_order`` may name (a bound on what a message makes us check)."""
+
+
+def check_rank_order(order: tuple[str, ...], path: str) -> None:
+    """Refuse a malformed rank order: empty is "not given"; else distinct worker ids."""
+    if not order:
+        return
+    if len(order) > MAX_RANK_ORDER:
+        raise ProtocolError(f"{path} names more than {MAX_RANK_ORDER} workers")
+    check_ids(order, path)
+
+
+def check_outside_order(order: tuple[str, ...], workers: tuple[str, ...], path: str) -> None:
+    """Refuse an order that still ranks a worker the command removes."""
+    both = sorted(set(order) & set(workers))
+    if both:
+        raise ProtocolError(f"{path} ranks worker(s) that leave: {', '.join(both)}")
+
+
 # --------------------------------------------------------------------------- commands
 
 
@@ -176,7 +196,11 @@ class StartWorkers(Command):
     ``checkpoint_keep`` is how many periodic checkpoints are kept besides the
     final one.  ``sync_timeout_s`` is how long a
     worker waits for a peer's synchronisation before the peer counts as failed
-    (the runtime's default when null).
+    (the runtime's default when null).  ``rank_order`` is every worker of the
+    job once this command is carried out, in the allocation's rank order (the
+    runtime orders its next generation by it, survivors included); empty when
+    the sender does not give it (older control planes): then only each
+    started worker's ``rank`` orders the job.
     """
 
     TYPE: ClassVar[str] = "start_workers"
@@ -197,6 +221,7 @@ class StartWorkers(Command):
     store_prefix: str | None = None
     checkpoint_keep: int = 2
     checkpoint_min_seconds: float = 0.0
+    rank_order: tuple[str, ...] = ()
 
     def validate(self) -> None:
         super().validate()
@@ -244,6 +269,21 @@ class StartWorkers(Command):
                 raise ProtocolError("start_workers.store_prefix must be tenants/<slug>/jobs/<id>")
             for part in (parts[1], parts[3]):
                 check_name(part, "start_workers.store_prefix")
+        self._check_rank_order()
+
+    def _check_rank_order(self) -> None:
+        order = self.rank_order
+        check_rank_order(order, "start_workers.rank_order")
+        if not order:
+            return
+        for w in self.workers:
+            if w.worker_id not in order:
+                raise ProtocolError(f"start_workers.rank_order does not rank worker {w.worker_id}")
+            if w.rank is not None and order.index(w.worker_id) != w.rank:
+                raise ProtocolError(
+                    f"start_workers: worker {w.worker_id} has rank {w.rank} but place "
+                    f"{order.index(w.worker_id)} in rank_order"
+                )
 
     @property
     def worker_ids(self) -> tuple[str, ...]:
@@ -254,16 +294,23 @@ class StartWorkers(Command):
 @_command
 @dataclass(frozen=True, kw_only=True)
 class ScaleIn(Command):
-    """Ask the job's workers ``worker_ids`` to leave at the next agreed step."""
+    """Ask the job's workers ``worker_ids`` to leave at the next agreed step.
+
+    ``rank_order``: the workers that stay, in the new allocation's rank order
+    (empty: not given, the survivors keep their ranks).
+    """
 
     TYPE: ClassVar[str] = "scale_in"
 
     worker_ids: tuple[str, ...]
     reason: str = ""
+    rank_order: tuple[str, ...] = ()
 
     def validate(self) -> None:
         super().validate()
         check_ids(self.worker_ids, "scale_in.worker_ids")
+        check_rank_order(self.rank_order, "scale_in.rank_order")
+        check_outside_order(self.rank_order, self.worker_ids, "scale_in.rank_order")
 
 
 @_command
@@ -276,6 +323,8 @@ class Migrate(Command):
     ``joining``; more when other nodes start the rest with a ``start_workers``
     of ``join: true``), then switches once.  The leavers (on any node) exit
     cleanly at the switch step; their agents report that as a clean exit.
+    ``rank_order``: every worker after the switch in the new allocation's rank
+    order (empty: not given); ``joining`` carries the same.
     """
 
     TYPE: ClassVar[str] = "migrate"
@@ -284,6 +333,7 @@ class Migrate(Command):
     joining: StartWorkers
     joiners: int | None = None
     reason: str = ""
+    rank_order: tuple[str, ...] = ()
 
     def validate(self) -> None:
         super().validate()
@@ -297,6 +347,14 @@ class Migrate(Command):
         both = sorted(set(self.leaving) & set(self.joining.worker_ids))
         if both:
             raise ProtocolError(f"migrate: worker(s) both leaving and joining: {', '.join(both)}")
+        check_rank_order(self.rank_order, "migrate.rank_order")
+        check_outside_order(self.rank_order, self.leaving, "migrate.rank_order")
+        if self.rank_order and self.joining.rank_order not in ((), self.rank_order):
+            raise ProtocolError("migrate.joining.rank_order differs from migrate.rank_order")
+        if self.rank_order:
+            missing = [w for w in self.joining.worker_ids if w not in self.rank_order]
+            if missing:
+                raise ProtocolError(f"migrate.rank_order does not rank {', '.join(missing)}")
 
 
 @_command

@@ -146,9 +146,10 @@ class CommandHandler:
         if isinstance(command, StartWorkers):
             self._start_workers(command)
         elif isinstance(command, ScaleIn):
-            self.events.watch(command.job).control.request_scale_in(
-                list(command.worker_ids), command.reason
-            )
+            control = self.events.watch(command.job).control
+            if command.rank_order:  # before the request: its generation follows the new plan
+                control.set_rank_order(list(command.rank_order))
+            control.request_scale_in(list(command.worker_ids), command.reason)
         elif isinstance(command, Migrate):
             self._migrate(command)
         elif isinstance(command, StopJob):
@@ -263,6 +264,9 @@ class CommandHandler:
     def _start_workers(self, command: StartWorkers, *, announce: bool = True) -> None:
         to_start = self._check_startable(command)
         watch = self.events.watch(command.job)
+        if announce and command.join and command.rank_order and to_start:
+            # Before the newcomers start: the leader orders their generation by it.
+            watch.control.set_rank_order(list(command.rank_order))
         if announce and command.join and len(to_start) > 1:
             # Newcomers that arrive together share one communicator switch.
             watch.control.announce_joiners([w.worker_id for w in to_start])
@@ -291,6 +295,8 @@ class CommandHandler:
         self._check_startable(command.joining)  # refuse before asking the job anything
         watch = self.events.watch(command.job)
         joiners = command.joiners if command.joiners is not None else len(command.joining.workers)
+        if command.rank_order:
+            watch.control.set_rank_order(list(command.rank_order))
         watch.control.request_migration(list(command.leaving), command.reason, joiners=joiners)
         self._start_workers(
             dataclasses.replace(command.joining, command_id=command.command_id), announce=False

@@ -57,6 +57,34 @@ class WorkerOptions:
     straggler_rule: str = DEFAULT_RULE.spec()
     """When the leader flags a straggler (``straggler.parse_rule``: ``default``, ``paper``,
     ``K/N@R``)."""
+    comm: str = "auto"
+    """The communicator's backend: ``auto`` (NCCL on CUDA, gloo on the CPU), ``gloo``, ``nccl``."""
+
+    @property
+    def backend(self) -> str:
+        """The process groups' backend this worker builds (``communicator_backend``)."""
+        return communicator_backend(self.device, self.comm)
+
+
+COMM_CHOICES = ("auto", "gloo", "nccl")
+
+
+def communicator_backend(device: str, comm: str) -> str:
+    """``nccl`` or ``gloo``: what ``--comm`` means for ``--device``.
+
+    ``auto`` is NCCL on a CUDA device and gloo on the CPU. ``gloo`` on a CUDA
+    device keeps the model there and moves the communicated tensors through
+    the host: the only way several workers can share one GPU (NCCL refuses two
+    ranks of a communicator on one device).
+    """
+    if comm not in COMM_CHOICES:
+        raise WorkerArgumentError(f"--comm must be one of {', '.join(COMM_CHOICES)}")
+    cuda = device.startswith("cuda")
+    if comm == "nccl" and not cuda:
+        raise WorkerArgumentError("--comm nccl needs a CUDA --device")
+    if comm == "auto":
+        return "nccl" if cuda else "gloo"
+    return comm
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="size of generation 0; omit for a newcomer joining a running job",
     )
     p.add_argument("--device", default="cpu", help="cpu or cuda:K")
+    p.add_argument(
+        "--comm",
+        choices=COMM_CHOICES,
+        default="auto",
+        help="communicator backend: auto (NCCL on CUDA, gloo on the CPU), gloo, nccl",
+    )
     p.add_argument(
         "--rank",
         type=int,
@@ -178,6 +212,7 @@ def parse_options(argv: list[str] | None = None) -> WorkerOptions:
         redis_outage_s=ns.redis_outage_s,
         straggler_rule=ns.straggler_rule,
         rank=ns.rank,
+        comm=ns.comm,
     )
 
 
@@ -207,6 +242,7 @@ def _check(ns: Any) -> None:
         raise WorkerArgumentError("no Redis: pass --redis-url or set REDIS_URL")
     if not (ns.device == "cpu" or ns.device.startswith("cuda")):
         raise WorkerArgumentError("--device must be cpu or cuda:K")
+    communicator_backend(ns.device, ns.comm)
     for name in ("job", "worker"):
         value = getattr(ns, name)
         if not value or any(c in value for c in " :{}\n"):

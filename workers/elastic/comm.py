@@ -28,12 +28,26 @@ BUILD_TIMEOUT = timedelta(seconds=120)
 
 
 def build_group(
-    store: Store, generation: int, rank: int, size: int, device: torch.device, timeout_s: float
+    store: Store,
+    generation: int,
+    rank: int,
+    size: int,
+    device: torch.device,
+    timeout_s: float,
+    backend: str | None = None,
 ) -> Any:
-    """Construct (collectively, blocking) the process group of one generation."""
+    """Construct (collectively, blocking) the process group of one generation.
+
+    ``backend``: ``nccl`` or ``gloo`` (``cli.communicator_backend``); None
+    means NCCL on a CUDA device, gloo otherwise.
+    """
     prefixed = PrefixStore(f"gen{generation}/", store)
     timeout = timedelta(seconds=timeout_s)
-    if device.type == "cuda":
+    if backend is None:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl":
+        if not dist.is_nccl_available():
+            raise RuntimeError("NCCL is not available in this build of torch (use --comm gloo)")
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
         return dist.ProcessGroupNCCL(prefixed, rank, size, opts)
@@ -247,6 +261,196 @@ def broadcast_state(
     result = _fill(skeleton, buffers) if want else None
     marks.lap("unpack")
     return result
+
+
+# -- point to point: the state goes only to the members that lack it ----------------------
+
+TENSOR_KEY = "__edl_tensor__"
+"""Marks, in a sent state's skeleton, which of the tensors that follow the header sits there."""
+
+HEADER_TAGS = (0, 1)
+"""Tags of the header's length and bytes; tensor ``i`` travels with tag ``FIRST_TENSOR_TAG + i``."""
+FIRST_TENSOR_TAG = 2
+WARM_UP_TAG = 2**30
+"""Tag of ``warm_up``'s point-to-point token (no tensor of a state has that many before it)."""
+
+
+def is_gloo(group: Any) -> bool:
+    """Whether ``group`` is a gloo group (its waits block the host; CUDA tensors go via the host)."""
+    return isinstance(group, dist.ProcessGroupGloo)
+
+
+def _split(obj: Any, tensors: list[torch.Tensor]) -> Any:
+    """``obj`` with each tensor replaced by its place in ``tensors`` (appended in walk order)."""
+    if isinstance(obj, torch.Tensor):
+        mark = [str(obj.dtype).removeprefix("torch."), len(tensors), list(obj.shape)]
+        tensors.append(obj.detach().contiguous())
+        return {TENSOR_KEY: mark}
+    if isinstance(obj, dict):
+        return {k: _split(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_split(v, tensors) for v in obj)
+    return obj
+
+
+def _tensor_mark(obj: Any) -> tuple[torch.dtype, int, tuple[int, ...]] | None:
+    """(dtype, index, shape) when a skeleton entry stands for a tensor; None for plain values."""
+    if not (isinstance(obj, dict) and len(obj) == 1 and TENSOR_KEY in obj):
+        return None
+    dtype, index, shape = obj[TENSOR_KEY]
+    dims = tuple(int(d) for d in shape)
+    if any(d < 0 for d in dims):
+        raise ValueError(f"sent state: negative dimension in {dims}")
+    return _dtype(dtype), int(index), dims
+
+
+def _marks(obj: Any, into: list[tuple[torch.dtype, tuple[int, ...]]]) -> None:
+    """The skeleton's tensors in walk order; ValueError unless they are numbered 0, 1, 2, ..."""
+    mark = _tensor_mark(obj)
+    if mark is not None:
+        dtype, index, shape = mark
+        if index != len(into):
+            raise ValueError(f"sent state: tensor {index} where {len(into)} was due")
+        into.append((dtype, shape))
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _marks(v, into)
+    elif isinstance(obj, list | tuple):
+        for v in obj:
+            _marks(v, into)
+
+
+def _join(obj: Any, tensors: list[torch.Tensor]) -> Any:
+    mark = _tensor_mark(obj)
+    if mark is not None:
+        return tensors[mark[1]]
+    if isinstance(obj, dict):
+        return {k: _join(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_join(v, tensors) for v in obj)
+    return obj
+
+
+def send_state(
+    group: Any,
+    state: Any,
+    to: list[int],
+    timings: dict[str, float] | None = None,
+) -> None:
+    """Send a state (nested dicts/lists of tensors and plain values) to the ranks ``to`` only.
+
+    What a scale-out needs: the members that stay already hold the state, so
+    only the newcomers receive it, point to point from one source. A small
+    header first (the skeleton, plain data: loaded with ``weights_only``), then
+    every tensor as it lies in memory, all sends posted at once: no
+    concatenation on this side, no unpacking on the other. Returns once every
+    receiver has everything (the state may change afterwards). ``timings``
+    receives ``skeleton`` (the header) and ``bulk`` (the tensors) seconds.
+    """
+    marks = _Marks(timings)
+    tensors: list[torch.Tensor] = []
+    skeleton = _split(state, tensors)
+    buffer = io.BytesIO()
+    torch.save(skeleton, buffer)
+    header = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+    length = torch.tensor([header.numel()], dtype=torch.int64)
+    gloo = is_gloo(group)
+    device = tensors[0].device if tensors else torch.device("cpu")
+    # gloo moves CUDA tensors through the host; NCCL sends device memory itself.
+    wire = [t.cpu() for t in tensors] if gloo and device.type == "cuda" else tensors
+    if not gloo:
+        length, header = length.to(device), header.to(device)
+    works = []
+    for dst in to:
+        works.append(group.send([length], dst, HEADER_TAGS[0]))
+        works.append(group.send([header], dst, HEADER_TAGS[1]))
+    for work in works:
+        work.wait()
+    marks.lap("skeleton")
+    works = [
+        group.send([tensor], dst, FIRST_TENSOR_TAG + i)
+        for dst in to
+        for i, tensor in enumerate(wire)
+        if tensor.numel() > 0
+    ]
+    for work in works:
+        work.wait()
+    marks.lap("bulk")
+
+
+def receive_state(
+    group: Any,
+    source: int,
+    device: torch.device,
+    timeout_s: float | None = None,
+    timings: dict[str, float] | None = None,
+) -> Any:
+    """Receive what ``send_state`` sends from ``source``; the tensors land on ``device``.
+
+    ``timeout_s`` bounds the wait for the header (a newcomer waits for its
+    switch step, possibly many mini-batches). The header is loaded with
+    ``weights_only=True``: a peer sends data, never code.
+    """
+    marks = _Marks(timings)
+    gloo = is_gloo(group)
+    wire_device = torch.device("cpu") if gloo else device
+    wait = None if timeout_s is None else timedelta(seconds=timeout_s)
+    length = torch.zeros(1, dtype=torch.int64, device=wire_device)
+    work = group.recv([length], source, HEADER_TAGS[0])
+    if wait is None:
+        work.wait()
+    else:
+        work.wait(wait)
+    header = torch.empty(int(length.item()), dtype=torch.uint8, device=wire_device)
+    group.recv([header], source, HEADER_TAGS[1]).wait()
+    data = header.cpu().numpy().tobytes()
+    skeleton = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    marks.lap("skeleton")
+    shapes: list[tuple[torch.dtype, tuple[int, ...]]] = []
+    _marks(skeleton, shapes)
+    tensors = [torch.empty(shape, dtype=dtype, device=wire_device) for dtype, shape in shapes]
+    works = [
+        group.recv([tensor], source, FIRST_TENSOR_TAG + i)
+        for i, tensor in enumerate(tensors)
+        if tensor.numel() > 0
+    ]
+    for work in works:
+        work.wait()
+    if wire_device != device:
+        tensors = [t.to(device) for t in tensors]
+    marks.lap("bulk")
+    return _join(skeleton, tensors)
+
+
+def warm_up(group: Any, rank: int, source: int, joiners: list[int], device: torch.device) -> None:
+    """Exercise a freshly built group before its switch, off the training thread.
+
+    All members of the group call this, in the same order, before they say
+    they are ready; the switch then pays for the state's bytes only. The
+    source sends one small tensor to each joiner (NCCL opens its point-to-point
+    channels at the first send; gloo proves the pair). Before that, on gloo,
+    every member runs one small all-reduce; on NCCL the communicator is
+    created instead (``eager_connect_single_device``: NCCL otherwise creates
+    it at the group's first collective, seconds on some machines), because
+    a collective of the new group here could run on the GPU alongside the old
+    group's all-reduce in the training thread, in another order on another
+    member: NCCL may then deadlock. A send to a joiner cannot (the joiner runs
+    nothing else).
+    """
+    if is_gloo(group):
+        token = torch.ones(1, device=device)
+        group.allreduce([token]).wait()
+        wire = token.cpu()
+    else:
+        group.eager_connect_single_device(device)
+        wire = torch.ones(1, device=device)
+    if rank == source:
+        for work in [group.send([wire], dst, WARM_UP_TAG) for dst in joiners]:
+            work.wait()
+    elif rank in joiners:
+        group.recv([wire], source, WARM_UP_TAG).wait()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class _Marks:

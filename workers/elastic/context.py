@@ -35,6 +35,7 @@ The context composes the runtime's parts and owns none of their logic::
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import threading
@@ -96,6 +97,7 @@ class ElasticContext:
             self.me,
             self.device,
             options.sync_timeout_s,
+            options.backend,
         )
         self.transfer = StateTransfer(options, self.device, clock)
         self.outputs = ProgramOutputs(self.transfer.store, self.redis, self.keys, clock)
@@ -253,8 +255,10 @@ class ElasticContext:
             # ready: the model is prepared and the communicator built; wait for the switch
             self.redis.sadd(self.keys.ready(gen), self.me)
             phases.mark("ready")
-            self.transfer.join_running(training, group, plan)
+            timings: dict[str, float] = {}
+            self.transfer.join_running(training, group, plan, timings)
             phases.mark("state_loaded")
+            self.redis.hset(self.keys.switch_profile(gen), self.me, json.dumps(timings))
         if self.lease.is_mine():
             self._become_leader()
         self.state = "running"
@@ -297,7 +301,7 @@ class ElasticContext:
         )
         try:
             # NCCL's wait does not block the host (its watchdog times out): gloo only
-            watch = self._watch if self.device.type == "cpu" else None
+            watch = self._watch if comm.is_gloo(self.view.group) else None
             comm.allreduce_sum(self.view.group, flat, watch)
         except Exception as exc:
             self._recover(exc)
@@ -330,6 +334,8 @@ class ElasticContext:
                 t=self.clock.now(),
                 loss=self.last_loss,
                 indices=self.sampler.local_indices(done, self.rank, self.world).tolist(),
+                # where the model really is (the benchmark's --device cuda checks it)
+                device=str(self._params[0].device) if self._params else str(self.device),
             )
         leader = self._leading()
         if leader is not None:

@@ -100,6 +100,16 @@ class JobControl:
             raise ValueError("joiners must be >= 0")
         self._send("migrate", workers=list(leaving), joiners=count, reason=reason)
 
+    def set_rank_order(self, worker_ids: list[str]) -> None:
+        """Order the job's next generations by ``worker_ids`` (the allocation's rank order).
+
+        Sent before the membership request it belongs to: the leader reads the
+        stream in order, replaces the job's ranks with this order, and the
+        request's generation (survivors included) follows it. Workers not named
+        are unranked (last, in their current order).
+        """
+        self._send("rank_order", workers=list(worker_ids))
+
     def announce_joiners(self, worker_ids: list[str]) -> None:
         """Tell the leader to batch the listed newcomers into one scale-out switch.
 

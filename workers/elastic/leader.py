@@ -41,6 +41,7 @@ from workers.elastic.messages import (
     MigrateRequest,
     PreparePlan,
     ProfileRequest,
+    RankOrderRequest,
     ScaleInRequest,
     StopPlan,
     StopRequest,
@@ -50,7 +51,7 @@ from workers.elastic.messages import (
     rpc_from_json,
 )
 from workers.elastic.profiling import Profiler
-from workers.elastic.ranks import order_by_rank, parse_ranks
+from workers.elastic.ranks import order_by_rank, parse_ranks, write_rank_order
 from workers.elastic.redis_io import hash_fields, read_stream, text, text_or_none
 from workers.elastic.reporting import JobReporter
 from workers.elastic.straggler import parse_rule
@@ -203,6 +204,11 @@ class Leader:
             queue.pop(0)
             self.profiler.begin(request)
             return True
+        if isinstance(request, RankOrderRequest):
+            queue.pop(0)  # the next prepare (this request's change) orders by it
+            write_rank_order(self.redis, self.keys, request.workers)
+            log(view.me, f"rank order of the new plan: {list(request.workers)}")
+            return False
         assert isinstance(request, JoinersRequest)
         queue.pop(0)  # announced joiners: nothing to hold
         return False

@@ -20,6 +20,7 @@ from workers.elastic.constants import ALIVE_MS, log
 from workers.elastic.keys import JobKeys
 from workers.elastic.lease import peer_is_dead
 from workers.elastic.messages import RecoveredEvent, RecoveryPlan, WorkerFailedEvent, publish
+from workers.elastic.ranks import order_by_rank, parse_ranks
 from workers.elastic.redis_io import hash_fields
 from workers.elastic.transfer import report_skipped
 from workers.elastic.views import WorkerView
@@ -57,7 +58,9 @@ def coordinate_recovery(leader: RecoveryHost) -> None:
         if not leader.refresh_lease():
             return
         clock.sleep(0.05)
-    alive = [m for m in members if m in survivors]
+    # the survivors in the latest plan's rank order, like every generation (ranks.py)
+    ranks = parse_ranks(hash_fields(client, keys.ranks()))
+    alive = list(order_by_rank([m for m in members if m in survivors], ranks))
     dead = [m for m in members if m not in survivors]
     gen = int(client.incr(keys.gen_counter))
     steps = [int(survivors[m]) for m in alive]

@@ -66,12 +66,18 @@ class GroupBuilder:
     """Builds the process groups of the generations this worker belongs to."""
 
     def __init__(
-        self, store: RedisStore, me: str, device: torch.device, sync_timeout_s: float
+        self,
+        store: RedisStore,
+        me: str,
+        device: torch.device,
+        sync_timeout_s: float,
+        backend: str | None = None,
     ) -> None:
         self.store = store
         self.me = me
         self.device = device
         self.sync_timeout_s = sync_timeout_s
+        self.backend = backend
         self._building: dict[int, threading.Thread] = {}
         self._built: dict[int, Any] = {}
         self._errors: dict[int, BaseException] = {}
@@ -81,15 +87,22 @@ class GroupBuilder:
     def build(self, plan: PreparePlan | RecoveryPlan) -> bool:
         """Build the group of ``plan`` (blocking); False if that failed."""
         gen = plan.generation
+        rank = plan.members.index(self.me)
         try:
             group = comm.build_group(
                 self.store,
                 gen,
-                plan.members.index(self.me),
+                rank,
                 len(plan.members),
                 self.device,
                 self.sync_timeout_s,
+                self.backend,
             )
+            # Before this member says it is ready: the switch then pays for the state only.
+            joiners = []
+            if isinstance(plan, PreparePlan) and not plan.handoff:
+                joiners = [plan.members.index(w) for w in plan.joiners]
+            comm.warm_up(group, rank, plan.source, joiners, self.device)
         except Exception as exc:
             self._errors[gen] = exc
             return False

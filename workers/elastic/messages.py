@@ -8,7 +8,7 @@ plain dicts before: a ``kind`` key (``op`` for the RPC) and the fields.
 
 ::
 
-    JobControl ──(control stream: ControlRequest)──▶ leader
+    JobControl ──(control stream: ControlRequest, RankOrderRequest first)──▶ leader
     newcomer   ──(rpc list: Register)──────────────▶ leader ──(reply list: PreparePlan)──▶ newcomer
     leader     ──(plan:{n}: Plan = PreparePlan | SwitchPlan | StopPlan)──▶ every member
     leader     ──(recovery:{g}: RecoveryPlan)──────▶ survivors
@@ -68,7 +68,7 @@ class RuntimeMessage(Message):
 class PreparePlan(RuntimeMessage):
     """The next generation: every member builds its process group in the background.
 
-    ``source`` is the rank (in ``members``) that broadcasts the state to the
+    ``source`` is the rank (in ``members``) that sends the state to the
     joiners at the switch; ``handoff`` says no member stays, so the leaving
     leader leaves the state in Redis instead.
     """
@@ -271,9 +271,37 @@ class ProfileRequest(RuntimeMessage):
         at_least(self.batches, 2, "profile.batches")
 
 
-ControlRequest = StopRequest | ScaleInRequest | MigrateRequest | JoinersRequest | ProfileRequest
+@dataclass(frozen=True, kw_only=True)
+class RankOrderRequest(RuntimeMessage):
+    """The job's workers in the allocation's rank order: the next generations follow it."""
+
+    TYPE: ClassVar[str] = "rank_order"
+    workers: tuple[str, ...]
+
+    def validate(self) -> None:
+        if not self.workers:
+            raise ProtocolError("rank_order.workers must not be empty")
+        _check_members(self.workers, "rank_order.workers")
+
+
+ControlRequest = (
+    StopRequest
+    | ScaleInRequest
+    | MigrateRequest
+    | JoinersRequest
+    | ProfileRequest
+    | RankOrderRequest
+)
 _REQUESTS: dict[str, type[ControlRequest]] = {
-    c.TYPE: c for c in (StopRequest, ScaleInRequest, MigrateRequest, JoinersRequest, ProfileRequest)
+    c.TYPE: c
+    for c in (
+        StopRequest,
+        ScaleInRequest,
+        MigrateRequest,
+        JoinersRequest,
+        ProfileRequest,
+        RankOrderRequest,
+    )
 }
 
 

@@ -5,7 +5,7 @@
     all-reduce at t ── plan seq n ──▶ read plan:{seen+1..n}
         prepare (I am a member) ──▶ build its group in the background ──▶ ready:{g} += me
         switch / stop           ──▶ actions[t + k]
-    end of mini-batch t + k ──▶ switch: leavers leave; the rest swap groups (+ broadcast to joiners)
+    end of mini-batch t + k ──▶ switch: leavers leave; the rest swap groups (+ state to joiners)
                               stop:   leave the loop
 """
 
@@ -105,9 +105,10 @@ class PlanFollower(MemberParts):
         group = self.builder.take(gen, f"generation {gen} was not built")
         self.view.move_to(group, gen, plan.members)
         timings = {"take": self.clock.monotonic() - t0}
-        if plan.joiners:
-            mine = training.snapshot() if self.view.rank == plan.source else None
-            self.transfer.broadcast(group, mine, plan.source, want=False, timings=timings)
+        if plan.joiners and self.view.rank == plan.source:
+            # Only the joiners lack the state: the others go on to the next mini-batch,
+            # whose all-reduce waits for the joiners to have it.
+            self.transfer.send_to_joiners(group, training, plan, timings)
         self.last_pause_s = self.clock.monotonic() - t0
         self.redis.hset(self.keys.pauses(gen), me, self.last_pause_s)
         self.redis.hset(self.keys.switch_profile(gen), me, json.dumps(timings))

@@ -51,6 +51,10 @@ class JobRun:
     sync_timeout_s: float = 10.0
     extra: list[str] = field(default_factory=lambda: ["--dtype", "float64"])
     store_url: str = ""
+    device: str = "cpu"
+    """``cpu``, ``cuda:K`` (every worker there), or ``cuda`` (worker ``w<i>`` on GPU ``i mod n``)."""
+    comm: str = "auto"
+    """The workers' ``--comm``: ``gloo`` lets several workers share one GPU."""
     env: dict[str, str] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     last_event: str = "0"
@@ -77,10 +81,18 @@ class JobRun:
             "--checkpoint-every", str(self.checkpoint_every), "--redis-url", self.redis_url,
             "--step-log", str(self.workdir / "logs" / f"{worker}.jsonl"),
             "--sync-timeout", str(self.sync_timeout_s),
+            "--device", self.device_for(worker), "--comm", self.comm,
         ]  # fmt: skip
         if initial_world is not None:
             cmd += ["--initial-world", str(initial_world)]
         return cmd + self.extra + extra
+
+    def device_for(self, worker: str) -> str:
+        """The ``--device`` of ``worker`` (see ``device``)."""
+        if self.device != "cuda":
+            return self.device
+        digits = worker[1:] if worker[1:].isdigit() else "0"
+        return f"cuda:{int(digits) % max(1, torch.cuda.device_count())}"
 
     def start(self, worker: str, initial_world: int | None = None, extra: list[str] = ()) -> None:  # type: ignore[assignment]
         """Launch one worker process (``initial_world`` set: a generation-0 member)."""
@@ -102,6 +114,7 @@ class JobRun:
         cmd = [sys.executable, "-m", "workers.elastic.warm"]
         if build_ahead:
             cmd += ["--workload", self.workload, "--args", json.dumps(self.args)]
+            cmd += ["--device", self.device_for(worker)]
             if "--dtype" in self.extra:
                 cmd += ["--dtype", self.extra[self.extra.index("--dtype") + 1]]
         out = open(self.workdir / "logs" / f"{worker}.out", "ab")  # noqa: SIM115
@@ -328,5 +341,34 @@ def reference_model(
 
 
 def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest elementwise difference of two state dicts (on the CPU: either may be CUDA's)."""
     assert a.keys() == b.keys()
-    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+    return max(float((a[k].cpu().double() - b[k].cpu().double()).abs().max()) for k in a)
+
+
+def cuda_layout(gpus: int, workers: int) -> tuple[str, str]:
+    """(``JobRun.device``, ``--comm``) for ``workers`` workers at once on ``gpus`` GPUs.
+
+    One GPU per worker: NCCL. Fewer: every worker on ``cuda:0``, gloo through
+    the host (NCCL refuses two ranks of a communicator on one device).
+    """
+    if gpus < 1:
+        raise SystemExit("--device cuda: this machine has no CUDA device")
+    return ("cuda", "nccl") if gpus >= workers else ("cuda:0", "gloo")
+
+
+def device_layout(device: str, workers: int) -> tuple[str, str]:
+    """(``JobRun.device``, ``--comm``) of a benchmark's ``--device`` (``cpu`` or ``cuda``)."""
+    if device == "cpu":
+        return "cpu", "gloo"
+    if device != "cuda":
+        raise SystemExit("--device must be cpu or cuda")
+    return cuda_layout(torch.cuda.device_count(), workers)
+
+
+def check_devices(records: list[dict[str, Any]], device: str) -> list[str]:
+    """The devices the workers' models were on (their step logs); SystemExit if not ``device``."""
+    seen = sorted({str(r.get("device")) for r in records})
+    if any(not d.startswith(device) for d in seen):
+        raise SystemExit(f"the models were on {seen}, not on {device}")
+    return seen

@@ -22,7 +22,15 @@ class StepTimes:
         self._ends: deque[tuple[int, float]] = deque(maxlen=maxlen)
 
     def mark(self, step: int, at: float) -> None:
-        """Mini-batch ``step`` (the committed count) ended at ``at`` (monotonic seconds)."""
+        """Mini-batch ``step`` (the committed count) ended at ``at`` (monotonic seconds).
+
+        A step marked again (a consistent recovery went back to a checkpoint and
+        replays from there) ends the old timeline: the ends from that step on
+        are dropped, so a rate measured from a replayed step counts the replay,
+        not the seconds since the same step ended before the failure.
+        """
+        while self._ends and self._ends[-1][0] >= step:
+            self._ends.pop()
         self._ends.append((step, at))
 
     def batch_time(self) -> float:

@@ -163,13 +163,32 @@ class StateTransfer:
         if restored is None:  # consistent recovery needs a step to go back to
             self.maybe_checkpoint(training, rank, force=True)
 
-    def join_running(self, training: TrainingState, group: Any, plan: PreparePlan) -> None:
+    def join_running(
+        self,
+        training: TrainingState,
+        group: Any,
+        plan: PreparePlan,
+        timings: dict[str, float] | None = None,
+    ) -> None:
         """A ready newcomer: wait (several mini-batches, maybe) for the state at its switch."""
         if plan.handoff:
             state = self.take(plan.generation)
         else:
-            state = self.broadcast(group, None, plan.source, timeout_s=JOIN_WAIT_S)
+            state = comm.receive_state(
+                group, plan.source, self.device, timeout_s=JOIN_WAIT_S, timings=timings
+            )
         training.load(state, True)
+
+    def send_to_joiners(
+        self,
+        group: Any,
+        training: TrainingState,
+        plan: PreparePlan,
+        timings: dict[str, float] | None = None,
+    ) -> None:
+        """The switch's source: send the state to the plan's joiners (the others hold it)."""
+        joiners = [plan.members.index(w) for w in plan.joiners]
+        comm.send_state(group, training.snapshot(), joiners, timings=timings)
 
     # -- broadcasts over the process group ---------------------------------------------
     def broadcast(

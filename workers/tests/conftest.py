@@ -4,12 +4,37 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from workers.tests.redis_server import OwnRedis
-from workers.tests.s3_server import S3Server, moto_s3
+
+if TYPE_CHECKING:
+    from workers.tests.s3_server import S3Server
+
+
+@dataclass(frozen=True)
+class JobDevice:
+    """Where the multi-process runtime tests put their workers (``JobRun.device``, ``.comm``)."""
+
+    device: str
+    comm: str
+
+
+DEVICE_ENV, COMM_ENV = "EDL_TEST_DEVICE", "EDL_TEST_COMM"
+
+
+@pytest.fixture(scope="session")
+def job_device() -> JobDevice:
+    """``EDL_TEST_DEVICE`` (default ``cpu``; ``cuda:0``, or ``cuda``: one GPU per worker) and
+    ``EDL_TEST_COMM`` (default ``auto``; ``gloo`` lets several workers share one GPU).
+
+    ``bench/device_check.sh`` runs the scenario tests on a GPU machine this way.
+    """
+    return JobDevice(os.environ.get(DEVICE_ENV, "cpu"), os.environ.get(COMM_ENV, "auto"))
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +51,10 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def s3() -> Iterator[S3Server]:
     """moto's S3 server on loopback, one bucket, for the module's tests."""
+    # Imported here: only the S3 tests need moto and boto3, and the runtime's tests also
+    # run where they are not installed (bench/device_check.sh on a GPU machine).
+    from workers.tests.s3_server import moto_s3
+
     with moto_s3("artifacts") as server:
         yield server
 

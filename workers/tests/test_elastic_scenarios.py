@@ -18,14 +18,21 @@ import pytest
 
 from workers.elastic.sampler import ElasticSampler
 from workers.elastic.testing import JobRun, check_samples, max_difference, reference_model
+from workers.tests.conftest import JobDevice
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 TOLERANCE = 1e-6  # float64 workers: float32 runs diverge chaotically after ~1000 steps
 
 
 @pytest.fixture
-def job(redis_url: str, tmp_path: Path) -> Iterator[JobRun]:
-    run = JobRun(redis_url, f"t{uuid.uuid4().hex[:8]}", tmp_path)
+def job(redis_url: str, tmp_path: Path, job_device: JobDevice) -> Iterator[JobRun]:
+    run = JobRun(
+        redis_url,
+        f"t{uuid.uuid4().hex[:8]}",
+        tmp_path,
+        device=job_device.device,
+        comm=job_device.comm,
+    )
     yield run
     run.terminate()
     run.control.cleanup()

@@ -81,6 +81,23 @@ def sample_commands() -> list[Command]:
         ),
         StopJob(job="job-1", command_id="c4", grace_seconds=3),
         Profile(job="job-1", command_id="c5", min_workers=1, max_workers=4),
+        # the allocation's whole rank order after the change (the runtime orders by it)
+        start(
+            join=True,
+            initial_world=None,
+            workers=[{"worker_id": "w1", "slot": 1, "rank": 2}],
+            rank_order=["w8", "w9", "w1"],
+        ),
+        ScaleIn(job="job-1", command_id="c6", worker_ids=("w1",), rank_order=("w9", "w0")),
+        Migrate(
+            job="job-1",
+            command_id="c7",
+            leaving=("w0",),
+            joining=start(
+                join=True, workers=[{"worker_id": "w9", "slot": 3}], rank_order=["w9", "w1"]
+            ),
+            rank_order=("w9", "w1"),
+        ),
     ]
 
 
@@ -177,7 +194,43 @@ def test_json_lists_become_tuples_and_ints_become_floats() -> None:
     assert report.at == 5.0
 
 
+def scale_in_dict(**overrides: Any) -> dict[str, Any]:
+    return {"type": "scale_in", "job": "j", "command_id": "c", "worker_ids": ["w1"], **overrides}
+
+
+def migrate_dict(**overrides: Any) -> dict[str, Any]:
+    joining = start_dict(join=True, workers=[{"worker_id": "w9", "slot": 1}])
+    return {
+        "type": "migrate",
+        "job": "job-1",
+        "command_id": "c",
+        "leaving": ["w1"],
+        "joining": joining,
+        **overrides,
+    }
+
+
 BAD_COMMANDS: list[tuple[Any, str]] = [
+    (scale_in_dict(rank_order=["w0", "w1"]), "scale_in.rank_order ranks worker(s) that leave: w1"),
+    (scale_in_dict(rank_order=["w0", "w0"]), "scale_in.rank_order repeats w0"),
+    (scale_in_dict(rank_order=["w 0"]), "scale_in.rank_order[0]"),
+    (scale_in_dict(rank_order=[f"w{i}" for i in range(5000)]), "more than 4096 workers"),
+    (start_dict(rank_order=["w0"]), "start_workers.rank_order does not rank worker w1"),
+    (
+        start_dict(workers=[{"worker_id": "w0", "slot": 0, "rank": 1}], rank_order=["w0", "w5"]),
+        "worker w0 has rank 1 but place 0 in rank_order",
+    ),
+    (migrate_dict(rank_order=["w9", "w1"]), "migrate.rank_order ranks worker(s) that leave: w1"),
+    (migrate_dict(rank_order=["w0"]), "migrate.rank_order does not rank w9"),
+    (
+        migrate_dict(
+            rank_order=["w9", "w0"],
+            joining=start_dict(
+                join=True, workers=[{"worker_id": "w9", "slot": 1}], rank_order=["w0", "w9"]
+            ),
+        ),
+        "joining.rank_order differs",
+    ),
     ([], "must be a JSON object"),
     ({"job": "j"}, "needs a string field 'type'"),
     ({"type": "reboot", "job": "j", "command_id": "c"}, "unknown command type 'reboot'"),
