@@ -23,6 +23,7 @@ from django.db import transaction
 
 from jobs.choices import TERMINAL_STATES, EventKind, JobState, can_transition
 from jobs.errors import JobConflictError, JobValidationError
+from jobs.live_patches import cluster_fields, history_row, page_fields, sample_row
 from jobs.live_summary import note_job_event
 from jobs.models import Job, JobEvent, JobMetric
 from utilities.realtime import CLUSTER_GROUP, broadcast_on_commit, job_group, tenant_group
@@ -72,18 +73,27 @@ def job_payload(job: Job, kind: str) -> dict[str, Any]:
 def broadcast(job: Job, kind: str) -> None:
     """Tell the job's tenant, its page and the cluster view about ``job``, after commit.
 
-    The tenant's new counts and queue positions follow in the same batch, built
-    once per transaction (``jobs.live_summary``).
+    The page and the cluster view get what they show besides the row
+    (``jobs.live_patches``), so they patch instead of reloading.  The tenant's new
+    counts and queue positions follow in the same batch, built once per
+    transaction (``jobs.live_summary``).
     """
-    broadcast_on_commit(
-        (tenant_group(job.tenant_id), job_group(job.pk), CLUSTER_GROUP), job_payload(job, kind)
-    )
+    payload = job_payload(job, kind)
+    broadcast_on_commit((tenant_group(job.tenant_id),), payload)
+    broadcast_on_commit((job_group(job.pk),), {**payload, **page_fields(job)})
+    broadcast_on_commit((CLUSTER_GROUP,), {**payload, **cluster_fields(job)})
     note_job_event(tenant=job.tenant_id, kind=kind, state=job.state)
 
 
 def record(job: Job, kind: str, at: datetime, reason: str = "", **fields: Any) -> JobEvent:
-    """Add one event to the job's history (reasons are cut to 500 characters)."""
-    return JobEvent.objects.create(job=job, at=at, kind=kind, reason=reason[:REASON_MAX], **fields)
+    """Add one event to the job's history (reasons are cut to 500 characters).
+
+    The job's page hears of the new row after commit (``job.event``).
+    """
+    event = JobEvent.objects.create(job=job, at=at, kind=kind, reason=reason[:REASON_MAX], **fields)
+    row = {"type": "job.event", "job": job.pk, "tenant": job.tenant_id, "event": history_row(event)}
+    broadcast_on_commit((job_group(job.pk),), row)
+    return event
 
 
 def transition(
@@ -204,7 +214,7 @@ def export_log_on_commit(job_id: int, delay_s: float = EXPORT_LOG_DELAY_S) -> No
 def record_metric(
     job: Job, *, at: datetime, step: int, parallelism: int, samples_per_s: float, loss: float | None
 ) -> None:
-    """Add one progress sample to the job's time series (its charts)."""
+    """Add one progress sample to the job's time series (its charts; ``job.sample`` live)."""
     JobMetric.objects.create(
         job=job,
         at=at,
@@ -212,4 +222,11 @@ def record_metric(
         parallelism=parallelism,
         samples_per_s=samples_per_s,
         loss=loss,
+    )
+    sample = sample_row(
+        at=at, step=step, parallelism=parallelism, samples_per_s=samples_per_s, loss=loss
+    )
+    broadcast_on_commit(
+        (job_group(job.pk),),
+        {"type": "job.sample", "job": job.pk, "tenant": job.tenant_id, "sample": sample},
     )
