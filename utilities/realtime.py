@@ -89,6 +89,18 @@ def _redis() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL)
 
 
+_seq_reader: tuple[int, redis.Redis] | None = None
+
+
+def _seq_client() -> redis.Redis:
+    # One client (and connection pool) per process: a new one per snapshot was a new
+    # TCP connection per page load.
+    global _seq_reader
+    if _seq_reader is None or _seq_reader[0] != os.getpid():
+        _seq_reader = (os.getpid(), _redis())
+    return _seq_reader[1]
+
+
 def current_seq(group: str) -> int:
     """The seq of the last batch sent to ``group`` (0 if none): what a snapshot reflects.
 
@@ -96,7 +108,7 @@ def current_seq(group: str) -> int:
     transaction committed, so the snapshot includes its changes.  0 when Redis is away.
     """
     try:
-        value = _redis().get(SEQ_KEY.format(group=group))
+        value = _seq_client().get(SEQ_KEY.format(group=group))
     except redis.RedisError:
         log.warning("could not read the live seq of %s", group, exc_info=True)
         return 0
