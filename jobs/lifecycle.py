@@ -23,7 +23,7 @@ from django.db import transaction
 
 from jobs.choices import TERMINAL_STATES, EventKind, JobState, can_transition
 from jobs.errors import JobConflictError, JobValidationError
-from jobs.live_patches import cluster_fields, history_row, page_fields, sample_row
+from jobs.live_patches import cluster_fields, page_fields, sample_row
 from jobs.live_summary import note_job_event
 from jobs.models import Job, JobEvent, JobMetric
 from utilities.realtime import CLUSTER_GROUP, broadcast_on_commit, job_group, tenant_group
@@ -86,14 +86,8 @@ def broadcast(job: Job, kind: str) -> None:
 
 
 def record(job: Job, kind: str, at: datetime, reason: str = "", **fields: Any) -> JobEvent:
-    """Add one event to the job's history (reasons are cut to 500 characters).
-
-    The job's page hears of the new row after commit (``job.event``).
-    """
-    event = JobEvent.objects.create(job=job, at=at, kind=kind, reason=reason[:REASON_MAX], **fields)
-    row = {"type": "job.event", "job": job.pk, "tenant": job.tenant_id, "event": history_row(event)}
-    broadcast_on_commit((job_group(job.pk),), row)
-    return event
+    """Add one event to the job's history (reasons are cut to 500 characters)."""
+    return JobEvent.objects.create(job=job, at=at, kind=kind, reason=reason[:REASON_MAX], **fields)
 
 
 def transition(

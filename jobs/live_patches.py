@@ -6,7 +6,8 @@ more than a dashboard row, and patch it from the events instead of reloading::
 
     job-<id> group   job.updated/…  + page_fields: started, finished, size range,
                                       restarts, JCT, the profiled curve
-                     job.event      one history row (lifecycle.record)
+                     job.event      one history row (every new JobEvent: post_save,
+                                    which bulk writers send too)
                      job.sample     one progress sample (lifecycle.record_metric)
     cluster group    job.updated/…  + cluster_fields: the GPUs and cables it holds now,
                                       its name, thr(n)/thr(1), per-GPU efficiency, JCT
@@ -23,6 +24,7 @@ from typing import Any
 from jobs.choices import ACTIVE_STATES, EventKind, JobState
 from jobs.models import Job, JobEvent
 from scheduler.curves import gpu_efficiency, speedup
+from utilities.realtime import broadcast_on_commit, job_group
 
 STATE_LABELS = {
     JobState.PENDING: "Pending",
@@ -64,6 +66,25 @@ def history_row(event: JobEvent) -> dict[str, Any]:
         "to_parallelism": event.to_parallelism,
         "reason": event.reason,
     }
+
+
+def history_saved(
+    sender: type[JobEvent], instance: JobEvent, created: bool, raw: bool = False, **kwargs: Any
+) -> None:
+    """``post_save`` receiver: the job's page gets the new history row after commit.
+
+    A signal rather than a call in ``lifecycle.record``, so that events written in
+    bulk (which send ``post_save`` themselves) reach the page too.
+    """
+    if not created or raw:
+        return
+    row = {
+        "type": "job.event",
+        "job": instance.job_id,
+        "tenant": instance.job.tenant_id,
+        "event": history_row(instance),
+    }
+    broadcast_on_commit((job_group(instance.job_id),), row)
 
 
 def profile_curve(job: Job) -> dict[str, list[Any]]:
