@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from inventory.models import Gpu, Server
 from inventory.services import current_spec
-from jobs.choices import ACTIVE_STATES, JobState
+from jobs.choices import JobState
 from jobs.models import Job, JobCable
 from jobs.stats import completed_jcts, summarize
 from portal.cluster_timeline import timeline
@@ -50,6 +50,8 @@ def cluster_snapshot(window: str = DEFAULT_WINDOW) -> dict[str, Any]:
         "window": window if window in WINDOWS else DEFAULT_WINDOW,
         "queue_length": queued,
         "jct": {**summarize(jcts).as_dict(), "values": jcts},
+        # Events name a job's tenant by id; the legend shows its slug.
+        "tenants": {str(pk): slug for pk, slug in Tenant.objects.values_list("pk", "slug")},
     }
     spec = current_spec()
     if spec is None:
@@ -74,7 +76,7 @@ def cluster_snapshot(window: str = DEFAULT_WINDOW) -> dict[str, Any]:
             "state": st,
             "parallelism": par,
             "gpu_efficiency": gpu_efficiency(curve, par, rate),
-            "speedup": round(speedup(curve, par), 4) if st in ACTIVE_STATES else 0.0,
+            "speedup": round(speedup(curve, par), 4) if par else 0.0,
         }
         for pk, name, tenant, st, par, curve, rate in Job.objects.filter(
             pk__in=holders
@@ -96,7 +98,6 @@ def cluster_snapshot(window: str = DEFAULT_WINDOW) -> dict[str, Any]:
         "gpus": gpus,
         "cables": cables,
         "jobs": jobs,
-        "tenants": {str(pk): slug for pk, slug in Tenant.objects.values_list("pk", "slug")},
         "totals": {
             "gpus": total,
             "allocated": sum(1 for g in gpus if g[4] is not None),

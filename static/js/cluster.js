@@ -174,8 +174,8 @@
   // The page's model: the snapshot, patched by the cluster group's events, which say
   // what changed (jobs.live_patches): a job's GPUs, cables, name and efficiency; the
   // queue length; a server's state.  The page redraws from the model; it reloads the
-  // snapshot on open, on a reconnect or seq gap (live.js) and when the topology itself
-  // changed (an event cannot carry a whole topology).
+  // snapshot on open, on a reconnect or seq gap (live.js), when the topology itself
+  // changed (an event cannot carry a whole topology) and for any event it cannot patch.
   let current = null;
   let gpuRows = {};  // GPU index -> its row in current.gpus
   const WINDOW_SECONDS = { "1h": 3600, "6h": 21600, "24h": 86400, "7d": 604800 };
@@ -265,11 +265,10 @@
 
   function onEvent(event) {
     if (!current) return;
-    if (event.type === "topology.changed") { resyncSoon(); return; }
     if (event.type === "cluster.queue") current.queue_length = event.queue_length;
     else if (event.type === "server.state") { if (current.fabric) patchServer(event); }
     else if (event.job !== undefined && event.gpus !== undefined) patchJob(event);
-    else return;
+    else { resyncSoon(); return; }  // the topology changed, or news this page cannot patch
     render();
   }
 
