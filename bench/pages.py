@@ -111,6 +111,10 @@ def _measure_existing(requests: int) -> int:
     """``--reuse``: every page of the database as it is; the last line is one JSON object."""
     from django.contrib.auth import get_user_model
 
+    from portal.heap import freeze_startup_heap
+
+    freeze_startup_heap()  # as portal.asgi does once the server has loaded
+
     from jobs.models import Job
     from tenancy.models import Tenant
 
@@ -228,6 +232,9 @@ def main() -> int:
     def pages() -> dict[str, Callable[[], Any]]:
         return page_requests(first, owners[first.pk], admin)
 
+    from portal.heap import freeze_startup_heap
+
+    freeze_startup_heap()  # as portal.asgi does once the server has loaded
     results: dict[int, dict[str, PageFigures]] = {}
     counts: dict[int, dict[str, int]] = {}
     for target in (options.baseline_jobs, options.jobs):
