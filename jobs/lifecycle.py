@@ -23,6 +23,7 @@ from django.db import transaction
 
 from jobs.choices import TERMINAL_STATES, EventKind, JobState, can_transition
 from jobs.errors import JobConflictError, JobValidationError
+from jobs.live_patches import cluster_fields, page_fields, sample_row
 from jobs.live_summary import note_job_event
 from jobs.models import Job, JobEvent, JobMetric
 from utilities.realtime import CLUSTER_GROUP, broadcast_on_commit, job_group, tenant_group
@@ -72,12 +73,15 @@ def job_payload(job: Job, kind: str) -> dict[str, Any]:
 def broadcast(job: Job, kind: str) -> None:
     """Tell the job's tenant, its page and the cluster view about ``job``, after commit.
 
-    The tenant's new counts and queue positions follow in the same batch, built
-    once per transaction (``jobs.live_summary``).
+    The page and the cluster view get what they show besides the row
+    (``jobs.live_patches``), so they patch instead of reloading.  The tenant's new
+    counts and queue positions follow in the same batch, built once per
+    transaction (``jobs.live_summary``).
     """
-    broadcast_on_commit(
-        (tenant_group(job.tenant_id), job_group(job.pk), CLUSTER_GROUP), job_payload(job, kind)
-    )
+    payload = job_payload(job, kind)
+    broadcast_on_commit((tenant_group(job.tenant_id),), payload)
+    broadcast_on_commit((job_group(job.pk),), {**payload, **page_fields(job)})
+    broadcast_on_commit((CLUSTER_GROUP,), {**payload, **cluster_fields(job)})
     note_job_event(tenant=job.tenant_id, kind=kind, state=job.state)
 
 
@@ -204,7 +208,7 @@ def export_log_on_commit(job_id: int, delay_s: float = EXPORT_LOG_DELAY_S) -> No
 def record_metric(
     job: Job, *, at: datetime, step: int, parallelism: int, samples_per_s: float, loss: float | None
 ) -> None:
-    """Add one progress sample to the job's time series (its charts)."""
+    """Add one progress sample to the job's time series (its charts; ``job.sample`` live)."""
     JobMetric.objects.create(
         job=job,
         at=at,
@@ -212,4 +216,11 @@ def record_metric(
         parallelism=parallelism,
         samples_per_s=samples_per_s,
         loss=loss,
+    )
+    sample = sample_row(
+        at=at, step=step, parallelism=parallelism, samples_per_s=samples_per_s, loss=loss
+    )
+    broadcast_on_commit(
+        (job_group(job.pk),),
+        {"type": "job.sample", "job": job.pk, "tenant": job.tenant_id, "sample": sample},
     )

@@ -9,20 +9,42 @@ a page applies only the batches after it (``static/js/live.js``).
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet, Sum
 
-from jobs.choices import ACTIVE_STATES, ArtifactKind, EventKind, JobState
+from jobs.choices import ACTIVE_STATES, ArtifactKind, JobState
 from jobs.forecast import FORECAST_STATES, estimate_fields
+from jobs.live_patches import history_row, profile_curve
 from jobs.live_summary import queue_ranks
-from jobs.models import Job, JobEvent
+from jobs.models import Job
 from jobs.services import tenant_jct_stats
 from tenancy.models import Tenant
 from utilities.realtime import current_seq, job_group, tenant_group
 
 ROW_LIMIT = 200
+ROW_FIELDS = (
+    "id",
+    "name",
+    "workload",
+    "code",
+    "launcher",
+    "entrypoint",
+    "state",
+    "submitted_at",
+    "gpus",
+    "min_gpus",
+    "max_gpus",
+    "parallelism",
+    "attained_gpu_seconds",
+    "step",
+    "samples_per_s",
+    "queue_position",
+    "estimated_start",
+    "estimated_finish",
+    "estimate_reason",
+)
+"""What a dashboard row shows (``job_row``): not the logs, arguments and allocations."""
 METRIC_LIMIT = 2000
 LOG_LINES = 40
 
@@ -74,14 +96,19 @@ def job_row(job: Job, positions: dict[int, int]) -> dict[str, Any]:
 def tenant_snapshot(tenant: Tenant, jobs: QuerySet[Job]) -> dict[str, Any]:
     """The dashboard's view of ``tenant``: its newest jobs, state counts, quota use, JCT."""
     seq = current_seq(tenant_group(tenant.pk))
-    rows = list(jobs.filter(tenant=tenant).order_by("-submitted_at", "-id")[:ROW_LIMIT])
+    newest = jobs.filter(tenant=tenant).order_by("-submitted_at", "-id").only(*ROW_FIELDS)
+    rows = list(newest[:ROW_LIMIT])
     positions = queue_positions()
     counts = dict.fromkeys(JobState.values, 0)
     in_use = 0
-    for state, parallelism in jobs.filter(tenant=tenant).values_list("state", "parallelism"):
-        counts[state] += 1
-        if state in ACTIVE_STATES:
-            in_use += parallelism
+    # Counted by the database: a tenant of a 10,000-job cluster has thousands of jobs.
+    by_state = (
+        jobs.filter(tenant=tenant).values("state").annotate(n=Count("id"), gpus=Sum("parallelism"))
+    )
+    for row in by_state.order_by():
+        counts[row["state"]] += row["n"]
+        if row["state"] in ACTIVE_STATES:
+            in_use += int(row["gpus"] or 0)
     return {
         "type": "tenant.snapshot",
         "tenant": tenant.pk,
@@ -126,40 +153,6 @@ def throughput_series(job: Job) -> dict[str, list[Any]]:
     }
 
 
-def profile_curve(job: Job) -> dict[str, list[Any]]:
-    """The profiled throughput-vs-GPUs curve (EDL profile()), sorted by GPU count."""
-    points = sorted((int(k), float(v)) for k, v in (job.throughput_curve or {}).items())
-    return {"gpus": [n for n, _ in points], "samples_per_second": [v for _, v in points]}
-
-
-STATE_LABELS = {
-    JobState.PENDING: "Pending",
-    JobState.QUEUED: "Queued",
-    JobState.RUNNING: "Running",
-    JobState.SCALING: "Scaling",
-    JobState.COMPLETED: "Completed",
-    JobState.FAILED: "Failed",
-    JobState.CANCELLED: "Cancelled",
-}
-"""What a state change is called in a job's history: the state it reached."""
-
-
-def event_label(event: JobEvent) -> str:
-    """What happened, in the words of a job's history.
-
-    One kind can record two moments: a profile is requested ("profiling
-    throughput from ...") and later measured ("throughput profiled at ...");
-    a state change is named for the state it reached ("Queued", "Completed").
-    """
-    if event.kind == EventKind.PROFILED:
-        return (
-            "Profiling started" if event.reason.startswith("profiling") else "Throughput profiled"
-        )
-    if event.kind == EventKind.STATE and event.to_state in STATE_LABELS:
-        return STATE_LABELS[JobState(event.to_state)]
-    return str(EventKind(event.kind).label) if event.kind in EventKind.values else event.kind
-
-
 def final_step(job: Job) -> int:
     """The furthest step the job is known to have reached.
 
@@ -171,26 +164,10 @@ def final_step(job: Job) -> int:
     return max(job.step, int(last))
 
 
-def _iso(moment: datetime | None) -> str | None:
-    return moment.isoformat() if moment is not None else None
-
-
 def job_snapshot(job: Job) -> dict[str, Any]:
     """The job page's view: state, counters, settings that change, history, series."""
     seq = current_seq(job_group(job.pk))
-    events = [
-        {
-            "at": e.at.isoformat(),
-            "kind": e.kind,
-            "label": event_label(e),
-            "from_state": e.from_state,
-            "to_state": e.to_state,
-            "from_parallelism": e.from_parallelism,
-            "to_parallelism": e.to_parallelism,
-            "reason": e.reason,
-        }
-        for e in job.events.all()
-    ]
+    events = [history_row(e) for e in job.events.all()]
     return {
         "type": "job.snapshot",
         "job": job.pk,
@@ -201,8 +178,8 @@ def job_snapshot(job: Job) -> dict[str, Any]:
         "min_gpus": job.min_gpus,
         "max_gpus": job.max_gpus,
         "submitted_at": job.submitted_at.isoformat(),
-        "started_at": _iso(job.started_at),
-        "finished_at": _iso(job.finished_at),
+        "started_at": job.started_at.isoformat() if job.started_at else None,
+        "finished_at": job.finished_at.isoformat() if job.finished_at else None,
         "restarts": job.restarts,
         "max_restarts": job.max_restarts,
         "args_json": json.dumps(job.args, indent=None, sort_keys=True) if job.args else "{}",

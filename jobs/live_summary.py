@@ -8,11 +8,12 @@ transaction that changed jobs sends them once, to each tenant group::
     lifecycle.broadcast(job, kind)          (any number of times in a transaction)
       └─ on_commit_once("tenant-summaries") records the tenant, whether the queue may
          have moved (a state change) and whether a job completed
-    commit ──> TenantSummaries()  (1 query for counts, 1 for the queue, 1 per completion)
+    commit ──> TenantSummaries()  (1 query for counts, 2 for the queue, 1 per completion)
          tenant.counts  {"tenant", "counts": {state: n}, "in_use"}     touched tenants
          tenant.queue   {"tenant", "positions": {job id: position}}    every tenant with
                                                                        queued jobs
          tenant.jct     {"tenant", "jct": {count, mean, median, p95}}  after a completion
+         cluster.queue  {"queue_length"}  (to the cluster view)        after a state change
 
 Each replaces its earlier version in a coalesced window (absolute values).
 Positions are :func:`queue_ranks`, the same numbers the snapshot shows.
@@ -27,7 +28,7 @@ from django.db.models import Count, Sum
 from jobs.choices import ACTIVE_STATES, JobState
 from jobs.models import Job
 from jobs.stats import completed_jcts, summarize
-from utilities.realtime import Message, on_commit_once, tenant_group
+from utilities.realtime import CLUSTER_GROUP, Message, on_commit_once, tenant_group
 
 POSITIONS_PER_TENANT = 200
 """At most this many positions per tenant event: the dashboard lists the newest 200 jobs."""
@@ -107,10 +108,15 @@ class TenantSummaries:
             jct = summarize(completed_jcts(Job.objects.filter(tenant_id=tenant))).as_dict()
             payload = {"type": "tenant.jct", "tenant": tenant, "jct": jct}
             messages.append(Message((tenant_group(tenant),), payload, f"jct-{tenant}"))
-        return [
+        keyed = [
             Message(m.groups, m.payload, m.replaces or f"counts-{m.payload['tenant']}")
             for m in messages
         ]
+        if self.queue_moved:  # the cluster view's queue tile and timeline
+            queued = Job.objects.filter(state=JobState.QUEUED).count()
+            payload = {"type": "cluster.queue", "queue_length": queued}
+            keyed.append(Message((CLUSTER_GROUP,), payload, "cluster-queue"))
+        return keyed
 
 
 def note_job_event(*, tenant: int, kind: str, state: str) -> None:

@@ -16,6 +16,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from portal.heap import freeze_startup_heap  # noqa: E402
 from portal.origin import SameOriginValidator  # noqa: E402
 from portal.routing import websocket_urlpatterns  # noqa: E402
 
@@ -28,3 +29,6 @@ application = ProtocolTypeRouter(
         "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+
+# Last: the heap as it is now lives as long as the process (portal.heap).
+freeze_startup_heap()

@@ -1,7 +1,10 @@
 """The admin's cluster view as plain data: inventory with allocations, timeline, JCT.
 
 Built with a fixed number of queries; the page loads it on open, after every
-reconnect and (coalesced) after cluster events, which carry only ids.
+reconnect, after a seq gap and when the topology itself changed.  Otherwise it
+patches this data from the cluster group's events (each job's GPUs, cables and
+efficiency, the queue length, a server's state: ``jobs.live_patches``), and
+the snapshot carries the ``seq`` it reflects, read before its queries.
 
 Timeline: replayed from the jobs' events and kept between requests
 (``portal.cluster_timeline``).
@@ -20,7 +23,9 @@ from jobs.choices import JobState
 from jobs.models import Job, JobCable
 from jobs.stats import completed_jcts, summarize
 from portal.cluster_timeline import timeline
-from scheduler.curves import gpu_efficiency
+from scheduler.curves import gpu_efficiency, speedup
+from tenancy.models import Tenant
+from utilities.realtime import CLUSTER_GROUP, current_seq
 
 WINDOWS = {"1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400, "all": None}
 DEFAULT_WINDOW = "24h"
@@ -34,15 +39,19 @@ def window_start(window: str, now: datetime) -> datetime | None:
 
 def cluster_snapshot(window: str = DEFAULT_WINDOW) -> dict[str, Any]:
     """Everything the cluster view draws; ``fabric`` is None before a topology is loaded."""
+    seq = current_seq(CLUSTER_GROUP)
     now = timezone.now()
     since = window_start(window, now)
     jcts = sorted(completed_jcts(Job.objects.all(), since))
     queued = Job.objects.filter(state=JobState.QUEUED).count()
     base: dict[str, Any] = {
         "type": "cluster.snapshot",
+        "seq": seq,
         "window": window if window in WINDOWS else DEFAULT_WINDOW,
         "queue_length": queued,
         "jct": {**summarize(jcts).as_dict(), "values": jcts},
+        # Events name a job's tenant by id; the legend shows its slug.
+        "tenants": {str(pk): slug for pk, slug in Tenant.objects.values_list("pk", "slug")},
     }
     spec = current_spec()
     if spec is None:
@@ -67,6 +76,7 @@ def cluster_snapshot(window: str = DEFAULT_WINDOW) -> dict[str, Any]:
             "state": st,
             "parallelism": par,
             "gpu_efficiency": gpu_efficiency(curve, par, rate),
+            "speedup": round(speedup(curve, par), 4) if par else 0.0,
         }
         for pk, name, tenant, st, par, curve, rate in Job.objects.filter(
             pk__in=holders

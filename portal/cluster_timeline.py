@@ -19,6 +19,7 @@ committed late): those are the cases an incremental replay could get wrong.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterable
@@ -26,7 +27,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import Q, TextField
+from django.db.models.functions import Cast
 
 from jobs.choices import ACTIVE_STATES, JobState
 from jobs.models import Job, JobEvent
@@ -165,12 +167,24 @@ def extend(replay: Replay) -> bool:
     if not JobEvent.objects.filter(pk=newest).exists():
         return False
     horizon = replay.last_at - timedelta(seconds=LATE_SECONDS)
-    fresh = JobEvent.objects.filter(at__gte=horizon).exclude(pk__in=list(replay.recent))
+    # The events already applied are skipped here, not excluded in SQL: one tick can
+    # write thousands of events in the same instant, and a NOT IN of thousands of ids
+    # cost more to send and plan than the rows cost to read.  A job's curve comes as
+    # text and is parsed only for a job the replay has not seen.
+    fresh = JobEvent.objects.filter(at__gte=horizon).order_by("at", "id")
     events: list[Event] = []
-    for event_id, job_id, at, to_state, to_parallelism, curve in fresh.order_by(
-        "at", "id"
-    ).values_list("id", "job_id", "at", "to_state", "to_parallelism", "job__throughput_curve"):
-        replay.curves.setdefault(job_id, curve)
+    for event_id, job_id, at, to_state, to_parallelism, curve in fresh.values_list(
+        "id",
+        "job_id",
+        "at",
+        "to_state",
+        "to_parallelism",
+        Cast("job__throughput_curve", TextField()),
+    ):
+        if event_id in replay.recent:
+            continue
+        if job_id not in replay.curves:
+            replay.curves[job_id] = json.loads(curve) if curve else None
         events.append((event_id, job_id, at, to_state, to_parallelism))
     return replay.apply(events)
 

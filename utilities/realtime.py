@@ -12,7 +12,9 @@ views).  They are sent only after the transaction that made the change commits::
             per group: the first message of a quiet group goes at once; later ones
             within COALESCE_SECONDS wait and go together, as ONE channel message:
             {"type": "portal.batch", "group": g, "seq": n, "events": [patch, ...]}
-            n = INCR live:seq:<group> in Redis at send time (monotonic per group)
+            groups whose window closed go out in rounds: n = INCR portal:live-seq:<g>
+            for the whole round in one pipeline, then at most SEND_CONCURRENCY
+            group_sends in flight (a tick that touches 1,000 groups loses none)
 
 A page keeps the last ``seq`` of each topic and reloads its snapshot only on a
 gap or a reconnect; a snapshot carries the ``seq`` it reflects (:func:`current_seq`).
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import itertools
 import logging
 import os
 import threading
@@ -42,6 +45,10 @@ SEQ_KEY = "portal:live-seq:{group}"
 SEQ_TTL_S = 7 * 24 * 3600
 """A group's counter lives a week past its last event; a page that finds it gone reloads once."""
 DEFAULT_COALESCE_SECONDS = 0.1
+DEFAULT_SEND_CONCURRENCY = 16
+"""Group sends in flight at once, well under the channel layer's 100 connections per loop."""
+ROUND_MAX_GROUPS = 1000
+"""Groups per round: one seq pipeline of at most this many INCRs."""
 FLUSH_WAIT_S = 2.0
 
 
@@ -82,6 +89,18 @@ def _redis() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL)
 
 
+_seq_reader: tuple[int, redis.Redis] | None = None
+
+
+def _seq_client() -> redis.Redis:
+    # One client (and connection pool) per process: a new one per snapshot was a new
+    # TCP connection per page load.
+    global _seq_reader
+    if _seq_reader is None or _seq_reader[0] != os.getpid():
+        _seq_reader = (os.getpid(), _redis())
+    return _seq_reader[1]
+
+
 def current_seq(group: str) -> int:
     """The seq of the last batch sent to ``group`` (0 if none): what a snapshot reflects.
 
@@ -89,7 +108,7 @@ def current_seq(group: str) -> int:
     transaction committed, so the snapshot includes its changes.  0 when Redis is away.
     """
     try:
-        value = _redis().get(SEQ_KEY.format(group=group))
+        value = _seq_client().get(SEQ_KEY.format(group=group))
     except redis.RedisError:
         log.warning("could not read the live seq of %s", group, exc_info=True)
         return 0
@@ -103,7 +122,6 @@ class _GroupWindow:
     pending: list[tuple[str | None, dict[str, Any]]] = field(default_factory=list)
     last_sent: float = float("-inf")
     scheduled: bool = False
-    sending: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class Coalescer:
@@ -112,17 +130,33 @@ class Coalescer:
     One per process (made again after a fork: Celery's workers are forked).
     ``window_s`` is the least time between two messages to one group; the first
     message to a quiet group waits for nothing.
+
+    Groups whose window closed wait in ``ready`` and go out in rounds: one Redis
+    pipeline takes the seqs of a whole round, then at most ``concurrency`` sends are
+    in flight at once.  A tick that changes 1,000 jobs closes 1,000+ windows in the
+    same instant; sent all at once they would need more connections than the
+    channel layer's pool holds (100 per loop), and the sends it refused were lost.
+    Rounds run one after another, so a group's batches reach the layer in seq order.
     """
 
-    def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        window_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        concurrency: int = DEFAULT_SEND_CONCURRENCY,
+    ) -> None:
         self.window_s = window_s
         self.clock = clock
+        self.concurrency = concurrency
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
         self.groups: dict[str, _GroupWindow] = {}
+        self.ready: dict[str, list[tuple[str | None, dict[str, Any]]]] = {}
+        self.draining = False
         self.busy = 0
         self.idle = threading.Condition()
         self.sent_messages = 0
+        self.failed_messages = 0
         self.redis = _redis()
         self.thread = threading.Thread(target=self._run, name="live-coalescer", daemon=True)
         self.thread.start()
@@ -161,39 +195,77 @@ class Coalescer:
         window = self.groups[group]
         window.scheduled = False
         window.last_sent = self.clock()
-        events = coalesce(window.pending)
+        waiting = self.ready.get(group)
+        if waiting is None:
+            self.ready[group] = window.pending
+        else:  # its previous batch has not gone yet (a long round): one batch for both
+            waiting.extend(window.pending)
+            self.busy_add(-1)
         window.pending = []
-        task = self.loop.create_task(self._send(group, window, events))
-        task.add_done_callback(lambda _: self.busy_add(-1))
+        if not self.draining:
+            self.draining = True
+            self.loop.create_task(self._drain())
         self.loop.call_later(self.window_s * 2, self._forget, group)
 
     def _forget(self, group: str) -> None:
         # A quiet group's window is dropped, so job groups do not pile up in memory.
         window = self.groups.get(group)
-        if window is None or window.scheduled or window.sending.locked():
+        if window is None or window.scheduled:
             return
         if window.last_sent + self.window_s <= self.clock():
             del self.groups[group]
 
-    async def _send(self, group: str, window: _GroupWindow, events: list[dict[str, Any]]) -> None:
-        layer = get_channel_layer()
-        if layer is None or not events:
-            return
-        # One send at a time per group, so seqs reach the layer in order.
-        async with window.sending:
-            try:
+    async def _drain(self) -> None:
+        """Send the ready groups round after round until none is left."""
+        try:
+            while self.ready:
+                round_ = dict(itertools.islice(self.ready.items(), ROUND_MAX_GROUPS))
+                for group in round_:
+                    del self.ready[group]
+                await self._send_round(round_)
+        finally:
+            self.draining = False
+
+    def _next_seqs(self, groups: list[str]) -> list[int]:
+        # One round trip for the whole round, however many groups it has.
+        with self.redis.pipeline(transaction=False) as pipe:
+            for group in groups:
                 key = SEQ_KEY.format(group=group)
-                with self.redis.pipeline() as pipe:
-                    pipe.incr(key)
-                    pipe.expire(key, SEQ_TTL_S)
-                    seq = int(pipe.execute()[0])
-                message = {"type": "portal.batch", "group": group, "seq": seq, "events": events}
-                await layer.group_send(group, message)
+                pipe.incr(key)
+                pipe.expire(key, SEQ_TTL_S)
+            replies = pipe.execute()
+        return [int(seq) for seq in replies[::2]]
+
+    async def _send_round(self, round_: dict[str, list[tuple[str | None, dict[str, Any]]]]) -> None:
+        layer = get_channel_layer()
+        groups = list(round_)
+        try:
+            if layer is None:
+                raise RuntimeError("no channel layer is configured")
+            seqs = self._next_seqs(groups)
+        except Exception:  # committed changes; the pages that miss them see the gap
+            self.failed_messages += len(groups)
+            self.busy_add(-len(groups))
+            log.warning("could not number %d live batches", len(groups), exc_info=True)
+            return
+        limit = asyncio.Semaphore(self.concurrency)
+
+        async def send(group: str, seq: int) -> None:
+            events = coalesce(round_[group])
+            message = {"type": "portal.batch", "group": group, "seq": seq, "events": events}
+            try:
+                async with limit:
+                    await layer.group_send(group, message)
                 self.sent_messages += 1
             except Exception:  # the change is committed; a page that misses it sees the gap
+                self.failed_messages += 1
                 log.warning(
                     "could not broadcast %d live updates to %s", len(events), group, exc_info=True
                 )
+            finally:
+                self.busy_add(-1)
+
+        await asyncio.gather(*(send(group, seq) for group, seq in zip(groups, seqs, strict=True)))
 
     def wait_idle(self, timeout: float = FLUSH_WAIT_S) -> bool:
         """Block until everything submitted has been sent (tests, exit); False on timeout."""

@@ -15,7 +15,7 @@ import dj_database_url
 import plotly
 from django.core.exceptions import ImproperlyConfigured
 
-from portal.settings import safety
+from portal.settings import live, safety
 from portal.settings.env import env_bool, env_float, env_int, env_list, env_str
 from portal.settings.mail import mail_settings
 from tenancy.oidc_config import oidc_config
@@ -154,20 +154,12 @@ AGENT_MESSAGE_MAX_SKEW_SECONDS = env_float("AGENT_MESSAGE_MAX_SKEW_SECONDS", 60.
 AGENT_HOSTED_GRACE_SECONDS = env_float("AGENT_HOSTED_GRACE_SECONDS", 3600.0)
 
 CHANNEL_LAYER_SOCKET_TIMEOUT_S = env_float("CHANNEL_LAYER_SOCKET_TIMEOUT_S", 30.0)
-CHANNEL_LAYERS = {
-    "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        # redis-py 8 reads with a 5 s socket timeout by default, the same 5 s that
-        # channels_redis blocks for in BZPOPMIN: on a busy machine the read timed out first
-        # and the socket's consumer died ("Timeout reading from ..."). The read may wait
-        # longer than the blocking pop.
-        "CONFIG": {
-            "hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT_S}],
-            "capacity": 1000,
-            "expiry": 30,
-        },
-    }
-}
+# One PUBLISH per event and server (pubsub), or one message per socket (core): see
+# portal.settings.live and docs/ui.md, "Fan-out".
+LIVE_CHANNEL_LAYER = env_str("LIVE_CHANNEL_LAYER", live.DEFAULT_LAYER)
+CHANNEL_LAYERS = live.channel_layers(
+    LIVE_CHANNEL_LAYER, redis_url=REDIS_URL, socket_timeout_s=CHANNEL_LAYER_SOCKET_TIMEOUT_S
+)
 
 CACHES = {
     "default": {

@@ -1,5 +1,5 @@
 /* The admin cluster view: topology with per-job colours, allocation heatmap,
- * queue/efficiency timeline and JCT statistics; resynced after cluster events. */
+ * queue/efficiency timeline and JCT statistics; patched from the cluster's events. */
 (function () {
   "use strict";
   const { LiveSocket, fetchJSON, throttle, el, seconds } = window.PortalLive;
@@ -171,8 +171,110 @@
     window.__clusterSnapshot = snap;
   }
 
-  const resync = () => fetchJSON("/live/cluster.json?window=" + encodeURIComponent(root.dataset.window)).then(apply).catch(console.error);
-  const resyncSoon = throttle(resync, 500);
-  apply(JSON.parse(document.getElementById("cluster-snapshot").textContent));
-  new LiveSocket([{ topic: "cluster" }], { onEvent: resyncSoon, resync });
+  // The page's model: the snapshot, patched by the cluster group's events, which say
+  // what changed (jobs.live_patches): a job's GPUs, cables, name and efficiency; the
+  // queue length; a server's state.  The page redraws from the model; it reloads the
+  // snapshot on open, on a reconnect or seq gap (live.js), when the topology itself
+  // changed (an event cannot carry a whole topology) and for any event it cannot patch.
+  let current = null;
+  let gpuRows = {};  // GPU index -> its row in current.gpus
+  const WINDOW_SECONDS = { "1h": 3600, "6h": 21600, "24h": 86400, "7d": 604800 };
+  const TIMELINE_POINTS = 600;  // as the server thins it (portal/cluster_timeline.py)
+
+  function adopt(snap) {
+    current = snap;
+    gpuRows = {};
+    for (const row of snap.gpus || []) gpuRows[row[0]] = row;
+    apply(snap);
+  }
+
+  /** Linear-interpolated percentile of sorted values, as jobs.stats.percentile. */
+  function percentile(sorted, q) {
+    const pos = (sorted.length - 1) * q / 100, lo = Math.floor(pos), hi = Math.ceil(pos);
+    return sorted[lo] * (1 - (pos - lo)) + sorted[hi] * (pos - lo);
+  }
+
+  function addJct(seconds) {
+    const j = current.jct;
+    j.values.push(seconds);
+    const sorted = j.values.slice().sort((a, b) => a - b);
+    Object.assign(j, { count: sorted.length, mean: sorted.reduce((a, b) => a + b, 0) / sorted.length, median: percentile(sorted, 50), p95: percentile(sorted, 95) });
+  }
+
+  function recount() {
+    const spec = current.fabric;
+    const tot = current.totals;
+    tot.allocated = current.gpus.filter((g) => g[4] !== null).length;
+    tot.cables_reserved = current.cables.length;
+    tot.down = current.servers.filter((s) => s.state !== "up").length * spec.gpus_per_server;
+  }
+
+  /** A point at the end of the timeline for the state the model is in now. */
+  function extendTimeline() {
+    const t = current.timeline;
+    let speedups = 0;
+    for (const info of Object.values(current.jobs)) speedups += info.speedup || 0;
+    const used = current.totals.allocated;
+    t.t.push(new Date().toISOString());
+    t.queue.push(current.queue_length);
+    t.gpus_in_use.push(used);
+    t.efficiency.push(current.totals.gpus ? Math.round(speedups / current.totals.gpus * 10000) / 10000 : null);
+    const span = WINDOW_SECONDS[current.window];
+    const keys = ["t", "queue", "gpus_in_use", "efficiency"];
+    if (span) {
+      const start = Date.now() - span * 1000;
+      let cut = 0;
+      while (cut < t.t.length - 1 && Date.parse(t.t[cut]) < start) cut += 1;
+      if (cut) for (const key of keys) t[key].splice(0, cut);
+    }
+    if (t.t.length > 2 * TIMELINE_POINTS) {  // thin evenly, keeping the newest point
+      const step = t.t.length / TIMELINE_POINTS;
+      const keep = new Set([...Array(TIMELINE_POINTS).keys()].map((i) => Math.floor(i * step)).concat([t.t.length - 1]));
+      for (const key of keys) t[key] = t[key].filter((_, i) => keep.has(i));
+    }
+  }
+
+  /** A job's change: where it is now (its GPUs and cables), its legend entry, its JCT. */
+  function patchJob(event) {
+    if (!current.fabric || !Array.isArray(event.gpus)) return;
+    const key = String(event.job);
+    const before = current.jobs[key];
+    for (const row of current.gpus) if (row[4] === event.job) row[4] = null;
+    for (const index of event.gpus) if (gpuRows[index]) gpuRows[index][4] = event.job;
+    current.cables = current.cables.filter((c) => c[3] !== event.job);
+    for (const [leaf, port] of event.cables || []) current.cables.push([leaf, port, port % current.fabric.spines, event.job]);
+    if (event.gpus.length || (event.cables || []).length) {
+      current.jobs[key] = { name: event.name, tenant: (current.tenants || {})[event.tenant] || String(event.tenant), state: event.state, parallelism: event.parallelism, gpu_efficiency: event.gpu_efficiency, speedup: event.speedup };
+    } else {
+      delete current.jobs[key];
+    }
+    // A completion counts once: the job held GPUs in this model until now.
+    if (event.state === "completed" && event.jct_seconds !== null && event.jct_seconds !== undefined && before && before.state !== "completed") addJct(event.jct_seconds);
+    recount();
+  }
+
+  function patchServer(event) {
+    const server = (current.servers || []).find((s) => s.node === event.node);
+    if (!server) { resyncSoon(); return; }  // a server this model does not know: reload
+    server.state = event.state;
+    if (event.state === "up") server.reason = "";
+    recount();
+  }
+
+  const render = throttle(() => { if (current.fabric) extendTimeline(); apply(current); }, 250);
+
+  function onEvent(event) {
+    if (!current) return;
+    if (event.type === "cluster.queue") current.queue_length = event.queue_length;
+    else if (event.type === "server.state") { if (current.fabric) patchServer(event); }
+    else if (event.job !== undefined && event.gpus !== undefined) patchJob(event);
+    else { resyncSoon(); return; }  // the topology changed, or news this page cannot patch
+    render();
+  }
+
+  // It resolves to the snapshot, so that live.js learns the seq it reflects.
+  const resync = () => fetchJSON("/live/cluster.json?window=" + encodeURIComponent(root.dataset.window)).then((snap) => { adopt(snap); return snap; });
+  const resyncSoon = throttle(() => resync().catch(console.error), 500);
+  adopt(JSON.parse(document.getElementById("cluster-snapshot").textContent));
+  new LiveSocket([{ topic: "cluster" }], { onEvent, resync });
 })();

@@ -1,4 +1,5 @@
-/* The job page: state, counters, charts, artifacts and history, kept live (socket and polling). */
+/* The job page: state, counters, charts, artifacts and history, kept live (socket and polling).
+ * It patches itself from the job's events; a snapshot is loaded only on open, reconnect or a gap. */
 (function () {
   "use strict";
   const { LiveSocket, fetchJSON, throttle, el, seconds, when, timeEl } = window.PortalLive;
@@ -267,16 +268,54 @@
     drawEvents(snap.events);
   }
 
-  const resync = () => fetchJSON("/live/jobs/" + jobId + ".json").then(apply).catch(console.error);
-  const resyncSoon = throttle(resync, 300, 300);
+  // The page's model: the snapshot it opened with (or reloaded), patched by every event.
+  // Events carry what the page shows (jobs.live_patches): the job's fields, each new
+  // history row (job.event) and progress sample (job.sample); the page redraws from the
+  // model and reloads the snapshot only on a seq gap or a reconnect (live.js).
+  let current = JSON.parse(document.getElementById("job-snapshot").textContent);
+  const render = throttle(() => apply(current), 60);
+  const PAGE_FIELDS = ["state", "parallelism", "attained_gpu_seconds", "started_at", "finished_at", "gpus", "min_gpus", "max_gpus", "restarts", "max_restarts", "jct_seconds", "profile"];
+
+  function patchJob(event) {
+    for (const field of PAGE_FIELDS) if (event[field] !== undefined) current[field] = event[field];
+    if (event.samples_per_s !== undefined && event.samples_per_s !== null) current.throughput = event.samples_per_s;
+    if (event.step !== undefined) {
+      // A completed job shows the furthest step known (its final checkpoint may be past the last report).
+      current.step = TERMINAL.includes(current.state) ? Math.max(current.step || 0, event.step) : event.step;
+    }
+    if (current.state !== "queued") current.queue_position = null;
+    if (!["queued", "running", "scaling"].includes(current.state)) Object.assign(current, { estimated_start: null, estimated_finish: null, estimate_reason: "" });
+  }
+
+  /** A new row of the job's history; a change of parallelism is also a step of its chart. */
+  function patchHistory(row) {
+    current.events.push(row);
+    if (row.to_parallelism !== null && row.to_parallelism !== undefined) {
+      current.parallelism_series.t.push(row.at);
+      current.parallelism_series.gpus.push(row.to_parallelism);
+    }
+  }
+
+  const METRIC_LIMIT = 2000;  // the snapshot's newest samples (jobs/live.py)
+  function patchSample(sample) {
+    const series = current.throughput_series;
+    series.t.push(sample.at);
+    series.samples_per_second.push(sample.samples_per_s);
+    series.parallelism.push(sample.parallelism);
+    series.step.push(sample.step);
+    if (series.t.length > METRIC_LIMIT) for (const key of ["t", "samples_per_second", "parallelism", "step"]) series[key].splice(0, series.t.length - METRIC_LIMIT);
+  }
+
+  // It resolves to the snapshot, so that live.js learns the seq it reflects.
+  const resync = () => fetchJSON("/live/jobs/" + jobId + ".json").then((snap) => { current = snap; apply(snap); return snap; });
 
   function onEvent(event) {
     if (event.job !== jobId) return;
     if (event.type === "forecast.updated") {
       const est = (event.jobs || [])[0];
       if (!est) return;
-      document.getElementById("job-queue").textContent = est.queue_position ? "#" + est.queue_position : "—";
-      showEstimates(est, root.dataset.state);
+      Object.assign(current, { queue_position: est.queue_position, estimated_start: est.estimated_start, estimated_finish: est.estimated_finish, estimate_reason: est.estimate_reason });
+      render();
       return;
     }
     if (event.type === "job.log") {
@@ -284,15 +323,14 @@
       return;
     }
     dropFlash();
-    if (event.state) setState(event.state);
-    if (event.step !== undefined) document.getElementById("job-step").textContent = "step " + event.step;
-    if (event.parallelism !== undefined) document.getElementById("job-parallelism").textContent = event.parallelism;
-    if (event.attained_gpu_seconds !== undefined) document.getElementById("job-gpu-time").textContent = seconds(event.attained_gpu_seconds);
-    resyncSoon();
+    if (event.type === "job.event") patchHistory(event.event);
+    else if (event.type === "job.sample") patchSample(event.sample);
+    else patchJob(event);
+    render();
   }
 
-  apply(JSON.parse(document.getElementById("job-snapshot").textContent));
+  apply(current);
   pollOutputs();
-  const resyncAll = () => { resync(); loadLog(false).catch(console.error); };
+  const resyncAll = () => { loadLog(false).catch(console.error); return resync(); };
   new LiveSocket([{ topic: "job", id: jobId }], { onEvent, resync: resyncAll });
 })();

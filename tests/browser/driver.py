@@ -7,6 +7,7 @@ production).  It reads one JSON request per line on stdin and answers one
 JSON line on stdout::
 
     {"op": "seed"}
+    {"op": "tenant", "slug": "initech", "owner": "carol"}       one more tenant (password ``pw``)
     {"op": "transition", "job": 3, "state": "running", "parallelism": 2}
     {"op": "parallelism", "job": 3, "parallelism": 4}
     {"op": "call", "path": "module:function", "kwargs": {...}}   any service, by name
@@ -99,6 +100,16 @@ def handle(request: dict[str, Any]) -> Any:
     op = request["op"]
     if op == "seed":
         return seed()
+    if op == "tenant":
+        from tenancy.services import do_create_tenant
+
+        made = do_create_tenant(
+            slug=request["slug"],
+            name=request["slug"].title(),
+            owner_username=request["owner"],
+            password="pw",
+        )
+        return {"tenant": made.tenant.pk}
     if op == "transition":
         started = time.time()
         job = move(

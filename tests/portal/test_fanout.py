@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,12 +24,14 @@ from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
 from portal.asgi import application
 from portal.consumers import batch_allowed
+from portal.settings.live import BACKENDS, channel_layers
 from tenancy.live_access import user_group
 from tenancy.models import Tenant
 from tests.jobs.steps import move
 from utilities.realtime import (
     Coalescer,
     Message,
+    broadcast_on_commit,
     coalesce,
     coalescer,
     current_seq,
@@ -257,3 +260,57 @@ def test_a_forged_batch_for_a_foreign_group_is_not_relayed(
         await comm.disconnect()
 
     run(scenario)
+
+
+BURST_GROUPS = 1000
+
+
+@pytest.mark.parametrize("kind", sorted(BACKENDS))
+def test_a_transaction_that_touches_1000_groups_loses_no_batch(kind: str, settings: Any) -> None:
+    """A tick that changes 1,000 jobs: every group's batch arrives, numbered 1, none refused.
+
+    Sent all at once, the sends needed more connections than the layer's pool has
+    (redis MaxConnectionsError) and those batches were lost.
+    """
+    settings.CHANNEL_LAYERS = channel_layers(
+        kind, redis_url=settings.REDIS_URL, socket_timeout_s=30
+    )
+    run_id = uuid.uuid4().hex[:8]
+    groups = [f"burst-{run_id}-{n}" for n in range(BURST_GROUPS)]
+    sender = coalescer()
+    assert sender.wait_idle()
+    failed_before = sender.failed_messages
+
+    def one_transaction() -> None:
+        with transaction.atomic():
+            for n, group in enumerate(groups):
+                broadcast_on_commit((group,), {"type": "job.updated", "job": n})
+
+    async def scenario() -> None:
+        layer = get_channel_layer()
+        # Four listeners, each in a quarter of the groups (a channel holds at most
+        # 1,000 messages in the core layer).
+        listeners = [await layer.new_channel() for _ in range(4)]
+        for n, group in enumerate(groups):
+            await layer.group_add(group, listeners[n % 4])
+        await sync_to_async(one_transaction)()
+        received: dict[str, Any] = {}
+
+        async def drain(channel: str, expected: int) -> None:
+            while expected:
+                message = await asyncio.wait_for(layer.receive(channel), timeout=20)
+                received[message["group"]] = message
+                expected -= 1
+
+        await asyncio.gather(*(drain(c, len(groups[n::4])) for n, c in enumerate(listeners)))
+        assert set(received) == set(groups)
+        for n, group in enumerate(groups):
+            assert received[group]["seq"] == 1
+            assert received[group]["events"] == [{"type": "job.updated", "job": n}]
+        for n, group in enumerate(groups):
+            await layer.group_discard(group, listeners[n % 4])
+
+    run(scenario)
+    assert sender.wait_idle(timeout=20)
+    assert sender.failed_messages == failed_before
+    assert all(current_seq(group) == 1 for group in groups[:: BURST_GROUPS // 10])

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -19,7 +19,7 @@ from django.utils import timezone
 from inventory.models import Server
 from inventory.services import do_heartbeat, do_load_topology
 from jobs.control.tick import run_tick
-from jobs.lifecycle import transition
+from jobs.lifecycle import broadcast, transition
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
 from tenancy.models import Tenant
@@ -84,3 +84,26 @@ def test_no_page_makes_more_queries_when_there_are_more_jobs(
     large = {url: _queries(client, url) for client, url in urls()}
     grew = {url: (small[url], large[url]) for url in small if large[url] > small[url]}
     assert not grew, f"queries grew with the number of jobs: {grew}"
+
+
+def test_a_transactions_live_events_cost_the_same_queries_for_3_or_12_jobs(
+    make_tenant: Callable[..., Tenant], django_capture_on_commit_callbacks: Any
+) -> None:
+    """The page and cluster patches are read from the jobs in memory; the tenant and
+    cluster summaries are built once per transaction, whatever the number of jobs."""
+    do_load_topology(SPEC)
+    acme = make_tenant("acme", quota=16)
+    _add_jobs(acme, 12)
+    jobs = list(Job.objects.filter(tenant=acme).order_by("pk"))
+
+    def broadcasting(some: list[Job]) -> int:
+        with (
+            CaptureQueriesContext(connection) as captured,
+            django_capture_on_commit_callbacks(execute=True),
+            transaction.atomic(),
+        ):
+            for job in some:
+                broadcast(job, "job.updated")
+        return len(captured)
+
+    assert broadcasting(jobs[:3]) == broadcasting(jobs) <= 4

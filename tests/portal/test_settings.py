@@ -201,3 +201,21 @@ def test_make_run_selects_the_dev_settings() -> None:
     dry = subprocess.run(["make", "-n", "run"], cwd=ROOT, capture_output=True, text=True)
     assert dry.returncode == 0, dry.stderr
     assert "DJANGO_SETTINGS_MODULE=portal.settings.dev" in dry.stdout
+
+
+def test_the_live_channel_layer_is_chosen_by_name_and_a_wrong_name_is_refused() -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from portal.settings.live import DEFAULT_LAYER, channel_layers
+
+    url = "redis://127.0.0.1:6379/2"
+    pubsub = channel_layers(DEFAULT_LAYER, redis_url=url, socket_timeout_s=30)["default"]
+    assert pubsub["BACKEND"] == "channels_redis.pubsub.RedisPubSubChannelLayer"
+    assert pubsub["CONFIG"]["hosts"] == [{"address": url, "socket_timeout": 30}]
+    core = channel_layers("core", redis_url=url, socket_timeout_s=30)["default"]
+    assert core["BACKEND"] == "channels_redis.core.RedisChannelLayer"
+    assert (core["CONFIG"]["capacity"], core["CONFIG"]["expiry"]) == (1000, 30)
+    with pytest.raises(
+        ImproperlyConfigured, match="LIVE_CHANNEL_LAYER must be one of core, pubsub"
+    ):
+        channel_layers("rabbit", redis_url=url, socket_timeout_s=30)
