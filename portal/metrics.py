@@ -27,6 +27,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily
 
 from inventory.models import Gpu, ServerState
+from inventory.services import suspect_in_effect
 from jobs.choices import ACTIVE_STATES, EventKind, JobState
 from jobs.control.incremental import MISMATCH_FIELD
 from jobs.control.tick_stats import read_tick_stats
@@ -123,6 +124,11 @@ def build_registry() -> CollectorRegistry:
     gpus.labels("busy").set(busy)
     gpus.labels("down").set(down)
     gpus.labels("idle").set(max(0, total - busy - down))
+    Gauge(
+        "portal_suspect_gpus",
+        "GPUs in a straggler's cool-down: no new placement lands on them.",
+        registry=registry,
+    ).set(suspect_in_effect().count())
 
     by_state = Gauge("portal_jobs", "Jobs by state.", ["state"], registry=registry)
     counts = dict(
