@@ -2,12 +2,12 @@
  * queue/efficiency timeline and JCT statistics; resynced after cluster events. */
 (function () {
   "use strict";
-  const { LiveSocket, fetchJSON, throttle, el, seconds } = window.PortalLive;
+  const { LiveSocket, fetchJSON, throttle, el, seconds, when } = window.PortalLive;
   const { maxOf, axis, countAxis, percentAxis, timeAxis, durationUnit, cdf, note, draw, showEmpty } = window.PortalCharts;
   const root = document.getElementById("live-cluster");
   if (!root) return;
   const PALETTE = ["#2f6fed", "#e4572e", "#17a398", "#9b5de5", "#f3a712", "#d81159", "#3bb273", "#8f2d56", "#0081a7", "#c2711f", "#5c6bc0", "#6a994e"];
-  const IDLE = "#d5dae2", DOWN = "#59606b", LINK = "#b9c1cd", SERVER_LINK = "#9aa3b2";
+  const IDLE = "#d5dae2", DOWN = "#59606b", LINK = "#b9c1cd", SERVER_LINK = "#9aa3b2", SUSPECT = "#c2410c";
   const colourOf = (job) => PALETTE[(Number(job) * 7) % PALETTE.length];
   window.__clusterColour = colourOf;
 
@@ -15,6 +15,27 @@
     const map = {};
     for (const s of snap.servers) map[s.leaf + ":" + s.slot] = s;
     return map;
+  }
+
+  // GPUs in a straggler's cool-down, by index; the words their hover and title give.
+  function suspectOf(snap) {
+    const map = {};
+    for (const m of snap.suspect || []) map[m.gpu] = m;
+    return map;
+  }
+  const suspectNote = (m) => "suspect until " + when(m.until) + ": " + m.reason;
+
+  /** The list of suspect GPUs, each item titled with until and why (textContent only). */
+  function drawSuspects(snap) {
+    const list = document.getElementById("suspect-gpus");
+    if (!list) return;
+    list.replaceChildren();
+    for (const m of snap.suspect || []) {
+      const item = el("li", { "data-gpu": m.gpu, title: suspectNote(m) });
+      item.appendChild(el("span", { class: "swatch key-suspect" }));
+      item.appendChild(el("span", {}, "GPU " + m.gpu + " · " + m.node + ":" + m.local + " · suspect until " + when(m.until) + (m.job ? " · job " + m.job : "")));
+      list.appendChild(item);
+    }
   }
 
   function drawTopology(snap) {
@@ -42,16 +63,19 @@
     }
     traces.push(idle);
     // GPUs: idle, down/draining, or the job's colour
-    const idleGpus = { x: [], y: [], text: [] }, downGpus = { x: [], y: [], text: [] };
+    const idleGpus = { x: [], y: [], text: [] }, downGpus = { x: [], y: [], text: [] }, suspectGpus = { x: [], y: [], text: [] };
+    const suspect = suspectOf(snap);
     for (const [index, leaf, slot, local, job] of snap.gpus) {
       const x = gpuX(leaf, slot * f.gpus_per_server + local);
       const s = servers[leaf + ":" + slot];
-      const label = "GPU " + index + " · " + s.node + ":" + local;
+      const label = "GPU " + index + " · " + s.node + ":" + local + (suspect[index] ? " · " + suspectNote(suspect[index]) : "");
       if (job !== null) {
         const entry = (byJob[job] = byJob[job] || { links: { x: [], y: [] }, gpus: { x: [], y: [], text: [] } });
         entry.gpus.x.push(x); entry.gpus.y.push(0.6); entry.gpus.text.push(label + " · job " + job);
       } else if (s.state !== "up") {
         downGpus.x.push(x); downGpus.y.push(0.6); downGpus.text.push(label + " · " + s.state);
+      } else if (suspect[index]) {
+        suspectGpus.x.push(x); suspectGpus.y.push(0.6); suspectGpus.text.push(label);
       } else {
         idleGpus.x.push(x); idleGpus.y.push(0.6); idleGpus.text.push(label + " · idle");
       }
@@ -78,6 +102,7 @@
     const gpuSize = Math.max(5, Math.min(14, 700 / width));
     traces.push({ x: idleGpus.x, y: idleGpus.y, text: idleGpus.text, mode: "markers", marker: { size: gpuSize, color: IDLE }, hoverinfo: "text", name: "idle GPUs" });
     traces.push({ x: downGpus.x, y: downGpus.y, text: downGpus.text, mode: "markers", marker: { size: gpuSize, color: DOWN, symbol: "x" }, hoverinfo: "text", name: "down GPUs" });
+    traces.push({ x: suspectGpus.x, y: suspectGpus.y, text: suspectGpus.text, mode: "markers", marker: { size: gpuSize, color: SUSPECT, symbol: "diamond" }, hoverinfo: "text", name: "suspect GPUs" });
     const legend = document.getElementById("job-legend");
     legend.replaceChildren();
     for (const job of Object.keys(byJob).sort((a, b) => a - b)) {
@@ -107,6 +132,7 @@
   function drawHeatmap(snap) {
     const f = snap.fabric;
     const servers = serverState(snap);
+    const suspect = suspectOf(snap);
     const z = [], text = [];
     for (let leaf = 0; leaf < f.leaves; leaf++) { z.push(Array(f.gpus_per_leaf).fill(null)); text.push(Array(f.gpus_per_leaf).fill("no server")); }
     for (const [index, leaf, slot, local, job] of snap.gpus) {
@@ -114,7 +140,7 @@
       const port = slot * f.gpus_per_server + local;
       const eff = job === null ? null : (snap.jobs[job] || {}).gpu_efficiency;
       z[leaf][port] = s.state !== "up" && job === null ? DOWN_Z : job === null ? IDLE_Z : eff == null ? 1 : Math.max(0.05, eff);
-      text[leaf][port] = "GPU " + index + " · " + s.node + " · " + (job === null ? (s.state === "up" ? "idle" : s.state) : "job " + job + (eff == null ? " (not profiled yet)" : " · " + (eff * 100).toFixed(0) + "% efficient"));
+      text[leaf][port] = "GPU " + index + " · " + s.node + " · " + (job === null ? (s.state === "up" ? "idle" : s.state) : "job " + job + (eff == null ? " (not profiled yet)" : " · " + (eff * 100).toFixed(0) + "% efficient")) + (suspect[index] ? " · " + suspectNote(suspect[index]) : "");
     }
     const x = [];
     const short = f.gpus_per_leaf > 12;  // many columns: "0/1" rather than "server 0 · GPU 1"
@@ -166,6 +192,7 @@
     const eff = snap.timeline.efficiency[snap.timeline.efficiency.length - 1];
     document.getElementById("tile-eff").textContent = eff === null || eff === undefined ? "—" : (eff * 100).toFixed(0) + "%";
     drawTopology(snap);
+    drawSuspects(snap);
     drawHeatmap(snap);
     drawTimeline(snap);
     window.__clusterSnapshot = snap;

@@ -131,7 +131,11 @@ def test_a_straggler_at_the_minimum_moves_to_a_free_gpu_of_its_leaf(alice: Any, 
     assert job.state == "scaling" and held(job) == [keep, 2]
     assert job.allocation["gpus"] == [keep, 2] and job.allocation["leaves"] == [0]
     event = last_straggler_event(job)
-    assert (event.data["action"], event.data["to_gpu"], event.data["removed"]) == ("moved", 2, False)
+    assert (event.data["action"], event.data["to_gpu"], event.data["removed"]) == (
+        "moved",
+        2,
+        False,
+    )
     assert "moved to GPU 2 (one switch, no stop; GPU 1 freed): the job is at its minimum" in (
         event.reason
     )
@@ -169,7 +173,7 @@ def test_a_straggler_at_the_minimum_on_a_full_leaf_is_kept_and_says_why(
 def test_with_no_cool_down_nothing_is_marked(alice: Any, acme: Any, settings: Any) -> None:
     settings.STRAGGLER_COOLDOWN_SECONDS = 0
     job = running(alice, acme, gpus=2, lo=2)
-    keep, slow = held(job)
+    _, slow = held(job)
     assert handle_report(straggler(job, "1700000000010-0", f"w{slow}")) == "straggler moved"
     job.refresh_from_db()
     assert slow not in held(job) and suspect_until(slow) is None and suspect_gpus() == []
