@@ -69,13 +69,12 @@
       const x = gpuX(leaf, slot * f.gpus_per_server + local);
       const s = servers[leaf + ":" + slot];
       const label = "GPU " + index + " · " + s.node + ":" + local + (suspect[index] ? " · " + suspectNote(suspect[index]) : "");
+      if (suspect[index]) { suspectGpus.x.push(x); suspectGpus.y.push(0.6); suspectGpus.text.push(label + (job !== null ? " · job " + job : "")); }
       if (job !== null) {
         const entry = (byJob[job] = byJob[job] || { links: { x: [], y: [] }, gpus: { x: [], y: [], text: [] } });
         entry.gpus.x.push(x); entry.gpus.y.push(0.6); entry.gpus.text.push(label + " · job " + job);
       } else if (s.state !== "up") {
         downGpus.x.push(x); downGpus.y.push(0.6); downGpus.text.push(label + " · " + s.state);
-      } else if (suspect[index]) {
-        suspectGpus.x.push(x); suspectGpus.y.push(0.6); suspectGpus.text.push(label);
       } else {
         idleGpus.x.push(x); idleGpus.y.push(0.6); idleGpus.text.push(label + " · idle");
       }
@@ -102,7 +101,6 @@
     const gpuSize = Math.max(5, Math.min(14, 700 / width));
     traces.push({ x: idleGpus.x, y: idleGpus.y, text: idleGpus.text, mode: "markers", marker: { size: gpuSize, color: IDLE }, hoverinfo: "text", name: "idle GPUs" });
     traces.push({ x: downGpus.x, y: downGpus.y, text: downGpus.text, mode: "markers", marker: { size: gpuSize, color: DOWN, symbol: "x" }, hoverinfo: "text", name: "down GPUs" });
-    traces.push({ x: suspectGpus.x, y: suspectGpus.y, text: suspectGpus.text, mode: "markers", marker: { size: gpuSize, color: SUSPECT, symbol: "diamond" }, hoverinfo: "text", name: "suspect GPUs" });
     const legend = document.getElementById("job-legend");
     legend.replaceChildren();
     for (const job of Object.keys(byJob).sort((a, b) => a - b)) {
@@ -119,6 +117,8 @@
       legend.appendChild(item);
     }
     if (!Object.keys(byJob).length) legend.appendChild(el("li", { class: "help" }, "No job holds GPUs right now."));
+    // Suspect GPUs on top, framed: a job's colour inside when a job still holds one.
+    traces.push({ x: suspectGpus.x, y: suspectGpus.y, text: suspectGpus.text, mode: "markers", marker: { size: gpuSize + 9, color: SUSPECT, symbol: "diamond-open", line: { width: 2 } }, hoverinfo: "text", name: "suspect GPUs" });
     // A drawing, not a chart: its axes are positions, hidden on purpose.
     draw("topology", traces, { height: 380, margin: { l: 10, r: 10, t: 20, b: 10 }, hovermode: "closest",
       xaxis: { visible: false, range: [-0.5, width + 0.5] }, yaxis: { visible: false, range: [0.3, 3.45] } });
@@ -146,8 +146,13 @@
     const short = f.gpus_per_leaf > 12;  // many columns: "0/1" rather than "server 0 · GPU 1"
     for (let slot = 0; slot < f.servers_per_leaf; slot++) for (let g = 0; g < f.gpus_per_server; g++) x.push(short ? slot + "/" + g : "server " + slot + " · GPU " + g);
     const colorbar = { title: { text: "Useful work", side: "right" }, tickmode: "array", tickvals: [-0.8, -0.3, 0.5, 1], ticktext: ["down", "idle", "50%", "100%"], thickness: 12, len: 1, outlinewidth: 0 };
+    const marked = { x: [], y: [], text: [], type: "scatter", mode: "markers", marker: { symbol: "diamond-open", size: 16, color: SUSPECT, line: { width: 2 } }, hoverinfo: "text", name: "suspect GPUs", showlegend: false };
+    for (const [index, leaf, slot, local] of snap.gpus) {
+      if (!suspect[index]) continue;
+      marked.x.push(x[slot * f.gpus_per_server + local]); marked.y.push("leaf " + leaf); marked.text.push(text[leaf][slot * f.gpus_per_server + local]);
+    }
     draw("heatmap", [{ z: z, x: x, y: [...Array(f.leaves).keys()].map((l) => "leaf " + l), text: text, type: "heatmap", hoverinfo: "text", zmin: -1, zmax: 1, xgap: 2, ygap: 2, showscale: true, colorbar: colorbar,
-      colorscale: HEAT_SCALE }],
+      colorscale: HEAT_SCALE }, marked],
       { height: Math.max(200, 40 * f.leaves + 100), xaxis: axis(short ? "Server / GPU within the leaf" : "Server and GPU within the leaf", { type: "category", tickangle: -40, showgrid: false }), yaxis: axis("Leaf switch", { autorange: "reversed", type: "category", showgrid: false }) });
   }
 
