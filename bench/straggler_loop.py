@@ -330,11 +330,15 @@ def straggler_loop(
     period_s: float = 0.1,
     watch_s: float = 15.0,
     timeout_s: float = 300.0,
+    follow: bool = True,
 ) -> dict[str, Any]:
-    """Slow one worker of a fresh elastic job; what the control plane did and how fast.
+    """Slow one worker of a fresh job; what the control plane did and how fast.
 
-    Returns the measurements and what was checked: the event's action, the
-    GPU freed, its mark, and that neither job got it back while watched.
+    Above ``min_gpus`` the worker is removed; at it (``gpus == min_gpus``) it is
+    moved to another GPU, and ``straggler_move_s`` is the time from the event to
+    the runtime's switch done.  Returns the measurements and what was checked:
+    the event's action, the GPU freed, its mark, and (``follow``) that neither
+    this job nor the next one submitted got it back while watched.
     """
     api, db = stack.api, stack.db
     body = {"name": "slowed", "workload": "resnet18-synthetic", "args": ARGS, "batch_size": BATCH,
@@ -376,6 +380,22 @@ def straggler_loop(
         "event_reason": event["reason"],
         "ratio": event["data"].get("ratio"),
     }
+    if result["event_action"] == "moved":
+        target = event["data"]["to_gpu"]
+
+        def switch_done() -> dict[str, Any] | None:
+            return next(
+                (e for e in api.events(job)
+                 if e["reason"].startswith("switch done") and _at(e) >= detected),
+                None,
+            )  # fmt: skip
+
+        done = _wait("the move's switch", switch_done, timeout_s, 0.2)
+        result["moved_to"] = target
+        result["straggler_move_s"] = round(_at(done) - detected, 3)
+        result["job_gpus_moved"] = db.held(job)
+        say(f"w{slow} moved to GPU {target}: switch done {result['straggler_move_s']:.2f} s "
+            f"after the event; the job holds {result['job_gpus_moved']}")  # fmt: skip
     until = db.suspect_until(slow)
     result["suspect_until"] = until.isoformat() if until else None
     result["suspect"] = bool(until and until.timestamp() > time.time())
@@ -383,6 +403,8 @@ def straggler_loop(
         f"(seen by the API at {result['straggler_seen_s']:.2f} s): {event['reason']}")  # fmt: skip
     say(f"GPU {slow} freed {result['straggler_remove_s']:.2f} s after the event; "
         f"suspect until {result['suspect_until']}")  # fmt: skip
+    if not follow:
+        return result
     # The next job asks for every free GPU: it may wait (the policy's call), but the suspect
     # GPU must not be handed out, to it or back to the first job, while it waits or runs.
     body = {"name": "next", "workload": "mlp-digits", "args": {"epochs": 2000},
