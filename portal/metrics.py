@@ -20,6 +20,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
+from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
@@ -27,7 +28,6 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily
 
 from inventory.models import Gpu, ServerState
-from inventory.services import suspect_in_effect
 from jobs.choices import ACTIVE_STATES, EventKind, JobState
 from jobs.control.incremental import MISMATCH_FIELD
 from jobs.control.tick_stats import read_tick_stats
@@ -118,8 +118,12 @@ def build_registry() -> CollectorRegistry:
     queue.set(Job.objects.filter(state__in=(JobState.PENDING, JobState.QUEUED)).count())
 
     gpus = Gauge("portal_gpus", "GPUs by state.", ["state"], registry=registry)
-    total = Gpu.objects.count()
-    down = Gpu.objects.exclude(server__state=ServerState.UP).count()
+    counts = Gpu.objects.aggregate(
+        total=Count("id"),
+        down=Count("id", filter=~Q(server__state=ServerState.UP)),
+        suspect=Count("id", filter=Q(suspect_until__gt=Now())),  # as suspect_in_effect()
+    )
+    total, down = counts["total"], counts["down"]
     busy = JobGpu.objects.count()
     gpus.labels("busy").set(busy)
     gpus.labels("down").set(down)
@@ -128,7 +132,7 @@ def build_registry() -> CollectorRegistry:
         "portal_suspect_gpus",
         "GPUs in a straggler's cool-down: no new placement lands on them.",
         registry=registry,
-    ).set(suspect_in_effect().count())
+    ).set(counts["suspect"])
 
     by_state = Gauge("portal_jobs", "Jobs by state.", ["state"], registry=registry)
     counts = dict(
