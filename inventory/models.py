@@ -87,6 +87,20 @@ class Gpu(models.Model):
     index = models.PositiveIntegerField(unique=True, help_text="Global id in the fabric.")
     server = models.ForeignKey(Server, on_delete=models.CASCADE, related_name="gpu_set")
     local = models.PositiveIntegerField(help_text="Device index on its server.")
+    # A suspect mark: a worker on this GPU was reported as a straggler. Until
+    # ``suspect_until`` the tick gives the GPU to no new placement or scale-out (a job
+    # already on it keeps it); the mark lapses by itself, no write needed. Kept after it
+    # lapses (history; a new mark overwrites it), cleared by an admin.
+    suspect_until = models.DateTimeField(
+        null=True, blank=True, db_index=True, help_text="Not given to new placements until then."
+    )
+    suspect_since = models.DateTimeField(null=True, blank=True)
+    suspect_reason = models.CharField(max_length=200, blank=True, default="")
+    suspect_by = models.CharField(
+        max_length=150, blank=True, default="", help_text="Who marked it (the system or a user)."
+    )
+    # The job whose worker was slow, by id: inventory sits below jobs and holds no key to it.
+    suspect_job = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "portal_gpu"  # moved from the portal app: same table, no data moved

@@ -1,5 +1,9 @@
 """Inventory services: load the fabric from a spec, add/remove/drain servers, heartbeats.
 
+Also suspect GPUs: a straggler report marks its GPU suspect for a cool-down
+(``do_mark_gpu_suspect``, the control plane's own action), an admin may clear
+the mark earlier (``do_clear_gpu_suspect``, audited).
+
 Every write to ``Fabric``, ``Server`` and ``Gpu`` goes through here. Changes
 that would orphan a running job (take away a GPU it holds, renumber the
 fabric under it) are refused with ``InventoryError``.
@@ -14,6 +18,7 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Max
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from audit import services as audit
@@ -477,3 +482,159 @@ def do_mark_silent_servers_down(
                 (CLUSTER_GROUP,), {"type": "server.state", "node": node, "state": "down"}
             )
     return nodes
+
+
+SUSPECT_AUDIT_FIELDS = (
+    "suspect_until",
+    "suspect_since",
+    "suspect_reason",
+    "suspect_by",
+    "suspect_job",
+)
+SUSPECT_REASON_MAX = 200
+
+
+@dataclass(frozen=True)
+class SuspectGpu:
+    """A GPU marked suspect and still in its cool-down: where it is, why, until when, whose job."""
+
+    index: int
+    node: str
+    local: int
+    since: datetime | None
+    until: datetime
+    reason: str
+    by: str
+    job_id: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form (the cluster view, the API)."""
+        return {
+            "gpu": self.index,
+            "node": self.node,
+            "local": self.local,
+            "since": self.since.isoformat() if self.since else None,
+            "until": self.until.isoformat(),
+            "reason": self.reason,
+            "by": self.by,
+            "job": self.job_id,
+        }
+
+
+def suspect_in_effect() -> Any:
+    """The GPUs whose suspect mark has not lapsed, as a queryset.
+
+    Compared with the database's clock: on PostgreSQL ``now()`` is the
+    transaction's start, so every read of one tick (the kept state and its
+    verify rebuild) sees the same marks, and a mark lapses with no write.
+    """
+    return Gpu.objects.filter(suspect_until__gt=Now())
+
+
+def suspect_gpus() -> list[SuspectGpu]:
+    """Every GPU in its cool-down, by index (one query)."""
+    rows = (
+        suspect_in_effect()
+        .order_by("index")
+        .values_list(
+            "index",
+            "server__node",
+            "local",
+            "suspect_since",
+            "suspect_until",
+            "suspect_reason",
+            "suspect_by",
+            "suspect_job",
+            named=True,
+        )
+    )
+    return [
+        SuspectGpu(
+            index=row.index,
+            node=row.server__node,
+            local=row.local,
+            since=row.suspect_since,
+            until=row.suspect_until,
+            reason=row.suspect_reason,
+            by=row.suspect_by,
+            job_id=row.suspect_job,
+        )
+        for row in rows
+    ]
+
+
+def _suspect_changed(gpu: Gpu) -> None:
+    broadcast_on_commit(
+        (CLUSTER_GROUP,),
+        {"type": "gpu.suspect", "gpu": gpu.index, "until": plain_time(gpu.suspect_until)},
+    )
+
+
+def plain_time(at: datetime | None) -> str | None:
+    """An aware time as ISO text (None stays None)."""
+    return at.isoformat() if at is not None else None
+
+
+@transaction.atomic
+def do_mark_gpu_suspect(
+    *, gpu: int, at: datetime, seconds: float, reason: str, job_id: int | None, by: str
+) -> Gpu | None:
+    """Mark GPU ``gpu`` suspect from ``at`` for ``seconds`` (the control plane's own action).
+
+    New placements and scale-outs avoid it until then; a job already on it keeps
+    it.  A mark still in effect is extended, never shortened.  Nothing happens
+    (None) for an unknown GPU, ``seconds <= 0`` (``STRAGGLER_COOLDOWN_SECONDS=0``),
+    or a cool-down that has already ended (a report that waited in a backlog).
+    Not audited: it is the system's, like marking silent servers down; the job's
+    history says what happened.
+    """
+    if not seconds > 0:
+        return None
+    until = at + timedelta(seconds=seconds)
+    if until <= timezone.now():
+        return None
+    row = Gpu.objects.select_for_update().filter(index=gpu).first()
+    if row is None:
+        return None
+    if row.suspect_until is not None and row.suspect_until > until:
+        until = row.suspect_until
+    row.suspect_until = until
+    row.suspect_since = at
+    row.suspect_reason = reason[:SUSPECT_REASON_MAX]
+    row.suspect_by = by[:150]
+    row.suspect_job = job_id
+    row.save(update_fields=list(SUSPECT_AUDIT_FIELDS))
+    _suspect_changed(row)
+    return row
+
+
+@transaction.atomic
+def do_clear_gpu_suspect(*, gpu: int, user: Any = None) -> Gpu:
+    """An admin returns a suspect GPU to service before its cool-down ends (audited).
+
+    Refused (``InventoryError``, nothing changes) for an unknown GPU or one that
+    is not suspect now.  Audited as ``gpu.clear_suspect`` with the mark before.
+    """
+    if isinstance(gpu, bool) or not isinstance(gpu, int):
+        raise InventoryError("a GPU is named by its integer index")
+    row = Gpu.objects.select_for_update().select_related("server").filter(index=gpu).first()
+    if row is None:
+        raise InventoryError(f"no GPU {gpu}")
+    if not suspect_in_effect().filter(pk=row.pk).exists():
+        raise InventoryError(f"GPU {gpu} is not suspect")
+    before = audit.snapshot(row, SUSPECT_AUDIT_FIELDS)
+    row.suspect_until = None
+    row.suspect_since = None
+    row.suspect_reason = ""
+    row.suspect_by = ""
+    row.suspect_job = None
+    row.save(update_fields=list(SUSPECT_AUDIT_FIELDS))
+    audit.record(
+        "gpu.clear_suspect",
+        obj=row,
+        user=user,
+        before=before,
+        after=audit.snapshot(row, SUSPECT_AUDIT_FIELDS),
+    )
+    _suspect_changed(row)
+    return row

@@ -18,7 +18,7 @@ from typing import Any
 from django.utils import timezone
 
 from inventory.models import Gpu, Server
-from inventory.services import current_spec
+from inventory.services import current_spec, suspect_gpus
 from jobs.choices import JobState
 from jobs.models import Job, JobCable
 from jobs.stats import completed_jcts, summarize
@@ -98,6 +98,8 @@ def cluster_snapshot(window: str = DEFAULT_WINDOW) -> dict[str, Any]:
         "gpus": gpus,
         "cables": cables,
         "jobs": jobs,
+        # GPUs in a straggler's cool-down (no new placement lands there): index, until, why.
+        "suspect": [mark.as_dict() for mark in suspect_gpus()],
         "totals": {
             "gpus": total,
             "allocated": sum(1 for g in gpus if g[4] is not None),

@@ -25,10 +25,12 @@ from inventory.services import (
     InventoryError,
     current_spec,
     do_add_server,
+    do_clear_gpu_suspect,
     do_load_topology,
     do_remove_server,
     do_set_server_state,
     export_topology,
+    suspect_gpus,
 )
 from portal.cluster_data import DEFAULT_WINDOW, WINDOWS, cluster_snapshot
 from tenancy.authentication import token_or_login_required
@@ -83,6 +85,7 @@ def _editor(request: HttpRequest, **forms: Any) -> HttpResponse:
         "busy": set(
             Server.objects.filter(gpu_set__assignment__isnull=False).values_list("node", flat=True)
         ),
+        "suspect": suspect_gpus(),
     }
     status = 400 if any(f is not None and f.errors for f in forms.values()) else 200
     return render(request, "cluster/topology.html", context, status=status)
@@ -165,6 +168,18 @@ def server_action(request: HttpRequest, node: str, action: str) -> HttpResponse:
             messages.success(request, f"Server {node} is now {state}.")
         else:
             raise Http404("unknown action")
+    except InventoryError as exc:
+        messages.error(request, str(exc))
+    return redirect("topology")
+
+
+@admin_only
+@require_POST
+def gpu_clear_suspect(request: HttpRequest, index: int) -> HttpResponse:
+    """Return a suspect GPU to service before its cool-down ends (audited)."""
+    try:
+        do_clear_gpu_suspect(gpu=index, user=request.user)
+        messages.success(request, f"GPU {index} is no longer suspect: new jobs may use it.")
     except InventoryError as exc:
         messages.error(request, str(exc))
     return redirect("topology")

@@ -20,6 +20,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
+from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
@@ -117,12 +118,21 @@ def build_registry() -> CollectorRegistry:
     queue.set(Job.objects.filter(state__in=(JobState.PENDING, JobState.QUEUED)).count())
 
     gpus = Gauge("portal_gpus", "GPUs by state.", ["state"], registry=registry)
-    total = Gpu.objects.count()
-    down = Gpu.objects.exclude(server__state=ServerState.UP).count()
+    counts = Gpu.objects.aggregate(
+        total=Count("id"),
+        down=Count("id", filter=~Q(server__state=ServerState.UP)),
+        suspect=Count("id", filter=Q(suspect_until__gt=Now())),  # as suspect_in_effect()
+    )
+    total, down = counts["total"], counts["down"]
     busy = JobGpu.objects.count()
     gpus.labels("busy").set(busy)
     gpus.labels("down").set(down)
     gpus.labels("idle").set(max(0, total - busy - down))
+    Gauge(
+        "portal_suspect_gpus",
+        "GPUs in a straggler's cool-down: no new placement lands on them.",
+        registry=registry,
+    ).set(counts["suspect"])
 
     by_state = Gauge("portal_jobs", "Jobs by state.", ["state"], registry=registry)
     counts = dict(

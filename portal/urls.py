@@ -33,6 +33,11 @@ urlpatterns = [
     path("cluster/topology/", cluster_views.topology, name="topology"),
     path("cluster/topology/export.json", cluster_views.topology_export, name="topology-export"),
     path(
+        "cluster/topology/gpus/<int:index>/clear-suspect/",
+        cluster_views.gpu_clear_suspect,
+        name="gpu-clear-suspect",
+    ),
+    path(
         "cluster/topology/servers/<str:node>/<str:action>/",
         cluster_views.server_action,
         name="server-action",

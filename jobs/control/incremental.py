@@ -197,6 +197,7 @@ class KeptState:
         self.homes: dict[int, GpuHome] = {}
         self.schedulable: frozenset[int] = frozenset()
         self.draining: frozenset[int] = frozenset()
+        self.suspect: frozenset[int] = frozenset()
         self.blocked: frozenset[int] = frozenset()
         self.holders: dict[int, int] = {}
         self.holdings: dict[int, list[int]] = {}
@@ -229,10 +230,11 @@ class KeptState:
         if servers_changed:
             layout = server_layout(self.spec, servers)
             self.servers = servers
-            self.homes, self.schedulable, self.draining = (
+            self.homes, self.schedulable, self.draining, self.suspect = (
                 layout.homes,
                 layout.schedulable,
                 layout.draining,
+                layout.suspect,
             )
             state = self._state()
         tokens = _tokens()
@@ -321,6 +323,7 @@ class KeptState:
             holders=self.holders,
             holdings=self.holdings,
             draining=self.draining,
+            suspect=self.suspect,
         )
 
     def _apply_jobs(self, changed: set[int]) -> set[int]:
@@ -404,7 +407,7 @@ def compare(kept: Prepared, rebuilt: Prepared) -> list[str]:
     ref_cluster, ref_allocator, ref_view = rebuilt.cluster, rebuilt.allocator, rebuilt.view
     differences = [
         name
-        for name in ("spec", "homes", "schedulable", "holders", "holdings", "draining")
+        for name in ("spec", "homes", "schedulable", "holders", "holdings", "draining", "suspect")
         if getattr(cluster, name) != getattr(ref_cluster, name)
     ]
     allocations = {job: _allocation_key(a) for job, a in allocator.allocations().items()}

@@ -13,6 +13,7 @@ from django.db.models import Max
 from fabric.allocator import Allocation, VClosAllocator
 from fabric.topology import FabricSpec
 from inventory.models import Fabric, Server, ServerState
+from inventory.services import suspect_in_effect
 from jobs.agent_commands import GpuHome, runtime_job_name
 from jobs.choices import ACTIVE_STATES, JobState
 from jobs.control.fair_share import tenant_shares
@@ -36,23 +37,35 @@ class ClusterState:
     holders: dict[int, int]  # gpu index -> job id
     holdings: dict[int, list[int]]  # job id -> its GPUs in rank order
     draining: frozenset[int]
+    # Schedulable but in a straggler's cool-down: no new placement or scale-out lands there
+    # (a job on one keeps it, so it is not "lost" either).
+    suspect: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
 class ServerRow:
-    """What the tick needs of a server: its name, position, state, whether it ever beat."""
+    """What the tick needs of a server: its name, position, state, whether it ever beat.
+
+    ``suspect``: the global ids of its GPUs in a straggler's cool-down now.  Part
+    of the row so that the kept state sees a new mark, a cleared one and one that
+    lapsed the way it sees any server change.
+    """
 
     node: str
     leaf: int
     slot: int
     state: str
     beating: bool
+    suspect: tuple[int, ...] = ()
 
 
 def read_servers() -> list[ServerRow]:
     """Every server, by position (heartbeat times left out: only their presence matters)."""
+    suspect: dict[str, list[int]] = {}
+    for node, index in suspect_in_effect().order_by("index").values_list("server__node", "index"):
+        suspect.setdefault(node, []).append(index)
     return [
-        ServerRow(node, leaf, slot, state, heartbeat is not None)
+        ServerRow(node, leaf, slot, state, heartbeat is not None, tuple(suspect.get(node, ())))
         for node, leaf, slot, state, heartbeat in Server.objects.order_by(
             "leaf", "slot"
         ).values_list("node", "leaf", "slot", "state", "last_heartbeat")
@@ -61,11 +74,12 @@ def read_servers() -> list[ServerRow]:
 
 @dataclass(frozen=True)
 class ServerLayout:
-    """Where every GPU lives and which are schedulable or draining, from the server rows."""
+    """Where every GPU lives and which are schedulable, draining or suspect, from the server rows."""
 
     homes: dict[int, GpuHome]
     schedulable: frozenset[int]
     draining: frozenset[int]
+    suspect: frozenset[int] = frozenset()
 
 
 def server_layout(spec: FabricSpec, servers: Iterable[ServerRow]) -> ServerLayout:
@@ -77,7 +91,9 @@ def server_layout(spec: FabricSpec, servers: Iterable[ServerRow]) -> ServerLayou
     homes: dict[int, GpuHome] = {}
     schedulable: set[int] = set()
     draining: set[int] = set()
+    suspect: set[int] = set()
     for server in servers:
+        suspect.update(server.suspect)
         first = server.leaf * spec.gpus_per_leaf + server.slot * spec.gpus_per_server
         indices = range(first, first + spec.gpus_per_server)
         for local, index in enumerate(indices):
@@ -86,7 +102,7 @@ def server_layout(spec: FabricSpec, servers: Iterable[ServerRow]) -> ServerLayou
             schedulable.update(indices)
         elif server.state == ServerState.DRAINING:
             draining.update(indices)
-    return ServerLayout(homes, frozenset(schedulable), frozenset(draining))
+    return ServerLayout(homes, frozenset(schedulable), frozenset(draining), frozenset(suspect))
 
 
 def read_cluster() -> ClusterState | None:
@@ -110,6 +126,7 @@ def read_cluster() -> ClusterState | None:
         holders=holders,
         holdings=holdings,
         draining=layout.draining,
+        suspect=layout.suspect,
     )
 
 
@@ -141,11 +158,17 @@ def held_allocation(
 
 
 def blocked_gpus(cluster: ClusterState) -> frozenset[int]:
-    """GPUs the allocator must not hand out: every one that is not schedulable now.
+    """GPUs the allocator must not hand out: every one that is not schedulable now, or suspect.
 
     Held GPUs of draining servers are blocked too: a job released there lands elsewhere.
+    A held suspect GPU stays its job's (the allocator keeps what a job holds); it is
+    blocked for the next placement once released.
     """
-    return frozenset(g for g in range(cluster.spec.total_gpus) if g not in cluster.schedulable)
+    return frozenset(
+        g
+        for g in range(cluster.spec.total_gpus)
+        if g not in cluster.schedulable or g in cluster.suspect
+    )
 
 
 def load_allocator(cluster: ClusterState) -> VClosAllocator:
@@ -295,7 +318,7 @@ def gpu_view(cluster: ClusterState, index: int) -> GpuView:
     holder = cluster.holders.get(index)
     if holder is not None:
         state, job_name = GpuState.BUSY, runtime_job_name(holder)
-    elif index in cluster.schedulable:
+    elif index in cluster.schedulable and index not in cluster.suspect:
         state, job_name = GpuState.FREE, None
     else:
         state, job_name = GpuState.DOWN, None

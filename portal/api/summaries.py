@@ -17,6 +17,8 @@ SUMMARIES: dict[str, str] = {
     "v1_code_list": "List your tenant's uploaded programs",
     "v1_code_create": "Upload a program (a .tar.gz or .zip)",
     "v1_code_retrieve": "Show one uploaded program and its files",
+    "v1_gpus_suspect_list": "GPUs in a straggler's cool-down (admins)",
+    "v1_gpus_suspect_destroy": "Clear a GPU's suspect mark (admins)",
     "v1_jobs_list": "List your tenants' jobs",
     "v1_jobs_create": "Submit a job",
     "v1_jobs_retrieve": "Show one job",

@@ -210,6 +210,11 @@ TORCHRUN_GRACE_SECONDS = env_float("TORCHRUN_GRACE_SECONDS", 30.0)
 TORCHRUN_PORT_BASE = env_int("TORCHRUN_PORT_BASE", 29500)
 TORCHRUN_PORT_SPAN = env_int("TORCHRUN_PORT_SPAN", 10000)
 DEFAULT_TENANT_GPU_QUOTA = env_int("DEFAULT_TENANT_GPU_QUOTA", 8)
+# A straggler report marks its GPU suspect this long: new placements and scale-outs avoid
+# it (jobs.control.stragglers); 0 never marks.
+STRAGGLER_COOLDOWN_SECONDS = env_float("STRAGGLER_COOLDOWN_SECONDS", 600.0)
+if not STRAGGLER_COOLDOWN_SECONDS >= 0:
+    raise ImproperlyConfigured("STRAGGLER_COOLDOWN_SECONDS must be 0 or a positive number")
 PROFILE_BATCHES = env_int("PROFILE_BATCHES", 20)  # mini-batches per level of profile(min, max)
 LOG_MAX_BYTES = env_int("LOG_MAX_BYTES", 64 * 1024 * 1024)  # a job's stored output; oldest dropped
 

@@ -2,12 +2,12 @@
  * queue/efficiency timeline and JCT statistics; patched from the cluster's events. */
 (function () {
   "use strict";
-  const { LiveSocket, fetchJSON, throttle, el, seconds } = window.PortalLive;
+  const { LiveSocket, fetchJSON, throttle, el, seconds, when } = window.PortalLive;
   const { maxOf, axis, countAxis, percentAxis, timeAxis, durationUnit, cdf, note, draw, showEmpty } = window.PortalCharts;
   const root = document.getElementById("live-cluster");
   if (!root) return;
   const PALETTE = ["#2f6fed", "#e4572e", "#17a398", "#9b5de5", "#f3a712", "#d81159", "#3bb273", "#8f2d56", "#0081a7", "#c2711f", "#5c6bc0", "#6a994e"];
-  const IDLE = "#d5dae2", DOWN = "#59606b", LINK = "#b9c1cd", SERVER_LINK = "#9aa3b2";
+  const IDLE = "#d5dae2", DOWN = "#59606b", LINK = "#b9c1cd", SERVER_LINK = "#9aa3b2", SUSPECT = "#c2410c";
   const colourOf = (job) => PALETTE[(Number(job) * 7) % PALETTE.length];
   window.__clusterColour = colourOf;
 
@@ -15,6 +15,27 @@
     const map = {};
     for (const s of snap.servers) map[s.leaf + ":" + s.slot] = s;
     return map;
+  }
+
+  // GPUs in a straggler's cool-down, by index; the words their hover and title give.
+  function suspectOf(snap) {
+    const map = {};
+    for (const m of snap.suspect || []) map[m.gpu] = m;
+    return map;
+  }
+  const suspectNote = (m) => "suspect until " + when(m.until) + ": " + m.reason;
+
+  /** The list of suspect GPUs, each item titled with until and why (textContent only). */
+  function drawSuspects(snap) {
+    const list = document.getElementById("suspect-gpus");
+    if (!list) return;
+    list.replaceChildren();
+    for (const m of snap.suspect || []) {
+      const item = el("li", { "data-gpu": m.gpu, title: suspectNote(m) });
+      item.appendChild(el("span", { class: "swatch key-suspect" }));
+      item.appendChild(el("span", {}, "GPU " + m.gpu + " · " + m.node + ":" + m.local + " · suspect until " + when(m.until) + (m.job ? " · job " + m.job : "")));
+      list.appendChild(item);
+    }
   }
 
   function drawTopology(snap) {
@@ -42,11 +63,13 @@
     }
     traces.push(idle);
     // GPUs: idle, down/draining, or the job's colour
-    const idleGpus = { x: [], y: [], text: [] }, downGpus = { x: [], y: [], text: [] };
+    const idleGpus = { x: [], y: [], text: [] }, downGpus = { x: [], y: [], text: [] }, suspectGpus = { x: [], y: [], text: [] };
+    const suspect = suspectOf(snap);
     for (const [index, leaf, slot, local, job] of snap.gpus) {
       const x = gpuX(leaf, slot * f.gpus_per_server + local);
       const s = servers[leaf + ":" + slot];
-      const label = "GPU " + index + " · " + s.node + ":" + local;
+      const label = "GPU " + index + " · " + s.node + ":" + local + (suspect[index] ? " · " + suspectNote(suspect[index]) : "");
+      if (suspect[index]) { suspectGpus.x.push(x); suspectGpus.y.push(0.6); suspectGpus.text.push(label + (job !== null ? " · job " + job : "")); }
       if (job !== null) {
         const entry = (byJob[job] = byJob[job] || { links: { x: [], y: [] }, gpus: { x: [], y: [], text: [] } });
         entry.gpus.x.push(x); entry.gpus.y.push(0.6); entry.gpus.text.push(label + " · job " + job);
@@ -94,6 +117,8 @@
       legend.appendChild(item);
     }
     if (!Object.keys(byJob).length) legend.appendChild(el("li", { class: "help" }, "No job holds GPUs right now."));
+    // Suspect GPUs on top, framed: a job's colour inside when a job still holds one.
+    traces.push({ x: suspectGpus.x, y: suspectGpus.y, text: suspectGpus.text, mode: "markers", marker: { size: gpuSize + 9, color: SUSPECT, symbol: "diamond-open", line: { width: 2 } }, hoverinfo: "text", name: "suspect GPUs" });
     // A drawing, not a chart: its axes are positions, hidden on purpose.
     draw("topology", traces, { height: 380, margin: { l: 10, r: 10, t: 20, b: 10 }, hovermode: "closest",
       xaxis: { visible: false, range: [-0.5, width + 0.5] }, yaxis: { visible: false, range: [0.3, 3.45] } });
@@ -107,6 +132,7 @@
   function drawHeatmap(snap) {
     const f = snap.fabric;
     const servers = serverState(snap);
+    const suspect = suspectOf(snap);
     const z = [], text = [];
     for (let leaf = 0; leaf < f.leaves; leaf++) { z.push(Array(f.gpus_per_leaf).fill(null)); text.push(Array(f.gpus_per_leaf).fill("no server")); }
     for (const [index, leaf, slot, local, job] of snap.gpus) {
@@ -114,14 +140,19 @@
       const port = slot * f.gpus_per_server + local;
       const eff = job === null ? null : (snap.jobs[job] || {}).gpu_efficiency;
       z[leaf][port] = s.state !== "up" && job === null ? DOWN_Z : job === null ? IDLE_Z : eff == null ? 1 : Math.max(0.05, eff);
-      text[leaf][port] = "GPU " + index + " · " + s.node + " · " + (job === null ? (s.state === "up" ? "idle" : s.state) : "job " + job + (eff == null ? " (not profiled yet)" : " · " + (eff * 100).toFixed(0) + "% efficient"));
+      text[leaf][port] = "GPU " + index + " · " + s.node + " · " + (job === null ? (s.state === "up" ? "idle" : s.state) : "job " + job + (eff == null ? " (not profiled yet)" : " · " + (eff * 100).toFixed(0) + "% efficient")) + (suspect[index] ? " · " + suspectNote(suspect[index]) : "");
     }
     const x = [];
     const short = f.gpus_per_leaf > 12;  // many columns: "0/1" rather than "server 0 · GPU 1"
     for (let slot = 0; slot < f.servers_per_leaf; slot++) for (let g = 0; g < f.gpus_per_server; g++) x.push(short ? slot + "/" + g : "server " + slot + " · GPU " + g);
     const colorbar = { title: { text: "Useful work", side: "right" }, tickmode: "array", tickvals: [-0.8, -0.3, 0.5, 1], ticktext: ["down", "idle", "50%", "100%"], thickness: 12, len: 1, outlinewidth: 0 };
+    const marked = { x: [], y: [], text: [], type: "scatter", mode: "markers", marker: { symbol: "diamond-open", size: 16, color: SUSPECT, line: { width: 2 } }, hoverinfo: "text", name: "suspect GPUs", showlegend: false };
+    for (const [index, leaf, slot, local] of snap.gpus) {
+      if (!suspect[index]) continue;
+      marked.x.push(x[slot * f.gpus_per_server + local]); marked.y.push("leaf " + leaf); marked.text.push(text[leaf][slot * f.gpus_per_server + local]);
+    }
     draw("heatmap", [{ z: z, x: x, y: [...Array(f.leaves).keys()].map((l) => "leaf " + l), text: text, type: "heatmap", hoverinfo: "text", zmin: -1, zmax: 1, xgap: 2, ygap: 2, showscale: true, colorbar: colorbar,
-      colorscale: HEAT_SCALE }],
+      colorscale: HEAT_SCALE }, marked],
       { height: Math.max(200, 40 * f.leaves + 100), xaxis: axis(short ? "Server / GPU within the leaf" : "Server and GPU within the leaf", { type: "category", tickangle: -40, showgrid: false }), yaxis: axis("Leaf switch", { autorange: "reversed", type: "category", showgrid: false }) });
   }
 
@@ -166,6 +197,7 @@
     const eff = snap.timeline.efficiency[snap.timeline.efficiency.length - 1];
     document.getElementById("tile-eff").textContent = eff === null || eff === undefined ? "—" : (eff * 100).toFixed(0) + "%";
     drawTopology(snap);
+    drawSuspects(snap);
     drawHeatmap(snap);
     drawTimeline(snap);
     window.__clusterSnapshot = snap;

@@ -32,6 +32,9 @@ SYSTEM_WRITES = {
     "inventory.services.do_heartbeat",
     # The tick marks silent servers down: the control plane's own action.
     "inventory.services.do_mark_silent_servers_down",
+    # A straggler report marks its GPU suspect for a cool-down: the control plane acting on the
+    # runtime's report (the job's history says so); an admin's clearing of the mark is audited.
+    "inventory.services.do_mark_gpu_suspect",
     # Authentication notes a token's last use (at most once a minute): bookkeeping, no change
     # a person makes.
     "tenancy.token_services.do_use_token",
