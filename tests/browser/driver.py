@@ -11,6 +11,7 @@ JSON line on stdout::
     {"op": "transition", "job": 3, "state": "running", "parallelism": 2}
     {"op": "parallelism", "job": 3, "parallelism": 4}
     {"op": "call", "path": "module:function", "kwargs": {...}}   any service, by name
+    {"op": "cancel_active"}                                       every unfinished job, cancelled
 
 Run as ``python -m tests.browser.driver`` with the server's environment.
 """
@@ -92,6 +93,20 @@ def report(kind: str, job: int, **fields: Any) -> str:
     return handle_report(message.to_dict())
 
 
+def cancel_active() -> list[int]:
+    """Cancel every unfinished job, each by its submitter: a test that needs the whole
+    fabric (or reloads it) starts from an idle cluster whatever earlier tests left."""
+    from jobs.choices import TERMINAL_STATES
+    from jobs.models import Job
+    from jobs.services import do_cancel_job
+
+    cancelled = []
+    for job in Job.objects.exclude(state__in=TERMINAL_STATES).select_related("submitter"):
+        do_cancel_job(user=job.submitter, job_id=job.pk, reason="cleared by a browser test")
+        cancelled.append(job.pk)
+    return cancelled
+
+
 def handle(request: dict[str, Any]) -> Any:
     """Apply one request and return a JSON-able result."""
     from jobs.services import do_set_parallelism
@@ -134,6 +149,8 @@ def handle(request: dict[str, Any]) -> Any:
 
         user = get_user_model().objects.get(username=request["user"])
         return {"state": do_cancel_job(user=user, job_id=request["job"]).state}
+    if op == "cancel_active":
+        return {"cancelled": cancel_active()}
     if op == "heartbeats":
         from inventory.models import Server
         from inventory.services import do_heartbeat

@@ -97,6 +97,7 @@ def test_cluster_view_patches_placements_and_reloads_only_on_a_gap(
     browser: Any, server: Server, driver: Driver
 ) -> None:
     fabric = {"leaves": 2, "spines": 2, "servers_per_leaf": 2, "gpus_per_server": 2}
+    driver("cancel_active")  # the portal is shared: earlier tests' jobs would hold GPUs
     driver("call", path="inventory.services:do_load_topology", kwargs={"data": fabric})
     driver("heartbeats")
     root = login(browser, server, "root")
