@@ -6,7 +6,13 @@ checkpoint every 10 mini-batches, gloo on the CPU, one process per slot):
 * ours: 4 workers train; a 5th starts (scale-out 4->5), later leaves (scale-in
   5->4); then a slowed-down newcomer joins, is detected as a straggler and
   removed; then a worker is killed (SIGKILL; recovery 4->3, sync timeout 60 s);
-  then ``profile(2, 3)``.
+  then ``profile(2, 3)``. The straggler's figures here are the runtime's own
+  (``--drop-stragglers``): ``runtime_straggler_detect_s``, ``runtime_straggler_remove_s``.
+* the straggler through the control plane, last (``--skip-control-plane`` leaves
+  it out): ``bench/straggler_loop.py`` on the real stack (agents, Celery, the
+  tick) — a worker slowed from outside, the runtime's report, the control
+  plane's scale-in and the GPU freed: ``straggler_detect_s``,
+  ``straggler_remove_s``.
 * the physical limit of the scale-out pause, first: a plain gloo broadcast of
   the bytes the switch sends (ResNet-18 state + momentum) among 5 processes
   (``broadcast_limit_s``); the pause is reported as a ratio to it.
@@ -199,10 +205,11 @@ def run_ours(
         out["newcomer_cold_phases_s"] = cold
         out["newcomer_cold_ready_s"] = cold.get("state_loaded")
         say(f"  cold newcomer's phases after its start (+{slow_ms} ms a batch): {cold}")
-        out["straggler_detect_s"] = t_detected - t_joined
-        out["straggler_remove_s"] = t_removed - t_detected
-        say(f"ours straggler (+{slow_ms} ms/batch): detected {out['straggler_detect_s']:.1f}s "
-              f"after joining, removed {out['straggler_remove_s']:.1f}s later")  # fmt: skip
+        out["runtime_straggler_detect_s"] = t_detected - t_joined
+        out["runtime_straggler_remove_s"] = t_removed - t_detected
+        say(f"ours straggler (+{slow_ms} ms/batch): detected "
+              f"{out['runtime_straggler_detect_s']:.1f}s after joining, removed "
+              f"{out['runtime_straggler_remove_s']:.1f}s later")  # fmt: skip
 
         # SIGKILL of a worker (not the leader): time to the first mini-batch after recovery
         job.wait_step(removed["step"] + 5, timeout=120)
@@ -549,6 +556,26 @@ def run_torchrun(workdir: Path) -> dict[str, Any]:
     return out
 
 
+def control_plane_figures(redis_db: int) -> dict[str, Any]:
+    """The straggler removed by the control plane, on the real stack (``bench/straggler_loop.py``).
+
+    The runtime's own ``--drop-stragglers`` figures above are ``runtime_straggler_*``;
+    these are the issue's ``straggler_detect_s`` (slowdown start → the control plane
+    hears of it) and ``straggler_remove_s`` (→ the worker's GPU freed in the database).
+    """
+    from bench.straggler_loop import control_plane_straggler
+
+    loop = control_plane_straggler(redis_db=redis_db)
+    say(f"control plane: straggler detected {loop['straggler_detect_s']:.2f}s after the "
+        f"slowdown, its GPU freed {loop['straggler_remove_s']:.2f}s later "
+        f"(load {loop['load_avg']})")  # fmt: skip
+    return {
+        "straggler_detect_s": loop["straggler_detect_s"],
+        "straggler_remove_s": loop["straggler_remove_s"],
+        "control_plane_straggler": loop,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--torchrun-worker", metavar="DIR", help=argparse.SUPPRESS)
@@ -562,6 +589,14 @@ def main() -> int:
     )
     parser.add_argument(
         "--device", default="cpu", choices=("cpu", "cuda"), help="where the models train"
+    )
+    parser.add_argument(
+        "--skip-control-plane",
+        action="store_true",
+        help="skip the straggler loop through the real stack (bench/straggler_loop.py)",
+    )
+    parser.add_argument(
+        "--stack-redis-db", type=int, default=9, help="Redis db of that stack (emptied first)"
     )
     args = parser.parse_args()
     if args.torchrun_worker:
@@ -592,6 +627,8 @@ def main() -> int:
               f"(target <= 1.5x)")  # fmt: skip
         if not args.skip_torchrun:
             result.update(run_torchrun(workdir / "torchrun"))
+    if not args.skip_control_plane and args.device == "cpu":
+        result.update(control_plane_figures(args.stack_redis_db))
     if "stop_resume_pause_s" in result:
         ratio = result["scale_out_pause_s"] / result["stop_resume_pause_s"]
         result["scale_out_pause_ratio"] = ratio
