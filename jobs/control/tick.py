@@ -55,7 +55,7 @@ from jobs.control.state import ClusterState
 from jobs.control.tick_stats import record_tick
 from jobs.coordination import forget_coordination
 from jobs.forecast import maybe_refresh
-from jobs.lifecycle import TICK_TASK, broadcast, record, save_fields, transition
+from jobs.lifecycle import TICK_TASK, Batch, broadcast, record, save_fields, transition
 from jobs.models import Job
 from jobs.outbox import Outbox
 from scheduler.binding import Refused, bind
@@ -269,7 +269,8 @@ def _request_profiles(
         parallelism=F("max_gpus"),
     )
     requested: list[int] = []
-    for job in jobs:
+    batch = Batch()
+    for job in jobs.order_by("pk"):
         # Jobs this tick changed are no longer running at their maximum (filtered out
         # above), so the holdings read at the start of the tick are still theirs.
         held = cluster.holdings.get(job.pk)
@@ -277,8 +278,8 @@ def _request_profiles(
             continue
         first = held[0]
         job.profile_state = "requested"
-        save_fields(job, "profile_state")
-        record(
+        batch.save_fields(job, "profile_state")
+        batch.record(
             job,
             EventKind.PROFILED,
             now,
@@ -300,6 +301,7 @@ def _request_profiles(
             ]
         )
         requested.append(job.pk)
+    batch.flush()
     return requested
 
 
