@@ -13,13 +13,15 @@ job's state or history.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 import redis
 from celery import current_app
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import Field
 from django.db.models.signals import post_save
 from django.utils import timezone
 
@@ -167,6 +169,50 @@ def save_fields(job: Job, *fields: str) -> None:
     job.save(update_fields=list(fields))
 
 
+def update_jobs(jobs: Sequence[Job], names: Sequence[str]) -> None:
+    """Write the fields ``names`` of every job in ``jobs`` from the objects, in one statement.
+
+    On PostgreSQL one ``UPDATE ... FROM unnest(<one array per column>)``, as
+    Django's own ``bulk_create`` sends its rows there: ``bulk_update`` builds a
+    ``CASE`` of one ``WHEN`` per job and field, which costs milliseconds in
+    Python for a handful of jobs.  Elsewhere (SQLite) ``bulk_update``.  Values
+    are prepared by each field (``get_db_prep_save``), as a save would.
+    """
+    if not jobs or not names:
+        return
+    if connection.vendor != "postgresql":
+        Job.objects.bulk_update(jobs, list(names), batch_size=500)
+        return
+    meta = Job._meta
+    fields: list[Field[Any, Any]] = []
+    for name in names:
+        field = meta.get_field(name)
+        if not isinstance(field, Field) or not field.concrete:
+            raise ValueError(f"{name!r} is not a column of the job")
+        fields.append(field)
+    quote = connection.ops.quote_name
+    table, key = quote(meta.db_table), quote(meta.pk.column)
+    columns = [quote(field.column) for field in fields]
+    arrays = [[job.pk for job in jobs]]
+    types = [meta.pk.db_type(connection) or "bigint"]
+    for field in fields:
+        arrays.append(
+            [field.get_db_prep_save(getattr(job, field.attname), connection) for job in jobs]
+        )
+        kind = field.db_type(connection)
+        if kind is None:
+            raise ValueError(f"{field.name!r} has no column type")
+        types.append(kind)
+    sets = ", ".join(f"{column} = v.{column}" for column in columns)
+    unnest = ", ".join(f"%s::{kind}[]" for kind in types)
+    sql = (
+        f"UPDATE {table} SET {sets} FROM unnest({unnest}) AS v({key}, {', '.join(columns)}) "
+        f"WHERE {table}.{key} = v.{key}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, arrays)
+
+
 # Written by every transition (``_enter``); ``updated_at`` because a bulk update skips auto_now.
 _TRANSITION_FIELDS = ("state", "parallelism", "started_at", "finished_at", "updated_at")
 
@@ -230,7 +276,7 @@ class Batch:
             now = timezone.now()
             for job in jobs:
                 job.updated_at = now
-            Job.objects.bulk_update(jobs, fields, batch_size=500)
+            update_jobs(jobs, fields)
         if events:
             JobEvent.objects.bulk_create(events, batch_size=1000)
             for event in events:  # what event.save() would have sent

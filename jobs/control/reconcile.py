@@ -196,19 +196,26 @@ def _possible_orphans(cluster: ClusterState, limits: Limits) -> list[int]:
     nothing, progress reports keep ``last_service_at`` fresh) gets the exact
     test, events and heartbeat listings included.
     """
-    newest: datetime | None = None
-    for heartbeat, sent in Server.objects.values_list("last_heartbeat", KT("agent_info__beat_at")):
-        beat = beat_at({BEAT_AT: sent}) or heartbeat
+    # An upper bound of every server's beat (its ``beat_at``, else its last heartbeat):
+    # the newest of all of both, the heartbeats' aggregated by the database.
+    newest: datetime | None = Server.objects.aggregate(newest=Max("last_heartbeat"))["newest"]
+    for sent in Server.objects.values_list(KT("agent_info__beat_at"), flat=True):
+        beat = beat_at({BEAT_AT: sent})
         if beat is not None and (newest is None or beat > newest):
             newest = beat
     if newest is None:
         return []  # no server ever beat: none can be judged
     cutoff = newest - timedelta(seconds=min(limits.vanished_s, limits.never_started_s))
-    quiet = Job.objects.filter(
-        Q(started_at__isnull=True) | Q(started_at__lte=cutoff),
-        Q(last_service_at__isnull=True) | Q(last_service_at__lte=cutoff),
-        state=JobState.RUNNING,
-    ).values_list("pk", flat=True)
+    if cluster.marks is not None:  # the kept state has every job's start and last report
+        quiet: Iterable[int] = [
+            pk for pk, mark in cluster.marks.items() if mark is None or mark <= cutoff
+        ]
+    else:
+        quiet = Job.objects.filter(
+            Q(started_at__isnull=True) | Q(started_at__lte=cutoff),
+            Q(last_service_at__isnull=True) | Q(last_service_at__lte=cutoff),
+            state=JobState.RUNNING,
+        ).values_list("pk", flat=True)
     return [pk for pk in quiet if pk in cluster.holdings]
 
 
