@@ -64,6 +64,7 @@ from scheduler.binding import Refused, bind
 from scheduler.placement import CountPlacement
 from scheduler.quota import enforce_quotas
 from scheduler.types import Decision, Migrate
+from utilities.redis_clients import shared_redis
 from workers.protocol import Profile
 
 __all__ = ["TICK_TASK", "TickResult", "run_tick"]
@@ -87,7 +88,7 @@ class TickResult:
 
 
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL)
+    return shared_redis()
 
 
 def _database_lock() -> bool:
