@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -365,6 +367,29 @@ def build_snapshot(
     return assemble_snapshot(cluster, gpus, rows, tenants, about_to_end, since, now, epoch=epoch)
 
 
+def set_aside(gpus: tuple[GpuView, ...], held: Sequence[int]) -> tuple[GpuView, ...]:
+    """``gpus`` (by id) with the ``held`` ones shown as down: none of them the policy's to give.
+
+    For the GPUs of jobs the snapshot leaves out (switching, profiling): the
+    policy counts every GPU that is not down as its own, so without this it
+    would plan to start and grow jobs on GPUs those jobs hold, and placement
+    would refuse the plan, tick after tick, while the jobs it could have made
+    room for wait.
+    """
+    if not held:
+        return gpus
+    aside = list(gpus)
+    for gpu in held:
+        position = bisect.bisect_left(aside, gpu, key=_gpu_id)
+        if position < len(aside) and aside[position].id == gpu:
+            aside[position] = dataclasses.replace(aside[position], state=GpuState.DOWN)
+    return tuple(aside)
+
+
+def _gpu_id(view: GpuView) -> int:
+    return view.id
+
+
 def assemble_snapshot(
     cluster: ClusterState,
     gpus: tuple[GpuView, ...],
@@ -390,7 +415,8 @@ def assemble_snapshot(
     it was made for), ``views`` each job's view.  A view depends only on its
     job's row, holdings, last state change and curve, on its tenant's name,
     and on ``epoch``, which its owner therefore keeps fixed: an unchanged job
-    costs a look-up, not a new view.
+    costs a look-up, not a new view.  The GPUs of the jobs left out (switching,
+    profiling) are set aside (:func:`set_aside`).
     """
     # Quota counts each job's requested share only: GPUs above it are idle extras that
     # the policy reclaims first, so they never keep a tenant's next job waiting.
@@ -406,9 +432,11 @@ def assemble_snapshot(
     profile_candidates: list[int] = []
     weights: dict[str, float] = {}
     base = now.timestamp() if epoch is None else epoch
+    left_out: list[int] = []
     for row in rows:
         job_id, state, lo, hi = row.id, row.state, row.min_gpus, row.max_gpus
         if state == JobState.SCALING or row.profile_state == "requested":
+            left_out.append(job_id)
             continue  # switching or profiling: its size belongs to the runtime for now
         tenant = tenants[row.tenant_id]
         view = views.get(job_id) if views is not None else None
@@ -457,6 +485,8 @@ def assemble_snapshot(
                 views[job_id] = view
         jobs.append(view)
         ids[view.id] = job_id
+    if left_out:
+        gpus = set_aside(gpus, [g for job in left_out for g in holdings.get(job, ())])
     snapshot = Snapshot(
         now=now.timestamp() - base,
         cluster=Cluster(gpus=gpus, fabric_spec=cluster.spec),
