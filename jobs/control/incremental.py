@@ -265,7 +265,8 @@ class KeptState:
             )
             state = self._state()
         tokens = _tokens()
-        changed = {job for job, token in tokens.items() if self.tokens.get(job) != token}
+        # Set differences of (id, token) pairs, in C: new or changed rows, then vanished ones.
+        changed = {job for job, _ in tokens.items() - self.tokens.items()}
         changed |= self.tokens.keys() - tokens.keys()
         changed |= self.dirty
         self.dirty = set()

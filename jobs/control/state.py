@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
-import dataclasses
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -367,8 +365,8 @@ def build_snapshot(
     return assemble_snapshot(cluster, gpus, rows, tenants, about_to_end, since, now, epoch=epoch)
 
 
-def set_aside(gpus: tuple[GpuView, ...], held: Sequence[int]) -> tuple[GpuView, ...]:
-    """``gpus`` (by id) with the ``held`` ones shown as down: none of them the policy's to give.
+def set_aside(gpus: tuple[GpuView, ...], held: Collection[int]) -> tuple[GpuView, ...]:
+    """``gpus`` with the ``held`` ones shown as down: none of them the policy's to give.
 
     For the GPUs of jobs the snapshot leaves out (switching, profiling): the
     policy counts every GPU that is not down as its own, so without this it
@@ -378,16 +376,10 @@ def set_aside(gpus: tuple[GpuView, ...], held: Sequence[int]) -> tuple[GpuView, 
     """
     if not held:
         return gpus
-    aside = list(gpus)
-    for gpu in held:
-        position = bisect.bisect_left(aside, gpu, key=_gpu_id)
-        if position < len(aside) and aside[position].id == gpu:
-            aside[position] = dataclasses.replace(aside[position], state=GpuState.DOWN)
-    return tuple(aside)
-
-
-def _gpu_id(view: GpuView) -> int:
-    return view.id
+    aside = frozenset(held)
+    return tuple(
+        GpuView(g.id, g.server, g.leaf, GpuState.DOWN, g.job) if g.id in aside else g for g in gpus
+    )
 
 
 def assemble_snapshot(
