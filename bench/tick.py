@@ -359,6 +359,7 @@ def run_one(options: argparse.Namespace) -> dict[str, Any]:
         "settling_ticks": settling,
         "setup_s": round(setup_s, 1),
         "load": [round(x, 2) for x in load],
+        "incremental_ms": sorted(round(d * 1000, 1) for d in durations[True]),
         **extra,
     }
     print(
