@@ -12,9 +12,11 @@ tick; at 1,000 jobs that is most of a tick.  The kept state reads only what chan
       holdings  job id -> GPUs                      → changed = token differs, new, gone, or
       allocator VClosAllocator (bound state)          marked by the tick (its own writes)
       gpu views, curves, since, ends-soon        3. rows, JobGpu rows and last state change
-                                                    of the changed jobs only
-                                                 4. allocator: release + reserve those jobs;
+      job views (fixed epoch), speed tables         of the changed jobs only
+      marks (start/last report), deadlines       4. allocator: release + reserve those jobs;
                                                     availability only for changed servers
+                                                 5. their views, curves, marks dropped: made
+                                                    again when the snapshot needs them
 
 A row's ``xmin:ctid`` (PostgreSQL's system columns: the transaction that wrote
 this version and where it lies) changes with every update of the row, whoever
