@@ -15,8 +15,8 @@ tick; at 1,000 jobs that is most of a tick.  The kept state reads only what chan
       job views (fixed epoch), speed tables         of the changed jobs only
       marks (start/last report), deadlines       4. allocator: release + reserve those jobs;
                                                     availability only for changed servers
-                                                 5. their views, curves, marks dropped: made
-                                                    again when the snapshot needs them
+                                                 5. their views and curves dropped: the
+                                                    next snapshot makes them again
 
 A row's ``xmin:ctid`` (PostgreSQL's system columns: the transaction that wrote
 this version and where it lies) changes with every update of the row, whoever
