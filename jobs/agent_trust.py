@@ -17,7 +17,7 @@ Redis carries the agent protocol but is no trust root (``docs/security.md``):
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from django.conf import settings
 from django.core.cache import cache
@@ -59,8 +59,15 @@ def _marker(node: str, job: str) -> str:
 
 def mark_hosted(node: str, jobs: Iterable[str]) -> None:
     """Remember that ``node`` hosts (or was just sent commands for) these runtime jobs."""
+    mark_hosted_by({node: jobs})
+
+
+def mark_hosted_by(hosts: Mapping[str, Iterable[str]]) -> None:
+    """:func:`mark_hosted` for many nodes at once (one cache round trip: a tick's commands)."""
     grace = float(settings.AGENT_HOSTED_GRACE_SECONDS)
-    cache.set_many({_marker(node, job): 1 for job in jobs}, timeout=grace)
+    markers = {_marker(node, job): 1 for node, jobs in hosts.items() for job in jobs}
+    if markers:
+        cache.set_many(markers, timeout=grace)
 
 
 def forget_hosted(node: str, jobs: Iterable[str]) -> None:

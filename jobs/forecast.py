@@ -41,6 +41,7 @@ from scheduler.forecast import Forecast, forecast
 from scheduler.types import JobState as ViewState
 from scheduler.types import JobView
 from utilities.realtime import broadcast_on_commit, job_group, tenant_group
+from utilities.redis_clients import shared_redis
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +250,7 @@ def _announce(changed: list[Job]) -> None:
 
 
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL)
+    return shared_redis()
 
 
 def refresh_forecast(now: datetime | None = None) -> list[int] | None:

@@ -87,8 +87,7 @@ def remember_hosts(commands: Sequence[tuple[str, Command]]) -> None:
                 leavers[gpu] = command.job
     for gpu, home in gpu_homes(leavers).items():
         hosts.setdefault(home.node, set()).add(leavers[gpu])
-    for node, jobs in hosts.items():
-        agent_trust.mark_hosted(node, jobs)
+    agent_trust.mark_hosted_by(hosts)
 
 
 def launch_of(job: Job) -> JobLaunch:

@@ -141,3 +141,51 @@ def relative_speeds(curve: Curve, reference_gpus: int, top: int) -> list[float]:
         last = points.get(n, last)
         speeds[n] = last / ref if ref > 0 else 0.0
     return speeds
+
+
+def view_speeds(curve: Mapping[int, float], requested: int, max_gpus: int) -> list[float]:
+    """A job's speed table for the policy: :func:`relative_speeds` up to its largest size.
+
+    The largest size is the curve's, the job's maximum or its request,
+    whichever is largest.
+    """
+    top = max(max(curve), max_gpus or 0, requested)
+    return relative_speeds(curve, requested, top)
+
+
+class SpeedTables:
+    """:func:`view_speeds` remembered across policy passes, for curves seen again.
+
+    The tick hands the policy the same curve objects pass after pass (kept per
+    job while the job does not change, or the linear prior shared by every job
+    with no measurement), so a job's table is made when its curve or size
+    changes, not on every pass.  A table is found by the curve's identity:
+    an entry holds its curve, so no other object can take that identity while
+    the entry stands, and a curve must not be changed in place once used here
+    (none is: the tick makes a new one for a changed job).  Tables are shared,
+    read-only lists.  :meth:`sweep` drops the entries no pass asked for since
+    the previous sweep, so the memo holds the live jobs' curves only.
+    """
+
+    def __init__(self) -> None:
+        self._tables: dict[tuple[int, int, int], tuple[Mapping[int, float], list[float]]] = {}
+        self._used: set[tuple[int, int, int]] = set()
+
+    def table(self, curve: Mapping[int, float], requested: int, max_gpus: int) -> list[float]:
+        """:func:`view_speeds` of ``curve``, made once per curve object and sizes."""
+        key = (id(curve), requested, max_gpus)
+        entry = self._tables.get(key)
+        if entry is None or entry[0] is not curve:
+            entry = (curve, view_speeds(curve, requested, max_gpus))
+            self._tables[key] = entry
+        self._used.add(key)
+        return entry[1]
+
+    def sweep(self) -> None:
+        """Forget the tables of curves no pass used since the last sweep."""
+        used = self._used
+        self._tables = {key: entry for key, entry in self._tables.items() if key in used}
+        self._used = set()
+
+    def __len__(self) -> int:
+        return len(self._tables)

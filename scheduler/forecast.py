@@ -36,7 +36,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from scheduler.curves import relative_speeds
+from scheduler.curves import view_speeds
 from scheduler.placement import CountPlacement
 from scheduler.policies.base import Policy
 from scheduler.quota import QuotaBook, enforce_quotas
@@ -132,8 +132,7 @@ class _World:
 def _speeds(view: JobView) -> list[float] | None:
     if not view.throughput:
         return None
-    top = max(max(view.throughput), view.max_gpus or 0, view.requested_gpus)
-    return relative_speeds(view.throughput, view.requested_gpus, top)
+    return view_speeds(view.throughput, view.requested_gpus, view.max_gpus)
 
 
 def _start_world(snapshot: Snapshot) -> _World:

@@ -18,21 +18,41 @@ from fabric.topology import FabricSpec
 from jobs import holdings
 from jobs.agent_commands import GpuHome, membership_commands
 from jobs.choices import EventKind, JobState
-from jobs.lifecycle import broadcast, record, save_fields, transition
+from jobs.lifecycle import Batch, broadcast
 from jobs.models import Job
 from jobs.outbox import Outbox, launch_of
 from scheduler.binding import Bound
 
 
 def note_waiting(job_ids: Mapping[int, str], now: datetime) -> None:
-    """Record why queued jobs wait (an event only when the reason changes)."""
-    for job in Job.objects.filter(pk__in=job_ids, state=JobState.QUEUED):
-        reason = job_ids[job.pk][:300]
-        if job.wait_reason != reason:
-            job.wait_reason = reason
-            save_fields(job, "wait_reason")
-            record(job, EventKind.NOTE, now, reason=f"waiting: {reason}")
-            broadcast(job, "job.updated")
+    """Record why queued jobs wait (an event only when the reason changes).
+
+    The reasons are compared on two short columns first; only the jobs whose
+    reason changed are locked, saved (one ``UPDATE``) and given an event (one
+    ``INSERT``), so a queue that waits for the same reasons costs one query.
+    """
+    if not job_ids:
+        return
+    reasons = {pk: reason[:300] for pk, reason in job_ids.items()}
+    stale = [
+        pk
+        for pk, current in Job.objects.filter(pk__in=list(reasons), state=JobState.QUEUED)
+        .order_by("pk")
+        .values_list("pk", "wait_reason")
+        if current != reasons[pk]
+    ]
+    if not stale:
+        return
+    batch = Batch()
+    for job in Job.objects.select_for_update().filter(pk__in=stale, state=JobState.QUEUED):
+        reason = reasons[job.pk]
+        if job.wait_reason == reason:
+            continue
+        job.wait_reason = reason
+        batch.save_fields(job, "wait_reason")
+        batch.record(job, EventKind.NOTE, now, reason=f"waiting: {reason}")
+        broadcast(job, "job.updated")
+    batch.flush()
 
 
 def _describe(old: int, new: int, allocation: Allocation | None) -> str:
@@ -60,32 +80,57 @@ def apply_bound(
     *,
     reason_override: Mapping[str, str] | None = None,
 ) -> list[int]:
-    """Write every bound decision; return the ids of the jobs that changed."""
-    changed: list[int] = []
-    for item in bound:
-        job = Job.objects.select_for_update().get(pk=jobs[item.job])
-        if job.state not in (JobState.QUEUED, JobState.RUNNING):
-            continue  # cancelled or finished since the snapshot: leave it alone
+    """Write every bound decision; return the ids of the jobs that changed.
+
+    A decision that leaves a job on the GPUs it has is no change and costs
+    nothing.  The others are written together: one ``SELECT ... FOR UPDATE``
+    of their jobs (with tenant and code, which the agent commands need), their
+    holdings in one delete and one insert per table (``holdings.store_many``),
+    the jobs in one ``UPDATE`` and their events in one ``INSERT``
+    (``lifecycle.Batch``).
+    """
+    moves = {jobs[item.job]: item for item in bound if tuple(item.old_gpus) != tuple(item.new_gpus)}
+    if not moves:
+        return []
+    locked = (
+        Job.objects.select_for_update(of=("self",))  # the jobs' rows, not their tenants'
+        .select_related("tenant", "code")
+        .filter(pk__in=list(moves))
+        .order_by("pk")  # one lock order for every writer: no deadlock between two of them
+    )
+    # Cancelled or finished since the snapshot: left alone.
+    live = {job.pk: job for job in locked if job.state in (JobState.QUEUED, JobState.RUNNING)}
+    order = [pk for pk in moves if pk in live]  # the binding's order, as before
+    holdings.store_many([(live[pk], moves[pk].allocation) for pk in order], spec)
+    batch = Batch()
+    for pk in order:
+        job, item = live[pk], moves[pk]
         old, new = item.old_gpus, item.new_gpus
-        if tuple(old) == tuple(new):
-            continue
         reason = (reason_override or {}).get(item.job) or _describe(
             len(old), len(new), item.allocation
         )
-        holdings.store(job, item.allocation, spec)  # saved with the transition below
+        kept: tuple[str, ...] = ("allocation",)
         restarts = job.restarts_to_resize
         if restarts and new:
             job.generation += 1  # each start of a torchrun program is a new run
             job.finished_workers = []
+            kept += ("generation", "finished_workers")
         if not new:
-            transition(job, JobState.QUEUED, reason=reason, at=now)
+            batch.transition(job, JobState.QUEUED, reason=reason, at=now, fields=kept)
         elif not old:
             job.last_service_at = now
             job.wait_reason = ""
-            transition(job, JobState.RUNNING, reason=reason, at=now, parallelism=len(new))
+            batch.transition(
+                job,
+                JobState.RUNNING,
+                reason=reason,
+                at=now,
+                parallelism=len(new),
+                fields=(*kept, "last_service_at", "wait_reason"),
+            )
         elif restarts:
-            transition(job, JobState.SCALING, reason=reason, at=now)
-            record(
+            batch.transition(job, JobState.SCALING, reason=reason, at=now, fields=kept)
+            batch.record(
                 job,
                 EventKind.NOTE,
                 now,
@@ -95,8 +140,8 @@ def apply_bound(
                 data={"from": list(old), "to": list(new), "generation": job.generation},
             )
         else:
-            transition(job, JobState.SCALING, reason=reason, at=now)
-            record(
+            batch.transition(job, JobState.SCALING, reason=reason, at=now, fields=kept)
+            batch.record(
                 job,
                 EventKind.MIGRATED if len(old) == len(new) else EventKind.NOTE,
                 now,
@@ -105,5 +150,5 @@ def apply_bound(
             )
         outbox.extend(membership_commands(launch_of(job), old, new, homes, reason=reason))
         broadcast(job, "job.updated")
-        changed.append(job.pk)
-    return changed
+    batch.flush()
+    return order

@@ -12,9 +12,11 @@ tick; at 1,000 jobs that is most of a tick.  The kept state reads only what chan
       holdings  job id -> GPUs                      → changed = token differs, new, gone, or
       allocator VClosAllocator (bound state)          marked by the tick (its own writes)
       gpu views, curves, since, ends-soon        3. rows, JobGpu rows and last state change
-                                                    of the changed jobs only
-                                                 4. allocator: release + reserve those jobs;
+      job views (fixed epoch), speed tables         of the changed jobs only
+      marks (start/last report), deadlines       4. allocator: release + reserve those jobs;
                                                     availability only for changed servers
+                                                 5. their views and curves dropped: the
+                                                    next snapshot makes them again
 
 A row's ``xmin:ctid`` (PostgreSQL's system columns: the transaction that wrote
 this version and where it lies) changes with every update of the row, whoever
@@ -38,7 +40,7 @@ import bisect
 import logging
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Protocol
 
 import redis
@@ -78,7 +80,9 @@ from jobs.control.state import (
 )
 from jobs.control.tick_stats import TICK_STATS_KEY
 from jobs.models import Job, JobGpu
+from scheduler.curves import SpeedTables
 from scheduler.types import Gpu as GpuView
+from scheduler.types import JobView
 from tenancy.models import Tenant
 
 __all__ = [
@@ -97,6 +101,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 MISMATCH_FIELD = "mismatches"  # in tick_stats' Redis hash: every process adds to one count
 _PROGRESS_FIELDS = ("workload", "args", "batch_size", "step", "samples_per_s")
+_CLOCK_FIELDS = ("started_at", "last_service_at", "max_runtime_s")  # reconcile's and limits'
 
 
 @dataclass(frozen=True)
@@ -108,12 +113,16 @@ class Prepared:
     view: PolicyInput
 
 
-def rebuild(now: datetime) -> Prepared | None:
-    """Everything read from the database in full (the reference the kept state must equal)."""
+def rebuild(now: datetime, *, epoch: float | None = None) -> Prepared | None:
+    """Everything read from the database in full (the reference the kept state must equal).
+
+    ``epoch``: the snapshot's time base (``state.assemble_snapshot``; the kept
+    state's, to compare with it).
+    """
     cluster = read_cluster()
     if cluster is None:
         return None
-    return Prepared(cluster, load_allocator(cluster), build_snapshot(cluster, now))
+    return Prepared(cluster, load_allocator(cluster), build_snapshot(cluster, now, epoch=epoch))
 
 
 class ClusterSource(Protocol):
@@ -133,6 +142,9 @@ class ClusterSource(Protocol):
 
     def checked(self, cluster: ClusterState, now: datetime) -> Prepared:
         """The allocator and the policy's view, checked against a rebuild when one is due."""
+
+    def speed_tables(self) -> SpeedTables | None:
+        """The policy's speed-table memo for this tick's pass (None: none kept)."""
 
 
 class FullRebuild:
@@ -157,6 +169,10 @@ class FullRebuild:
         """Read in full: nothing to check."""
         return Prepared(cluster, self.allocator(cluster), self.policy_input(cluster, now))
 
+    def speed_tables(self) -> SpeedTables | None:
+        """None: every pass makes its tables afresh."""
+        return None
+
 
 def _token(model: type[Model]) -> RawSQL:
     """A row's version: PostgreSQL's ``xmin`` (the writing transaction) and ``ctid`` (where).
@@ -169,11 +185,20 @@ def _token(model: type[Model]) -> RawSQL:
 
 
 def _tokens(job_ids: Collection[int] | None = None) -> dict[int, str]:
-    """Each queued/running/scaling job's row version (``xmin:ctid``), or only ``job_ids``'."""
+    """Each queued/running/scaling job's row version (``xmin:ctid``), or only ``job_ids``'.
+
+    Read through a plain cursor: thousands of two-column rows, every tick, and
+    the ORM's per-row iteration would cost more than the query.
+    """
     query = Job.objects.filter(state__in=SNAPSHOT_STATES)
     if job_ids is not None:
         query = query.filter(pk__in=list(job_ids))
-    return dict(query.annotate(token=_token(Job)).values_list("id", "token"))
+    sql, params = (
+        query.annotate(token=_token(Job)).values_list("id", "token").query.sql_with_params()
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return dict(cursor.fetchall())
 
 
 class KeptState:
@@ -205,11 +230,17 @@ class KeptState:
         self.rows: dict[int, JobRow] = {}
         self.order: list[tuple[datetime, int]] = []  # (submitted_at, id), sorted
         self.ends_soon: dict[int, bool] = {}  # from the row: changes only with it
+        self.marks: dict[int, datetime | None] = {}  # later of start and last report (rows)
+        self.deadlines: dict[int, datetime] = {}  # first start + run-time limit (rows)
         self.since: dict[int, datetime] = {}
         self.curves: dict[int, tuple[int, Mapping[int, float]]] = {}
+        self.views: dict[int, JobView] = {}
+        # The snapshots' time base, fixed while the views are kept (set by the first snapshot).
+        self.epoch: float | None = None
         self.gpu_views: list[GpuView] = []
         self.positions: dict[int, int] = {}
         self._allocator: VClosAllocator | None = VClosAllocator(spec) if spec else None
+        self._speeds = SpeedTables()
         self.dirty: set[int] = set()
 
     # --- ClusterSource ---------------------------------------------------------
@@ -238,7 +269,8 @@ class KeptState:
             )
             state = self._state()
         tokens = _tokens()
-        changed = {job for job, token in tokens.items() if self.tokens.get(job) != token}
+        # Set differences of (id, token) pairs, in C: new or changed rows, then vanished ones.
+        changed = {job for job, _ in tokens.items() - self.tokens.items()}
         changed |= self.tokens.keys() - tokens.keys()
         changed |= self.dirty
         self.dirty = set()
@@ -269,6 +301,8 @@ class KeptState:
         }
         growing = growing_jobs(rows, cluster.holdings)
         about_to_end = {job for job in growing if self.ends_soon[job]}
+        if self.epoch is None:
+            self.epoch = now.timestamp()
         return assemble_snapshot(
             cluster,
             tuple(self.gpu_views),
@@ -278,11 +312,23 @@ class KeptState:
             self.since,
             now,
             curves=self.curves,
+            epoch=self.epoch,
+            views=self.views,
         )
 
     def touched(self, job_ids: Iterable[int]) -> None:
         """Read these jobs again on the next refresh, whatever their tokens say."""
         self.dirty.update(job_ids)
+
+    def speed_tables(self) -> SpeedTables:
+        """The policy's speed tables, kept with the curves they are made from.
+
+        A changed job's curve is a new object (``curves`` is dropped with the
+        job), so its table is made again; the tables of curves the previous
+        pass did not use are swept here, once per tick.
+        """
+        self._speeds.sweep()
+        return self._speeds
 
     def checked(self, cluster: ClusterState, now: datetime) -> Prepared:
         """The kept allocator and view; every ``TICK_VERIFY_EVERY`` ticks compared to a rebuild.
@@ -296,7 +342,7 @@ class KeptState:
             return kept
         self.ticks_since_verify = 0
         self.verifications += 1
-        reference = rebuild(now)
+        reference = rebuild(now, epoch=self.epoch)
         differences = compare(kept, reference) if reference is not None else ["fabric"]
         if not differences:
             return kept
@@ -324,6 +370,8 @@ class KeptState:
             holdings=self.holdings,
             draining=self.draining,
             suspect=self.suspect,
+            marks=self.marks,
+            deadlines=self.deadlines,
         )
 
     def _apply_jobs(self, changed: set[int]) -> set[int]:
@@ -333,7 +381,7 @@ class KeptState:
         if not first_read:  # the first read takes every job, without an id list
             query = query.filter(pk__in=list(changed))
         values = query.annotate(token=_token(Job)).values(
-            *JOB_ROW_FIELDS, *_PROGRESS_FIELDS, "allocation", "token"
+            *JOB_ROW_FIELDS, *_PROGRESS_FIELDS, *_CLOCK_FIELDS, "allocation", "token"
         )
         fresh = {value["id"]: value for value in values}
         gpu_rows = JobGpu.objects.all()
@@ -366,8 +414,11 @@ class KeptState:
                 self.order.pop(bisect.bisect_left(self.order, (old.submitted_at, job_id)))
             self.tokens.pop(job_id, None)
             self.ends_soon.pop(job_id, None)
+            self.marks.pop(job_id, None)
+            self.deadlines.pop(job_id, None)
             self.since.pop(job_id, None)
             self.curves.pop(job_id, None)
+            self.views.pop(job_id, None)
         state = self._state()
         for job_id, value in fresh.items():
             row = job_row(value)
@@ -376,6 +427,10 @@ class KeptState:
             bisect.insort(self.order, (row.submitted_at, job_id))
             progress = (value[name] for name in _PROGRESS_FIELDS)
             self.ends_soon[job_id] = finishing(*progress)
+            started, served, limit = (value[name] for name in _CLOCK_FIELDS)
+            self.marks[job_id] = max((t for t in (started, served) if t is not None), default=None)
+            if started is not None and limit is not None:
+                self.deadlines[job_id] = started + timedelta(seconds=limit)
             if row.state in ACTIVE_STATES:
                 allocation = held_allocation(job_id, value["allocation"], state)
                 if allocation is not None:

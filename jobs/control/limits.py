@@ -20,6 +20,7 @@ retry rule (``jobs.control.endings.fail_or_retry``) never requeues it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 from jobs import holdings
@@ -43,17 +44,26 @@ def limit_reached(started_at: datetime | None, max_runtime_s: int | None, now: d
     return now - started_at >= timedelta(seconds=max_runtime_s)
 
 
-def stop_jobs_at_limit(now: datetime, outbox: Outbox) -> list[int]:
+def stop_jobs_at_limit(
+    now: datetime, outbox: Outbox, deadlines: Mapping[int, datetime] | None = None
+) -> list[int]:
     """Stop (gracefully) and fail every running job past its run-time limit; return their ids.
 
     Runs inside the tick's transaction; the stop commands go out with the
-    tick's other commands once it commits.
+    tick's other commands once it commits.  ``deadlines`` (the kept state's:
+    first start + limit of every queued, running or scaling job that has a
+    limit) saves reading every such job to find the few that are due.
     """
     limited = LIMITED_STATES
-    rows = Job.objects.filter(
-        state__in=limited, max_runtime_s__isnull=False, started_at__isnull=False
-    ).values_list("pk", "started_at", "max_runtime_s")
-    due = [pk for pk, started_at, limit in rows if limit_reached(started_at, limit, now)]
+    if deadlines is not None:
+        due = [pk for pk, deadline in deadlines.items() if now >= deadline]
+    else:
+        rows = Job.objects.filter(
+            state__in=limited, max_runtime_s__isnull=False, started_at__isnull=False
+        ).values_list("pk", "started_at", "max_runtime_s")
+        due = [pk for pk, started_at, limit in rows if limit_reached(started_at, limit, now)]
+    if not due:
+        return []
     stopped: list[int] = []
     for job in Job.objects.select_for_update().filter(pk__in=due):
         if job.state not in limited:

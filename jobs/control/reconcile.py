@@ -44,14 +44,15 @@ import functools
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Max, Q
+from django.db.models.fields.json import KT
 
 from inventory.models import Server, ServerState
-from inventory.services import beat_at, jobs_seen
+from inventory.services import BEAT_AT, beat_at, jobs_seen
 from jobs import holdings
 from jobs.agent_commands import runtime_job_name
 from jobs.choices import EventKind, JobState
@@ -168,7 +169,7 @@ def reconcile(cluster: ClusterState, now: datetime, limits: Limits | None = None
     limit = limits or Limits(settings.RECONCILE_SECONDS, settings.RECONCILE_START_SECONDS)
     if not cluster.holdings:
         return []
-    held = _held_jobs(cluster)
+    held = _held_jobs(cluster, _possible_orphans(cluster, limit))
     if not held:
         return []
     nodes = {node for job in held for node in job.nodes}
@@ -183,9 +184,46 @@ def reconcile(cluster: ClusterState, now: datetime, limits: Limits | None = None
     return changed
 
 
-def _held_jobs(cluster: ClusterState) -> list[HeldJob]:
+def _possible_orphans(cluster: ClusterState, limits: Limits) -> list[int]:
+    """The running jobs that can be orphans at all: a cheap bound, so few are judged in full.
+
+    A job's every gap is at most the newest heartbeat of any server minus its
+    ``since`` (a server's beat is never past the newest, a listing never
+    before ``since``), and ``since`` is at least its start and its last
+    progress report.  So a job started or heard from after the newest beat
+    minus the shorter limit has a gap below its limit on every server: not an
+    orphan, whatever its events say.  What is left (in a healthy cluster:
+    nothing, progress reports keep ``last_service_at`` fresh) gets the exact
+    test, events and heartbeat listings included.
+    """
+    # An upper bound of every server's beat (its ``beat_at``, else its last heartbeat):
+    # the newest of all of both, the heartbeats' aggregated by the database.
+    newest: datetime | None = Server.objects.aggregate(newest=Max("last_heartbeat"))["newest"]
+    for sent in Server.objects.values_list(KT("agent_info__beat_at"), flat=True):
+        beat = beat_at({BEAT_AT: sent})
+        if beat is not None and (newest is None or beat > newest):
+            newest = beat
+    if newest is None:
+        return []  # no server ever beat: none can be judged
+    cutoff = newest - timedelta(seconds=min(limits.vanished_s, limits.never_started_s))
+    if cluster.marks is not None:  # the kept state has every job's start and last report
+        quiet: Iterable[int] = [
+            pk for pk, mark in cluster.marks.items() if mark is None or mark <= cutoff
+        ]
+    else:
+        quiet = Job.objects.filter(
+            Q(started_at__isnull=True) | Q(started_at__lte=cutoff),
+            Q(last_service_at__isnull=True) | Q(last_service_at__lte=cutoff),
+            state=JobState.RUNNING,
+        ).values_list("pk", flat=True)
+    return [pk for pk in quiet if pk in cluster.holdings]
+
+
+def _held_jobs(cluster: ClusterState, job_ids: list[int]) -> list[HeldJob]:
+    if not job_ids:
+        return []
     rows = (
-        Job.objects.filter(pk__in=list(cluster.holdings), state=JobState.RUNNING)
+        Job.objects.filter(pk__in=job_ids, state=JobState.RUNNING)
         .annotate(last_event=Max("events__at", filter=Q(events__kind__in=SINCE_KINDS)))
         .values_list("pk", "started_at", "last_service_at", "last_event")
     )

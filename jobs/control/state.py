@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Max
+from django.db.models import BooleanField, ExpressionWrapper, Max, Q
 
 from fabric.allocator import Allocation, VClosAllocator
 from fabric.topology import FabricSpec
@@ -40,6 +40,11 @@ class ClusterState:
     # Schedulable but in a straggler's cool-down: no new placement or scale-out lands there
     # (a job on one keeps it, so it is not "lost" either).
     suspect: frozenset[int] = frozenset()
+    # Of every queued/running/scaling job, when the kept state has them (None: ask the
+    # database): the later of its first start and its last progress report (None if
+    # neither), for reconcile; when its run-time limit ends, for jobs that have one.
+    marks: Mapping[int, datetime | None] | None = None
+    deadlines: Mapping[int, datetime] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,15 +65,21 @@ class ServerRow:
 
 
 def read_servers() -> list[ServerRow]:
-    """Every server, by position (heartbeat times left out: only their presence matters)."""
+    """Every server, by position (heartbeat times left out: only their presence matters).
+
+    The presence is asked of the database (``IS NOT NULL``): the times would
+    change at every heartbeat, and parsing thousands of them costs more than
+    the query. The GPUs of each in a straggler's cool-down come from one more query.
+    """
     suspect: dict[str, list[int]] = {}
     for node, index in suspect_in_effect().order_by("index").values_list("server__node", "index"):
         suspect.setdefault(node, []).append(index)
+    beating = ExpressionWrapper(Q(last_heartbeat__isnull=False), output_field=BooleanField())
     return [
-        ServerRow(node, leaf, slot, state, heartbeat is not None, tuple(suspect.get(node, ())))
-        for node, leaf, slot, state, heartbeat in Server.objects.order_by(
-            "leaf", "slot"
-        ).values_list("node", "leaf", "slot", "state", "last_heartbeat")
+        ServerRow(node, leaf, slot, state, beating, tuple(suspect.get(node, ())))
+        for node, leaf, slot, state, beating in Server.objects.order_by("leaf", "slot")
+        .annotate(beating=beating)
+        .values_list("node", "leaf", "slot", "state", "beating")
     ]
 
 
@@ -345,7 +356,9 @@ def ageing_jobs(rows: Iterable[JobRow]) -> set[int]:
     return {row.id for row in rows if priority_class(row.priority) > AGED_CEILING}
 
 
-def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
+def build_snapshot(
+    cluster: ClusterState, now: datetime, *, epoch: float | None = None
+) -> PolicyInput:
     """The policy's view, read from the database in full (the reference path).
 
     Jobs in the middle of a membership switch (``scaling``) are left out: the
@@ -353,7 +366,8 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
     tenant has no quota left for its request is held back (quota rule).
     Returns the snapshot with what the tick needs next to it (``PolicyInput``).
     The incremental tick (``jobs.control.incremental``) keeps the same inputs
-    between ticks and assembles them with the same :func:`assemble_snapshot`.
+    between ticks and assembles them with the same :func:`assemble_snapshot`;
+    ``epoch`` is the time base (:func:`assemble_snapshot`).
     """
     gpus = tuple(gpu_view(cluster, index) for index in sorted(cluster.homes))
     values = (
@@ -371,7 +385,24 @@ def build_snapshot(cluster: ClusterState, now: datetime) -> PolicyInput:
             )
     about_to_end = finishing_jobs(growing_jobs(rows, cluster.holdings))
     since = last_state_changes(ageing_jobs(rows))
-    return assemble_snapshot(cluster, gpus, rows, tenants, about_to_end, since, now)
+    return assemble_snapshot(cluster, gpus, rows, tenants, about_to_end, since, now, epoch=epoch)
+
+
+def set_aside(gpus: tuple[GpuView, ...], held: Collection[int]) -> tuple[GpuView, ...]:
+    """``gpus`` with the ``held`` ones shown as down: none of them the policy's to give.
+
+    For the GPUs of jobs the snapshot leaves out (switching, profiling): the
+    policy counts every GPU that is not down as its own, so without this it
+    would plan to start and grow jobs on GPUs those jobs hold, and placement
+    would refuse the plan, tick after tick, while the jobs it could have made
+    room for wait.
+    """
+    if not held:
+        return gpus
+    aside = frozenset(held)
+    return tuple(
+        GpuView(g.id, g.server, g.leaf, GpuState.DOWN, g.job) if g.id in aside else g for g in gpus
+    )
 
 
 def assemble_snapshot(
@@ -383,14 +414,24 @@ def assemble_snapshot(
     since: Mapping[int, datetime],
     now: datetime,
     curves: dict[int, tuple[int, Mapping[int, float]]] | None = None,
+    *,
+    epoch: float | None = None,
+    views: dict[int, JobView] | None = None,
 ) -> PolicyInput:
     """The policy's view from rows already read: pure, shared by the full and incremental tick.
 
     ``rows`` are in submission order; ``about_to_end`` are the running jobs that
     end within ``SCALE_OUT_MIN_SECONDS_LEFT``; ``since`` each ageing job's last
-    state change; ``curves``, when given, memoizes each job's policy curve (with
-    the largest size it was made for) across ticks (its owner drops a job's entries when
-    the job changes).
+    state change.  Times are seconds since ``epoch`` (POSIX seconds; default
+    ``now``, which makes the snapshot's own time 0).
+
+    Two memos, kept across ticks by their owner, who drops a job's entries when
+    the job changes: ``curves`` each job's policy curve (with the largest size
+    it was made for), ``views`` each job's view.  A view depends only on its
+    job's row, holdings, last state change and curve, on its tenant's name,
+    and on ``epoch``, which its owner therefore keeps fixed: an unchanged job
+    costs a look-up, not a new view.  The GPUs of the jobs left out (switching,
+    profiling) are set aside (:func:`set_aside`).
     """
     # Quota counts each job's requested share only: GPUs above it are idle extras that
     # the policy reclaims first, so they never keep a tenant's next job waiting.
@@ -399,19 +440,27 @@ def assemble_snapshot(
         if row.state in ACTIVE_STATES:
             in_use[row.tenant_id] = in_use.get(row.tenant_id, 0) + min(row.parallelism, row.gpus)
     holdings = cluster.holdings
-    views: list[JobView] = []
+    jobs: list[JobView] = []
     ids: dict[str, int] = {}
     held_back: dict[int, str] = {}
     book = QuotaBook()
     profile_candidates: list[int] = []
     weights: dict[str, float] = {}
-    epoch = now.timestamp()
+    base = now.timestamp() if epoch is None else epoch
+    left_out: list[int] = []
     for row in rows:
         job_id, state, lo, hi = row.id, row.state, row.min_gpus, row.max_gpus
         if state == JobState.SCALING or row.profile_state == "requested":
+            left_out.append(job_id)
             continue  # switching or profiling: its size belongs to the runtime for now
         tenant = tenants[row.tenant_id]
-        held = tuple(holdings.get(job_id, ())) if state == JobState.RUNNING else ()
+        view = views.get(job_id) if views is not None else None
+        if view is not None and view.tenant != tenant.slug:
+            view = None  # the tenant was renamed
+        if view is not None:
+            held = view.gpus  # made from the same row and holdings
+        else:
+            held = tuple(holdings.get(job_id, ())) if state == JobState.RUNNING else ()
         if tenant.profile_jobs and not row.profile_state and lo < hi and len(held) == hi:
             profile_candidates.append(job_id)
         used = in_use.get(row.tenant_id, 0)
@@ -425,18 +474,17 @@ def assemble_snapshot(
         book.in_use[tenant.slug] = used
         if held and job_id in about_to_end:
             hi = len(held)  # a newcomer would join a job about to end: no growth
-        name = runtime_job_name(job_id)
-        memo = curves.get(job_id) if curves is not None else None
-        if memo is not None and memo[0] == hi:
-            curve = memo[1]
-        else:
-            curve = policy_curve(row.profiled, row.measured, hi)
-            if curves is not None:
-                curves[job_id] = (hi, curve)
-        views.append(
-            JobView(
-                id=name,
-                submit_time=row.submitted_at.timestamp() - epoch,
+        if view is None or view.max_gpus != hi:
+            memo = curves.get(job_id) if curves is not None else None
+            if memo is not None and memo[0] == hi:
+                curve = memo[1]
+            else:
+                curve = policy_curve(row.profiled, row.measured, hi)
+                if curves is not None:
+                    curves[job_id] = (hi, curve)
+            view = JobView(
+                id=runtime_job_name(job_id),
+                submit_time=row.submitted_at.timestamp() - base,
                 requested_gpus=row.gpus,
                 tenant=tenant.slug,
                 min_gpus=lo,
@@ -445,15 +493,19 @@ def assemble_snapshot(
                 attained_service=row.attained_gpu_seconds,
                 state=ViewState.RUNNING if held else ViewState.QUEUED,
                 priority=row.priority,
-                queue_since=since[job_id].timestamp() - epoch if job_id in since else None,
+                queue_since=since[job_id].timestamp() - base if job_id in since else None,
                 throughput=curve,
             )
-        )
-        ids[name] = job_id
+            if views is not None:
+                views[job_id] = view
+        jobs.append(view)
+        ids[view.id] = job_id
+    if left_out:
+        gpus = set_aside(gpus, [g for job in left_out for g in holdings.get(job, ())])
     snapshot = Snapshot(
-        now=0.0,
+        now=now.timestamp() - base,
         cluster=Cluster(gpus=gpus, fabric_spec=cluster.spec),
-        jobs=tuple(views),
+        jobs=tuple(jobs),
         tenants=tenant_shares(weights, now),
     )
     return PolicyInput(snapshot, ids, held_back, book, tuple(profile_candidates))

@@ -8,14 +8,15 @@ from __future__ import annotations
 import redis
 from django.conf import settings
 
+from utilities.redis_clients import shared_redis
+
 TICK_STATS_KEY = "portal:metrics:tick"
 
 
 def record_tick(duration_s: float) -> None:
     """Remember one tick's duration (count, sum, last) for the metrics endpoint."""
     try:
-        client = redis.Redis.from_url(settings.REDIS_URL)
-        pipe = client.pipeline()
+        pipe = shared_redis().pipeline()
         pipe.hincrby(TICK_STATS_KEY, "count", 1)
         pipe.hincrbyfloat(TICK_STATS_KEY, "sum", duration_s)
         pipe.hset(TICK_STATS_KEY, "last", duration_s)

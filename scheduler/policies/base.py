@@ -27,7 +27,7 @@ import heapq
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
-from scheduler.curves import relative_speeds
+from scheduler.curves import SpeedTables, view_speeds
 from scheduler.fairshare import FairShare
 from scheduler.placement import ConsolidatedPlacement, Placement
 from scheduler.priority import AGED_CEILING, aged_class, priority_class
@@ -198,13 +198,21 @@ class Policy(ABC):
     def new_core(self, total_gpus: int) -> PolicyCore:
         """A fresh incremental core for a cluster of this many GPUs."""
 
-    def schedule(self, snapshot: Snapshot, placement: Placement | None = None) -> list[Decision]:
-        """Decide on a snapshot; pure (nothing outside the call changes).
+    def schedule(
+        self,
+        snapshot: Snapshot,
+        placement: Placement | None = None,
+        *,
+        speeds: SpeedTables | None = None,
+    ) -> list[Decision]:
+        """Decide on a snapshot; pure (nothing outside the call changes but ``speeds``' memo).
 
         Jobs are fed to the core running first, then by ``queue_since`` (or
-        submit time) and id, so ties break the same way every time.
+        submit time) and id, so ties break the same way every time.  ``speeds``
+        remembers the jobs' speed tables between passes (the same decisions,
+        made faster when the curves are the same objects as in earlier passes).
         """
-        core, views = self._core_from(snapshot)
+        core, views = self._core_from(snapshot, speeds)
         plan = core.decide(snapshot.now)
         placer = placement or ConsolidatedPlacement()
         return _plan_to_decisions(plan, {v.id: v for v in views}, snapshot, placer)
@@ -220,7 +228,9 @@ class Policy(ABC):
         core, _ = self._core_from(snapshot)
         return [job.id for job in core.pending_order(snapshot.now)]
 
-    def _core_from(self, snapshot: Snapshot) -> tuple[PolicyCore, list[JobView]]:
+    def _core_from(
+        self, snapshot: Snapshot, speeds: SpeedTables | None = None
+    ) -> tuple[PolicyCore, list[JobView]]:
         """A fresh core holding the snapshot's jobs (running ones restored), and the views in order."""
         core = self.new_core(snapshot.cluster.total_gpus)
         core.ageing = self.class_ageing_s
@@ -232,7 +242,7 @@ class Policy(ABC):
             )
         views = sorted(snapshot.jobs, key=_view_order)
         for idx, view in enumerate(views):
-            rec = _record_from_view(view, idx, snapshot.now, self.class_ageing_s)
+            rec = _record_from_view(view, idx, snapshot.now, self.class_ageing_s, speeds)
             if view.running:
                 core.restore_running(rec, snapshot.now)
             else:
@@ -258,7 +268,11 @@ def _view_order(view: JobView) -> tuple[int, float, float, str]:
 
 
 def _record_from_view(
-    view: JobView, idx: int, now: float, ageing: float | None = None
+    view: JobView,
+    idx: int,
+    now: float,
+    ageing: float | None = None,
+    speeds: SpeedTables | None = None,
 ) -> JobRecord:
     """A working record for a view; the class ageing gives it comes from its wait.
 
@@ -270,8 +284,10 @@ def _record_from_view(
     """
     speed: list[float] | None = None
     if view.throughput:
-        top = max(max(view.throughput), view.max_gpus or 0, view.requested_gpus)
-        speed = relative_speeds(view.throughput, view.requested_gpus, top)
+        if speeds is not None:
+            speed = speeds.table(view.throughput, view.requested_gpus, view.max_gpus)
+        else:
+            speed = view_speeds(view.throughput, view.requested_gpus, view.max_gpus)
     remaining = view.remaining_work if view.remaining_work is not None else float("inf")
     rec = JobRecord(
         view.id,

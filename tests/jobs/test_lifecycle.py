@@ -6,11 +6,13 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from jobs.choices import ALLOWED_TRANSITIONS, JobState, can_transition
+from jobs.choices import ALLOWED_TRANSITIONS, EventKind, JobState, can_transition
 from jobs.control.endings import accrue_service
-from jobs.lifecycle import save_fields
+from jobs.lifecycle import Batch, record, save_fields, transition
 from jobs.models import Job
 from jobs.services import (
     JobConflictError,
@@ -111,3 +113,80 @@ def test_parallelism_only_for_running_jobs(queued_job: Job) -> None:
     assert _accrue(job, seconds=(-30.0,)).attained_gpu_seconds == 0  # service only grows
     with pytest.raises(JobValidationError):
         move(job_id=queued_job.pk, to_state="exploded", reason="x")
+
+
+def _submitted(alice: Any, acme: Any, count: int) -> list[Job]:
+    spec = check_job_spec(
+        tenant=acme, data={"name": "b", "workload": "mlp-digits", "gpus": 1, "max_gpus": 2}
+    )
+    return [do_submit_job(user=alice, tenant=acme, spec=spec) for _ in range(count)]
+
+
+def test_a_batch_writes_what_single_transitions_write(alice: Any, acme: Any) -> None:
+    """Batch.transition/save_fields/record leave the rows one transition each would leave."""
+    now = timezone.now()
+    single, batched = _submitted(alice, acme, 3), _submitted(alice, acme, 3)
+    for job in single:
+        job.allocation = {"job": f"job-{job.pk}", "gpus": [0], "leaves": [0]}
+        job.wait_reason = ""
+        transition(job, JobState.RUNNING, reason="placed", at=now, parallelism=1)
+        record(job, EventKind.NOTE, now, reason="a note", data={"from": [], "to": [0]})
+    batch = Batch()
+    for job in batched:
+        job.allocation = {"job": f"job-{job.pk}", "gpus": [0], "leaves": [0]}
+        job.wait_reason = ""
+        batch.transition(
+            job,
+            JobState.RUNNING,
+            reason="placed",
+            at=now,
+            parallelism=1,
+            fields=("allocation", "wait_reason"),
+        )
+        batch.record(job, EventKind.NOTE, now, reason="a note", data={"from": [], "to": [0]})
+    assert all(Job.objects.get(pk=j.pk).state == JobState.QUEUED for j in batched)  # not yet
+    with CaptureQueriesContext(connection) as queries:
+        batch.flush()
+    assert len(queries) == 2  # one UPDATE of the jobs, one INSERT of the events
+
+    def row(job: Job) -> tuple[Any, ...]:
+        fresh = Job.objects.get(pk=job.pk)
+        events = [
+            (
+                e.kind,
+                e.from_state,
+                e.to_state,
+                e.from_parallelism,
+                e.to_parallelism,
+                e.reason,
+                e.data,
+            )
+            for e in fresh.events.order_by("id")
+        ]
+        return (
+            fresh.state,
+            fresh.parallelism,
+            fresh.started_at,
+            fresh.finished_at,
+            fresh.wait_reason,
+            fresh.allocation["gpus"],
+            fresh.updated_at > job.submitted_at,
+            events,
+        )
+
+    for one, many in zip(single, batched, strict=True):
+        assert row(one) == row(many)
+
+
+def test_a_batch_refuses_what_a_transition_refuses(alice: Any, acme: Any) -> None:
+    (job,) = _submitted(alice, acme, 1)
+    batch = Batch()
+    with pytest.raises(JobConflictError):
+        batch.transition(job, JobState.COMPLETED, reason="never ran", at=timezone.now())
+    with pytest.raises(ValueError):
+        batch.save_fields(job, "state")
+    with pytest.raises(ValueError):  # the same job as a second object would lose a write
+        batch.save_fields(Job.objects.get(pk=job.pk), "wait_reason")
+        batch.save_fields(Job.objects.get(pk=job.pk), "wait_reason")
+    batch.flush()
+    assert Job.objects.get(pk=job.pk).state == JobState.QUEUED

@@ -29,6 +29,7 @@ from jobs.services import check_job_spec, do_cancel_job, do_submit_job
 from portal.metrics import build_registry
 from scheduler.binding import bind
 from scheduler.placement import CountPlacement
+from tenancy.models import Tenant
 from tests.jobs.control_helpers import demo_cluster, drain_all
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -70,7 +71,7 @@ def kept_equals_rebuild() -> None:
     cluster = kept.cluster()
     assert cluster is not None
     mine = Prepared(cluster, kept.allocator(cluster), kept.policy_input(cluster, now))
-    reference = rebuild(now)
+    reference = rebuild(now, epoch=kept.epoch)  # the kept views' time base
     assert reference is not None
     assert compare(mine, reference) == []
     policy = live_policy(POLICY)
@@ -162,7 +163,7 @@ def test_a_planted_divergence_is_caught_counted_and_repaired(
     assert cluster is not None
     now = timezone.now()
     mine = Prepared(cluster, kept.allocator(cluster), kept.policy_input(cluster, now))
-    reference = rebuild(now)
+    reference = rebuild(now, epoch=kept.epoch)  # the kept views' time base
     assert reference is not None
     assert {"holders", "holdings", "snapshot"} <= set(compare(mine, reference))
     settings.TICK_VERIFY_EVERY = 1
@@ -218,3 +219,25 @@ def test_full_rebuild_is_selectable(settings: Any) -> None:
     assert isinstance(incremental.source_for_tick(), FullRebuild)
     settings.TICK_INCREMENTAL = True
     assert isinstance(incremental.source_for_tick(), KeptState)
+
+
+def test_kept_job_views_follow_a_renamed_tenant_and_time(alice: Any, acme: Any) -> None:
+    """A job's view is kept while its row stands still; its tenant's name still reaches it."""
+    demo_cluster(FABRIC)
+    jobs = [submit(alice, acme, gpus=2, lo=1, hi=4) for _ in range(2)]
+    assert run_tick(policy=POLICY).ran
+    kept_equals_rebuild()
+    kept = incremental.kept_state()
+    cluster = kept.cluster()
+    assert cluster is not None
+    before = {v.id: v for v in kept.policy_input(cluster, timezone.now()).snapshot.jobs}
+    after = kept.policy_input(cluster, timezone.now()).snapshot
+    assert all(before[v.id] is v for v in after.jobs)  # unchanged jobs: the same views
+    assert after.now > 0  # time runs from the kept state's fixed epoch
+    Tenant.objects.filter(pk=acme.pk).update(slug="acme-renamed")  # no job row changes
+    kept_equals_rebuild()
+    cluster = kept.cluster()
+    assert cluster is not None
+    renamed = kept.policy_input(cluster, timezone.now()).snapshot
+    assert {v.tenant for v in renamed.jobs} == {"acme-renamed"}
+    assert len(renamed.jobs) == len(jobs)
