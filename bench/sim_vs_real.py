@@ -48,7 +48,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -57,6 +56,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.api_client import ApiClient  # noqa: E402
 from scheduler.measured import (  # noqa: E402
     BusySlots,
     CpuFit,
@@ -135,32 +135,6 @@ def make_trace(seed: int = 17, jobs: int = 20) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- the real run
 
 
-class Client:
-    """The REST API with a tenant's token."""
-
-    def __init__(self, url: str, token: str) -> None:
-        self.url, self.token = url, token
-
-    def call(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        """One request; a read that times out on the loaded machine is tried again (5 tries)."""
-        request = urllib.request.Request(
-            self.url + path,
-            data=json.dumps(body).encode() if body is not None else None,
-            headers={"Authorization": f"Token {self.token}", "Content-Type": "application/json"},
-            method="POST" if body is not None else "GET",
-        )
-        tries = 1 if body is not None else 5  # a submission is never sent twice
-        for attempt in range(tries):
-            try:
-                with urllib.request.urlopen(request, timeout=120) as response:
-                    return json.loads(response.read())
-            except TimeoutError:
-                if attempt == tries - 1:
-                    raise
-                log.warning("%s timed out, again", path)
-        raise AssertionError("unreachable")
-
-
 def ts(value: str | None) -> float | None:
     """An API timestamp as epoch seconds."""
     return datetime.fromisoformat(value).timestamp() if value else None
@@ -208,7 +182,7 @@ def run_real(trace: list[dict[str, Any]], policy: str, redis_db: int) -> dict[st
             [*manage, "issuetoken", "bench"],
             cwd=ROOT, env=env, check=True, capture_output=True, text=True,
         ).stdout.strip()  # fmt: skip
-        client = Client(f"http://127.0.0.1:{port}", token)
+        client = ApiClient(f"http://127.0.0.1:{port}", token, timeout_s=120)
         ids = submit_all(client, trace)
         records = collect(client, ids, trace)
     finally:
@@ -238,7 +212,7 @@ def sample_load(loads: list[list[float]], done: threading.Event) -> None:
         loads.append([round(x, 2) for x in os.getloadavg()])
 
 
-def submit_all(client: Client, trace: list[dict[str, Any]]) -> dict[str, int]:
+def submit_all(client: ApiClient, trace: list[dict[str, Any]]) -> dict[str, int]:
     """Submit each job at its arrival time (seconds after the first); job ids by name."""
     origin = time.monotonic()
     ids: dict[str, int] = {}
@@ -260,7 +234,7 @@ def submit_all(client: Client, trace: list[dict[str, Any]]) -> dict[str, int]:
     raise TimeoutError("the jobs did not all end within 18 minutes")
 
 
-def collect(client: Client, ids: dict[str, int], trace: list[dict[str, Any]]) -> dict[str, Any]:
+def collect(client: ApiClient, ids: dict[str, int], trace: list[dict[str, Any]]) -> dict[str, Any]:
     """Each job's times, events and progress reports."""
     out: dict[str, Any] = {}
     for job in trace:

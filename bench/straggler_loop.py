@@ -47,7 +47,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -56,6 +55,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.api_client import ApiClient  # noqa: E402
 
 TARGET_DETECT_S, TARGET_REMOVE_S = 10.0, 5.0
 ARGS = {"steps": 1_000_000, "image_size": 16, "num_classes": 10, "lr": 0.01, "seed": 0}
@@ -72,35 +73,6 @@ def say(line: str) -> None:
 
 
 # ----------------------------------------------------------------------------- the stack
-
-
-class Api:
-    """The REST API with a tenant's token."""
-
-    def __init__(self, url: str, token: str) -> None:
-        self.url, self.token = url, token
-
-    def call(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        """One request (a read that times out on the loaded machine is tried again)."""
-        request = urllib.request.Request(
-            self.url + path,
-            data=json.dumps(body).encode() if body is not None else None,
-            headers={"Authorization": f"Token {self.token}", "Content-Type": "application/json"},
-            method="POST" if body is not None else "GET",
-        )
-        tries = 1 if body is not None else 5  # a submission is never sent twice
-        for attempt in range(tries):
-            try:
-                with urllib.request.urlopen(request, timeout=60) as response:
-                    return json.loads(response.read())
-            except TimeoutError:
-                if attempt == tries - 1:
-                    raise
-        raise AssertionError("unreachable")
-
-    def events(self, job: int) -> list[dict[str, Any]]:
-        """The job's history, oldest first."""
-        return list(self.call(f"/api/v1/jobs/{job}/events/?page_size=200")["results"])
 
 
 class Db:
@@ -140,7 +112,7 @@ class Db:
 class Stack:
     """A running stack: its API (a tenant's token), its database, its Redis, its log."""
 
-    api: Api
+    api: ApiClient
     db: Db
     redis_url: str
     log: Path
@@ -208,7 +180,9 @@ def running_stack(*, redis_db: int, database_url: str | None = None) -> Iterator
         ).stdout.strip()  # fmt: skip
         db = Db(env.get("DATABASE_URL"), tmp / "portal.sqlite3")
         redis_url = env.get("REDIS_URL") or _embedded_redis_url(tmp)
-        stack = Stack(Api(f"http://127.0.0.1:{port}", token), db, redis_url, tmp / "stack.log")
+        stack = Stack(
+            ApiClient(f"http://127.0.0.1:{port}", token), db, redis_url, tmp / "stack.log"
+        )
         try:
             yield stack
         finally:
@@ -314,7 +288,7 @@ def _leader(redis_url: str, job: int) -> str | None:
     return value.decode() if value else None
 
 
-def _trained_at(api: Api, job: int, world: int, steps: int) -> bool:
+def _trained_at(api: ApiClient, job: int, world: int, steps: int) -> bool:
     detail = api.call(f"/api/v1/jobs/{job}/")
     return bool(detail["state"] == "running" and detail["parallelism"] == world) and (
         detail["step"] >= steps
