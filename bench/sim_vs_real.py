@@ -41,7 +41,6 @@ import os
 import random
 import re
 import secrets
-import signal
 import statistics
 import subprocess
 import sys
@@ -145,7 +144,7 @@ def run_real(trace: list[dict[str, Any]], policy: str, redis_db: int) -> dict[st
     import redis
 
     from tests.test_e2e import stack_env
-    from tests.test_stack import start_stack, wait_http
+    from tests.test_stack import start_stack, stop_stack, wait_http
     from utilities.embedded_redis import free_port
 
     tmp = Path(tempfile.mkdtemp(prefix="simreal-"))
@@ -187,11 +186,7 @@ def run_real(trace: list[dict[str, Any]], policy: str, redis_db: int) -> dict[st
         records = collect(client, ids, trace)
     finally:
         done.set()
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_stack(proc, tmp)
         drop_db()
     clean = store is None or store.get(MARK_KEY) == mark.encode()
     if not clean:

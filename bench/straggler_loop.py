@@ -144,7 +144,7 @@ def running_stack(*, redis_db: int, database_url: str | None = None) -> Iterator
     end); None takes ``tests.test_e2e.stack_env``'s throwaway one.
     """
     from tests.test_e2e import stack_env
-    from tests.test_stack import start_stack, wait_http
+    from tests.test_stack import start_stack, stop_stack, wait_http
     from utilities.embedded_redis import free_port
 
     tmp = Path(tempfile.mkdtemp(prefix="straggler-"))
@@ -190,11 +190,7 @@ def running_stack(*, redis_db: int, database_url: str | None = None) -> Iterator
                 with contextlib.suppress(Exception):
                     stack.api.call(f"/api/v1/jobs/{job}/cancel/", {})
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_stack(proc, tmp)
         drop_db()
 
 

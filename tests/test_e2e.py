@@ -13,7 +13,6 @@ import hashlib
 import io
 import json
 import os
-import signal
 import subprocess
 import sys
 import tarfile
@@ -27,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_stack import free_port, start_stack, wait_http
+from tests.test_stack import free_port, start_stack, stop_stack, wait_http
 from workers.signing import key_to_text, master_secret, node_key
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,11 +130,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         ).stdout.strip()
         yield {"url": f"http://127.0.0.1:{port}", "token": token, "log": log}
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_stack(proc, tmp_path)
         drop_db()
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.test_e2e import stack_env
-from tests.test_stack import free_port, start_stack, wait_http
+from tests.test_stack import free_port, start_stack, stop_stack, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -56,11 +55,7 @@ def portal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         token = manage("issuetoken", "eve")
         yield {"url": f"http://127.0.0.1:{port}", "token": token, "tmp": tmp, "manage": manage}
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_stack(proc, tmp)
         drop_db()
 
 
