@@ -360,9 +360,10 @@ def test_an_edl_program_scales_out_and_in_without_stopping(stack: dict[str, Any]
     wait_for("the program to complete",
              lambda: job_state(stack, edl["id"])["state"] == "completed", stack, 480)  # fmt: skip
     history = events(stack, edl["id"])
+    story = "\n".join(f"{e['at'][11:19]} {e['kind']}: {e['reason'][:160]}" for e in history)
     switches = [e for e in history if e["reason"].startswith("switch done")]
-    assert len(switches) >= 2, history  # out and in, never restarted
-    assert all(e["kind"] != "preempted" for e in history)
+    assert len(switches) >= 2, story  # out and in, never restarted
+    assert all(e["kind"] != "preempted" for e in history), story
     text = log_text(stack, edl["id"])
     assert "edl 1.1.0: rank 0 of 2, from step 0" in text and "world 4" in text
     # What the program handed the SDK: its accuracy by epoch, its model, and a final checkpoint.

@@ -216,7 +216,8 @@ def test_the_tick_and_what_if_simulations_get_their_own_workers_and_queues() -> 
     assert option("whatif worker", "--concurrency") == "1"
     assert option("tick worker", "-Q") == "tick"
     assert option("tick worker", "--concurrency") == "1"
-    assert option("worker", "-Q") == "portal"  # agent reports, log exports, retention
+    # agent reports, log exports, retention; heartbeats on their own queue beside them
+    assert option("worker", "-Q") == "heartbeats,portal"
     assert settings.CELERY_BEAT_SCHEDULE["scheduler-tick"]["options"]["queue"] == "tick"
 
 

@@ -57,6 +57,17 @@ REPORT_TASK = "control.agent_report"
 REPORTS_QUEUE = "portal"
 """Queue that reports are sent on."""
 
+HEARTBEATS_QUEUE = "heartbeats"
+"""Queue that heartbeats are sent on, beside ``REPORTS_QUEUE``.
+
+The report worker consumes both (``-Q heartbeats,portal``), and the broker
+serves a worker's queues in turn, so a heartbeat never waits behind a backlog
+of progress and log reports. On one queue, a backlog longer than a
+heartbeat's expiry (busy jobs on a loaded machine) let every heartbeat
+expire unread, and the tick marked every live server down and requeued its
+jobs.
+"""
+
 Recovery = Literal["consistent", "approximate"]
 DeviceKind = Literal["cpu", "cuda"]
 ExitOutcome = Literal["clean", "stopped", "crashed", "lost"]

@@ -9,7 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from workers.protocol import REPORTS_QUEUE, DeviceKind, ProtocolError, check_name
+from workers.protocol import (
+    HEARTBEATS_QUEUE,
+    REPORTS_QUEUE,
+    DeviceKind,
+    ProtocolError,
+    check_name,
+)
 from workers.signing import DEFAULT_MAX_AGE_S, DEFAULT_MAX_SKEW_S, SignatureError, read_key
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
@@ -39,6 +45,7 @@ class AgentConfig:
     redis_url: str
     data_dir: Path
     reports_queue: str = REPORTS_QUEUE
+    heartbeats_queue: str = HEARTBEATS_QUEUE
     heartbeat_seconds: float = 5.0
     heartbeat_expires_seconds: float = 20.0
     poll_seconds: float = 0.25

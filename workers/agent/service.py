@@ -30,6 +30,7 @@ from workers.agent.store import AgentStore
 from workers.artifacts import ArtifactStore
 from workers.protocol import (
     AGENT_COMMAND_TASK,
+    HEARTBEATS_QUEUE,
     REPORTS_QUEUE,
     ProtocolError,
     agent_queue,
@@ -101,6 +102,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="queue the reports go to (default: %(default)s)",
     )
     parser.add_argument(
+        "--heartbeats-queue",
+        default=HEARTBEATS_QUEUE,
+        help="queue the heartbeats go to (default: %(default)s; the report worker consumes "
+        "it beside the reports' queue, so a backlog of reports never delays a heartbeat)",
+    )
+    parser.add_argument(
         "--concurrency", type=int, default=4, help="commands applied at once (threads)"
     )
     parser.add_argument(
@@ -141,6 +148,7 @@ def config_from_options(
         redis_url=env.redis_url,
         data_dir=env.data_dir,
         reports_queue=options.reports_queue,
+        heartbeats_queue=options.heartbeats_queue,
         heartbeat_seconds=env.heartbeat_seconds,
         heartbeat_expires_seconds=max(env.heartbeat_seconds, env.down_after_seconds),
         stop_children_on_exit=options.stop_children_on_exit,
@@ -168,7 +176,7 @@ def make_agent(config: AgentConfig, app: Celery) -> Agent:
         send_heartbeat=lambda beat: send_heartbeat(
             beat,
             key=config.key,
-            queue=config.reports_queue,
+            queue=config.heartbeats_queue,
             expires_seconds=config.heartbeat_expires_seconds,
             app=app,
         ),

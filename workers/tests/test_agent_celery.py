@@ -163,6 +163,7 @@ def launch_agent(node: str, data_dir: Path, redis_url: str, reader: ReportReader
         "--gpus", str(SLOTS),
         "--cpu",
         "--reports-queue", reader.queue.queue.name,
+        "--heartbeats-queue", reader.queue.queue.name,
         "--stop-children-on-exit",
     ]  # fmt: skip
     launched_at = time.time()

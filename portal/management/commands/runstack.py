@@ -21,15 +21,19 @@ from jobs.lifecycle import TICK_QUEUE
 from portal.demo import ensure_demo_data, ensure_demo_fabric
 from portal.stack import Keeper, ProcessSpec, Stack, python_module
 from utilities.embedded_redis import ensure_running, restart_if_dead
+from workers.protocol import HEARTBEATS_QUEUE
 
 WHATIF_QUEUE = "whatif"
 """The what-if simulations' queue: its own worker, one at a time, so they never starve the tick."""
 PORTAL_QUEUE = "portal"
 """Agent reports and the control plane's other tasks (log export, retention)."""
+REPORT_WORKER_QUEUES = f"{HEARTBEATS_QUEUE},{PORTAL_QUEUE}"
+"""What the report worker consumes: heartbeats beside the reports, served in turn, so a
+backlog of reports never holds a heartbeat back until it expires (``HEARTBEATS_QUEUE``)."""
 
 
 def celery_worker(name: str, queue: str, *, concurrency: int) -> ProcessSpec:
-    """A Celery worker of the portal's app that consumes only ``queue``."""
+    """A Celery worker of the portal's app that consumes only ``queue`` (comma-separated)."""
     argv = ("-A", "portal", "worker", "-Q", queue, "-n", f"{queue}@%h")
     return ProcessSpec(
         name,
@@ -58,7 +62,7 @@ def stack_processes(
     ]
     if worker:
         specs += [
-            celery_worker("worker", PORTAL_QUEUE, concurrency=2),
+            celery_worker("worker", REPORT_WORKER_QUEUES, concurrency=2),
             celery_worker("tick worker", TICK_QUEUE, concurrency=1),
             celery_worker("whatif worker", WHATIF_QUEUE, concurrency=1),
         ]
