@@ -38,3 +38,7 @@ class ApiClient:
                     raise
                 log.warning("%s timed out, again", path)
         raise AssertionError("unreachable")
+
+    def events(self, job: int) -> list[dict[str, Any]]:
+        """The job's history, oldest first (its first 200 events)."""
+        return list(self.call(f"/api/v1/jobs/{job}/events/?page_size=200")["results"])
