@@ -369,9 +369,14 @@ def test_an_edl_program_scales_out_and_in_without_stopping(stack: dict[str, Any]
     # What the program handed the SDK: its accuracy by epoch, its model, and a final checkpoint.
     metrics = api(stack, f"/api/v1/jobs/{edl['id']}/metrics/")
     assert metrics["progress"] and "accuracy" in metrics["metrics"], metrics["metrics"].keys()
-    kinds = {
-        (a["kind"], a["name"])
-        for a in api(stack, f"/api/v1/jobs/{edl['id']}/artifacts/")["results"]
-    }
-    assert ("user", "model.pt") in kinds and any(kind == "final" for kind, _ in kinds), kinds
+
+    # They arrive as reports of their own, after the one that completed the job: the agent
+    # collects ARTIFACT_DIR once the processes exited, and the reports' worker runs two at once.
+    def kinds() -> set[tuple[str, str]]:
+        listed = api(stack, f"/api/v1/jobs/{edl['id']}/artifacts/")["results"]
+        return {(a["kind"], a["name"]) for a in listed}
+
+    wait_for("the program's model and final checkpoint",
+             lambda: ("user", "model.pt") in kinds() and any(k == "final" for k, _ in kinds()),
+             stack, 120)  # fmt: skip
     api(stack, f"/api/v1/jobs/{other['id']}/cancel/", {})
