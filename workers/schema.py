@@ -196,16 +196,33 @@ def at_least(value: float | None, minimum: float, path: str) -> None:
 R = TypeVar("R", bound="Record")
 
 
+_FIELD_TYPES: dict[type, tuple[tuple[str, Any], ...]] = {}
+
+
+def _field_types(cls: type) -> tuple[tuple[str, Any], ...]:
+    """Each field's name and resolved annotation: resolved once per class, not per record.
+
+    Resolving string annotations (``typing.get_type_hints``) compiles each of
+    them again; a tick builds a few dozen commands and an agent parses every
+    message it gets, so once per class is what keeps construction cheap.
+    """
+    known = _FIELD_TYPES.get(cls)
+    if known is None:
+        hints = typing.get_type_hints(cls)
+        known = tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
+        _FIELD_TYPES[cls] = known  # a race computes the same tuple twice: harmless
+    return known
+
+
 @dataclass(frozen=True, kw_only=True)
 class Record:
     """Base of every protocol dataclass: type checks on construction, dict round trip."""
 
     def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
         prefix = f"{self.TYPE}." if isinstance(self, Message) else ""
-        for f in dataclasses.fields(self):
-            converted = _convert(getattr(self, f.name), hints[f.name], f"{prefix}{f.name}")
-            object.__setattr__(self, f.name, converted)
+        for name, hint in _field_types(type(self)):
+            converted = _convert(getattr(self, name), hint, f"{prefix}{name}")
+            object.__setattr__(self, name, converted)
         self.validate()
 
     def validate(self) -> None:

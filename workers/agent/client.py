@@ -42,6 +42,10 @@ def send_command(
     result = sender.send_task(
         AGENT_COMMAND_TASK,
         args=[command_envelope(node, command, key=key)],
+        # What logs and monitors show of the task: without it Celery builds a bounded
+        # repr of the whole signed envelope for every command (most of a send's CPU).
+        argsrepr=f"[{command.TYPE} {command.command_id} of {command.job} for {node}]",
+        kwargsrepr="{}",
         queue=agent_queue(node),
         ignore_result=True,
         producer=producer,
