@@ -237,6 +237,7 @@ def _profile(bench: Bench, tick: Callable[[], Any], path: str) -> dict[str, Any]
 
     profiler = cProfile.Profile()
     shapes: Counter[str] = Counter()
+    seconds: dict[str, float] = {}
     queries: list[int] = []
     for _ in range(bench.options.ticks):
         bench.churn()
@@ -246,14 +247,19 @@ def _profile(bench: Bench, tick: Callable[[], Any], path: str) -> dict[str, Any]
             tick()
             profiler.disable()
         queries.append(len(captured.captured_queries))
-        shapes.update(_query_shape(q["sql"]) for q in captured.captured_queries)
+        for query in captured.captured_queries:
+            shape = _query_shape(query["sql"])
+            shapes[shape] += 1
+            seconds[shape] = seconds.get(shape, 0.0) + float(query["time"])
     profiler.dump_stats(path)
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(40)
     print(out.getvalue())
     print(f"queries per tick: {queries}")
-    for shape, count in shapes.most_common(25):
-        print(f"{count / len(queries):7.1f}  {shape}")
+    print("per tick: queries, ms (database round trips as Django timed them), shape")
+    for shape, total in sorted(seconds.items(), key=lambda item: -item[1])[:25]:
+        ticks = len(queries)
+        print(f"{shapes[shape] / ticks:7.1f} {total * 1000 / ticks:7.2f}  {shape}")
     return {"profile_queries_per_tick": statistics.median(queries)}
 
 

@@ -197,12 +197,12 @@ def _possible_orphans(cluster: ClusterState, limits: Limits) -> list[int]:
     test, events and heartbeat listings included.
     """
     # An upper bound of every server's beat (its ``beat_at``, else its last heartbeat):
-    # the newest of all of both, the heartbeats' aggregated by the database.
-    newest: datetime | None = Server.objects.aggregate(newest=Max("last_heartbeat"))["newest"]
-    for sent in Server.objects.values_list(KT("agent_info__beat_at"), flat=True):
-        beat = beat_at({BEAT_AT: sent})
-        if beat is not None and (newest is None or beat > newest):
-            newest = beat
+    # the newest of all of both, in one read of two short columns.
+    newest: datetime | None = None
+    for heard, sent in Server.objects.values_list("last_heartbeat", KT("agent_info__beat_at")):
+        for beat in (heard, beat_at({BEAT_AT: sent})):
+            if beat is not None and (newest is None or beat > newest):
+                newest = beat
     if newest is None:
         return []  # no server ever beat: none can be judged
     cutoff = newest - timedelta(seconds=min(limits.vanished_s, limits.never_started_s))
