@@ -49,6 +49,12 @@ FORECAST_TASK = "jobs.tasks.refresh_forecast"
 DUE_KEY = "portal:forecast-due"
 LOCK_KEY = "portal:forecast"
 FORECAST_STATES = (JobState.QUEUED, JobState.RUNNING, JobState.SCALING)
+ESTIMATE_STEADY = timedelta(seconds=2)
+"""A new estimated time within this of the stored one is no change: the stored one stays.
+
+Estimates are ``now`` plus a duration, cut to the second, so one that holds
+still moves by a second whenever two refreshes straddle a second's edge;
+announcing that would send every tenant an event per job per refresh."""
 
 
 def remaining_work(
@@ -213,7 +219,7 @@ def store_estimates(*, live: LiveForecast) -> list[int]:
     changed: list[Job] = []
     touched: list[Job] = []
     for job in jobs:
-        values = wanted.get(job.pk, blank)
+        values = _steady(job, wanted.get(job.pk, blank))
         if any(getattr(job, key) != value for key, value in values.items()):
             changed.append(job)
         for key, value in values.items():
@@ -224,6 +230,16 @@ def store_estimates(*, live: LiveForecast) -> list[int]:
         save_estimates(touched)
         _announce(changed)
     return [job.pk for job in changed]
+
+
+def _steady(job: Job, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with each estimated time that moved less than ``ESTIMATE_STEADY`` kept as stored."""
+    steady = dict(values)
+    for key in ("estimated_start", "estimated_finish"):
+        stored, new = getattr(job, key), values[key]
+        if stored is not None and new is not None and abs(new - stored) < ESTIMATE_STEADY:
+            steady[key] = stored
+    return steady
 
 
 def estimate_fields(job: Job) -> dict[str, Any]:

@@ -138,6 +138,31 @@ def test_refresh_writes_start_behind_the_running_job_and_positions(
     assert refresh_forecast(now) == []
 
 
+@override_settings(SCHEDULER_POLICY="fifo")
+def test_an_estimate_that_moves_by_a_second_edge_is_kept_and_a_real_move_is_written(
+    alice: Any, acme: Tenant, fresh_redis: redis.Redis
+) -> None:
+    nodes = demo_cluster()
+    first = submit(alice, acme, gpus=8, name="first")
+    run_tick(policy="fifo")
+    for node in nodes:
+        drain_envelopes(node)
+    second = submit(alice, acme, gpus=8, name="second")
+    Job.objects.filter(pk=first.pk).update(step=600, samples_per_s=320.0)  # 40 s left
+    edge = timezone.now().replace(microsecond=900_000)  # just before a second's edge
+    assert refresh_forecast(edge)
+    second.refresh_from_db()
+    stored = second.estimated_start
+    # The same 40 s, 0.3 s later, across the edge: cut to the second it would move by 1 s.
+    assert refresh_forecast(edge + timedelta(seconds=0.3)) == []
+    second.refresh_from_db()
+    assert second.estimated_start == stored
+    # The running job reports no progress for 5 s: its end, and the next start, move on.
+    assert set(refresh_forecast(edge + timedelta(seconds=5)) or []) == {first.pk, second.pk}
+    second.refresh_from_db()
+    assert second.estimated_start == stored + timedelta(seconds=5)
+
+
 def test_a_refresh_while_another_runs_does_nothing(fresh_redis: redis.Redis) -> None:
     lock = fresh_redis.lock(LOCK_KEY, timeout=30)
     assert lock.acquire(blocking=False)
