@@ -186,7 +186,7 @@ def test_jobs_queue_start_scale_out_scale_in_and_complete(stack: dict[str, Any])
     # go first, so that A never runs at 4 while 8 processes share the 2 cores: a throughput
     # measured then would tell the policy that a scale-out does not pay.
     b = submit("b", 4, 3)
-    d = submit("d", 2, 250)
+    d = submit("d", 2, 200)  # runs until C comes (~60 s): C must take A's extra GPUs
     wait_for(
         "B and D to run",
         lambda: all(
@@ -196,7 +196,7 @@ def test_jobs_queue_start_scale_out_scale_in_and_complete(stack: dict[str, Any])
         stack,
         120,
     )
-    a = submit("a", 2, 400, min_gpus=2, max_gpus=4)
+    a = submit("a", 2, 220, min_gpus=2, max_gpus=4)
     assert a["state"] == "queued"
     wait_for(
         "A to run",
@@ -344,7 +344,7 @@ def test_an_edl_program_scales_out_and_in_without_stopping(stack: dict[str, Any]
     edl = api(
         stack,
         "/api/v1/jobs/",
-        {"name": "edl", "code": code, "entrypoint": "train.py --epochs 500", "launcher": "edl",
+        {"name": "edl", "code": code, "entrypoint": "train.py --epochs 300", "launcher": "edl",
          "gpus": 2, "min_gpus": 2, "max_gpus": 4, "batch_size": 64},
     )  # fmt: skip
     wait_for("the program to train at 2", lambda: "step 20 " in log_text(stack, edl["id"]),
