@@ -94,14 +94,14 @@ class Db:
     def held(self, job: int) -> list[int]:
         """The GPUs ``job`` holds, in rank order (the control plane's rows)."""
         sql = (
-            "SELECT g.index FROM jobs_jobgpu jg JOIN portal_gpu g ON g.id = jg.gpu_id "
+            'SELECT g."index" FROM jobs_jobgpu jg JOIN portal_gpu g ON g.id = jg.gpu_id '
             "WHERE jg.job_id = %s ORDER BY jg.rank"
         )
         return [row[0] for row in self.rows(sql, [job])]
 
     def suspect_until(self, gpu: int) -> datetime | None:
         """When GPU ``gpu``'s suspect mark lapses (None: none)."""
-        rows = self.rows("SELECT suspect_until FROM portal_gpu WHERE index = %s", [gpu])
+        rows = self.rows('SELECT suspect_until FROM portal_gpu WHERE "index" = %s', [gpu])
         value = rows[0][0] if rows else None
         if isinstance(value, str):  # SQLite keeps text
             value = datetime.fromisoformat(value)
