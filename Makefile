@@ -21,8 +21,10 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	DJANGO_SETTINGS_MODULE=portal.settings.dev $(PY) manage.py runstack
 
-## Set up and pass the tests: lint, types, then pytest.
-test: $(STAMP) lint typecheck pytest
+## Set up and pass the tests: lint, types and pytest. Lint first (seconds); mypy then runs
+## beside pytest (40 s of one core on a cold cache, while the first unit tests run).
+test: $(STAMP) lint
+	@$(MAKE) --no-print-directory -j2 typecheck pytest
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
