@@ -106,15 +106,21 @@ def test_remaining_work_from_the_measured_rate_and_unknown_without_one() -> None
 # -- the refresh against the real database and Redis --------------------------------------
 
 
+def running_on_the_whole_cluster(user: Any, tenant: Tenant, name: str) -> Job:
+    """A job placed on all 8 GPUs of the demo cluster by a FIFO tick (its start commands read)."""
+    nodes = demo_cluster()
+    job = submit(user, tenant, gpus=8, name=name)
+    run_tick(policy="fifo")
+    for node in nodes:
+        drain_envelopes(node)  # the start commands: not these tests' subject
+    return job
+
+
 @override_settings(SCHEDULER_POLICY="fifo")
 def test_refresh_writes_start_behind_the_running_job_and_positions(
     alice: Any, acme: Tenant, fresh_redis: redis.Redis
 ) -> None:
-    nodes = demo_cluster()  # 8 GPUs
-    first = submit(alice, acme, gpus=8, name="first")
-    run_tick(policy="fifo")
-    for node in nodes:
-        drain_envelopes(node)  # the start commands: not this test's subject
+    first = running_on_the_whole_cluster(alice, acme, "first")
     second = submit(alice, acme, gpus=8, name="second")
     third = submit(alice, acme, gpus=8, name="third", steps=1)
     # 600 of 1000 steps done at 320 samples/s: 400 x 32 / 320 = 40 s left.
@@ -142,11 +148,7 @@ def test_refresh_writes_start_behind_the_running_job_and_positions(
 def test_an_estimate_that_moves_by_a_second_edge_is_kept_and_a_real_move_is_written(
     alice: Any, acme: Tenant, fresh_redis: redis.Redis
 ) -> None:
-    nodes = demo_cluster()
-    first = submit(alice, acme, gpus=8, name="first")
-    run_tick(policy="fifo")
-    for node in nodes:
-        drain_envelopes(node)
+    first = running_on_the_whole_cluster(alice, acme, "first")
     second = submit(alice, acme, gpus=8, name="second")
     Job.objects.filter(pk=first.pk).update(step=600, samples_per_s=320.0)  # 40 s left
     edge = timezone.now().replace(microsecond=900_000)  # just before a second's edge
@@ -217,11 +219,7 @@ def test_maybe_refresh_is_off_with_no_interval(whatif_queue: Any, fresh_redis: r
 def test_api_page_and_dashboard_show_estimates_to_their_tenant_only(
     alice: Any, bob: Any, acme: Tenant, globex: Tenant, fresh_redis: redis.Redis
 ) -> None:
-    nodes = demo_cluster()
-    runs = submit(alice, acme, gpus=8, name="runs")
-    run_tick(policy="fifo")
-    for node in nodes:
-        drain_envelopes(node)
+    runs = running_on_the_whole_cluster(alice, acme, "runs")
     waits = submit(alice, acme, gpus=8, name="waits")
     other = submit(bob, globex, gpus=4, name="other")
     Job.objects.filter(pk=runs.pk).update(step=500, samples_per_s=320.0)
