@@ -344,7 +344,7 @@ def test_an_edl_program_scales_out_and_in_without_stopping(stack: dict[str, Any]
     edl = api(
         stack,
         "/api/v1/jobs/",
-        {"name": "edl", "code": code, "entrypoint": "train.py --epochs 300", "launcher": "edl",
+        {"name": "edl", "code": code, "entrypoint": "train.py --epochs 500", "launcher": "edl",
          "gpus": 2, "min_gpus": 2, "max_gpus": 4, "batch_size": 64},
     )  # fmt: skip
     wait_for("the program to train at 2", lambda: "step 20 " in log_text(stack, edl["id"]),
