@@ -2,11 +2,13 @@
 
 Commands go to each node's queue (``agent.<node>``) through the Celery app
 that is current (the portal's in the control plane), over one broker
-connection, each signed with its node's key (``jobs.agent_trust``); a
-command lost on the way is re-derived by the next tick.  Before sending,
-every node a command concerns (its target, and the nodes of the workers it
-asks to leave) is remembered as hosting the job, so their late reports about
-it are believed (``agent_trust.hosts``).
+connection, each signed with its node's key (``jobs.agent_trust``), by this
+process's sender thread (``jobs.command_sender``), so that the committing
+thread does not wait for the broker; a command lost on the way is re-derived
+by the next tick.  Before the hand-over, every node a command concerns (its
+target, and the nodes of the workers it asks to leave) is remembered as
+hosting the job, so their late reports about it are believed
+(``agent_trust.hosts``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from celery import current_app
 from django.conf import settings
 from django.db import transaction
 
-from jobs import agent_trust
+from jobs import agent_trust, command_sender
 from jobs.agent_commands import (
     JobLaunch,
     ProgramLaunch,
@@ -59,14 +61,38 @@ class Outbox:
         pending = list(self.commands)
         self.commands.clear()
         if pending:
-            transaction.on_commit(lambda: send_commands(pending))
+            transaction.on_commit(lambda: deliver(pending))
+
+
+def deliver(commands: Sequence[tuple[str, Command]]) -> None:
+    """Committed commands on their way: hosts remembered now, the publishing handed over.
+
+    The hosts are remembered in the committing thread, so a report answering a
+    command is believed however soon it comes; the publishing goes to this
+    process's sender thread (``jobs.command_sender``), unless
+    ``AGENT_SEND_IN_BACKGROUND`` is off.
+    """
+    try:
+        remember_hosts(commands)
+    except Exception:  # as a failed send: the next tick re-derives them
+        log.exception("could not send %d agent commands", len(commands))
+        return
+    if settings.AGENT_SEND_IN_BACKGROUND:
+        command_sender.sender().submit(publish, commands)
+    else:
+        publish(commands)
 
 
 def send_commands(commands: Sequence[tuple[str, Command]]) -> None:
+    """Remember the hosts and publish the commands, in this thread."""
+    remember_hosts(commands)
+    publish(commands)
+
+
+def publish(commands: Sequence[tuple[str, Command]]) -> None:
     """Put each command, signed, on its node's queue (``agent.<node>``), over one connection."""
     app = current_app
     try:
-        remember_hosts(commands)
         with app.producer_or_acquire() as producer:
             for node, command in commands:
                 key = agent_trust.key_of(node)

@@ -152,6 +152,9 @@ AGENT_SIGNING_KEY = env_str("AGENT_SIGNING_KEY", "")
 AGENT_MESSAGE_MAX_AGE_SECONDS = env_float("AGENT_MESSAGE_MAX_AGE_SECONDS", 900.0)
 AGENT_MESSAGE_MAX_SKEW_SECONDS = env_float("AGENT_MESSAGE_MAX_SKEW_SECONDS", 60.0)
 AGENT_HOSTED_GRACE_SECONDS = env_float("AGENT_HOSTED_GRACE_SECONDS", 3600.0)
+# Committed agent commands are published by a sender thread of the process that committed
+# them (jobs.command_sender), in order; 0: published in the committing thread.
+AGENT_SEND_IN_BACKGROUND = env_bool("AGENT_SEND_IN_BACKGROUND", True)
 
 CHANNEL_LAYER_SOCKET_TIMEOUT_S = env_float("CHANNEL_LAYER_SOCKET_TIMEOUT_S", 30.0)
 # One PUBLISH per event and server (pubsub), or one message per socket (core): see

@@ -10,6 +10,7 @@ from django.utils import timezone
 from inventory.models import Server
 from inventory.services import do_heartbeat, do_load_topology
 from jobs.agent_trust import key_of
+from jobs.command_sender import wait_sent
 from portal.celery import app
 from workers.protocol import agent_queue
 from workers.signing import open_envelope
@@ -33,7 +34,12 @@ def demo_cluster(spec: dict[str, int] | None = None) -> list[str]:
 
 
 def drain_envelopes(node: str) -> list[dict[str, Any]]:
-    """Pop every message waiting on ``agent.<node>`` (the real Redis list), as sent."""
+    """Pop every message waiting on ``agent.<node>`` (the real Redis list), as sent.
+
+    Commands committed by this process are published by its sender thread: they are
+    waited for first.
+    """
+    assert wait_sent(), "the agent command sender did not finish"
     envelopes: list[dict[str, Any]] = []
     with app.connection_for_read() as conn:
         queue = conn.SimpleQueue(agent_queue(node), no_ack=True)
