@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from scheduler.curves import SpeedTables, view_speeds
 from scheduler.fairshare import FairShare
@@ -150,6 +150,11 @@ class PolicyCore(ABC):
         self.add(job, now)
         self.mark_running(job, now)
 
+    def restore_many(self, jobs: Iterable[JobRecord], now: float) -> None:
+        """:meth:`restore_running` for each job, in order (cores may do it in bulk)."""
+        for job in jobs:
+            self.restore_running(job, now)
+
     def mark_running(self, job: JobRecord, now: float) -> None:  # noqa: B027 - optional hook
         """Hook for cores that keep running/pending sets apart."""
 
@@ -241,12 +246,14 @@ class Policy(ABC):
                 now=snapshot.now,
             )
         views = sorted(snapshot.jobs, key=_view_order)
-        for idx, view in enumerate(views):
-            rec = _record_from_view(view, idx, snapshot.now, self.class_ageing_s, speeds)
-            if view.running:
-                core.restore_running(rec, snapshot.now)
-            else:
-                core.add(rec, snapshot.now)
+        now, ageing = snapshot.now, self.class_ageing_s
+        records = [
+            _record_from_view(view, idx, now, ageing, speeds) for idx, view in enumerate(views)
+        ]
+        core.restore_many([rec for rec in records if rec.running], now)
+        for rec in records:
+            if not rec.running:
+                core.add(rec, now)
         return core, views
 
 

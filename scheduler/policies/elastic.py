@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from scheduler.policies.base import Plan, Policy
 from scheduler.policies.tiresias import TiresiasCore
@@ -122,26 +122,46 @@ class ElasticTiresiasCore(TiresiasCore):
         return fs.key(job.tenant) if fs is not None else 0.0
 
     def _push_grow(self, job: JobRecord, n: int) -> None:
+        entry = self._grow_entry(job, n)
+        if entry is not None:
+            heapq.heappush(self._grow, entry)
+
+    def _grow_entry(
+        self, job: JobRecord, n: int
+    ) -> tuple[int, float, float, int, int, JobRecord, int] | None:
+        """The scale-out candidate of ``job`` at ``n`` GPUs (None: no positive gain left)."""
         if n < job.max_gpus:
             gain = self._gain(job, n)
             if gain > _MIN_GAIN:
                 fs = self.fair_share
                 key = fs.key(job.tenant) if fs is not None else 0.0
-                entry = (job.klass, key, -gain, job.queue, job.idx, job, n)
-                heapq.heappush(self._grow, entry)
+                return (job.klass, key, -gain, job.queue, job.idx, job, n)
+        return None
 
-    def restore_running(self, job: JobRecord, now: float) -> None:
-        """Snapshot path: a job below its request counts as compacted; above it holds extras."""
-        super().restore_running(job, now)
-        q = self.queues[job.queue]
-        if job.alloc > job.requested:
-            q.run_gpus -= job.alloc - job.requested
-            job.base = job.requested
-            self.extra[job] = job.alloc - job.requested
-            self.extra_total += job.alloc - job.requested
-        elif job.alloc < job.requested:
-            job.compacted = True
-        self._push_grow(job, job.alloc)
+    def restore_many(self, jobs: Iterable[JobRecord], now: float) -> None:
+        """Snapshot path: a job below its request counts as compacted; above it holds extras.
+
+        The scale-out candidates go in with one heapify (entries are unique by
+        job index, so the heap pops as it would after one push per job).
+        """
+        jobs = list(jobs)
+        super().restore_many(jobs, now)
+        entries = []
+        for job in jobs:
+            alloc, requested = job.alloc, job.requested
+            if alloc > requested:
+                self.queues[job.queue].run_gpus -= alloc - requested
+                job.base = requested
+                self.extra[job] = alloc - requested
+                self.extra_total += alloc - requested
+            elif alloc < requested:
+                job.compacted = True
+            entry = self._grow_entry(job, alloc)
+            if entry is not None:
+                entries.append(entry)
+        if entries:
+            self._grow.extend(entries)
+            heapq.heapify(self._grow)
 
     def remove(self, job: JobRecord, now: float) -> None:
         """A job finished: its extras go with it."""

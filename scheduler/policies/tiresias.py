@@ -43,7 +43,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from scheduler.policies.base import Plan, Policy, PolicyCore, fair_order
 from scheduler.priority import CLASSES
@@ -120,14 +120,30 @@ class TiresiasCore(PolicyCore):
 
     def restore_running(self, job: JobRecord, now: float) -> None:
         """Snapshot path: put a running job straight into the queue its class and service say."""
-        if job.klass not in self._classes_seen:
-            self._see_class(job.klass)
-        job.queue = job.klass * self.levels + self.level_of(job)
-        job.base = job.alloc or job.requested
-        q = self.queues[job.queue]
-        q.running[job] = None
-        q.run_gpus += job.base
-        self._started(job, now)
+        self.restore_many((job,), now)
+
+    def restore_many(self, jobs: Iterable[JobRecord], now: float) -> None:
+        """:meth:`restore_running` for many jobs, in order; their crossings booked in one heapify.
+
+        The same books as one call per job (the entries' sequence numbers
+        included, so the heap pops in the same order), without a push per job.
+        """
+        seen, levels, queues = self._classes_seen, self.levels, self.queues
+        entries: list[tuple[float, int, JobRecord, int]] = []
+        for job in jobs:
+            if job.klass not in seen:
+                self._see_class(job.klass)
+            job.queue = job.klass * levels + self.level_of(job)
+            job.base = job.alloc or job.requested
+            q = queues[job.queue]
+            q.running[job] = None
+            q.run_gpus += job.base
+            entry = self._crossing(job, now)
+            if entry is not None:
+                entries.append(entry)
+        if entries:
+            self._demote_heap.extend(entries)
+            heapq.heapify(self._demote_heap)
 
     def remove(self, job: JobRecord, now: float) -> None:
         """A running job finished."""
@@ -185,10 +201,21 @@ class TiresiasCore(PolicyCore):
 
     def _started(self, job: JobRecord, now: float, gpus: int = 0) -> None:
         """Book the next threshold crossing of a job that runs from now on (on ``gpus``)."""
+        entry = self._crossing(job, now, gpus)
+        if entry is not None:
+            heapq.heappush(self._demote_heap, entry)
+
+    def _crossing(
+        self, job: JobRecord, now: float, gpus: int = 0
+    ) -> tuple[float, int, JobRecord, int] | None:
+        """The demotion-heap entry of a job that runs from now on (None: no threshold ahead).
+
+        Stamps the job: entries made before this one are void.
+        """
         stamp = self._bump(job)
         level = job.queue % self.levels
         if self.compat or level >= len(self.limits):
-            return
+            return None
         limit = self.limits[level]
         if self.by_gpu_time:
             rate = float(gpus or job.alloc or job.base)
@@ -196,7 +223,7 @@ class TiresiasCore(PolicyCore):
         else:
             when = now + max(0.0, limit - job.q_exec)
         self._seq += 1
-        heapq.heappush(self._demote_heap, (when, self._seq, job, stamp))
+        return (when, self._seq, job, stamp)
 
     def _stopped(self, job: JobRecord, now: float) -> None:
         job.settle(now)
