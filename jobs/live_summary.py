@@ -8,7 +8,7 @@ transaction that changed jobs sends them once, to each tenant group::
     lifecycle.broadcast(job, kind)          (any number of times in a transaction)
       └─ on_commit_once("tenant-summaries") records the tenant, whether the queue may
          have moved (a state change) and whether a job completed
-    commit ──> TenantSummaries()  (1 query for counts, 2 for the queue, 1 per completion)
+    commit ──> TenantSummaries()  (1 query for counts, 1 for the queue, 1 per completion)
          tenant.counts  {"tenant", "counts": {state: n}, "in_use"}     touched tenants
          tenant.queue   {"tenant", "positions": {job id: position}}    every tenant with
                                                                        queued jobs
@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from django.db.models import Count, Sum
+from django.db.models import Count, F, Sum
 
 from jobs.choices import ACTIVE_STATES, JobState
 from jobs.models import Job
-from jobs.stats import completed_jcts, summarize
+from jobs.stats import jct_stats
 from utilities.realtime import CLUSTER_GROUP, Message, on_commit_once, tenant_group
 
 POSITIONS_PER_TENANT = 200
@@ -43,12 +43,22 @@ def queue_ranks() -> dict[int, tuple[int, int]]:
     jobs that left the queue since taken out, so positions stay 1, 2, 3...
     between refreshes.  A job queued since the last refresh has none yet.
     """
+    return queue_state()[0]
+
+
+def queue_state() -> tuple[dict[int, tuple[int, int]], int]:
+    """:func:`queue_ranks` and the number of queued jobs (ranked or not yet), in one query."""
     queued = (
-        Job.objects.filter(state=JobState.QUEUED, queue_position__isnull=False)
-        .order_by("queue_position", "submitted_at", "id")
-        .values_list("pk", "tenant_id")
+        Job.objects.filter(state=JobState.QUEUED)
+        .order_by(F("queue_position").asc(nulls_last=True), "submitted_at", "id")
+        .values_list("pk", "tenant_id", "queue_position")
     )
-    return {pk: (rank, tenant) for rank, (pk, tenant) in enumerate(queued, start=1)}
+    ranks: dict[int, tuple[int, int]] = {}
+    count = 0
+    for count, (pk, tenant, position) in enumerate(queued, start=1):
+        if position is not None:  # the unranked come last
+            ranks[pk] = (count, tenant)
+    return ranks, count
 
 
 def tenant_counts(tenant_ids: set[int]) -> dict[int, tuple[dict[str, int], int]]:
@@ -91,8 +101,9 @@ class TenantSummaries:
             return []
         messages: list[Message] = []
         by_tenant: dict[int, dict[str, int]] = {}
+        ranks, queued = queue_state() if self.queue_moved else ({}, 0)
         if self.queue_moved:
-            for pk, (rank, tenant) in queue_ranks().items():
+            for pk, (rank, tenant) in ranks.items():
                 shown = by_tenant.setdefault(tenant, {})
                 if len(shown) < POSITIONS_PER_TENANT:
                     shown[str(pk)] = rank
@@ -105,7 +116,7 @@ class TenantSummaries:
                 payload = {"type": "tenant.queue", "tenant": tenant, "positions": positions}
                 messages.append(Message((tenant_group(tenant),), payload, f"queue-{tenant}"))
         for tenant in sorted(self.completed):
-            jct = summarize(completed_jcts(Job.objects.filter(tenant_id=tenant))).as_dict()
+            jct = jct_stats(Job.objects.filter(tenant_id=tenant)).as_dict()
             payload = {"type": "tenant.jct", "tenant": tenant, "jct": jct}
             messages.append(Message((tenant_group(tenant),), payload, f"jct-{tenant}"))
         keyed = [
@@ -113,7 +124,6 @@ class TenantSummaries:
             for m in messages
         ]
         if self.queue_moved:  # the cluster view's queue tile and timeline
-            queued = Job.objects.filter(state=JobState.QUEUED).count()
             payload = {"type": "cluster.queue", "queue_length": queued}
             keyed.append(Message((CLUSTER_GROUP,), payload, "cluster-queue"))
         return keyed

@@ -11,6 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from jobs.live import job_snapshot, tenant_snapshot
+from jobs.live_summary import queue_state
 from jobs.models import Job, JobMetric
 from jobs.services import check_job_spec, do_set_parallelism, do_submit_job
 from tenancy.models import Tenant
@@ -89,3 +90,17 @@ def test_job_snapshot_series(alice: Any, acme: Tenant) -> None:
     assert snap["profile"] == {"gpus": [1, 2, 4], "samples_per_second": [100.0, 180.0, 300.0]}
     assert snap["log"] == ["a", "b", "c"]
     assert snap["events"][-1]["reason"] == "grew onto idle GPUs"
+
+
+def test_queue_state_ranks_the_stored_order_and_counts_the_unranked(
+    alice: Any, bob: Any, acme: Tenant, globex: Tenant
+) -> None:
+    """One query gives the events' positions (1, 2, ... with leavers taken out) and the length."""
+    left, second, first, fresh = (submit(alice, acme, n) for n in "abcd")
+    theirs = submit(bob, globex, "e")
+    for job, position in ((left, 1), (first, 2), (theirs, 4), (second, 7)):
+        Job.objects.filter(pk=job.pk).update(queue_position=position)
+    move(job_id=left.pk, to_state="running", reason="t", parallelism=1)  # left the queue
+    ranks, queued = queue_state()
+    assert ranks == {first.pk: (1, acme.pk), theirs.pk: (2, globex.pk), second.pk: (3, acme.pk)}
+    assert fresh.pk not in ranks and queued == 4  # queued since the refresh: counted, unranked
