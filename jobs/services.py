@@ -29,7 +29,7 @@ from jobs.lifecycle import broadcast, record, request_tick, transition
 from jobs.models import Job
 from jobs.outbox import Outbox
 from jobs.program_spec import PROGRAM_FIELDS, ProgramSpec, check_program, wants_program
-from jobs.stats import JctStats, completed_jcts, summarize
+from jobs.stats import JctStats, jct_stats
 from tenancy.models import Tenant
 from tenancy.services import can_write
 from utilities.bounded_json import JsonRefused, loads
@@ -569,12 +569,12 @@ def _update_limits(
 
 def tenant_jct_stats(tenant: Tenant, since: datetime | None = None) -> JctStats:
     """JCT statistics of one tenant's completed jobs."""
-    return summarize(completed_jcts(Job.objects.filter(tenant=tenant), since))
+    return jct_stats(Job.objects.filter(tenant=tenant), since)
 
 
 def cluster_jct_stats(since: datetime | None = None) -> JctStats:
     """JCT statistics of every completed job in the cluster."""
-    return summarize(completed_jcts(Job.objects.all(), since))
+    return jct_stats(Job.objects.all(), since)
 
 
 __all__ = [
