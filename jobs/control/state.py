@@ -399,10 +399,19 @@ def set_aside(gpus: tuple[GpuView, ...], held: Collection[int]) -> tuple[GpuView
     """
     if not held:
         return gpus
-    aside = frozenset(held)
-    return tuple(
-        GpuView(g.id, g.server, g.leaf, GpuState.DOWN, g.job) if g.id in aside else g for g in gpus
-    )
+    out = list(gpus)
+    for index in set(held):
+        # The views are in index order; a cluster's indices are 0..n-1, so a view is found
+        # at its index (a copy and a few look-ups, not a pass over every GPU of the cluster).
+        if not (0 <= index < len(out) and out[index].id == index):
+            aside = frozenset(held)  # indices with gaps: look at every view
+            return tuple(
+                GpuView(g.id, g.server, g.leaf, GpuState.DOWN, g.job) if g.id in aside else g
+                for g in gpus
+            )
+        g = out[index]
+        out[index] = GpuView(g.id, g.server, g.leaf, GpuState.DOWN, g.job)
+    return tuple(out)
 
 
 def assemble_snapshot(
