@@ -13,12 +13,13 @@ hosting the job, so their late reports about it are believed
 
 from __future__ import annotations
 
+import functools
 import logging
 import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from celery import current_app
+from celery import Celery, current_app
 from django.conf import settings
 from django.db import transaction
 
@@ -78,7 +79,8 @@ def deliver(commands: Sequence[tuple[str, Command]]) -> None:
         log.exception("could not send %d agent commands", len(commands))
         return
     if settings.AGENT_SEND_IN_BACKGROUND:
-        command_sender.sender().submit(publish, commands)
+        app = current_app._get_current_object()  # the committing thread's, for the sender's
+        command_sender.sender().submit(functools.partial(publish, app=app), commands)
     else:
         publish(commands)
 
@@ -89,9 +91,13 @@ def send_commands(commands: Sequence[tuple[str, Command]]) -> None:
     publish(commands)
 
 
-def publish(commands: Sequence[tuple[str, Command]]) -> None:
-    """Put each command, signed, on its node's queue (``agent.<node>``), over one connection."""
-    app = current_app
+def publish(commands: Sequence[tuple[str, Command]], app: Celery | None = None) -> None:
+    """Put each command, signed, on its node's queue (``agent.<node>``), over one connection.
+
+    ``app``: the Celery app to send with (default: the current one; the sender
+    thread is given the committing thread's).
+    """
+    app = app or current_app
     try:
         with app.producer_or_acquire() as producer:
             for node, command in commands:
