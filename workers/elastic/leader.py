@@ -196,6 +196,12 @@ class Leader:
                 log(view.me, "scale-in of every worker refused: use stop")
                 return False
             if not leavers and not joiners:
+                # Said, so that a control plane waiting for this switch can be traced here.
+                log(
+                    view.me,
+                    f"{request.reason or 'a request'}: none of {list(request.workers)} is a "
+                    f"member of generation {view.generation} ({list(view.members)}): dropped",
+                )
                 return False
             self.pending = self.pending[len(joiners) :]
             self.prepare(leavers, joiners, request.reason)

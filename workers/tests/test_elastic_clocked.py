@@ -255,6 +255,19 @@ def test_a_malformed_control_request_is_dropped_and_the_next_one_served(
     assert leader.meta.queue == []
 
 
+def test_a_scale_in_of_workers_that_are_not_members_is_dropped_and_said(
+    redis_url: str, job: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A control plane waiting for such a switch would wait for ever: the worker log says why."""
+    clock = ManualClock()
+    leader, _view = make_leader(redis_url, job, clock)
+    control = JobControl(redis_url, job)
+    control.request_scale_in(["w7", "w9"], "shrink by 2")
+    leader.tick()
+    assert leader.meta.queue == [] and leader.op is None
+    assert "shrink by 2: none of ['w7', 'w9'] is a member" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
