@@ -83,7 +83,10 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     )
 
 
-@pytest.fixture(scope="session")
+# Package scope, not session: the portal's daphne, its driver and Chromium stop once the
+# last browser test ran, rather than idling (or serving a failed test's live page) beside
+# the end-to-end tests that follow, which need both cores.
+@pytest.fixture(scope="package")
 def portal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Driver, Any]]:
     """A migrated, seeded portal served by daphne, with its driver."""
     server, driver, tenants = start_portal(tmp_path_factory.mktemp("browser-portal"))
@@ -94,17 +97,17 @@ def portal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, D
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def server(portal: tuple[Server, Driver, Any]) -> Server:
     return portal[0]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def driver(portal: tuple[Server, Driver, Any]) -> Driver:
     return portal[1]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
     """Debian's Chromium, headless, through Playwright (never a downloaded browser)."""
     if not Path(CHROMIUM).exists():
@@ -115,6 +118,19 @@ def browser() -> Iterator[Any]:
         chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()
+
+
+@pytest.fixture(autouse=True)
+def close_contexts(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Close whatever browser contexts a test left open (one that failed before its close()).
+
+    A left page stays live: its socket and timers kept Chromium and the portal's daphne
+    busy (about half a core) for the rest of the run.
+    """
+    yield
+    if "browser" in request.fixturenames:
+        for context in list(request.getfixturevalue("browser").contexts):
+            context.close()
 
 
 def login(browser: Any, server: Server, username: str, width: int = 1280) -> Any:
