@@ -87,8 +87,14 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 # last browser test ran, rather than idling (or serving a failed test's live page) beside
 # the end-to-end tests that follow, which need both cores.
 @pytest.fixture(scope="package")
-def portal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Driver, Any]]:
-    """A migrated, seeded portal served by daphne, with its driver."""
+def portal(
+    browser: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Server, Driver, Any]]:
+    """A migrated, seeded portal served by daphne, with its driver.
+
+    It asks for ``browser`` first: without Chromium a test skips before a portal is
+    migrated and served for nothing.
+    """
     server, driver, tenants = start_portal(tmp_path_factory.mktemp("browser-portal"))
     try:
         yield server, driver, tenants

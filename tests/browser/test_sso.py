@@ -38,8 +38,10 @@ def provider() -> Iterator[Provider]:
 
 
 @pytest.fixture(scope="module")
-def sso_server(provider: Provider, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A portal with single sign-on on, against ``provider``."""
+def sso_server(
+    browser: Any, provider: Provider, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """A portal with single sign-on on, against ``provider`` (after ``browser``: none without it)."""
     env = {
         "OIDC_ISSUER": provider.issuer,
         "OIDC_CLIENT_ID": provider.client_id,
