@@ -158,7 +158,11 @@ def test_sigkill_an_agent(stack: FaultStack, scenario_clock: Callable[[str], Non
 def test_sigkill_the_celery_workers_mid_tick_then_beat(
     stack: FaultStack, scenario_clock: Callable[[str], None]
 ) -> None:
-    running = stack.submit("tick-kill")
+    # Long enough to train through every restart below: a job that ends while the report
+    # worker is down keeps its GPUs until the worker is back (~20 s here), which the
+    # monitor rightly calls "held by the dead"; the scenario's pace decides whether a
+    # 45-epoch job ends in that window (seen: four runs in a row on 2026-12-02).
+    running = stack.submit("tick-kill", epochs=LONG_EPOCHS)
     stack.wait_running_past_checkpoint(running)
     queued = stack.submit("placed-after-kill")  # the tick that would place it is the one killed
     client = redis.Redis.from_url(stack.env["REDIS_URL"])
