@@ -98,9 +98,9 @@ def jct_stats(jobs: QuerySet[Any], since: datetime | None = None) -> JctStats:
     summary is remade at each of its completions, and its history only grows);
     elsewhere the durations are read and summarised here.
     """
-    finished = _completed(jobs, since)
     if connection.vendor != "postgresql":
-        return summarize(completed_jcts(finished))
+        return summarize(completed_jcts(jobs, since))
+    finished = _completed(jobs, since)
     seconds = Extract(_jct(), "epoch")
     row = finished.aggregate(
         count=Count("pk"),

@@ -26,6 +26,7 @@ from __future__ import annotations
 import heapq
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
 
 from scheduler.curves import SpeedTables, view_speeds
 from scheduler.fairshare import FairShare
@@ -255,6 +256,16 @@ class Policy(ABC):
             if not rec.running:
                 core.add(rec, now)
         return core, views
+
+
+Entry = TypeVar("Entry", bound=tuple[Any, ...])  # a heap entry: compared as a tuple
+
+
+def push_all(heap: list[Entry], entries: list[Entry]) -> None:
+    """Put ``entries`` on ``heap`` with one heapify (bulk restores: the same pops as a push each)."""
+    if entries:
+        heap.extend(entries)
+        heapq.heapify(heap)
 
 
 def fair_order(jobs: list[JobRecord], fair_share: FairShare | None) -> list[JobRecord]:

@@ -45,7 +45,7 @@ import heapq
 import math
 from collections.abc import Callable, Iterable, Sequence
 
-from scheduler.policies.base import Plan, Policy
+from scheduler.policies.base import Plan, Policy, push_all
 from scheduler.policies.tiresias import TiresiasCore
 from scheduler.records import JobRecord
 
@@ -159,9 +159,7 @@ class ElasticTiresiasCore(TiresiasCore):
             entry = self._grow_entry(job, alloc)
             if entry is not None:
                 entries.append(entry)
-        if entries:
-            self._grow.extend(entries)
-            heapq.heapify(self._grow)
+        push_all(self._grow, entries)
 
     def remove(self, job: JobRecord, now: float) -> None:
         """A job finished: its extras go with it."""

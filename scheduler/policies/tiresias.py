@@ -45,7 +45,7 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 
-from scheduler.policies.base import Plan, Policy, PolicyCore, fair_order
+from scheduler.policies.base import Plan, Policy, PolicyCore, fair_order, push_all
 from scheduler.priority import CLASSES
 from scheduler.records import JobRecord
 
@@ -141,9 +141,7 @@ class TiresiasCore(PolicyCore):
             entry = self._crossing(job, now)
             if entry is not None:
                 entries.append(entry)
-        if entries:
-            self._demote_heap.extend(entries)
-            heapq.heapify(self._demote_heap)
+        push_all(self._demote_heap, entries)
 
     def remove(self, job: JobRecord, now: float) -> None:
         """A running job finished."""
