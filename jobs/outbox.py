@@ -4,8 +4,9 @@ Commands go to each node's queue (``agent.<node>``) through the Celery app
 that is current (the portal's in the control plane), over one broker
 connection, each signed with its node's key (``jobs.agent_trust``), by this
 process's sender thread (``jobs.command_sender``), so that the committing
-thread does not wait for the broker; a command lost on the way is re-derived
-by the next tick.  Before the hand-over, every node a command concerns (its
+thread does not wait for the broker; a command lost on the way is recovered
+as ``jobs.command_sender`` says (reconcile requeues a job whose start never
+came).  Before the hand-over, every node a command concerns (its
 target, and the nodes of the workers it asks to leave) is remembered as
 hosting the job, so their late reports about it are believed
 (``agent_trust.hosts``).
