@@ -435,6 +435,16 @@ STALL_FACTOR = 10
 """How many down-after intervals a stalled report pipeline may hold every server up."""
 
 
+def pipeline_stalled(
+    *, now: datetime, newest: datetime | None, after_seconds: float, stall_factor: float
+) -> bool:
+    """Whether no heartbeat at all arrived for ``stall_factor`` down-after intervals (pure).
+
+    Then every agent really is gone (or never came): silence is measured up to now.
+    """
+    return newest is None or now - newest >= timedelta(seconds=after_seconds * stall_factor)
+
+
 def silence_cutoff(
     *, now: datetime, newest: datetime | None, after_seconds: float, stall_factor: float
 ) -> datetime:
@@ -451,9 +461,35 @@ def silence_cutoff(
     gone), silence is measured up to now again.
     """
     reference = now
-    if newest is not None and now - newest < timedelta(seconds=after_seconds * stall_factor):
+    if not pipeline_stalled(
+        now=now, newest=newest, after_seconds=after_seconds, stall_factor=stall_factor
+    ):
+        assert newest is not None
         reference = min(now, newest)
     return reference - timedelta(seconds=after_seconds)
+
+
+def still_queued(
+    candidates: Mapping[str, datetime | None], newest_sent: datetime | None, after_seconds: float
+) -> set[str]:
+    """The silent-looking servers whose heartbeats may only be waiting in the backlog (pure).
+
+    ``candidates`` maps each server that no heartbeat reached for too long to when
+    its newest heartbeat was *sent* (``beat_at``); ``newest_sent`` is the newest
+    such time of any server. When the report worker comes back from a stall, it
+    drains the backlog in order: the first heartbeats it applies are fresh
+    arrivals, while the other servers' heartbeats of the same moments are still
+    queued behind them, so silence by arrival alone marks live servers down. The
+    pipeline has delivered everything sent up to ``newest_sent``, so a server is
+    silent only when its own newest heartbeat was sent more than
+    ``after_seconds`` before that. Sent times are clamped to their arrival
+    (``sent_at``), so an agent's clock can only spare a server here, never mark
+    one down that arrival alone would not.
+    """
+    if newest_sent is None:
+        return set()
+    horizon = newest_sent - timedelta(seconds=after_seconds)
+    return {node for node, sent in candidates.items() if sent is not None and sent >= horizon}
 
 
 @transaction.atomic
@@ -463,7 +499,9 @@ def do_mark_silent_servers_down(
     """Mark down every up/draining server whose agent has been silent too long.
 
     Silence is judged against the newest heartbeat of any server (``silence_cutoff``),
-    so a stalled report pipeline does not look like every agent dying.
+    so a stalled report pipeline does not look like every agent dying, and, while
+    heartbeats arrive, by when they were sent (``still_queued``), so a backlog being
+    drained does not either.
     """
     newest = Server.objects.aggregate(newest=Max("last_heartbeat"))["newest"]
     cutoff = silence_cutoff(
@@ -472,7 +510,18 @@ def do_mark_silent_servers_down(
     silent = Server.objects.select_for_update().filter(
         state__in=(ServerState.UP, ServerState.DRAINING), last_heartbeat__lt=cutoff
     )
-    nodes = list(silent.values_list("node", flat=True))
+    candidates = {node: beat_at(info) for node, info in silent.values_list("node", "agent_info")}
+    if candidates and not pipeline_stalled(
+        now=now, newest=newest, after_seconds=after_seconds, stall_factor=stall_factor
+    ):
+        sent = [
+            _parse_time(raw)
+            for raw in Server.objects.values_list(f"agent_info__{BEAT_AT}", flat=True)
+        ]
+        newest_sent = max((at for at in sent if at is not None), default=None)
+        for node in still_queued(candidates, newest_sent, after_seconds):
+            del candidates[node]
+    nodes = sorted(candidates)
     if nodes:
         Server.objects.filter(node__in=nodes).update(
             state=ServerState.DOWN, state_reason=MISSED_HEARTBEATS

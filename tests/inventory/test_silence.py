@@ -62,3 +62,41 @@ def test_a_stall_marks_nobody_down_but_one_dead_agent_among_live_ones_is_caught(
     # and a whole cluster silent for 10 intervals is down after all
     later = now + timedelta(seconds=300)
     assert sorted(do_mark_silent_servers_down(now=later, after_seconds=20)) == nodes[:-1]
+
+
+@pytest.mark.django_db
+def test_a_backlog_being_drained_marks_nobody_down() -> None:
+    """Found by the fault suite: after the report worker restarted, the first heartbeats
+    it applied were fresh arrivals while the other servers' were still queued behind
+    them, and one to three live servers were marked down on every run."""
+    do_load_topology(DEMO)
+    now = timezone.now()
+    nodes = list(Server.objects.order_by("node").values_list("node", flat=True))
+
+    def beat(node: str, sent: float, arrived: float) -> None:
+        info = {"at": (now - timedelta(seconds=sent)).timestamp()}
+        do_heartbeat(node=node, info=info, at=now - timedelta(seconds=arrived))
+
+    for node in nodes:  # the last heartbeats before the report worker died
+        beat(node, sent=45, arrived=45)
+    beat(nodes[0], sent=43, arrived=0)  # the worker is back: the first of its backlog
+    assert do_mark_silent_servers_down(now=now, after_seconds=20) == []
+    assert set(Server.objects.values_list("state", flat=True)) == {"up"}
+    # the backlog drained: every live agent's heartbeats of now arrived, node-3's did not
+    for node in nodes[:-1]:
+        beat(node, sent=0, arrived=0)
+    assert do_mark_silent_servers_down(now=now, after_seconds=20) == [nodes[-1]]
+
+
+@pytest.mark.django_db
+def test_an_agent_clock_cannot_keep_a_dead_server_up_or_mark_a_live_one_down() -> None:
+    do_load_topology(DEMO)
+    now = timezone.now()
+    nodes = list(Server.objects.order_by("node").values_list("node", flat=True))
+    ahead = (now + timedelta(hours=1)).timestamp()
+    for node in nodes[:-1]:  # live agents, one with a clock an hour ahead
+        do_heartbeat(node=node, info={"at": ahead if node == nodes[0] else now.timestamp()}, at=now)
+    # the dead one's last heartbeat claims to be sent in the future: it counts as its arrival
+    do_heartbeat(node=nodes[-1], info={"at": ahead}, at=now - timedelta(seconds=60))
+    assert do_mark_silent_servers_down(now=now, after_seconds=20) == [nodes[-1]]
+    assert Server.objects.filter(state="up").count() == len(nodes) - 1
