@@ -473,7 +473,7 @@ def compare(kept: Prepared, rebuilt: Prepared) -> list[str]:
         differences.append("unavailable")
     differences += [
         name
-        for name in ("snapshot", "ids", "held_back", "book", "profile_candidates")
+        for name in ("snapshot", "ids", "held_back", "book", "profile_candidates", "switching")
         if getattr(view, name) != getattr(ref_view, name)
     ]
     return differences

@@ -249,6 +249,7 @@ class PolicyInput:
     held_back: dict[int, str]  # queued jobs kept out by their tenant's quota -> why
     book: QuotaBook  # quota and use per tenant, to check the policy's starts
     profile_candidates: tuple[int, ...]  # running at max, never profiled, tenant profiles
+    switching: tuple[int, ...] = ()  # in ``scaling``: left out, watched (switch_watchdog)
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,10 +458,13 @@ def assemble_snapshot(
     weights: dict[str, float] = {}
     base = now.timestamp() if epoch is None else epoch
     left_out: list[int] = []
+    switching: list[int] = []
     for row in rows:
         job_id, state, lo, hi = row.id, row.state, row.min_gpus, row.max_gpus
         if state == JobState.SCALING or row.profile_state == "requested":
             left_out.append(job_id)
+            if state == JobState.SCALING:
+                switching.append(job_id)
             continue  # switching or profiling: its size belongs to the runtime for now
         tenant = tenants[row.tenant_id]
         view = views.get(job_id) if views is not None else None
@@ -517,4 +521,4 @@ def assemble_snapshot(
         jobs=tuple(jobs),
         tenants=tenant_shares(weights, now),
     )
-    return PolicyInput(snapshot, ids, held_back, book, tuple(profile_candidates))
+    return PolicyInput(snapshot, ids, held_back, book, tuple(profile_candidates), tuple(switching))

@@ -54,6 +54,7 @@ from jobs.control.limits import stop_jobs_at_limit
 from jobs.control.policy import live_policy
 from jobs.control.reconcile import reconcile
 from jobs.control.state import ClusterState
+from jobs.control.switch_watchdog import stop_stuck_switches
 from jobs.control.tick_stats import record_tick
 from jobs.coordination import forget_coordination
 from jobs.forecast import maybe_refresh
@@ -214,6 +215,10 @@ def _tick(source: ClusterSource, policy_name: str, now: datetime) -> TickResult:
     source.touched(ids[b.job] for b in bound if b.job in ids)
     changed += apply_bound(cluster.spec, bound, ids, cluster.homes, now, outbox)
     changed += _request_profiles(cluster, view.profile_candidates, now, outbox)
+    stuck = stop_stuck_switches(view.switching, now, outbox)
+    if stuck:
+        source.touched(stuck)  # their GPUs are free again: the kept allocator reads them anew
+        changed += stuck
     waiting = {ids[r.job]: r.reason for r in refused if r.job in ids}
     waiting.update(view.held_back)
     waiting.update({ids[name]: reason for name, reason in over_quota.items()})

@@ -205,6 +205,11 @@ AGENT_DOWN_AFTER_SECONDS = env_float("AGENT_DOWN_AFTER_SECONDS", 20.0)
 # the slots' previous workers finish (its slot wait, 60 s).
 RECONCILE_SECONDS = env_float("RECONCILE_SECONDS", 3 * AGENT_HEARTBEAT_SECONDS)
 RECONCILE_START_SECONDS = env_float("RECONCILE_START_SECONDS", 60 + RECONCILE_SECONDS)
+# A job in "scaling" (a resize, a migration, a torchrun restart) whose switch no report has
+# confirmed this long after it began is stopped and requeued (jobs.control.switch_watchdog).
+# A switch takes seconds; a joiner may wait for its slots (60 s) and a torchrun stop for
+# its grace: five minutes leaves room for both on a loaded server.
+SCALING_TIMEOUT_SECONDS = env_float("SCALING_TIMEOUT_SECONDS", 300.0)
 
 # Tenants' own programs (launcher "torchrun"): a resize stops the processes (SIGTERM, then
 # this grace, then SIGKILL) and starts them again; rank 0 listens on

@@ -374,7 +374,9 @@ def test_silent_agent_is_marked_down_and_its_jobs_recover(alice: Any, acme: Any)
     job = submit(alice, acme, gpus=2)
     run_tick(policy="fifo")
     node = Server.objects.get(gpu_set__index=held(job)[0]).node
-    # Every other agent keeps reporting; this one went silent a minute ago.
+    # Every other agent keeps reporting; this one went silent a minute ago (its newest
+    # heartbeat, arrived and sent, is that old: demo_cluster's of now is forgotten).
+    Server.objects.filter(node=node).update(agent_info={})
     for other in nodes:
         at = timezone.now() - timedelta(seconds=60) if other == node else timezone.now()
         do_heartbeat(node=other, info={}, at=at)
