@@ -21,6 +21,7 @@ import yaml
 from django.core.management import get_commands
 
 from tests.architecture.imports import LAYERS
+from tests.redis_clients import one_try
 from utilities.embedded_redis import server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,7 +177,7 @@ def compose_redis(tmp_path: Path, password: str) -> Iterator[int]:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
-                redis.Redis(port=port, socket_timeout=0.5).ping()
+                one_try(port=port, socket_timeout=0.5).ping()
             except redis.AuthenticationError:
                 break  # up, and refusing the anonymous client
             except redis.ConnectionError:
@@ -192,9 +193,9 @@ def test_redis_requires_the_portal_user_and_password(tmp_path: Path) -> None:
     password = secrets.token_hex(16)
     with compose_redis(tmp_path, password) as port:
         with pytest.raises(redis.AuthenticationError):
-            redis.Redis(port=port).ping()
+            one_try(port=port).ping()
         with pytest.raises(redis.AuthenticationError):  # the default user is off
-            redis.Redis(port=port, password=password).ping()
+            one_try(port=port, password=password).ping()
         env = redis_env(password)
         url = load(env)["services"]["web"]["environment"]["REDIS_URL"]
         assert redis.Redis.from_url(url.replace("@redis:6379", f"@127.0.0.1:{port}")).ping()

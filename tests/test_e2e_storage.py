@@ -1,8 +1,8 @@
 """End to end: a job whose every server dies resumes on other servers from the shared store.
 
 Starts ``manage.py runstack --no-agents`` and four node agents of its own, each
-with a data directory of its own and one artifact store between them: a
-directory (``file://``) or an S3-compatible server (moto, on loopback).  A
+with a data directory of its own and one artifact store between them, an
+S3-compatible server (moto, on loopback).  A
 4-GPU job trains on two servers; both agents and every training process are
 SIGKILLed; the control plane sees the servers go down, requeues the job onto
 the two others, and it resumes from its latest checkpoint (step > 0), so
@@ -43,11 +43,14 @@ BATCH = 64
 
 
 @contextlib.contextmanager
-def store_env(kind: str, tmp_path: Path) -> Iterator[dict[str, str]]:
-    """The environment that names the shared artifact store, for the stack and every agent."""
-    if kind == "file":
-        yield {"ARTIFACT_URL": f"file://{tmp_path / 'shared-store'}"}
-        return
+def store_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """The environment that names the shared artifact store, for the stack and every agent.
+
+    S3 only: a shared directory (``file://``) is what every other stack test stores
+    to, and a run killed everywhere resuming from one elsewhere is
+    ``workers/tests/test_elastic_resume.py``'s ``[file]`` case (the control plane's
+    part, requeue and placement, is the same for both stores).
+    """
     from workers.tests.s3_server import moto_s3
 
     with moto_s3("e2e-artifacts") as s3:
@@ -66,8 +69,8 @@ def start_agent(node: str, tmp_path: Path, env: dict[str, str]) -> subprocess.Po
     )  # fmt: skip
 
 
-@pytest.fixture(params=["file", "s3"])
-def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[dict[str, Any]]:
     port = free_port()
     (tmp_path / "steps").mkdir()
     env, drop_db = stack_env(
@@ -80,7 +83,7 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str
         SCHEDULER_POLICY="tiresias",
         AGENT_STEP_LOG_DIR=str(tmp_path / "steps"),
     )
-    with store_env(request.param, tmp_path) as store:
+    with store_env(tmp_path) as store:
         env.update(store)
         proc = subprocess.Popen(
             [sys.executable, "manage.py", "runstack", "--port", str(port), "--no-agents"],
@@ -111,7 +114,7 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str
                 "agents": agents,
                 "env": env,
                 "tmp": tmp_path,
-                "store": request.param,
+                "store": "s3",
             }
         finally:
             for agent in agents.values():

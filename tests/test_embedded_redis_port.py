@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.redis_clients import one_try
 from utilities.embedded_redis import (
     USER,
     EmbeddedRedisError,
@@ -81,12 +82,12 @@ def test_only_the_portal_user_is_answered(tmp_path: Path) -> None:
         port = int((tmp_path / "redis" / "port").read_text())
         password = (tmp_path / "redis" / "password").read_text()
         with pytest.raises(redis.AuthenticationError):  # no credentials: NOAUTH
-            redis.Redis(host="127.0.0.1", port=port).ping()
+            one_try(host="127.0.0.1", port=port).ping()
         for user, secret in (("default", ""), ("default", password), (USER, "wrong")):
             with pytest.raises(redis.AuthenticationError):
-                redis.Redis(host="127.0.0.1", port=port, username=user, password=secret).ping()
+                one_try(host="127.0.0.1", port=port, username=user, password=secret).ping()
         with pytest.raises(redis.AuthenticationError):  # the old requirepass style
-            redis.Redis(host="127.0.0.1", port=port, password=password).ping()
+            one_try(host="127.0.0.1", port=port, password=password).ping()
         client = redis.Redis.from_url(url)
         assert client.ping() and client.acl_whoami() == USER
         assert answers_ping(port, password=password) and not answers_ping(port)
