@@ -11,11 +11,9 @@ CHROMIUM ?= /usr/bin/chromium
 
 venv: $(STAMP)
 
-# --no-compile: byte-compiling every installed module took half the install (141 s -> 72 s on
-# this 2-core machine); Python compiles what it imports, once, on first use.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --no-compile -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 ## Set up and run the portal on its embedded defaults (SQLite + bundled redis-server).
