@@ -339,10 +339,10 @@ def test_a_torchrun_program_runs_resizes_by_restart_resumes_and_completes(
 
 
 def test_an_edl_program_scales_out_and_in_without_stopping(stack: dict[str, Any]) -> None:
-    # 500 epochs (14,500 steps) are for the slowest runs: on a quiet machine the scale-in is
-    # done by step 3,000, a minute in, but the scale-out alone has taken 150 s on a loaded
-    # one, and at 250 epochs the program then finished before the newcomer came (CI,
-    # 2026-12-02).
+    # 500 epochs (14,500 steps) leave room for a slow scale-out: on a quiet machine the
+    # scale-in is done by step 3,000, a minute in, and the rest only trains, but when
+    # starting the joiners took 150 s (a venv without byte code, 2026-12-02) the program
+    # finished at 250 epochs before the newcomer could make it scale in.
     code = upload_code(stack, EXAMPLES / "elastic-digits")
     blocker, other = take_six_slots(stack)
     edl = api(
