@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from portal.whatif import compare, get_run, history_trace, load_trace, start_run
 from scheduler.traces import TraceError
 from tenancy.models import Tenant
 from tests.portal.test_metrics_access import finish_jobs
+from tests.processes import stop_group
 
 pytestmark = pytest.mark.django_db
 
@@ -150,9 +150,4 @@ def test_a_real_worker_stops_a_run_at_its_soft_time_limit(
         assert state is not None and state["status"] == "failed"
         assert "time limit" in state["error"]
     finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            worker.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait(15)
+        stop_group(worker)
