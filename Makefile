@@ -33,8 +33,18 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+## Two phases when no PYTEST_ARGS are given: the tests that start no stack, process or
+## browser, in two processes (``-n 2``: one core each; the tests wait on PostgreSQL as much
+## as they compute); then the slow, stack and browser tests one at a time, as their timings
+## assume (each keeps both cores busy on its own). PYTEST_ARGS: one run of what it names.
+SERIAL_TESTS := slow or stack or browser
 pytest: $(STAMP) browser
+ifeq ($(strip $(PYTEST_ARGS)),)
+	$(VENV)/bin/pytest -n 2 --dist loadfile -m "not ($(SERIAL_TESTS))"
+	$(VENV)/bin/pytest -m "$(SERIAL_TESTS)"
+else
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+endif
 
 ## Install Debian's chromium for the browser tests when it is missing and apt-get can;
 ## otherwise pytest runs without them and its summary says how many it skipped.

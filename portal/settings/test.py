@@ -3,14 +3,29 @@
 import os
 from pathlib import Path
 
-os.environ.setdefault(
-    "PORTAL_DATA_DIR", str(Path(__file__).resolve().parent.parent.parent / "var" / "test")
-)
+from portal.settings.parallel import worker_redis_url
+
+# Under ``pytest -n`` (make test's first phase) each worker has its own data directory and
+# Redis database; PostgreSQL's test database is already per worker (pytest-django). Done
+# once per worker process: the processes its tests start inherit the result through the
+# environment (with PYTEST_XDIST_WORKER), and must not move it a second time.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_data = Path(__file__).resolve().parent.parent.parent / "var" / "test"
+if XDIST_WORKER and os.environ.get("PORTAL_TEST_WORKER") != XDIST_WORKER:
+    os.environ["PORTAL_TEST_WORKER"] = XDIST_WORKER
+    os.environ["PORTAL_DATA_DIR"] = str(
+        Path(os.environ.get("PORTAL_DATA_DIR", _data)) / XDIST_WORKER
+    )
+    if os.environ.get("REDIS_URL"):
+        os.environ["REDIS_URL"] = worker_redis_url(
+            os.environ["REDIS_URL"], int(XDIST_WORKER.removeprefix("gw"))
+        )
+os.environ.setdefault("PORTAL_DATA_DIR", str(_data))
 # Tests run with DEBUG off, as production does, so they need a key: a fixed one that
 # signs nothing outside the test databases.
 os.environ.setdefault("SECRET_KEY", "test-only-key-signs-nothing-outside-the-test-databases")
 
-from portal.settings.base import *  # noqa: F403
+from portal.settings.base import *  # noqa: E402, F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 DEBUG = False
@@ -22,3 +37,7 @@ LOGIN_FAILURES_PER_ACCOUNT = LOGIN_FAILURES_PER_ADDRESS = 100_000
 # Every tick reads the fair-share usage again: a reading kept from an earlier test's
 # database would reorder the next test's tenants.
 FAIR_SHARE_REFRESH_SECONDS = 0.0
+if XDIST_WORKER:
+    # Redis pub/sub channels are global to a server, not per database: a worker's
+    # live groups (``tenant-1``, ...) must not reach another worker's sockets.
+    CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = f"asgi-{XDIST_WORKER}"  # noqa: F405
