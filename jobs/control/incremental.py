@@ -63,7 +63,6 @@ from jobs.control.state import (
     PolicyInput,
     ServerRow,
     TenantRow,
-    ageing_jobs,
     assemble_snapshot,
     blocked_gpus,
     build_snapshot,
@@ -77,6 +76,7 @@ from jobs.control.state import (
     read_cluster,
     read_servers,
     server_layout,
+    timed_jobs,
 )
 from jobs.control.tick_stats import TICK_STATS_KEY
 from jobs.models import Job, JobGpu
@@ -435,7 +435,7 @@ class KeptState:
                 allocation = held_allocation(job_id, value["allocation"], state)
                 if allocation is not None:
                     self._allocator.reserve(allocation)
-        self.since.update(last_state_changes(ageing_jobs(self.rows[job] for job in fresh)))
+        self.since.update(last_state_changes(timed_jobs(self.rows[job] for job in fresh)))
         return moved
 
     def _apply_servers(self, state: ClusterState) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -249,7 +249,8 @@ class PolicyInput:
     held_back: dict[int, str]  # queued jobs kept out by their tenant's quota -> why
     book: QuotaBook  # quota and use per tenant, to check the policy's starts
     profile_candidates: tuple[int, ...]  # running at max, never profiled, tenant profiles
-    switching: tuple[int, ...] = ()  # in ``scaling``: left out, watched (switch_watchdog)
+    # In ``scaling`` (left out), each since its latest state change: the switch watchdog's.
+    switching: dict[int, datetime] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,9 +353,17 @@ def growing_jobs(rows: Iterable[JobRow], holdings: Mapping[int, list[int]]) -> s
     }
 
 
-def ageing_jobs(rows: Iterable[JobRow]) -> set[int]:
-    """Jobs of the low class, which age: their last state change is asked for."""
-    return {row.id for row in rows if priority_class(row.priority) > AGED_CEILING}
+def timed_jobs(rows: Iterable[JobRow]) -> set[int]:
+    """The jobs whose last state change the tick needs, asked for in one query.
+
+    Jobs of the low class, which age (their wait counts from there), and jobs in
+    ``scaling``, whose switch the watchdog times (``jobs.control.switch_watchdog``).
+    """
+    return {
+        row.id
+        for row in rows
+        if row.state == JobState.SCALING or priority_class(row.priority) > AGED_CEILING
+    }
 
 
 def build_snapshot(
@@ -385,7 +394,7 @@ def build_snapshot(
                 *(value[f"tenant__{name}"] for name in TENANT_ROW_FIELDS)
             )
     about_to_end = finishing_jobs(growing_jobs(rows, cluster.holdings))
-    since = last_state_changes(ageing_jobs(rows))
+    since = last_state_changes(timed_jobs(rows))
     return assemble_snapshot(cluster, gpus, rows, tenants, about_to_end, since, now, epoch=epoch)
 
 
@@ -458,13 +467,13 @@ def assemble_snapshot(
     weights: dict[str, float] = {}
     base = now.timestamp() if epoch is None else epoch
     left_out: list[int] = []
-    switching: list[int] = []
+    switching: dict[int, datetime] = {}
     for row in rows:
         job_id, state, lo, hi = row.id, row.state, row.min_gpus, row.max_gpus
         if state == JobState.SCALING or row.profile_state == "requested":
             left_out.append(job_id)
-            if state == JobState.SCALING:
-                switching.append(job_id)
+            if state == JobState.SCALING and job_id in since:
+                switching[job_id] = since[job_id]
             continue  # switching or profiling: its size belongs to the runtime for now
         tenant = tenants[row.tenant_id]
         view = views.get(job_id) if views is not None else None
@@ -521,4 +530,4 @@ def assemble_snapshot(
         jobs=tuple(jobs),
         tenants=tenant_shares(weights, now),
     )
-    return PolicyInput(snapshot, ids, held_back, book, tuple(profile_candidates), tuple(switching))
+    return PolicyInput(snapshot, ids, held_back, book, tuple(profile_candidates), switching)

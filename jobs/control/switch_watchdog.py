@@ -8,19 +8,19 @@ stay ``scaling`` for ever, holding its GPUs: the policy leaves a switching job
 alone (its size is the runtime's for now) and reconcile judges only running
 jobs. A tick step::
 
-    scaling job J (the snapshot's ``switching``), in scaling since its latest state event
+    scaling job J (the snapshot's ``switching``: each since its latest state event, which
+    the tick's kept state reads once per change of the job, not on every tick)
       since + SCALING_TIMEOUT_SECONDS <= now
         └─ StopJob to its nodes (after commit), as a preemption: last checkpoint, then stop
         └─ GPUs released, service accounted, queued: it resumes from its latest checkpoint
 
 A ``scale_done`` that arrives after all finds the job queued and changes
-nothing. Only jobs the snapshot saw switching are asked about, so a tick with
-no switch in flight pays nothing.
+nothing. The step itself reads nothing unless a switch is overdue.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -28,7 +28,6 @@ from django.conf import settings
 from jobs import holdings
 from jobs.choices import JobState
 from jobs.control.endings import accrue_service
-from jobs.control.state import last_state_changes
 from jobs.lifecycle import broadcast, transition
 from jobs.models import Job
 from jobs.outbox import Outbox
@@ -43,9 +42,13 @@ def overdue_switches(since: Mapping[int, datetime], now: datetime, timeout_s: fl
 
 
 def stop_stuck_switches(
-    switching: Collection[int], now: datetime, outbox: Outbox, timeout_s: float | None = None
+    switching: Mapping[int, datetime],
+    now: datetime,
+    outbox: Outbox,
+    timeout_s: float | None = None,
 ) -> list[int]:
-    """Stop and requeue every job of ``switching`` whose switch outlived the timeout; their ids.
+    """Stop and requeue every job of ``switching`` (id: in ``scaling`` since) whose switch
+    outlived the timeout; their ids.
 
     Runs inside the tick's transaction; the stop commands go out with the tick's
     other commands once it commits.
@@ -53,7 +56,9 @@ def stop_stuck_switches(
     if not switching:
         return []
     timeout = settings.SCALING_TIMEOUT_SECONDS if timeout_s is None else timeout_s
-    due = overdue_switches(last_state_changes(set(switching)), now, timeout)
+    due = overdue_switches(switching, now, timeout)
+    if not due:
+        return []
     stopped: list[int] = []
     for job in Job.objects.select_for_update().filter(pk__in=due, state=JobState.SCALING):
         accrue_service(job, now)  # saved with the transition below
