@@ -34,14 +34,18 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 ## Two phases when no PYTEST_ARGS are given: the tests that start no stack, process or
-## browser, in two processes (``-n 2``: one core each; the tests wait on PostgreSQL as much
-## as they compute); then the slow, stack and browser tests one at a time, as their timings
-## assume (each keeps both cores busy on its own). PYTEST_ARGS: one run of what it names.
+## browser, in PYTEST_WORKERS processes (pytest-xdist; they wait on PostgreSQL as much as
+## they compute); then the slow, stack and browser tests one at a time, as their timings
+## assume (each keeps both cores busy on its own). Both phases run; either failing fails.
+## PYTEST_ARGS: one run, in one process, of what it names.
 SERIAL_TESTS := slow or stack or browser
+PYTEST_WORKERS ?= 2
 pytest: $(STAMP) browser
 ifeq ($(strip $(PYTEST_ARGS)),)
-	$(VENV)/bin/pytest -n 2 --dist loadfile -m "not ($(SERIAL_TESTS))"
-	$(VENV)/bin/pytest -m "$(SERIAL_TESTS)"
+	@status=0; \
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist worksteal -m "not ($(SERIAL_TESTS))" || status=$$?; \
+	$(VENV)/bin/pytest -m "$(SERIAL_TESTS)" || status=$$?; \
+	exit $$status
 else
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 endif
