@@ -53,8 +53,6 @@ def stop_stuck_switches(
     Runs inside the tick's transaction; the stop commands go out with the tick's
     other commands once it commits.
     """
-    if not switching:
-        return []
     timeout = settings.SCALING_TIMEOUT_SECONDS if timeout_s is None else timeout_s
     due = overdue_switches(switching, now, timeout)
     if not due:
