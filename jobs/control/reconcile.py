@@ -49,10 +49,9 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Max, Q
-from django.db.models.fields.json import KT
 
 from inventory.models import Server, ServerState
-from inventory.services import BEAT_AT, beat_at, jobs_seen
+from inventory.services import beat_at, jobs_seen, newest_beat
 from jobs import holdings
 from jobs.agent_commands import runtime_job_name
 from jobs.choices import EventKind, JobState
@@ -196,13 +195,8 @@ def _possible_orphans(cluster: ClusterState, limits: Limits) -> list[int]:
     nothing, progress reports keep ``last_service_at`` fresh) gets the exact
     test, events and heartbeat listings included.
     """
-    # An upper bound of every server's beat (its ``beat_at``, else its last heartbeat):
-    # the newest of all of both, in one read of two short columns.
-    newest: datetime | None = None
-    for heard, sent in Server.objects.values_list("last_heartbeat", KT("agent_info__beat_at")):
-        for beat in (heard, beat_at({BEAT_AT: sent})):
-            if beat is not None and (newest is None or beat > newest):
-                newest = beat
+    # An upper bound of every server's beat (its ``beat_at``, else its last heartbeat).
+    newest = newest_beat()
     if newest is None:
         return []  # no server ever beat: none can be judged
     cutoff = newest - timedelta(seconds=min(limits.vanished_s, limits.never_started_s))
