@@ -17,7 +17,8 @@
 The cluster, the allocator and the snapshot come from a ``ClusterSource``
 (``jobs.control.incremental``): by default the state kept in this process
 between ticks, brought up to date with the rows that changed since the last
-tick and compared with a full rebuild every ``TICK_VERIFY_EVERY`` ticks;
+tick and compared with a full rebuild every ``TICK_VERIFY_EVERY`` ticks (both
+read in one snapshot, in a read-only transaction before the tick's own);
 with ``TICK_INCREMENTAL=0``, a full rebuild from the database every tick.
 
 It is idempotent: everything is derived from the database, so a tick killed
@@ -150,10 +151,12 @@ def run_tick(
     started = time.perf_counter()
     try:
         source = source_for_tick()
-        with _collector_paused(), transaction.atomic():
-            if not _database_lock():
-                return TickResult(ran=False)
-            result = _tick(source, policy or settings.SCHEDULER_POLICY, now or timezone.now())
+        with _collector_paused():
+            source.verify_if_due(now or timezone.now())
+            with transaction.atomic():
+                if not _database_lock():
+                    return TickResult(ran=False)
+                result = _tick(source, policy or settings.SCHEDULER_POLICY, now or timezone.now())
     except BaseException:
         forget()  # it may describe writes that rolled back: the next tick reads everything
         raise
@@ -204,7 +207,7 @@ def _tick(source: ClusterSource, policy_name: str, now: datetime) -> TickResult:
             reason_override=reasons,
         )
         cluster = source.cluster() or cluster
-    prepared = source.checked(cluster, now)
+    prepared = source.prepared(cluster, now)
     cluster, view = prepared.cluster, prepared.view
     snapshot, ids = view.snapshot, view.ids
     decisions: Sequence[Decision] = live_policy(policy_name).schedule(
