@@ -88,6 +88,9 @@ class ScalingCost:
     * ``finish_s``: seconds a job still holds its GPUs after its last step
       (final checkpoint, exit, the end reported and recorded); its JCT ends
       there.
+    * ``first_start_by_job`` and ``finish_by_job`` override the first start
+      and the end per job (``TraceJob.id``): a replay of a run that measured
+      each job's own (``scheduler.measured``), as it measured each job's rates.
 
     While a switch is in flight (``join_s``, ``leave_s``) the job's size is
     the runtime's, not the policy's: a resize or preemption decided meanwhile
@@ -102,6 +105,8 @@ class ScalingCost:
     join_s: float = 0.0
     leave_s: float = 0.0
     finish_s: float = 0.0
+    first_start_by_job: Mapping[str, float] = field(default_factory=dict)
+    finish_by_job: Mapping[str, float] = field(default_factory=dict)
 
     def pause(self, old: int, new: int, resumed: bool) -> float:
         """Seconds without progress after going from ``old`` to ``new`` GPUs."""
@@ -115,13 +120,23 @@ class ScalingCost:
             return self.broadcast_s if new > old > 0 else 0.0
         raise ValueError(f"unknown scaling cost mode {self.mode!r}")
 
-    def first_start(self, model: str) -> float:
-        """Seconds from a job's first start to its first step (its workload's, else the default)."""
-        return self.first_start_by_model.get(model, self.first_start_s)
+    def first_start(self, model: str, job: str = "") -> float:
+        """Seconds from a job's first start to its first step (its own, its workload's, else
+        the default)."""
+        own = self.first_start_by_job.get(job)
+        return own if own is not None else self.first_start_by_model.get(model, self.first_start_s)
 
     def has_first_start(self) -> bool:
         """Whether any first start costs something (the loop skips the bookkeeping otherwise)."""
-        return self.first_start_s > 0 or any(v > 0 for v in self.first_start_by_model.values())
+        return (
+            self.first_start_s > 0
+            or any(v > 0 for v in self.first_start_by_model.values())
+            or any(v > 0 for v in self.first_start_by_job.values())
+        )
+
+    def finish(self, job: str) -> float:
+        """Seconds ``job`` holds its GPUs after its last step (its own, else ``finish_s``)."""
+        return self.finish_by_job.get(job, self.finish_s)
 
     def join_pause(self, old_rate: float, new_rate: float, seconds: float) -> float:
         """Lost seconds at the new size while a scale-out's newcomers join.
@@ -177,6 +192,17 @@ class SimConfig:
     0: off.  It and a switch in flight (``ScalingCost.join_s``/``leave_s``)
     refuse resizes, so they need a policy core that takes refusals
     (``PolicyCore.unplaced``).
+
+    The live control plane hears of a change some time after it happens; two
+    delays model that (0: off, the policy sees every change at once):
+
+    * ``arrival_s``: seconds from a job's submission until the policy sees it
+      (the API's commit, the tick it requests, the tick's own run).  Its JCT
+      still counts from its submission.
+    * ``release_s``: seconds an ended job's GPUs stay held after its recorded
+      end (the control plane's handover: the next tick that sees them free
+      and its run time).  Its JCT ends at the end; meanwhile the policy still
+      counts it as running and no decision resizes it.
     """
 
     total_gpus: int
@@ -197,6 +223,8 @@ class SimConfig:
     slot_slowdown: tuple[float, ...] = ()
     start_slowdown: tuple[float, ...] = ()
     grow_min_left_s: float = 0.0
+    arrival_s: float = 0.0
+    release_s: float = 0.0
 
     def slot_factor(self, busy: int) -> float:
         """``slot_slowdown`` at ``busy`` busy GPUs (1.0 when off)."""
@@ -528,6 +556,7 @@ def simulate(
     shared_cpu = bool(cfg.slot_slowdown)
     tracked = contention is not None or shared_cpu
     tail = cfg.cost.finish_s  # GPUs held after the last step
+    tails = cfg.cost.finish_by_job  # ... per job, where measured
     first_costs = cfg.cost.has_first_start()
     # Resizes in flight: job -> when its switch is done (only with switch times).
     switching: dict[JobRecord, float] = {}
@@ -536,8 +565,8 @@ def simulate(
 
     def resize_refused(job: JobRecord, n: int, now: float) -> bool:
         """Whether the runtime, not the policy, owns this running job's size now."""
-        if switch_times and switching.get(job, -math.inf) > now:
-            return True
+        if switching and switching.get(job, -math.inf) > now:
+            return True  # a switch in flight, or an ended job not handed over yet
         if near_end > 0 and n > job.alloc and now >= job.resume_at:
             job.settle(now)
             return job.remaining < near_end * job.progress_rate(job.alloc) * job.pace
@@ -561,10 +590,11 @@ def simulate(
     def push(job: JobRecord) -> None:
         nonlocal seq
         seq += 1
+        end = tails.get(job.id, tail) if tails else tail
         if not limited:
-            heapq.heappush(comp, (job.finish_time(tail), seq, job, job.version))
+            heapq.heappush(comp, (job.finish_time(end), seq, job, job.version))
             return
-        when = job.finish_time(tail)
+        when = job.finish_time(end)
         if job.fail_after is not None and job.attempt_start + job.fail_after < when:
             when = job.attempt_start + job.fail_after
         if job.max_runtime is not None and job.start_time is not None:
@@ -579,6 +609,25 @@ def simulate(
         switching.pop(job, None)
         job.running = False
         job.version += 1
+
+    # Ended jobs whose GPUs the control plane has not handed over yet (release_s):
+    # (when they are free, seq, job).
+    releases: list[tuple[float, int, JobRecord]] = []
+    release_s = cfg.release_s
+    arrival_s = cfg.arrival_s
+    handing = 0  # GPUs of those jobs: the count placement's books no longer hold them
+
+    def hand_over(job: JobRecord, now: float) -> None:
+        """An ended job's GPUs stay its own for ``release_s`` (the policy still sees it run)."""
+        nonlocal seq, handing
+        acct.finished(job, now)
+        handing += job.alloc
+        held.pop(job, None)  # no longer paced: it runs no more
+        switching[job] = now + release_s  # no decision resizes it meanwhile
+        job.version += 1
+        job.end_time = now
+        seq += 1
+        heapq.heappush(releases, (now + release_s, seq, job))
 
     # Per job, its communication slowdown integrated over the time it ran (contention
     # models only): job id -> [slowdown x seconds, seconds]; running job -> (since, factor).
@@ -648,14 +697,14 @@ def simulate(
         bar = tqdm(total=n_jobs, file=sys.stderr, unit="job", mininterval=0.5)
     done = 0
 
-    while ai < n_jobs or comp or deadlines:
+    while ai < n_jobs or comp or deadlines or releases:
         while comp and comp[0][2].version != comp[0][3]:
             heapq.heappop(comp)
         if deadlines:
             while deadlines and (deadlines[0][2].end_time is not None or deadlines[0][2].running):
                 heapq.heappop(deadlines)  # done, or running: its completion entry holds the limit
         t_comp = comp[0][0] if comp else math.inf
-        t_arr = records[ai].submit if ai < n_jobs else math.inf
+        t_arr = records[ai].submit + arrival_s if ai < n_jobs else math.inf
         wake = core.next_wakeup()
         t_wake = wake if wake is not None else math.inf
         if ageing:
@@ -663,6 +712,8 @@ def simulate(
             if aged is not None and aged < t_wake:
                 t_wake = aged
         now = min(t_comp, t_arr, t_wake, next_tick)
+        if releases and releases[0][0] < now:
+            now = releases[0][0]
         if deadlines and deadlines[0][0] < now:
             now = deadlines[0][0]
         if now == math.inf:
@@ -671,7 +722,9 @@ def simulate(
         if fair is not None:  # usage up to now, from what each tenant held since the last event
             fair.advance(now, acct.tenant_held)
         if now >= next_tick:
-            next_tick = now + tick if tick and (acct.running or ai < n_jobs) else math.inf
+            next_tick = (
+                now + tick if tick and (acct.running or ai < n_jobs or releases) else math.inf
+            )
         changed = False
         # 1. completions
         while comp and comp[0][0] <= now:
@@ -701,10 +754,18 @@ def simulate(
                 done += 1
                 continue
             job.remaining = 0.0
+            done += 1
+            if release_s > 0:
+                hand_over(job, now)
+                continue
             acct.finished(job, now)
             stop(job, now)
             job.end_time = now
-            done += 1
+        while releases and releases[0][0] <= now:
+            job = heapq.heappop(releases)[2]
+            handing -= job.alloc
+            stop(job, now)
+            changed = True
         while deadlines and deadlines[0][0] <= now:
             job = heapq.heappop(deadlines)[2]
             if job.end_time is None and not job.running:
@@ -715,7 +776,7 @@ def simulate(
                 done += 1
                 changed = True
         # 2. arrivals
-        while ai < n_jobs and records[ai].submit <= now:
+        while ai < n_jobs and records[ai].submit + arrival_s <= now:
             if placement.admits(records[ai].requested):
                 core.add(records[ai], now)
             else:
@@ -728,14 +789,18 @@ def simulate(
             refused: Plan = []
             blocked = False
             for job, n in plan:
-                if switch_times or near_end > 0:
+                if switch_times or near_end > 0 or release_s > 0:
                     if job.running and n != job.alloc and resize_refused(job, n, now):
                         refused.append((job, n))
                         continue
                     # Count placement holds no GPU ids: after a refused shrink the GPUs
                     # the plan counted on are still held, so check the count itself.
                     held_now = job.alloc if job.running else 0
-                    if by_count and n > held_now and acct.used + n - held_now > cfg.total_gpus:
+                    if (
+                        by_count
+                        and n > held_now
+                        and acct.used + handing + n - held_now > cfg.total_gpus
+                    ):
                         refused.append((job, n))
                         continue
                 gpus: tuple[int, ...] | None = ()
@@ -819,7 +884,7 @@ def simulate(
             for job in fresh:
                 if job.running:
                     job.resume_at = max(
-                        job.resume_at, now + cfg.cost.first_start(job.model) * stretch
+                        job.resume_at, now + cfg.cost.first_start(job.model, job.id) * stretch
                     )
                     job.version += 1
                     push(job)
