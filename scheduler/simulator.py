@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fabric.allocator import VClosAllocator
 from fabric.topology import FabricSpec
 from scheduler.fabric_placement import Contention, collective_for, sim_placement
 from scheduler.fairshare import FAIR_SHARE_HALF_LIFE, FairShare
@@ -165,6 +166,21 @@ class ScalingCost:
 
 
 @dataclass(frozen=True, slots=True)
+class Outage:
+    """One GPU out of service from ``at`` until ``until`` (a suspect mark, say).
+
+    ``gpu`` is the one to take when it is free (else the lowest free id);
+    ``holder`` a job that keeps the GPU meanwhile: it goes out when that job
+    ends.  Without a free GPU the outage waits for the next one freed.
+    """
+
+    at: float
+    until: float
+    gpu: int = -1
+    holder: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class SimConfig:
     """Simulation knobs.
 
@@ -203,6 +219,17 @@ class SimConfig:
       end (the control plane's handover: the next tick that sees them free
       and its run time).  Its JCT ends at the end; meanwhile the policy still
       counts it as running and no decision resizes it.
+
+    ``outages``: GPUs taken out of service for a while (:class:`Outage`; the
+    live control plane marks a straggler's GPU suspect for a cool-down): the
+    policy's core counts them as gone and placement never gives them out.
+    ``count`` and ``vclos`` placements only.  Empty: every GPU always serves.
+
+    ``second_pass``: after placement refuses part of a pass, a second pass at
+    the same time goes around the refused jobs (the default).  The live tick
+    binds once: a refused start waits for the next tick, which plans it again
+    (the policy keeps nothing between ticks), while the GPUs it was given
+    stay idle; ``False`` models that.
     """
 
     total_gpus: int
@@ -225,6 +252,8 @@ class SimConfig:
     grow_min_left_s: float = 0.0
     arrival_s: float = 0.0
     release_s: float = 0.0
+    outages: tuple[Outage, ...] = ()
+    second_pass: bool = True
 
     def slot_factor(self, busy: int) -> float:
         """``slot_slowdown`` at ``busy`` busy GPUs (1.0 when off)."""
@@ -530,6 +559,12 @@ def simulate(
             cfg.placement, cfg.total_gpus, cfg.gpus_per_server, cfg.fabric, seed=cfg.seed
         )
     collective_for("", cfg.traffic)  # an unknown traffic model fails here, not mid-run
+    # Outages take GPUs off a vClos allocator (VClosBinder's, or a wrapper's that shows it).
+    blocker = getattr(placement, "allocator", None)
+    if cfg.outages and not (
+        isinstance(placement, CountOnly) or isinstance(blocker, VClosAllocator)
+    ):
+        raise ValueError(f"outages need the count or vclos placement, not {placement.name}")
     core = policy.new_core(cfg.total_gpus)
     core.ageing = policy.class_ageing_s
     ageing = core.ageing is not None
@@ -601,12 +636,15 @@ def simulate(
             when = min(when, job.start_time + job.max_runtime)
         heapq.heappush(comp, (when, seq, job, job.version))
 
+    ended: set[str] = set()  # jobs off their GPUs for good (an outage's holder)
+
     def stop(job: JobRecord, now: float) -> None:
         """Take a running job off its GPUs and out of the core (it completed or failed)."""
         core.remove(job, now)
         placement.release(job.id)
         held.pop(job, None)
         switching.pop(job, None)
+        ended.add(job.id)
         job.running = False
         job.version += 1
 
@@ -628,6 +666,57 @@ def simulate(
         job.end_time = now
         seq += 1
         heapq.heappush(releases, (now + release_s, seq, job))
+
+    # GPUs out of service (cfg.outages): due ones wait for a free GPU (and their holder's
+    # end); the core's total counts those out.
+    outages = sorted(cfg.outages, key=lambda o: o.at)
+    oi = 0
+    due_out: list[Outage] = []
+    out_now: list[tuple[float, int]] = []  # (until, GPU id or -1)
+
+    def take_out(now: float) -> bool:
+        """Start due outages on free GPUs and end lapsed ones; whether anything changed."""
+        nonlocal oi
+        moved = False
+        for until, gpu in [o for o in out_now if o[0] <= now]:
+            out_now.remove((until, gpu))
+            if gpu >= 0 and isinstance(blocker, VClosAllocator):
+                blocker.set_available([gpu])
+            moved = True
+        while oi < len(outages) and outages[oi].at <= now:
+            due_out.append(outages[oi])
+            oi += 1
+        for outage in list(due_out):
+            if outage.until <= now:
+                due_out.remove(outage)
+                continue
+            if outage.holder and outage.holder not in ended:
+                continue
+            gpu = -1
+            if isinstance(blocker, VClosAllocator):
+                free = [
+                    g
+                    for leaf in range(blocker.spec.leaves)
+                    for g in blocker.free_gpus_on_leaf(leaf)
+                ]
+                if not free:
+                    continue
+                gpu = outage.gpu if outage.gpu in free else min(free)
+                blocker.set_unavailable([gpu])
+            elif acct.used + handing + len(out_now) >= cfg.total_gpus:
+                continue
+            due_out.remove(outage)
+            out_now.append((outage.until, gpu))
+            moved = True
+        if moved:
+            core.total = cfg.total_gpus - len(out_now)
+        return moved
+
+    def next_outage() -> float:
+        """When the next outage starts or ends (inf: none)."""
+        starts = outages[oi].at if oi < len(outages) else math.inf
+        ends = min((u for u, _ in out_now), default=math.inf)
+        return min(starts, ends)
 
     # Per job, its communication slowdown integrated over the time it ran (contention
     # models only): job id -> [slowdown x seconds, seconds]; running job -> (since, factor).
@@ -697,7 +786,7 @@ def simulate(
         bar = tqdm(total=n_jobs, file=sys.stderr, unit="job", mininterval=0.5)
     done = 0
 
-    while ai < n_jobs or comp or deadlines or releases:
+    while ai < n_jobs or comp or deadlines or releases or due_out or out_now:
         while comp and comp[0][2].version != comp[0][3]:
             heapq.heappop(comp)
         if deadlines:
@@ -714,6 +803,8 @@ def simulate(
         now = min(t_comp, t_arr, t_wake, next_tick)
         if releases and releases[0][0] < now:
             now = releases[0][0]
+        if outages:
+            now = min(now, next_outage())
         if deadlines and deadlines[0][0] < now:
             now = deadlines[0][0]
         if now == math.inf:
@@ -766,6 +857,8 @@ def simulate(
             handing -= job.alloc
             stop(job, now)
             changed = True
+        if outages:
+            changed = take_out(now) or changed
         while deadlines and deadlines[0][0] <= now:
             job = heapq.heappop(deadlines)[2]
             if job.end_time is None and not job.running:
@@ -799,7 +892,7 @@ def simulate(
                     if (
                         by_count
                         and n > held_now
-                        and acct.used + handing + n - held_now > cfg.total_gpus
+                        and acct.used + handing + len(out_now) + n - held_now > cfg.total_gpus
                     ):
                         refused.append((job, n))
                         continue
@@ -874,7 +967,7 @@ def simulate(
                 break
             core.unplaced(refused, now)
             core.note_refused(refused, now)
-            if retry or core.blocking:
+            if retry or core.blocking or not cfg.second_pass:
                 break
             plan = core.decide(now)
         if fresh:

@@ -3,8 +3,11 @@ job's own fixed costs, and the rates the live policy is shown (``scheduler.measu
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from fabric.topology import FabricSpec
 from scheduler.curves import record_measurement
 from scheduler.measured import (
     MeasuredJob,
@@ -14,7 +17,7 @@ from scheduler.measured import (
     live_curve,
 )
 from scheduler.policies import get_policy
-from scheduler.simulator import JobResult, ScalingCost, SimConfig, simulate
+from scheduler.simulator import JobResult, Outage, ScalingCost, SimConfig, simulate
 from scheduler.traces import TraceJob
 
 
@@ -172,3 +175,56 @@ def test_a_fresh_core_per_pass_decides_as_the_kept_one_when_nothing_is_learned()
     assert fresh.keys() == kept.keys() == jobs.keys()
     for name in jobs:
         assert fresh[name] == pytest.approx(kept[name])
+
+
+def test_a_gpu_out_of_service_is_neither_counted_nor_placed() -> None:
+    # 4 GPUs, one out from 5 to 50: "b" (4 GPUs, arrives at 10) waits for it to come back
+    # although "a" (2 GPUs) ended at 10; "c" (2 GPUs) fits beside the outage at once.
+    trace = [TraceJob("a", 0.0, 2, 10.0), TraceJob("b", 10.0, 4, 10.0), TraceJob("c", 12.0, 2, 5.0)]
+    cfg = SimConfig(4, outages=(Outage(5.0, 50.0),))
+    got = results(trace, cfg, policy="tiresias")
+    assert got["b"].start == pytest.approx(50.0)
+    assert got["c"].start == pytest.approx(12.0)
+    assert results(trace, SimConfig(4), policy="tiresias")["b"].start == pytest.approx(10.0)
+
+
+def test_an_outage_on_the_vclos_fabric_takes_its_own_gpu_and_waits_for_its_holder() -> None:
+    spec = FabricSpec(leaves=2, spines=2, servers_per_leaf=2, gpus_per_server=2)
+    trace = [
+        TraceJob("a", 0.0, 4, 20.0),  # leaf 0, keeps GPU 1 (the straggler's) until it ends
+        TraceJob("b", 0.0, 4, 40.0),  # leaf 1
+        TraceJob("c", 25.0, 4, 10.0),
+    ]
+    cfg = SimConfig(8, gpus_per_server=2, placement="vclos", fabric=spec)
+    kept = Outage(5.0, 100.0, gpu=1, holder="a")
+    got = results(trace, replace(cfg, outages=(kept,)), policy="tiresias")
+    # Leaf 0 has 3 GPUs once "a" ends; "c" needs a 4-GPU shape: leaf 1, free at 40.
+    assert got["c"].start == pytest.approx(40.0)
+    assert results(trace, cfg, policy="tiresias")["c"].start == pytest.approx(25.0)
+
+
+def test_outages_need_a_placement_that_can_take_a_gpu_out() -> None:
+    cfg = SimConfig(4, placement="consolidated", outages=(Outage(0.0, 1.0),))
+    with pytest.raises(ValueError, match="outages"):
+        simulate([TraceJob("a", 0.0, 1, 1.0)], get_policy("fifo"), cfg)
+
+
+def test_without_a_second_pass_a_refused_start_keeps_its_gpus_idle_until_the_next_tick() -> None:
+    # vClos, 2 leaves of 4 GPUs: "a" (2) on leaf 0, "b" (3) on leaf 1; 3 GPUs are free but
+    # a 3-GPU shape needs one leaf, so placement refuses "c" (3).  "d" (1) behind it fits:
+    # a second pass starts it around "c" at once; without one (the live tick binds once)
+    # "d" waits for the next pass, where the policy plans "c" again and again, until
+    # "a" ends and "c" fits leaf 0.
+    spec = FabricSpec(leaves=2, spines=2, servers_per_leaf=2, gpus_per_server=2)
+    trace = [
+        TraceJob("a", 0.0, 2, 20.0),
+        TraceJob("b", 0.0, 3, 100.0),
+        TraceJob("c", 5.0, 3, 10.0),
+        TraceJob("d", 5.0, 1, 10.0),
+    ]
+    cfg = SimConfig(8, gpus_per_server=2, placement="vclos", fabric=spec, tick=1.0)
+    two = results(trace, cfg, policy="tiresias")
+    one = results(trace, replace(cfg, second_pass=False), policy="tiresias")
+    assert two["d"].start == pytest.approx(5.0)
+    assert one["d"].start == pytest.approx(20.0)
+    assert one["c"].start == two["c"].start == pytest.approx(20.0)
