@@ -38,7 +38,9 @@ events, ``scheduler.measured.arrival_delays`` and ``handover_delays``), the
 policy ranking a job's sizes by the samples/s it reported (the live curve,
 ``live_curve``) rather than the free-core rates its progress follows, and a
 fresh policy core every pass, as the live tick builds one from its snapshot
-(``TickCore``).
+(``TickCore``), the GPUs the run marked suspect (a straggler report: out of
+service for the cool-down, ``Outage``), and one pass per tick (a start the
+vClos binder refuses waits for the next tick, ``second_pass=False``).
 
 Output: a job-by-job table (JCT real vs simulated) and, last, one JSON line.
 """
@@ -386,6 +388,7 @@ def measure(trace: list[dict[str, Any]], real: dict[str, Any]) -> dict[str, Any]
         }
     start_fit = fit_start_law(starts, busy, cores)
     handovers, arrivals = control_delays(trace, real, jobs)
+    suspects = suspect_marks(trace, real)
     drift = implied_external(
         samples, {name: j["free_rates"] for name, j in jobs.items()}, busy, cores, DRIFT_BIN_S
     )
@@ -404,7 +407,31 @@ def measure(trace: list[dict[str, Any]], real: dict[str, Any]) -> dict[str, Any]
         "meta": meta,
         "handovers": handovers,
         "arrivals": arrivals,
+        "suspects": suspects,
     }
+
+
+def suspect_marks(trace: list[dict[str, Any]], real: dict[str, Any]) -> list[dict[str, Any]]:
+    """The GPUs the live control plane marked suspect (a straggler report), as the run recorded.
+
+    Each: when (epoch seconds), until when, the GPU, and the job that kept it
+    ("" when the straggler moved off it or was removed: the GPU was free at once).
+    """
+    out: list[dict[str, Any]] = []
+    for job in trace:
+        for event in real[job["name"]]["events"]:
+            data = event.get("data") or {}
+            if event["kind"] != "straggler" or not data.get("suspect_until"):
+                continue
+            out.append(
+                {
+                    "at": ts(event["at"]) or 0.0,
+                    "until": ts(data["suspect_until"]) or 0.0,
+                    "gpu": int(data.get("gpu", -1)),
+                    "holder": job["name"] if data.get("action") == "kept" else "",
+                }
+            )
+    return out
 
 
 def control_delays(
@@ -446,13 +473,21 @@ class Model:
     own: bool = True  # each job its own start-up and end, as measured (else the medians)
     reported: bool = True  # the policy learns the reported rates (live curve), not free-core
     per_tick: bool = True  # every pass on a fresh policy core, as the live tick's snapshot
+    suspects: bool = True  # GPUs marked suspect (straggler reports) are out of service
+    one_pass: bool = True  # a refused start waits for the next pass (the tick binds once)
     handover: bool = True  # the control plane sees arrivals and ends late (its delays)
 
 
 # The model of the section "with the fixed costs" (docs/benchmarks.md), before the parts
 # that follow the live control plane's rules (own costs, delays, reported rates, per tick).
 BEFORE = Model(
-    "before (control-plane parts off)", own=False, handover=False, reported=False, per_tick=False
+    "before (control-plane parts off)",
+    own=False,
+    handover=False,
+    reported=False,
+    per_tick=False,
+    suspects=False,
+    one_pass=False,
 )
 MODELS = (
     Model("full"),
@@ -466,11 +501,15 @@ MODELS = (
     Model("no control-plane delays", handover=False),
     Model("policy learns free-core rates", reported=False),
     Model("one policy core for the run", per_tick=False),
+    Model("no suspect GPUs", suspects=False),
+    Model("a second pass around refusals", one_pass=False),
     BEFORE,
     replace(BEFORE, name="before + own start-ups and ends alone", own=True),
     replace(BEFORE, name="before + control-plane delays alone", handover=True),
     replace(BEFORE, name="before + reported rates alone", reported=True),
     replace(BEFORE, name="before + a fresh core per pass alone", per_tick=True),
+    replace(BEFORE, name="before + suspect GPUs alone", suspects=True),
+    replace(BEFORE, name="before + one pass per tick alone", one_pass=True),
     Model(
         "none of them",
         contention=False,
@@ -483,6 +522,8 @@ MODELS = (
         handover=False,
         reported=False,
         per_tick=False,
+        suspects=False,
+        one_pass=False,
     ),
 )
 
@@ -569,7 +610,7 @@ def simulate_trace(
     from fabric.topology import FabricSpec
     from scheduler.fabric_placement import sim_placement
     from scheduler.policies import get_policy
-    from scheduler.simulator import ScalingCost, SimConfig, simulate
+    from scheduler.simulator import Outage, ScalingCost, SimConfig, simulate
     from scheduler.traces import TraceJob
 
     jobs = measured["jobs"]
@@ -619,6 +660,13 @@ def simulate_trace(
         grow_min_left_s=SCALE_OUT_MIN_SECONDS_LEFT if model.rules else 0.0,
         arrival_s=control["arrival_s"],
         release_s=control["release_s"],
+        outages=tuple(
+            Outage(m["at"] - origin, m["until"] - origin, m["gpu"], m["holder"])
+            for m in measured["suspects"]
+        )
+        if model.suspects
+        else (),
+        second_pass=not model.one_pass,
     )
     policy: Policy = MeasuredPolicy(inner, table, learn=model.learn, per_tick=model.per_tick)
     if trail is None:
@@ -676,6 +724,7 @@ class TracedPlacement:
     ) -> None:
         self.inner, self.clock, self.trail = inner, clock, trail
         self.name = inner.name
+        self.allocator = getattr(inner, "allocator", None)  # what outages take GPUs off
 
     def admits(self, n: int) -> bool:
         """As the inner placement."""
@@ -927,6 +976,7 @@ def main() -> int:
     summary["costs"] = {k: v for k, v in figures.items() if not k.endswith("_by_job")}
     summary["handovers"] = len(measured["handovers"])
     summary["arrivals"] = len(measured["arrivals"])
+    summary["suspect_gpus"] = len(measured["suspects"])
     summary["policy"] = args.policy
     summary["wall_s"] = round(time.monotonic() - began, 1)
     summary["load_avg"] = [round(x, 2) for x in os.getloadavg()]
