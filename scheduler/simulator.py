@@ -135,10 +135,6 @@ class ScalingCost:
             or any(v > 0 for v in self.first_start_by_job.values())
         )
 
-    def finish(self, job: str) -> float:
-        """Seconds ``job`` holds its GPUs after its last step (its own, else ``finish_s``)."""
-        return self.finish_by_job.get(job, self.finish_s)
-
     def join_pause(self, old_rate: float, new_rate: float, seconds: float) -> float:
         """Lost seconds at the new size while a scale-out's newcomers join.
 
