@@ -4,6 +4,7 @@
     python bench/sim_vs_real.py --jobs 6                       # its first 6 jobs (development)
     python bench/sim_vs_real.py --replay run.json              # the simulated half of a saved run
     python bench/sim_vs_real.py --replay run.json --ablation   # ... and each cost model part alone
+    python bench/sim_vs_real.py --replay run.json --timeline   # ... where the two runs part, job by job
     python bench/sim_vs_real.py --write-trace   # regenerate bench/sim_vs_real_trace.json (seeded)
 
 Real run: ``manage.py runstack`` exactly as ``tests/test_e2e.py`` starts it (a
@@ -29,6 +30,18 @@ step to its recorded end), and a scale-out's join time and switch pause
 (``ScalingCost``).  Every figure is a median or a fit over the run's records,
 never a fit to its JCTs.
 
+And the live control plane's own rules (``Model``; each off in ``--ablation``):
+each job's own start-up and end as measured (as its rates are), the control
+plane's delays (an arrival seen ``arrival_s`` late; an ended job's GPUs
+handed over ``release_s`` after its recorded end: medians over the run's
+events, ``scheduler.measured.arrival_delays`` and ``handover_delays``), the
+policy ranking a job's sizes by the samples/s it reported (the live curve,
+``live_curve``) rather than the free-core rates its progress follows, and a
+fresh policy core every pass, as the live tick builds one from its snapshot
+(``TickCore``), the GPUs the run marked suspect (a straggler report: out of
+service for the cool-down, ``Outage``), and one pass per tick (a start the
+vClos binder refuses waits for the next tick, ``second_pass=False``).
+
 Output: a job-by-job table (JCT real vs simulated) and, last, one JSON line.
 """
 
@@ -37,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -62,16 +76,20 @@ from scheduler.measured import (  # noqa: E402
     MeasuredJob,
     MeasuredPolicy,
     Progress,
+    arrival_delays,
     finish_delay,
     first_step_at,
     fit_shared_cpu,
     fit_start_law,
+    handover_delays,
     implied_external,
+    live_curve,
     median_or,
     pooled_rates,
     step_rates,
     step_totals,
 )
+from scheduler.policies.base import Plan, Policy, PolicyCore  # noqa: E402
 
 log = logging.getLogger("sim_vs_real")
 TRACE = ROOT / "bench" / "sim_vs_real_trace.json"
@@ -362,9 +380,15 @@ def measure(trace: list[dict[str, Any]], real: dict[str, Any]) -> dict[str, Any]
             "first_step": began,
             "finish": finish_delay(finished, steps, mine, wall) if finished else None,
             "sizes": sorted({s.parallelism for s in mine}),
+            "seen": live_curve(
+                (int(p["parallelism"]), float(p["samples_per_s"] or 0.0))
+                for p in sorted(real[name]["progress"], key=lambda p: ts(p["at"]) or 0.0)
+            ),
             "reports": len(mine),
         }
     start_fit = fit_start_law(starts, busy, cores)
+    handovers, arrivals = control_delays(trace, real, jobs)
+    suspects = suspect_marks(trace, real)
     drift = implied_external(
         samples, {name: j["free_rates"] for name, j in jobs.items()}, busy, cores, DRIFT_BIN_S
     )
@@ -381,7 +405,55 @@ def measure(trace: list[dict[str, Any]], real: dict[str, Any]) -> dict[str, Any]
         "start_fit": start_fit,
         "drift": drift,
         "meta": meta,
+        "handovers": handovers,
+        "arrivals": arrivals,
+        "suspects": suspects,
     }
+
+
+def suspect_marks(trace: list[dict[str, Any]], real: dict[str, Any]) -> list[dict[str, Any]]:
+    """The GPUs the live control plane marked suspect (a straggler report), as the run recorded.
+
+    Each: when (epoch seconds), until when, the GPU, and the job that kept it
+    ("" when the straggler moved off it or was removed: the GPU was free at once).
+    """
+    out: list[dict[str, Any]] = []
+    for job in trace:
+        for event in real[job["name"]]["events"]:
+            data = event.get("data") or {}
+            if event["kind"] != "straggler" or not data.get("suspect_until"):
+                continue
+            out.append(
+                {
+                    "at": ts(event["at"]) or 0.0,
+                    "until": ts(data["suspect_until"]) or 0.0,
+                    "gpu": int(data.get("gpu", -1)),
+                    "holder": job["name"] if data.get("action") == "kept" else "",
+                }
+            )
+    return out
+
+
+def control_delays(
+    trace: list[dict[str, Any]], real: dict[str, Any], jobs: dict[str, Any]
+) -> tuple[list[float], list[float]]:
+    """The live control plane's delays: an end's handover to the next placement, and an
+    arrival's wait for a placement when room was free (:mod:`scheduler.measured`)."""
+    placements: list[tuple[float, float]] = []
+    for job in trace:
+        got = jobs[job["name"]]
+        for event in real[job["name"]]["events"]:
+            resize = RESIZE.match(event["reason"])
+            placed = (event["from_state"], event["to_state"]) == ("queued", "running")
+            grown = resize and event["to_state"] == "scaling" and int(resize[3]) > int(resize[2])
+            if event["kind"] == "state" and (placed or grown):
+                placements.append((ts(event["at"]) or 0.0, got["submit"]))
+    ends = [j["end"] for j in jobs.values() if j["end"] is not None]
+    handovers = handover_delays(ends, placements)
+    arrivals = arrival_delays(
+        [(j["submit"], j["start"]) for j in jobs.values() if j["start"] is not None], ends
+    )
+    return handovers, arrivals
 
 
 # ----------------------------------------------------------------------------- the simulation
@@ -398,8 +470,25 @@ class Model:
     rules: bool = True  # switches take time (and lock the size); no growth near the end
     peers: bool = True  # sizes a job never ran at: its workload's rates there
     learn: bool = True  # the policy sees what the job measured so far (else all of it)
+    own: bool = True  # each job its own start-up and end, as measured (else the medians)
+    reported: bool = True  # the policy learns the reported rates (live curve), not free-core
+    per_tick: bool = True  # every pass on a fresh policy core, as the live tick's snapshot
+    suspects: bool = True  # GPUs marked suspect (straggler reports) are out of service
+    one_pass: bool = True  # a refused start waits for the next pass (the tick binds once)
+    handover: bool = True  # the control plane sees arrivals and ends late (its delays)
 
 
+# The model of the section "with the fixed costs" (docs/benchmarks.md), before the parts
+# that follow the live control plane's rules (own costs, delays, reported rates, per tick).
+BEFORE = Model(
+    "before (control-plane parts off)",
+    own=False,
+    handover=False,
+    reported=False,
+    per_tick=False,
+    suspects=False,
+    one_pass=False,
+)
 MODELS = (
     Model("full"),
     Model("no contention", contention=False),
@@ -408,6 +497,19 @@ MODELS = (
     Model("no switch times or end rule", rules=False),
     Model("no workload rates", peers=False),
     Model("policy sees the measured curves", learn=False),
+    Model("workload start-ups and ends", own=False),
+    Model("no control-plane delays", handover=False),
+    Model("policy learns free-core rates", reported=False),
+    Model("one policy core for the run", per_tick=False),
+    Model("no suspect GPUs", suspects=False),
+    Model("a second pass around refusals", one_pass=False),
+    BEFORE,
+    replace(BEFORE, name="before + own start-ups and ends alone", own=True),
+    replace(BEFORE, name="before + control-plane delays alone", handover=True),
+    replace(BEFORE, name="before + reported rates alone", reported=True),
+    replace(BEFORE, name="before + a fresh core per pass alone", per_tick=True),
+    replace(BEFORE, name="before + suspect GPUs alone", suspects=True),
+    replace(BEFORE, name="before + one pass per tick alone", one_pass=True),
     Model(
         "none of them",
         contention=False,
@@ -416,6 +518,12 @@ MODELS = (
         rules=False,
         peers=False,
         learn=False,
+        own=False,
+        handover=False,
+        reported=False,
+        per_tick=False,
+        suspects=False,
+        one_pass=False,
     ),
 )
 
@@ -458,16 +566,51 @@ def costs(measured: dict[str, Any], model: Model) -> dict[str, Any]:
         "join_s": round(median_or(joins, 0.0), 3) if model.rules else 0.0,
         "leave_s": round(max(0.0, median_or(leaves, 0.0)), 3) if model.rules else 0.0,
         "broadcast_s": round(median_or(pauses, 0.0), 3),
+        # Each job's own start-up (free-core seconds under the start law, as the medians
+        # above) and end: measured per job as its rates are.
+        "first_start_by_job": (
+            {n: round(j[key], 3) for n, j in measured["jobs"].items() if j[key] is not None}
+            if model.own
+            else {}
+        ),
+        "finish_by_job": (
+            {
+                n: round(j["finish"], 3)
+                for n, j in measured["jobs"].items()
+                if j["finish"] is not None
+            }
+            if model.own and model.finish
+            else {}
+        ),
+    }
+
+
+def delays(measured: dict[str, Any], model: Model) -> dict[str, float]:
+    """The control plane's delays for the simulator (``SimConfig.arrival_s``, ``release_s``)."""
+    if not model.handover:
+        return {"arrival_s": 0.0, "release_s": 0.0}
+    return {
+        "arrival_s": round(median_or(measured["arrivals"], 0.0), 3),
+        "release_s": round(median_or(measured["handovers"], 0.0), 3),
     }
 
 
 def simulate_trace(
-    trace: list[dict[str, Any]], measured: dict[str, Any], policy_name: str, model: Model
+    trace: list[dict[str, Any]],
+    measured: dict[str, Any],
+    policy_name: str,
+    model: Model,
+    trail: list[tuple[float, str, int, tuple[int, ...]]] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The simulator's result per job (start, end, JCT) given what the real run measured."""
+    """The simulator's result per job (start, end, JCT) given what the real run measured.
+
+    ``trail``, when given, receives every placement the simulation made:
+    (time, job, GPUs, GPU ids), 0 GPUs for a job's end (``--timeline``).
+    """
     from fabric.topology import FabricSpec
+    from scheduler.fabric_placement import sim_placement
     from scheduler.policies import get_policy
-    from scheduler.simulator import ScalingCost, SimConfig, simulate
+    from scheduler.simulator import Outage, ScalingCost, SimConfig, simulate
     from scheduler.traces import TraceJob
 
     jobs = measured["jobs"]
@@ -475,6 +618,7 @@ def simulate_trace(
     start_fit: CpuFit = measured["start_fit"]
     origin = min(j["submit"] for j in jobs.values())
     figures = costs(measured, model)
+    control = delays(measured, model)
     table: dict[str, MeasuredJob] = {}
     rows: list[TraceJob] = []
     rate_key = "free_rates" if model.contention else "rates"
@@ -495,6 +639,7 @@ def simulate_trace(
         mj = MeasuredJob(
             job["name"], job["gpus"], job["min_gpus"], job["max_gpus"], got["steps"], rates,
             peers[job["workload"]] if model.peers else {},
+            got["seen"] if model.reported else {},
         )  # fmt: skip
         table[mj.id] = mj
         rows.append(
@@ -513,13 +658,187 @@ def simulate_trace(
         slot_slowdown=fit.cpu.table(GPUS) if model.contention else (),
         start_slowdown=start_fit.cpu.table(GPUS) if model.contention else (),
         grow_min_left_s=SCALE_OUT_MIN_SECONDS_LEFT if model.rules else 0.0,
+        arrival_s=control["arrival_s"],
+        release_s=control["release_s"],
+        outages=tuple(
+            Outage(m["at"] - origin, m["until"] - origin, m["gpu"], m["holder"])
+            for m in measured["suspects"]
+        )
+        if model.suspects
+        else (),
+        second_pass=not model.one_pass,
     )
-    result = simulate(rows, MeasuredPolicy(inner, table, learn=model.learn), cfg)
+    policy: Policy = MeasuredPolicy(inner, table, learn=model.learn, per_tick=model.per_tick)
+    if trail is None:
+        result = simulate(rows, policy, cfg)
+    else:
+        clock = Clock()
+        placement, _ = sim_placement("vclos", GPUS, GPUS_PER_SERVER, cfg.fabric)
+        result = simulate(
+            rows,
+            ClockedPolicy(policy, clock),
+            cfg,
+            placement=TracedPlacement(placement, clock, trail),
+        )
     out = {r.id: {"start": r.start, "end": r.end, "jct": r.jct} for r in result.jobs}
+    figures = {**figures, **control}
+    if trail is not None:
+        trail += [(r.end, r.id, 0, ()) for r in result.jobs]
+        trail.sort(key=lambda e: e[0])
     return out, figures
 
 
+class Clock:
+    """The simulated time of the pass in progress (set by :class:`ClockedPolicy`)."""
+
+    now = 0.0
+
+
+class ClockedPolicy(Policy):
+    """``inner``, with each pass's time written to ``clock`` (for :class:`TracedPlacement`)."""
+
+    def __init__(self, inner: Policy, clock: Clock) -> None:
+        self.inner, self.clock = inner, clock
+        self.name = inner.name
+        self.elastic = bool(getattr(inner, "elastic", False))
+        self.class_ageing_s = inner.class_ageing_s
+
+    def new_core(self, total_gpus: int) -> PolicyCore:
+        """The inner core; its ``decide`` sets the clock first."""
+        core = self.inner.new_core(total_gpus)
+        decide, clock = core.decide, self.clock
+
+        def clocked(now: float) -> Plan:
+            clock.now = now
+            return decide(now)
+
+        setattr(core, "decide", clocked)  # noqa: B010 - an instance hook on a core we own
+        return core
+
+
+class TracedPlacement:
+    """A simulator placement that writes down every placement it grants (``--timeline``)."""
+
+    def __init__(
+        self, inner: Any, clock: Clock, trail: list[tuple[float, str, int, tuple[int, ...]]]
+    ) -> None:
+        self.inner, self.clock, self.trail = inner, clock, trail
+        self.name = inner.name
+        self.allocator = getattr(inner, "allocator", None)  # what outages take GPUs off
+
+    def admits(self, n: int) -> bool:
+        """As the inner placement."""
+        return bool(self.inner.admits(n))
+
+    def place(self, job: str, n: int) -> tuple[int, ...] | None:
+        """As the inner placement; a grant is written down."""
+        gpus: tuple[int, ...] | None = self.inner.place(job, n)
+        if gpus is not None:
+            self.trail.append((self.clock.now, job, n, tuple(gpus)))
+        return gpus
+
+    def release(self, job: str) -> None:
+        """As the inner placement."""
+        self.inner.release(job)
+
+
 # ----------------------------------------------------------------------------- the report
+
+LEAVES = re.compile(r"leaves \[([0-9, ]+)\]")
+GPUS_PER_LEAF = DEMO_FABRIC["servers_per_leaf"] * DEMO_FABRIC["gpus_per_server"]
+
+
+def real_trail(trace: list[dict[str, Any]], real: dict[str, Any], origin: float) -> list[Any]:
+    """The live run's placements as (time since the first submission, job, GPUs, leaves).
+
+    From each job's events: its placement, a scale-out's decision (the newcomers
+    start then), a switch done (the size the runtime reports), its end (0 GPUs).
+    """
+    out: list[tuple[float, str, int, str]] = []
+    for job in trace:
+        name = job["name"]
+        for event in sorted(real[name]["events"], key=lambda e: (e["at"], e["id"])):
+            at = (ts(event["at"]) or 0.0) - origin
+            leaves = LEAVES.search(event["reason"])
+            where = leaves[1].replace(" ", "") if leaves else ""
+            size = event["to_parallelism"]
+            resize = RESIZE.match(event["reason"])
+            if event["kind"] != "state":
+                continue
+            if (event["from_state"], event["to_state"]) == ("queued", "running"):
+                out.append((at, name, int(size or 0), where))
+            elif resize and event["to_state"] == "scaling" and int(resize[3]) > int(resize[2]):
+                out.append((at, name, int(resize[3]), where))
+            elif event["reason"].startswith("switch done"):
+                out.append((at, name, int(size or 0), ""))
+            elif event["to_state"] in ENDED:
+                out.append((at, name, 0, ""))
+    return sorted(out, key=lambda e: e[0])
+
+
+def holding(trail: list[Any], at: float) -> dict[str, int]:
+    """Who held how many GPUs just before ``at``, from a trail of (time, job, GPUs, ...)."""
+    held: dict[str, int] = {}
+    for when, job, n, *_ in trail:
+        if when >= at:
+            break
+        if n:
+            held[job] = n
+        else:
+            held.pop(job, None)
+    return held
+
+
+def timeline(
+    trace: list[dict[str, Any]],
+    measured: dict[str, Any],
+    real: dict[str, Any],
+    sim_trail: list[Any],
+) -> None:
+    """Per job, in order of arrival: real and simulated start, size, leaves and who held GPUs.
+
+    Where the two runs part, the first job whose start differs by more than a
+    tick shows what each control plane saw: the jobs running on each side.
+    """
+    jobs = measured["jobs"]
+    origin = min(j["submit"] for j in jobs.values())
+    live = real_trail(trace, real, origin)
+    print(
+        f"{'job':<4} {'arrive':>6} {'gpus':>6} | {'real':>6} {'n':>2} {'leaf':<5} {'end':>6} | "
+        f"{'sim':>6} {'n':>2} {'leaf':<5} {'end':>6} | {'d start':>7}  held at the real / sim start"
+    )
+    for job in sorted(trace, key=lambda j: jobs[j["name"]]["submit"]):
+        name = job["name"]
+        got = jobs[name]
+        arrive = got["submit"] - origin
+        mine = [e for e in live if e[1] == name]
+        sims = [e for e in sim_trail if e[1] == name]
+        r_start = mine[0] if mine else (math.nan, name, 0, "")
+        s_start = sims[0] if sims else (math.nan, name, 0, ())
+        s_leaf = ",".join(str(x) for x in sorted({g // GPUS_PER_LEAF for g in s_start[3]}))
+        r_end = got["end"] - origin if got["end"] else math.nan
+        s_end = sims[-1][0] if sims else math.nan
+        held_r = holding(live, r_start[0] + 1e-6)
+        held_s = holding(sim_trail, s_start[0] + 1e-6)
+
+        def fmt(held: dict[str, int], me: str = name) -> str:
+            return " ".join(f"{j[1:]}:{n}" for j, n in sorted(held.items()) if j != me)
+
+        rng = f"{job['min_gpus']}-{job['gpus']}-{job['max_gpus']}"
+        print(
+            f"{name:<4} {arrive:>6.1f} {rng:>6} | {r_start[0]:>6.1f} {r_start[2]:>2} {r_start[3]:<5} "
+            f"{r_end:>6.1f} | {s_start[0]:>6.1f} {s_start[2]:>2} {s_leaf:<5} {s_end:>6.1f} | "
+            f"{s_start[0] - r_start[0]:>+7.1f}  [{fmt(held_r)}] / [{fmt(held_s)}]"
+        )
+    print("resizes (real | sim):")
+    for side, trail in (("real", live), ("sim", sim_trail)):
+        sizes: dict[str, int] = {}
+        moves = []
+        for when, job, n, *_ in trail:
+            if job in sizes and n and n != sizes[job]:
+                moves.append(f"{job} {sizes[job]}->{n} @{when:.1f}")
+            sizes[job] = n
+        print(f"  {side}: " + "; ".join(moves))
 
 
 def compare(
@@ -610,6 +929,11 @@ def main() -> int:
     parser.add_argument(
         "--ablation", action="store_true", help="also simulate without each part of the cost model"
     )
+    parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="per job: real and simulated start, size, leaves, and who held GPUs then",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     if args.write_trace:
@@ -641,9 +965,18 @@ def main() -> int:
                 "jobs_within_25pct",
             )
             print(json.dumps({"model": model.name, **{k: row[k] for k in keep}}))
-    sim, figures = simulate_trace(trace, measured, args.policy, MODELS[0])
+    trail: list[tuple[float, str, int, tuple[int, ...]]] = []
+    sim, figures = simulate_trace(
+        trace, measured, args.policy, MODELS[0], trail if args.timeline else None
+    )
+    if args.timeline:
+        timeline(trace, measured, real, trail)
     summary = compare(trace, measured, sim)
-    summary["costs"] = figures
+    # Each job's own start-up and end are in the table above (start-up, end).
+    summary["costs"] = {k: v for k, v in figures.items() if not k.endswith("_by_job")}
+    summary["handovers"] = len(measured["handovers"])
+    summary["arrivals"] = len(measured["arrivals"])
+    summary["suspect_gpus"] = len(measured["suspects"])
     summary["policy"] = args.policy
     summary["wall_s"] = round(time.monotonic() - began, 1)
     summary["load_avg"] = [round(x, 2) for x in os.getloadavg()]

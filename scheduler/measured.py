@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from scheduler.curves import policy_curve
+from scheduler.curves import policy_curve, record_measurement
 from scheduler.policies.base import Plan, Policy, PolicyCore
 from scheduler.records import JobRecord
 
@@ -347,7 +347,10 @@ class MeasuredJob:
     ``peers`` are the steps/s of its workload at each size, pooled over the
     run's jobs of that workload (:func:`pooled_rates`): a size this job never
     ran at is taken from them, scaled by how fast this job ran where both
-    are known.
+    are known.  ``seen`` is what the live policy's curve held for each size
+    the job reported at (:func:`live_curve`: samples/s as reported, crowded
+    CPUs and all), for :class:`MeasuredPolicy` to show the policy instead of
+    ``rates``; empty: the policy sees ``rates``.
     """
 
     id: str
@@ -357,6 +360,22 @@ class MeasuredJob:
     steps: int
     rates: Mapping[int, float] = field(default_factory=dict)
     peers: Mapping[int, float] = field(default_factory=dict)
+    seen: Mapping[int, float] = field(default_factory=dict)
+
+    def view_at(self, size: int) -> float:
+        """What the live policy's curve held at ``size`` once the job trained there.
+
+        ``seen`` where the job reported at that size; elsewhere :meth:`curve`
+        in ``seen``'s units (scaled by the mean ratio where both are known),
+        or :meth:`curve` itself without ``seen``.
+        """
+        curve = self.curve()
+        seen = {n: r for n, r in self.seen.items() if r > 0 and n in curve}
+        if size in seen:
+            return seen[size]
+        if not seen:
+            return curve[size]
+        return curve[size] * statistics.fmean(seen[n] / curve[n] for n in seen)
 
     def curve(self) -> Mapping[int, float]:
         """Steps/s on 1..max_gpus: measured sizes as measured, then its workload's, then the
@@ -393,6 +412,81 @@ class MeasuredJob:
         return curve[self.requested] / curve[1]
 
 
+class TickCore(PolicyCore):
+    """A core that decides as the live tick does: every pass on a fresh core of ``policy``.
+
+    The control plane keeps no policy state between ticks: each tick builds a
+    core from the database's snapshot (``Policy.schedule``: running jobs
+    restored at their size and service, queued ones added in submission
+    order) and throws it away.  A simulator's core lives for the whole run,
+    so what a past pass computed outlives it: an elastic core's scale-out
+    candidates keep the marginal gain of the speed table they were pushed
+    with, after the job has learned another.  This core holds only the jobs;
+    each pass at a new time rebuilds ``policy``'s core from them, and a second
+    pass at the same time (after placement refused something) goes on with
+    that pass's core, as the simulator's loop expects.
+    """
+
+    def __init__(self, policy: Policy, total_gpus: int) -> None:
+        super().__init__(total_gpus)
+        self.policy = policy
+        self.jobs: dict[JobRecord, None] = {}
+        self.current = policy.new_core(total_gpus)
+        self.blocking = self.current.blocking
+        self.made_at: float | None = None
+
+    def add(self, job: JobRecord, now: float) -> None:
+        """A job arrives (or is requeued): the next pass sees it queued."""
+        self.jobs[job] = None
+
+    def remove(self, job: JobRecord, now: float) -> None:
+        """A job ended: the next pass no longer sees it."""
+        self.jobs.pop(job, None)
+
+    def decide(self, now: float) -> Plan:
+        """A fresh core of the jobs as they are (the snapshot's order), then its pass."""
+        if self.made_at == now and self.refused_at == now:
+            return self.current.decide(now)  # the pass again around what placement refused
+        core = self.policy.new_core(self.total)
+        core.ageing = self.ageing
+        core.fair_share = self.fair_share
+        ordered = sorted(self.jobs, key=lambda j: (not j.running, j.submit, j.id))
+        for job in ordered:
+            job.klass = job.own_klass  # a snapshot's record: the class its priority says
+            job.compacted = False
+        core.restore_many([j for j in ordered if j.running], now)
+        for job in ordered:
+            if not job.running:
+                core.add(job, now)
+        self.current, self.made_at = core, now
+        return core.decide(now)
+
+    def unplaced(self, refused: Plan, now: float) -> None:
+        """Placement refused part of the pass: the pass's core takes it back."""
+        self.current.unplaced(refused, now)
+
+    def note_refused(self, refused: Plan, now: float) -> None:
+        """As any core; the pass's core hears it too (its second pass goes around them)."""
+        super().note_refused(refused, now)
+        self.current.note_refused(refused, now)
+
+    def next_wakeup(self) -> float | None:
+        """The last pass's core's (a demotion due, say)."""
+        return self.current.next_wakeup()
+
+    def next_ageing(self) -> float | None:
+        """The last pass's core's."""
+        return self.current.next_ageing()
+
+    def waiting_count(self) -> int:
+        """Jobs held here without GPUs."""
+        return sum(1 for job in self.jobs if not job.running)
+
+    def pending_order(self, now: float) -> list[JobRecord]:
+        """The last pass's core's order."""
+        return self.current.pending_order(now)
+
+
 class MeasuredPolicy(Policy):
     """``inner`` on measured jobs: their own elastic range, their measured progress, and the
     policy seeing only what the live policy could have seen.
@@ -406,24 +500,33 @@ class MeasuredPolicy(Policy):
     then each size it has trained at (``decide`` learns it at the first pass
     after the job's start-up there).  So the simulated policy tries the sizes
     the live one tried, on the same optimistic prior.  ``learn=False`` shows
-    it the measured curve from the start.  Fixed costs (start-up, end) are
-    the simulator's own (``ScalingCost``).  Each pass looks at every job it
+    it the measured curve from the start.  ``per_tick=True`` decides each
+    pass on a fresh core, as the live tick does (:class:`TickCore`).  Fixed
+    costs (start-up, end) are the simulator's own (``ScalingCost``).  Each pass looks at every job it
     was given: for replays of a live run (tens of jobs), not of a long trace.
     """
 
     def __init__(
-        self, inner: Policy, jobs: Mapping[str, MeasuredJob], *, learn: bool = True
+        self,
+        inner: Policy,
+        jobs: Mapping[str, MeasuredJob],
+        *,
+        learn: bool = True,
+        per_tick: bool = False,
     ) -> None:
         self.inner = inner
         self.jobs = dict(jobs)
         self.learn = learn
+        self.per_tick = per_tick
         self.name = inner.name
         self.elastic = bool(getattr(inner, "elastic", False))
         self.class_ageing_s = inner.class_ageing_s
 
     def new_core(self, total_gpus: int) -> PolicyCore:
         """The inner policy's core, with ``add`` and ``decide`` wrapped."""
-        core = self.inner.new_core(total_gpus)
+        core = (
+            TickCore(self.inner, total_gpus) if self.per_tick else self.inner.new_core(total_gpus)
+        )
         add, decide = core.add, core.decide
         jobs, learn = self.jobs, self.learn
         seen: dict[str, dict[int, float]] = {}
@@ -454,13 +557,73 @@ class MeasuredPolicy(Policy):
                     if not job.running or now < job.resume_at or size in seen[job.id]:
                         continue
                     measured = jobs[job.id]
-                    seen[job.id][size] = measured.curve()[size]
+                    seen[job.id][size] = measured.view_at(size)
                     believe(job, measured)
             return decide(now)
 
         setattr(core, "add", measured_add)  # noqa: B010 - instance hooks on a core we own
         setattr(core, "decide", learning_decide)  # noqa: B010
         return core
+
+
+def handover_delays(
+    ends: Iterable[float], placements: Iterable[tuple[float, float]]
+) -> list[float]:
+    """Seconds from a job's recorded end to the control plane's next placement it made room for.
+
+    ``ends`` are the recorded ends of the run's jobs; ``placements`` (when,
+    submitted) each start or growth with its job's submission time.  After an
+    end, the first placement before the next end of a job already submitted
+    is the handover of that end's GPUs (the end reported, the next tick, the
+    tick's run); an end no placement follows before the next one, or whose
+    next placement is a new job's first look (it arrived after the end), made
+    room for nobody and is left out.
+    """
+    order = sorted(ends)
+    moves = sorted(placements)
+    out: list[float] = []
+    for i, end in enumerate(order):
+        until = order[i + 1] if i + 1 < len(order) else math.inf
+        for at, submitted in moves:
+            if at <= end:
+                continue
+            if at > until:
+                break
+            if submitted <= end:
+                out.append(at - end)
+                break
+    return out
+
+
+def arrival_delays(starts: Iterable[tuple[float, float]], ends: Iterable[float]) -> list[float]:
+    """Seconds from a job's submission to its first placement, for jobs that found room at once.
+
+    ``starts`` are (submitted, first placed) per job; a job placed before any
+    other job ended after its submission waited for the control plane alone
+    (the commit, the tick it requests, the tick's run), not for GPUs.
+    """
+    order = sorted(ends)
+    out: list[float] = []
+    for submitted, placed in starts:
+        i = bisect.bisect_right(order, submitted)
+        if placed >= submitted and (i == len(order) or order[i] > placed):
+            out.append(placed - submitted)
+    return out
+
+
+def live_curve(reports: Iterable[tuple[int, float]]) -> dict[int, float]:
+    """The live policy's measured curve after ``reports`` (size, samples/s), in their order.
+
+    The control plane keeps a running average per size of the samples/s each
+    progress report gives (:func:`scheduler.curves.record_measurement`, the
+    same function): this is that curve at the job's end, the rates the live
+    policy ranked the job's sizes by, as reported under whatever crowded the
+    machine, not the free-core rates its progress follows.
+    """
+    curve: dict[str, float] = {}
+    for size, rate in reports:
+        curve = record_measurement(curve, size, rate)
+    return {int(n): r for n, r in sorted(curve.items(), key=lambda kv: int(kv[0]))}
 
 
 def pooled_rates(rates: Iterable[tuple[int, float, float]]) -> dict[int, float]:

@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fabric.allocator import VClosAllocator
 from fabric.topology import FabricSpec
 from scheduler.fabric_placement import Contention, collective_for, sim_placement
 from scheduler.fairshare import FAIR_SHARE_HALF_LIFE, FairShare
@@ -88,6 +89,9 @@ class ScalingCost:
     * ``finish_s``: seconds a job still holds its GPUs after its last step
       (final checkpoint, exit, the end reported and recorded); its JCT ends
       there.
+    * ``first_start_by_job`` and ``finish_by_job`` override the first start
+      and the end per job (``TraceJob.id``): a replay of a run that measured
+      each job's own (``scheduler.measured``), as it measured each job's rates.
 
     While a switch is in flight (``join_s``, ``leave_s``) the job's size is
     the runtime's, not the policy's: a resize or preemption decided meanwhile
@@ -102,6 +106,8 @@ class ScalingCost:
     join_s: float = 0.0
     leave_s: float = 0.0
     finish_s: float = 0.0
+    first_start_by_job: Mapping[str, float] = field(default_factory=dict)
+    finish_by_job: Mapping[str, float] = field(default_factory=dict)
 
     def pause(self, old: int, new: int, resumed: bool) -> float:
         """Seconds without progress after going from ``old`` to ``new`` GPUs."""
@@ -115,13 +121,19 @@ class ScalingCost:
             return self.broadcast_s if new > old > 0 else 0.0
         raise ValueError(f"unknown scaling cost mode {self.mode!r}")
 
-    def first_start(self, model: str) -> float:
-        """Seconds from a job's first start to its first step (its workload's, else the default)."""
-        return self.first_start_by_model.get(model, self.first_start_s)
+    def first_start(self, model: str, job: str = "") -> float:
+        """Seconds from a job's first start to its first step (its own, its workload's, else
+        the default)."""
+        own = self.first_start_by_job.get(job)
+        return own if own is not None else self.first_start_by_model.get(model, self.first_start_s)
 
     def has_first_start(self) -> bool:
         """Whether any first start costs something (the loop skips the bookkeeping otherwise)."""
-        return self.first_start_s > 0 or any(v > 0 for v in self.first_start_by_model.values())
+        return (
+            self.first_start_s > 0
+            or any(v > 0 for v in self.first_start_by_model.values())
+            or any(v > 0 for v in self.first_start_by_job.values())
+        )
 
     def join_pause(self, old_rate: float, new_rate: float, seconds: float) -> float:
         """Lost seconds at the new size while a scale-out's newcomers join.
@@ -147,6 +159,21 @@ class ScalingCost:
         if 0 < new < old and self.leave_s > 0:
             return max(now, trains_from) + self.leave_s
         return now
+
+
+@dataclass(frozen=True, slots=True)
+class Outage:
+    """One GPU out of service from ``at`` until ``until`` (a suspect mark, say).
+
+    ``gpu`` is the one to take when it is free (else the lowest free id);
+    ``holder`` a job that keeps the GPU meanwhile: it goes out when that job
+    ends.  Without a free GPU the outage waits for the next one freed.
+    """
+
+    at: float
+    until: float
+    gpu: int = -1
+    holder: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +204,28 @@ class SimConfig:
     0: off.  It and a switch in flight (``ScalingCost.join_s``/``leave_s``)
     refuse resizes, so they need a policy core that takes refusals
     (``PolicyCore.unplaced``).
+
+    The live control plane hears of a change some time after it happens; two
+    delays model that (0: off, the policy sees every change at once):
+
+    * ``arrival_s``: seconds from a job's submission until the policy sees it
+      (the API's commit, the tick it requests, the tick's own run).  Its JCT
+      still counts from its submission.
+    * ``release_s``: seconds an ended job's GPUs stay held after its recorded
+      end (the control plane's handover: the next tick that sees them free
+      and its run time).  Its JCT ends at the end; meanwhile the policy still
+      counts it as running and no decision resizes it.
+
+    ``outages``: GPUs taken out of service for a while (:class:`Outage`; the
+    live control plane marks a straggler's GPU suspect for a cool-down): the
+    policy's core counts them as gone and placement never gives them out.
+    ``count`` and ``vclos`` placements only.  Empty: every GPU always serves.
+
+    ``second_pass``: after placement refuses part of a pass, a second pass at
+    the same time goes around the refused jobs (the default).  The live tick
+    binds once: a refused start waits for the next tick, which plans it again
+    (the policy keeps nothing between ticks), while the GPUs it was given
+    stay idle; ``False`` models that.
     """
 
     total_gpus: int
@@ -197,6 +246,10 @@ class SimConfig:
     slot_slowdown: tuple[float, ...] = ()
     start_slowdown: tuple[float, ...] = ()
     grow_min_left_s: float = 0.0
+    arrival_s: float = 0.0
+    release_s: float = 0.0
+    outages: tuple[Outage, ...] = ()
+    second_pass: bool = True
 
     def slot_factor(self, busy: int) -> float:
         """``slot_slowdown`` at ``busy`` busy GPUs (1.0 when off)."""
@@ -502,6 +555,12 @@ def simulate(
             cfg.placement, cfg.total_gpus, cfg.gpus_per_server, cfg.fabric, seed=cfg.seed
         )
     collective_for("", cfg.traffic)  # an unknown traffic model fails here, not mid-run
+    # Outages take GPUs off a vClos allocator (VClosBinder's, or a wrapper's that shows it).
+    blocker = getattr(placement, "allocator", None)
+    if cfg.outages and not (
+        isinstance(placement, CountOnly) or isinstance(blocker, VClosAllocator)
+    ):
+        raise ValueError(f"outages need the count or vclos placement, not {placement.name}")
     core = policy.new_core(cfg.total_gpus)
     core.ageing = policy.class_ageing_s
     ageing = core.ageing is not None
@@ -528,6 +587,7 @@ def simulate(
     shared_cpu = bool(cfg.slot_slowdown)
     tracked = contention is not None or shared_cpu
     tail = cfg.cost.finish_s  # GPUs held after the last step
+    tails = cfg.cost.finish_by_job  # ... per job, where measured
     first_costs = cfg.cost.has_first_start()
     # Resizes in flight: job -> when its switch is done (only with switch times).
     switching: dict[JobRecord, float] = {}
@@ -536,8 +596,8 @@ def simulate(
 
     def resize_refused(job: JobRecord, n: int, now: float) -> bool:
         """Whether the runtime, not the policy, owns this running job's size now."""
-        if switch_times and switching.get(job, -math.inf) > now:
-            return True
+        if switching and switching.get(job, -math.inf) > now:
+            return True  # a switch in flight, or an ended job not handed over yet
         if near_end > 0 and n > job.alloc and now >= job.resume_at:
             job.settle(now)
             return job.remaining < near_end * job.progress_rate(job.alloc) * job.pace
@@ -561,15 +621,18 @@ def simulate(
     def push(job: JobRecord) -> None:
         nonlocal seq
         seq += 1
+        end = tails.get(job.id, tail) if tails else tail
         if not limited:
-            heapq.heappush(comp, (job.finish_time(tail), seq, job, job.version))
+            heapq.heappush(comp, (job.finish_time(end), seq, job, job.version))
             return
-        when = job.finish_time(tail)
+        when = job.finish_time(end)
         if job.fail_after is not None and job.attempt_start + job.fail_after < when:
             when = job.attempt_start + job.fail_after
         if job.max_runtime is not None and job.start_time is not None:
             when = min(when, job.start_time + job.max_runtime)
         heapq.heappush(comp, (when, seq, job, job.version))
+
+    ended: set[str] = set()  # jobs off their GPUs for good (an outage's holder)
 
     def stop(job: JobRecord, now: float) -> None:
         """Take a running job off its GPUs and out of the core (it completed or failed)."""
@@ -577,8 +640,79 @@ def simulate(
         placement.release(job.id)
         held.pop(job, None)
         switching.pop(job, None)
+        ended.add(job.id)
         job.running = False
         job.version += 1
+
+    # Ended jobs whose GPUs the control plane has not handed over yet (release_s):
+    # (when they are free, seq, job).
+    releases: list[tuple[float, int, JobRecord]] = []
+    release_s = cfg.release_s
+    arrival_s = cfg.arrival_s
+    handing = 0  # GPUs of those jobs: the count placement's books no longer hold them
+
+    def hand_over(job: JobRecord, now: float) -> None:
+        """An ended job's GPUs stay its own for ``release_s`` (the policy still sees it run)."""
+        nonlocal seq, handing
+        acct.finished(job, now)
+        handing += job.alloc
+        held.pop(job, None)  # no longer paced: it runs no more
+        switching[job] = now + release_s  # no decision resizes it meanwhile
+        job.version += 1
+        job.end_time = now
+        seq += 1
+        heapq.heappush(releases, (now + release_s, seq, job))
+
+    # GPUs out of service (cfg.outages): due ones wait for a free GPU (and their holder's
+    # end); the core's total counts those out.
+    outages = sorted(cfg.outages, key=lambda o: o.at)
+    oi = 0
+    due_out: list[Outage] = []
+    out_now: list[tuple[float, int]] = []  # (until, GPU id or -1)
+
+    def take_out(now: float) -> bool:
+        """Start due outages on free GPUs and end lapsed ones; whether anything changed."""
+        nonlocal oi
+        moved = False
+        for until, gpu in [o for o in out_now if o[0] <= now]:
+            out_now.remove((until, gpu))
+            if gpu >= 0 and isinstance(blocker, VClosAllocator):
+                blocker.set_available([gpu])
+            moved = True
+        while oi < len(outages) and outages[oi].at <= now:
+            due_out.append(outages[oi])
+            oi += 1
+        for outage in list(due_out):
+            if outage.until <= now:
+                due_out.remove(outage)
+                continue
+            if outage.holder and outage.holder not in ended:
+                continue
+            gpu = -1
+            if isinstance(blocker, VClosAllocator):
+                free = [
+                    g
+                    for leaf in range(blocker.spec.leaves)
+                    for g in blocker.free_gpus_on_leaf(leaf)
+                ]
+                if not free:
+                    continue
+                gpu = outage.gpu if outage.gpu in free else min(free)
+                blocker.set_unavailable([gpu])
+            elif acct.used + handing + len(out_now) >= cfg.total_gpus:
+                continue
+            due_out.remove(outage)
+            out_now.append((outage.until, gpu))
+            moved = True
+        if moved:
+            core.total = cfg.total_gpus - len(out_now)
+        return moved
+
+    def next_outage() -> float:
+        """When the next outage starts or ends (inf: none)."""
+        starts = outages[oi].at if oi < len(outages) else math.inf
+        ends = min((u for u, _ in out_now), default=math.inf)
+        return min(starts, ends)
 
     # Per job, its communication slowdown integrated over the time it ran (contention
     # models only): job id -> [slowdown x seconds, seconds]; running job -> (since, factor).
@@ -648,14 +782,14 @@ def simulate(
         bar = tqdm(total=n_jobs, file=sys.stderr, unit="job", mininterval=0.5)
     done = 0
 
-    while ai < n_jobs or comp or deadlines:
+    while ai < n_jobs or comp or deadlines or releases or due_out or out_now:
         while comp and comp[0][2].version != comp[0][3]:
             heapq.heappop(comp)
         if deadlines:
             while deadlines and (deadlines[0][2].end_time is not None or deadlines[0][2].running):
                 heapq.heappop(deadlines)  # done, or running: its completion entry holds the limit
         t_comp = comp[0][0] if comp else math.inf
-        t_arr = records[ai].submit if ai < n_jobs else math.inf
+        t_arr = records[ai].submit + arrival_s if ai < n_jobs else math.inf
         wake = core.next_wakeup()
         t_wake = wake if wake is not None else math.inf
         if ageing:
@@ -663,6 +797,10 @@ def simulate(
             if aged is not None and aged < t_wake:
                 t_wake = aged
         now = min(t_comp, t_arr, t_wake, next_tick)
+        if releases and releases[0][0] < now:
+            now = releases[0][0]
+        if outages:
+            now = min(now, next_outage())
         if deadlines and deadlines[0][0] < now:
             now = deadlines[0][0]
         if now == math.inf:
@@ -671,7 +809,9 @@ def simulate(
         if fair is not None:  # usage up to now, from what each tenant held since the last event
             fair.advance(now, acct.tenant_held)
         if now >= next_tick:
-            next_tick = now + tick if tick and (acct.running or ai < n_jobs) else math.inf
+            next_tick = (
+                now + tick if tick and (acct.running or ai < n_jobs or releases) else math.inf
+            )
         changed = False
         # 1. completions
         while comp and comp[0][0] <= now:
@@ -701,10 +841,20 @@ def simulate(
                 done += 1
                 continue
             job.remaining = 0.0
+            done += 1
+            if release_s > 0:
+                hand_over(job, now)
+                continue
             acct.finished(job, now)
             stop(job, now)
             job.end_time = now
-            done += 1
+        while releases and releases[0][0] <= now:
+            job = heapq.heappop(releases)[2]
+            handing -= job.alloc
+            stop(job, now)
+            changed = True
+        if outages:
+            changed = take_out(now) or changed
         while deadlines and deadlines[0][0] <= now:
             job = heapq.heappop(deadlines)[2]
             if job.end_time is None and not job.running:
@@ -715,7 +865,7 @@ def simulate(
                 done += 1
                 changed = True
         # 2. arrivals
-        while ai < n_jobs and records[ai].submit <= now:
+        while ai < n_jobs and records[ai].submit + arrival_s <= now:
             if placement.admits(records[ai].requested):
                 core.add(records[ai], now)
             else:
@@ -728,14 +878,18 @@ def simulate(
             refused: Plan = []
             blocked = False
             for job, n in plan:
-                if switch_times or near_end > 0:
+                if switch_times or near_end > 0 or release_s > 0:
                     if job.running and n != job.alloc and resize_refused(job, n, now):
                         refused.append((job, n))
                         continue
                     # Count placement holds no GPU ids: after a refused shrink the GPUs
                     # the plan counted on are still held, so check the count itself.
                     held_now = job.alloc if job.running else 0
-                    if by_count and n > held_now and acct.used + n - held_now > cfg.total_gpus:
+                    if (
+                        by_count
+                        and n > held_now
+                        and acct.used + handing + len(out_now) + n - held_now > cfg.total_gpus
+                    ):
                         refused.append((job, n))
                         continue
                 gpus: tuple[int, ...] | None = ()
@@ -809,7 +963,7 @@ def simulate(
                 break
             core.unplaced(refused, now)
             core.note_refused(refused, now)
-            if retry or core.blocking:
+            if retry or core.blocking or not cfg.second_pass:
                 break
             plan = core.decide(now)
         if fresh:
@@ -819,7 +973,7 @@ def simulate(
             for job in fresh:
                 if job.running:
                     job.resume_at = max(
-                        job.resume_at, now + cfg.cost.first_start(job.model) * stretch
+                        job.resume_at, now + cfg.cost.first_start(job.model, job.id) * stretch
                     )
                     job.version += 1
                     push(job)
