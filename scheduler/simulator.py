@@ -221,6 +221,17 @@ class SimConfig:
     policy's core counts them as gone and placement never gives them out.
     ``count`` and ``vclos`` placements only.  Empty: every GPU always serves.
 
+    ``leavers_busy``: with shared CPUs, the leavers of a scale-in count as
+    busy slots for ``slot_slowdown`` and ``start_slowdown`` until their
+    switch is done (``ScalingCost.leave_s`` after the job trains), as they do
+    on the live cluster: they train until then, and the run's busy count, from
+    which the law was fitted, counts them.  Their GPUs still go to other jobs
+    at once.  Off: the slots stop counting at the decision.
+    ``leave_follows_start``: a scale-in decided during a job's first start
+    is done ``leave_s`` after the start-up's end as ``start_slowdown``
+    stretches it later (the live leavers stop once the job trains); off: the
+    end as it was due at the decision.
+
     ``second_pass``: after placement refuses part of a pass, a second pass at
     the same time goes around the refused jobs (the default).  The live tick
     binds once: a refused start waits for the next tick, which plans it again
@@ -250,6 +261,8 @@ class SimConfig:
     release_s: float = 0.0
     outages: tuple[Outage, ...] = ()
     second_pass: bool = True
+    leavers_busy: bool = False
+    leave_follows_start: bool = False
 
     def slot_factor(self, busy: int) -> float:
         """``slot_slowdown`` at ``busy`` busy GPUs (1.0 when off)."""
@@ -592,6 +605,8 @@ def simulate(
     # Resizes in flight: job -> when its switch is done (only with switch times).
     switching: dict[JobRecord, float] = {}
     switch_times = cfg.cost.join_s > 0 or cfg.cost.leave_s > 0
+    leavers = cfg.leavers_busy and (shared_cpu or bool(cfg.start_slowdown))
+    follow = cfg.leave_follows_start and cfg.cost.leave_s > 0
     near_end = cfg.grow_min_left_s
 
     def resize_refused(job: JobRecord, n: int, now: float) -> bool:
@@ -633,6 +648,14 @@ def simulate(
         heapq.heappush(comp, (when, seq, job, job.version))
 
     ended: set[str] = set()  # jobs off their GPUs for good (an outage's holder)
+    # Scale-ins whose leavers still run (cfg.leavers_busy): job -> (switch done, slots).
+    leaving: dict[JobRecord, tuple[float, int]] = {}
+    # Scale-ins decided during a start-up, done after it (cfg.leave_follows_start).
+    pinned: set[JobRecord] = set()
+
+    def cpu_busy(now: float) -> int:
+        """Busy slots as the CPUs see them: the held GPUs and the leavers still running."""
+        return acct.used + sum(n for until, n in leaving.values() if until > now)
 
     def stop(job: JobRecord, now: float) -> None:
         """Take a running job off its GPUs and out of the core (it completed or failed)."""
@@ -640,6 +663,7 @@ def simulate(
         placement.release(job.id)
         held.pop(job, None)
         switching.pop(job, None)
+        leaving.pop(job, None)
         ended.add(job.id)
         job.running = False
         job.version += 1
@@ -657,6 +681,7 @@ def simulate(
         acct.finished(job, now)
         handing += job.alloc
         held.pop(job, None)  # no longer paced: it runs no more
+        leaving.pop(job, None)
         switching[job] = now + release_s  # no decision resizes it meanwhile
         job.version += 1
         job.end_time = now
@@ -734,19 +759,25 @@ def simulate(
 
     def restretch(now: float) -> None:
         """Start-ups in progress go on at the stretch of the busy slots from now on."""
-        stretch = cfg.start_factor(acct.used)
+        stretch = cfg.start_factor(cpu_busy(now))
         for job, was in list(starting.items()):
             if not job.running or now >= job.resume_at:
                 del starting[job]
+                pinned.discard(job)
             elif stretch != was:
                 job.resume_at = now + (job.resume_at - now) / was * stretch
                 starting[job] = stretch
                 job.version += 1
                 push(job)
+                if job in pinned:
+                    # Its scale-in is done leave_s after the start-up, as it ends now.
+                    switching[job] = job.resume_at + cfg.cost.leave_s
+                    if job in leaving:
+                        leaving[job] = (switching[job], leaving[job][1])
 
     def refresh_paces(now: float) -> float:
         """Re-pace every running job after a change; returns the worst slowdown."""
-        cpu = cfg.slot_factor(acct.used)
+        cpu = cfg.slot_factor(cpu_busy(now))
         if contention is None:
             target = 1.0 / cpu  # shared CPUs only: one pace for every running job
             for job in held:
@@ -803,6 +834,8 @@ def simulate(
             now = min(now, next_outage())
         if deadlines and deadlines[0][0] < now:
             now = deadlines[0][0]
+        if leaving:
+            now = min(now, min(until for until, _ in leaving.values()))
         if now == math.inf:
             break  # nothing runs and nothing arrives: the rest can never be placed
         acct.advance(now)
@@ -848,6 +881,15 @@ def simulate(
             acct.finished(job, now)
             stop(job, now)
             job.end_time = now
+        gone = [job for job, (until, _) in leaving.items() if until <= now]
+        if gone:
+            # Leavers done: the CPUs are shared by fewer slots from now on.
+            for job in gone:
+                del leaving[job]
+            if starting:
+                restretch(now)
+            if tracked:
+                acct.worst_slowdown = refresh_paces(now)
         while releases and releases[0][0] <= now:
             job = heapq.heappop(releases)[2]
             handing -= job.alloc
@@ -920,6 +962,7 @@ def simulate(
                     acct.preempted(job, old, job.running)
                     placement.release(job.id)
                     held.pop(job, None)
+                    leaving.pop(job, None)
                     job.running = False
                     job.alloc = 0
                     job.pace = 1.0
@@ -947,6 +990,11 @@ def simulate(
                     trains_from = max(now, job.resume_at)
                     switched = cfg.cost.switch_end(now, trains_from, old, n)
                     switching[job] = switched
+                    if follow and n < old and trains_from > now:
+                        pinned.add(job)
+                    if leavers and n < old and switched > now:
+                        _, still = leaving.get(job, (0.0, 0))
+                        leaving[job] = (switched, still + old - n)
                     if old < n:
                         # The switch's cost comes after a start-up still in progress.
                         pause += cfg.cost.join_pause(
@@ -969,7 +1017,7 @@ def simulate(
         if fresh:
             # Start-up: no progress for the workload's first-start cost, stretched as
             # the CPUs are shared once this pass's changes are in.
-            stretch = cfg.start_factor(acct.used)
+            stretch = cfg.start_factor(cpu_busy(now))
             for job in fresh:
                 if job.running:
                     job.resume_at = max(

@@ -135,3 +135,64 @@ def test_a_scale_out_during_the_start_up_costs_only_what_outlasts_it() -> None:
     assert end_of_a(10.0) == pytest.approx(70.0)
     # Joined at 35: 20-35 at 10 steps/s, the remaining 850 at 20 steps/s.
     assert end_of_a(30.0) == pytest.approx(77.5)
+
+
+def scale_in_during_start_up(
+    leavers_busy: bool = False, leave_follows_start: bool = False
+) -> dict[str, float]:
+    """End times: "a" (1-2-4, 10 steps/s on 2, 20 on 4) starts alone on 4 with a 10 s start-up;
+    "c" (2 GPUs, 100 steps, no start-up) arrives at 5 and "a" gives it 2 GPUs.
+
+    The scale-in's leavers run until ``leave_s`` (4 s) after "a" trains; the
+    CPUs take 4 busy slots at factor 1, 5 or more at factor 2 (steps and
+    start-ups alike).
+    """
+    a = MeasuredJob("a", requested=2, min_gpus=1, max_gpus=4, steps=1000, rates={2: 10.0, 4: 20.0})
+    c = MeasuredJob("c", requested=2, min_gpus=2, max_gpus=2, steps=100, rates={2: 10.0})
+    trace = [
+        TraceJob("a", 0.0, 2, a.duration(), model="slow"),
+        TraceJob("c", 5.0, 2, c.duration(), model="fast"),
+    ]
+    policy = MeasuredPolicy(get_policy("elastic-tiresias"), {"a": a, "c": c}, learn=False)
+    cost = ScalingCost(
+        "stop_free", broadcast_s=0.0, leave_s=4.0, first_start_by_model={"slow": 10.0, "fast": 0.0}
+    )
+    shared = (1.0, 1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0)
+    cfg = SimConfig(
+        4,
+        tick=1.0,
+        cost=cost,
+        slot_slowdown=shared,
+        start_slowdown=shared,
+        leavers_busy=leavers_busy,
+        leave_follows_start=leave_follows_start,
+    )
+    return {r.id: r.end for r in simulate(trace, policy, cfg).jobs}
+
+
+def test_the_leavers_of_a_scale_in_share_the_cpus_until_their_switch_is_done() -> None:
+    # Off (the default): 4 slots busy throughout, nothing stretches. "c" runs 5-15; "a"
+    # trains from 10 on 2 (50 steps), then on 4 from 15: 950 steps at 20 steps/s.
+    assert scale_in_during_start_up() == {"a": pytest.approx(62.5), "c": pytest.approx(15.0)}
+    # On: "a"'s 2 leavers run until 14 (its start-up's end as due at 5, plus 4 s): 6 busy
+    # slots, factor 2. "c" does 45 steps by 14 and ends at 19.5; "a"'s last 5 free-core
+    # seconds of start-up take 9 s at 2 and 0.5 s at 1 (it trains from 14.5).
+    assert scale_in_during_start_up(leavers_busy=True) == {
+        "a": pytest.approx(67.0),
+        "c": pytest.approx(19.5),
+    }
+
+
+def test_a_scale_in_during_a_start_up_is_done_after_the_start_up_as_stretched() -> None:
+    # The leavers stretch "a"'s start-up to 15, so its scale-in is done at 19, not 14: 6
+    # slots busy until 19. "c": 70 steps by 19, 30 more by 22; "a": 20 steps 15-19, 30 by
+    # 22, then 950 on 4.
+    assert scale_in_during_start_up(leavers_busy=True, leave_follows_start=True) == {
+        "a": pytest.approx(69.5),
+        "c": pytest.approx(22.0),
+    }
+    # Without busy leavers nothing stretches the start-up: the same as off.
+    assert scale_in_during_start_up(leave_follows_start=True) == {
+        "a": pytest.approx(62.5),
+        "c": pytest.approx(15.0),
+    }
