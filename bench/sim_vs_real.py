@@ -476,6 +476,8 @@ class Model:
     suspects: bool = True  # GPUs marked suspect (straggler reports) are out of service
     one_pass: bool = True  # a refused start waits for the next pass (the tick binds once)
     handover: bool = True  # the control plane sees arrivals and ends late (its delays)
+    leavers: bool = True  # a scale-in's leavers share the CPUs until their switch is done
+    follow: bool = True  # a scale-in during a start-up is done after it, as it is stretched
 
 
 # The model of the section "with the fixed costs" (docs/benchmarks.md), before the parts
@@ -488,7 +490,12 @@ BEFORE = Model(
     per_tick=False,
     suspects=False,
     one_pass=False,
+    leavers=False,
+    follow=False,
 )
+# The model of the section "the live control plane's rules", before the CPU-sharing
+# parts that followed it (the leavers' slots).
+RULES = Model("control-plane rules (leavers not busy)", leavers=False, follow=False)
 MODELS = (
     Model("full"),
     Model("no contention", contention=False),
@@ -503,6 +510,9 @@ MODELS = (
     Model("one policy core for the run", per_tick=False),
     Model("no suspect GPUs", suspects=False),
     Model("a second pass around refusals", one_pass=False),
+    Model("leavers not busy", leavers=False),
+    Model("scale-in during a start-up due as first stretched", follow=False),
+    RULES,
     BEFORE,
     replace(BEFORE, name="before + own start-ups and ends alone", own=True),
     replace(BEFORE, name="before + control-plane delays alone", handover=True),
@@ -524,6 +534,8 @@ MODELS = (
         per_tick=False,
         suspects=False,
         one_pass=False,
+        leavers=False,
+        follow=False,
     ),
 )
 
@@ -667,6 +679,8 @@ def simulate_trace(
         if model.suspects
         else (),
         second_pass=not model.one_pass,
+        leavers_busy=model.leavers and model.contention,
+        leave_follows_start=model.follow and model.contention,
     )
     policy: Policy = MeasuredPolicy(inner, table, learn=model.learn, per_tick=model.per_tick)
     if trail is None:
