@@ -60,6 +60,10 @@ from workers.signing import SignatureError
 log = logging.getLogger(__name__)
 LOG_TAIL_CHARS = 4000
 RECENT_EVENTS = 64  # runtime event ids remembered per job, to apply late ones once
+OUTPUT_REPORTS = (ArtifactStored, CheckpointSkipped, Metrics)
+"""Reports of what a job produced: none moves its membership, so none overtakes a recovery."""
+OUTPUT_MARK = " output"
+"""Appended to an output report's id in ``recent_event_ids`` (``_remembered``)."""
 
 
 def _event_key(event_id: str) -> tuple[int, ...]:
@@ -123,12 +127,14 @@ def handle_report(payload: Any, *, signed_by: str | None = None) -> str:
             return "unknown job"
         if isinstance(report, JobEventReport):
             late = _event_key(report.event_id) <= _event_key(job.last_event_id)
-            if report.event_id in job.recent_event_ids or (late and isinstance(report, Progress)):
+            seen = {report.event_id, _remembered(report)} & set(job.recent_event_ids)
+            if seen or (late and isinstance(report, Progress)):
                 return "duplicate"
             # Agents on several nodes forward a job's events: an older one may arrive after a
             # newer one. Progress that old is stale; any other event still counts, once.
             if not isinstance(report, Progress):
-                job.recent_event_ids = [*job.recent_event_ids, report.event_id][-RECENT_EVENTS:]
+                remembered = [*job.recent_event_ids, _remembered(report)]
+                job.recent_event_ids = remembered[-RECENT_EVENTS:]
             if not late:
                 job.last_event_id = report.event_id
             save_fields(job, "last_event_id", "recent_event_ids")
@@ -256,16 +262,30 @@ def _recovered(job: Job, report: Recovered) -> str:
     return "recovered"
 
 
-def _overtaken(job: Job, report: JobEventReport) -> bool:
-    """Whether an event of the job newer than ``report`` (not progress) was applied first.
+def _remembered(report: JobEventReport) -> str:
+    """How ``recent_event_ids`` keeps a report's id: an output's marked (``OUTPUT_MARK``)."""
+    if isinstance(report, OUTPUT_REPORTS):
+        return report.event_id + OUTPUT_MARK
+    return report.event_id
 
-    Progress never changes who holds what, and the survivors' progress may
-    well overtake the recovery it follows (agents on several nodes forward a
-    job's events), so it does not count; a ``scale_done`` (or any other event)
-    newer than the report does: the membership may have moved on since.
+
+def _overtaken(job: Job, report: JobEventReport) -> bool:
+    """Whether an event of the job newer than ``report`` that may move its membership came first.
+
+    Progress and outputs (a checkpoint stored, metrics) never change who
+    holds what, and the survivors' may well overtake the recovery they follow
+    (agents on several nodes forward a job's events; two report workers apply
+    them at once): a checkpoint written just after a recovery and applied
+    before it kept the dead worker's GPU held until the job ended (the fault
+    suite, 2026-12-03).  A ``scale_done`` (or any other event) newer than the
+    report does count: the membership may have moved on since.
     """
     mine = _event_key(report.event_id)
-    return any(_event_key(other) > mine for other in job.recent_event_ids)
+    return any(
+        _event_key(other) > mine
+        for other in job.recent_event_ids
+        if not other.endswith(OUTPUT_MARK)
+    )
 
 
 def _worker_failed(job: Job, report: WorkerFailed) -> str:

@@ -126,6 +126,27 @@ def test_progress_that_overtakes_the_recovery_does_not_keep_the_gpu(alice: Any, 
     frees(job, "1700000000010-0", dead)
 
 
+def test_outputs_that_overtake_the_recovery_do_not_keep_the_gpu(alice: Any, acme: Any) -> None:
+    """A checkpoint or metrics written after the recovery, applied before it (fault suite)."""
+    job = running(alice, acme, gpus=3, lo=1)
+    first, second, third = held(job)
+    base = {"node": "node-0", "job": f"job-{job.pk}"}
+    points = [{"step": 41, "values": {"loss": 0.5}}]
+    ahead = {**base, "type": "metrics", "event_id": "1700000000011-0", "points": points}
+    skipped = {**base, "type": "checkpoint_skipped", "event_id": "1700000000012-0", "step": 30,
+               "reason": "size"}  # fmt: skip
+    assert handle_report(ahead) == "metrics"
+    assert handle_report(skipped) != "duplicate"
+    assert handle_report(ahead) == "duplicate"  # an output is still applied once
+    frees(job, "1700000000010-0", third)
+    # A membership event newer than a later recovery still counts (the test below).
+    done = {**base, "type": "scale_done", "event_id": "1700000000020-0", "world": 2,
+            "workers": [f"w{first}", f"w{second}"], "step": 60}  # fmt: skip
+    handle_report(done)
+    assert handle_report(recovered(job, "1700000000015-0", [f"w{second}"], 1)) == "recovered"
+    assert held(job) == [first, second]
+
+
 def test_a_recovery_overtaken_by_a_switch_does_not_touch_its_members(alice: Any, acme: Any) -> None:
     """Once a newer scale_done named the members, an older recovery may not free one of them."""
     job = running(alice, acme, gpus=2, lo=1)
