@@ -478,6 +478,7 @@ class Model:
     handover: bool = True  # the control plane sees arrivals and ends late (its delays)
     leavers: bool = True  # a scale-in's leavers share the CPUs until their switch is done
     follow: bool = True  # a scale-in during a start-up is done after it, as it is stretched
+    cap: bool = True  # a job about to end is shown to the policy capped at its size
 
 
 # The model of the section "with the fixed costs" (docs/benchmarks.md), before the parts
@@ -492,10 +493,13 @@ BEFORE = Model(
     one_pass=False,
     leavers=False,
     follow=False,
+    cap=False,
 )
 # The model of the section "the live control plane's rules", before the CPU-sharing
 # parts that followed it (the leavers' slots).
-RULES = Model("control-plane rules (leavers not busy)", leavers=False, follow=False)
+RULES = Model("control-plane rules (leavers not busy)", leavers=False, follow=False, cap=False)
+# ... and with them: the model as the six saved runs shaped it, before the 19:12 run.
+LEAVERS = Model("with the leavers' slots (ending refused, not capped)", cap=False)
 MODELS = (
     Model("full"),
     Model("no contention", contention=False),
@@ -512,6 +516,7 @@ MODELS = (
     Model("a second pass around refusals", one_pass=False),
     Model("leavers not busy", leavers=False),
     Model("scale-in during a start-up due as first stretched", follow=False),
+    LEAVERS,
     RULES,
     BEFORE,
     replace(BEFORE, name="before + own start-ups and ends alone", own=True),
@@ -536,6 +541,7 @@ MODELS = (
         one_pass=False,
         leavers=False,
         follow=False,
+        cap=False,
     ),
 )
 
@@ -681,6 +687,7 @@ def simulate_trace(
         second_pass=not model.one_pass,
         leavers_busy=model.leavers and model.contention,
         leave_follows_start=model.follow and model.contention,
+        ending_caps_policy=model.cap,
     )
     policy: Policy = MeasuredPolicy(inner, table, learn=model.learn, per_tick=model.per_tick)
     if trail is None:

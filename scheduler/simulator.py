@@ -203,7 +203,10 @@ class SimConfig:
     ``SCALE_OUT_MIN_SECONDS_LEFT``: a newcomer would join a finished job);
     0: off.  It and a switch in flight (``ScalingCost.join_s``/``leave_s``)
     refuse resizes, so they need a policy core that takes refusals
-    (``PolicyCore.unplaced``).
+    (``PolicyCore.unplaced``).  ``ending_caps_policy``: the live tick does
+    not refuse such a growth, it shows the policy the job capped at its size
+    (``max_gpus``), so the idle GPUs go to the next job; on, each pass caps
+    ``max_gpus`` so (a core that reads it at each pass: ``TickCore``).
 
     The live control plane hears of a change some time after it happens; two
     delays model that (0: off, the policy sees every change at once):
@@ -263,6 +266,7 @@ class SimConfig:
     second_pass: bool = True
     leavers_busy: bool = False
     leave_follows_start: bool = False
+    ending_caps_policy: bool = False
 
     def slot_factor(self, busy: int) -> float:
         """``slot_slowdown`` at ``busy`` busy GPUs (1.0 when off)."""
@@ -609,14 +613,35 @@ def simulate(
     follow = cfg.leave_follows_start and cfg.cost.leave_s > 0
     near_end = cfg.grow_min_left_s
 
+    def ends_soon(job: JobRecord, now: float) -> bool:
+        """Whether a running job past its start-up ends within ``near_end`` at its rate now."""
+        if near_end <= 0 or now < job.resume_at:
+            return False
+        job.settle(now)
+        return job.remaining < near_end * job.progress_rate(job.alloc) * job.pace
+
     def resize_refused(job: JobRecord, n: int, now: float) -> bool:
         """Whether the runtime, not the policy, owns this running job's size now."""
         if switching and switching.get(job, -math.inf) > now:
             return True  # a switch in flight, or an ended job not handed over yet
-        if near_end > 0 and n > job.alloc and now >= job.resume_at:
-            job.settle(now)
-            return job.remaining < near_end * job.progress_rate(job.alloc) * job.pace
-        return False
+        return n > job.alloc and ends_soon(job, now)
+
+    own_max: dict[JobRecord, int] = {}  # cfg.ending_caps_policy: each capped job's own max
+
+    def cap_ending(now: float) -> None:
+        """Show the policy each job about to end capped at its size, as the live snapshot does."""
+        for job in list(own_max):
+            if not job.running:
+                job.max_gpus = own_max.pop(job)
+        for job in records[:ai]:
+            if not job.running:
+                continue
+            mine = own_max.get(job, job.max_gpus)
+            if ends_soon(job, now):
+                own_max[job] = mine
+                job.max_gpus = min(mine, job.alloc)
+            elif job in own_max:
+                job.max_gpus = own_max.pop(job)
 
     comp: list[tuple[float, int, JobRecord, int]] = []
     # Run-time limits of started jobs (a queued job can pass its limit too).
@@ -914,6 +939,8 @@ def simulate(
                 skipped += 1
             ai += 1
         # 3. one pass (and, after refusals, one more that goes around the refused jobs)
+        if cfg.ending_caps_policy and near_end > 0:
+            cap_ending(now)
         plan = core.decide(now)
         fresh: list[JobRecord] = []  # first starts of this pass: start-up charged after it
         for retry in (False, True):

@@ -196,3 +196,28 @@ def test_a_scale_in_during_a_start_up_is_done_after_the_start_up_as_stretched() 
         "a": pytest.approx(62.5),
         "c": pytest.approx(15.0),
     }
+
+
+def ending_beside_a_grower(cap: bool, left: float = 20.0) -> dict[str, float]:
+    """End times: "e" (400 steps, ends at 40) and "g" (2,000 steps) on 2 GPUs each, beside
+    "b" (2 GPUs, ends at 30); "e" gains more from 4 GPUs than "g" does."""
+    e = MeasuredJob("e", requested=2, min_gpus=1, max_gpus=4, steps=400, rates={2: 10.0, 4: 25.0})
+    g = MeasuredJob("g", requested=2, min_gpus=1, max_gpus=4, steps=2000, rates={2: 10.0, 4: 20.0})
+    b = MeasuredJob("b", requested=2, min_gpus=2, max_gpus=2, steps=300, rates={2: 10.0})
+    jobs = {"e": e, "g": g, "b": b}
+    trace = [TraceJob(j.id, 0.0, 2, j.duration()) for j in (e, g, b)]
+    policy = MeasuredPolicy(get_policy("elastic-tiresias"), jobs, learn=False, per_tick=True)
+    cfg = SimConfig(6, tick=1.0, grow_min_left_s=left, second_pass=False, ending_caps_policy=cap)
+    return {r.id: r.end for r in simulate(trace, policy, cfg).jobs}
+
+
+def test_a_job_about_to_end_is_capped_for_the_policy_so_the_next_one_grows() -> None:
+    # Without the end rule "e" takes b's GPUs at 30 (ends 34) and "g" grows at 34.
+    assert ending_beside_a_grower(cap=False, left=0.0) == pytest.approx(
+        {"b": 30.0, "e": 34.0, "g": 117.0}
+    )
+    # At 30 "e" has 10 s left: the rule as a refusal keeps the GPUs idle until "e" ends
+    # (the policy keeps choosing "e"); "g" grows at 40: 400 steps by then, 1,600 at 20/s.
+    assert ending_beside_a_grower(cap=False)["g"] == pytest.approx(120.0)
+    # As the live snapshot shows it (capped at its size), "g" grows at 30: 300 + 1,700 at 20/s.
+    assert ending_beside_a_grower(cap=True) == pytest.approx({"b": 30.0, "e": 40.0, "g": 115.0})
