@@ -525,23 +525,15 @@ MODELS = (
     replace(BEFORE, name="before + a fresh core per pass alone", per_tick=True),
     replace(BEFORE, name="before + suspect GPUs alone", suspects=True),
     replace(BEFORE, name="before + one pass per tick alone", one_pass=True),
-    Model(
-        "none of them",
+    replace(
+        BEFORE,
+        name="none of them",
         contention=False,
         by_workload=False,
         finish=False,
         rules=False,
         peers=False,
         learn=False,
-        own=False,
-        handover=False,
-        reported=False,
-        per_tick=False,
-        suspects=False,
-        one_pass=False,
-        leavers=False,
-        follow=False,
-        cap=False,
     ),
 )
 

@@ -149,14 +149,15 @@ def run_tick(
     if not lock.acquire(blocking=False):
         return TickResult(ran=False)
     started = time.perf_counter()
+    now = now or timezone.now()
     try:
         source = source_for_tick()
         with _collector_paused():
-            source.verify_if_due(now or timezone.now())
+            source.verify_if_due(now)
             with transaction.atomic():
                 if not _database_lock():
                     return TickResult(ran=False)
-                result = _tick(source, policy or settings.SCHEDULER_POLICY, now or timezone.now())
+                result = _tick(source, policy or settings.SCHEDULER_POLICY, now)
     except BaseException:
         forget()  # it may describe writes that rolled back: the next tick reads everything
         raise
