@@ -21,82 +21,45 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
-import queue
-import threading
 from collections.abc import Callable, Sequence
 
+from utilities.background import DRAIN_WAIT_S, OrderedWorker, PerProcess
 from workers.protocol import Command
 
 log = logging.getLogger(__name__)
 
 Batch = Sequence[tuple[str, Command]]
-DRAIN_WAIT_S = 10.0
-"""How long :func:`wait_sent` and the exit drain wait for the batches handed over."""
-
-
 Send = Callable[[Batch], None]
 
 
-class CommandSender:
+class CommandSender(OrderedWorker[Batch]):
     """A daemon thread that sends each handed-over batch with its ``send``, first in first out."""
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
-        self.batches: queue.SimpleQueue[tuple[Send, Batch]] = queue.SimpleQueue()
-        self.unsent = 0  # batches handed over and not yet through ``send``
-        self.idle = threading.Condition()
-        self.sent_batches = 0
-        self.failed_batches = 0
-        self.thread = threading.Thread(target=self._run, name="agent-command-sender", daemon=True)
-        self.thread.start()
+        super().__init__("agent-command-sender")
 
-    def submit(self, send: Send, batch: Batch) -> None:
-        """Queue one committed batch, to go out as ``send(batch)`` (thread-safe; returns at once)."""
-        with self.idle:
-            self.unsent += 1
-        self.batches.put((send, batch))
+    @property
+    def sent_batches(self) -> int:
+        """Batches through their ``send``."""
+        return self.done
 
-    def _run(self) -> None:
-        while True:
-            send, batch = self.batches.get()
-            try:
-                send(batch)
-                self.sent_batches += 1
-            except Exception:  # ``send`` logs its own failures; this keeps the thread alive
-                self.failed_batches += 1
-                log.exception("the agent command sender failed on %d commands", len(batch))
-            finally:
-                with self.idle:
-                    self.unsent -= 1
-                    if self.unsent == 0:
-                        self.idle.notify_all()
-
-    def wait_idle(self, timeout: float = DRAIN_WAIT_S) -> bool:
-        """Block until every batch handed over has been sent (or failed); False on timeout."""
-        with self.idle:
-            return self.idle.wait_for(lambda: self.unsent == 0, timeout)
+    @property
+    def failed_batches(self) -> int:
+        """Batches whose ``send`` raised."""
+        return self.failed
 
 
-_lock = threading.Lock()
-_sender: CommandSender | None = None
+_senders: PerProcess[CommandSender] = PerProcess(CommandSender)
 
 
 def sender() -> CommandSender:
     """This process's sender, made on first use (and again in a forked child: threads don't fork)."""
-    global _sender
-    with _lock:
-        if _sender is None or _sender.pid != os.getpid():
-            _sender = CommandSender()
-        return _sender
+    return _senders.get()
 
 
 def wait_sent(timeout: float = DRAIN_WAIT_S) -> bool:
     """Wait until this process's handed-over commands are published (tests, exit)."""
-    current = _sender
-    if current is None or current.pid != os.getpid():
-        return True
-    return current.wait_idle(timeout)
+    return _senders.wait_idle(timeout)
 
 
 @atexit.register

@@ -14,6 +14,7 @@ from fabric.topology import FabricSpec
 from inventory.models import Gpu
 from jobs.agent_commands import GpuHome, worker_id
 from jobs.models import Job, JobCable, JobGpu
+from utilities import bulk_rows
 
 
 def held_gpus(job: Job) -> tuple[int, ...]:
@@ -92,9 +93,9 @@ def store_many(changes: Sequence[tuple[Job, Allocation | None]], spec: FabricSpe
             JobCable(job=job, leaf=leaf, port=port, spine=spec.spine_of_uplink(port))
             for leaf, port in allocation.cables()
         )
-    JobGpu.objects.bulk_create(gpus, batch_size=5000)
+    bulk_rows.bulk_create(JobGpu, gpus)
     if cables:
-        JobCable.objects.bulk_create(cables, batch_size=5000)
+        bulk_rows.bulk_create(JobCable, cables)
 
 
 def release(job: Job) -> tuple[int, ...]:

@@ -30,6 +30,7 @@ from jobs.errors import JobConflictError, JobValidationError
 from jobs.live_patches import cluster_fields, page_fields, sample_row
 from jobs.live_summary import note_job_event
 from jobs.models import Job, JobEvent, JobMetric
+from utilities import bulk_rows
 from utilities.realtime import CLUSTER_GROUP, broadcast_on_commit, job_group, tenant_group
 
 log = logging.getLogger(__name__)
@@ -176,37 +177,48 @@ def save_fields(job: Job, *fields: str) -> None:
 def update_jobs(jobs: Sequence[Job], names: Sequence[str]) -> None:
     """Write the fields ``names`` of every job in ``jobs`` from the objects, in one statement.
 
-    On PostgreSQL one ``UPDATE ... FROM unnest(<one array per column>)``, as
-    Django's own ``bulk_create`` sends its rows there: ``bulk_update`` builds a
-    ``CASE`` of one ``WHEN`` per job and field, which costs milliseconds in
-    Python for a handful of jobs.  Elsewhere (SQLite) ``bulk_update``.  Values
-    are prepared by each field (``get_db_prep_save``), as a save would.
+    On PostgreSQL the rows go as one JSON document (``utilities.bulk_rows``);
+    a value JSON cannot carry exactly (a float that is not finite) sends them
+    as one array per column (``unnest``) instead.  Either is far cheaper than
+    ``bulk_update``'s ``CASE`` of one ``WHEN`` per job and field, which costs
+    milliseconds in Python for a handful of jobs and is what SQLite gets.
+    Values are prepared by each field (``get_db_prep_save``), as a save would.
     """
     if not jobs or not names:
         return
     if connection.vendor != "postgresql":
         Job.objects.bulk_update(jobs, list(names), batch_size=500)
         return
-    meta = Job._meta
     fields: list[Field[Any, Any]] = []
     for name in names:
-        field = meta.get_field(name)
+        field = Job._meta.get_field(name)
         if not isinstance(field, Field) or not field.concrete:
             raise ValueError(f"{name!r} is not a column of the job")
         fields.append(field)
+    if not bulk_rows.update_rows(Job, jobs, fields):
+        _update_from_arrays(jobs, fields)
+
+
+def _column_type(field: Field[Any, Any]) -> str:
+    kind = field.db_type(connection)
+    if kind is None:
+        raise ValueError(f"{field.name!r} has no column type")
+    return kind
+
+
+def _update_from_arrays(jobs: Sequence[Job], fields: Sequence[Field[Any, Any]]) -> None:
+    """``update_jobs`` with one array per column (``unnest``): any value psycopg can send."""
+    meta = Job._meta
     quote = connection.ops.quote_name
     table, key = quote(meta.db_table), quote(meta.pk.column)
     columns = [quote(field.column) for field in fields]
     arrays = [[job.pk for job in jobs]]
-    types = [meta.pk.db_type(connection) or "bigint"]
+    types = [_column_type(meta.pk)]
     for field in fields:
         arrays.append(
             [field.get_db_prep_save(getattr(job, field.attname), connection) for job in jobs]
         )
-        kind = field.db_type(connection)
-        if kind is None:
-            raise ValueError(f"{field.name!r} has no column type")
-        types.append(kind)
+        types.append(_column_type(field))
     sets = ", ".join(f"{column} = v.{column}" for column in columns)
     unnest = ", ".join(f"%s::{kind}[]" for kind in types)
     sql = (
@@ -282,7 +294,7 @@ class Batch:
                 job.updated_at = now
             update_jobs(jobs, fields)
         if events:
-            JobEvent.objects.bulk_create(events, batch_size=1000)
+            bulk_rows.bulk_create(JobEvent, events)
             for event in events:  # what event.save() would have sent
                 post_save.send(
                     JobEvent, instance=event, created=True, raw=False, using=event._state.db

@@ -8,7 +8,9 @@ views).  They are sent only after the transaction that made the change commits::
          on_commit_once(key, factory, update)                  e.g. a tenant's new counts,
                                                                built once at commit
     commit
-      └─ the transaction's messages ──> Coalescer (one per process, its own thread)
+      └─ the transaction's messages and finishers ──> finisher thread (one per process,
+         LIVE_FINISH_IN_BACKGROUND; else the committing thread): finishers run, then
+         all of the transaction's messages together ──> Coalescer (one per process, its own thread)
             per group: the first message of a quiet group goes at once; later ones
             within COALESCE_SECONDS wait and go together, as ONE channel message:
             {"type": "portal.batch", "group": g, "seq": n, "events": [patch, ...]}
@@ -36,7 +38,9 @@ from typing import Any, Protocol, TypeVar
 import redis
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import transaction
+from django.db import close_old_connections, transaction
+
+from utilities.background import DRAIN_WAIT_S, OrderedWorker, PerProcess
 
 log = logging.getLogger(__name__)
 
@@ -290,6 +294,7 @@ def coalescer() -> Coalescer:
 @atexit.register
 def _drain_at_exit() -> None:
     # A management command or a worker that exits right after a commit still delivers it.
+    wait_finished()
     if _coalescer is not None and _coalescer.pid == os.getpid():
         _coalescer.wait_idle()
 
@@ -322,13 +327,52 @@ class _CommitBatch:
         self.finishers: dict[str, Finisher] = {}
 
     def __call__(self) -> None:
-        messages = list(self.messages)
-        for key, finish in self.finishers.items():
-            try:
-                messages.extend(finish())
-            except Exception:  # counts are a courtesy; the job events still go
-                log.warning("live finisher %s failed", key, exc_info=True)
-        broadcast_now(messages)
+        work = (list(self.finishers.items()), list(self.messages))
+        if settings.LIVE_FINISH_IN_BACKGROUND:
+            # Every transaction's batch goes this way, with finishers or not, so none
+            # overtakes an earlier one still being finished.
+            _finishers.get().submit(_finish_in_background, work)
+        else:
+            _finish(work)
+
+
+Finishing = tuple[list[tuple[str, Finisher]], list[Message]]
+"""A transaction's finishers and its own messages, which go out with what the finishers make."""
+
+
+def _finish(work: Finishing) -> None:
+    """Run the finishers (their queries see every commit so far); send all in one hand-over."""
+    finishers, messages = work
+    out = list(messages)
+    for key, finish in finishers:
+        try:
+            out.extend(finish())
+        except Exception:  # counts are a courtesy; the job events still go
+            log.warning("live finisher %s failed", key, exc_info=True)
+    broadcast_now(out)
+
+
+def _finish_in_background(work: Finishing) -> None:
+    """:func:`_finish` in the finisher thread, which then drops a broken or expired connection."""
+    try:
+        _finish(work)
+    finally:
+        close_old_connections()
+
+
+class _FinisherThread(OrderedWorker[Finishing]):
+    """The thread that runs committed transactions' finishers, in commit order."""
+
+    def __init__(self) -> None:
+        super().__init__("live-finisher")
+
+
+_finishers: PerProcess[_FinisherThread] = PerProcess(_FinisherThread)
+
+
+def wait_finished(timeout: float = DRAIN_WAIT_S) -> bool:
+    """Wait until this process's finishers handed to the background have run (tests, exit)."""
+    return _finishers.wait_idle(timeout)
 
 
 _local = threading.local()

@@ -155,6 +155,9 @@ AGENT_HOSTED_GRACE_SECONDS = env_float("AGENT_HOSTED_GRACE_SECONDS", 3600.0)
 # Committed agent commands are published by a sender thread of the process that committed
 # them (jobs.command_sender), in order; 0: published in the committing thread.
 AGENT_SEND_IN_BACKGROUND = env_bool("AGENT_SEND_IN_BACKGROUND", True)
+# A transaction's live summaries (a tenant's counts, queue positions, JCT: their queries)
+# are built by this process's finisher thread after commit, not by the committing one.
+LIVE_FINISH_IN_BACKGROUND = env_bool("LIVE_FINISH_IN_BACKGROUND", True)
 
 CHANNEL_LAYER_SOCKET_TIMEOUT_S = env_float("CHANNEL_LAYER_SOCKET_TIMEOUT_S", 30.0)
 # One PUBLISH per event and server (pubsub), or one message per socket (core): see

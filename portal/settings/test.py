@@ -37,6 +37,10 @@ LOGIN_FAILURES_PER_ACCOUNT = LOGIN_FAILURES_PER_ADDRESS = 100_000
 # Every tick reads the fair-share usage again: a reading kept from an earlier test's
 # database would reorder the next test's tenants.
 FAIR_SHARE_REFRESH_SECONDS = 0.0
+# Tests mostly run inside a transaction that another thread's connection cannot see:
+# the live summaries are built at commit, in the committing thread (the finisher thread
+# has its own test, tests/portal/test_fanout.py).
+LIVE_FINISH_IN_BACKGROUND = False
 if XDIST_WORKER:
     # Redis pub/sub channels are global to a server, not per database: a worker's
     # live groups (``tenant-1``, ...) must not reach another worker's sockets.

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from jobs.choices import ALLOWED_TRANSITIONS, EventKind, JobState, can_transition
 from jobs.control.endings import accrue_service
-from jobs.lifecycle import Batch, record, save_fields, transition
+from jobs.lifecycle import Batch, record, save_fields, transition, update_jobs
 from jobs.models import Job
 from jobs.services import (
     JobConflictError,
@@ -190,3 +190,33 @@ def test_a_batch_refuses_what_a_transition_refuses(alice: Any, acme: Any) -> Non
         batch.save_fields(Job.objects.get(pk=job.pk), "wait_reason")
     batch.flush()
     assert Job.objects.get(pk=job.pk).state == JobState.QUEUED
+
+
+def test_update_jobs_writes_every_kind_of_value_as_a_save_would(alice: Any, acme: Any) -> None:
+    """Times to the microsecond, nested JSON, None, quotes and non-ASCII text, floats.
+
+    The PostgreSQL path sends the rows as one JSON document; a float JSON
+    cannot carry (infinity) goes by the per-column arrays instead, to the same rows.
+    """
+    saved, batched = _submitted(alice, acme, 2), _submitted(alice, acme, 2)
+    at = timezone.now().replace(microsecond=123456)
+    names = ("wait_reason", "last_service_at", "finished_at", "allocation", "throughput_curve")
+    names += ("attained_gpu_seconds", "samples_per_s", "generation")
+    for index, job in enumerate(saved + batched):
+        job.wait_reason = 'waits for "8" GPUs — ünïcode, \\ and \n' if index % 2 else ""
+        job.last_service_at = at
+        job.finished_at = None
+        job.allocation = {"gpus": [3, 1], "nested": {"x": [None, 1.5], "y": "\u00e9\"}"}}
+        job.throughput_curve = {} if index % 2 else {"1": 10.0, "2": [19.5, None]}
+        job.attained_gpu_seconds = 12.25
+        job.samples_per_s = float("inf") if index % 2 else 0.1 + 0.2
+        job.generation = 7
+    for job in saved:
+        job.save(update_fields=list(names))
+    update_jobs(batched[:1], names)  # finite values: one JSON document
+    update_jobs(batched[1:], names)  # infinity: the arrays
+    for one, other in zip(saved, batched, strict=True):
+        mine = Job.objects.filter(pk=one.pk).values(*names).get()
+        theirs = Job.objects.filter(pk=other.pk).values(*names).get()
+        assert mine == theirs
+        assert theirs["last_service_at"] == at

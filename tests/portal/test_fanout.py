@@ -141,7 +141,12 @@ def test_a_missed_batch_shows_as_a_gap_and_the_snapshot_covers_it(alice: Any, ac
     run(scenario)
 
 
-def test_one_transaction_is_one_batch_with_counts_and_queue(alice: Any, acme: Tenant) -> None:
+@pytest.mark.parametrize("background", [True, False], ids=["finisher-thread", "committing-thread"])
+def test_one_transaction_is_one_batch_with_counts_and_queue(
+    alice: Any, acme: Tenant, background: bool, settings: Any
+) -> None:
+    """Whichever thread builds the counts and queue, they go with the jobs' events, once."""
+    settings.LIVE_FINISH_IN_BACKGROUND = background
     _, cookie = signed_in(alice)
     jobs = [submit(alice, acme, f"j{n}") for n in range(5)]
     for rank, job in enumerate(jobs, start=1):
