@@ -488,7 +488,7 @@ class Model:
     cap: bool = True  # a job about to end is shown to the policy capped at its size
     # A start whose extras fit no shape waits whole, as the live binder refuses it (else it
     # starts on its base).  The live rule, but off in the comparison: on, the 19:12 run
-    # loses a sub-second race its fallback won (docs/benchmarks.md, "A start refused whole").
+    # loses a sub-second race its fallback won (docs/benchmarks.md, "The busy window of 19:40").
     whole: bool = False
 
 
