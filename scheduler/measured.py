@@ -306,6 +306,40 @@ def implied_external(
     return [(k * bin_s, acc[0] / acc[1], acc[1]) for k, acc in sorted(bins.items())]
 
 
+def law_by_busy(
+    jobs: Mapping[str, Sequence[Progress]],
+    free_rates: Mapping[str, Mapping[int, float]],
+    groups: Mapping[str, str],
+    busy: BusySlots,
+    cpu: SharedCpu,
+) -> dict[tuple[str, int], tuple[float, float]]:
+    """How the law did where it was fitted: per (group of a job, busy slots), steps done over
+    the steps the law predicts, and the seconds of training behind it.
+
+    Each stretch between two reports at one size is predicted from the job's
+    free-core rate at that size, slowed by ``cpu`` as the busy slots moved
+    inside it, and counted in the bucket of its mean busy count (rounded).  A
+    ratio of 1 at every busy count: the law stretches the rates as the crowd
+    did; a trend with the count (or with ``groups``, the jobs' workloads, say)
+    is a bias of the law that the simulator would carry into every busy period.
+    """
+    sums: dict[tuple[str, int], list[float]] = {}
+    for job, samples in jobs.items():
+        for a, b in _same_size_pairs(samples):
+            free = free_rates.get(job, {}).get(a.parallelism, 0.0)
+            if b.step <= a.step or free <= 0:
+                continue
+            predicted = sum(dt * free / cpu.factor(n) for dt, n in busy.pieces(a.at, b.at))
+            key = (groups.get(job, ""), round(busy.mean(a.at, b.at)))
+            acc = sums.setdefault(key, [0.0, 0.0, 0.0])
+            acc[0] += b.step - a.step
+            acc[1] += predicted
+            acc[2] += b.at - a.at
+    return {
+        key: (done / predicted, seconds) for key, (done, predicted, seconds) in sorted(sums.items())
+    }
+
+
 def fit_start_law(
     startups: Sequence[tuple[str, float, float]],
     busy: BusySlots,

@@ -240,6 +240,10 @@ class SimConfig:
     binds once: a refused start waits for the next tick, which plans it again
     (the policy keeps nothing between ticks), while the GPUs it was given
     stay idle; ``False`` models that.
+    ``refuse_whole_start``: an elastic start whose extras no shape fits is
+    refused whole and waits for the next pass, as the live binder refuses a
+    ``Start`` of that size (``scheduler.binding.bind`` places the size the
+    policy chose or nothing); off: it starts on its base size alone.
     """
 
     total_gpus: int
@@ -267,6 +271,7 @@ class SimConfig:
     leavers_busy: bool = False
     leave_follows_start: bool = False
     ending_caps_policy: bool = False
+    refuse_whole_start: bool = False
 
     def slot_factor(self, busy: int) -> float:
         """``slot_slowdown`` at ``busy`` busy GPUs (1.0 when off)."""
@@ -968,7 +973,13 @@ def simulate(
                     if grows:
                         growth["grow_requests"] += 1
                         growth["grow_refused"] += gpus is None
-                    if gpus is None and not blocked and not job.running and 0 < job.base < n:
+                    if (
+                        gpus is None
+                        and not blocked
+                        and not job.running
+                        and 0 < job.base < n
+                        and not cfg.refuse_whole_start
+                    ):
                         # An elastic start with extras no shape fits: start on the base
                         # size alone; the core hears that the extras were refused.
                         growth["start_extras_refused"] += 1

@@ -228,3 +228,40 @@ def test_without_a_second_pass_a_refused_start_keeps_its_gpus_idle_until_the_nex
     assert two["d"].start == pytest.approx(5.0)
     assert one["d"].start == pytest.approx(20.0)
     assert one["c"].start == two["c"].start == pytest.approx(20.0)
+
+
+def elastic_start_beside_a_split_gap(whole: bool) -> dict[str, JobResult]:
+    """Results of "e" (2 GPUs, elastic 1-4) arriving at 5 beside "a" (2, ends at 20) on
+    leaf 0 and "b" (3) on leaf 1: 2 + 1 GPUs are free, and its start with one extra (3)
+    fits no shape."""
+    spec = FabricSpec(leaves=2, spines=2, servers_per_leaf=2, gpus_per_server=2)
+    a = MeasuredJob("a", requested=2, min_gpus=2, max_gpus=2, steps=200, rates={2: 10.0})
+    b = MeasuredJob("b", requested=3, min_gpus=3, max_gpus=3, steps=1000, rates={3: 10.0})
+    e = MeasuredJob("e", requested=2, min_gpus=1, max_gpus=4, steps=200, rates={2: 10.0})
+    jobs = {j.id: j for j in (a, b, e)}
+    trace = [TraceJob("a", 0.0, 2, 20.0), TraceJob("b", 0.0, 3, 100.0), TraceJob("e", 5.0, 2, 20.0)]
+    policy = MeasuredPolicy(get_policy("elastic-tiresias"), jobs, learn=False, per_tick=True)
+    cfg = SimConfig(
+        8,
+        gpus_per_server=2,
+        placement="vclos",
+        fabric=spec,
+        tick=1.0,
+        second_pass=False,
+        refuse_whole_start=whole,
+    )
+    return {r.id: r for r in simulate(trace, policy, cfg).jobs}
+
+
+def test_an_elastic_start_whose_extras_fit_no_shape_waits_whole_as_the_live_binder_refuses_it() -> (
+    None
+):
+    # The policy plans "e" on 3 (its 2 and the idle GPU as an extra); no 3-GPU shape is free.
+    # The simulator's default starts it on its 2 at once; the live binder refuses the Start
+    # (it places the size planned or nothing), so "e" waits, planned on 3 each tick, until
+    # "a" ends at 20 and leaf 0 holds 4.
+    on_base = elastic_start_beside_a_split_gap(whole=False)
+    whole = elastic_start_beside_a_split_gap(whole=True)
+    assert on_base["e"].start == pytest.approx(5.0)
+    assert whole["e"].start == pytest.approx(20.0)
+    assert whole["a"].end == on_base["a"].end == pytest.approx(20.0)

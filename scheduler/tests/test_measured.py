@@ -14,6 +14,7 @@ from scheduler.measured import (
     first_step_at,
     fit_shared_cpu,
     fit_start_law,
+    law_by_busy,
     pooled_rates,
     startup_delay,
     step_rates,
@@ -85,6 +86,25 @@ def test_the_sharing_law_is_fitted_from_rates_that_fall_as_slots_fill() -> None:
     assert fit.residual < fit.residual_without / 10  # the law explains the spread
     flat = {"a": law_samples(SharedCpu(2.0, 100.0), 100.0, [4] * 8)}  # one busy count: no trend
     assert fit_shared_cpu(flat, BusySlots([(0.0, 4)]), cores=2.0).cpu.external == 0.0
+
+
+def test_the_law_is_checked_per_group_and_busy_count_where_it_was_fitted() -> None:
+    law = SharedCpu(cores=2.0, external=1.0)
+    pattern = [2, 2, 6, 6]
+    busy = BusySlots([(10.0 * i, b - (pattern[i - 1] if i else 0)) for i, b in enumerate(pattern)])
+    # "a" follows the law; "b" runs 10% faster than it whenever 6 slots are busy.
+    a = law_samples(law, 100.0, pattern)
+    b = [Progress(0.0, 0, 2), Progress(10.0, 667, 2), Progress(20.0, 1333, 2)]
+    b += [Progress(30.0, 1333 + 314, 2), Progress(40.0, 1333 + 628, 2)]  # 31.4/s, law 28.57
+    check = law_by_busy(
+        {"a": a, "b": b}, {"a": {2: 100.0}, "b": {2: 100.0}}, {"a": "x", "b": "y"}, busy, law
+    )
+    assert set(check) == {("x", 2), ("x", 6), ("y", 2), ("y", 6)}
+    assert check[("x", 2)][0] == pytest.approx(1.0, abs=1e-3)
+    assert check[("x", 6)][0] == pytest.approx(1.0, abs=1e-3)
+    assert check[("x", 6)][1] == pytest.approx(20.0)  # the seconds behind it: two reports
+    assert check[("y", 2)][0] == pytest.approx(1.0, abs=1e-3)
+    assert check[("y", 6)][0] == pytest.approx(1.1, abs=2e-3)
 
 
 def test_the_start_up_law_is_fitted_per_workload() -> None:
