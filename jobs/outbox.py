@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from celery import Celery, current_app
@@ -26,6 +26,7 @@ from django.db import transaction
 
 from jobs import agent_trust, command_sender
 from jobs.agent_commands import (
+    GpuHome,
     JobLaunch,
     ProgramLaunch,
     gpu_of_worker,
@@ -46,6 +47,8 @@ class Outbox:
     """Agent commands collected during a transaction, sent once it commits."""
 
     commands: list[tuple[str, Command]] = field(default_factory=list)
+    homes: Mapping[int, GpuHome] = field(default_factory=dict)
+    """Where GPUs live, when the caller knows (the tick does): leavers' nodes without a query."""
 
     def extend(self, commands: Iterable[tuple[str, Command]]) -> None:
         """Queue commands as ``(node, command)`` pairs."""
@@ -63,10 +66,12 @@ class Outbox:
         pending = list(self.commands)
         self.commands.clear()
         if pending:
-            transaction.on_commit(lambda: deliver(pending))
+            transaction.on_commit(functools.partial(deliver, pending, self.homes))
 
 
-def deliver(commands: Sequence[tuple[str, Command]]) -> None:
+def deliver(
+    commands: Sequence[tuple[str, Command]], homes: Mapping[int, GpuHome] | None = None
+) -> None:
     """Committed commands on their way: hosts remembered now, the publishing handed over.
 
     The hosts are remembered in the committing thread, so a report answering a
@@ -75,7 +80,7 @@ def deliver(commands: Sequence[tuple[str, Command]]) -> None:
     ``AGENT_SEND_IN_BACKGROUND`` is off.
     """
     try:
-        remember_hosts(commands)
+        remember_hosts(commands, homes)
     except Exception:  # as a failed send: the next tick re-derives them
         log.exception("could not send %d agent commands", len(commands))
         return
@@ -108,8 +113,13 @@ def publish(commands: Sequence[tuple[str, Command]], app: Celery | None = None) 
         log.exception("could not send %d agent commands", len(commands))
 
 
-def remember_hosts(commands: Sequence[tuple[str, Command]]) -> None:
-    """Mark every node a command concerns as hosting its job (see the module docstring)."""
+def remember_hosts(
+    commands: Sequence[tuple[str, Command]], homes: Mapping[int, GpuHome] | None = None
+) -> None:
+    """Mark every node a command concerns as hosting its job (see the module docstring).
+
+    A leaving worker's node comes from ``homes`` when it names the GPU, else from the database.
+    """
     hosts: dict[str, set[str]] = {}
     leavers: dict[int, str] = {}
     for node, command in commands:
@@ -118,8 +128,12 @@ def remember_hosts(commands: Sequence[tuple[str, Command]]) -> None:
             gpu = gpu_of_worker(worker)
             if gpu is not None:
                 leavers[gpu] = command.job
-    for gpu, home in gpu_homes(leavers).items():
-        hosts.setdefault(home.node, set()).add(leavers[gpu])
+    homes = homes or {}
+    unknown = [gpu for gpu in leavers if gpu not in homes]
+    found = gpu_homes(unknown) if unknown else {}
+    for gpu, job in leavers.items():
+        if (home := homes.get(gpu) or found.get(gpu)) is not None:
+            hosts.setdefault(home.node, set()).add(job)
     agent_trust.mark_hosted_by(hosts)
 
 

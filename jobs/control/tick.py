@@ -179,6 +179,7 @@ def _tick(source: ClusterSource, policy_name: str, now: datetime) -> TickResult:
     cluster = source.cluster()
     if cluster is None:
         return TickResult(ran=True, notes=["no topology loaded"])
+    outbox.homes = cluster.homes  # the same every call while the servers do not change
     changed = _recover_lost_gpus(cluster, now)
     if changed:
         cluster = source.cluster() or cluster
