@@ -124,14 +124,13 @@ def _store_rows(
             SELECT v.job, v.leaf, v.port, v.spine
             FROM jsonb_to_recordset(%s::jsonb) AS v(job bigint, leaf integer, port integer, spine integer)
     """
-    rows = [
-        list(holding),
-        list(holding),
-        json.dumps([{"job": j, "gpu": g, "rank": r} for j, g, r in gpus]),
-        json.dumps([{"job": j, "leaf": lf, "port": p, "spine": s} for j, lf, p, s in cables]),
-    ]
+    jobs = list(holding)
+    gpu_rows = json.dumps([{"job": j, "gpu": g, "rank": r} for j, g, r in gpus])
+    cable_rows = json.dumps(
+        [{"job": j, "leaf": lf, "port": p, "spine": s} for j, lf, p, s in cables]
+    )
     with connection.cursor() as cursor:
-        cursor.execute(sql, rows)
+        cursor.execute(sql, (jobs, jobs, gpu_rows, cable_rows))
 
 
 def release(job: Job) -> tuple[int, ...]:

@@ -206,7 +206,7 @@ def test_update_jobs_writes_every_kind_of_value_as_a_save_would(alice: Any, acme
         job.wait_reason = 'waits for "8" GPUs — ünïcode, \\ and \n' if index % 2 else ""
         job.last_service_at = at
         job.finished_at = None
-        job.allocation = {"gpus": [3, 1], "nested": {"x": [None, 1.5], "y": "\u00e9\"}"}}
+        job.allocation = {"gpus": [3, 1], "nested": {"x": [None, 1.5], "y": '\u00e9"}'}}
         job.throughput_curve = {} if index % 2 else {"1": 10.0, "2": [19.5, None]}
         job.attained_gpu_seconds = 12.25
         job.samples_per_s = float("inf") if index % 2 else 0.1 + 0.2
