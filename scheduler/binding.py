@@ -7,10 +7,15 @@ on one leaf keeps its GPUs (no migration); any other resize gets a fresh
 ``m x n`` shape and, where the GPUs change, becomes one stop-free membership
 switch (EDL's migration = scale-in + scale-out merged).
 
+An elastic start may carry extras (idle GPUs above the job's base size).  When
+no shape fits the planned size but one fits the base (``Start.base``), the job
+starts on its base now, as EDL does, and a later tick scales it out; it does
+not wait whole for a shape of the planned size.
+
 Binding works on a scratch copy of the allocator state: decisions are bound in
 order (shrinks and preemptions first, so their GPUs are free for the rest),
-and a decision that cannot be placed is refused with the allocator's reason;
-nothing is half-applied.
+and a decision that cannot be placed is refused with the allocator's reason
+(for a start with a base: the base's reason); nothing is half-applied.
 """
 
 from __future__ import annotations
@@ -26,11 +31,17 @@ from scheduler.types import Decision, Migrate, Preempt, Scale, Start
 
 @dataclass(frozen=True)
 class Bound:
-    """A decision with its placement: ``allocation`` is None for a preemption."""
+    """A decision with its placement: ``allocation`` is None for a preemption.
+
+    ``planned`` is the size the decision asked for when the job was placed on
+    fewer GPUs (a start on its base because no shape fitted its extras); 0
+    when it got what it asked for.
+    """
 
     job: str
     old_gpus: tuple[int, ...]
     allocation: Allocation | None
+    planned: int = 0
 
     @property
     def new_gpus(self) -> tuple[int, ...]:
@@ -92,6 +103,13 @@ def _target_size(decision: Decision, current: Mapping[str, Allocation]) -> int:
     return len(decision.gpus)
 
 
+def _fallback_size(decision: Decision, size: int) -> int:
+    """The smaller size to try when ``size`` finds no shape: a start's base, else 0 (none)."""
+    if isinstance(decision, Start) and 0 < decision.base < size:
+        return decision.base
+    return 0
+
+
 def _order(decisions: Iterable[Decision], current: Mapping[str, Allocation]) -> list[Decision]:
     """Releases first (preempt, shrink), then growth and starts, each in the policy's order."""
 
@@ -108,7 +126,12 @@ def bind(
     allocator: VClosAllocator,
     decisions: Iterable[Decision],
 ) -> tuple[list[Bound], list[Refused]]:
-    """Place every decision on ``allocator`` (mutated: it ends in the bound state)."""
+    """Place every decision on ``allocator`` (mutated: it ends in the bound state).
+
+    Returns the decisions placed, in binding order, and those refused with
+    the allocator's reason.  A start whose planned size finds no shape is
+    placed on its base size when that fits (``Bound.planned`` says so).
+    """
     current = dict(allocator.allocations())
     bound: list[Bound] = []
     refused: list[Refused] = []
@@ -133,6 +156,11 @@ def bind(
             bound.append(Bound(job, old_gpus, allocation))
             continue
         result = allocator.try_allocate(job, size)
+        planned = 0
+        fallback = _fallback_size(decision, size)
+        if isinstance(result, PlacementError) and fallback:
+            result = allocator.try_allocate(job, fallback)
+            planned = size
         if isinstance(result, PlacementError):
             if old is not None:  # put the job back where it was
                 allocator.reserve(old)
@@ -146,5 +174,5 @@ def bind(
             result = old  # same GPUs: keep the old rank order, nothing moves
             allocator.release(job)
             allocator.reserve(old)
-        bound.append(Bound(job, old_gpus, result))
+        bound.append(Bound(job, old_gpus, result, planned))
     return bound, refused

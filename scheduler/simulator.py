@@ -241,9 +241,11 @@ class SimConfig:
     (the policy keeps nothing between ticks), while the GPUs it was given
     stay idle; ``False`` models that.
     ``refuse_whole_start``: an elastic start whose extras no shape fits is
-    refused whole and waits for the next pass, as the live binder refuses a
-    ``Start`` of that size (``scheduler.binding.bind`` places the size the
-    policy chose or nothing); off: it starts on its base size alone.
+    refused whole and waits for the next pass, as the live binder did when
+    every saved run (``bench/sim_vs_real_runs``, to 2026-12-03 21:35) was
+    made: it placed the size the policy chose or nothing.  Off: it starts on
+    its base size alone, as the simulator always did and
+    ``scheduler.binding.bind`` now does with ``Start.base``.
     """
 
     total_gpus: int

@@ -136,10 +136,17 @@ class Snapshot:
 
 @dataclass(frozen=True, slots=True)
 class Start:
-    """Start (or resume) a queued job on these GPUs, in rank order."""
+    """Start (or resume) a queued job on these GPUs, in rank order.
+
+    ``base`` is the size the job may start on instead when no placement has
+    room for ``len(gpus)`` now: its size without the idle GPUs an elastic
+    policy added as extras (EDL starts it there and scales it out later).
+    0, or ``len(gpus)`` itself: no smaller size; the start is all or nothing.
+    """
 
     job: str
     gpus: tuple[int, ...]
+    base: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -366,7 +366,9 @@ def _plan_to_decisions(
         if current:
             decisions.append(Scale(job.id, tuple(current) + extra))
         else:
-            decisions.append(Start(job.id, extra))
+            # A start above its base carries extras: the binder may start it on the base alone.
+            base = job.base if 0 < job.base < n else 0
+            decisions.append(Start(job.id, extra, base))
     return decisions
 
 

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from fabric.allocator import VClosAllocator
+import pytest
+
+from fabric.allocator import Allocation, VClosAllocator
+from fabric.errors import PlacementError
 from fabric.topology import FabricSpec
 from scheduler.binding import bind
+from scheduler.placement import CountPlacement
+from scheduler.policies import get_policy
+from scheduler.tests.builders import cluster, queued, running, snapshot
 from scheduler.types import Preempt, Scale, Start
 
 SPEC = FabricSpec(leaves=2, spines=2, servers_per_leaf=2, gpus_per_server=2)
@@ -42,3 +48,91 @@ def test_refused_resize_leaves_the_job_where_it_was() -> None:
     bound, refused = bind(SPEC, allocator, [Scale("a", (0,) * 6)])
     assert bound == [] and refused[0].job == "a"
     assert dict(allocator.allocations()) == before
+
+
+def _holding(job: str, gpus: tuple[int, ...]) -> Allocation:
+    """GPUs ``job`` holds under one leaf (no cables), as a running job's row restores them."""
+    leaf = SPEC.leaf_of(gpus[0])
+    return Allocation(
+        job_id=job, gpus=gpus, leaves=(leaf,), spines=(), links=(), routes={}, uplinks=()
+    )
+
+
+def _split_gap() -> VClosAllocator:
+    """The 19:40 run at 138.8 s on its fabric: 3 GPUs free, 2 on leaf 0 and 1 on leaf 1.
+
+    "a" holds GPUs 0-1 (leaf 0) and "b" GPUs 4-6 (leaf 1), each under its own leaf.
+    """
+    allocator = VClosAllocator(SPEC)
+    allocator.restore([_holding("a", (0, 1)), _holding("b", (4, 5, 6))])
+    assert allocator.free_gpus_on_leaf(0) == (2, 3) and allocator.free_gpus_on_leaf(1) == (7,)
+    return allocator
+
+
+def test_an_elastic_start_whose_extras_fit_no_shape_starts_on_its_base() -> None:
+    # j14 at 138.8 s: planned on 3 (its 2 and an idle GPU as an extra); no 3-GPU shape
+    # is free, but leaf 0's two free GPUs are a shape for its base.
+    allocator = _split_gap()
+    bound, refused = bind(SPEC, allocator, [Start("j14", (2, 3, 7), base=2)])
+    assert refused == []
+    [start] = bound
+    assert start.new_gpus == (2, 3) and start.planned == 3
+    assert start.allocation is not None and start.allocation.leaves == (0,)
+    assert allocator.allocations()["j14"] == start.allocation  # the allocator holds the base
+    assert allocator.free_gpus_on_leaf(1) == (7,)
+
+
+def test_the_live_ticks_policy_and_binder_start_j14_on_its_base() -> None:
+    # As the tick does: elastic-tiresias over a count placement, then bind.  j14 asks 2
+    # (1 to 4) and its curve still rises, so the policy adds the idle third GPU.
+    clu = cluster(4, 2, busy={0: "a", 1: "a", 4: "b", 5: "b", 6: "b"})
+    rising = {1: 10.0, 2: 19.0, 3: 27.0, 4: 34.0}
+    views = (
+        running("a", (0, 1), remaining_work=1e4),
+        running("b", (4, 5, 6), remaining_work=1e4),
+        queued("j14", 2, submit=130.0, min_gpus=1, max_gpus=4, throughput=rising),
+    )
+    decisions = get_policy("elastic-tiresias").schedule(
+        snapshot(138.8, clu, *views), placement=CountPlacement()
+    )
+    [start] = decisions
+    assert isinstance(start, Start) and (len(start.gpus), start.base) == (3, 2)
+    [bound], refused = bind(SPEC, _split_gap(), decisions)
+    assert refused == [] and bound.new_gpus == (2, 3) and bound.planned == 3
+
+
+def test_a_start_without_extras_has_no_base() -> None:
+    clu = cluster(4, 2)
+    [start] = get_policy("tiresias").schedule(snapshot(0.0, clu, queued("j", 3)))
+    assert isinstance(start, Start) and (len(start.gpus), start.base) == (3, 0)
+
+
+@pytest.mark.parametrize("base", [0, 3])
+def test_a_start_without_a_smaller_base_is_refused_whole(base: int) -> None:
+    allocator = _split_gap()
+    before = dict(allocator.allocations())
+    bound, refused = bind(SPEC, allocator, [Start("j14", (2, 3, 7), base=base)])
+    assert bound == [] and [r.job for r in refused] == ["j14"]
+    assert "3 GPUs are free in total but no shape" in refused[0].reason
+    assert dict(allocator.allocations()) == before
+
+
+def test_a_start_whose_base_fits_no_shape_either_is_refused_with_the_base_reason() -> None:
+    # One GPU is free: neither the planned 3 nor the base 2 has a shape.
+    allocator = _split_gap()
+    allocator.reserve(_holding("c", (2, 3)))
+    before = dict(allocator.allocations())
+    base = allocator.try_allocate("probe", 2)
+    assert isinstance(base, PlacementError)
+    bound, refused = bind(SPEC, allocator, [Start("j", (2, 3, 7), base=2)])
+    assert bound == [] and [r.job for r in refused] == ["j"]
+    assert refused[0].reason == base.reason == "2 GPUs requested, 1 free"  # why its base waits
+    assert dict(allocator.allocations()) == before
+
+
+def test_a_resize_never_falls_back() -> None:
+    # Only a Start has a base: a Scale that finds no shape keeps the job where it is.
+    allocator = _split_gap()
+    bound, refused = bind(SPEC, allocator, [Scale("a", (0, 1, 2, 3, 7))])
+    assert bound == [] and [r.job for r in refused] == ["a"]
+    assert allocator.allocations()["a"].gpus == (0, 1)

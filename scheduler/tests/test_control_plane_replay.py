@@ -253,12 +253,13 @@ def elastic_start_beside_a_split_gap(whole: bool) -> dict[str, JobResult]:
     return {r.id: r for r in simulate(trace, policy, cfg).jobs}
 
 
-def test_an_elastic_start_whose_extras_fit_no_shape_waits_whole_as_the_live_binder_refuses_it() -> (
+def test_an_elastic_start_whose_extras_fit_no_shape_waits_whole_as_the_old_live_binder_did() -> (
     None
 ):
     # The policy plans "e" on 3 (its 2 and the idle GPU as an extra); no 3-GPU shape is free.
-    # The simulator's default starts it on its 2 at once; the live binder refuses the Start
-    # (it places the size planned or nothing), so "e" waits, planned on 3 each tick, until
+    # The simulator's default starts it on its 2 at once, as bind() now does with the
+    # Start's base; the live binder the saved runs were made with refused the Start (it
+    # placed the size planned or nothing), so "e" waits, planned on 3 each tick, until
     # "a" ends at 20 and leaf 0 holds 4.
     on_base = elastic_start_beside_a_split_gap(whole=False)
     whole = elastic_start_beside_a_split_gap(whole=True)

@@ -16,5 +16,7 @@ def test_interface_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert block is not None
     exec(compile(block.group(1), str(DOC), "exec"), {})
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "[Preempt(job='old'), Start(job='new', gpus=(0, 1, 2, 3, 4, 5, 6, 7))]"
+    assert out[0] == (
+        "[Preempt(job='old'), Start(job='new', gpus=(0, 1, 2, 3, 4, 5, 6, 7), base=0)]"
+    )
     assert out[1] == "['dlas', 'elastic-tiresias', 'fifo', 'srtf', 'tiresias']"

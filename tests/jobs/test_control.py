@@ -387,3 +387,29 @@ def test_silent_agent_is_marked_down_and_its_jobs_recover(alice: Any, acme: Any)
     assert node not in {Server.objects.get(gpu_set__index=g).node for g in held(job)}
     do_heartbeat(node=node, info={})
     assert Server.objects.get(node=node).state == "up"  # back once it reports again
+
+
+def test_an_elastic_start_whose_extras_fit_no_shape_starts_on_its_base(
+    alice: Any, acme: Any
+) -> None:
+    """The 19:40 run at 138.8 s: 2 + 1 GPUs free on two leaves, j14 (2, up to 4) planned on 3."""
+    demo_cluster()
+    acme.profile_jobs = False  # profiling has its own test
+    acme.save()
+    two, three = submit(alice, acme, gpus=2), submit(alice, acme, gpus=3)
+    run_tick(policy="fifo")
+    leaves = {
+        job.pk: {Server.objects.get(gpu_set__index=g).leaf for g in held(job)}
+        for job in (two, three)
+    }
+    assert len(leaves[two.pk]) == len(leaves[three.pk]) == 1
+    assert leaves[two.pk] != leaves[three.pk]  # 2 free on one leaf, 1 on the other
+    (leaf,) = leaves[two.pk]
+    elastic = submit(alice, acme, gpus=2, lo=1, hi=4)
+    run_tick(policy="elastic-tiresias")
+    elastic.refresh_from_db()
+    # Planned on 3 (an idle GPU as an extra): no 3-GPU shape, so it starts on its 2.
+    assert (elastic.state, elastic.parallelism, elastic.wait_reason) == ("running", 2, "")
+    assert {Server.objects.get(gpu_set__index=g).leaf for g in held(elastic)} == {leaf}
+    assert JobCable.objects.filter(job=elastic).count() == 0
+    assert elastic.events.filter(reason__startswith="placed on 2 GPUs").exists()
