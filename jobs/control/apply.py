@@ -55,14 +55,17 @@ def note_waiting(job_ids: Mapping[int, str], now: datetime) -> None:
     batch.flush()
 
 
-def _describe(old: int, new: int, allocation: Allocation | None) -> str:
+def _describe(old: int, new: int, allocation: Allocation | None, planned: int = 0) -> str:
     if allocation is None:
         return f"preempted: gave back {old} GPUs to higher-priority jobs"
     where = f"leaves {list(allocation.leaves)}"
     if allocation.spines:
         where += f", spines {list(allocation.spines)} reserved"
     if old == 0:
-        return f"placed on {new} GPUs ({where})"
+        placed = f"placed on {new} GPUs ({where})"
+        if planned > new:  # a start on its base: its extras found no shape
+            placed += f"; no vClos shape for the planned {planned}: it scales out later"
+        return placed
     if new > old:
         return f"scale out {old}→{new}: idle GPUs and throughput still rising ({where})"
     if new < old:
@@ -107,7 +110,7 @@ def apply_bound(
         job, item = live[pk], moves[pk]
         old, new = item.old_gpus, item.new_gpus
         reason = (reason_override or {}).get(item.job) or _describe(
-            len(old), len(new), item.allocation
+            len(old), len(new), item.allocation, item.planned
         )
         kept: tuple[str, ...] = ("allocation",)
         restarts = job.restarts_to_resize

@@ -412,4 +412,5 @@ def test_an_elastic_start_whose_extras_fit_no_shape_starts_on_its_base(
     assert (elastic.state, elastic.parallelism, elastic.wait_reason) == ("running", 2, "")
     assert {Server.objects.get(gpu_set__index=g).leaf for g in held(elastic)} == {leaf}
     assert JobCable.objects.filter(job=elastic).count() == 0
-    assert elastic.events.filter(reason__startswith="placed on 2 GPUs").exists()
+    placed = elastic.events.get(reason__startswith="placed on 2 GPUs")
+    assert placed.reason.endswith("no vClos shape for the planned 3: it scales out later")
