@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -53,7 +53,7 @@ from django.db.models.expressions import RawSQL
 
 from fabric.allocator import Allocation, VClosAllocator
 from fabric.topology import FabricSpec
-from inventory.models import Fabric
+from inventory.models import Fabric, Gpu, Server
 from jobs.agent_commands import GpuHome, runtime_job_name
 from jobs.choices import ACTIVE_STATES
 from jobs.control.state import (
@@ -76,7 +76,6 @@ from jobs.control.state import (
     last_state_changes,
     load_allocator,
     read_cluster,
-    read_servers,
     server_layout,
     timed_jobs,
 )
@@ -192,21 +191,52 @@ def _token(model: type[Model]) -> RawSQL:
     return RawSQL(f"{table}.xmin::text || ':' || {table}.ctid::text", ())
 
 
-def _tokens(job_ids: Collection[int] | None = None) -> dict[int, str]:
-    """Each queued/running/scaling job's row version (``xmin:ctid``), or only ``job_ids``'.
+def _tokens() -> dict[int, str]:
+    """Each queued/running/scaling job's row version (``xmin:ctid``).
 
-    Read through a plain cursor: thousands of two-column rows, every tick, and
-    the ORM's per-row iteration would cost more than the query.
+    Thousands of two-column rows every tick: one constant statement through a
+    plain cursor (the ORM would compile it each time and iterate per row).
     """
-    query = Job.objects.filter(state__in=SNAPSHOT_STATES)
-    if job_ids is not None:
-        query = query.filter(pk__in=list(job_ids))
-    sql, params = (
-        query.annotate(token=_token(Job)).values_list("id", "token").query.sql_with_params()
-    )
+    table = connection.ops.quote_name(Job._meta.db_table)
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(
+            f"SELECT id, xmin::text || ':' || ctid::text FROM {table} WHERE state = ANY(%s)",
+            [list(SNAPSHOT_STATES)],
+        )
         return dict(cursor.fetchall())
+
+
+def _fabric_token() -> str | None:
+    """The fabric row's version, without loading the row; None when no topology is loaded."""
+    table = connection.ops.quote_name(Fabric._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT xmin::text || ':' || ctid::text FROM {table} WHERE id = 1")
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def _read_servers() -> list[ServerRow]:
+    """``state.read_servers`` in one statement: each server's suspect GPUs aggregated with it.
+
+    The same rows as that function's two queries (the verify compares them), for
+    the kept state, which runs on PostgreSQL only.
+    """
+    quote = connection.ops.quote_name
+    server, gpu = quote(Server._meta.db_table), quote(Gpu._meta.db_table)
+    sql = f"""
+        SELECT s.node, s.leaf, s.slot, s.state, s.last_heartbeat IS NOT NULL, g.suspect
+        FROM {server} s LEFT JOIN (
+            SELECT server_id, array_agg("index" ORDER BY "index") AS suspect
+            FROM {gpu} WHERE suspect_until > now() GROUP BY server_id
+        ) g ON g.server_id = s.id
+        ORDER BY s.leaf, s.slot
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        return [
+            ServerRow(node, leaf, slot, state, beating, tuple(suspect or ()))
+            for node, leaf, slot, state, beating, suspect in cursor.fetchall()
+        ]
 
 
 class KeptState:
@@ -255,16 +285,15 @@ class KeptState:
 
     def cluster(self) -> ClusterState | None:
         """Apply the database's changes since the last call; the cluster as it is now."""
-        fabric = Fabric.objects.filter(pk=1).annotate(token=_token(Fabric)).first()
-        if fabric is None:
-            self.reset(None)
+        token = _fabric_token()
+        if token != self.fabric:  # a topology (re)loaded: read everything again
+            fabric = Fabric.objects.filter(pk=1).first()
+            self.reset(fabric.spec() if fabric is not None and token is not None else None)
+            self.fabric = token or ""
+        if self.spec is None:
             return None
-        if fabric.token != self.fabric:  # a topology (re)loaded: read everything again
-            self.reset(fabric.spec())
-            self.fabric = fabric.token
-        assert self.spec is not None
         state = self._state()
-        servers = read_servers()
+        servers = _read_servers()
         servers_changed = servers != self.servers
         if servers_changed:
             layout = server_layout(self.spec, servers)

@@ -286,3 +286,26 @@ def test_kept_job_views_follow_a_renamed_tenant_and_time(alice: Any, acme: Any) 
     renamed = kept.policy_input(cluster, timezone.now()).snapshot
     assert {v.tenant for v in renamed.jobs} == {"acme-renamed"}
     assert len(renamed.jobs) == len(jobs)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the kept state is PostgreSQL's")
+def test_the_kept_states_one_query_reads_the_servers_the_rebuild_reads() -> None:
+    """Suspect GPUs (two on one server, one lapsed), a draining server, one never heard from."""
+    from datetime import timedelta
+
+    from inventory.models import Gpu
+    from inventory.services import do_mark_gpu_suspect
+    from jobs.control.state import read_servers
+
+    nodes = demo_cluster(FABRIC)
+    now = timezone.now()
+    for gpu in (5, 4):
+        do_mark_gpu_suspect(gpu=gpu, at=now, seconds=600, reason="slow", job_id=None, by="test")
+    do_mark_gpu_suspect(gpu=9, at=now, seconds=600, reason="slow", job_id=None, by="test")
+    Gpu.objects.filter(index=9).update(suspect_until=now - timedelta(seconds=1))  # lapsed
+    do_set_server_state(node=nodes[2], state="draining")
+    Server.objects.filter(node=nodes[3]).update(last_heartbeat=None)
+    servers = incremental._read_servers()
+    assert servers == read_servers()
+    assert [s.suspect for s in servers if s.suspect] == [(4, 5)]
+    assert any(s.state == "draining" for s in servers) and any(not s.beating for s in servers)
