@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -18,12 +19,13 @@ from django.db import connection
 from django.utils import timezone
 from prometheus_client import generate_latest
 
-from inventory.models import Server
-from inventory.services import do_set_server_state
+from inventory.models import Gpu, Server
+from inventory.services import do_mark_gpu_suspect, do_set_server_state
 from jobs.control import incremental
 from jobs.control.incremental import FullRebuild, KeptState, Prepared, compare, rebuild
 from jobs.control.policy import live_policy
 from jobs.control.reports import handle_report
+from jobs.control.state import read_servers
 from jobs.control.tick import run_tick
 from jobs.control.tick_stats import TICK_STATS_KEY
 from jobs.models import Job, JobGpu
@@ -291,12 +293,6 @@ def test_kept_job_views_follow_a_renamed_tenant_and_time(alice: Any, acme: Any) 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="the kept state is PostgreSQL's")
 def test_the_kept_states_one_query_reads_the_servers_the_rebuild_reads() -> None:
     """Suspect GPUs (two on one server, one lapsed), a draining server, one never heard from."""
-    from datetime import timedelta
-
-    from inventory.models import Gpu
-    from inventory.services import do_mark_gpu_suspect
-    from jobs.control.state import read_servers
-
     nodes = demo_cluster(FABRIC)
     now = timezone.now()
     for gpu in (5, 4):
