@@ -12,6 +12,8 @@ job's state or history.
 
 from __future__ import annotations
 
+import copy
+import functools
 import logging
 from collections.abc import Sequence
 from datetime import datetime
@@ -31,7 +33,14 @@ from jobs.live_patches import cluster_fields, page_fields, sample_row
 from jobs.live_summary import note_job_event
 from jobs.models import Job, JobEvent, JobMetric
 from utilities import bulk_rows
-from utilities.realtime import CLUSTER_GROUP, broadcast_on_commit, job_group, tenant_group
+from utilities.realtime import (
+    CLUSTER_GROUP,
+    Message,
+    broadcast_on_commit,
+    job_group,
+    messages_on_commit,
+    tenant_group,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +92,20 @@ def broadcast(job: Job, kind: str) -> None:
     counts and queue positions follow in the same batch, built once per
     transaction (``jobs.live_summary``).
     """
-    payload = job_payload(job, kind)
-    broadcast_on_commit((tenant_group(job.tenant_id),), payload)
-    broadcast_on_commit((job_group(job.pk),), {**payload, **page_fields(job)})
-    broadcast_on_commit((CLUSTER_GROUP,), {**payload, **cluster_fields(job)})
+    # The patches are built after commit (in the finisher thread) from a copy: the
+    # caller may go on changing its object, the copy keeps the values committed.
+    messages_on_commit(functools.partial(_job_messages, copy.copy(job), kind))
     note_job_event(tenant=job.tenant_id, kind=kind, state=job.state)
+
+
+def _job_messages(job: Job, kind: str) -> list[Message]:
+    """The three patches of one change of ``job``: its tenant's, its page's, the cluster view's."""
+    payload = job_payload(job, kind)
+    return [
+        Message((tenant_group(job.tenant_id),), payload),
+        Message((job_group(job.pk),), {**payload, **page_fields(job)}),
+        Message((CLUSTER_GROUP,), {**payload, **cluster_fields(job)}),
+    ]
 
 
 def record(job: Job, kind: str, at: datetime, reason: str = "", **fields: Any) -> JobEvent:

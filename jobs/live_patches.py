@@ -18,13 +18,14 @@ Everything here is read from the job in memory: no query, so a tick that changes
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 from typing import Any
 
 from jobs.choices import ACTIVE_STATES, EventKind, JobState
 from jobs.models import Job, JobEvent
 from scheduler.curves import gpu_efficiency, speedup
-from utilities.realtime import broadcast_on_commit, job_group
+from utilities.realtime import Message, job_group, messages_on_commit
 
 STATE_LABELS = {
     JobState.PENDING: "Pending",
@@ -78,13 +79,18 @@ def history_saved(
     """
     if not created or raw:
         return
+    messages_on_commit(functools.partial(_history_message, instance))  # built after commit
+
+
+def _history_message(event: JobEvent) -> list[Message]:
+    """The job page's patch for one new history row."""
     row = {
         "type": "job.event",
-        "job": instance.job_id,
-        "tenant": instance.job.tenant_id,
-        "event": history_row(instance),
+        "job": event.job_id,
+        "tenant": event.job.tenant_id,
+        "event": history_row(event),
     }
-    broadcast_on_commit((job_group(instance.job_id),), row)
+    return [Message((job_group(event.job_id),), row)]
 
 
 def profile_curve(job: Job) -> dict[str, list[Any]]:

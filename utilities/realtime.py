@@ -5,6 +5,7 @@ views).  They are sent only after the transaction that made the change commits::
 
     service (in a transaction)
       └─ broadcast_on_commit(groups, payload, replaces=key)   one hook per transaction
+         messages_on_commit(make)                              payloads built after commit
          on_commit_once(key, factory, update)                  e.g. a tenant's new counts,
                                                                built once at commit
     commit
@@ -323,7 +324,7 @@ class _CommitBatch:
     """The live updates of one transaction, sent together by a single on-commit hook."""
 
     def __init__(self) -> None:
-        self.messages: list[Message] = []
+        self.messages: list[Message | MessageMaker] = []
         self.finishers: dict[str, Finisher] = {}
 
     def __call__(self) -> None:
@@ -336,14 +337,25 @@ class _CommitBatch:
             _finish(work)
 
 
-Finishing = tuple[list[tuple[str, Finisher]], list[Message]]
+MessageMaker = Callable[[], Iterable[Message]]
+"""Makes a transaction's messages after commit, from values it captured (``messages_on_commit``)."""
+Finishing = tuple[list[tuple[str, Finisher]], list[Message | MessageMaker]]
 """A transaction's finishers and its own messages, which go out with what the finishers make."""
 
 
 def _finish(work: Finishing) -> None:
-    """Run the finishers (their queries see every commit so far); send all in one hand-over."""
+    """Make the messages and run the finishers (their queries see every commit so far);
+    send all in one hand-over, in the order the transaction made them."""
     finishers, messages = work
-    out = list(messages)
+    out: list[Message] = []
+    for item in messages:
+        if isinstance(item, Message):
+            out.append(item)
+            continue
+        try:
+            out.extend(item())
+        except Exception:  # one page's patch is a courtesy; the others still go
+            log.warning("live message maker failed", exc_info=True)
     for key, finish in finishers:
         try:
             out.extend(finish())
@@ -409,6 +421,21 @@ def broadcast_on_commit(
         broadcast_now([message])
         return
     batch.messages.append(message)
+
+
+def messages_on_commit(make: MessageMaker) -> None:
+    """Have ``make()``'s messages sent once the current transaction commits.
+
+    For payloads that cost something to build (a job's three patches): ``make``
+    runs after commit, in the finisher thread when ``LIVE_FINISH_IN_BACKGROUND``,
+    so the committing thread only captures what it needs.  Its messages keep
+    their place among the transaction's others; in autocommit it runs at once.
+    """
+    batch = _transaction_batch()
+    if batch is None:
+        broadcast_now(list(make()))
+        return
+    batch.messages.append(make)
 
 
 def on_commit_once(key: str, factory: Callable[[], F], update: Callable[[F], None]) -> None:
