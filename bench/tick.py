@@ -230,6 +230,25 @@ class Bench:
         for size in self.rng.choices(self.pool, k=self.options.churn):
             self.submit(size)
         self.heartbeats()
+        self.settle()
+
+    @staticmethod
+    def settle() -> None:
+        """Wait until this process's after-commit threads are idle (live summaries and
+        patches, agent commands).
+
+        In production the churn's reports and submissions are handled by other
+        processes (report workers, web servers), whose after-commit work never
+        shares the tick process's interpreter; here they run in the bench's own,
+        and the work they hand to its finisher thread would otherwise run during
+        the next measured tick.
+        """
+        from jobs.command_sender import wait_sent
+        from utilities.realtime import coalescer, wait_finished
+
+        wait_finished()
+        wait_sent()
+        coalescer().wait_idle()
 
 
 def _profile(bench: Bench, tick: Callable[[], Any], path: str) -> dict[str, Any]:
