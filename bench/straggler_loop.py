@@ -76,7 +76,7 @@ def say(line: str) -> None:
 
 
 class Db:
-    """Read-only queries on the stack's database (PostgreSQL, or the SQLite file)."""
+    """Queries on the stack's database (PostgreSQL, or the SQLite file): reads, and a test's setup writes."""
 
     def __init__(self, url: str | None, sqlite_path: Path) -> None:
         self.url, self.sqlite_path = url, sqlite_path
@@ -90,6 +90,17 @@ class Db:
                 return list(conn.execute(sql, params).fetchall())
         with contextlib.closing(sqlite3.connect(self.sqlite_path)) as conn:
             return list(conn.execute(sql.replace("%s", "?"), params).fetchall())
+
+    def write(self, sql: str, params: Sequence[Any] = ()) -> None:
+        """One write in its own short transaction (a test's setup between two scenarios)."""
+        if self.url:
+            import psycopg
+
+            with psycopg.connect(self.url, autocommit=True) as conn:
+                conn.execute(sql, params)
+            return
+        with contextlib.closing(sqlite3.connect(self.sqlite_path)) as conn, conn:
+            conn.execute(sql.replace("%s", "?"), params)
 
     def held(self, job: int) -> list[int]:
         """The GPUs ``job`` holds, in rank order (the control plane's rows)."""

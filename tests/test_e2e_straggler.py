@@ -38,6 +38,11 @@ def test_a_slowed_worker_is_removed_or_moved_and_its_gpu_stays_out_of_new_placem
         assert stack.api.call(f"/api/v1/jobs/{result['job']}/")["state"] in ("running", "scaling")
         for job in stack.jobs:
             stack.api.call(f"/api/v1/jobs/{job}/cancel/", {})
+        # Only the mark this scenario made stays. Under the 2-core machine's contention the
+        # runtime has flagged a second worker of the first job during the watch (1.36x the
+        # median, seen in CI 2026-12-03); that mark would leave the next job's leaf without
+        # a free GPU to move to, and the move is what follows.
+        stack.db.write('UPDATE portal_gpu SET suspect_until = NULL WHERE "index" <> %s', [slow])
 
         # At its minimum: the worker moves to a free GPU (one switch), the job keeps its size.
         moved = straggler_loop(stack, gpus=2, min_gpus=2, follow=False)
