@@ -217,13 +217,6 @@ def update_jobs(jobs: Sequence[Job], names: Sequence[str]) -> None:
         _update_from_arrays(jobs, fields)
 
 
-def _column_type(field: Field[Any, Any]) -> str:
-    kind = field.db_type(connection)
-    if kind is None:
-        raise ValueError(f"{field.name!r} has no column type")
-    return kind
-
-
 def _update_from_arrays(jobs: Sequence[Job], fields: Sequence[Field[Any, Any]]) -> None:
     """``update_jobs`` with one array per column (``unnest``): any value psycopg can send."""
     meta = Job._meta
@@ -231,12 +224,12 @@ def _update_from_arrays(jobs: Sequence[Job], fields: Sequence[Field[Any, Any]]) 
     table, key = quote(meta.db_table), quote(meta.pk.column)
     columns = [quote(field.column) for field in fields]
     arrays = [[job.pk for job in jobs]]
-    types = [_column_type(meta.pk)]
+    types = [bulk_rows.column_type(meta.pk)]
     for field in fields:
         arrays.append(
             [field.get_db_prep_save(getattr(job, field.attname), connection) for job in jobs]
         )
-        types.append(_column_type(field))
+        types.append(bulk_rows.column_type(field))
     sets = ", ".join(f"{column} = v.{column}" for column in columns)
     unnest = ", ".join(f"%s::{kind}[]" for kind in types)
     sql = (

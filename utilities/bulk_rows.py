@@ -89,13 +89,15 @@ def insert_rows(
 def _columns(*fields: Field[Any, Any]) -> str:
     """The record's column definitions: each field's column and database type."""
     quote = connection.ops.quote_name
-    parts = []
-    for field in fields:
-        kind = field.db_type(connection)  # a foreign key's is its target's
-        if kind is None:
-            raise ValueError(f"{field.name!r} has no column type")
-        parts.append(f"{quote(field.column)} {kind}")
-    return ", ".join(parts)
+    return ", ".join(f"{quote(field.column)} {column_type(field)}" for field in fields)
+
+
+def column_type(field: Field[Any, Any]) -> str:
+    """``field``'s database column type (a foreign key's is its target's); ValueError if none."""
+    kind = field.db_type(connection)
+    if kind is None:
+        raise ValueError(f"{field.name!r} has no column type")
+    return kind
 
 
 def _document(objects: Sequence[Model], fields: Sequence[Field[Any, Any]]) -> str | None:

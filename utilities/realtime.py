@@ -372,14 +372,10 @@ def _finish_in_background(work: Finishing) -> None:
         close_old_connections()
 
 
-class _FinisherThread(OrderedWorker[Finishing]):
-    """The thread that runs committed transactions' finishers, in commit order."""
-
-    def __init__(self) -> None:
-        super().__init__("live-finisher")
-
-
-_finishers: PerProcess[_FinisherThread] = PerProcess(_FinisherThread)
+_finishers: PerProcess[OrderedWorker[Finishing]] = PerProcess(
+    lambda: OrderedWorker("live-finisher")
+)
+"""The thread that runs committed transactions' finishers, in commit order (one per process)."""
 
 
 def wait_finished(timeout: float = DRAIN_WAIT_S) -> bool:
