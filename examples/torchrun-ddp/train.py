@@ -13,6 +13,7 @@ artifacts (download them from the job page or the API).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 from pathlib import Path
 
@@ -82,6 +83,11 @@ def main() -> None:
         torch.save(model.module.state_dict(), artifacts / "model.pt")
     print(f"rank {rank} of {world}: done", flush=True)
     dist.barrier()  # every rank tears gloo down together: a peer gone first can abort a rank
+    # DDP's reducer holds the process group and gloo's pending work: let them go
+    # here, while the interpreter is whole.  Left to the interpreter's exit, gloo's
+    # threads can be destroyed unjoined, and the rank aborts after its "done".
+    del model, optimizer, loader
+    gc.collect()
     dist.destroy_process_group()
 
 
