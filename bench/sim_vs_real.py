@@ -769,6 +769,10 @@ class TracedPlacement:
         """As the inner placement."""
         self.inner.release(job)
 
+    def begin_pass(self) -> None:
+        """As the inner placement."""
+        self.inner.begin_pass()
+
 
 # ----------------------------------------------------------------------------- the report
 

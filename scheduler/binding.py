@@ -16,6 +16,15 @@ Binding works on a scratch copy of the allocator state: decisions are bound in
 order (shrinks and preemptions first, so their GPUs are free for the rest),
 and a decision that cannot be placed is refused with the allocator's reason
 (for a start with a base: the base's reason); nothing is half-applied.
+
+A shrink keeps its GPUs in place without knowing what its freed GPUs are for,
+so a reclaim by count can leave them where no shape of the waiting job fits
+(two on one leaf, one on the other).  When a start finds no shape and jobs
+shrank earlier in the same round, :func:`reshape_around` asks the
+allocator for the newcomer's shape first, with the shrunk jobs' GPUs free, and
+then places each shrunk job again at its new size: on its own GPUs of one leaf
+when they are still free, else on a fresh shape (a migration, stop-free like
+any switch).  If any of them then fits nowhere, everything goes back as it was.
 """
 
 from __future__ import annotations
@@ -97,6 +106,74 @@ def _keep_in_place(
     return tuple(old.gpus) + tuple(extra[: size - len(old.gpus)])
 
 
+def _kept_on_one_leaf(
+    spec: FabricSpec, allocator: VClosAllocator, gpus: Sequence[int], size: int
+) -> tuple[int, ...] | None:
+    """``size`` of ``gpus`` that are free and under one leaf (the leaf with most of them)."""
+    by_leaf: dict[int, list[int]] = {}
+    for gpu in gpus:
+        by_leaf.setdefault(spec.leaf_of(gpu), []).append(gpu)
+    for leaf, mine in sorted(by_leaf.items(), key=lambda item: -len(item[1])):
+        free = set(allocator.free_gpus_on_leaf(leaf))
+        kept = [g for g in mine if g in free]
+        if len(kept) >= size:
+            return tuple(kept[:size])
+    return None
+
+
+def _place_shrunk(
+    spec: FabricSpec, allocator: VClosAllocator, shrunk: Bound
+) -> Allocation | PlacementError:
+    """Place a job shrunk this round again at its new size, on its own GPUs where it can."""
+    size = len(shrunk.new_gpus)
+    kept = _kept_on_one_leaf(spec, allocator, shrunk.old_gpus, size)
+    if kept is not None:
+        allocation = _single_leaf(spec, shrunk.job, kept)
+        allocator.reserve(allocation)
+        return allocation
+    return allocator.try_allocate(shrunk.job, size)
+
+
+def reshape_around(
+    spec: FabricSpec,
+    allocator: VClosAllocator,
+    job: str,
+    sizes: Sequence[int],
+    shrunk: Sequence[Bound],
+) -> tuple[Allocation, list[Bound]] | None:
+    """Place ``job`` (the first of ``sizes`` that fits) before the jobs shrunk this round.
+
+    The shrunk jobs' current allocations are released, ``job`` gets a shape,
+    and each shrunk job is placed again at its new size (:func:`_place_shrunk`).
+    Returns ``job``'s allocation and the shrunk jobs' new bindings; None, with
+    ``allocator`` as it was, when no size of ``job`` leaves room for all of them.
+    ``job`` must hold nothing on ``allocator``.
+    """
+    if not shrunk or not sizes:
+        return None
+    for bound in shrunk:
+        allocator.release(bound.job)
+    for size in sizes:
+        result = allocator.try_allocate(job, size)
+        if isinstance(result, PlacementError):
+            continue
+        again: list[Bound] = []
+        for bound in shrunk:
+            placed = _place_shrunk(spec, allocator, bound)
+            if isinstance(placed, PlacementError):
+                break
+            again.append(Bound(bound.job, bound.old_gpus, placed, bound.planned))
+        if len(again) == len(shrunk):
+            return result, again
+        for bound in again:
+            allocator.release(bound.job)
+        allocator.release(job)
+    for bound in shrunk:
+        assert bound.allocation is not None  # a shrink to zero is a preemption, not a shrink
+        allocator.reserve(bound.allocation)
+    return None
+
+
 def _target_size(decision: Decision, current: Mapping[str, Allocation]) -> int:
     if isinstance(decision, Preempt):
         return 0
@@ -125,16 +202,25 @@ def bind(
     spec: FabricSpec,
     allocator: VClosAllocator,
     decisions: Iterable[Decision],
+    shrunk: dict[str, Bound] | None = None,
 ) -> tuple[list[Bound], list[Refused]]:
     """Place every decision on ``allocator`` (mutated: it ends in the bound state).
 
     Returns the decisions placed, in binding order, and those refused with
     the allocator's reason.  A start whose planned size finds no shape is
     placed on its base size when that fits (``Bound.planned`` says so).
+
+    ``shrunk`` holds the jobs made smaller earlier in the same round, for a
+    caller that binds a round one decision at a time (the simulator); bind
+    adds this call's shrinks to it and keeps it current when
+    :func:`reshape_around` moves one.  A shrunk job moved by this call is also
+    replaced in the returned list.
     """
     current = dict(allocator.allocations())
     bound: list[Bound] = []
     refused: list[Refused] = []
+    if shrunk is None:
+        shrunk = {}
     for decision in _order(decisions, current):
         job = decision.job
         old = current.get(job)
@@ -154,6 +240,8 @@ def bind(
             allocation = _single_leaf(spec, job, keep)
             allocator.reserve(allocation)
             bound.append(Bound(job, old_gpus, allocation))
+            if size < len(old_gpus):
+                shrunk[job] = bound[-1]
             continue
         result = allocator.try_allocate(job, size)
         planned = 0
@@ -161,6 +249,15 @@ def bind(
         if isinstance(result, PlacementError) and fallback:
             result = allocator.try_allocate(job, fallback)
             planned = size
+        if isinstance(result, PlacementError) and shrunk and isinstance(decision, Start):
+            sizes = (size, fallback) if fallback else (size,)
+            reshaped = reshape_around(spec, allocator, job, sizes, list(shrunk.values()))
+            if reshaped is not None:
+                result, again = reshaped
+                planned = size if len(result.gpus) < size else 0
+                for moved in again:
+                    shrunk[moved.job] = moved
+                    bound[:] = [moved if b.job == moved.job else b for b in bound]
         if isinstance(result, PlacementError):
             if old is not None:  # put the job back where it was
                 allocator.reserve(old)
@@ -175,4 +272,6 @@ def bind(
             allocator.release(job)
             allocator.reserve(old)
         bound.append(Bound(job, old_gpus, result, planned))
+        if len(result.gpus) < len(old_gpus):
+            shrunk[job] = bound[-1]
     return bound, refused

@@ -32,7 +32,7 @@ from typing import Protocol
 from fabric.allocator import Allocation, VClosAllocator
 from fabric.contention import ecmp_slowdown
 from fabric.topology import FabricSpec
-from scheduler.binding import bind
+from scheduler.binding import Bound, bind
 from scheduler.placement import (
     ConsolidatedPlacement,
     CountOnly,
@@ -115,6 +115,9 @@ class VClosBinder:
     Starts get an ``m x n`` sub-Clos; resizes keep the workers in place when
     they can (one leaf) and otherwise get a new shape (a migration); a
     decision no free shape fits is refused and the job keeps what it had.
+    A start that fits no shape may move a job shrunk earlier in the same
+    pass (:func:`scheduler.binding.reshape_around`), as the control
+    plane's binding of a whole round does.
     """
 
     name = "vclos"
@@ -123,6 +126,11 @@ class VClosBinder:
         self.spec = spec
         self.allocator = VClosAllocator(spec)
         self._admits: dict[int, bool] = {}
+        self._shrunk: dict[str, Bound] = {}  # this pass's shrinks, by job
+
+    def begin_pass(self) -> None:
+        """A new scheduling pass: the previous pass's shrinks are settled."""
+        self._shrunk.clear()
 
     def admits(self, n: int) -> bool:
         """Whether an ``n``-GPU shape exists on the empty fabric (memoised per size)."""
@@ -139,11 +147,12 @@ class VClosBinder:
             decision = Scale(job, _sized(n))
         else:
             decision = Start(job, _sized(n))
-        bound, _refused = bind(self.spec, self.allocator, [decision])
+        bound, _refused = bind(self.spec, self.allocator, [decision], self._shrunk)
         return bound[0].new_gpus if bound else None
 
     def release(self, job: str) -> None:
         """Free the job's sub-Clos (a preemption is bound as one, a completion just frees)."""
+        self._shrunk.pop(job, None)
         if job in self.allocator.allocations():
             bind(self.spec, self.allocator, [Preempt(job)])
 

@@ -143,6 +143,10 @@ class SimPlacement(Protocol):
         """The job stopped (finished or preempted): all its GPUs are free."""
         ...
 
+    def begin_pass(self) -> None:
+        """A scheduling pass begins: what the last one shrank is settled."""
+        ...
+
 
 class CountOnly:
     """Placement by count alone: every decision fits (the policy counted), no GPU ids."""
@@ -159,6 +163,9 @@ class CountOnly:
 
     def release(self, job: str) -> None:
         """Nothing is held."""
+
+    def begin_pass(self) -> None:
+        """Nothing to settle."""
 
 
 class FreeList:
@@ -195,6 +202,9 @@ class FreeList:
             chosen = current + extra
         self.held[job] = chosen
         return chosen
+
+    def begin_pass(self) -> None:
+        """Nothing to settle: a shrink keeps a prefix, whatever comes after it."""
 
     def release(self, job: str) -> None:
         """Return the job's GPUs to the free list."""

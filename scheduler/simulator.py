@@ -951,6 +951,7 @@ def simulate(
         plan = core.decide(now)
         fresh: list[JobRecord] = []  # first starts of this pass: start-up charged after it
         for retry in (False, True):
+            placement.begin_pass()
             refused: Plan = []
             blocked = False
             for job, n in plan:

@@ -8,6 +8,7 @@ from fabric.allocator import Allocation, VClosAllocator
 from fabric.errors import PlacementError
 from fabric.topology import FabricSpec
 from scheduler.binding import bind
+from scheduler.fabric_placement import VClosBinder
 from scheduler.placement import CountPlacement
 from scheduler.policies import get_policy
 from scheduler.tests.builders import cluster, queued, running, snapshot
@@ -136,3 +137,62 @@ def test_a_resize_never_falls_back() -> None:
     bound, refused = bind(SPEC, allocator, [Scale("a", (0, 1, 2, 3, 7))])
     assert bound == [] and [r.job for r in refused] == ["a"]
     assert allocator.allocations()["a"].gpus == (0, 1)
+
+
+def _split_reclaim() -> VClosAllocator:
+    """The 21:57 run at 231.7 s: j17 holds 2, 3 (leaf 0) and 7 (leaf 1), GPU 6 is suspect.
+
+    j16 holds 4-5; GPUs 0-1 are free.  The policy shrinks j17 to 2 to start j18 on 3.
+    """
+    allocator = VClosAllocator(SPEC)
+    allocator.restore([_holding("j16", (4, 5)), Allocation("j17", (2, 3, 7), (0, 1), (), (), {})])
+    allocator.set_unavailable([6])
+    return allocator
+
+
+def test_a_reclaim_keeps_the_freed_gpus_where_the_waiting_job_fits() -> None:
+    # Kept in place, j17 keeps 2-3 and frees 7: 0-1 and 7 are no shape for 3.  Asked
+    # first, the allocator puts j18 under leaf 0 and j17 goes on across the leaves.
+    allocator = _split_reclaim()
+    bound, refused = bind(SPEC, allocator, [Scale("j17", (0, 0)), Start("j18", (0,) * 3)])
+    assert refused == []
+    shrink, start = bound
+    assert shrink.job == "j17" and shrink.old_gpus == (2, 3, 7) and len(shrink.new_gpus) == 2
+    assert start.job == "j18" and start.allocation is not None and start.allocation.leaves == (0,)
+    assert not set(shrink.new_gpus) & set(start.new_gpus)
+    assert 7 in shrink.new_gpus  # a worker of j17 stays where it was
+    assert dict(allocator.allocations()) == {
+        "j16": allocator.allocations()["j16"],
+        "j17": shrink.allocation,
+        "j18": start.allocation,
+    }
+    assert shrink.allocation is not None and len(shrink.allocation.cables()) == 2  # isolated
+
+
+def test_a_reclaim_no_shape_serves_changes_nothing_but_the_shrink() -> None:
+    # With GPU 7's leaf-mates all busy and no free plane, j18 still has no shape:
+    # j17 shrinks in place as before and j18 is refused with the allocator's reason.
+    allocator = _split_reclaim()
+    allocator.set_unavailable([1])
+    bound, refused = bind(SPEC, allocator, [Scale("j17", (0, 0)), Start("j18", (0,) * 3)])
+    assert [b.job for b in bound] == ["j17"] and [r.job for r in refused] == ["j18"]
+    assert bound[0].new_gpus == (2, 3)
+    assert set(allocator.allocations()) == {"j16", "j17"}
+    assert allocator.allocations()["j17"].gpus == (2, 3)
+
+
+def test_the_simulators_binder_reshapes_within_a_pass_only() -> None:
+    # The simulator binds one decision at a time: the pass's shrinks are remembered
+    # until the next pass, so it finds what the live round finds, and no more.
+    for new_pass, started in ((False, True), (True, False)):
+        binder = VClosBinder(SPEC)
+        binder.allocator = _split_reclaim()
+        binder.begin_pass()
+        assert binder.place("j17", 2) == (2, 3)
+        if new_pass:
+            binder.begin_pass()
+        gpus = binder.place("j18", 3)
+        assert (gpus is not None) is started
+        if started:
+            assert gpus is not None and {SPEC.leaf_of(g) for g in gpus} == {0}
+            assert 7 in binder.allocator.allocations()["j17"].gpus

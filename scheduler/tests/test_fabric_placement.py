@@ -216,10 +216,10 @@ def test_vclos_simulation_binds_through_the_production_binding(
     calls: list[str] = []
     real = scheduler.binding.bind
 
-    def spy(spec, allocator, decisions):  # type: ignore[no-untyped-def]
+    def spy(spec, allocator, decisions, shrunk=None):  # type: ignore[no-untyped-def]
         decisions = list(decisions)
         calls.extend(type(d).__name__ for d in decisions)
-        return real(spec, allocator, decisions)
+        return real(spec, allocator, decisions, shrunk)
 
     monkeypatch.setattr(scheduler.fabric_placement, "bind", spy)
     simulate_fabric_trace(SHAPES, fabric_spec_for(16, 4, 2), "vclos", "tiresias")
