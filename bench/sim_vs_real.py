@@ -117,6 +117,9 @@ STEPS_PER_S = 0.8  # resnet18-synthetic on 8x8 images
 # its jobs, which no simulator run of this trace models.  Give them two minutes.
 AGENT_DOWN_AFTER_S = "120"
 MARK_KEY = "bench:sim_vs_real:owner"
+# The live binder places a start before the jobs shrunk for it (reshape_around) from this
+# commit on; a saved run without ``binder_reshapes`` in its _meta tells by when it began.
+RESHAPE_SINCE = "2026-12-04T03:54"
 
 
 # ----------------------------------------------------------------------------- the trace
@@ -217,6 +220,7 @@ def run_real(trace: list[dict[str, Any]], policy: str, redis_db: int) -> dict[st
         log.error("redis db %d was emptied or used by someone else during the run", redis_db)
     records[META] = {
         "began": began,
+        "binder_reshapes": True,
         "cores": os.cpu_count() or 1,
         "load": loads,
         "clean": clean,
@@ -492,6 +496,16 @@ class Model:
     # but off in the comparison: on, the 19:12 run loses a sub-second race its fallback won
     # (docs/benchmarks.md, "The busy window of 19:40").
     whole: bool = False
+    # A start that fits no shape goes before the jobs shrunk for it (True), or the shrinks
+    # keep their GPUs in place (False); None: as the live binder did in the run.
+    reshape: bool | None = None
+
+
+def binder_reshapes(meta: dict[str, Any]) -> bool:
+    """Whether the run's live binder placed a start before the jobs shrunk for it."""
+    if "binder_reshapes" in meta:
+        return bool(meta["binder_reshapes"])
+    return str(meta.get("began", "")) >= RESHAPE_SINCE
 
 
 # The model of the section "with the fixed costs" (docs/benchmarks.md), before the parts
@@ -530,6 +544,8 @@ MODELS = (
     Model("leavers not busy", leavers=False),
     Model("scale-in during a start-up due as first stretched", follow=False),
     Model("+ a start refused whole (the old live binder's rule)", whole=True),
+    Model("shrinks kept in place (the binder before 2026-12-04)", reshape=False),
+    Model("a start placed before the jobs shrunk for it (since 2026-12-04)", reshape=True),
     LEAVERS,
     RULES,
     BEFORE,
@@ -695,13 +711,18 @@ def simulate_trace(
         leave_follows_start=model.follow and model.contention,
         ending_caps_policy=model.cap,
         refuse_whole_start=model.whole,
+        reshape_reclaims=binder_reshapes(measured["meta"])
+        if model.reshape is None
+        else model.reshape,
     )
     policy: Policy = MeasuredPolicy(inner, table, learn=model.learn, per_tick=model.per_tick)
     if trail is None:
         result = simulate(rows, policy, cfg)
     else:
         clock = Clock()
-        placement, _ = sim_placement("vclos", GPUS, GPUS_PER_SERVER, cfg.fabric)
+        placement, _ = sim_placement(
+            "vclos", GPUS, GPUS_PER_SERVER, cfg.fabric, reshape=cfg.reshape_reclaims
+        )
         result = simulate(
             rows,
             ClockedPolicy(policy, clock),

@@ -261,6 +261,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         "(mix: ring, hierarchical ring, halving-doubling, all-to-all for moe; vclos-synthetic "
         "then also draws the moe model)",
     )
+    p.add_argument(
+        "--shrinks-in-place",
+        action="store_true",
+        help="vclos: a shrink keeps its GPUs in place even when the start it makes room for "
+        "then fits no shape (the binding before 2026-12-04); by default that start is placed "
+        "first and the shrunk jobs go back around it",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -398,6 +405,7 @@ def run_one(name: str, trace: LoadedTrace, args: argparse.Namespace, total: int)
         traffic=args.traffic,
         tenant_weights=args.tenant_weights,
         half_life=args.half_life,
+        reshape_reclaims=not args.shrinks_in_place,
     )
     return simulate(trace.jobs, make_policy(name, args), cfg)
 

@@ -117,14 +117,16 @@ class VClosBinder:
     decision no free shape fits is refused and the job keeps what it had.
     A start that fits no shape may move a job shrunk earlier in the same
     pass (:func:`scheduler.binding.reshape_around`), as the control
-    plane's binding of a whole round does.
+    plane's binding of a whole round does; ``reshape=False`` leaves every
+    shrink in place, as the live binder did before 2026-12-04.
     """
 
     name = "vclos"
 
-    def __init__(self, spec: FabricSpec) -> None:
+    def __init__(self, spec: FabricSpec, *, reshape: bool = True) -> None:
         self.spec = spec
         self.allocator = VClosAllocator(spec)
+        self.reshape = reshape
         self._admits: dict[int, bool] = {}
         self._shrunk: dict[str, Bound] = {}  # this pass's shrinks, by job
 
@@ -147,7 +149,8 @@ class VClosBinder:
             decision = Scale(job, _sized(n))
         else:
             decision = Start(job, _sized(n))
-        bound, _refused = bind(self.spec, self.allocator, [decision], self._shrunk)
+        shrunk = self._shrunk if self.reshape else {}
+        bound, _refused = bind(self.spec, self.allocator, [decision], shrunk)
         return bound[0].new_gpus if bound else None
 
     def release(self, job: str) -> None:
@@ -243,13 +246,15 @@ def sim_placement(
     fabric: FabricSpec | None = None,
     *,
     seed: int = 0,
+    reshape: bool = True,
 ) -> tuple[SimPlacement, Contention | None]:
     """A fresh simulator placement by name, and its contention model (None: links are free).
 
     ``count`` (no GPU ids), ``consolidated`` (fewest servers, then leaves),
-    ``vclos`` (isolated sub-Clos through ``bind()``) or ``ecmp`` (lowest free
-    ids, ECMP contention with hash ``seed``).  The fabric ones need ``fabric``;
-    ``consolidated`` uses its leaves when given (one leaf otherwise).
+    ``vclos`` (isolated sub-Clos through ``bind()``; ``reshape``: as
+    :class:`VClosBinder`) or ``ecmp`` (lowest free ids, ECMP contention with
+    hash ``seed``).  The fabric ones need ``fabric``; ``consolidated`` uses
+    its leaves when given (one leaf otherwise).
     """
     if name == "count":
         return CountOnly(), None
@@ -265,6 +270,6 @@ def sim_placement(
     if fabric is None:
         raise ValueError(f"{name} placement needs a fabric (leaves and spines)")
     if name == "vclos":
-        return VClosBinder(fabric), None
+        return VClosBinder(fabric, reshape=reshape), None
     gpus = Cluster.uniform(servers, gpus_per_server, fabric.servers_per_leaf).gpus
     return FreeList(CountPlacement(), gpus, name="ecmp"), EcmpContention(fabric, seed=seed)

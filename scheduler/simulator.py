@@ -246,6 +246,11 @@ class SimConfig:
     made: it placed the size the policy chose or nothing.  Off: it starts on
     its base size alone, as the simulator always did and
     ``scheduler.binding.bind`` now does with ``Start.base``.
+    ``reshape_reclaims``: a start that fits no shape is placed before the jobs
+    the same pass shrank, which then go back on their own GPUs or a fresh
+    shape (``scheduler.binding.reshape_around``), as the live binder does
+    since 2026-12-04.  Off: a shrink keeps its GPUs in place whatever the
+    start needs, as the live binder did for the runs saved before.
     """
 
     total_gpus: int
@@ -274,6 +279,7 @@ class SimConfig:
     leave_follows_start: bool = False
     ending_caps_policy: bool = False
     refuse_whole_start: bool = False
+    reshape_reclaims: bool = True
 
     def slot_factor(self, busy: int) -> float:
         """``slot_slowdown`` at ``busy`` busy GPUs (1.0 when off)."""
@@ -576,7 +582,12 @@ def simulate(
     """
     if placement is None:
         placement, contention = sim_placement(
-            cfg.placement, cfg.total_gpus, cfg.gpus_per_server, cfg.fabric, seed=cfg.seed
+            cfg.placement,
+            cfg.total_gpus,
+            cfg.gpus_per_server,
+            cfg.fabric,
+            seed=cfg.seed,
+            reshape=cfg.reshape_reclaims,
         )
     collective_for("", cfg.traffic)  # an unknown traffic model fails here, not mid-run
     # Outages take GPUs off a vClos allocator (VClosBinder's, or a wrapper's that shows it).

@@ -196,3 +196,13 @@ def test_the_simulators_binder_reshapes_within_a_pass_only() -> None:
         if started:
             assert gpus is not None and {SPEC.leaf_of(g) for g in gpus} == {0}
             assert 7 in binder.allocator.allocations()["j17"].gpus
+
+
+def test_the_simulators_binder_can_keep_every_shrink_in_place() -> None:
+    # reshape=False: the binder the runs saved before 2026-12-04 were made with.
+    binder = VClosBinder(SPEC, reshape=False)
+    binder.allocator = _split_reclaim()
+    binder.begin_pass()
+    assert binder.place("j17", 2) == (2, 3)
+    assert binder.place("j18", 3) is None
+    assert binder.allocator.allocations()["j17"].gpus == (2, 3)
