@@ -110,7 +110,13 @@ def wait_watched(work: Any, watch: Callable[[], str | None]) -> None:
             return
         except RuntimeError:
             if work.is_completed():
-                raise  # the collective itself failed (a peer's connection closed)
+                # Done by now: either it failed (a peer's connection closed), and this
+                # wait raises its error, or it finished just after the slice ran out,
+                # and this wait returns.  Re-raising the slice's "Operation timed out!"
+                # failed a healthy generation (bench run 2026-12-04 04:08, j02: a
+                # recovery from step 0 that cost 33 s).
+                work.wait()
+                return
         lost = watch()
         if lost is not None:
             # The abandoned work stays on gloo's thread until the group's timeout; its

@@ -189,3 +189,36 @@ def test_a_header_that_numbers_its_tensors_out_of_order_is_refused() -> None:
         comm._marks(bad_dtype, [])
     with pytest.raises(ValueError, match="negative dimension"):
         comm._marks({"a": {mark: ["float32", 0, [-1]]}}, [])
+
+
+class JustLate:
+    """A real gloo work whose first sliced wait runs out just before the result comes.
+
+    It waits until the work is done, then raises what gloo raises when a slice ends
+    first: the interleaving that failed a healthy generation in the 2026-12-04 04:08
+    bench run (the slice's timeout, read after the sum had arrived).
+    """
+
+    def __init__(self, work: Any) -> None:
+        self.work, self.slices = work, 0
+
+    def wait(self, timeout: Any = None) -> bool:
+        if timeout is not None and self.slices == 0:
+            self.slices += 1
+            while not self.work.is_completed():
+                threading.Event().wait(0.005)
+            raise RuntimeError("Operation timed out!")
+        return bool(self.work.wait() if timeout is None else self.work.wait(timeout))
+
+    def is_completed(self) -> bool:
+        return bool(self.work.is_completed())
+
+
+def test_a_collective_done_just_after_a_watch_slice_is_not_a_failure() -> None:
+    def work(group: Any, rank: int) -> float:
+        tensor = torch.tensor([float(rank + 1)])
+        done = group.allreduce([tensor])
+        comm.wait_watched(JustLate(done) if rank == 0 else done, lambda: None)
+        return float(tensor.item())
+
+    assert on_two_ranks(work) == [3.0, 3.0]
