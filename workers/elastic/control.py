@@ -113,8 +113,10 @@ class JobControl:
     def announce_joiners(self, worker_ids: list[str]) -> None:
         """Tell the leader to batch the listed newcomers into one scale-out switch.
 
-        Optional: without it the leader admits each newcomer as it registers
-        (newcomers that register close together share one switch anyway).
+        The leader then holds those that register first until the others have
+        too (at most ``leader.JOIN_BATCH_WAIT_S``).  Without it, and without a
+        rank order naming them (``set_rank_order``), each newcomer is admitted
+        as it registers.
         """
         self._send("joiners", workers=list(worker_ids))
 

@@ -61,6 +61,10 @@ from workers.schema import ProtocolError
 TICK_S = 0.02
 NUDGE_TTL_S = 120
 """How long an unread nudge (a member told to read a prepare plan) is kept."""
+JOIN_BATCH_WAIT_S = 30.0
+"""How long newcomers announced together wait for each other before the first of them
+join alone (a newcomer's start-up takes 3-20 s here; one that never comes holds no one
+longer than this)."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ class Leader:
         self.meta = LeaderMeta.read(client, self.keys, view.me)
         self.profiler = Profiler(self)
         self.pending: list[str] = []
+        self.announced: dict[str, float] = {}  # newcomer -> until when its batch waits for it
         self.op: Operation | None = None
         self.reports = JobReporter(
             client, self.keys, self.meta, clock, parse_rule(view.opts.straggler_rule)
@@ -170,9 +175,35 @@ class Leader:
         if self.profiler.active:
             self.profiler.tick()
             return
-        if self.pending:
+        if self.pending and not self._batch_incomplete():
             joiners, self.pending = self.pending, []
+            for worker in joiners:
+                self.announced.pop(worker, None)
             self.prepare([], joiners, "scale_out")
+
+    def _batch_incomplete(self) -> bool:
+        """Whether registered newcomers wait for others announced with them (one switch for all).
+
+        The newcomers of a change are announced before they start: the new
+        plan's rank order (``RankOrderRequest``, every node's agent sends it)
+        names them, and an agent names those it starts together
+        (``JoinersRequest``).  Admitted as each registers, the first would
+        switch alone, and the control plane, told the switch is done, would
+        free the GPUs of the others while they are still starting (bench run
+        2026-12-03 21:57, j17: 2→3, then 3→4 a second later on a GPU it no
+        longer held).  The wait lapses after ``JOIN_BATCH_WAIT_S``;
+        unannounced newcomers never wait.
+        """
+        now = self.clock.monotonic()
+        members = set(self.view.members)
+        self.announced = {
+            worker: until
+            for worker, until in self.announced.items()
+            if until > now and worker not in members
+        }
+        if not any(worker in self.announced for worker in self.pending):
+            return False
+        return any(worker not in self.pending for worker in self.announced)
 
     def _start(self, request: ControlRequest) -> bool:
         """Start the operation of the first queued request; True if one started or must wait."""
@@ -214,10 +245,19 @@ class Leader:
             queue.pop(0)  # the next prepare (this request's change) orders by it
             write_rank_order(self.redis, self.keys, request.workers)
             log(view.me, f"rank order of the new plan: {list(request.workers)}")
+            self._announce(request.workers)  # its newcomers, on whichever nodes they start
             return False
         assert isinstance(request, JoinersRequest)
-        queue.pop(0)  # announced joiners: nothing to hold
+        queue.pop(0)  # announced newcomers: the next scale-out waits for all of them
+        self._announce(request.workers)
         return False
+
+    def _announce(self, workers: tuple[str, ...]) -> None:
+        """Expect the non-members among ``workers`` to register for one switch together."""
+        until = self.clock.monotonic() + JOIN_BATCH_WAIT_S
+        for worker in workers:
+            if worker not in self.view.members and worker not in self.announced:
+                self.announced[worker] = until
 
     def prepare(self, leavers: list[str], joiners: list[str], reason: str) -> None:
         """Publish the next generation: the members without ``leavers``, with ``joiners``,

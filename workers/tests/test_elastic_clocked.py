@@ -319,3 +319,69 @@ def test_the_leader_applies_the_rule_of_the_command_line(redis_url: str, job: st
     paper = Leader(view, leader.redis, ManualClock())
     assert paper.reports.detector.rule.needed == 10
     assert leader.reports.detector.rule.needed == 9
+
+
+def _register(leader: Leader, *workers: str) -> None:
+    for worker in workers:
+        leader.redis.rpush(leader.keys.rpc, json.dumps({"op": "register", "worker": worker}))
+
+
+def _plans(leader: Leader) -> list[PreparePlan]:
+    plans = []
+    for seq in range(1, leader.published_seq + 1):
+        plan = plan_from_json(str(leader.redis.get(leader.keys.plan(seq))))
+        if isinstance(plan, PreparePlan):
+            plans.append(plan)
+    return plans
+
+
+@pytest.mark.parametrize("announce", ["joiners", "rank order"])
+def test_newcomers_announced_together_join_in_one_switch(
+    redis_url: str, job: str, announce: str
+) -> None:
+    # 2026-12-03 21:57, j17: w7 registered first and switched alone; the control plane,
+    # told the switch was done, freed w6's GPU while w6 was still starting.
+    clock = ManualClock()
+    leader, _view = make_leader(redis_url, job, clock)
+    control = JobControl(redis_url, job)
+    if announce == "joiners":
+        control.announce_joiners(["w2", "w3"])
+    else:
+        control.set_rank_order(["w0", "w1", "w2", "w3"])
+    _register(leader, "w3")
+    leader.tick()
+    clock.advance(5.0)
+    leader.tick()
+    assert leader.op is None and _plans(leader) == []  # w3 waits for w2
+    _register(leader, "w2")
+    leader.tick()
+    [plan] = _plans(leader)
+    assert set(plan.joiners) == {"w2", "w3"} and len(plan.members) == 4
+
+
+def test_an_announced_newcomer_that_never_comes_holds_the_others_for_a_while_only(
+    redis_url: str, job: str
+) -> None:
+    from workers.elastic.leader import JOIN_BATCH_WAIT_S
+
+    clock = ManualClock()
+    leader, _view = make_leader(redis_url, job, clock)
+    JobControl(redis_url, job).announce_joiners(["w2", "w3"])
+    _register(leader, "w3")
+    leader.tick()
+    clock.advance(JOIN_BATCH_WAIT_S - 1)
+    leader.tick()
+    assert _plans(leader) == []
+    clock.advance(2)
+    leader.tick()
+    [plan] = _plans(leader)
+    assert plan.joiners == ("w3",)
+
+
+def test_a_newcomer_nobody_announced_joins_at_once(redis_url: str, job: str) -> None:
+    leader, _view = make_leader(redis_url, job, ManualClock())
+    JobControl(redis_url, job).announce_joiners(["w4", "w5"])  # another batch, still starting
+    _register(leader, "w2")
+    leader.tick()
+    [plan] = _plans(leader)
+    assert plan.joiners == ("w2",)
