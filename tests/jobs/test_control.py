@@ -414,3 +414,31 @@ def test_an_elastic_start_whose_extras_fit_no_shape_starts_on_its_base(
     assert JobCable.objects.filter(job=elastic).count() == 0
     placed = elastic.events.get(reason__startswith="placed on 2 GPUs")
     assert placed.reason.endswith("no vClos shape for the planned 3: it scales out later")
+
+
+def test_a_reclaim_moves_the_shrunk_job_when_its_freed_gpu_alone_fits_no_shape(
+    alice: Any, acme: Any
+) -> None:
+    """The 2026-12-04 04:21 run at 294.7 s: j17 held all of leaf 0, j10 (4 GPUs) waited."""
+    demo_cluster()
+    acme.profile_jobs = False  # profiling has its own test
+    acme.gpu_quota = 16  # the reclaim makes room on the cluster, not in the quota
+    acme.save()
+    elastic = submit(alice, acme, gpus=2, lo=1, hi=4)
+    run_tick(policy="elastic-tiresias")  # it starts on 4: its 2 and two idle GPUs as extras
+    assert len(held(elastic)) == 4
+    one = submit(alice, acme, gpus=1)
+    run_tick(policy="fifo")
+    leaf_of = {g: Server.objects.get(gpu_set__index=g).leaf for g in range(8)}
+    (full,) = {leaf_of[g] for g in held(elastic)}
+    assert {leaf_of[g] for g in held(one)} == {1 - full}  # 3 GPUs free, on the other leaf
+    rigid = submit(alice, acme, gpus=4)
+    run_tick(policy="elastic-tiresias")
+    elastic.refresh_from_db()
+    rigid.refresh_from_db()
+    # Kept in place, the shrink 4→3 would leave 1 + 3 free GPUs: no shape for 4.  Asked
+    # first, the allocator gives the rigid job the whole leaf, and the elastic one moves.
+    assert (rigid.state, len(held(rigid))) == ("running", 4), rigid.wait_reason
+    assert {leaf_of[g] for g in held(rigid)} == {full}
+    assert len(held(elastic)) == 3 and {leaf_of[g] for g in held(elastic)} == {1 - full}
+    assert elastic.events.filter(reason__startswith="scale in 4→3").exists()
