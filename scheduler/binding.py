@@ -223,6 +223,7 @@ def bind(
         shrunk = {}
     for decision in _order(decisions, current):
         job = decision.job
+        shrunk.pop(job, None)  # its new binding, below, is what a reshape would move
         old = current.get(job)
         old_gpus = old.gpus if old else ()
         size = _target_size(decision, current)
