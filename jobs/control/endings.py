@@ -21,11 +21,13 @@ at its run-time limit (``jobs.control.limits``) fails without a retry.
 from __future__ import annotations
 
 import functools
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from django.db import transaction
 
 from jobs import holdings
+from jobs.agent_commands import GpuHome
 from jobs.choices import ACTIVE_STATES, EventKind, JobState
 from jobs.control.resume import rewind_to_checkpoint, stored_checkpoints
 from jobs.coordination import forget_coordination
@@ -45,12 +47,55 @@ def accrue_service(job: Job, now: datetime) -> None:
 
 
 def complete_job(job: Job, reason: str, now: datetime) -> None:
-    """The job's training finished and its workers have exited."""
+    """The job's training finished: its members exit by themselves.
+
+    A job that finishes in the middle of a switch also has newcomers, started
+    for the switch on GPUs of their own, that never joined: nothing else would
+    stop them (a newcomer stuck building the generation its leader abandoned
+    held its slot for minutes, and every start on that slot was rejected).
+    Their nodes are sent a stop; a node that also hosts a finishing member is
+    left alone, so a member's last writes are never cut short.
+    """
     accrue_service(job, now)  # saved with the transition below
-    holdings.release(job)  # its workers have exited: nothing to stop
+    switching = job.state == JobState.SCALING
+    held = holdings.release(job)
     transition(job, JobState.COMPLETED, reason=reason, at=now)
+    if switching and held:
+        _stop_newcomers(job, held)
     broadcast(job, "job.updated")
     request_tick()
+
+
+def newcomer_gpus(
+    held: Sequence[int], members: Collection[int], homes: Mapping[int, GpuHome]
+) -> tuple[int, ...]:
+    """The GPUs of ``held`` whose node hosts none of ``members``' GPUs (pure).
+
+    ``held``: what a switching job holds (the switch's target); ``members``:
+    the GPUs it ran on before the switch. A GPU whose home is unknown is left out.
+    """
+    member_nodes = {homes[g].node for g in members if g in homes}
+    return tuple(
+        g for g in held if g not in members and g in homes and homes[g].node not in member_nodes
+    )
+
+
+def _stop_newcomers(job: Job, held: Sequence[int]) -> None:
+    switch = (
+        job.events.filter(kind__in=(EventKind.NOTE, EventKind.MIGRATED), data__has_key="from")
+        .order_by("-id")
+        .values_list("data", flat=True)
+        .first()
+    )
+    if not isinstance(switch, dict) or not isinstance(switch.get("from"), list):
+        return
+    members = {g for g in switch["from"] if isinstance(g, int)}
+    homes = holdings.gpu_homes([*held, *members])
+    newcomers = newcomer_gpus(held, members, homes)
+    if newcomers:
+        outbox = Outbox()
+        outbox.stop_workers(job, newcomers, reason="the job finished before they joined")
+        outbox.send_on_commit()
 
 
 def fail_job(job: Job, error: str, now: datetime) -> None:

@@ -442,3 +442,47 @@ def test_a_reclaim_moves_the_shrunk_job_when_its_freed_gpu_alone_fits_no_shape(
     assert {leaf_of[g] for g in held(rigid)} == {full}
     assert len(held(elastic)) == 3 and {leaf_of[g] for g in held(elastic)} == {1 - full}
     assert elastic.events.filter(reason__startswith="scale in 4→3").exists()
+
+
+def test_a_job_that_finishes_mid_switch_stops_the_newcomers_it_started(
+    alice: Any, acme: Any
+) -> None:
+    """The 2026-12-04 12:01 live run: a job finished 6 s into a scale-out; its newcomers
+    kept their slots for minutes and the next job's start there was rejected three times."""
+    nodes = demo_cluster()
+    acme.profile_jobs = False
+    acme.save()
+    submit(alice, acme, gpus=4)  # one leaf
+    filler = submit(alice, acme, gpus=2)
+    job = submit(alice, acme, gpus=2, lo=2, hi=4)
+    run_tick(policy="elastic-tiresias")
+    job.refresh_from_db()
+    assert (job.state, job.parallelism) == ("running", 2)
+    do_cancel_job(user=alice, job_id=filler.pk)  # its node's GPUs: the job grows onto them
+    run_tick(policy="elastic-tiresias")
+    job.refresh_from_db()
+    assert job.state == "scaling"
+    switch = job.events.filter(data__has_key="from").latest("id").data
+    node_of = {g: Server.objects.get(gpu_set__index=g).node for g in switch["from"] + switch["to"]}
+    members = {node_of[g] for g in switch["from"]}
+    newcomers_only = {node_of[g] for g in switch["to"]} - members
+    assert newcomers_only, switch
+    drain_all(nodes)
+    finished = {"type": "finished", "node": sorted(members)[0], "job": f"job-{job.pk}",
+                "event_id": "1700000000001-0", "step": 50}  # fmt: skip
+    assert handle_report(finished) == "completed"
+    sent = drain_all(nodes)
+    stopped = {node for node, cmds in sent.items() for c in cmds if c["type"] == "stop_job"}
+    assert stopped == newcomers_only  # a member's node is left to finish its last writes
+    assert JobGpu.objects.filter(job=job).count() == 0
+
+
+def test_a_job_that_finishes_outside_a_switch_stops_nothing(alice: Any, acme: Any) -> None:
+    nodes = demo_cluster()
+    job = submit(alice, acme, gpus=2)
+    run_tick(policy="fifo")
+    drain_all(nodes)
+    finished = {"type": "finished", "node": "node-0", "job": f"job-{job.pk}",
+                "event_id": "1700000000001-0", "step": 5}  # fmt: skip
+    assert handle_report(finished) == "completed"
+    assert drain_all(nodes) == {n: [] for n in nodes}
