@@ -407,6 +407,21 @@ class ElasticContext:
             self._step_log.close()
             self._step_log = None
 
+    def left_behind(self) -> bool:
+        """Whether this is a newcomer, not yet training, whose job has ended.
+
+        A scale-out decided just before the last step: the members finish and
+        exit while the newcomer builds its generation or waits for the state,
+        so what it was waiting on breaks (a closed connection, a group that
+        cannot be built). Nothing failed; it has nothing to do.
+        """
+        if self.opts.initial_world is not None or self.state != "starting":
+            return False
+        try:
+            return self._registration.job_ended()
+        except Exception:  # Redis unreachable: not known to have ended
+            return False
+
     def fail(self, error: str) -> None:
         """Report that this worker cannot continue (the process then exits non-zero)."""
         try:

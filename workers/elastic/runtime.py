@@ -37,12 +37,15 @@ def run_elastic(options: WorkerOptions, main: Main) -> int:
     except JobEnded as exc:  # a late joiner: the job finished without it, nothing failed
         log(options.worker_id, f"exit ({exc})")
         return 0
-    except ElasticError as exc:
-        log(options.worker_id, f"error: {exc}")
-        ctx.fail(str(exc))
-        return 1
-    except Exception as exc:  # the program's own bug: say what, and tell the job
-        traceback.print_exc()
+    except Exception as exc:
+        if ctx.left_behind():  # the job finished while this newcomer was joining it
+            log(options.worker_id, f"exit (the job ended before this worker could join it: {exc})")
+            return 0
+        if isinstance(exc, ElasticError):
+            log(options.worker_id, f"error: {exc}")
+            ctx.fail(str(exc))
+            return 1
+        traceback.print_exc()  # the program's own bug: say what, and tell the job
         ctx.fail(f"{type(exc).__name__}: {exc}"[:500])
         return 1
     log(options.worker_id, f"exit ({ctx.exit_reason}) at step {ctx.step}")

@@ -171,6 +171,26 @@ def test_profile_1_to_4(job: JobRun) -> None:
     finish_and_check(job)
 
 
+def test_a_newcomer_the_job_finishes_without_exits_cleanly(job: JobRun) -> None:
+    """The leader prepares the newcomer's generation, then the last step comes first.
+
+    The members exit while the newcomer builds its group or waits for the state: a
+    closed connection there is the job's end, not a failure (it crashed with code 1,
+    2026-12-04 12:03). Started late enough that the switch cannot happen before the end
+    (2 s of 100 ms steps left); a newcomer that registers after the end exits the same way.
+    """
+    job.args = {**job.args, "epochs": 2}  # 58 steps
+    slow = ["--slow-ms", "100"]
+    job.start_initial(2, extra={"w0": slow, "w1": slow})
+    job.wait_step(38)
+    job.start("late")
+    codes = job.wait_exit(timeout=60)
+    assert codes == {"w0": 0, "w1": 0, "late": 0}, job.tail()
+    job.poll_events()
+    assert not {e["kind"] for _id, e in job.events} & {"failed", "worker_failed"}
+    assert "ended before this worker could join" in (job.workdir / "logs" / "late.out").read_text()
+
+
 def test_a_worker_that_joins_a_job_that_ended_exits_cleanly(job: JobRun) -> None:
     """A scale-out decided just before the end: the newcomer leaves, nothing failed."""
     job.start_initial(2)
