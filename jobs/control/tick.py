@@ -55,6 +55,7 @@ from jobs.control.limits import stop_jobs_at_limit
 from jobs.control.policy import live_policy
 from jobs.control.reconcile import reconcile
 from jobs.control.state import ClusterState
+from jobs.control.suspect_notes import suspect_notes
 from jobs.control.switch_watchdog import stop_stuck_switches
 from jobs.control.tick_stats import record_tick
 from jobs.coordination import forget_coordination
@@ -224,7 +225,8 @@ def _tick(source: ClusterSource, policy_name: str, now: datetime) -> TickResult:
     if stuck:
         source.touched(stuck)  # their GPUs are free again: the kept allocator reads them anew
         changed += stuck
-    waiting = {ids[r.job]: r.reason for r in refused if r.job in ids}
+    waiting = suspect_notes(cluster, snapshot, ids, bound)  # the least specific reason
+    waiting.update({ids[r.job]: r.reason for r in refused if r.job in ids})
     waiting.update(view.held_back)
     waiting.update({ids[name]: reason for name, reason in over_quota.items()})
     note_waiting(waiting, now)

@@ -74,6 +74,10 @@ def test_a_suspect_gpu_takes_no_new_job_until_its_mark_lapses(
     # Leaf 0 has three schedulable GPUs: the first job gets leaf 1, the second waits.
     assert first.state == "running" and sorted(held(first)) == [4, 5, 6, 7]
     assert second.state == "queued" and held(second) == []
+    # The tenant is told why: only the suspect GPU keeps it out (3 free, 4 needed).
+    assert second.wait_reason.startswith("1 idle GPU is out of service"), second.wait_reason
+    assert "3 are free" in second.wait_reason
+    assert second.events.filter(reason__startswith="waiting: 1 idle GPU").count() == 1
     check(incremental_tick)
     # Time passes: the mark lapses with no write to any server or job.
     Gpu.objects.filter(index=3).update(suspect_until=timezone.now() - timedelta(seconds=1))
