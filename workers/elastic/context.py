@@ -92,8 +92,14 @@ class ElasticContext:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.view = Membership(self.me)
+        self.state = "starting"
         self.builder = GroupBuilder(
-            RedisStore(options.redis_url, self.keys.store(), options.redis_outage_s),
+            RedisStore(
+                options.redis_url,
+                self.keys.store(),
+                options.redis_outage_s,
+                abandoned=self._why_abandon,
+            ),
             self.me,
             self.device,
             options.sync_timeout_s,
@@ -104,7 +110,6 @@ class ElasticContext:
         self.training: TrainingState | None = None
         self.total_steps = 0
         self.exit_reason: str | None = None
-        self.state = "starting"
         # observations for the leader
         self.last_loss = math.nan
         self.times = StepTimes()
@@ -407,6 +412,10 @@ class ElasticContext:
             self._step_log.close()
             self._step_log = None
 
+    def _why_abandon(self) -> str | None:
+        """Why this worker's rendezvous should stop waiting (None: it should not)."""
+        return "the job ended before this worker could join it" if self.left_behind() else None
+
     def left_behind(self) -> bool:
         """Whether this is a newcomer, not yet training, whose job has ended.
 
@@ -415,10 +424,11 @@ class ElasticContext:
         so what it was waiting on breaks (a closed connection, a group that
         cannot be built). Nothing failed; it has nothing to do.
         """
-        if self.opts.initial_world is not None or self.state != "starting":
+        registration: Registration | None = getattr(self, "_registration", None)  # in __init__
+        if self.opts.initial_world is not None or self.state != "starting" or registration is None:
             return False
         try:
-            return self._registration.job_ended()
+            return registration.job_ended()
         except Exception:  # Redis unreachable: not known to have ended
             return False
 

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -169,3 +170,27 @@ def test_redis_store_semantics(redis_url: str) -> None:
     finally:
         for key in store._client.scan_iter(match=prefix + "*"):
             store._client.delete(key)
+
+
+def test_a_store_wait_gives_up_once_its_worker_is_abandoned(redis_url: str) -> None:
+    """A newcomer's rendezvous ends when its job has ended, not after the whole timeout."""
+    import torch.distributed as dist
+
+    from workers.elastic.store import ABANDON_CHECK_S, RedisStore
+
+    asked: list[float] = []
+
+    def abandoned() -> str | None:
+        asked.append(time.monotonic())
+        return "the job ended" if len(asked) >= 2 else None
+
+    prefix = f"edl:u{uuid.uuid4().hex[:8]}:store:"
+    store = RedisStore(redis_url, prefix, timeout=timedelta(seconds=60), abandoned=abandoned)
+    began = time.monotonic()
+    with pytest.raises(dist.DistStoreError, match=r"gave up waiting for .*the job ended"):
+        store.clone().wait(["never"])  # a clone asks the same callback
+    assert len(asked) == 2 and time.monotonic() - began < 3 * ABANDON_CHECK_S + 1
+    store.set("there", b"1")
+    store.wait(["there"])  # a key already there: nothing asked
+    assert len(asked) == 2
+    store._client.delete(prefix + "there")
