@@ -491,6 +491,7 @@ class Model:
     leavers: bool = True  # a scale-in's leavers share the CPUs until their switch is done
     follow: bool = True  # a scale-in during a start-up is done after it, as it is stretched
     cap: bool = True  # a job about to end is shown to the policy capped at its size
+    pin: bool = True  # a job with a switch in flight is pinned at its size for the policy
     # A start whose extras fit no shape waits whole, as the live binder refused it when the
     # saved runs were made (else it starts on its base, as bind() now does too).  Their rule,
     # but off in the comparison: on, the 19:12 run loses a sub-second race its fallback won
@@ -521,12 +522,15 @@ BEFORE = Model(
     leavers=False,
     follow=False,
     cap=False,
+    pin=False,
 )
 # The model of the section "the live control plane's rules", before the CPU-sharing
 # parts that followed it (the leavers' slots).
-RULES = Model("control-plane rules (leavers not busy)", leavers=False, follow=False, cap=False)
+RULES = Model(
+    "control-plane rules (leavers not busy)", leavers=False, follow=False, cap=False, pin=False
+)
 # ... and with them: the model as the six saved runs shaped it, before the 19:12 run.
-LEAVERS = Model("with the leavers' slots (ending refused, not capped)", cap=False)
+LEAVERS = Model("with the leavers' slots (ending refused, not capped)", cap=False, pin=False)
 MODELS = (
     Model("full"),
     Model("no contention", contention=False),
@@ -546,6 +550,7 @@ MODELS = (
     Model("+ a start refused whole (the old live binder's rule)", whole=True),
     Model("shrinks kept in place (the binder before 2026-12-04)", reshape=False),
     Model("a start placed before the jobs shrunk for it (since 2026-12-04)", reshape=True),
+    Model("a switching job's resize refused after the pass (before 2026-12-04 13:24)", pin=False),
     LEAVERS,
     RULES,
     BEFORE,
@@ -710,6 +715,7 @@ def simulate_trace(
         leavers_busy=model.leavers and model.contention,
         leave_follows_start=model.follow and model.contention,
         ending_caps_policy=model.cap,
+        switching_pins_policy=model.pin,
         refuse_whole_start=model.whole,
         reshape_reclaims=binder_reshapes(measured["meta"])
         if model.reshape is None

@@ -207,6 +207,14 @@ class SimConfig:
     not refuse such a growth, it shows the policy the job capped at its size
     (``max_gpus``), so the idle GPUs go to the next job; on, each pass caps
     ``max_gpus`` so (a core that reads it at each pass: ``TickCore``).
+    ``switching_pins_policy``: the live tick leaves a job in ``scaling`` out
+    of its snapshot, so the policy gives the idle GPUs to the others; on, each
+    pass shows the policy every job with a switch in flight pinned at its size
+    (``min_gpus = max_gpus`` = its GPUs) instead of refusing its resize after
+    the pass, where with one bind per tick nothing else got those GPUs in that
+    pass (the 2026-12-04 13:24 live run grew a job the simulator held back).
+    An ended job not handed over yet is not pinned: the live snapshot still
+    shows it running.
 
     The live control plane hears of a change some time after it happens; two
     delays model that (0: off, the policy sees every change at once):
@@ -278,6 +286,7 @@ class SimConfig:
     leavers_busy: bool = False
     leave_follows_start: bool = False
     ending_caps_policy: bool = False
+    switching_pins_policy: bool = False
     refuse_whole_start: bool = False
     reshape_reclaims: bool = True
 
@@ -661,6 +670,15 @@ def simulate(
             elif job in own_max:
                 job.max_gpus = own_max.pop(job)
 
+    def pin_switching(now: float) -> list[tuple[JobRecord, int, int]]:
+        """Pin each job with a switch in flight at its size; what to restore after the pass."""
+        sizes = []
+        for job, until in switching.items():
+            if until > now and job.running and job.end_time is None:
+                sizes.append((job, job.min_gpus, job.max_gpus))
+                job.min_gpus = job.max_gpus = job.alloc
+        return sizes
+
     comp: list[tuple[float, int, JobRecord, int]] = []
     # Run-time limits of started jobs (a queued job can pass its limit too).
     deadlines: list[tuple[float, int, JobRecord]] = []
@@ -959,7 +977,10 @@ def simulate(
         # 3. one pass (and, after refusals, one more that goes around the refused jobs)
         if cfg.ending_caps_policy and near_end > 0:
             cap_ending(now)
+        sizes = pin_switching(now) if cfg.switching_pins_policy and switching else []
         plan = core.decide(now)
+        for job, lo, hi in sizes:
+            job.min_gpus, job.max_gpus = lo, hi
         fresh: list[JobRecord] = []  # first starts of this pass: start-up charged after it
         for retry in (False, True):
             placement.begin_pass()

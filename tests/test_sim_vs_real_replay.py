@@ -51,3 +51,17 @@ def test_the_other_binder_changes_what_a_run_made_before_it_predicts() -> None:
     # 17:53 was made by the binder that kept shrinks in place; replayed with the new
     # one, a start goes ahead that live had to wait, and one job's prediction is 5x off.
     assert replay("2026-12-03T17-53.json", reshape=True)["max_job_error"] > 1.0
+
+
+def test_a_switching_job_is_pinned_for_the_policy_as_the_live_snapshot_leaves_it_out() -> None:
+    # 13:24: live, the tick grew j09 2->4 while j08 was switching (out of its snapshot);
+    # refusing j08's resize after the pass instead held j09's growth back 11 s and put
+    # the next 4-GPU job on one leaf where live had two.
+    pinned = replay("2026-12-04T13-24.json")
+    refused = replay("2026-12-04T13-24.json", pin=False)
+    assert (pinned["error"], pinned["max_job_error"], pinned["jobs_within_25pct"]) == (
+        -0.0291,
+        0.1208,
+        20,
+    )
+    assert refused["max_job_error"] > 0.5 and refused["jobs_within_25pct"] == 19
