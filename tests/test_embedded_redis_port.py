@@ -8,24 +8,33 @@ append-only file brings back what was written after a crash.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import redis
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.test import override_settings
 
 from tests.redis_clients import one_try
 from utilities.embedded_redis import (
+    PASSWORD_GENERATION,
     USER,
     EmbeddedRedisError,
+    ServerRunning,
     _port_is_free,
     answers_ping,
     ensure_running,
+    recorded_url,
     restart_if_dead,
+    rotate_password,
     server_config,
 )
 
@@ -139,3 +148,70 @@ def test_the_configuration_refuses_a_password_that_could_break_it() -> None:
     assert "user default off" in server_config("abc123")
     with pytest.raises(EmbeddedRedisError):
         server_config('x" ~* +@all\nuser evil on nopass')
+
+
+# --------------------------------------------------------------------------- password rotation
+
+
+def stop_and_wait(data_dir: Path, url: str) -> None:
+    """SIGTERM the embedded server of ``data_dir`` and wait until it answers no more."""
+    port = int((data_dir / "redis" / "port").read_text())
+    password = (data_dir / "redis" / "password").read_text()
+    os.kill(int((data_dir / "redis" / "pid").read_text()), signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while answers_ping(port, password=password):
+        assert time.monotonic() < deadline, f"the server of {url} did not stop"
+        time.sleep(0.05)
+
+
+def test_a_password_an_older_version_made_is_replaced_before_the_server_starts(
+    tmp_path: Path,
+) -> None:
+    """Such a password may have been shown in a job log: it is never used again."""
+    state = tmp_path / "redis"
+    state.mkdir(mode=0o700)
+    old = "0ld" * 16
+    (state / "password").write_text(old)  # no generation recorded: an older version's
+    url = recorded_url(tmp_path)
+    assert old not in url
+    assert (state / "password-generation").read_text() == str(PASSWORD_GENERATION)
+    assert (state / "password").stat().st_mode & 0o777 == 0o600
+    assert recorded_url(tmp_path) == url  # made once
+    with own_server(tmp_path) as running:
+        assert running == url and redis.Redis.from_url(url).ping()
+
+
+def test_a_running_server_keeps_its_old_password_until_it_stops(tmp_path: Path) -> None:
+    with own_server(tmp_path) as url:
+        (tmp_path / "redis" / "password-generation").unlink()  # as an older version left it
+        assert recorded_url(tmp_path) == url  # its clients hold it: not changed under them
+        assert ensure_running(tmp_path) == url
+        stop_and_wait(tmp_path, url)
+        renewed = ensure_running(tmp_path)  # the next start: a new password
+        assert renewed != url and redis.Redis.from_url(renewed).ping()
+        old = urlsplit(url)
+        with pytest.raises(redis.AuthenticationError):
+            one_try(host="127.0.0.1", port=old.port, username=USER, password=old.password).ping()
+
+
+def test_rotation_refuses_a_running_server_and_renews_a_stopped_ones(tmp_path: Path) -> None:
+    with own_server(tmp_path) as url:
+        with pytest.raises(ServerRunning, match="stop the stack"):
+            rotate_password(tmp_path)
+        assert recorded_url(tmp_path) == url
+        embedded_here = override_settings(REDIS_IS_EMBEDDED=True, DATA_DIR=tmp_path)
+        with embedded_here, pytest.raises(CommandError, match="is running"):
+            call_command("rotateredispassword")
+        stop_and_wait(tmp_path, url)
+        out = io.StringIO()
+        with override_settings(REDIS_IS_EMBEDDED=True, DATA_DIR=tmp_path):
+            call_command("rotateredispassword", stdout=out)
+        assert "new password" in out.getvalue()
+        assert recorded_url(tmp_path) != url
+
+
+def test_rotating_a_redis_of_ones_own_prints_the_steps() -> None:
+    out = io.StringIO()
+    with override_settings(REDIS_IS_EMBEDDED=False):
+        call_command("rotateredispassword", stdout=out)
+    assert "ACL SETUSER" in out.getvalue() and "REDIS_URL" in out.getvalue()

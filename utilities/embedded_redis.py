@@ -8,6 +8,7 @@ shares it with every process that runs against that directory:
     data_dir/redis/                mode 0700: only this user reads the data
     data_dir/redis/port            the TCP port of the running server
     data_dir/redis/password        the portal user's password (mode 0600, random, made once)
+    data_dir/redis/password-generation   which PASSWORD_GENERATION made it (an older one is replaced)
     data_dir/redis/conf            its configuration (mode 0600: holds the ACL users)
     data_dir/redis/appendonly.aof  the append-only file: what was written survives a restart
     data_dir/redis/pid             its process id
@@ -106,18 +107,77 @@ def _command(*parts: str) -> bytes:
     return out
 
 
-def _password(state_dir: Path) -> str:
-    """The server's password, made once and kept readable by this user only."""
+PASSWORD_GENERATION = 2
+"""The generation of the password scheme.  It is raised whenever an earlier version of the
+portal could have shown the password to someone who must not have it; a password of an
+older generation is replaced (``_password``).  Generation 1: built-in workloads got the
+``portal`` user's URL on their command line, which the agent printed at the top of every
+job log, readable by the job's tenant."""
+
+
+def _password(state_dir: Path, port: int | None) -> str:
+    """The server's password, made once and kept readable by this user only.
+
+    A password of an older ``PASSWORD_GENERATION`` is replaced by a new one,
+    unless a server still runs with it on ``port`` (its clients hold the old
+    one): then it is replaced the next time the server starts.  Callers hold
+    the state directory's lock.
+    """
     path = state_dir / "password"
     try:
-        return path.read_text().strip()
+        password = path.read_text().strip()
     except FileNotFoundError:
-        pass
+        return _new_password(state_dir)
+    if _generation(state_dir) >= PASSWORD_GENERATION:
+        return password
+    if port is not None and answers_ping(port, password=password):
+        return password
+    return _new_password(state_dir)
+
+
+def _generation(state_dir: Path) -> int:
+    try:
+        return int((state_dir / "password-generation").read_text().strip())
+    except (OSError, ValueError):
+        return 1  # no record: made before generations were recorded
+
+
+def _new_password(state_dir: Path) -> str:
+    """Make and keep a new password (written aside, then renamed: never half a password)."""
     password = secrets.token_hex(24)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    draft = state_dir / f"password.{os.getpid()}.draft"
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(password)
+    os.replace(draft, state_dir / "password")
+    (state_dir / "password-generation").write_text(str(PASSWORD_GENERATION))
     return password
+
+
+class ServerRunning(EmbeddedRedisError):
+    """The embedded server is running: its password cannot change under its clients."""
+
+
+def rotate_password(data_dir: Path) -> None:
+    """Give the embedded Redis of ``data_dir`` a new password; the server must be stopped.
+
+    Every process of the stack reads the password when it starts, so the
+    stack is stopped first and started again after (``manage.py
+    rotateredispassword``; docs/security.md).
+    """
+    with _locked_state(data_dir) as state_dir:
+        port = _read_port(state_dir)
+        old = (
+            (state_dir / "password").read_text().strip()
+            if (state_dir / "password").exists()
+            else None
+        )
+        if port is not None and old is not None and answers_ping(port, password=old):
+            raise ServerRunning(
+                f"the embedded Redis of {data_dir} is running on port {port}: stop the stack "
+                "(Ctrl-C in `make run`) first, then rotate"
+            )
+        _new_password(state_dir)
 
 
 def _read_port(state_dir: Path) -> int | None:
@@ -148,7 +208,7 @@ def recorded_url(data_dir: Path) -> str:
         if port is None:
             port = free_port()
             (state_dir / "port").write_text(str(port))
-        password = _password(state_dir)
+        password = _password(state_dir, port)
     return _url(port, password)
 
 
@@ -165,7 +225,7 @@ def ensure_running(data_dir: Path, *, startup_timeout: float = 10.0) -> str:
     """
     with _locked_state(data_dir) as state_dir:
         port = _read_port(state_dir)
-        password = _password(state_dir)
+        password = _password(state_dir, port)
         if port is None or not answers_ping(port, password=password):
             port = _start(state_dir, port, password, startup_timeout)
     url = _url(port, password)

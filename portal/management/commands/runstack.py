@@ -154,7 +154,8 @@ class Command(BaseCommand):
         )
         self.stdout.write(
             f"\nGPU portal: {url}\n{demo.describe()}"
-            f"  database: {db}\n  redis: {redacted(settings.REDIS_URL)}\n"
+            f"  database: {db}\n  redis: {redacted(settings.REDIS_URL)}"
+            " (new password: stop, then manage.py rotateredispassword)\n"
             f"  API docs: {url}api/docs/   Ctrl-C stops everything.\n"
         )
         self.stdout.flush()
