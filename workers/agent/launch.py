@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from workers.agent.config import REPO_ROOT, AgentConfig
@@ -14,7 +15,12 @@ from workers.protocol import StartWorkers, WorkerSlot
 
 
 def worker_argv(config: AgentConfig, command: StartWorkers, worker: WorkerSlot) -> list[str]:
-    """The command line of the training process for ``worker`` (see workers.elastic.cli)."""
+    """The command line of the training process for ``worker`` (see workers.elastic.cli).
+
+    It holds no credential: the job's Redis URL travels in the environment
+    (``programs.builtin_env``), since a command line is visible to ``ps`` and
+    is the first line of the worker's log, which its tenant reads.
+    """
     store_url = config.job_store_url(command.job, command.store_prefix, command.checkpoint_dir)
     argv = [
         config.python,
@@ -30,7 +36,6 @@ def worker_argv(config: AgentConfig, command: StartWorkers, worker: WorkerSlot) 
         "--checkpoint-every", str(command.checkpoint_every),
         "--checkpoint-keep", str(command.checkpoint_keep),
         "--device", config.device_for(worker.slot),
-        "--redis-url", config.redis_url,
     ]  # fmt: skip
     # A newcomer joins the running job; only the first generation is told its size.
     if not command.join and command.initial_world is not None:
@@ -51,20 +56,6 @@ def worker_argv(config: AgentConfig, command: StartWorkers, worker: WorkerSlot) 
     return argv
 
 
-def worker_env(config: AgentConfig) -> dict[str, str]:
-    """The environment of a training process."""
-    env = dict(os.environ)
-    env["REDIS_URL"] = config.redis_url
-    env["PYTHONUNBUFFERED"] = "1"
-    # One process per slot: on CPU slots, intra-op threads would fight each other.
-    if config.device == "cpu":
-        env.setdefault("OMP_NUM_THREADS", "1")
-        env.setdefault("MKL_NUM_THREADS", "1")
-    python_path = env.get("PYTHONPATH", "")
-    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + python_path if python_path else "")
-    return env
-
-
 def spawn(
     argv: list[str],
     env: dict[str, str],
@@ -82,7 +73,7 @@ def spawn(
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(argv)}\n".encode())
+        log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {log_header(argv, env)}\n".encode())
         log.flush()
         # Own session: a Ctrl-C or SIGTERM aimed at the agent's group does not hit
         # training, and the agent can signal a worker's whole process group.
@@ -96,6 +87,29 @@ def spawn(
             start_new_session=True,
             preexec_fn=preexec_fn,
         )
+
+
+def log_header(argv: Sequence[str], env: Mapping[str, str]) -> str:
+    """How a process is shown at the top of its log, which its job's tenant reads.
+
+    The command line with any URL's password masked, and the names of the
+    environment's variables, never their values (they hold the job's own
+    Redis user, a store's keys).
+    """
+    return f"{shown_command(argv)} (environment: {env_names(env)})"
+
+
+def shown_command(argv: Sequence[str]) -> str:
+    """``argv`` joined, each ``scheme://user:password@`` shown as ``scheme://user:***@``."""
+    return " ".join(URL_PASSWORD.sub(r"\1***@", arg) for arg in argv)
+
+
+URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^/:@\s]*:)[^@\s]+@")
+
+
+def env_names(env: Mapping[str, str]) -> str:
+    """The variable names of an environment, for the log (values may hold credentials)."""
+    return " ".join(sorted(env))
 
 
 def log_tail(path: Path | str, limit: int = 2000) -> str:

@@ -1,11 +1,12 @@
 """The agent's process table: the training processes it runs and the stops it enforces.
 
-Built-in workloads run ``python -m workers.elastic.worker`` as before.  A
-tenant program (``StartWorkers.program``) runs from its unpacked code
+A tenant program (``StartWorkers.program``) runs from its unpacked code
 directory, which an injected ``resolve_code(program) -> Path`` provides (the
 node's code cache), under the sandbox (``workers.agent.sandbox``) with its
 limits (``workers.agent.limits``) and its launcher's environment
-(``workers.agent.programs``).
+(``workers.agent.programs``).  A built-in workload (``python -m
+workers.elastic.worker``) runs the same way, with the repository's SDK
+packages as its code and its job's own Redis user, never the agent's.
 
 Not thread-safe on its own: the ``Agent`` calls it under its one lock.
 """
@@ -25,16 +26,18 @@ from pathlib import Path
 from typing import Any
 
 from workers.agent import limits, redis_acl
-from workers.agent.config import AgentConfig
+from workers.agent.config import REPO_ROOT, AgentConfig
 from workers.agent.launch import (
     log_tail,
     process_matches,
     same_process,
     spawn,
     worker_argv,
-    worker_env,
 )
 from workers.agent.programs import (
+    builtin_env,
+    builtin_mounts,
+    builtin_store_dir,
     edl_env,
     job_dirs,
     placement,
@@ -43,6 +46,7 @@ from workers.agent.programs import (
     torchrun_env,
 )
 from workers.agent.sandbox import (
+    Mounts,
     bwrap_argv,
     bwrap_binary,
     gpu_device_nodes,
@@ -50,7 +54,7 @@ from workers.agent.sandbox import (
     sandbox_problem,
 )
 from workers.agent.store import AgentStore, StopRecord, WorkerRecord
-from workers.agent.warm import WarmPool, enabled_from_env
+from workers.agent.warm import WarmPool, enabled_for
 from workers.clock import Clock
 from workers.protocol import Program, RunningWorker, StartWorkers, WorkerSlot
 
@@ -188,8 +192,9 @@ class ProcessTable:
         self.job_users: set[str] = set()
         """Jobs whose Redis user this agent created (deleted when the job ends here)."""
         self._leftover_cgroups: list[str] = []
-        self.warm = WarmPool(config, enabled_from_env())
-        """Warm worker processes of the idle slots (``AGENT_WARM_WORKERS=1``; warm.py)."""
+        self.warm = WarmPool(config, enabled_for(config))
+        """Warm worker processes of the idle slots (``AGENT_WARM_WORKERS=1``, SANDBOX=off;
+        warm.py)."""
 
     # ------------------------------------------------------------------ queries
     def has(self, job: str, worker_id: str) -> bool:
@@ -242,14 +247,28 @@ class ProcessTable:
         """Start one training process.
 
         Raises OSError if it cannot start, ``ProgramUnavailable`` (or what
-        ``resolve_code`` raises) if a program cannot.
+        ``resolve_code`` raises) if a program cannot, or a built-in cannot run
+        in the sandbox.
         """
         if command.program is not None:
             self.warm.release(worker.slot)  # a program never runs in the agent's warm process
             return self._start_program(command, command.program, worker)
+        return self._start_builtin(command, worker)
+
+    def _job_redis_url(self, job: str) -> str:
+        """The URL of ``job``'s own Redis user (made here; deleted when the job ends here)."""
+        url = redis_acl.job_url(self.store.redis, self.config.redis_url, job)
+        self.job_users.add(job)
+        return url
+
+    def _start_builtin(self, command: StartWorkers, worker: WorkerSlot) -> WorkerRecord:
+        """A built-in workload runs as a tenant program does: the job's Redis user, a fixed
+        environment, the sandbox and its limits; in a warm process only where SANDBOX=off."""
+        self._refuse_unsandboxed()
+        redis_url = self._job_redis_url(command.job)
         argv = worker_argv(self.config, command, worker)
         args = json.dumps(command.args, sort_keys=True)
-        warm = self.warm.start(worker.slot, argv, command.workload, args)
+        warm = self.warm.start(worker.slot, argv, redis_url, command.workload, args)
         if warm is not None:
             # its command line is the warm module's: adoption recognises it by start time
             record = self._remember(
@@ -266,11 +285,57 @@ class ProcessTable:
                 warm.popen.pid,
             )
             return record
-        log_path = self.config.log_path(command.job, worker.worker_id)
-        popen = spawn(argv, worker_env(self.config), log_path)
-        record = self._remember(command, worker, popen, log_path)
-        log.info("started worker %s of job %s (pid %d)", worker.worker_id, command.job, popen.pid)
-        return record
+        for path in (builtin_store_dir(self.config, command), self.config.step_log_dir):
+            if path is not None:
+                path.mkdir(parents=True, exist_ok=True)
+        env = builtin_env(self.config, command, worker.worker_id, redis_url)
+        Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
+        return self._launch(
+            command,
+            worker,
+            argv,
+            env,
+            cwd=REPO_ROOT,
+            mounts=lambda: builtin_mounts(
+                self.config,
+                command,
+                worker.worker_id,
+                base_prefix=Path(sys.base_prefix),
+                devices=gpu_device_nodes(),
+            ),
+            generation=0,
+        )
+
+    def _start_program(
+        self, command: StartWorkers, program: Program, worker: WorkerSlot
+    ) -> WorkerRecord:
+        self._refuse_unsandboxed()
+        code_dir = self.resolve_code(program)
+        dirs = job_dirs(self.config, command)
+        dirs.create(worker.worker_id)
+        if program.launcher == "edl":
+            env = edl_env(self.config, command, worker, dirs, self._job_redis_url(command.job))
+        else:
+            env = torchrun_env(self.config, command, worker, dirs)
+        return self._launch(
+            command,
+            worker,
+            program_argv(self.config.python, code_dir, program.entrypoint),
+            env,
+            cwd=code_dir,
+            mounts=lambda: program_mounts(
+                self.config,
+                dirs,
+                worker.worker_id,
+                code_dir,
+                base_prefix=Path(sys.base_prefix),
+                devices=gpu_device_nodes(),
+            ),
+            generation=program.generation,
+            rank=placement(command, worker).rank,
+            launcher=program.launcher,
+            store_prefix=command.store_prefix,
+        )
 
     def _remember(
         self,
@@ -294,75 +359,73 @@ class ProcessTable:
         self.store.save_worker(record)
         return record
 
-    def _start_program(
-        self, command: StartWorkers, program: Program, worker: WorkerSlot
-    ) -> WorkerRecord:
+    def _refuse_unsandboxed(self) -> None:
         refused = self.sandbox_refusal()
         if refused is not None:
             raise ProgramUnavailable(refused)
+
+    def _launch(
+        self,
+        command: StartWorkers,
+        worker: WorkerSlot,
+        argv: list[str],
+        env: dict[str, str],
+        *,
+        cwd: Path,
+        mounts: Callable[[], Mounts],
+        generation: int,
+        **details: Any,
+    ) -> WorkerRecord:
+        """Start ``argv`` in the sandbox (unless SANDBOX=off) with its limits; remember it.
+
+        ``details``: what the record keeps beyond the process (a program's
+        launcher, rank, store prefix); a built-in's record has none, and its
+        ``generation`` (0) only names its cgroups.  The caller has refused an
+        unsandboxed start (``_refuse_unsandboxed``).
+        """
         settings = self.config.sandbox
-        code_dir = self.resolve_code(program)
-        dirs = job_dirs(self.config, command)
-        dirs.create(worker.worker_id)
-        if program.launcher == "edl":
-            url = redis_acl.job_url(self.store.redis, self.config.redis_url, command.job)
-            self.job_users.add(command.job)
-            env = edl_env(self.config, command, worker, dirs, url)
-        else:
-            env = torchrun_env(self.config, command, worker, dirs)
-        argv = program_argv(self.config.python, code_dir, program.entrypoint)
         sandboxed = settings.mode == "on"
         if sandboxed:
-            mounts = program_mounts(
-                self.config,
-                dirs,
-                worker.worker_id,
-                code_dir,
-                base_prefix=Path(sys.base_prefix),
-                devices=gpu_device_nodes(),
-            )
             argv = bwrap_argv(
                 settings.bwrap or bwrap_binary(),
-                mounts,
+                mounts(),
                 argv,
-                cwd=code_dir,
+                cwd=cwd,
                 die_with_parent=settings.die_with_agent,
             )
         else:
             log.warning(
-                "SANDBOX=off: worker %s of job %s runs tenant code unsandboxed",
+                "SANDBOX=off: worker %s of job %s runs unsandboxed",
                 worker.worker_id,
                 command.job,
             )
-        name = f"portal-{self.config.node}-{command.job}-{worker.worker_id}-{program.generation}"
+        name = f"portal-{self.config.node}-{command.job}-{worker.worker_id}-{generation}"
         cgroups = limits.create_cgroups(settings, name)
         preexec = limits.preexec(settings, cgroups, address_space=self.config.device == "cpu")
         log_path = self.config.log_path(command.job, worker.worker_id)
         try:
-            popen = spawn(argv, env, log_path, cwd=code_dir, preexec_fn=preexec)
+            popen = spawn(argv, env, log_path, cwd=cwd, preexec_fn=preexec)
         except BaseException:
             for path in cgroups.values():
                 limits.remove_cgroup(path)
             raise
+        if "launcher" in details:
+            details["generation"] = generation
         record = self._remember(
             command,
             worker,
             popen,
             log_path,
-            rank=placement(command, worker).rank,
-            generation=program.generation,
-            launcher=program.launcher,
             sandboxed=sandboxed,
             start_ticks=limits.start_ticks(popen.pid),
             cgroups={c: str(p) for c, p in cgroups.items()} or None,
-            store_prefix=command.store_prefix,
+            **details,
         )
         log.info(
-            "started worker %s of job %s, program %s generation %d (pid %d%s)",
+            "started worker %s of job %s, %s (pid %d%s)",
             worker.worker_id,
             command.job,
-            program.launcher,
-            program.generation,
+            details.get("launcher") or f"built-in {command.workload}",
             popen.pid,
             ", sandboxed" if sandboxed else "",
         )
@@ -371,7 +434,7 @@ class ProcessTable:
     def adopt(self, record: WorkerRecord) -> bool:
         """Adopt a process a previous agent started; False (and forget it) if it is gone."""
         if is_alive(record, self.config.worker_module):
-            if record.launcher == "edl":
+            if record.launcher != "torchrun":  # an edl program or a built-in: the job's user
                 self.job_users.add(record.job)
             self.children[(record.job, record.worker_id)] = Child(record=record, popen=None)
             log.info(
@@ -417,8 +480,8 @@ class ProcessTable:
         return exits
 
     def _diagnose(self, record: WorkerRecord, code: int | None) -> str:
-        if record.generation is None:
-            return ""  # a built-in workload: no sandbox limits
+        if not (record.sandboxed or record.cgroups or record.launcher):
+            return ""  # a built-in workload in a warm process: no sandbox limits
         tail = log_tail(record.log_path) if code != 0 else ""
         cgroups = _cgroups(record)
         reason = limits.exit_reason(self.config.sandbox, code, tail, cgroups)

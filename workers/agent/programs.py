@@ -122,27 +122,78 @@ def program_argv(python: str, code_dir: Path, entrypoint: tuple[str, ...]) -> li
     return [python, str(code_dir / entrypoint[0]), *entrypoint[1:]]
 
 
+def fixed_env(config: AgentConfig, home: Path) -> dict[str, str]:
+    """What every training process gets and nothing of the agent's own environment.
+
+    No secret, broker or database URL: a process's Redis credentials are its
+    job's own user's, added by its launcher (``edl_env``, ``builtin_env``).
+    """
+    env = {
+        "PATH": os.pathsep.join(
+            [str(venv_dir(config.python) / "bin"), "/usr/local/bin", "/usr/bin", "/bin"]
+        ),
+        "HOME": str(home),
+        "TMPDIR": "/tmp",
+        "LANG": "C.UTF-8",
+        "PYTHONUNBUFFERED": "1",
+    }
+    if config.device == "cpu":
+        # One process per slot: intra-op threads would fight each other.
+        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    return env
+
+
 def base_env(
     config: AgentConfig, dirs: JobDirs, worker_id: str, program: Program
 ) -> dict[str, str]:
     """What every program process gets, before its launcher's variables."""
     env = dict(program.env)
     scratch = dirs.scratch(worker_id)
+    env.update(fixed_env(config, scratch))
     env.update(
-        PATH=os.pathsep.join(
-            [str(venv_dir(config.python) / "bin"), "/usr/local/bin", "/usr/bin", "/bin"]
-        ),
-        HOME=str(scratch),
-        TMPDIR="/tmp",
-        LANG="C.UTF-8",
-        PYTHONUNBUFFERED="1",
         CHECKPOINT_DIR=str(dirs.checkpoints),
         ARTIFACT_DIR=str(dirs.artifacts),
         SCRATCH_DIR=str(scratch),
     )
-    if config.device == "cpu":
-        # One process per slot: intra-op threads would fight each other.
-        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    return env
+
+
+def store_variables(config: AgentConfig, environ: Mapping[str, str]) -> dict[str, str]:
+    """The object store's ``AWS_*`` variables (``S3_VARIABLES``), for a runtime that reaches it
+    itself; none when the store is a directory.  See docs/agent.md on what that exposes."""
+    if local_store_dir(config.artifact_url) is not None:
+        return {}
+    return {name: environ[name] for name in S3_VARIABLES if name in environ}
+
+
+def builtin_store_dir(config: AgentConfig, command: StartWorkers) -> Path | None:
+    """The directory a built-in job's runtime writes (checkpoints, artifacts) on this node.
+
+    Its prefix in a directory store, or the node-local checkpoint directory
+    the command names (``AgentConfig.job_store_url``); None for an object store.
+    """
+    url = config.job_store_url(command.job, command.store_prefix, command.checkpoint_dir)
+    return local_store_dir(url)
+
+
+def builtin_env(
+    config: AgentConfig,
+    command: StartWorkers,
+    worker_id: str,
+    redis_url: str,
+    environ: Mapping[str, str] = os.environ,
+    repo_root: Path = REPO_ROOT,
+) -> dict[str, str]:
+    """A built-in workload's environment: a program's fixed one, the job's Redis user.
+
+    ``python -m workers.elastic.worker`` reads ``REDIS_URL`` (never its command
+    line, which ``ps`` and the log header show); ``PYTHONPATH`` names the
+    repository, of which the sandbox shows only the SDK packages.
+    """
+    env = fixed_env(config, config.job_dir(command.job) / "scratch" / worker_id)
+    if command.store_prefix is not None:
+        env.update(store_variables(config, environ))
+    env.update(REDIS_URL=redis_url, PYTHONPATH=str(repo_root))
     return env
 
 
@@ -219,7 +270,7 @@ def edl_env(
     """
     env = base_env(config, dirs, worker.worker_id, _program(command))
     if command.store_prefix is not None and dirs.store is None:
-        env.update({name: environ[name] for name in S3_VARIABLES if name in environ})
+        env.update(store_variables(config, environ))
     env[OPTIONS_ENV] = options_to_env(edl_options(config, command, worker, dirs, redis_url))
     env["PYTHONPATH"] = str(sdk_root)
     if config.device == "cuda":
@@ -239,6 +290,65 @@ def program_mounts(
     devices: tuple[Path, ...] = (),
 ) -> Mounts:
     """What one worker's sandbox hides and binds back (``workers.agent.sandbox``)."""
+    writable = (dirs.checkpoints, dirs.artifacts, dirs.scratch(worker_id))
+    if dirs.store is not None:
+        writable = (dirs.store, *writable[1:])
+    return confined(
+        config,
+        code_dir,
+        writable,
+        repo_root=repo_root,
+        base_prefix=base_prefix,
+        home=home,
+        devices=devices,
+    )
+
+
+def builtin_mounts(
+    config: AgentConfig,
+    command: StartWorkers,
+    worker_id: str,
+    *,
+    repo_root: Path = REPO_ROOT,
+    base_prefix: Path,
+    home: Path = Path("/root"),
+    devices: tuple[Path, ...] = (),
+) -> Mounts:
+    """A built-in workload's sandbox: a program's, with the repository's SDK as its code.
+
+    Writable: its store directory (``builtin_store_dir``), its scratch HOME,
+    and the agent's step-log directory when one is set (tests, benchmarks).
+    """
+    store = builtin_store_dir(config, command)
+    writable = [config.job_dir(command.job) / "scratch" / worker_id]
+    if store is not None:
+        writable.append(store)
+    if config.step_log_dir is not None:
+        writable.append(config.step_log_dir)
+    return confined(
+        config,
+        repo_root / "workers",
+        tuple(writable),
+        repo_root=repo_root,
+        base_prefix=base_prefix,
+        home=home,
+        devices=devices,
+    )
+
+
+def confined(
+    config: AgentConfig,
+    code_dir: Path,
+    writable: tuple[Path, ...],
+    *,
+    repo_root: Path,
+    base_prefix: Path,
+    home: Path,
+    devices: tuple[Path, ...],
+) -> Mounts:
+    """The sandbox every training process gets: the host read-only, the portal's data,
+    the repository, the store and other bundles hidden; its code, the venv and the SDK
+    read-only; ``writable`` bound back read-write."""
     venv = venv_dir(config.python)
     real_venv = venv.resolve()
     python_home = base_prefix.resolve()
@@ -263,9 +373,6 @@ def program_mounts(
         code_dir,
         *(repo_root / name for name in SDK_PACKAGES),
     }
-    writable = (dirs.checkpoints, dirs.artifacts, dirs.scratch(worker_id))
-    if dirs.store is not None:
-        writable = (dirs.store, *writable[1:])
     return Mounts(
         hide=tuple(sorted(hide)),
         read_only=tuple(sorted(read_only)),
@@ -279,8 +386,3 @@ def _program(command: StartWorkers) -> Program:
     if command.program is None:
         raise ValueError(f"start_workers {command.command_id} has no program")
     return command.program
-
-
-def redacted(env: Mapping[str, str]) -> str:
-    """The variable names of an environment, for the log (values may hold credentials)."""
-    return " ".join(sorted(env))

@@ -8,9 +8,13 @@ which, built that job's workload) and waits on its stdin.  Starting a
 built-in workload's worker in that slot then writes the worker's command line
 to the pipe instead of starting a process.
 
-Only built-in workloads use them: a tenant's program runs sandboxed from its
-own code (``sandbox.py``), which a warm interpreter of the agent's code must
-not become; starting a program in a slot closes that slot's warm process.
+Only built-in workloads use them, and only where ``SANDBOX=off``: a warm
+process is started before its job is known, so it cannot be given the job's
+sandbox (its store directory) or its Redis user; a tenant's program runs
+sandboxed from its own code (``sandbox.py``), which a warm interpreter of the
+agent's code must not become; starting a program in a slot closes that
+slot's warm process.  A warm process holds no credential: the job's Redis
+URL comes with its assignment, on its stdin.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workers.agent.config import AgentConfig
-from workers.agent.launch import spawn, worker_env
+from workers.agent.config import REPO_ROOT, AgentConfig
+from workers.agent.launch import shown_command, spawn
+from workers.agent.programs import fixed_env
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +47,23 @@ def enabled_from_env(environ: dict[str, str] | None = None) -> bool:
     return value in ("1", "true", "yes", "on")
 
 
+def enabled_for(config: AgentConfig, environ: dict[str, str] | None = None) -> bool:
+    """Whether this agent keeps warm processes: asked for, and the sandbox is off."""
+    if not enabled_from_env(environ):
+        return False
+    if config.sandbox.mode != "off":
+        log.warning("%s=1 is ignored: warm processes need SANDBOX=off (warm.py)", WARM_ENV)
+        return False
+    return True
+
+
+def warm_env(config: AgentConfig, slot: int) -> dict[str, str]:
+    """A warm process's environment: a training process's fixed one, no credential."""
+    env = fixed_env(config, config.data_dir / "warm" / f"slot{slot}")
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    return env
+
+
 def warm_argv(config: AgentConfig, slot: int, ahead: tuple[str, str] | None) -> list[str]:
     """The command line of a warm process for ``slot`` (``ahead``: workload and JSON args)."""
     argv = [config.python, "-m", WARM_MODULE, "--device", config.device_for(slot)]
@@ -50,11 +72,12 @@ def warm_argv(config: AgentConfig, slot: int, ahead: tuple[str, str] | None) -> 
     return argv
 
 
-def assignment(worker_argv: list[str]) -> bytes:
-    """What a warm process reads: the worker's arguments after ``python -m <module>``."""
+def assignment(worker_argv: list[str], redis_url: str) -> bytes:
+    """What a warm process reads: the worker's arguments after ``python -m <module>``, and
+    its job's Redis URL (a pipe, which neither ``ps`` nor the log shows)."""
     if len(worker_argv) < 3 or worker_argv[1] != "-m":
         raise ValueError("not a worker command line (python -m module ...)")
-    return (json.dumps(worker_argv[3:]) + "\n").encode()
+    return (json.dumps([*worker_argv[3:], "--redis-url", redis_url]) + "\n").encode()
 
 
 @dataclass(frozen=True)
@@ -88,9 +111,11 @@ class WarmPool:
                 continue
             path = self.config.log_path("_warm", f"slot{slot}-{os.getpid()}-{next(self._count)}")
             try:
+                home = self.config.data_dir / "warm" / f"slot{slot}"
+                home.mkdir(parents=True, exist_ok=True)
                 popen = spawn(
                     warm_argv(self.config, slot, self.ahead),
-                    worker_env(self.config),
+                    warm_env(self.config, slot),
                     path,
                     stdin=subprocess.PIPE,
                 )
@@ -107,7 +132,7 @@ class WarmPool:
         return warm
 
     def start(
-        self, slot: int, worker_argv: list[str], workload: str, args: str
+        self, slot: int, worker_argv: list[str], redis_url: str, workload: str, args: str
     ) -> WarmProcess | None:
         """Turn the warm process of ``slot`` into this worker; None: start it cold.
 
@@ -120,8 +145,8 @@ class WarmPool:
             return None
         try:
             with open(warm.log_path, "ab") as out:
-                out.write(f"--- assigned: {' '.join(worker_argv)}\n".encode())
-            warm.popen.stdin.write(assignment(worker_argv))
+                out.write(f"--- assigned: {shown_command(worker_argv)}\n".encode())
+            warm.popen.stdin.write(assignment(worker_argv, redis_url))
             warm.popen.stdin.close()
         except (OSError, ValueError) as exc:
             log.warning("warm process of slot %d refused its assignment: %s", slot, exc)

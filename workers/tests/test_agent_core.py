@@ -24,6 +24,7 @@ from workers.agent import service
 from workers.agent.agent import Agent
 from workers.agent.config import AgentConfig, AgentConfigError, detect_slots
 from workers.agent.launch import worker_argv
+from workers.agent.programs import builtin_env
 from workers.agent.reports import report_from_event
 from workers.agent.store import AgentStore, WorkerRecord
 from workers.clock import ManualClock
@@ -238,15 +239,22 @@ def test_restore_reports_processes_gone_while_the_agent_was_down(
     assert store.workers() == []
 
 
-def test_worker_command_line_is_accepted_by_the_runtime(tmp_path: Path) -> None:
+def test_worker_command_line_is_accepted_by_the_runtime(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The built-in's command line and environment (``builtin_env``) make its options."""
     config = AgentConfig(
         node="n1", device="cuda", slots=4, redis_url="redis://h:1/0", data_dir=tmp_path
     )
     first = Command.from_dict(start_payload("j1", "c1", [0, 3], max_steps=5, sync_timeout_s=7.5))
     assert isinstance(first, StartWorkers)
+    env = builtin_env(config, first, "w3", "redis://edl-j1:pw@h:1/0")
+    monkeypatch.setenv("REDIS_URL", env["REDIS_URL"])  # what the process is started with
     argv = worker_argv(config, first, first.workers[1])
+    assert "--redis-url" not in argv and not any("redis://" in arg for arg in argv)
     options = parse_options(argv[3:])
     assert (options.job_id, options.worker_id, options.device) == ("j1", "w3", "cuda:3")
+    assert options.redis_url == "redis://edl-j1:pw@h:1/0"  # the job's own user
     assert options.initial_world == 2 and options.max_steps == 5
     assert options.sync_timeout_s == 7.5
     assert options.store_url == str(tmp_path / "checkpoints" / "j1")  # no prefix: on the node

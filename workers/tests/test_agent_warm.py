@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,16 @@ import redis
 from django.conf import settings
 
 from workers.agent.agent import Agent
-from workers.agent.config import AgentConfig
+from workers.agent.config import AgentConfig, SandboxSettings
 from workers.agent.store import AgentStore
-from workers.agent.warm import WARM_ENV, WarmPool, assignment, enabled_from_env, warm_argv
+from workers.agent.warm import (
+    WARM_ENV,
+    WarmPool,
+    assignment,
+    enabled_for,
+    enabled_from_env,
+    warm_argv,
+)
 from workers.elastic.control import JobControl
 from workers.protocol import Report, WorkerExited
 
@@ -60,7 +68,15 @@ def job(redis_url: str) -> Iterator[str]:
 
 
 def config(node: str, redis_url: str, tmp_path: Path, slots: int = 2) -> AgentConfig:
-    return AgentConfig(node=node, device="cpu", slots=slots, redis_url=redis_url, data_dir=tmp_path)
+    """An agent whose sandbox is off: the only one that keeps warm processes."""
+    return AgentConfig(
+        node=node,
+        device="cpu",
+        slots=slots,
+        redis_url=redis_url,
+        data_dir=tmp_path,
+        sandbox=SandboxSettings(mode="off"),
+    )
 
 
 def test_warm_setting(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -69,11 +85,19 @@ def test_warm_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not enabled_from_env({WARM_ENV: "0"}) and not enabled_from_env({WARM_ENV: "maybe"})
 
 
+def test_a_sandboxed_agent_keeps_no_warm_process(tmp_path: Path) -> None:
+    """A warm process starts before its job is known: it cannot get the job's sandbox."""
+    off = config("n", "redis://h/0", tmp_path)
+    assert enabled_for(off, {WARM_ENV: "1"}) and not enabled_for(off, {})
+    sandboxed = replace(off, sandbox=SandboxSettings(mode="on"))
+    assert not enabled_for(sandboxed, {WARM_ENV: "1"})
+
+
 def test_assignment_is_the_worker_arguments(tmp_path: Path) -> None:
-    line = assignment(["/usr/bin/python3", "-m", "workers.elastic.worker", "--job", "j"])
-    assert line == b'["--job", "j"]\n'
+    line = assignment(["/usr/bin/python3", "-m", "workers.elastic.worker", "--job", "j"], "r://u")
+    assert line == b'["--job", "j", "--redis-url", "r://u"]\n'
     with pytest.raises(ValueError):
-        assignment(["/bin/sh", "-c", "anything"])
+        assignment(["/bin/sh", "-c", "anything"], "r://u")
     conf = config("n", "redis://h/0", tmp_path)
     argv = warm_argv(conf, 1, ("mlp-digits", "{}"))
     expected = ["-m", "workers.elastic.warm", "--device", "cpu"]
@@ -83,7 +107,9 @@ def test_assignment_is_the_worker_arguments(tmp_path: Path) -> None:
 def test_a_disabled_pool_starts_nothing(tmp_path: Path) -> None:
     pool = WarmPool(config("n", "redis://h/0", tmp_path), enabled=False)
     pool.fill((0, 1))
-    assert pool.procs == {} and pool.start(0, ["py", "-m", "m"], "mlp-digits", "{}") is None
+    assert (
+        pool.procs == {} and pool.start(0, ["py", "-m", "m"], "r://u", "mlp-digits", "{}") is None
+    )
 
 
 @pytest.mark.timeout(300)
@@ -99,7 +125,7 @@ def test_pool_fills_idle_slots_and_closes_cleanly(tmp_path: Path) -> None:
     assert set(pool.procs) == {0} and leaving.poll() is not None
     # a malformed assignment: the warm process refuses it (status 2) and never trains
     bad = ["python", "-m", "workers.elastic.worker", "--job", "j", "--worker", "w"]
-    warm = pool.start(0, bad, "mlp-digits", "{}")
+    warm = pool.start(0, bad, "redis://h/0", "mlp-digits", "{}")
     assert warm is not None and warm.popen.wait(timeout=120) == 2
     assert "required" in warm.log_path.read_text()
     pool.fill((0, 1))

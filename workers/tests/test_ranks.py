@@ -81,8 +81,11 @@ def start_commands() -> list[StartWorkers]:
     return sorted(commands, key=lambda c: c.workers[0].worker_id)  # leaf A's node first
 
 
-def test_two_leaf_job_ring_follows_the_allocation(tmp_path: Path) -> None:
+def test_two_leaf_job_ring_follows_the_allocation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The ranks the agent passes make the runtime's ring the allocation's ring."""
+    monkeypatch.setenv("REDIS_URL", "redis://edl-j:pw@h/0")  # a built-in's, from its environment
     config = AgentConfig(
         node="n", device="cpu", slots=2, redis_url="redis://h/0", data_dir=tmp_path
     )
