@@ -97,7 +97,12 @@ class TrainingProc:
 
 
 def training_processes(step_dir: Path) -> list[TrainingProc]:
-    """The live training processes whose step logs go under ``step_dir``."""
+    """The live training processes whose step logs go under ``step_dir``.
+
+    One per worker: the process its agent started.  A sandboxed worker is
+    bubblewrap, its namespace's bubblewrap and the worker, all with the
+    worker's arguments; the agent's child is the one whose parent is none of them.
+    """
     mine = str(step_dir)
     out = []
     for proc in processes():
@@ -111,7 +116,8 @@ def training_processes(step_dir: Path) -> list[TrainingProc]:
         if step_log is None or not step_log.startswith(mine) or job is None or worker is None:
             continue
         out.append(TrainingProc(proc.pid, proc.ppid, job, worker))
-    return out
+    pids = {proc.pid for proc in out}
+    return [proc for proc in out if proc.ppid not in pids]
 
 
 def sigkill(pid: int) -> None:

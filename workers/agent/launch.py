@@ -99,12 +99,13 @@ def log_header(argv: Sequence[str], env: Mapping[str, str]) -> str:
     return f"{shown_command(argv)} (environment: {env_names(env)})"
 
 
+URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^/:@\s]*:)[^@\s]+@")
+"""``scheme://user:`` (group 1), then a password up to ``@``."""
+
+
 def shown_command(argv: Sequence[str]) -> str:
     """``argv`` joined, each ``scheme://user:password@`` shown as ``scheme://user:***@``."""
     return " ".join(URL_PASSWORD.sub(r"\1***@", arg) for arg in argv)
-
-
-URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^/:@\s]*:)[^@\s]+@")
 
 
 def env_names(env: Mapping[str, str]) -> str:
