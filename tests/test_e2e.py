@@ -134,7 +134,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             capture_output=True,
             text=True,
         ).stdout.strip()
-        yield {"url": f"http://127.0.0.1:{port}", "token": token, "log": log}
+        yield {
+            "url": f"http://127.0.0.1:{port}",
+            "token": token,
+            "log": log,
+            "env": env,
+            "data_dir": tmp_path,
+        }
     finally:
         stop_stack(proc, tmp_path)
         drop_db()
