@@ -215,7 +215,11 @@ def _embedded_redis_url(data_dir: Path) -> str:
 
 
 def worker_pid(job: int, worker: str) -> int | None:
-    """The pid of ``worker``'s training process of ``job``, from ``/proc/*/cmdline``."""
+    """The pid of ``worker``'s training process of ``job``, from ``/proc/*/cmdline``.
+
+    The Python process itself, not the bubblewrap processes of its sandbox
+    (they carry its arguments too): a stopped bubblewrap would slow nothing.
+    """
     wanted = ("--job", f"job-{job}", "--worker", worker)
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -225,7 +229,7 @@ def worker_pid(job: int, worker: str) -> int | None:
         except OSError:
             continue
         words = [a.decode(errors="replace") for a in argv]
-        if "workers.elastic.worker" not in words:
+        if "workers.elastic.worker" not in words or Path(words[0]).name == "bwrap":
             continue
         pairs = {(words[i], words[i + 1]) for i in range(len(words) - 1)}
         if {(wanted[0], wanted[1]), (wanted[2], wanted[3])} <= pairs:

@@ -28,7 +28,7 @@ from workers.agent.events import EventForwarder, JobControlLike, default_control
 from workers.agent.launch import log_tail
 from workers.agent.log_shipper import LogOffsets, LogShipper
 from workers.agent.processes import Exit, ProcessTable, ResolveCode, no_code_cache, running
-from workers.agent.redis_acl import delete_job_user
+from workers.agent.redis_acl import delete_job_user, restore_job_user
 from workers.agent.store import AgentStore, WorkerRecord
 from workers.artifacts import ArtifactStore
 from workers.clock import SYSTEM_CLOCK, Clock
@@ -126,6 +126,7 @@ class Agent:
         if self.clock.monotonic() >= self._next_heartbeat:
             self._next_heartbeat = self.clock.monotonic() + self.config.heartbeat_seconds
             self.heartbeat()
+            self._restore_job_users()
 
     def heartbeat(self) -> None:
         """Send a heartbeat now."""
@@ -234,6 +235,18 @@ class Agent:
                     )
                 )
             self.events.forget(job)
+
+    def _restore_job_users(self) -> None:
+        """Make the Redis users of this node's jobs again if a restarted Redis lost them."""
+        with self._lock:
+            jobs = sorted(self.processes.job_users)
+        for job in jobs:
+            try:
+                if restore_job_user(self.store.redis, job):
+                    log.warning("Redis had lost the user of job %s: made it again", job)
+            except Exception:  # Redis still away: the next heartbeat tries again
+                log.warning("could not check the Redis user of job %s", job, exc_info=True)
+                return
 
     def _drop_job_user(self, job: str) -> None:
         self.processes.job_users.discard(job)

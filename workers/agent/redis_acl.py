@@ -26,7 +26,8 @@ no message between them.  It is ``HMAC-SHA256(secret, job)`` in hex, where
 it).  A job's user cannot read that key (it is outside ``edl:J:*``).
 
 ``ensure_job_user`` is idempotent (``reset`` first, so a refresh changes
-nothing); ``delete_job_user`` is for the agent when a job ends on its node
+nothing); ``restore_job_user`` makes a user again that a restarted server
+lost (the agent asks on every heartbeat for the jobs it runs); ``delete_job_user`` is for the agent when a job ends on its node
 and for the control plane when it cleans a job up (deleting a user also
 disconnects its clients).
 """
@@ -90,6 +91,22 @@ def ensure_job_user(client: redis.Redis, job: str) -> str:
     rules = job_rules(job, password)
     client.execute_command("ACL", "SETUSER", job_user(job), *rules)  # type: ignore[no-untyped-call]
     return password
+
+
+def restore_job_user(client: redis.Redis, job: str) -> bool:
+    """Make ``job``'s user again if the server lost it; True if it did.
+
+    ACL users made at run time are not in the append-only file: a restarted
+    server comes back without them, and the job's processes, riding out the
+    outage (``workers.elastic.redis_client``), are refused until their agent
+    makes the user again (on its heartbeat).  The password derives from the
+    agents' secret, which the file keeps, so it is the one they hold.
+    """
+    found = client.execute_command("ACL", "GETUSER", job_user(job))  # type: ignore[no-untyped-call]
+    if found is not None:
+        return False
+    ensure_job_user(client, job)
+    return True
 
 
 def delete_job_user(client: redis.Redis, job: str) -> None:

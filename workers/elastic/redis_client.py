@@ -131,8 +131,30 @@ def retries_for(outage_s: float, base: float = BACKOFF_BASE_S, cap: float = BACK
     return failures
 
 
+class CredentialsSeen:
+    """Whether a client's credentials have worked once (shared by its connections)."""
+
+    def __init__(self) -> None:
+        self.accepted = False
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CredentialsSeen:
+        # as OutageLog: every connection's copy of the Retry shares the client's record
+        return self
+
+
 class OutageRetry(Retry):
-    """redis-py's ``Retry``, except that refused credentials are raised at once, not waited on."""
+    """redis-py's ``Retry``, except that refused credentials are raised at once, not waited on.
+
+    Once the credentials have worked, a refusal is an outage too: a restarted
+    server comes back without the ACL users made at run time (a job's Redis
+    user, ``workers.agent.redis_acl``), and its agent makes that user again
+    within a heartbeat.  Only a client whose credentials never worked fails
+    at once (a wrong password).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.credentials = CredentialsSeen()
 
     def call_with_retry(
         self,
@@ -144,11 +166,13 @@ class OutageRetry(Retry):
         """Call ``do``, retrying it through an outage (see ``Retry.call_with_retry``)."""
 
         def retryable(error: Exception) -> bool:
-            if isinstance(error, NOT_AN_OUTAGE):
+            if isinstance(error, NOT_AN_OUTAGE) and not self.credentials.accepted:
                 return False
             return is_retryable is None or is_retryable(error)
 
-        return super().call_with_retry(do, fail, retryable, with_failure_count)
+        result = super().call_with_retry(do, fail, retryable, with_failure_count)
+        self.credentials.accepted = True
+        return result
 
 
 def outage_retry(outage_s: float = DEFAULT_OUTAGE_S, outages: OutageLog = OUTAGES) -> Retry:

@@ -25,6 +25,7 @@ from workers.agent.agent import Agent
 from workers.agent.config import AgentConfig, AgentConfigError, detect_slots
 from workers.agent.launch import worker_argv
 from workers.agent.programs import builtin_env
+from workers.agent.redis_acl import delete_job_user, ensure_job_user, job_user, url_for
 from workers.agent.reports import report_from_event
 from workers.agent.store import AgentStore, WorkerRecord
 from workers.clock import ManualClock
@@ -470,3 +471,26 @@ def test_stop_deadline_follows_the_injected_clock(
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         proc.wait(timeout=10)
+
+
+def test_a_heartbeat_makes_again_the_job_users_a_restarted_redis_lost(
+    node: str, redis_url: str, tmp_path: Path, client: redis.Redis, job: str
+) -> None:
+    """ACL users made at run time are not in Redis's file: the agent restores its jobs'."""
+    clock = ManualClock()
+    config = AgentConfig(
+        node=node, device="cpu", slots=1, redis_url=redis_url, data_dir=tmp_path,
+        heartbeat_seconds=5.0,
+    )  # fmt: skip
+    agent = Agent(config, AgentStore.from_url(redis_url, node), send=Collected(), clock=clock)
+    agent.processes.job_users.add(job)  # a job of this node's, as a start makes it
+    try:
+        password = ensure_job_user(client, job)
+        delete_job_user(client, job)  # what a restart does
+        agent.tick()  # the first pass beats
+        assert client.execute_command("ACL", "GETUSER", job_user(job)) is not None
+        user = redis.Redis.from_url(url_for(redis_url, job_user(job), password))
+        assert user.set(f"edl:{job}:k", "v")  # the same password: the job's processes get in
+        agent.tick()  # between heartbeats nothing is asked
+    finally:
+        delete_job_user(client, job)

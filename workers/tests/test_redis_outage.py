@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from workers.agent.celery_app import make_app
+from workers.agent.redis_acl import job_url, job_user, restore_job_user, url_for
 from workers.agent.reports import send_report
 from workers.clock import SYSTEM_CLOCK
 from workers.elastic.cli import WorkerArgumentError, parse_options
@@ -146,6 +147,33 @@ def test_refused_credentials_are_raised_at_once_not_waited_on(own_redis: OwnRedi
     started = time.monotonic()
     with pytest.raises(redis.exceptions.AuthenticationError):
         client.ping()
+    assert time.monotonic() - started < 2.0
+
+
+def test_a_job_user_a_restart_lost_is_waited_for_until_its_agent_makes_it_again(
+    own_redis: OwnRedis,
+) -> None:
+    """Once its credentials worked, a refusal after a restart is an outage, not a fault."""
+    admin = redis.Redis.from_url(own_redis.url(0))
+    job = f"t{uuid.uuid4().hex[:8]}"
+    client = connect(job_url(admin, own_redis.url(0), job), outage_s=20.0, outages=OutageLog())
+    key = JobKeys(job).k("kept")
+    client.set(key, "1")
+    own_redis.restart()
+    admin = redis.Redis.from_url(own_redis.url(0))
+    assert admin.execute_command("ACL", "GETUSER", job_user(job)) is None  # the restart lost it
+    agent = threading.Timer(1.0, restore_job_user, (admin, job))  # the agent's next heartbeat
+    agent.start()
+    started = time.monotonic()
+    assert client.get(key) == "1"
+    assert 1.0 <= time.monotonic() - started < 10.0
+    assert not restore_job_user(admin, job)  # there again: nothing to do
+    # A client whose credentials never worked is still refused at once.
+    stranger = connect(url_for(own_redis.url(0), job_user(job), "wrong"), outage_s=20.0,
+                       outages=OutageLog())  # fmt: skip
+    started = time.monotonic()
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        stranger.ping()
     assert time.monotonic() - started < 2.0
 
 
