@@ -13,7 +13,6 @@ import contextlib
 import hashlib
 import io
 import json
-import os
 import subprocess
 import sys
 import tarfile
@@ -28,70 +27,10 @@ from typing import Any
 
 import pytest
 
-from tests.test_stack import free_port, start_stack, stop_stack, wait_http
-from workers.signing import key_to_text, master_secret, node_key
+from devtools.stack import free_port, stack_env, start_stack, stop_stack, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
-
-
-def _throwaway_database(tmp_path: Path) -> tuple[str | None, Callable[[], None]]:
-    """A fresh database for the stack: a new PostgreSQL database, or SQLite in tmp."""
-    url = os.environ.get("DATABASE_URL")
-    if not url:
-        return None, lambda: None
-    import psycopg
-
-    base = url.rsplit("/", 1)[0]
-    name = f"e2e_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-
-    def drop() -> None:
-        with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-    return f"{base}/{name}", drop
-
-
-def stack_env(
-    tmp_path: Path, redis_db: int, **overrides: str
-) -> tuple[dict[str, str], Callable[[], None]]:
-    """The stack's environment (a fresh database, an emptied Redis db) and how to drop the db.
-
-    The machine's own ``DATABASE_URL``/``REDIS_URL`` name the services; without
-    them the stack runs on SQLite and the embedded Redis of ``tmp_path``.
-    """
-    db_url, drop_db = _throwaway_database(tmp_path)
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    defaults = {
-        "PORTAL_DATA_DIR": str(tmp_path),
-        "DJANGO_SETTINGS_MODULE": "portal.settings.dev",
-        "PYTHONUNBUFFERED": "1",
-        "TICK_SECONDS": "1",
-        "AGENT_HEARTBEAT_SECONDS": "2",
-        "SCHEDULER_POLICY": "elastic-tiresias",
-        "OMP_NUM_THREADS": "1",
-        "DEBUG": "0",
-        # The agents' keys derive from it: agents the tests start take agent_key(env, node).
-        "AGENT_SIGNING_KEY": "e2e-agent-signing-key",
-    }
-    env.update({**defaults, **overrides})
-    if db_url:
-        env["DATABASE_URL"] = db_url
-    if os.environ.get("REDIS_URL"):
-        redis_url = os.environ["REDIS_URL"].rsplit("/", 1)[0] + f"/{redis_db}"
-        import redis
-
-        redis.Redis.from_url(redis_url).flushdb()
-        env["REDIS_URL"] = redis_url
-    return env, drop_db
-
-
-def agent_key(env: dict[str, str], node: str) -> str:
-    """The ``AGENT_KEY`` of ``node``'s agent under the stack's environment ``env``."""
-    master = master_secret(env.get("AGENT_SIGNING_KEY", ""), env.get("SECRET_KEY", ""))
-    return key_to_text(node_key(master, node))
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_e2e import stack_env
-from tests.test_stack import free_port, start_stack, stop_stack, wait_http
+from devtools.stack import free_port, stack_env, start_stack, stop_stack, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

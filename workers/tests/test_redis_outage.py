@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from devtools.elastic import JobRun, check_samples
 from workers.agent.celery_app import make_app
 from workers.agent.reports import send_report
 from workers.clock import SYSTEM_CLOCK
@@ -33,7 +34,6 @@ from workers.elastic.redis_client import (
     retries_for,
 )
 from workers.elastic.sampler import ElasticSampler
-from workers.elastic.testing import JobRun, check_samples
 from workers.protocol import Heartbeat
 from workers.tests.redis_server import OwnRedis
 
