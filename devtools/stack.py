@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def wait_http(url: str, timeout: float) -> int:
+    """The HTTP status of ``url`` once it answers; AssertionError after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -101,7 +102,6 @@ def _throwaway_database(tmp_path: Path) -> tuple[str | None, Callable[[], None]]
     url = os.environ.get("DATABASE_URL")
     if not url:
         return None, lambda: None
-
     base = url.rsplit("/", 1)[0]
     name = f"e2e_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
@@ -141,7 +141,6 @@ def stack_env(
         env["DATABASE_URL"] = db_url
     if os.environ.get("REDIS_URL"):
         redis_url = os.environ["REDIS_URL"].rsplit("/", 1)[0] + f"/{redis_db}"
-
         redis.Redis.from_url(redis_url).flushdb()
         env["REDIS_URL"] = redis_url
     return env, drop_db
