@@ -17,6 +17,7 @@ COPY jobs ./jobs
 COPY notifications ./notifications
 COPY portal ./portal
 COPY portalctl ./portalctl
+COPY devtools ./devtools
 RUN pip install --no-cache-dir .
 # .dockerignore keeps var/ (local databases and secrets), .venv, .git and caches out.
 COPY . .

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest browser venv bench clean
+.PHONY: run test lint typecheck pytest pytest-fast browser venv bench clean
 
 # The browser tests drive Debian's Chromium (never a browser that Playwright downloads).
 CHROMIUM ?= /usr/bin/chromium
@@ -40,15 +40,20 @@ typecheck: $(STAMP)
 ## PYTEST_ARGS: one run, in one process, of what it names.
 SERIAL_TESTS := slow or stack or browser
 PYTEST_WORKERS ?= 2
+FAST_PHASE := $(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist worksteal -m "not ($(SERIAL_TESTS))"
 pytest: $(STAMP) browser
 ifeq ($(strip $(PYTEST_ARGS)),)
 	@status=0; \
-	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist worksteal -m "not ($(SERIAL_TESTS))" || status=$$?; \
+	$(FAST_PHASE) || status=$$?; \
 	$(VENV)/bin/pytest -m "$(SERIAL_TESTS)" || status=$$?; \
 	exit $$status
 else
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 endif
+
+## The first phase alone (.ci/run runs it again on the embedded defaults).
+pytest-fast: $(STAMP)
+	$(FAST_PHASE)
 
 ## Install Debian's chromium for the browser tests when it is missing and apt-get can;
 ## otherwise pytest runs without them and its summary says how many it skipped.

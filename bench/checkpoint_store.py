@@ -105,7 +105,7 @@ def main() -> None:
         cases = {"file": f"file://{tmp}/store/tenants/t/jobs/1"}
         s3_server = None
         if not options.no_s3:
-            from workers.tests.s3_server import moto_s3
+            from devtools.s3_server import moto_s3
 
             s3_server = moto_s3("bench")
             s3 = s3_server.__enter__()

@@ -82,7 +82,7 @@ timeout 45 "$PY" - "$OUT/preflight.json" <<'EOF' >"$OUT/preflight.log" 2>&1
 import importlib, json, os, sys
 report = {"python": sys.executable, "version": sys.version.split()[0], "missing": []}
 for name in ("torch", "numpy", "redis", "fsspec", "sklearn", "pytest",
-             "workers.elastic.worker", "workers.elastic.warm", "workers.elastic.testing",
+             "workers.elastic.worker", "workers.elastic.warm", "devtools.elastic",
              "workers.workloads.mlp_digits", "workers.workloads.resnet_synthetic"):
     try:
         importlib.import_module(name)

@@ -114,7 +114,7 @@ def gap_pause(step_ends: list[tuple[int, float]], switch_step: int) -> tuple[flo
 def run_ours(
     redis_url: str, workdir: Path, profile_batches: int, device: str = "cpu"
 ) -> dict[str, Any]:
-    from workers.elastic.testing import JobRun, check_devices, device_layout
+    from devtools.elastic import JobRun, check_devices, device_layout
 
     job_device, comm = device_layout(device, WORKERS_AT_ONCE)
     job = JobRun(
@@ -305,7 +305,7 @@ def broadcast_limit(world: int, nbytes: int, workdir: Path, device: str = "cpu")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    from workers.elastic.testing import device_layout
+    from devtools.elastic import device_layout
 
     out = workdir / "broadcast.json"
     job_device, comm = device_layout(device, WORKERS_AT_ONCE)

@@ -346,14 +346,14 @@ async def login(chromium: Any, base_url: str, username: str) -> tuple[Any, str]:
 
 async def main_async(args: argparse.Namespace, layer: str) -> dict[str, Any]:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings.test")
-    # The servers and the driver inherit it (tests.browser.harness.server_env).
+    # The servers and the driver inherit it (devtools.browser.server_env).
     os.environ["LIVE_CHANNEL_LAYER"] = layer
     import django
 
     django.setup()
     from playwright.async_api import async_playwright
 
-    from tests.browser.harness import CHROMIUM, CHROMIUM_ARGS, Server, start_portal
+    from devtools.browser import CHROMIUM, CHROMIUM_ARGS, Server, start_portal
     from utilities.embedded_redis import free_port
 
     with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:

@@ -24,7 +24,7 @@ vClos placement on the same fabric (the live tick binds through
 ``scheduler.binding`` too), a 1 s tick, the same policy with the live
 parameters (EDL's quanta 500/10,000 GPU·s, N = 10, r = 0.5, class ageing 24 h),
 each job's work in steps and, from what the run measured
-(:mod:`scheduler.measured`): its steps/s at each size on a core of its own, the
+(:mod:`devtools.measured`): its steps/s at each size on a core of its own, the
 CPU-sharing law of the run (8 slots on 2 cores: ``SimConfig.slot_slowdown``),
 the start-up of each workload (start to first step), the end of a job (last
 step to its recorded end), and a scale-out's join time and switch pause
@@ -35,7 +35,7 @@ And the live control plane's own rules (``Model``; each off in ``--ablation``):
 each job's own start-up and end as measured (as its rates are), the control
 plane's delays (an arrival seen ``arrival_s`` late; an ended job's GPUs
 handed over ``release_s`` after its recorded end: medians over the run's
-events, ``scheduler.measured.arrival_delays`` and ``handover_delays``), the
+events, ``devtools.measured.arrival_delays`` and ``handover_delays``), the
 policy ranking a job's sizes by the samples/s it reported (the live curve,
 ``live_curve``) rather than the free-core rates its progress follows, and a
 fresh policy core every pass, as the live tick builds one from its snapshot
@@ -75,7 +75,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.api_client import ApiClient  # noqa: E402
-from scheduler.measured import (  # noqa: E402
+from devtools.measured import (  # noqa: E402
     BusySlots,
     CpuFit,
     MeasuredJob,
@@ -170,8 +170,7 @@ def run_real(trace: list[dict[str, Any]], policy: str, redis_db: int) -> dict[st
     """Run ``trace`` on a fresh stack; every job's record (times, events, progress) and ``_meta``."""
     import redis
 
-    from tests.test_e2e import stack_env
-    from tests.test_stack import start_stack, stop_stack, wait_http
+    from devtools.stack import stack_env, start_stack, stop_stack, wait_http
     from utilities.embedded_redis import free_port
 
     tmp = Path(tempfile.mkdtemp(prefix="simreal-"))
@@ -450,7 +449,7 @@ def control_delays(
     trace: list[dict[str, Any]], real: dict[str, Any], jobs: dict[str, Any]
 ) -> tuple[list[float], list[float]]:
     """The live control plane's delays: an end's handover to the next placement, and an
-    arrival's wait for a placement when room was free (:mod:`scheduler.measured`)."""
+    arrival's wait for a placement when room was free (:mod:`devtools.measured`)."""
     placements: list[tuple[float, float]] = []
     for job in trace:
         got = jobs[job["name"]]

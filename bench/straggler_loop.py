@@ -154,8 +154,7 @@ def running_stack(*, redis_db: int, database_url: str | None = None) -> Iterator
     ``database_url`` names a PostgreSQL database to create (and drop at the
     end); None takes ``tests.test_e2e.stack_env``'s throwaway one.
     """
-    from tests.test_e2e import stack_env
-    from tests.test_stack import start_stack, stop_stack, wait_http
+    from devtools.stack import stack_env, start_stack, stop_stack, wait_http
     from utilities.embedded_redis import free_port
 
     tmp = Path(tempfile.mkdtemp(prefix="straggler-"))

@@ -36,7 +36,7 @@ class JobRecord:
     costs time (``ScalingCost.finish_s``) still holds its GPUs from there.
     ``true_speed`` (None: ``speed``) is the table its progress follows when the
     policy believes another: in a replay of a measured run the policy sees
-    only what the job had measured so far (``scheduler.measured``).
+    only what the job had measured so far (``devtools.measured``).
     """
 
     __slots__ = (

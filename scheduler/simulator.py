@@ -91,7 +91,7 @@ class ScalingCost:
       there.
     * ``first_start_by_job`` and ``finish_by_job`` override the first start
       and the end per job (``TraceJob.id``): a replay of a run that measured
-      each job's own (``scheduler.measured``), as it measured each job's rates.
+      each job's own (``devtools.measured``), as it measured each job's rates.
 
     While a switch is in flight (``join_s``, ``leave_s``) the job's size is
     the runtime's, not the policy's: a resize or preemption decided meanwhile

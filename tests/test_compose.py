@@ -166,7 +166,7 @@ def redis_env(password: str) -> dict[str, str]:
 @contextlib.contextmanager
 def compose_redis(tmp_path: Path, password: str) -> Iterator[int]:
     """The compose file's redis-server command, run here on a free port."""
-    from tests.browser.harness import free_port
+    from devtools.browser import free_port
 
     port = free_port()
     command = load(redis_env(password))["services"]["redis"]["command"]

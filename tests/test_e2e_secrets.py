@@ -20,22 +20,12 @@ from typing import Any
 
 import pytest
 
+from devtools.stack import agent_key
 from tests import test_e2e
-from tests.test_e2e import (
-    EXAMPLES,
-    ROOT,
-    agent_key,
-    api,
-    events,
-    job_state,
-    log_text,
-    upload_code,
-    wait_for,
-)
+from tests.test_e2e import EXAMPLES, ROOT, api, events, job_state, log_text, upload_code, wait_for
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
-stack = test_e2e.stack  # the fixtures: one stack for this module, an idle cluster per test
-idle_cluster = test_e2e.idle_cluster
+idle_cluster = test_e2e.idle_cluster  # the session's stack (tests/conftest.py), idle per test
 
 NOSY_PROGRAM = '''\
 """A tenant program that shows all it was handed (argv, its whole environment), then trains."""

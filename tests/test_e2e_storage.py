@@ -29,8 +29,8 @@ from typing import Any
 
 import pytest
 
-from tests.test_e2e import agent_key, api, events, job_state, stack_env, wait_for
-from tests.test_stack import free_port, wait_http
+from devtools.stack import agent_key, free_port, stack_env, wait_http
+from tests.test_e2e import api, events, job_state, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 NODES = ("node-0", "node-1", "node-2", "node-3")
@@ -51,7 +51,7 @@ def store_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     ``workers/tests/test_elastic_resume.py``'s ``[file]`` case (the control plane's
     part, requeue and placement, is the same for both stores).
     """
-    from workers.tests.s3_server import moto_s3
+    from devtools.s3_server import moto_s3
 
     with moto_s3("e2e-artifacts") as s3:
         yield {**s3.env, "ARTIFACT_URL": s3.url}
@@ -202,9 +202,9 @@ def test_a_job_whose_servers_all_die_resumes_elsewhere_from_the_shared_store(
 ) -> None:
     import torch
 
+    from devtools.elastic import check_samples, max_difference, reference_model
     from workers.catalog import validate_args
     from workers.elastic.sampler import ElasticSampler
-    from workers.elastic.testing import check_samples, max_difference, reference_model
     from workers.workloads import prepare
 
     job = api(

@@ -15,7 +15,7 @@ from bench.straggler_loop import running_stack, straggler_loop
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow, pytest.mark.timeout(900)]
 
-REDIS_DB = 15  # e2e tests use 11 and 12, the fault suite 13, the CLI 14, sim_vs_real 10
+REDIS_DB = 15  # the shared e2e stack uses 11, e2e storage 12, the fault suite 13, sim_vs_real 10
 
 
 def test_a_slowed_worker_is_removed_or_moved_and_its_gpu_stays_out_of_new_placements() -> None:

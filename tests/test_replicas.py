@@ -43,9 +43,8 @@ import pytest
 import redis
 
 from bench.live import Socket
+from devtools.stack import free_port, stack_env, wait_http
 from tests.replica_probe import ATTEMPTS_KEY, TICKS_KEY
-from tests.test_e2e import stack_env
-from tests.test_stack import free_port, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.stack, pytest.mark.slow]

@@ -29,65 +29,10 @@ from urllib.parse import urlencode
 import pytest
 import redis
 
-from utilities.embedded_redis import free_port
+from devtools.stack import free_port, start_stack, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.stack
-
-
-def wait_http(url: str, timeout: float) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                return int(response.status)
-        except OSError:
-            time.sleep(0.3)
-    raise AssertionError(f"{url} did not answer within {timeout} s")
-
-
-def start_stack(tmp_path: Path, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """Run ``manage.py runstack`` with ``env``, its output in ``tmp_path/stack.log``."""
-    log = (tmp_path / "stack.log").open("w+")
-    return subprocess.Popen(
-        [sys.executable, "manage.py", "runstack", "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-
-
-def kill_strays(root: Path) -> list[int]:
-    """SIGKILL every process whose command line names ``root``; return their pids.
-
-    Training workers run in their own sessions so that a restarted agent adopts
-    them; a stack stopped while a job still ran (a test that failed before it
-    cancelled its jobs) leaves them training on every core for hours. Every
-    worker's command line names its store under the stack's data directory.
-    """
-    mark = str(root).encode()
-    killed = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if mark in (entry / "cmdline").read_bytes():
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed.append(int(entry.name))
-        except (OSError, ProcessLookupError):
-            continue  # gone meanwhile, or not ours to read
-    return killed
-
-
-def stop_stack(proc: subprocess.Popen[bytes], root: Path) -> None:
-    """Stop ``runstack`` as Ctrl-C does (then harder), and whatever it left running under ``root``."""
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=90)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    kill_strays(root)
 
 
 def output_of(tmp_path: Path) -> str:

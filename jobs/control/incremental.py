@@ -47,6 +47,7 @@ from typing import Protocol
 
 import redis
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.db.models import Model
 from django.db.models.expressions import RawSQL
@@ -552,7 +553,15 @@ _kept: KeptState | None = None
 
 
 def kept_state() -> KeptState:
-    """This process's kept state (created empty: its first refresh reads everything)."""
+    """This process's kept state (created empty: its first refresh reads everything).
+
+    Refused on any database but PostgreSQL: its queries read PostgreSQL's row
+    versions (``xmin``, ``ctid``); ``source_for_tick`` rebuilds in full there.
+    """
+    if connection.vendor != "postgresql":
+        raise ImproperlyConfigured(
+            f"the kept tick state needs PostgreSQL (this database: {connection.vendor})"
+        )
     global _kept
     if _kept is None:
         _kept = KeptState()

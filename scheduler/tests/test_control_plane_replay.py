@@ -1,5 +1,5 @@
 """What the simulator adds to replay a live run job by job: the control plane's delays, each
-job's own fixed costs, and the rates the live policy is shown (``scheduler.measured``)."""
+job's own fixed costs, and the rates the live policy is shown (``devtools.measured``)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ from dataclasses import replace
 
 import pytest
 
-from fabric.topology import FabricSpec
-from scheduler.curves import record_measurement
-from scheduler.measured import (
+from devtools.measured import (
     MeasuredJob,
     MeasuredPolicy,
     arrival_delays,
     handover_delays,
     live_curve,
 )
+from fabric.topology import FabricSpec
+from scheduler.curves import record_measurement
 from scheduler.policies import get_policy
 from scheduler.simulator import JobResult, Outage, ScalingCost, SimConfig, simulate
 from scheduler.traces import TraceJob

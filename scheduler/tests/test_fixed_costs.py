@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.measured import MeasuredJob, MeasuredPolicy
+from devtools.measured import MeasuredJob, MeasuredPolicy
 from scheduler.policies import get_policy
 from scheduler.simulator import ScalingCost, SimConfig, simulate
 from scheduler.traces import TraceJob

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.measured import (
+from devtools.measured import (
     BusySlots,
     MeasuredJob,
     MeasuredPolicy,

@@ -11,7 +11,10 @@ importing late is still a cycle.  Two rules follow from the rings of
 
 1. a package imports only packages at its own ring position or below
    (no upward import);
-2. no cycle, neither between top-level packages nor between modules.
+2. no cycle, neither between top-level packages nor between modules;
+3. no package of ours and no benchmark (``bench/``) imports a test module
+   (``tests``, ``workers.tests``, ...): what both need lives in ``devtools``,
+   the top ring, which no other package may import by rule 1.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ LAYERS: tuple[str, ...] = (
     "jobs",
     "notifications",
     "portal",
+    "devtools",  # harnesses of the tests and bench/: nothing of ours imports it
 )
 
 
@@ -132,6 +136,34 @@ def upward_imports(edges: Iterable[Import], layers: Sequence[str] = LAYERS) -> l
         for e in edges
         if rank[_package(e.target)] > rank[_package(e.source)]
     )
+    return list(dict.fromkeys(lines))
+
+
+#: Code that runs the product without being part of it: it must not import the tests either.
+BENCHMARKS = "bench"
+
+
+def imports_of_tests(root: Path, packages: Sequence[str] = (*LAYERS, BENCHMARKS)) -> list[str]:
+    """Imports of a test module (a ``tests`` package anywhere in the name) from outside the tests.
+
+    Every import counts, late ones too (``bench/`` imported its harnesses inside
+    functions); the tests themselves may import anything.
+    """
+    lines: list[str] = []
+    for source, path in project_modules(root, packages).items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(source, path.name == "__init__.py", node)
+                names = [f"{base}.{alias.name}" for alias in node.names] or [base]
+            lines += [
+                f"{source}:{node.lineno} imports {name}"
+                for name in names
+                if "tests" in name.split(".")
+            ]
     return list(dict.fromkeys(lines))
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from tests.architecture.imports import (
     LAYERS,
     import_graph,
+    imports_of_tests,
     module_cycles,
     package_cycles,
     upward_imports,
@@ -24,6 +25,10 @@ def test_no_cycles_between_packages_or_modules() -> None:
     graph, edges = import_graph(ROOT)
     assert package_cycles(edges) == []
     assert module_cycles(graph) == []
+
+
+def test_no_package_and_no_benchmark_imports_the_tests() -> None:
+    assert imports_of_tests(ROOT) == []
 
 
 def test_every_project_package_has_a_ring() -> None:
@@ -75,6 +80,28 @@ def test_a_planted_upward_import_and_package_cycle_are_found(tmp_path: Path) -> 
     ]
     assert package_cycles(edges) == [["jobs", "tenancy"]]
     assert module_cycles(graph) == [["jobs.models", "tenancy.models"]]
+
+
+def test_planted_imports_of_the_tests_are_found_late_relative_or_nested(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "bench/__init__.py": "",
+            "bench/live.py": "def f():\n    from tests.browser.harness import Server  # late\n",
+            "workers/__init__.py": "",
+            "workers/elastic/__init__.py": "",
+            "workers/elastic/run.py": "from ..tests import s3_server\nimport workers.tests.bundles\n",
+            "workers/tests/__init__.py": "",
+            "workers/tests/test_x.py": "from tests.conftest import job_body\n",  # a test may
+            "devtools/__init__.py": "from tests import conftest\n",
+        },
+    )
+    assert imports_of_tests(tmp_path, ("workers", "devtools", "bench")) == [
+        "workers.elastic.run:1 imports workers.tests.s3_server",
+        "workers.elastic.run:2 imports workers.tests.bundles",
+        "devtools:1 imports tests.conftest",
+        "bench.live:2 imports tests.browser.harness.Server",
+    ]
 
 
 def test_relative_imports_resolve(tmp_path: Path) -> None:

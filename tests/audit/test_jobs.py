@@ -10,6 +10,7 @@ from rest_framework.test import APIClient
 
 from audit.context import serving
 from audit.models import AuditEntry
+from devtools.job_steps import move
 from jobs.choices import JobState
 from jobs.models import Job
 from jobs.services import check_job_spec, do_set_parallelism, do_submit_job
@@ -17,7 +18,6 @@ from tenancy.models import ApiToken, Role, Tenant
 from tenancy.token_services import do_create_token
 from tests.audit.helpers import count, only_row
 from tests.conftest import job_body
-from tests.jobs.steps import move
 
 pytestmark = pytest.mark.django_db
 

@@ -1,4 +1,4 @@
-"""Browser-test fixtures: the portal of ``tests.browser.harness`` and headless Chromium.
+"""Browser-test fixtures: the portal of ``devtools.browser`` and headless Chromium.
 
 Two guards for honest results:
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.harness import CHROMIUM, CHROMIUM_ARGS, ROOT, Driver, Server, start_portal
+from devtools.browser import CHROMIUM, CHROMIUM_ARGS, ROOT, Driver, Server, start_portal
 
 SCREENSHOTS = ROOT / "docs" / "screenshots"
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from devtools.browser import ROOT, server_env
 from notifications.signing import verify
 from tests.browser.conftest import Server, login, screenshot
-from tests.browser.harness import ROOT, server_env
 from tests.notifications.receiver import Receiver
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]

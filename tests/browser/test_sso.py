@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from devtools.browser import start_portal
 from tests.browser.conftest import Server, screenshot, watch_csp
-from tests.browser.harness import start_portal
 from tests.tenancy.oidc_provider import Provider
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]

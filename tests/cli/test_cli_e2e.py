@@ -1,7 +1,8 @@
 """End to end: the real ``portalctl`` (subprocesses) against a real running portal.
 
-One stack for the module (``manage.py runstack`` as in ``tests/test_e2e.py``, on
-Redis db 14), a tenant ``e2e`` with owner ``eve`` and her token; every check
+The session's stack (``manage.py runstack``, ``tests/conftest.py``; the REST API tests
+of ``tests/test_e2e.py`` use it after these), a tenant ``e2e`` with owner ``eve`` and
+her token; every check
 runs the command line as a user would, configured by PORTAL_URL/PORTAL_TOKEN
 or by ``portalctl login``.
 """
@@ -15,48 +16,27 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.test_e2e import stack_env
-from tests.test_stack import free_port, start_stack, stop_stack, wait_http
+from devtools.stack import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-REDIS_DB = 14
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def portal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A running portal, its URL and eve's token."""
-    tmp = tmp_path_factory.mktemp("cli-stack")
-    port = free_port()
-    env, drop_db = stack_env(tmp, redis_db=REDIS_DB)
-    proc = start_stack(tmp, port, env)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/login/", timeout=120)
-
-        def manage(*args: str) -> str:
-            done = subprocess.run(
-                [sys.executable, "manage.py", *args],
-                cwd=ROOT,
-                env=env,
-                check=True,
-                capture_output=True,
-                text=True,
-            )
-            return done.stdout.strip()
-
-        manage("createtenant", "e2e", "--owner", "eve", "--gpu-quota", "8", "--no-profile")
-        token = manage("issuetoken", "eve")
-        yield {"url": f"http://127.0.0.1:{port}", "token": token, "tmp": tmp, "manage": manage}
-    finally:
-        stop_stack(proc, tmp)
-        drop_db()
+def portal(stack: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The session's running portal (``tests/conftest.py``), its URL and eve's token."""
+    return {
+        "url": stack["url"],
+        "token": stack["token"],
+        "tmp": tmp_path_factory.mktemp("cli"),
+        "manage": stack["manage"],
+    }
 
 
 def portalctl(

@@ -197,7 +197,7 @@ class FaultStack:
         """Every step committed once over its batch, every sample once per epoch, right model."""
         import torch
 
-        from workers.elastic.testing import check_samples, max_difference
+        from devtools.elastic import check_samples, max_difference
 
         epochs = self.epochs[job_id]
         sampler, reference = single_process_run(epochs)
@@ -274,9 +274,9 @@ def single_process_run(epochs: int) -> tuple[Any, dict[str, Any]]:
     """
     import torch
 
+    from devtools.elastic import reference_model
     from workers.catalog import validate_args
     from workers.elastic.sampler import ElasticSampler
-    from workers.elastic.testing import reference_model
     from workers.workloads import prepare
 
     full = validate_args("mlp-digits", {**ARGS, "epochs": epochs})

@@ -92,7 +92,7 @@ def committed_steps(
 def as_sample_records(
     committed: dict[int, list[StepRecord]], gap_s: float = GAP_S
 ) -> dict[int, list[dict[str, Any]]]:
-    """``committed`` in the form ``workers.elastic.testing.check_samples`` reads.
+    """``committed`` in the form ``devtools.elastic.check_samples`` reads.
 
     Its ``gen`` becomes a run of consecutive steps of one attempt (same
     generation and world, no pause over ``gap_s``): only the last step of such

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from devtools.elastic import check_samples
 from tests.faults.holdings import Allowances, Held, allowance_of, conditions
 from tests.faults.processes import TrainingProc
 from tests.faults.steplog import StepRecord, as_sample_records, committed_steps
 from workers.elastic.sampler import ElasticSampler
-from workers.elastic.testing import check_samples
 
 SAMPLER = ElasticSampler(40, 8, 1)  # 5 steps an epoch
 

@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+from devtools.job_steps import move
 from jobs.choices import JobState
 from jobs.models import Job, JobEvent
 from tenancy.models import Role
 from tests.conftest import job_body
-from tests.jobs.steps import move
 
 pytestmark = pytest.mark.django_db
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+from devtools.job_steps import move
 from jobs.api.downloads import (
     ByteRange,
     ObjectMismatch,
@@ -26,7 +27,6 @@ from tests.jobs.outputs_helpers import (
     stored,
     submit,
 )
-from tests.jobs.steps import move
 from workers.protocol import Progress
 
 pytestmark = pytest.mark.django_db

@@ -10,6 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from devtools.job_steps import move
 from jobs.choices import ALLOWED_TRANSITIONS, EventKind, JobState, can_transition
 from jobs.control.endings import accrue_service
 from jobs.lifecycle import Batch, record, save_fields, transition, update_jobs
@@ -21,7 +22,6 @@ from jobs.services import (
     do_set_parallelism,
     do_submit_job,
 )
-from tests.jobs.steps import move
 
 pytestmark = pytest.mark.django_db
 

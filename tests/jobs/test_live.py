@@ -10,12 +10,12 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from devtools.job_steps import move
 from jobs.live import job_snapshot, tenant_snapshot
 from jobs.live_summary import queue_state
 from jobs.models import Job, JobMetric
 from jobs.services import check_job_spec, do_set_parallelism, do_submit_job
 from tenancy.models import Tenant
-from tests.jobs.steps import move
 
 pytestmark = pytest.mark.django_db
 

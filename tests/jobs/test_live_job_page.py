@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from devtools.job_steps import move
 from jobs.artifacts import record_artifact
 from jobs.choices import ArtifactKind, EventKind
 from jobs.lifecycle import record
@@ -15,7 +16,6 @@ from jobs.live import job_snapshot
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
 from tenancy.models import Tenant
-from tests.jobs.steps import move
 
 pytestmark = pytest.mark.django_db
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from devtools.job_steps import move
 from jobs import lifecycle
 from jobs.control.reports import handle_report
 from jobs.log_export import export_log
@@ -15,7 +16,6 @@ from jobs.models import Artifact, Job
 from jobs.services import do_cancel_job
 from jobs.tasks import export_job_log
 from tests.jobs.outputs_helpers import submit
-from tests.jobs.steps import move
 from workers.protocol import LogLines
 
 pytestmark = pytest.mark.django_db

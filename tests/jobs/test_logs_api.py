@@ -13,6 +13,7 @@ from channels.db import database_sync_to_async
 from django.test import Client
 from rest_framework.test import APIClient
 
+from devtools.job_steps import move
 from inventory.models import Server
 from jobs.api.logs import follow_events
 from jobs.control.reports import handle_report
@@ -21,7 +22,6 @@ from jobs.logs import LogLine
 from jobs.models import Job, JobGpu
 from jobs.services import check_job_spec, do_cancel_job, do_submit_job
 from tests.jobs.control_helpers import demo_cluster, drain_all
-from tests.jobs.steps import move
 from workers.protocol import LogLines
 
 

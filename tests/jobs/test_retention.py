@@ -17,13 +17,13 @@ import redis
 from django.conf import settings
 from django.test import override_settings
 
+from devtools.job_steps import move
 from jobs.choices import EventKind
 from jobs.control.reports import handle_report
 from jobs.expiry import expire_outputs
 from jobs.models import Artifact, Job, LogChunk, LogStream
 from jobs.retention import RetentionPolicy, StoredOutput, policy_for, select_expired
 from tests.jobs.outputs_helpers import file_store, put_object, stored, submit
-from tests.jobs.steps import move
 from workers.artifacts import ArtifactStore
 from workers.elastic.keys import JobKeys
 from workers.protocol import LogLines

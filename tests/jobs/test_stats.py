@@ -10,6 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from devtools.job_steps import move
 from jobs.choices import JobState
 from jobs.models import Job
 from jobs.services import (
@@ -19,7 +20,6 @@ from jobs.services import (
     tenant_jct_stats,
 )
 from jobs.stats import jct_stats, percentile, summarize
-from tests.jobs.steps import move
 
 
 def test_summary_matches_hand_computation() -> None:

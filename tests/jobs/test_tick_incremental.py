@@ -15,7 +15,9 @@ from typing import Any
 
 import pytest
 import redis
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from prometheus_client import generate_latest
 
@@ -37,6 +39,11 @@ from tenancy.models import Tenant
 from tests.jobs.control_helpers import demo_cluster, drain_all
 
 pytestmark = pytest.mark.django_db(transaction=True)
+# The kept state reads PostgreSQL's row versions (xmin, ctid); on any other database the
+# tick rebuilds in full (``source_for_tick``), which the tests marked so cannot exercise.
+needs_postgresql = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="the kept state reads PostgreSQL's row versions"
+)
 
 FABRIC = {"leaves": 4, "spines": 4, "servers_per_leaf": 2, "gpus_per_server": 4}  # 32 GPUs
 POLICY = "elastic-tiresias"
@@ -91,6 +98,7 @@ def report(job: Job, kind: str, serial: int, **fields: Any) -> str:
     return handle_report({**payload, **fields})
 
 
+@needs_postgresql
 def test_incremental_and_full_rebuild_agree_over_arrivals_endings_scaling_and_drains(
     alice: Any, acme: Any
 ) -> None:
@@ -150,6 +158,7 @@ def test_incremental_and_full_rebuild_agree_over_arrivals_endings_scaling_and_dr
     drain_all(nodes)
 
 
+@needs_postgresql
 def test_a_planted_divergence_is_caught_counted_and_repaired(
     alice: Any, acme: Any, settings: Any, caplog: Any
 ) -> None:
@@ -187,6 +196,7 @@ def test_a_planted_divergence_is_caught_counted_and_repaired(
     assert incremental.kept_state().mismatches == 1
 
 
+@needs_postgresql
 def test_writes_committed_while_the_verify_reads_are_no_mismatch(
     alice: Any, acme: Any, settings: Any, monkeypatch: Any, caplog: Any
 ) -> None:
@@ -230,6 +240,7 @@ def test_writes_committed_while_the_verify_reads_are_no_mismatch(
     kept_equals_rebuild()  # and the tick after the verify saw them
 
 
+@needs_postgresql
 def test_a_new_process_and_a_failed_tick_start_from_a_full_read(
     alice: Any, acme: Any, monkeypatch: Any
 ) -> None:
@@ -265,9 +276,37 @@ def test_full_rebuild_is_selectable(settings: Any) -> None:
     settings.TICK_INCREMENTAL = False
     assert isinstance(incremental.source_for_tick(), FullRebuild)
     settings.TICK_INCREMENTAL = True
-    assert isinstance(incremental.source_for_tick(), KeptState)
+    expected = KeptState if connection.vendor == "postgresql" else FullRebuild
+    assert isinstance(incremental.source_for_tick(), expected)
 
 
+@pytest.mark.skipif(
+    connection.vendor == "postgresql", reason="checks the fallback of the other databases"
+)
+def test_on_sqlite_the_default_setting_rebuilds_and_never_reads_row_versions(
+    alice: Any, acme: Any, settings: Any
+) -> None:
+    """``make run``'s database (SQLite) with the default ``TICK_INCREMENTAL=1``: full rebuilds.
+
+    The kept state's queries (``xmin``, ``ctid``, ``array_agg``) are PostgreSQL's; the
+    tick must not reach them, and asking for the kept state directly is refused.
+    """
+    settings.TICK_INCREMENTAL = True  # the default (portal.settings.base), as make run has it
+    demo_cluster(FABRIC)
+    jobs = [submit(alice, acme, gpus=2, lo=1, hi=4) for _ in range(3)]
+    with CaptureQueriesContext(connection) as queries:
+        for _ in range(3):
+            assert run_tick(policy=POLICY).ran
+    statements = [q["sql"] for q in queries.captured_queries]
+    assert statements  # the ticks did read the cluster
+    assert not [sql for sql in statements if "xmin" in sql or "ctid" in sql]
+    assert not incremental.has_kept_state()
+    assert Job.objects.filter(pk__in=[j.pk for j in jobs], state="running").exists()
+    with pytest.raises(ImproperlyConfigured, match="PostgreSQL"):
+        incremental.kept_state()
+
+
+@needs_postgresql
 def test_kept_job_views_follow_a_renamed_tenant_and_time(alice: Any, acme: Any) -> None:
     """A job's view is kept while its row stands still; its tenant's name still reaches it."""
     demo_cluster(FABRIC)
@@ -290,7 +329,7 @@ def test_kept_job_views_follow_a_renamed_tenant_and_time(alice: Any, acme: Any) 
     assert len(renamed.jobs) == len(jobs)
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="the kept state is PostgreSQL's")
+@needs_postgresql
 def test_the_kept_states_one_query_reads_the_servers_the_rebuild_reads() -> None:
     """Suspect GPUs (two on one server, one lapsed), a draining server, one never heard from."""
     nodes = demo_cluster(FABRIC)

@@ -27,12 +27,14 @@ from jobs.models import Job
 from portal.metrics import build_registry
 from tests.jobs.control_helpers import demo_cluster, drain_all
 from tests.jobs.test_recovered_holdings import held
-from tests.jobs.test_tick_incremental import kept_equals_rebuild, submit
+from tests.jobs.test_tick_incremental import kept_equals_rebuild, needs_postgresql, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(params=[True, False], ids=["kept-state", "full-rebuild"])
+@pytest.fixture(
+    params=[pytest.param(True, marks=needs_postgresql), False], ids=["kept-state", "full-rebuild"]
+)
 def incremental_tick(request: Any, settings: Any) -> Iterator[bool]:
     """Tick with the kept state (compared with a rebuild at every step) or the full rebuild."""
     settings.TICK_INCREMENTAL = request.param

@@ -30,6 +30,7 @@ import pytest
 from django.test import Client, override_settings
 from django.utils import timezone
 
+from devtools.job_steps import move
 from inventory.models import Server
 from inventory.services import do_heartbeat
 from jobs.control.reports import handle_report
@@ -39,7 +40,6 @@ from jobs.models import Job, JobGpu
 from jobs.services import check_job_spec, do_cancel_job, do_set_parallelism, do_submit_job
 from jobs.usage import decayed_usage_by_tenant, gpu_seconds_by_tenant
 from tests.jobs.control_helpers import demo_cluster
-from tests.jobs.steps import move
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,13 +11,13 @@ import pytest
 from aiosmtpd.controller import Controller
 from django.utils import timezone
 
+from devtools.job_steps import move
 from jobs.choices import JobState
 from jobs.models import Job, JobEvent
 from notifications.choices import DeliveryState
 from notifications.models import Subscription
 from notifications.services import do_attempt_delivery, do_fan_out_job_event
 from portal.settings.mail import mail_settings
-from tests.jobs.steps import move
 
 pytestmark = pytest.mark.django_db
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from devtools.job_steps import move
 from jobs.choices import JobState
 from jobs.control.limits import stop_jobs_at_limit
 from jobs.models import Job, JobEvent
@@ -24,7 +25,6 @@ from notifications.services import (
 )
 from notifications.signing import verify
 from notifications.tasks import deliver, handle_job_event
-from tests.jobs.steps import move
 from tests.notifications.conftest import queued_tasks
 from tests.notifications.receiver import DeadEndpoint, Receiver
 

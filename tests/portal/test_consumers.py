@@ -16,12 +16,12 @@ from channels.testing import WebsocketCommunicator
 from django.db import transaction
 from django.test import Client
 
+from devtools.job_steps import move
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
 from portal.asgi import application
 from portal.consumers import CLOSE_UNAUTHENTICATED
 from tenancy.models import Tenant
-from tests.jobs.steps import move
 from tests.portal.live_frames import next_event
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -20,6 +20,7 @@ from channels.testing import WebsocketCommunicator
 from django.db import transaction
 from django.test import Client
 
+from devtools.job_steps import move
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
 from portal.asgi import application
@@ -27,7 +28,6 @@ from portal.consumers import batch_allowed
 from portal.settings.live import BACKENDS, channel_layers
 from tenancy.live_access import user_group
 from tenancy.models import Tenant
-from tests.jobs.steps import move
 from utilities.realtime import (
     Coalescer,
     Message,

@@ -12,10 +12,10 @@ from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from devtools.job_steps import move
 from jobs.services import check_job_spec, do_submit_job
 from portal.metrics import bearer_token_matches
 from tenancy.models import Tenant
-from tests.jobs.steps import move
 
 pytestmark = pytest.mark.django_db
 

@@ -14,13 +14,13 @@ from django.db import connections, transaction
 from django.test import Client, override_settings
 from rest_framework.test import APIClient
 
+from devtools.job_steps import move
 from jobs.errors import JobConflictError
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
 from tenancy.models import Tenant
 from tenancy.services import do_add_member, do_create_tenant
 from tests.conftest import job_body
-from tests.jobs.steps import move
 
 pytestmark = pytest.mark.django_db
 

@@ -102,11 +102,16 @@ def restore_job_user(client: redis.Redis, job: str) -> bool:
     makes the user again (on its heartbeat).  The password derives from the
     agents' secret, which the file keeps, so it is the one they hold.
     """
-    found = client.execute_command("ACL", "GETUSER", job_user(job))  # type: ignore[no-untyped-call]
-    if found is not None:
+    if job_user_exists(client, job):
         return False
     ensure_job_user(client, job)
     return True
+
+
+def job_user_exists(client: redis.Redis, job: str) -> bool:
+    """Whether the server knows ``job``'s user."""
+    found = client.execute_command("ACL", "GETUSER", job_user(job))  # type: ignore[no-untyped-call]
+    return found is not None
 
 
 def delete_job_user(client: redis.Redis, job: str) -> None:

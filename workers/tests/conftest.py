@@ -13,7 +13,7 @@ import pytest
 from workers.tests.redis_server import OwnRedis
 
 if TYPE_CHECKING:
-    from workers.tests.s3_server import S3Server
+    from devtools.s3_server import S3Server
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def s3() -> Iterator[S3Server]:
     """moto's S3 server on loopback, one bucket, for the module's tests."""
     # Imported here: only the S3 tests need moto and boto3, and the runtime's tests also
     # run where they are not installed (bench/device_check.sh on a GPU machine).
-    from workers.tests.s3_server import moto_s3
+    from devtools.s3_server import moto_s3
 
     with moto_s3("artifacts") as server:
         yield server

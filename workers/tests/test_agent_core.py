@@ -25,7 +25,13 @@ from workers.agent.agent import Agent
 from workers.agent.config import AgentConfig, AgentConfigError, detect_slots
 from workers.agent.launch import worker_argv
 from workers.agent.programs import builtin_env
-from workers.agent.redis_acl import delete_job_user, ensure_job_user, job_user, url_for
+from workers.agent.redis_acl import (
+    delete_job_user,
+    ensure_job_user,
+    job_user,
+    job_user_exists,
+    url_for,
+)
 from workers.agent.reports import report_from_event
 from workers.agent.store import AgentStore, WorkerRecord
 from workers.clock import ManualClock
@@ -488,7 +494,7 @@ def test_a_heartbeat_makes_again_the_job_users_a_restarted_redis_lost(
         password = ensure_job_user(client, job)
         delete_job_user(client, job)  # what a restart does
         agent.tick()  # the first pass beats
-        assert client.execute_command("ACL", "GETUSER", job_user(job)) is not None
+        assert job_user_exists(client, job)
         user = redis.Redis.from_url(url_for(redis_url, job_user(job), password))
         assert user.set(f"edl:{job}:k", "v")  # the same password: the job's processes get in
         agent.tick()  # between heartbeats nothing is asked

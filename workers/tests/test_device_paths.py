@@ -16,9 +16,9 @@ import torch.distributed as dist
 # torch.distributed re-exports it from here; its stub does not say so.
 from torch._C._distributed_c10d import HashStore
 
+from devtools.elastic import JobRun, check_devices, cuda_layout, device_layout
 from workers.elastic import comm
 from workers.elastic.cli import WorkerArgumentError, communicator_backend, parse_options
-from workers.elastic.testing import JobRun, check_devices, cuda_layout, device_layout
 
 BASE = ["--job", "j", "--worker", "w0", "--workload", "mlp-digits", "--batch-size", "8",
         "--store-url", "/tmp/x", "--redis-url", "redis://h/0"]  # fmt: skip

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from devtools.elastic import REPO
 from workers.artifacts import ArtifactStore
 from workers.elastic.checkpoint import Checkpoints
 from workers.elastic.cli import OPTIONS_ENV, WorkerOptions, options_to_env
 from workers.elastic.control import JobControl
-from workers.elastic.testing import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from workers.elastic.sampler import ElasticSampler
-from workers.elastic.testing import (
+from devtools.elastic import (
     JobRun,
     check_samples,
     max_difference,
     reference_model,
     step_records_of,
 )
-from workers.tests.s3_server import S3Server, moto_s3
+from devtools.s3_server import S3Server, moto_s3
+from workers.elastic.sampler import ElasticSampler
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 TOLERANCE = 1e-6

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from devtools.elastic import JobRun, check_samples, max_difference, reference_model
 from workers.elastic.sampler import ElasticSampler
-from workers.elastic.testing import JobRun, check_samples, max_difference, reference_model
 from workers.tests.conftest import JobDevice
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from devtools.elastic import JobRun
 from fabric.allocator import VClosAllocator
 from fabric.contention import analyze
 from fabric.routing import LinkIds, SourceRouting
@@ -32,7 +33,6 @@ from workers.elastic.control import JobControl
 from workers.elastic.messages import request_from_entry
 from workers.elastic.ranks import order_by_rank, parse_ranks, ring_neighbours
 from workers.elastic.redis_io import read_stream
-from workers.elastic.testing import JobRun
 from workers.protocol import Command, Migrate, ProtocolError, Report, ScaleIn, StartWorkers
 
 # Two leaves of two GPUs; the allocator's rank order starts on leaf B.

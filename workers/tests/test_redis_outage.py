@@ -17,8 +17,15 @@ from pathlib import Path
 import pytest
 import redis
 
+from devtools.elastic import JobRun, check_samples
 from workers.agent.celery_app import make_app
-from workers.agent.redis_acl import job_url, job_user, restore_job_user, url_for
+from workers.agent.redis_acl import (
+    job_url,
+    job_user,
+    job_user_exists,
+    restore_job_user,
+    url_for,
+)
 from workers.agent.reports import send_report
 from workers.clock import SYSTEM_CLOCK
 from workers.elastic.cli import WorkerArgumentError, parse_options
@@ -34,7 +41,6 @@ from workers.elastic.redis_client import (
     retries_for,
 )
 from workers.elastic.sampler import ElasticSampler
-from workers.elastic.testing import JobRun, check_samples
 from workers.protocol import Heartbeat
 from workers.tests.redis_server import OwnRedis
 
@@ -161,7 +167,7 @@ def test_a_job_user_a_restart_lost_is_waited_for_until_its_agent_makes_it_again(
     client.set(key, "1")
     own_redis.restart()
     admin = redis.Redis.from_url(own_redis.url(0))
-    assert admin.execute_command("ACL", "GETUSER", job_user(job)) is None  # the restart lost it
+    assert not job_user_exists(admin, job)  # the restart lost it
     agent = threading.Timer(1.0, restore_job_user, (admin, job))  # the agent's next heartbeat
     agent.start()
     started = time.monotonic()

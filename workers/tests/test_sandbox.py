@@ -664,7 +664,7 @@ def test_a_torchrun_resize_stops_the_old_generation_then_starts_the_next(
 
 def test_the_elastic_runtime_runs_under_a_jobs_redis_user(redis_url: str, tmp_path: Path) -> None:
     """Two built-in workers, then a newcomer, with nothing but the job's own Redis user."""
-    from workers.elastic.testing import JobRun
+    from devtools.elastic import JobRun
 
     run = JobRun(redis_url, f"acl{uuid.uuid4().hex[:8]}", tmp_path, args={"epochs": 1000})
     admin = redis.Redis.from_url(redis_url)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from devtools.elastic import REPO, JobRun, check_samples, max_difference, reference_model
 from workers.elastic import phases
 from workers.elastic.sampler import ElasticSampler
-from workers.elastic.testing import REPO, JobRun, check_samples, max_difference, reference_model
 from workers.elastic.warm import read_assignment
 
 TOLERANCE = 1e-6

@@ -28,7 +28,7 @@ from workers.elastic.checkpoint import Checkpoints
 from workers.elastic.control import JobControl
 from workers.elastic.sampler import ElasticSampler
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass

@@ -26,7 +26,7 @@ from typing import Any
 
 from utilities.embedded_redis import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")  # Debian's; the Makefile installs it
 CHROMIUM_ARGS = [
     "--headless",
@@ -105,7 +105,7 @@ class Driver:
 
     def __init__(self, data_dir: Path) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.browser.driver"],
+            [sys.executable, "-m", "devtools.browser_driver"],
             cwd=ROOT,
             env=server_env(data_dir),
             stdin=subprocess.PIPE,

@@ -13,7 +13,7 @@ JSON line on stdout::
     {"op": "call", "path": "module:function", "kwargs": {...}}   any service, by name
     {"op": "cancel_active"}                                       every unfinished job, cancelled
 
-Run as ``python -m tests.browser.driver`` with the server's environment.
+Run as ``python -m devtools.browser_driver`` with the server's environment.
 """
 
 from __future__ import annotations
@@ -109,8 +109,8 @@ def cancel_active() -> list[int]:
 
 def handle(request: dict[str, Any]) -> Any:
     """Apply one request and return a JSON-able result."""
+    from devtools.job_steps import move
     from jobs.services import do_set_parallelism
-    from tests.jobs.steps import move
 
     op = request["op"]
     if op == "seed":

@@ -25,7 +25,7 @@ def move(
 ) -> Job:
     """Transition job ``job_id`` to ``to_state`` as the control plane would; return it."""
     with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job_id)
+        job: Job = Job.objects.select_for_update().get(pk=job_id)
         lifecycle.transition(
             job, to_state, reason=reason, at=at or timezone.now(), parallelism=parallelism
         )
