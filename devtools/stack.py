@@ -146,6 +146,20 @@ def stack_env(
     return env, drop_db
 
 
+def manage(env: dict[str, str], *args: str) -> str:
+    """Run ``manage.py ARGS`` in the stack's environment ``env`` (its data dir, so the
+    embedded Redis, if any, is shared); its standard output, stripped."""
+    done = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return done.stdout.strip()
+
+
 def agent_key(env: dict[str, str], node: str) -> str:
     """The ``AGENT_KEY`` of ``node``'s agent under the stack's environment ``env``."""
     master = master_secret(env.get("AGENT_SIGNING_KEY", ""), env.get("SECRET_KEY", ""))

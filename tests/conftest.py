@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -13,7 +11,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
-from devtools.stack import ROOT, free_port, stack_env, start_stack, stop_stack, wait_http
+from devtools.stack import free_port, stack_env, start_stack, stop_stack, wait_http
+from devtools.stack import manage as run_manage
 from portal.celery import app
 from portal.cluster_timeline import forget as forget_timelines
 from tenancy.models import Role, Tenant
@@ -60,16 +59,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         wait_http(f"http://127.0.0.1:{port}/login/", timeout=120)
 
         def manage(*args: str) -> str:
-            # The stack's environment: its data dir, so the embedded Redis, if any, is shared.
-            done = subprocess.run(
-                [sys.executable, "manage.py", *args],
-                cwd=ROOT,
-                env=env,
-                check=True,
-                capture_output=True,
-                text=True,
-            )
-            return done.stdout.strip()
+            return run_manage(env, *args)
 
         manage("createtenant", "e2e", "--owner", "eve", "--gpu-quota", "8", "--no-profile")
         yield {

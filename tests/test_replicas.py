@@ -43,7 +43,7 @@ import pytest
 import redis
 
 from bench.live import Socket
-from devtools.stack import free_port, stack_env, wait_http
+from devtools.stack import free_port, manage, stack_env, wait_http
 from tests.replica_probe import ATTEMPTS_KEY, TICKS_KEY
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,18 +72,6 @@ class Replicas:
             f"--- {name}\n{path.read_text(errors='replace')[-1500:]}"
             for name, path in self.logs.items()
         )
-
-
-def manage(env: dict[str, str], *args: str) -> str:
-    run = subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return run.stdout.strip()
 
 
 def spawn(

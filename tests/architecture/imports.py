@@ -94,20 +94,27 @@ def _absolute(source: str, is_package: bool, node: ast.ImportFrom) -> str:
 
 def imports_of(source: str, path: Path, modules: Mapping[str, Path]) -> list[Import]:
     """The imports of one module that land on our own modules."""
-    tree = ast.parse(path.read_text(), filename=str(path))
     found: list[Import] = []
+    for lineno, name in imported_names(source, path):
+        target = _resolve(name, modules)
+        if target is not None and target != source:
+            found.append(Import(source, target, lineno))
+    return found
+
+
+def imported_names(source: str, path: Path) -> list[tuple[int, str]]:
+    """(line, absolute dotted name) of every import in module ``source`` at ``path``, late
+    ones too; ``from a import b`` names ``a.b`` (a module or a name in ``a``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out: list[tuple[int, str]] = []
     for node in ast.walk(tree):
-        names: list[str] = []
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+            out += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = _absolute(source, path.name == "__init__.py", node)
             names = [f"{base}.{alias.name}" for alias in node.names] or [base]
-        for name in names:
-            target = _resolve(name, modules)
-            if target is not None and target != source:
-                found.append(Import(source, target, getattr(node, "lineno", 0)))
-    return found
+            out += [(node.lineno, name) for name in names]
+    return out
 
 
 def import_graph(root: Path, packages: Sequence[str] = LAYERS) -> tuple[nx.DiGraph, list[Import]]:
@@ -151,19 +158,11 @@ def imports_of_tests(root: Path, packages: Sequence[str] = (*LAYERS, BENCHMARKS)
     """
     lines: list[str] = []
     for source, path in project_modules(root, packages).items():
-        tree = ast.parse(path.read_text(), filename=str(path))
-        for node in ast.walk(tree):
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = _absolute(source, path.name == "__init__.py", node)
-                names = [f"{base}.{alias.name}" for alias in node.names] or [base]
-            lines += [
-                f"{source}:{node.lineno} imports {name}"
-                for name in names
-                if "tests" in name.split(".")
-            ]
+        lines += [
+            f"{source}:{lineno} imports {name}"
+            for lineno, name in imported_names(source, path)
+            if "tests" in name.split(".")
+        ]
     return list(dict.fromkeys(lines))
 
 
