@@ -14,7 +14,10 @@
                            minutes after they ended, once (coordination_cleaned_at)
 
 Running and queued jobs, and jobs that ended less than their days ago, are
-never touched.  The clock is a parameter, so a test can move it.
+never touched.  The clock is a parameter, so a test can move it.  A job's
+prefix was tenant-written: the store deletes there without following a link
+(a link is removed as a link; a path through one deletes nothing), so a pass
+never reaches outside the prefix it was given.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from jobs.retention import (
 )
 from tenancy.models import Tenant
 from workers.artifacts import ArtifactStore
+from workers.beneath import LinkRefused
 
 log = logging.getLogger(__name__)
 
@@ -115,12 +119,20 @@ def _expired_rows(
 
 
 def _delete_objects(store: ArtifactStore, artifact: Artifact) -> bool:
-    """Remove the artifact's object (and a checkpoint's manifest); False on a store error."""
+    """Remove the artifact's object (and a checkpoint's manifest); False on a store error.
+
+    A path that meets a link (the job's program replaced one of its folders)
+    names nothing in the store any more: nothing is followed or deleted, the
+    row goes, and the link itself goes with the job's folders
+    (:func:`_sweep_leftovers`).
+    """
     try:
         store.delete(artifact.path)
         manifest = manifest_path(artifact.path)
         if manifest and artifact.kind in (ArtifactKind.CHECKPOINT, ArtifactKind.FINAL):
             store.delete(manifest)
+    except LinkRefused as exc:
+        log.warning("retention: %s meets a link (%s): not followed", artifact.path, exc)
     except Exception:
         log.exception("retention: could not delete %s; kept for the next run", artifact.path)
         return False

@@ -23,6 +23,16 @@ fsynced, then renamed; on object storage one PUT (or one completed multipart
 upload) is atomic by itself, and a failed upload is aborted.  Every write
 returns the object's size and sha256, computed while the bytes go out;
 ``read_verified`` checks them on the way back.
+
+Below the root of a directory store nothing follows a symbolic link: a job's
+prefix is bound read-write into its sandbox, so its program may plant links
+(and FIFOs) there, and this code runs as root on the nodes and as the web
+server.  The root is resolved once, when the store is made (it may be a link
+the operator chose); every operation then walks from it one component at a
+time through ``workers.beneath``, reads and lists regular files only, and
+raises ``workers.beneath.LinkRefused`` (an ``OSError``) at a link below the
+root.  A child store (``child``) keeps walking from its parent's root, so a
+link in the middle of its prefix is refused too.
 """
 
 from __future__ import annotations
@@ -38,6 +48,9 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any, cast
 
 import fsspec
+
+from workers import beneath
+from workers.beneath import LinkRefused
 
 CHUNK = 1 << 20
 """Bytes per read or write when copying a stream."""
@@ -93,23 +106,36 @@ class ArtifactStore:
         self._setup(url, fs, str(root))
 
     @classmethod
-    def _on(cls, url: str, fs: Any, root: str) -> ArtifactStore:
+    def _on(cls, url: str, fs: Any, root: str, base: str, below: tuple[str, ...]) -> ArtifactStore:
         store = cls.__new__(cls)
-        store._setup(url, fs, root)
+        store._setup(url, fs, root, base, below)
         return store
 
-    def _setup(self, url: str, fs: Any, root: str) -> None:
+    def _setup(
+        self, url: str, fs: Any, root: str, base: str | None = None, below: tuple[str, ...] = ()
+    ) -> None:
         self.url = url
         self._fs: Any = fs
         self._root = root.rstrip("/")
         protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
         self._local = bool(_LOCAL_PROTOCOLS & set(protocols))
+        # A directory store walks from ``_base`` (the configured root, resolved once: it
+        # may be a link) through ``_below`` (a child store's prefix), never following a
+        # link below ``_base``.
+        if base is None:
+            base = os.path.realpath(self._root or "/") if self._local else self._root
+        self._base = base
+        self._below = below
 
     def __repr__(self) -> str:
         return f"ArtifactStore({self.url!r})"
 
     def _path(self, rel: str) -> str:
         return f"{self._root}/{check_relative(rel)}"
+
+    def _parts(self, rel: str) -> tuple[str, ...]:
+        """The components of ``rel`` below the resolved root of a directory store."""
+        return self._below + tuple(check_relative(rel).split("/"))
 
     def _fresh(self, path: str) -> None:
         """Forget cached listings (s3fs keeps them) before a question about ``path``."""
@@ -118,9 +144,10 @@ class ArtifactStore:
     # -- writing ---------------------------------------------------------------------
     def put_file(self, rel: str, local_src: Path) -> StoredObject:
         """Copy the local file ``local_src`` to ``rel``, atomically (replacing any object)."""
-        target = self._path(rel)  # a bad path is refused before the source is opened
-        if self._local:
-            self._fs.makedirs(target.rpartition("/")[0], exist_ok=True)
+        self._path(rel)  # a bad path is refused before the source is opened
+        if self._local:  # and its folder is made (or a link on the way refused) first too
+            with beneath.directory(self._base, self._parts(rel)[:-1], create=True):
+                pass
         with open(local_src, "rb") as source:
             return self.put_stream(rel, iter(lambda: source.read(CHUNK), b""))
 
@@ -129,32 +156,31 @@ class ArtifactStore:
         return self.put_stream(rel, [data])
 
     def put_stream(self, rel: str, chunks: Iterable[bytes]) -> StoredObject:
-        """Store the concatenated ``chunks`` at ``rel``, atomically; an error stores nothing."""
+        """Store the concatenated ``chunks`` at ``rel``, atomically; an error stores nothing.
+
+        In a directory store a link on the way raises ``LinkRefused`` and
+        writes nothing; a link at ``rel`` itself is replaced, its target untouched.
+        """
         target = self._path(rel)
         digest = hashlib.sha256()
         size = 0
+
+        def counted() -> Iterator[bytes]:
+            nonlocal size
+            for chunk in chunks:
+                digest.update(chunk)
+                size += len(chunk)
+                yield chunk
+
         if self._local:
-            parent, _, name = target.rpartition("/")
-            self._fs.makedirs(parent, exist_ok=True)
-            temporary = f"{parent}/.{name}.{uuid.uuid4().hex}.part"
-            try:
-                with open(temporary, "wb") as out:
-                    for chunk in chunks:
-                        digest.update(chunk)
-                        size += len(chunk)
-                        out.write(chunk)
-                    out.flush()
-                    os.fsync(out.fileno())
-                os.replace(temporary, target)
-            finally:
-                if os.path.exists(temporary):
-                    os.unlink(temporary)
+            *folder, name = self._parts(rel)
+            temporary = f".{name}.{uuid.uuid4().hex}.part"
+            with beneath.directory(self._base, folder, create=True) as parent:
+                beneath.write_atomically(parent, name, temporary, counted())
         else:
             out = self._fs.open(target, "wb")
             try:
-                for chunk in chunks:
-                    digest.update(chunk)
-                    size += len(chunk)
+                for chunk in counted():
                     out.write(chunk)
             except BaseException:
                 out.discard()  # abort the multipart upload: nothing becomes visible
@@ -166,22 +192,56 @@ class ArtifactStore:
 
     # -- reading ---------------------------------------------------------------------
     def exists(self, rel: str) -> bool:
-        """Whether an object is stored at ``rel``."""
+        """Whether an object is stored at ``rel`` (in a directory: a regular file reached
+        without a link; a link or a FIFO is no object)."""
         path = self._path(rel)
+        if self._local:
+            *folder, name = self._parts(rel)
+            try:
+                with beneath.directory(self._base, folder) as parent:
+                    return beneath.is_regular(parent, name)
+            except (FileNotFoundError, NotADirectoryError, LinkRefused):
+                return False
         self._fresh(path)
         return bool(self._fs.isfile(path))
 
     def size(self, rel: str) -> int:
         """The size in bytes of the object at ``rel``; ``FileNotFoundError`` if there is none."""
+        if self._local:
+            with self.open_read(rel) as stream:
+                return os.fstat(stream.fileno()).st_size
         path = self._path(rel)
         self._fresh(path)
         return int(self._fs.size(path))
 
     def open_read(self, rel: str) -> IO[bytes]:
-        """The object at ``rel``, open for binary reading (the caller closes it)."""
+        """The object at ``rel``, open for binary reading (the caller closes it).
+
+        In a directory store: a regular file reached without a link, else
+        ``LinkRefused`` (``FileNotFoundError`` if there is nothing).
+        """
         path = self._path(rel)
+        if self._local:
+            with beneath.directory(self._base) as top:
+                return os.fdopen(beneath.open_regular(top, self._parts(rel)), "rb")
         self._fresh(path)
         return cast(IO[bytes], self._fs.open(path, "rb"))
+
+    def open_sized(self, rel: str) -> tuple[IO[bytes], int]:
+        """The object at ``rel`` open for reading, and its size as the opened object has it.
+
+        The size comes from the open descriptor (``fstat``) in a directory, so
+        it describes the very bytes that will be read, not a path looked up
+        before.
+        """
+        stream = self.open_read(rel)
+        try:
+            if self._local:
+                return stream, os.fstat(stream.fileno()).st_size
+            return stream, int(cast(Any, stream).size)
+        except BaseException:
+            stream.close()
+            raise
 
     def open_range(self, rel: str, start: int, length: int) -> IO[bytes]:
         """Bytes ``start`` .. ``start + length - 1`` of the object at ``rel``, as a stream.
@@ -209,13 +269,29 @@ class ArtifactStore:
     def get_file(self, rel: str, local_dst: Path) -> None:
         """Copy the object at ``rel`` to the local file ``local_dst``."""
         source = self._path(rel)
+        if self._local:
+            try:
+                stream = self.open_read(rel)
+            except IsADirectoryError:
+                raise FileNotFoundError(f"no object {rel!r} in {self.url}") from None
+            with stream, open(local_dst, "wb") as out:
+                for chunk in iter(lambda: stream.read(CHUNK), b""):
+                    out.write(chunk)
+            return
         self._fresh(source)
         if not self._fs.isfile(source):
             raise FileNotFoundError(f"no object {rel!r} in {self.url}")
         self._fs.get_file(source, str(local_dst))
 
     def list(self, prefix: str = "") -> builtins.list[str]:
-        """Relative paths of the objects under ``prefix`` ("" for all), sorted; files only."""
+        """Relative paths of the objects under ``prefix`` ("" for all), sorted; files only.
+
+        A directory store lists regular files only, never through a link; a
+        prefix that is a link lists nothing, one that passes through a link
+        raises ``LinkRefused``.
+        """
+        if self._local:
+            return sorted(self._list_local(prefix))
         base = self._path(prefix) if prefix else self._root
         self._fresh(base)
         if not self._fs.exists(base):
@@ -232,24 +308,71 @@ class ArtifactStore:
                 out.append(path[len(root) :])
         return sorted(out)
 
+    def _list_local(self, prefix: str) -> Iterator[str]:
+        parts = self._parts(prefix) if prefix else self._below
+        shown = f"{check_relative(prefix)}/" if prefix else ""
+        try:
+            with beneath.directory(self._base, parts[:-1]) as parent:
+                if parts and beneath.is_regular(parent, parts[-1]):
+                    if not _is_temporary(parts[-1]):
+                        yield check_relative(prefix)
+                    return
+                with beneath.directory(self._base, parts) as top:
+                    for path, _size in beneath.regular_files(top, shown):
+                        if not _is_temporary(path.rpartition("/")[2]):
+                            yield path
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except LinkRefused as refused:
+            if refused.filename != "/".join(parts):
+                raise  # a link on the way to the prefix: the caller is told
+            return  # the prefix itself is a link: nothing is listed through it
+
     # -- deleting ----------------------------------------------------------------------
     def delete(self, rel: str) -> None:
-        """Remove the object at ``rel``; nothing happens if there is none."""
+        """Remove the object at ``rel``; nothing happens if there is none.
+
+        In a directory store a link at ``rel`` is removed as a link; a link on
+        the way raises ``LinkRefused`` and removes nothing.
+        """
         target = self._path(rel)
+        if self._local:
+            *folder, name = self._parts(rel)
+            try:
+                with beneath.directory(self._base, folder) as parent:
+                    beneath.remove_entry(parent, name)
+            except (FileNotFoundError, NotADirectoryError):
+                pass
+            return
         self._fresh(target)
         if self._fs.isfile(target):
             self._fs.rm(target)
             self._fresh(target)
 
     def delete_prefix(self, prefix: str) -> builtins.list[str]:
-        """Remove every object under ``prefix`` (not the whole store); return what was removed."""
+        """Remove every object under ``prefix`` (not the whole store); return what was removed.
+
+        In a directory store the folder goes too, removed without following a
+        link: a link in it (or the prefix itself, if it is one) is unlinked,
+        its target untouched; a link on the way to the prefix raises
+        ``LinkRefused`` and removes nothing.
+        """
+        if self._local:
+            *folder, name = self._parts(prefix)
+            above = check_relative(prefix).rpartition("/")[0]
+            try:
+                with beneath.directory(self._base, folder) as parent:
+                    removed = beneath.remove_tree(parent, name)
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+            return sorted(
+                f"{above}/{path}" if above else path
+                for path in removed
+                if not _is_temporary(path.rpartition("/")[2])
+            )
         doomed = self.list(prefix)
         for rel in doomed:
             self.delete(rel)
-        if self._local:  # directories left empty would pile up; object stores have none
-            path = self._path(prefix)
-            if self._fs.isdir(path):
-                self._fs.rm(path, recursive=True)
         return doomed
 
     # -- naming ------------------------------------------------------------------------
@@ -258,9 +381,14 @@ class ArtifactStore:
         return str(self._fs.unstrip_protocol(self._path(rel)))
 
     def child(self, rel_prefix: str) -> ArtifactStore:
-        """A store rooted at ``rel_prefix`` of this one (a job's prefix, its checkpoints)."""
+        """A store rooted at ``rel_prefix`` of this one (a job's prefix, its checkpoints).
+
+        A directory child walks from this store's resolved root, so a link
+        anywhere in ``rel_prefix`` is refused as it would be here.
+        """
         path = self._path(rel_prefix)
-        return ArtifactStore._on(str(self._fs.unstrip_protocol(path)), self._fs, path)
+        url = str(self._fs.unstrip_protocol(path))
+        return ArtifactStore._on(url, self._fs, path, self._base, self._parts(rel_prefix))
 
 
 class _Window(io.RawIOBase):

@@ -14,6 +14,14 @@ its recorded sha256 and size as it goes out; on a mismatch the stream stops
 before its last bytes with an error in the log, so a client never holds a
 corrupt file it believes complete.  Header parsing is pure (:func:`parse_range`,
 :func:`etag_matches`); the rest is a thin adapter over ``ArtifactStore``.
+
+The object is opened before anything is answered, and what is served is that
+open object: in a directory store it was reached without following a link
+(the job's prefix is tenant-written: a link there to ``/proc/self/environ``
+or to ``/etc`` is refused by the store), and its size is the open
+descriptor's.  A path that is missing, a directory, or meets a link raises
+:class:`ObjectMissing` (the view answers 404, no byte served); a size that is
+not the recorded one stops the stream before its first byte.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import IO
 
@@ -30,6 +38,7 @@ from django.utils.http import content_disposition_header
 
 from jobs.models import Artifact
 from workers.artifacts import ArtifactStore
+from workers.beneath import LinkRefused
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +54,10 @@ class RangeNotSatisfiable(ValueError):
 
 class ObjectMismatch(RuntimeError):
     """The bytes the store returned are not those recorded (size or sha256)."""
+
+
+class ObjectMissing(LookupError):
+    """No object the store may serve at the artifact's path: none, a directory, or a link."""
 
 
 @dataclass(frozen=True)
@@ -173,7 +186,44 @@ def download_response(
     if_none_match: str | None,
     if_range: str | None = None,
 ) -> HttpResponse | StreamingHttpResponse:
-    """The answer to a download of ``artifact`` (the caller checked it exists in the store)."""
+    """The answer to a download of ``artifact``; :class:`ObjectMissing` if the store has none.
+
+    The object is opened first (a 304 too is only for an object that is
+    there), so the bytes served are those of the object opened here.
+    """
+    try:
+        opened, actual_size = store.open_sized(artifact.path)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, LinkRefused) as exc:
+        if isinstance(exc, LinkRefused):
+            log.warning("artifact %s not served: %s", artifact.path, exc)
+        raise ObjectMissing(artifact.path) from exc
+    try:
+        response = _answer(
+            opened,
+            actual_size,
+            artifact,
+            range_header=range_header,
+            if_none_match=if_none_match,
+            if_range=if_range,
+        )
+    except BaseException:
+        opened.close()
+        raise
+    if not isinstance(response, StreamingHttpResponse):
+        opened.close()
+    return response
+
+
+def _answer(
+    opened: IO[bytes],
+    actual_size: int,
+    artifact: Artifact,
+    *,
+    range_header: str | None,
+    if_none_match: str | None,
+    if_range: str | None,
+) -> HttpResponse | StreamingHttpResponse:
+    """The 304, 416, 206 or 200 for the opened object (streamed answers close it)."""
     etag = etag_of(artifact.sha256)
     common = {"ETag": etag, "Accept-Ranges": "bytes"}
     if etag_matches(if_none_match, etag):
@@ -194,15 +244,25 @@ def download_response(
         span = None  # the client's copy is another object: send this one whole
     path = artifact.path
 
-    def body() -> Iterator[bytes]:
-        opened = store.open_read(path)  # opened on the first read: a 304 opens nothing
+    def body() -> Generator[bytes, None, None]:
+        if actual_size != size:  # before the first byte, of a range as of the whole
+            opened.close()
+            log.error(
+                "artifact %s is %d bytes in the store, recorded %d: download aborted",
+                path,
+                actual_size,
+                size,
+            )
+            raise ObjectMismatch(f"{path} does not match its recorded size")
         if span is None:
             yield from whole_object(opened, path=path, size=size, sha256=artifact.sha256)
         else:
             yield from object_range(opened, span)
 
     response = StreamingHttpResponse(
-        body(), status=200 if span is None else 206, content_type="application/octet-stream"
+        _Body(opened, body()),
+        status=200 if span is None else 206,
+        content_type="application/octet-stream",
     )
     response["Content-Length"] = str(size if span is None else span.length)
     if span is not None:
@@ -211,3 +271,19 @@ def download_response(
     for name, value in common.items():
         response[name] = value
     return response
+
+
+class _Body:
+    """A response's chunks; closing it (Django closes the response) closes the object too,
+    whether or not it was ever read."""
+
+    def __init__(self, opened: IO[bytes], chunks: Generator[bytes, None, None]) -> None:
+        self._opened = opened
+        self._chunks = chunks
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self._chunks
+
+    def close(self) -> None:
+        self._chunks.close()
+        self._opened.close()

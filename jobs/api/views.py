@@ -19,7 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs.api.downloads import download_response
+from jobs.api.downloads import ObjectMissing, download_response
 from jobs.api.logs import EventStreamRenderer, check_log_query, follow_response, log_page
 from jobs.api.serializers import (
     ArtifactSerializer,
@@ -256,16 +256,16 @@ class JobViewSet(
         """The stored object's bytes, streamed (ETag = sha256, byte ranges)."""
         job = self.get_object()
         artifact = get_object_or_404(job.artifacts.all(), pk=artifact_id)
-        store = artifact_store()
-        if not store.exists(artifact.path):
+        try:
+            return download_response(
+                artifact_store(),
+                artifact,
+                range_header=request.headers.get("Range"),
+                if_none_match=request.headers.get("If-None-Match"),
+                if_range=request.headers.get("If-Range"),
+            )
+        except ObjectMissing:  # none, or a link the job planted: never followed
             return Response({"message": MISSING_OBJECT, "errors": {}}, status=404)
-        return download_response(
-            store,
-            artifact,
-            range_header=request.headers.get("Range"),
-            if_none_match=request.headers.get("If-None-Match"),
-            if_range=request.headers.get("If-Range"),
-        )
 
     @extend_schema(
         parameters=[

@@ -7,8 +7,12 @@ it was stopped) the agent uploads them to ``<job prefix>/artifacts/<relative
 path>`` and reports each one (``ArtifactStored``, kind ``user``).  The
 directory was written by tenant code, so nothing in it is trusted: only
 regular files are taken (symbolic links, devices and FIFOs are skipped, and
-no link is ever followed), names must pass ``workers.outputs.check_job_path``,
-and ``CollectLimits`` bound how many files and bytes one node uploads.
+no link is ever followed: the directory is walked and each file opened by
+descriptors with ``O_NOFOLLOW``, its type checked on the open descriptor),
+names must pass ``workers.outputs.check_job_path``, and ``CollectLimits``
+bound how many files and bytes one node uploads.  The job's prefix in a
+directory store is tenant-written as well: an upload that meets a link there
+is refused by the store and skipped, with why.
 """
 
 from __future__ import annotations
@@ -16,13 +20,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
+from workers import beneath
 from workers.agent.config import CollectLimits
-from workers.artifacts import ArtifactStore, StoredObject
+from workers.artifacts import CHUNK, ArtifactStore, StoredObject
+from workers.beneath import LinkRefused
 from workers.outputs import OutputError, check_job_path
 from workers.protocol import ArtifactStored
 
@@ -37,52 +43,65 @@ class Collected:
     skipped: tuple[tuple[str, str], ...]
 
 
-def regular_files(directory: Path) -> Iterator[tuple[str, Path, int]]:
-    """(relative POSIX path, path, size) of every regular file below ``directory``, sorted.
-
-    Never follows a symbolic link, to a file or to a directory.
-    """
-    for current, dirs, files in os.walk(directory, followlinks=False):
-        dirs.sort()
-        for name in sorted(files):
-            path = Path(current) / name
-            try:
-                info = path.lstat()
-            except OSError:
-                continue
-            if stat.S_ISREG(info.st_mode):
-                yield path.relative_to(directory).as_posix(), path, info.st_size
-
-
 def collect(store: ArtifactStore, directory: Path, limits: CollectLimits) -> Collected:
-    """Upload the regular files of ``directory`` to ``artifacts/...`` of the job's ``store``."""
+    """Upload the regular files of ``directory`` to ``artifacts/...`` of the job's ``store``.
+
+    A file is opened without following a link, by descriptors from
+    ``directory``, and checked on the open descriptor to be the regular file
+    of the size that was listed; in the store a link on the way (the program
+    replaced its ``artifacts`` folder) refuses the upload.  Either skips the
+    file, with why.
+    """
     stored: list[tuple[str, StoredObject]] = []
     skipped: list[tuple[str, str]] = []
     total = 0
     if not directory.is_dir():
         return Collected((), ())
-    for rel, path, size in regular_files(directory):
-        job_path = f"artifacts/{rel}"
-        try:
-            check_job_path(job_path)
-        except OutputError as exc:
-            skipped.append((rel, str(exc)))
-            continue
-        if len(stored) >= limits.max_files:
-            skipped.append((rel, f"more than {limits.max_files} files"))
-            continue
-        if total + size > limits.max_bytes:
-            skipped.append((rel, f"over the {limits.max_bytes}-byte limit"))
-            continue
-        try:
-            stored.append((job_path, store.put_file(job_path, path)))
-        except OSError as exc:  # the file went away or the store refused it: skip, go on
-            skipped.append((rel, f"could not upload: {exc}"))
-            continue
-        total += size
+    with beneath.directory(str(directory)) as top:
+        for rel, size in beneath.regular_files(top):
+            job_path = f"artifacts/{rel}"
+            try:
+                check_job_path(job_path)
+            except OutputError as exc:
+                skipped.append((rel, str(exc)))
+                continue
+            if len(stored) >= limits.max_files:
+                skipped.append((rel, f"more than {limits.max_files} files"))
+                continue
+            if total + size > limits.max_bytes:
+                skipped.append((rel, f"over the {limits.max_bytes}-byte limit"))
+                continue
+            try:
+                stored.append((job_path, _upload(store, job_path, top, rel, size)))
+            except LinkRefused as exc:
+                skipped.append((rel, f"refused: {exc}"))
+                continue
+            except OSError as exc:  # the file went away or the store refused it: skip, go on
+                skipped.append((rel, f"could not upload: {exc}"))
+                continue
+            total += size
     for rel, why in skipped:
         log.warning("artifact %s not collected: %s", rel, why)
     return Collected(tuple(stored), tuple(skipped))
+
+
+def _upload(store: ArtifactStore, job_path: str, top: int, rel: str, size: int) -> StoredObject:
+    """Store the file ``rel`` below ``top`` if it is still the regular file of ``size`` bytes."""
+    with os.fdopen(beneath.open_regular(top, rel.split("/")), "rb") as source:
+        if os.fstat(source.fileno()).st_size != size:
+            raise OSError(f"{rel} changed while it was collected")
+        return store.put_stream(job_path, _chunks(source, size))
+
+
+def _chunks(source: IO[bytes], size: int) -> Iterator[bytes]:
+    """At most ``size`` bytes of ``source``: a file that grows cannot pass the byte limit."""
+    left = size
+    while left > 0:
+        data = source.read(min(CHUNK, left))
+        if not data:
+            return
+        left -= len(data)
+        yield data
 
 
 def reports(node: str, job: str, collected: Collected) -> list[ArtifactStored]:
