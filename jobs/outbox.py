@@ -15,6 +15,8 @@ hosting the job, so their late reports about it are believed
 from __future__ import annotations
 
 import functools
+import hashlib
+import hmac
 import logging
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
@@ -153,6 +155,16 @@ def launch_of(job: Job) -> JobLaunch:
     )
 
 
+def rendezvous_port(job_pk: int, generation: int) -> int:
+    """Where a torchrun program's rank 0 listens in one run: the same for every start command
+    of that run, a new one each generation, and not guessable from the job's id (a keyed
+    hash under ``SECRET_KEY``, in ``TORCHRUN_PORT_BASE`` + [0, ``TORCHRUN_PORT_SPAN``))."""
+    key = str(settings.SECRET_KEY).encode()
+    digest = hmac.new(key, f"rendezvous:{job_pk}:{generation}".encode(), hashlib.sha256).digest()
+    offset = int.from_bytes(digest[:8], "big") % settings.TORCHRUN_PORT_SPAN
+    return int(settings.TORCHRUN_PORT_BASE) + offset
+
+
 def program_of(job: Job) -> ProgramLaunch | None:
     """The program half of a job's StartWorkers (None for a built-in workload)."""
     bundle = job.code
@@ -165,6 +177,6 @@ def program_of(job: Job) -> ProgramLaunch | None:
         launcher=job.launcher,
         env=dict(job.env),
         generation=job.generation,
-        master_port=settings.TORCHRUN_PORT_BASE + job.pk % settings.TORCHRUN_PORT_SPAN,
+        master_port=rendezvous_port(job.pk, job.generation),
         grace_seconds=settings.TORCHRUN_GRACE_SECONDS,
     )

@@ -216,7 +216,7 @@ SCALING_TIMEOUT_SECONDS = env_float("SCALING_TIMEOUT_SECONDS", 300.0)
 
 # Tenants' own programs (launcher "torchrun"): a resize stops the processes (SIGTERM, then
 # this grace, then SIGKILL) and starts them again; rank 0 listens on
-# TORCHRUN_PORT_BASE + job id modulo TORCHRUN_PORT_SPAN.
+# TORCHRUN_PORT_BASE + a keyed hash of (job, generation) modulo TORCHRUN_PORT_SPAN.
 TORCHRUN_GRACE_SECONDS = env_float("TORCHRUN_GRACE_SECONDS", 30.0)
 TORCHRUN_PORT_BASE = env_int("TORCHRUN_PORT_BASE", 29500)
 TORCHRUN_PORT_SPAN = env_int("TORCHRUN_PORT_SPAN", 10000)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from jobs.agent_commands import GpuHome, JobLaunch, ProgramLaunch, membership_commands
+from jobs.outbox import rendezvous_port
 from workers.protocol import Command, Migrate, StartWorkers, StopJob
 
 CODE = "ab" * 32
@@ -102,3 +105,17 @@ def test_an_edl_program_stops_with_the_runtime_s_default_grace() -> None:
     commands = membership_commands(launch("edl"), (0,), (), HOMES, reason="cancel")
     default = StopJob(job="job-7", command_id="c").grace_seconds
     assert [c.grace_seconds for _, c in commands if isinstance(c, StopJob)] == [default]
+
+
+def test_the_rendezvous_port_is_fixed_within_a_run_and_not_guessable_from_the_job_id(
+    settings: Any,
+) -> None:
+    """The attack: ``MASTER_PORT`` was 29500 + job id, so any job could find another's
+    rendezvous store.  Now it is a keyed hash of (job, generation) under SECRET_KEY."""
+    settings.TORCHRUN_PORT_BASE, settings.TORCHRUN_PORT_SPAN = 29500, 10000
+    ports = [rendezvous_port(pk, 0) for pk in range(1, 201)]
+    assert all(29500 <= port < 39500 for port in ports)
+    assert sum(port == 29500 + pk for pk, port in enumerate(ports, start=1)) <= 1
+    assert rendezvous_port(7, 3) == rendezvous_port(7, 3) != rendezvous_port(7, 4)
+    settings.SECRET_KEY = "another-site"
+    assert [rendezvous_port(pk, 0) for pk in range(1, 201)] != ports
