@@ -7,8 +7,18 @@ so one rule decides what a program may ask for.
 The entrypoint is a Python file inside the code bundle and its arguments,
 split with shell rules (``shlex``) and never run through a shell. ``env`` holds
 the user's own variables: names like ``[A-Z_][A-Z0-9_]*``, none that the
-launcher sets (``RESERVED_ENV``), at most ``MAX_ENV_VARS`` of them and
-``MAX_ENV_BYTES`` in all.
+launcher sets (``RESERVED_ENV``), none that the system reads
+(``SYSTEM_ENV_PREFIXES``, ``SYSTEM_ENV_NAMES``), at most ``MAX_ENV_VARS`` of
+them and ``MAX_ENV_BYTES`` in all.
+
+Which names a job may set (``env_name_problem``): the known training families
+(``TRAINING_ENV_PREFIXES``: ``NCCL_*``, ``TORCH_*``, ``HF_*``, ``WANDB_*``...)
+and plain application names (``LR``, ``MY_DATASET``), but never a name that
+the dynamic loader, the C library or an interpreter reads (``LD_AUDIT``,
+``GCONV_PATH``, ``MALLOC_*``, ``PYTHON*``, ``BASH_ENV``...): with one of those
+a tenant's file would run inside the process before its code does.  The agent
+also starts the sandbox builder with a fixed environment of its own
+(``workers.agent.sandbox``), so no job variable reaches a root process.
 """
 
 from __future__ import annotations
@@ -71,6 +81,82 @@ RESERVED_ENV: frozenset[str] = frozenset(
 RESERVED_PREFIXES: tuple[str, ...] = ("EDL_", "PORTAL_")
 """Prefixes of the elastic SDK's and the portal's own variables."""
 
+TRAINING_ENV_PREFIXES: tuple[str, ...] = (
+    "NCCL_",
+    "TORCH_",
+    "TORCHINDUCTOR_",
+    "PYTORCH_",
+    "CUDA_",
+    "CUBLAS_",
+    "CUDNN_",
+    "OMP_",
+    "MKL_",
+    "HF_",
+    "TRANSFORMERS_",
+    "TOKENIZERS_",
+    "DATASETS_",
+    "WANDB_",
+    "MLFLOW_",
+    "GLOO_",
+)
+"""Families of variables that training programs set, documented by their libraries."""
+
+SYSTEM_ENV_PREFIXES: tuple[str, ...] = (
+    "LD_",  # the dynamic loader: LD_AUDIT, LD_PRELOAD, LD_LIBRARY_PATH, LD_BIND_NOW...
+    "GCONV_",  # glibc's iconv modules
+    "MALLOC_",  # glibc's allocator (MALLOC_TRACE writes a file)
+    "GLIBC_",  # GLIBC_TUNABLES
+    "PYTHON",  # the interpreter: PYTHONPATH, PYTHONSTARTUP, PYTHONHOME, PYTHONINSPECT...
+    "BASH_",  # BASH_ENV, BASH_FUNC_*
+    "PERL",  # PERL5LIB, PERL5OPT
+    "RUBY",  # RUBYOPT, RUBYLIB
+    "NODE_",  # NODE_OPTIONS
+    "JAVA_",  # JAVA_TOOL_OPTIONS
+    "_JAVA_",  # _JAVA_OPTIONS
+    "DYLD_",  # the macOS loader, refused for clarity
+    "SSL_",  # SSL_CERT_FILE, SSL_CERT_DIR: whom TLS trusts
+    "OPENSSL_",  # OPENSSL_CONF loads engines
+)
+"""Prefixes of what the loader, the C library or an interpreter reads: never a job's."""
+
+SYSTEM_ENV_NAMES: frozenset[str] = frozenset(
+    (
+        # glibc's "unsecure" variables (it drops them for setuid programs for a reason)
+        "GETCONF_DIR",
+        "HOSTALIASES",
+        "LOCALDOMAIN",
+        "LOCPATH",
+        "NIS_PATH",
+        "NLSPATH",
+        "RESOLV_HOST_CONF",
+        "RES_OPTIONS",
+        "TZDIR",
+        # shells and the tools a program may start
+        "ENV",
+        "SHELLOPTS",
+        "BASHOPTS",
+        "IFS",
+        "PS4",
+        "CDPATH",
+        "GLOBIGNORE",
+        "SHELL",
+        "TERMINFO",
+        "TERMINFO_DIRS",
+        "GIT_CONFIG_GLOBAL",
+        "GIT_EXEC_PATH",
+        "GIT_SSH_COMMAND",
+        "GIT_ASKPASS",
+        "SSH_ASKPASS",
+        "CURL_CA_BUNDLE",
+        "REQUESTS_CA_BUNDLE",
+        "PIP_INDEX_URL",
+        "PIP_EXTRA_INDEX_URL",
+        "UV_INDEX_URL",
+        "UV_EXTRA_INDEX_URL",
+    )
+)
+"""Single names that the C library, shells or tools read: never a job's."""
+
 
 class ProgramError(ValueError):
     """A program field that cannot run; ``field`` names it for the 400 answer."""
@@ -123,8 +209,9 @@ def check_env(env: Mapping[str, str]) -> dict[str, str]:
     for name, value in env.items():
         if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
             raise ProgramError("env", f"{name!r} is not a variable name ([A-Z_][A-Z0-9_]*)")
-        if name in RESERVED_ENV or name.startswith(RESERVED_PREFIXES):
-            raise ProgramError("env", f"{name} is set by the launcher and cannot be overridden")
+        problem = env_name_problem(name)
+        if problem is not None:
+            raise ProgramError("env", problem)
         if not isinstance(value, str):
             raise ProgramError("env", f"the value of {name} must be a string")
         if "\0" in value:
@@ -134,6 +221,20 @@ def check_env(env: Mapping[str, str]) -> dict[str, str]:
     if total > MAX_ENV_BYTES:
         raise ProgramError("env", f"more than {MAX_ENV_BYTES} bytes in all")
     return out
+
+
+def env_name_problem(name: str) -> str | None:
+    """Why a job may not set the variable ``name`` (None: it may); see the module docstring."""
+    if name in RESERVED_ENV or name.startswith(RESERVED_PREFIXES):
+        return f"{name} is set by the launcher and cannot be overridden"
+    if name.startswith(TRAINING_ENV_PREFIXES):
+        return None
+    if name in SYSTEM_ENV_NAMES or name.startswith(SYSTEM_ENV_PREFIXES):
+        return (
+            f"{name} is read by the system (the dynamic loader, the C library or an "
+            "interpreter) and a job may not set it"
+        )
+    return None
 
 
 def check_launcher(launcher: str) -> Launcher:

@@ -102,6 +102,38 @@ def test_every_bad_program_field_is_a_400_naming_it_and_stores_nothing(
     assert Job.objects.count() == 0
 
 
+@pytest.mark.parametrize(
+    "name",
+    ["LD_AUDIT", "LD_BIND_NOW", "GCONV_PATH", "MALLOC_TRACE", "GLIBC_TUNABLES", "PYTHONSTARTUP",
+     "PYTHONWARNINGS", "BASH_ENV", "LOCPATH", "HOSTALIASES", "NODE_OPTIONS", "SSL_CERT_FILE"],
+)  # fmt: skip
+def test_a_variable_the_loader_libc_or_an_interpreter_reads_is_a_400_naming_it(
+    token_client: Any, alice: Any, acme: Any, name: str
+) -> None:
+    """The attack: ``LD_AUDIT`` naming a library of the tenant's own bundle was loaded
+    into the root process that builds the sandbox."""
+    bundle = bundle_of(alice, acme)
+    body = program_body(bundle.sha256, env={name: "/var/lib/portal/code/x/evil.so"})
+    response = token_client(alice).post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == 400, response.json()
+    assert name in str(response.json()["errors"]["env"]), response.json()
+    assert Job.objects.count() == 0
+
+
+def test_training_variables_and_plain_application_names_are_accepted(
+    token_client: Any, alice: Any, acme: Any
+) -> None:
+    env = {"NCCL_DEBUG": "INFO", "TORCH_DISTRIBUTED_DEBUG": "DETAIL", "HF_HOME": "/scratch/hf",
+           "WANDB_MODE": "offline", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+           "LEARNING_RATE": "0.1", "MY_DATASET": "digits"}  # fmt: skip
+    bundle = bundle_of(alice, acme)
+    response = token_client(alice).post(
+        "/api/v1/jobs/", program_body(bundle.sha256, env=env), format="json"
+    )
+    assert response.status_code == 201, response.json()
+    assert response.json()["env"] == env
+
+
 def test_another_tenants_bundle_is_not_found(
     token_client: Any, alice: Any, acme: Any, bob: Any, globex: Any
 ) -> None:

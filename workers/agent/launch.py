@@ -51,8 +51,7 @@ def worker_argv(config: AgentConfig, command: StartWorkers, worker: WorkerSlot) 
     if command.sync_timeout_s is not None:
         argv += ["--sync-timeout", repr(command.sync_timeout_s)]
     if config.step_log_dir is not None:
-        path = config.step_log_dir / f"{command.job}.{worker.worker_id}.jsonl"
-        argv += ["--step-log", str(path)]
+        argv += ["--step-log", str(config.step_log_path(command.job, worker.worker_id))]
     return argv
 
 
@@ -64,16 +63,22 @@ def spawn(
     cwd: Path = REPO_ROOT,
     preexec_fn: Callable[[], None] | None = None,
     stdin: int = subprocess.DEVNULL,
+    pass_fds: tuple[int, ...] = (),
+    program_env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start a process in its own session with stdout and stderr appended to ``log_path``.
 
     ``env`` is the process's whole environment; ``preexec_fn`` runs in the
     child before exec (a program's resource limits); ``stdin``: PIPE for a
-    warm process (``warm.py``), which reads its assignment there.
+    warm process (``warm.py``), which reads its assignment there;
+    ``pass_fds``: descriptors the child keeps (bubblewrap's ``--args``).
+    ``program_env``: the environment the log header names when it is not
+    ``env`` (a sandboxed program's, which bubblewrap sets).
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    shown = log_header(argv, env if program_env is None else program_env)
     with open(log_path, "ab") as log:
-        log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {log_header(argv, env)}\n".encode())
+        log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {shown}\n".encode())
         log.flush()
         # Own session: a Ctrl-C or SIGTERM aimed at the agent's group does not hit
         # training, and the agent can signal a worker's whole process group.
@@ -86,6 +91,7 @@ def spawn(
             cwd=cwd,
             start_new_session=True,
             preexec_fn=preexec_fn,
+            pass_fds=pass_fds,
         )
 
 

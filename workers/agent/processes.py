@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workers.agent import limits, redis_acl
+from workers.agent import limits, redis_acl, seccomp
 from workers.agent.config import REPO_ROOT, AgentConfig
 from workers.agent.launch import (
     log_tail,
@@ -37,7 +37,7 @@ from workers.agent.launch import (
 from workers.agent.programs import (
     builtin_env,
     builtin_mounts,
-    builtin_store_dir,
+    builtin_owned,
     edl_env,
     job_dirs,
     placement,
@@ -46,10 +46,16 @@ from workers.agent.programs import (
     torchrun_env,
 )
 from workers.agent.sandbox import (
+    BUILDER_ENV,
+    SETPRIV,
     Mounts,
+    args_payload,
     bwrap_argv,
     bwrap_binary,
+    env_args,
     gpu_device_nodes,
+    hand_over,
+    job_identity,
     refusal,
     sandbox_problem,
 )
@@ -144,6 +150,18 @@ def is_alive(record: WorkerRecord, module: str) -> bool:
     if record.start_ticks is not None:
         return same_process(record.pid, record.start_ticks)
     return process_matches(record.pid, record.job, record.worker_id, module)
+
+
+def _memory_file(name: str, data: bytes) -> int:
+    """A descriptor of an anonymous file holding ``data``, read from its start (bwrap's input)."""
+    fd = os.memfd_create(name)
+    try:
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _command_name(pid: int) -> str:
@@ -241,6 +259,10 @@ class ProcessTable:
         if settings.mode == "off":
             return None
         problem = sandbox_problem(settings.bwrap)
+        if problem is None and os.geteuid() == 0 and not os.access(SETPRIV, os.X_OK):
+            problem = (
+                f"{SETPRIV} is missing: a root agent needs it to run programs as their own uid"
+            )
         return refusal(problem) if problem is not None else None
 
     def start(self, command: StartWorkers, worker: WorkerSlot) -> WorkerRecord:
@@ -285,17 +307,15 @@ class ProcessTable:
                 warm.popen.pid,
             )
             return record
-        for path in (builtin_store_dir(self.config, command), self.config.step_log_dir):
-            if path is not None:
-                path.mkdir(parents=True, exist_ok=True)
         env = builtin_env(self.config, command, worker.worker_id, redis_url)
-        Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
+        owned = builtin_owned(self.config, command, worker.worker_id, Path(env["HOME"]))
         return self._launch(
             command,
             worker,
             argv,
             env,
             cwd=REPO_ROOT,
+            owned=owned,
             mounts=lambda: builtin_mounts(
                 self.config,
                 command,
@@ -332,6 +352,7 @@ class ProcessTable:
                 devices=gpu_device_nodes(),
             ),
             generation=program.generation,
+            owned=dirs.owned(worker.worker_id),
             rank=placement(command, worker).rank,
             launcher=program.launcher,
             store_prefix=command.store_prefix,
@@ -374,37 +395,35 @@ class ProcessTable:
         cwd: Path,
         mounts: Callable[[], Mounts],
         generation: int,
+        owned: tuple[Path, ...],
         **details: Any,
     ) -> WorkerRecord:
         """Start ``argv`` in the sandbox (unless SANDBOX=off) with its limits; remember it.
 
-        ``details``: what the record keeps beyond the process (a program's
+        ``owned``: the paths the program writes, handed to its uid when it has
+        one (a root agent's sandbox).  ``details``: what the record keeps beyond the process (a program's
         launcher, rank, store prefix); a built-in's record has none, and its
         ``generation`` (0) only names its cgroups.  The caller has refused an
         unsandboxed start (``_refuse_unsandboxed``).
         """
         settings = self.config.sandbox
         sandboxed = settings.mode == "on"
-        if sandboxed:
-            argv = bwrap_argv(
-                settings.bwrap or bwrap_binary(),
-                mounts(),
-                argv,
-                cwd=cwd,
-                die_with_parent=settings.die_with_agent,
-            )
-        else:
-            log.warning(
-                "SANDBOX=off: worker %s of job %s runs unsandboxed",
-                worker.worker_id,
-                command.job,
-            )
         name = f"portal-{self.config.node}-{command.job}-{worker.worker_id}-{generation}"
         cgroups = limits.create_cgroups(settings, name)
         preexec = limits.preexec(settings, cgroups, address_space=self.config.device == "cpu")
         log_path = self.config.log_path(command.job, worker.worker_id)
         try:
-            popen = spawn(argv, env, log_path, cwd=cwd, preexec_fn=preexec)
+            if sandboxed:
+                popen = self._spawn_sandboxed(
+                    command.job, argv, env, cwd, mounts(), owned, log_path, preexec
+                )
+            else:
+                log.warning(
+                    "SANDBOX=off: worker %s of job %s runs unsandboxed",
+                    worker.worker_id,
+                    command.job,
+                )
+                popen = spawn(argv, env, log_path, cwd=cwd, preexec_fn=preexec)
         except BaseException:
             for path in cgroups.values():
                 limits.remove_cgroup(path)
@@ -430,6 +449,52 @@ class ProcessTable:
             ", sandboxed" if sandboxed else "",
         )
         return record
+
+    def _spawn_sandboxed(
+        self,
+        job: str,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: Path,
+        mounts: Mounts,
+        owned: tuple[Path, ...],
+        log_path: Path,
+        preexec: Callable[[], None],
+    ) -> subprocess.Popen[bytes]:
+        """Start ``argv`` under bubblewrap: bubblewrap with ``BUILDER_ENV`` only, the program's
+        ``env`` through a memory file (``--args``), as the job's own uid under a root agent."""
+        settings = self.config.sandbox
+        identity = None
+        if os.geteuid() == 0:
+            identity = job_identity(job, settings.uid_base, settings.uid_count)
+            hand_over(owned, identity)
+        args_fd = _memory_file("bwrap-args", args_payload(env_args(env)))
+        rules = seccomp.filter_for()
+        seccomp_fd = _memory_file("bwrap-seccomp", rules) if rules is not None else None
+        fds = (args_fd,) if seccomp_fd is None else (args_fd, seccomp_fd)
+        try:
+            full = bwrap_argv(
+                settings.bwrap or bwrap_binary(),
+                mounts,
+                argv,
+                cwd=cwd,
+                die_with_parent=settings.die_with_agent,
+                identity=identity,
+                args_fd=args_fd,
+                seccomp_fd=seccomp_fd,
+            )
+            return spawn(
+                full,
+                dict(BUILDER_ENV),
+                log_path,
+                cwd=cwd,
+                preexec_fn=preexec,
+                pass_fds=fds,
+                program_env=env,
+            )
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def adopt(self, record: WorkerRecord) -> bool:
         """Adopt a process a previous agent started; False (and forget it) if it is gone."""

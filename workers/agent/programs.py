@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workers.agent.config import REPO_ROOT, S3_VARIABLES, AgentConfig, local_store_dir
-from workers.agent.sandbox import MASKED_FILES, Mounts
+from workers.agent.sandbox import HIDDEN_SYSTEM_DIRS, MASKED_FILES, Mounts
 from workers.elastic.cli import OPTIONS_ENV, WorkerOptions, options_to_env
 from workers.protocol import Program, StartWorkers, WorkerSlot
 
@@ -68,6 +68,13 @@ class JobDirs:
     def scratch(self, worker_id: str) -> Path:
         """One worker's private scratch directory (its HOME)."""
         return self.root / "scratch" / worker_id
+
+    def owned(self, worker_id: str) -> tuple[Path, ...]:
+        """What a worker's program writes, so what its uid owns (``sandbox.hand_over``)."""
+        paths: tuple[Path, ...] = (self.checkpoints, self.artifacts, self.scratch(worker_id))
+        if self.store is not None:
+            paths += (self.store, self.store / "artifacts")
+        return paths
 
     def create(self, worker_id: str) -> None:
         """Make the job's and the worker's directories (an adapter's step)."""
@@ -176,6 +183,29 @@ def builtin_store_dir(config: AgentConfig, command: StartWorkers) -> Path | None
     return local_store_dir(url)
 
 
+def builtin_owned(
+    config: AgentConfig, command: StartWorkers, worker_id: str, home: Path
+) -> tuple[Path, ...]:
+    """Make what a built-in workload writes, and say what its uid must own (an adapter's step).
+
+    Its scratch HOME, its store directory (``builtin_store_dir``) and, where the
+    agent keeps step logs (tests, benchmarks), its own step-log file: the shared
+    step-log directory stays the agent's.
+    """
+    dirs = [home]
+    store = builtin_store_dir(config, command)
+    if store is not None:
+        dirs.append(store)
+    for path in dirs:
+        path.mkdir(parents=True, exist_ok=True)
+    if config.step_log_dir is None:
+        return tuple(dirs)
+    config.step_log_dir.mkdir(parents=True, exist_ok=True)
+    step_log = config.step_log_path(command.job, worker_id)
+    step_log.touch()
+    return (*dirs, step_log)
+
+
 def builtin_env(
     config: AgentConfig,
     command: StartWorkers,
@@ -190,7 +220,7 @@ def builtin_env(
     line, which ``ps`` and the log header show); ``PYTHONPATH`` names the
     repository, of which the sandbox shows only the SDK packages.
     """
-    env = fixed_env(config, config.job_dir(command.job) / "scratch" / worker_id)
+    env = fixed_env(config, JobDirs(config.job_dir(command.job)).scratch(worker_id))
     if command.store_prefix is not None:
         env.update(store_variables(config, environ))
     env.update(REDIS_URL=redis_url, PYTHONPATH=str(repo_root))
@@ -320,7 +350,7 @@ def builtin_mounts(
     and the agent's step-log directory when one is set (tests, benchmarks).
     """
     store = builtin_store_dir(config, command)
-    writable = [config.job_dir(command.job) / "scratch" / worker_id]
+    writable = [JobDirs(config.job_dir(command.job)).scratch(worker_id)]
     if store is not None:
         writable.append(store)
     if config.step_log_dir is not None:
@@ -354,6 +384,7 @@ def confined(
     python_home = base_prefix.resolve()
     extra_files = tuple(path for path in config.sandbox.hide if path.is_file())
     hide = {repo_root, config.data_dir, home, *set(config.sandbox.hide) - set(extra_files)}
+    hide.update(path for path in HIDDEN_SYSTEM_DIRS if path.is_dir() and not path.is_symlink())
     cache_root = code_dir.parent  # the other bundles unpacked next to this one
     if cache_root != Path("/") and not any(
         p == cache_root or cache_root in p.parents for p in (venv, real_venv, python_home)
@@ -379,6 +410,8 @@ def confined(
         writable=writable,
         devices=devices if config.device == "cuda" else (),
         masked_files=MASKED_FILES + extra_files,  # a file cannot take a tmpfs: /dev/null it
+        tmp_bytes=config.sandbox.tmp_mb * 1024 * 1024,
+        shm_bytes=config.sandbox.memory_mb * 1024 * 1024,  # its pages count as memory anyway
     )
 
 

@@ -19,24 +19,48 @@ What a program sees::
     SANDBOX_HIDE paths
     secret host files      /etc/shadow, /etc/gshadow: /dev/null
 
-Identity: bubblewrap runs as the agent's user with ``--unshare-user --uid
-65534 --gid 65534``: the program is ``nobody`` in its namespace, without
-capabilities on the host.  When the agent runs as root, that namespace's
-uid still maps to host root, so a file that root owns and that is not hidden
-or masked is readable by the program (owner permission): keep secrets in the
-hidden directories (or list them in ``SANDBOX_HIDE``).  The network is the
-host's (torch.distributed needs it); the portal's Redis requires a password.
+Identity.  Under a root agent (every real node: cgroups need root) the
+program runs as an unprivileged host uid of its own (``Identity``, one per
+job from ``SANDBOX_UID_BASE``/``SANDBOX_UID_COUNT``, the same on every node so
+a shared store's files stay its own): bubblewrap builds the sandbox as root
+without a user namespace, keeps only CAP_SETUID, CAP_SETGID and CAP_SETPCAP
+for its child, and that child is ``setpriv``, which takes the job's uid and
+gid, drops every supplementary group, capability and the bounding set, then
+executes the program (no-new-privileges is bubblewrap's).  The program can
+thus read only what any user may (not root-only files that ``--ro-bind / /``
+shows) and connect to no root-only Unix socket; ``/run`` and ``/var/lib`` are
+hidden as well.  The agent hands the program's writable directories to its uid.
+An agent that is not root keeps the user namespace (``--unshare-user --uid
+65534``): the program is then the agent's own unprivileged uid on the host.
+
+Environment.  bubblewrap itself starts with ``BUILDER_ENV`` only, so nothing of
+a job's (``LD_AUDIT``, ``GCONV_PATH``...) reaches the root process that builds
+the sandbox; the program's variables travel through a file descriptor
+(``--args``: ``--clearenv`` then ``--setenv`` pairs, off every command line)
+and enter the environment of the program alone.
+
+The network is still the host's (torch.distributed needs it; a network
+boundary per job is not built yet, see docs/security.md); the portal's Redis
+requires a password.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 NOBODY = 65534
+SETPRIV = "/usr/bin/setpriv"
+"""util-linux's ``setpriv`` (every Debian and Ubuntu has it): drops a root child to the job's uid."""
+BUILDER_ENV: dict[str, str] = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+"""The whole environment of the bubblewrap process (the program's comes through ``--args``)."""
+HIDDEN_SYSTEM_DIRS: tuple[Path, ...] = (Path("/run"), Path("/var/lib"))
+"""Host directories of daemons' sockets and state, hidden from every program."""
 MASKED_FILES: tuple[Path, ...] = (Path("/etc/shadow"), Path("/etc/gshadow"))
 """Host files bound over with /dev/null in every sandbox."""
 
@@ -49,6 +73,8 @@ class Mounts:
     and ``writable``: directories bound (back) at the same path; a read-only
     one outside every hidden directory is visible anyway and is not bound.
     ``devices``: host device nodes added to the sandbox's minimal /dev (GPUs).
+    ``tmp_bytes``, ``shm_bytes``: the sizes of its private ``/tmp`` and
+    ``/dev/shm`` (None: the kernel's default, half the host's memory).
     """
 
     hide: tuple[Path, ...]
@@ -56,6 +82,55 @@ class Mounts:
     writable: tuple[Path, ...]
     masked_files: tuple[Path, ...] = MASKED_FILES
     devices: tuple[Path, ...] = ()
+    tmp_bytes: int | None = None
+    shm_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The unprivileged host uid and gid a program runs as (under a root agent)."""
+
+    uid: int
+    gid: int
+
+
+def job_identity(job: str, base: int, count: int) -> Identity:
+    """A job's own uid: ``base`` plus a hash of its id modulo ``count`` (the same on every
+    node; two running jobs share one only if their hashes collide)."""
+    offset = int.from_bytes(hashlib.sha256(job.encode()).digest()[:8], "big") % count
+    return Identity(uid=base + offset, gid=base + offset)
+
+
+def setpriv_argv(identity: Identity, setpriv: str = SETPRIV) -> list[str]:
+    """The command that becomes ``identity`` with no group, capability or bounding set left."""
+    return [
+        setpriv,
+        f"--reuid={identity.uid}", f"--regid={identity.gid}", "--clear-groups",
+        "--inh-caps=-all", "--bounding-set=-all", "--",
+    ]  # fmt: skip
+
+
+def hand_over(paths: Sequence[Path], identity: Identity) -> None:
+    """Give the job's uid the directories (and files) it writes (an adapter's step).
+
+    Never through a link: a program may have replaced one of them with a link
+    on an earlier run, and root must not change the owner of its target.
+    """
+    for path in paths:
+        os.chown(path, identity.uid, identity.gid, follow_symlinks=False)
+
+
+def env_args(env: Mapping[str, str]) -> list[str]:
+    """bubblewrap's options that give the program exactly ``env`` (and none of bubblewrap's)."""
+    out = ["--clearenv"]
+    for name, value in sorted(env.items()):
+        out += ["--setenv", name, value]
+    return out
+
+
+def args_payload(args: Sequence[str]) -> bytes:
+    """``args`` as bubblewrap's ``--args FD`` reads them: each one NUL-terminated."""
+    return b"".join(arg.encode() + b"\0" for arg in args)
 
 
 def _inside(path: Path, parent: Path) -> bool:
@@ -69,27 +144,46 @@ def bwrap_argv(
     *,
     cwd: Path,
     die_with_parent: bool = False,
+    identity: Identity | None = None,
+    args_fd: int | None = None,
+    seccomp_fd: int | None = None,
+    setpriv: str = SETPRIV,
 ) -> list[str]:
     """The bubblewrap command line that runs ``argv`` in ``cwd`` confined to ``mounts``.
 
     Hidden directories are mounted outermost first, every bind after them
     (parents first), and each hidden tmpfs is made read-only last, once its
-    mount points exist.  The environment is not touched: the caller passes
-    the program's exact environment to the process.
+    mount points exist.  ``identity``: the host uid the program becomes
+    (bubblewrap runs as root, see the module docstring); None: a user namespace
+    in which it is nobody.  ``args_fd``: a descriptor holding more options
+    (the program's environment, ``env_args``), read first; ``seccomp_fd``: one
+    holding the system-call filter (``workers.agent.seccomp``).
     """
-    out = [
-        bwrap,
-        "--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY),
-        "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-        "--new-session",
-    ]  # fmt: skip
+    out = [bwrap]
+    if args_fd is not None:
+        out += ["--args", str(args_fd)]
+    if seccomp_fd is not None:
+        out += ["--seccomp", str(seccomp_fd)]
+    if identity is None:
+        out += ["--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY)]
+    else:
+        out += ["--cap-drop", "ALL"]
+        for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"):
+            out += ["--cap-add", cap]
+        argv = [*setpriv_argv(identity, setpriv), *argv]
+    out += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--new-session"]
     if die_with_parent:
         out.append("--die-with-parent")
-    out += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    out += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+    for private, size in (("/dev/shm", mounts.shm_bytes), ("/tmp", mounts.tmp_bytes)):
+        out += ["--perms", "1777"] + (["--size", str(size)] if size is not None else [])
+        out += ["--tmpfs", private]
     for device in mounts.devices:
         out += ["--dev-bind-try", str(device), str(device)]
     hidden = sorted(set(mounts.hide), key=lambda p: (len(p.parts), str(p)))
+    made: set[Path] = set()
     for path in hidden:
+        out += _mount_points(path, hidden, made)
         out += ["--tmpfs", str(path)]
     binds: list[tuple[Path, bool]] = [(p, True) for p in set(mounts.writable)]
     binds += [
@@ -98,6 +192,7 @@ def bwrap_argv(
         if p not in mounts.writable and any(_inside(p, h) for h in hidden)
     ]
     for path, writable in sorted(binds, key=lambda b: (len(b[0].parts), str(b[0]))):
+        out += _mount_points(path, hidden, made)
         out += ["--bind" if writable else "--ro-bind", str(path), str(path)]
     for path in reversed(hidden):
         out += ["--remount-ro", str(path)]
@@ -105,6 +200,21 @@ def bwrap_argv(
         if not any(_inside(path, h) for h in hidden):
             out += ["--ro-bind-try", "/dev/null", str(path)]
     out += ["--chdir", str(cwd), "--", *argv]
+    return out
+
+
+def _mount_points(path: Path, hidden: Sequence[Path], made: set[Path]) -> list[str]:
+    """``--dir`` options that make ``path``'s parents inside hidden directories 0755.
+
+    bubblewrap would make them itself, but 0700 and owned by root: a program
+    with a uid of its own could not walk down to its code or its Python.
+    """
+    out: list[str] = []
+    for parent in reversed(path.parents):
+        if parent in made or parent in hidden or not any(_inside(parent, h) for h in hidden):
+            continue
+        made.add(parent)
+        out += ["--perms", "0755", "--dir", str(parent)]
     return out
 
 

@@ -9,9 +9,12 @@ the wrong reason.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import platform
 import shutil
+import socket
 import textwrap
 import threading
 import time
@@ -28,9 +31,12 @@ import redis
 from django.conf import settings
 
 from utilities.embedded_redis import free_port
+from workers.agent import seccomp
 from workers.agent.agent import Agent
 from workers.agent.config import REPO_ROOT, AgentConfig, SandboxSettings
+from workers.agent.limits import descendants
 from workers.agent.redis_acl import delete_job_user, job_url
+from workers.agent.sandbox import BUILDER_ENV, NOBODY, job_identity
 from workers.agent.store import AgentStore
 from workers.elastic.control import JobControl
 from workers.protocol import ArtifactStored, Rejected, Report, Started, Stopped, WorkerExited
@@ -240,11 +246,204 @@ def test_a_program_sees_only_its_own_environment(
     assert env["TORCHELASTIC_RUN_ID"] == job and env["TORCHELASTIC_RESTART_COUNT"] == "0"
     assert env["CHECKPOINT_DIR"] == str(dirs / "checkpoints")
     assert env["HOME"] == env["SCRATCH_DIR"] == str(dirs / "scratch" / "w0")
-    assert seen["uid"] == 65534 and seen["cwd"] == str(host.code_root / CODE)
-    # bwrap's own init (pid 1 of the namespace) got the exact environment the agent
-    # built; the program has that plus the PWD that bwrap's --chdir sets.
+    assert seen["uid"] == program_uid(job) and seen["cwd"] == str(host.code_root / CODE)
+    # The program has exactly the environment the agent built, plus the PWD that
+    # bwrap's --chdir sets; bwrap's own init (pid 1 of the namespace) had none of it.
     assert env.pop("PWD") == seen["cwd"]
-    assert set(seen["pid1"].strip("\0").split("\0")) == {f"{k}={v}" for k, v in env.items()}
+    assert set(env) == set(torchrun_env_names()) | {"LR"}
+    assert "LR=" not in seen["pid1"]
+
+
+def program_uid(job: str) -> int:
+    """The uid a job's program has: its own under a root agent, else nobody in a namespace."""
+    if os.geteuid() != 0:
+        return NOBODY
+    settings = SandboxSettings()
+    return job_identity(job, settings.uid_base, settings.uid_count).uid
+
+
+def torchrun_env_names() -> tuple[str, ...]:
+    return (
+        "PATH", "HOME", "TMPDIR", "LANG", "PYTHONUNBUFFERED", "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "CHECKPOINT_DIR", "ARTIFACT_DIR",
+        "SCRATCH_DIR", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+        "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+        "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID",
+    )  # fmt: skip
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+
+
+WAIT_SCRIPT = """
+import os, time
+from pathlib import Path
+Path(os.environ["SCRATCH_DIR"], "started").write_text("yes")
+time.sleep(30)
+"""
+
+
+def test_the_process_that_builds_the_sandbox_gets_nothing_of_the_jobs_environment(
+    host: Host, node: str, redis_url: str, job: str
+) -> None:
+    """The attack: a job's ``LD_AUDIT`` (or any loader or libc variable) reached bwrap, which
+    runs as root before any namespace exists.  Now bwrap has a fixed environment and the
+    job's variables reach the program alone, through a descriptor, never a command line."""
+    host.bundle(CODE, WAIT_SCRIPT)
+    agent, sent = make_agent(host, node, redis_url)
+    marker = "value-that-only-the-program-may-see"
+    try:
+        assert agent.receive(start_payload(job, "c1", env={"MY_MARKER": marker})) == "applied"
+        started = host.data_dir / "jobs" / job / "scratch" / "w0" / "started"
+        deadline = time.monotonic() + 30
+        while not started.exists():
+            assert time.monotonic() < deadline, sent.reports
+            time.sleep(0.05)
+        [record] = agent.processes.records()
+        assert environ_of(record.pid) == BUILDER_ENV  # bwrap: nothing of the job's
+        assert marker not in Path(f"/proc/{record.pid}/cmdline").read_text()
+        programs = [
+            pid for pid in descendants(record.pid) if environ_of(pid).get("MY_MARKER") == marker
+        ]
+        assert programs, "the program itself has its variable"
+    finally:
+        agent.close(stop_children=True)
+
+
+ESCAPE_SCRIPT = """
+import json, os, socket, sys
+checks = json.loads(sys.argv[1])
+out = {"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups()}
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
+out["cap_eff"] = status["CapEff"].strip()
+out["cap_bnd"] = status["CapBnd"].strip()
+out["no_new_privs"] = status["NoNewPrivs"].strip()
+try:
+    out["secret"] = open(checks["secret"]).read()
+except OSError as exc:
+    out["secret"] = "denied: " + type(exc).__name__
+client = socket.socket(socket.AF_UNIX)
+try:
+    client.connect(checks["socket"])
+    out["socket"] = "connected"
+except OSError as exc:
+    out["socket"] = "denied: " + type(exc).__name__
+out["listed"] = {d: sorted(os.listdir(d)) if os.path.isdir(d) else None for d in checks["dirs"]}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a job's own uid needs a root agent")
+def test_a_program_is_an_unprivileged_host_user_not_root_in_a_namespace(
+    host: Host, node: str, redis_url: str, job: str
+) -> None:
+    """The attack: ``--unshare-user --uid 65534`` under a root agent mapped the program to
+    host root, so root-only files that ``--ro-bind / /`` shows were readable, and root-only
+    host Unix sockets (a container runtime's, D-Bus) answered it."""
+    secret = host.base / "root-only.txt"
+    secret.write_text("root only")
+    secret.chmod(0o600)
+    server = socket.socket(socket.AF_UNIX)
+    sock_path = host.base / "root-only.sock"
+    server.bind(str(sock_path))
+    sock_path.chmod(0o600)
+    server.listen(1)
+    checks = {"secret": str(secret), "socket": str(sock_path), "dirs": ["/run", "/var/lib"]}
+    try:
+        agent, _sent, exited = run_program(
+            host, node, redis_url, job, ESCAPE_SCRIPT, entrypoint=["main.py", json.dumps(checks)]
+        )
+    finally:
+        server.close()
+    assert exited.outcome == "clean", exited
+    seen = output(agent, job)
+    assert seen["uid"] == seen["gid"] == program_uid(job) and seen["uid"] >= 200_000, seen
+    assert seen["groups"] in ([], [seen["gid"]]), seen
+    assert seen["cap_eff"] == seen["cap_bnd"] == "0000000000000000", seen
+    assert seen["no_new_privs"] == "1", seen
+    assert seen["secret"].startswith("denied"), seen
+    assert seen["socket"].startswith("denied"), seen
+    assert seen["listed"]["/run"] in ([], None) and seen["listed"]["/var/lib"] in ([], None)
+    # Its own directories are its own, on the host too.
+    scratch = host.data_dir / "jobs" / job / "scratch" / "w0"
+    assert scratch.stat().st_uid == program_uid(job)
+
+
+SYSCALL_SCRIPT = """
+import ctypes, json, os, sys, threading
+numbers = json.loads(sys.argv[1])
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+out = {}
+def call(name, *args):
+    ctypes.set_errno(0)
+    result = libc.syscall(numbers[name], *[ctypes.c_long(a) for a in args])
+    return "ok" if result >= 0 else os.strerror(ctypes.get_errno())
+out["unshare_user"] = call("unshare", 0x10000000)
+out["unshare_net"] = call("unshare", 0x40000000)
+out["ptrace_traceme"] = call("ptrace", 0, 0, 0, 0)
+out["add_key"] = call("add_key", 0, 0, 0, 0, 0)
+out["keyctl"] = call("keyctl", 0, 0, 0, 0, 0)
+out["userfaultfd"] = call("userfaultfd", 0)
+box = []
+thread = threading.Thread(target=lambda: box.append("thread ran"))
+thread.start(); thread.join()
+out["thread"] = box[0] if box else "no thread"
+pid = os.fork()
+if pid == 0:
+    os._exit(7)
+out["fork"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(seccomp.filter_for() is None, reason="no system-call filter on this machine")
+def test_a_program_cannot_make_namespaces_trace_or_use_keyrings_but_threads_and_fork_work(
+    host: Host, node: str, redis_url: str, job: str
+) -> None:
+    """The attack: an unprivileged program could still create a user namespace (where most
+    local kernel exploits start), ptrace, and reach the kernel keyrings."""
+    arch = seccomp.ARCHES[platform.machine().lower()]
+    agent, _sent, exited = run_program(
+        host, node, redis_url, job, SYSCALL_SCRIPT,
+        entrypoint=["main.py", json.dumps(arch.numbers)],
+    )  # fmt: skip
+    assert exited.outcome == "clean", exited
+    seen = output(agent, job)
+    refused = os.strerror(errno.EPERM)
+    for call in ("unshare_user", "unshare_net", "ptrace_traceme", "add_key", "keyctl"):
+        assert seen[call] == refused, (call, seen)
+    assert seen["userfaultfd"] != "ok", seen
+    assert seen["thread"] == "thread ran" and seen["fork"] == 7, seen
+
+
+TMP_SCRIPT = """
+import json, os
+out = {}
+for path in ("/tmp/big", "/dev/shm/big"):
+    try:
+        with open(path, "wb") as f:
+            f.write(b"x" * (3 * 1024 * 1024))
+        out[path] = "wrote"
+    except OSError as exc:
+        out[path] = "refused: " + os.strerror(exc.errno)
+print(json.dumps(out))
+"""
+
+
+def test_a_programs_tmp_is_sized_so_it_cannot_fill_the_nodes_memory(
+    host: Host, node: str, redis_url: str, job: str
+) -> None:
+    """The attack: /tmp was an unsized tmpfs, so a program could fill half the host's memory."""
+    agent, _sent, exited = run_program(
+        host, node, redis_url, job, TMP_SCRIPT, sandbox={"tmp_mb": 2, "memory_mb": 2048}
+    )
+    assert exited.outcome == "clean", exited
+    seen = output(agent, job)
+    assert seen["/tmp/big"] == "refused: " + os.strerror(errno.ENOSPC), seen
+    assert seen["/dev/shm/big"] == "wrote", seen  # /dev/shm grows to the memory limit
 
 
 # --------------------------------------------------------------------------- files

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from workers.agent import seccomp
 from workers.agent.config import (
     REPO_ROOT,
     AgentConfig,
@@ -26,7 +28,14 @@ from workers.agent.programs import (
     torchrun_env,
 )
 from workers.agent.redis_acl import derive_password, job_rules, url_for
-from workers.agent.sandbox import Mounts, bwrap_argv
+from workers.agent.sandbox import (
+    Identity,
+    Mounts,
+    args_payload,
+    bwrap_argv,
+    env_args,
+    job_identity,
+)
 from workers.agent.store import StopRecord, WorkerRecord
 from workers.elastic.cli import options_from_env
 from workers.protocol import Command, StartWorkers, WorkerExited
@@ -99,7 +108,33 @@ def test_bwrap_argv_hides_then_binds_then_remounts_read_only() -> None:
     assert "--die-with-parent" in with_parent
     gpus = Mounts(hide=(), read_only=(), writable=(), devices=(Path("/dev/nvidia0"),))
     gpu_text = " ".join(bwrap_argv("bwrap", gpus, ["x"], cwd=Path("/")))
-    assert "--dev /dev --tmpfs /tmp --dev-bind-try /dev/nvidia0 /dev/nvidia0" in gpu_text
+    assert "--perms 1777 --tmpfs /tmp --dev-bind-try /dev/nvidia0 /dev/nvidia0" in gpu_text
+    # Mount points inside hidden directories are walkable by a program's own uid.
+    assert text.index("--perms 0755 --dir /repo/var/jobs ") < text.index("--bind /repo/var/jobs")
+    assert "--dir /repo/var " not in text  # a hidden directory is a tmpfs, not a --dir
+
+
+def test_under_a_root_agent_bwrap_keeps_no_namespace_uid_and_setpriv_drops_to_the_jobs() -> None:
+    mounts = Mounts(hide=(), read_only=(), writable=())
+    me = Identity(uid=201234, gid=201234)
+    argv = bwrap_argv("bwrap", mounts, ["python", "main.py"], cwd=Path("/"), identity=me, args_fd=7)
+    text = " ".join(argv)
+    assert argv[:3] == ["bwrap", "--args", "7"] and "--unshare-user" not in argv
+    assert "--cap-drop ALL --cap-add CAP_SETUID --cap-add CAP_SETGID --cap-add CAP_SETPCAP" in text
+    tail = argv[argv.index("--") + 1 :]
+    assert tail == [
+        "/usr/bin/setpriv", "--reuid=201234", "--regid=201234", "--clear-groups",
+        "--inh-caps=-all", "--bounding-set=-all", "--", "python", "main.py",
+    ]  # fmt: skip
+    same = job_identity("job-7", 200_000, 100_000)
+    assert same == job_identity("job-7", 200_000, 100_000) and 200_000 <= same.uid < 300_000
+    assert job_identity("job-8", 200_000, 100_000) != same
+
+
+def test_a_programs_environment_travels_as_bwrap_options_in_a_descriptor() -> None:
+    args = env_args({"B": "2", "A": "x y"})
+    assert args == ["--clearenv", "--setenv", "A", "x y", "--setenv", "B", "2"]
+    assert args_payload(args).split(b"\0") == [*(arg.encode() for arg in args), b""]
 
 
 def test_torchrun_env_is_the_contract_and_nothing_of_the_agent(
@@ -313,3 +348,15 @@ def test_local_store_dirs() -> None:
     assert local_store_dir("/srv/store") == Path("/srv/store")
     assert local_store_dir("s3://bucket/x") is None
     assert local_store_dir("") is None  # no store configured: nothing to hide or bind
+
+
+def test_the_system_call_filter_is_a_whole_bpf_program_per_architecture() -> None:
+    for machine in ("x86_64", "aarch64"):
+        rules = seccomp.filter_for(machine)
+        assert rules is not None and len(rules) % 8 == 0 and len(rules) // 8 < 4096
+        code, _jt, _jf, k = struct.unpack("<HBBI", rules[-8:])
+        assert (code, k) == (seccomp.RET_K, seccomp.RET_ALLOW)  # what is not refused runs
+    assert seccomp.filter_for("sparc64") is None
+    x86 = seccomp.program(seccomp.X86_64)
+    refused = {struct.unpack("<HBBI", x86[i : i + 8])[3] for i in range(0, len(x86), 8)}
+    assert {272, 308, 101, 250, 165} <= refused  # unshare, setns, ptrace, keyctl, mount
