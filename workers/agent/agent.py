@@ -17,8 +17,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from workers.agent import cleanup
 from workers.agent.collect import collect
 from workers.agent.collect import reports as collect_reports
 from workers.agent.commands import CommandHandler
@@ -78,6 +80,7 @@ class Agent:
         )
         self.logs = LogShipper(config.node, LogOffsets(store.redis, config.node), send, clock)
         self._next_heartbeat = clock.monotonic()
+        self._next_clean = clock.monotonic() + config.cleanup.every_s
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
         self._collectors: list[threading.Thread] = []
@@ -115,7 +118,8 @@ class Agent:
                 self.events.watch(job)
 
     def tick(self) -> None:
-        """One supervision pass: reap processes, enforce stops, forward events, heartbeat."""
+        """One supervision pass: reap processes, enforce stops, forward events, heartbeat;
+        clean the node's directories every ``cleanup.every_s``."""
         with self._lock:
             self._reap()
             self.logs.ship(self.processes.records())
@@ -127,6 +131,40 @@ class Agent:
             self._next_heartbeat = self.clock.monotonic() + self.config.heartbeat_seconds
             self.heartbeat()
             self._restore_job_users()
+        if self.clock.monotonic() >= self._next_clean:
+            self._next_clean = self.clock.monotonic() + self.config.cleanup.every_s
+            self.clean()
+
+    def clean(self) -> list[cleanup.Leftover]:
+        """Remove ended jobs' node directories and logs and unused bundles (``cleanup``).
+
+        Measured outside the lock (it walks the directories); decided and
+        removed under it, so no job starts here in between.
+        """
+        leftovers = cleanup.scan(self.config.data_dir, self.config.node, self._log_shipped)
+        with self._lock:
+            records = self.processes.records()
+            collecting = {t.name.removeprefix("collect-") for t in self._collectors if t.is_alive()}
+            busy_jobs = {r.job for r in records} | set(self.processes.stops) | collecting
+            chosen = cleanup.doomed(
+                leftovers,
+                now=self.clock.now(),
+                settings=self.config.cleanup,
+                busy_jobs=frozenset(busy_jobs),
+                busy_codes=frozenset(r.code for r in records if r.code is not None),
+            )
+            return cleanup.remove(chosen, now=self.clock.now(), forget_log=self.logs.offsets.drop)
+
+    def _log_shipped(self, job: str, directory: Path) -> bool:
+        """Whether every worker log of ``job`` here reached the control plane to its end."""
+        for path in directory.glob("*.log"):
+            info = path.lstat()
+            position = self.logs.offsets.get(job, path.stem)
+            if info.st_size == 0:
+                continue
+            if position is None or position.inode != info.st_ino or position.offset < info.st_size:
+                return False
+        return True
 
     def heartbeat(self) -> None:
         """Send a heartbeat now."""

@@ -19,6 +19,7 @@ complete; what a crashed attempt leaves has a hidden scratch name and is never u
 from __future__ import annotations
 
 import fcntl
+import os
 import re
 import uuid
 from collections.abc import Iterator
@@ -49,6 +50,7 @@ class CodeCache:
             raise BundleError(f"{code_id!r} is not a bundle id (a sha256 in hex).")
         final = self.root / code_id
         if final.is_dir():
+            os.utime(final)  # last used now: the node's cleaning keeps bundles in use
             return final
         self.root.mkdir(parents=True, exist_ok=True)
         with _locked(self.root / f".{code_id}.lock"):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from workers.agent.cleanup import CleanupSettings
 from workers.protocol import (
     HEARTBEATS_QUEUE,
     REPORTS_QUEUE,
@@ -63,6 +64,7 @@ class AgentConfig:
     key: bytes = field(default=b"", repr=False)
     message_max_age_s: float = DEFAULT_MAX_AGE_S
     message_max_skew_s: float = DEFAULT_MAX_SKEW_S
+    cleanup: CleanupSettings = field(default_factory=lambda: CleanupSettings())
 
     def device_for(self, slot: int) -> str:
         """The ``--device`` of the training process in ``slot``."""
@@ -224,7 +226,10 @@ class AgentEnvironment:
     from ``AGENT_KEY`` (hex) or ``AGENT_KEY_FILE`` (required: ``manage.py
     agentkey NODE`` prints it; the agent does not start without one), and the message window
     ``AGENT_MESSAGE_MAX_AGE_SECONDS`` (default 900) and
-    ``AGENT_MESSAGE_MAX_SKEW_SECONDS`` (default 60), which must match the portal's.
+    ``AGENT_MESSAGE_MAX_SKEW_SECONDS`` (default 60), which must match the portal's;
+    the cleaning of ended jobs' node directories (``CleanupSettings``):
+    ``AGENT_KEEP_ENDED_HOURS`` (24), ``AGENT_NODE_DIRS_MAX_GB`` (100),
+    ``AGENT_CLEAN_EVERY_SECONDS`` (600).
     """
 
     redis_url: str
@@ -239,6 +244,7 @@ class AgentEnvironment:
     key: bytes = field(default=b"", repr=False)
     message_max_age_s: float = DEFAULT_MAX_AGE_S
     message_max_skew_s: float = DEFAULT_MAX_SKEW_S
+    cleanup: CleanupSettings = field(default_factory=lambda: CleanupSettings())
 
     @classmethod
     def read(
@@ -269,6 +275,11 @@ class AgentEnvironment:
             key=_key(env, key_file),
             message_max_age_s=_positive(env, "AGENT_MESSAGE_MAX_AGE_SECONDS", DEFAULT_MAX_AGE_S),
             message_max_skew_s=_positive(env, "AGENT_MESSAGE_MAX_SKEW_SECONDS", DEFAULT_MAX_SKEW_S),
+            cleanup=CleanupSettings(
+                keep_s=_positive(env, "AGENT_KEEP_ENDED_HOURS", 24.0) * 3600,
+                max_bytes=int(_positive(env, "AGENT_NODE_DIRS_MAX_GB", 100.0) * 2**30),
+                every_s=_positive(env, "AGENT_CLEAN_EVERY_SECONDS", 600.0),
+            ),
         )
 
 

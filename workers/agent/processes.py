@@ -356,6 +356,7 @@ class ProcessTable:
             rank=placement(command, worker).rank,
             launcher=program.launcher,
             store_prefix=command.store_prefix,
+            code=program.code,
         )
 
     def _remember(

@@ -161,6 +161,7 @@ def config_from_options(
         key=env.key,
         message_max_age_s=env.message_max_age_s,
         message_max_skew_s=env.message_max_skew_s,
+        cleanup=env.cleanup,
     )
 
 

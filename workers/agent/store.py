@@ -37,7 +37,8 @@ class WorkerRecord:
     ``torchrun``; None for a built-in workload), its ``rank`` and the job's
     ``generation``; ``sandboxed`` says ``pid`` is bubblewrap's, ``cgroups``
     names its cgroups by controller (removed once it exits), ``store_prefix`` is
-    the job's prefix in the artifact store, and ``start_ticks`` (the
+    the job's prefix in the artifact store, ``code`` the bundle a program was
+    started from (kept on the node while it runs), and ``start_ticks`` (the
     kernel's start time of ``pid``) lets a restarted agent recognise it
     without reading its command line.  Records written before these fields
     existed load with the defaults.
@@ -56,6 +57,7 @@ class WorkerRecord:
     start_ticks: int | None = None
     cgroups: dict[str, str] | None = None
     store_prefix: str | None = None
+    code: str | None = None
 
     @property
     def key(self) -> str:
