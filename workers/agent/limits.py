@@ -1,9 +1,13 @@
 """Resource limits of a tenant program's process tree, and why one ended.
 
-Each worker gets cgroup v1 cgroups named ``portal-<node>-<job>-<worker>-<generation>``
-under ``<cgroup_root>/pids`` and ``<cgroup_root>/memory``, where those
-hierarchies are mounted and writable (the agent is root); the child joins
-them before exec, and the agent removes them after the exit.
+Each worker gets cgroups named ``portal-<node>-<job>-<worker>-<generation>``: on a
+cgroup v2 host (``<cgroup_root>/cgroup.controllers`` offers memory and pids)
+one, ``<cgroup_root>/portal-sandbox/<name>``, with ``memory.max``,
+``memory.swap.max`` 0, ``pids.max`` and ``cpu.weight`` (an equal CPU share per
+slot); else cgroup v1 ones under ``<cgroup_root>/pids`` and
+``<cgroup_root>/memory``, where those hierarchies are mounted and writable
+(the agent is root).  The child joins them before exec, and the agent removes
+them after the exit.
 
 Memory, ``SANDBOX_MEMORY_MB``: the memory cgroup's ``memory.limit_in_bytes``
 (the kernel's OOM killer ends the tree past it), and on CPU nodes also
@@ -57,12 +61,69 @@ def cgroup_paths(settings: SandboxSettings, name: str) -> dict[str, Path]:
     return {controller: settings.cgroup_root / controller / name for controller in CONTROLLERS}
 
 
-def create_cgroups(settings: SandboxSettings, name: str) -> dict[str, Path]:
-    """Fresh cgroups for one worker: ``pids.max`` and ``memory.limit_in_bytes`` set.
+UNIFIED = "unified"
+"""The key of a worker's one cgroup on a cgroup v2 host (``create_cgroups``)."""
+V2_PARENT = "portal-sandbox"
+"""The cgroup v2 directory, below ``cgroup_root``, that holds the workers' cgroups."""
+V2_CONTROLLERS: tuple[str, ...] = ("memory", "pids", "cpu")
 
-    Only the controllers whose hierarchy is mounted and writable here; an
-    empty answer means: no cgroups (the agent is not root), rlimits only.
+
+def is_cgroup_v2(root: Path) -> bool:
+    """Whether ``root`` is a cgroup v2 hierarchy offering memory and pids (a v2-only host)."""
+    try:
+        offered = (root / "cgroup.controllers").read_text().split()
+    except OSError:
+        return False
+    return {"memory", "pids"} <= set(offered)
+
+
+def v2_limits(settings: SandboxSettings) -> dict[str, str]:
+    """A worker's cgroup v2 files: memory (no swap past it), processes, an equal CPU share."""
+    return {
+        "memory.max": str(settings.memory_mb * 1024 * 1024),
+        "memory.swap.max": "0",
+        "pids.max": str(settings.max_procs),
+        "cpu.weight": "100",
+    }
+
+
+def create_v2_cgroup(settings: SandboxSettings, name: str) -> dict[str, Path]:
+    """One cgroup v2 for a worker, ``<cgroup_root>/portal-sandbox/<name>``, its limits set.
+
+    The controllers are enabled for the children of the root and of
+    ``portal-sandbox`` (which holds no process: cgroup v2's rule); a file the
+    kernel does not offer (``memory.swap.max`` without swap) is skipped.
     """
+    parent = settings.cgroup_root / V2_PARENT
+    path = parent / name
+    try:
+        parent.mkdir(exist_ok=True)
+        enable = " ".join(f"+{c}" for c in V2_CONTROLLERS)
+        for holder in (settings.cgroup_root, parent):
+            (holder / "cgroup.subtree_control").write_text(enable)
+        if path.exists():
+            remove_cgroup(path)
+        path.mkdir()
+        for file, value in v2_limits(settings).items():
+            if file == "memory.swap.max" and not (path / file).exists():
+                continue
+            (path / file).write_text(value)
+    except OSError:
+        remove_cgroup(path)
+        return {}
+    return {UNIFIED: path}
+
+
+def create_cgroups(settings: SandboxSettings, name: str) -> dict[str, Path]:
+    """Fresh cgroups for one worker: memory and process limits set.
+
+    On a cgroup v2 host one cgroup (``create_v2_cgroup``, key ``unified``);
+    else a cgroup v1 per controller (``pids.max``, ``memory.limit_in_bytes``),
+    only those whose hierarchy is mounted and writable here.  An empty answer
+    means: no cgroups (the agent is not root), rlimits only.
+    """
+    if is_cgroup_v2(settings.cgroup_root):
+        return create_v2_cgroup(settings, name)
     limits = {
         "pids": {"pids.max": str(settings.max_procs)},
         "memory": {"memory.limit_in_bytes": str(settings.memory_mb * 1024 * 1024)},
@@ -113,12 +174,15 @@ def _counter(path: Path, key: str) -> int:
 
 def processes_refused(paths: dict[str, Path]) -> bool:
     """Whether the pids cgroup refused a fork (``pids.events``: ``max N`` with N > 0)."""
-    pids = paths.get("pids")
+    pids = paths.get("pids") or paths.get(UNIFIED)
     return pids is not None and _counter(pids / "pids.events", "max") > 0
 
 
 def memory_killed(paths: dict[str, Path]) -> bool:
-    """Whether the memory cgroup's OOM killer struck (``memory.oom_control``: ``oom_kill``)."""
+    """Whether the OOM killer struck in the memory cgroup (v1 ``memory.oom_control``,
+    v2 ``memory.events``: ``oom_kill N`` with N > 0)."""
+    if UNIFIED in paths:
+        return _counter(paths[UNIFIED] / "memory.events", "oom_kill") > 0
     memory = paths.get("memory")
     return memory is not None and _counter(memory / "memory.oom_control", "oom_kill") > 0
 
@@ -134,7 +198,7 @@ def preexec(
     """
     memory = settings.memory_mb * 1024 * 1024
     procs_files = [str(path / "cgroup.procs") for path in cgroups.values()]
-    nproc = "pids" not in cgroups
+    nproc = "pids" not in cgroups and UNIFIED not in cgroups
 
     def apply() -> None:
         for procs_file in procs_files:

@@ -18,7 +18,7 @@ from workers.agent.config import (
     AgentEnvironment,
     SandboxSettings,
 )
-from workers.agent.limits import exit_reason
+from workers.agent.limits import create_cgroups, exit_reason, is_cgroup_v2
 from workers.agent.programs import (
     JobDirs,
     edl_env,
@@ -265,6 +265,30 @@ def test_exit_reasons_from_cgroup_counters(tmp_path: Path) -> None:
     assert exit_reason(settings, 137, "", groups) == "memory limit reached (SANDBOX_MEMORY_MB=512)"
     (pids / "pids.events").write_text("max 3\n")
     assert exit_reason(settings, 1, "", groups) == "process limit reached (SANDBOX_MAX_PROCS=8)"
+
+
+def test_on_a_cgroup_v2_host_a_worker_gets_one_cgroup_with_memory_pids_and_cpu(
+    tmp_path: Path,
+) -> None:
+    """This machine mounts cgroup v1 (its v2 tree offers no memory controller), so the v2
+    path is checked on a directory laid out like a v2-only host's /sys/fs/cgroup."""
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory hugetlb pids rdma\n")
+    (tmp_path / "cgroup.subtree_control").write_text("")
+    settings = SandboxSettings(memory_mb=512, max_procs=64, cgroup_root=tmp_path)
+    made = create_cgroups(settings, "portal-n0-j1-w0-0")
+    path = tmp_path / "portal-sandbox" / "portal-n0-j1-w0-0"
+    assert made == {"unified": path}
+    assert (path / "memory.max").read_text() == str(512 * 1024 * 1024)
+    assert (path / "pids.max").read_text() == "64" and (path / "cpu.weight").read_text() == "100"
+    for holder in (tmp_path, tmp_path / "portal-sandbox"):
+        assert (holder / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
+    (path / "memory.events").write_text("low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n")
+    assert exit_reason(settings, 137, "", made) == "memory limit reached (SANDBOX_MEMORY_MB=512)"
+    (path / "memory.events").write_text("oom_kill 0\n")
+    (path / "pids.events").write_text("max 2\n")
+    assert exit_reason(settings, 1, "", made) == "process limit reached (SANDBOX_MAX_PROCS=64)"
+    # A hybrid host like this one: v2 offers no memory controller, so v1 is used.
+    assert not is_cgroup_v2(Path("/sys/fs/cgroup/unified"))
 
 
 def test_records_written_before_programs_still_load() -> None:
