@@ -25,7 +25,7 @@ from workers.agent.collect import collect
 from workers.agent.collect import reports as collect_reports
 from workers.agent.commands import CommandHandler
 from workers.agent.commands import CommandRejected as CommandRejected  # re-exported
-from workers.agent.config import AgentConfig
+from workers.agent.config import SHM_ROOT, AgentConfig
 from workers.agent.events import EventForwarder, JobControlLike, default_control_factory
 from workers.agent.launch import log_tail
 from workers.agent.log_shipper import LogOffsets, LogShipper
@@ -141,7 +141,9 @@ class Agent:
         Measured outside the lock (it walks the directories); decided and
         removed under it, so no job starts here in between.
         """
-        leftovers = cleanup.scan(self.config.data_dir, self.config.node, self._log_shipped)
+        leftovers = cleanup.scan(
+            self.config.data_dir, self.config.node, self._log_shipped, SHM_ROOT
+        )
         with self._lock:
             records = self.processes.records()
             collecting = {t.name.removeprefix("collect-") for t in self._collectors if t.is_alive()}
@@ -261,6 +263,7 @@ class Agent:
             stop = self.processes.stops.pop(job, None)
             if job in self.processes.job_users and (stop is not None or watch.ended):
                 self._drop_job_user(job)
+            self.processes.release_job(job)
             if stop is not None:
                 self.store.drop_stop(job)
                 self._send(Stopped(node=self.config.node, job=job, command_id=stop.command_id))

@@ -11,7 +11,8 @@ node-local checkpoints and artifacts) and ``<data_dir>/logs/agent-<node>/<job>``
 2. Never a log the shipper has not sent to the control plane up to its end
    (``LogShipper``'s saved offset): no output is lost.
 3. Anything else older than ``keep_s`` (by the newest modification time in
-   it) goes.
+   it) goes; a job's shared memory (``/dev/shm/portal-<node>-<job>``, normally
+   removed when its last process here ends) goes at once: it holds memory.
 4. If what remains is still over ``max_bytes`` in all, the least recently
    modified of the rest go first, until it fits (in-use ones count but stay).
 
@@ -35,7 +36,7 @@ from typing import Literal
 
 log = logging.getLogger(__name__)
 
-Kind = Literal["job", "log", "code"]
+Kind = Literal["job", "log", "code", "shm"]
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,10 @@ def doomed(
         busy = busy_codes if item.kind == "code" else busy_jobs
         return item.name not in busy and item.shipped
 
-    out = [item for item in every if removable(item) and now - item.modified > settings.keep_s]
+    def expired(item: Leftover) -> bool:
+        return item.kind == "shm" or now - item.modified > settings.keep_s
+
+    out = [item for item in every if removable(item) and expired(item)]
     total = sum(item.size for item in every) - sum(item.size for item in out)
     for item in every:
         if total <= settings.max_bytes:
@@ -111,15 +115,18 @@ Shipped = Callable[[str, Path], bool]
 """Whether the log directory of a job (its id, its path) was shipped to its end."""
 
 
-def scan(data_dir: Path, node: str, shipped: Shipped) -> list[Leftover]:
-    """Every job directory, job log directory and bundle of this node, measured."""
-    roots: tuple[tuple[Kind, Path], ...] = (
-        ("job", data_dir / "jobs"),
-        ("log", data_dir / "logs" / f"agent-{node}"),
-        ("code", data_dir / "code"),
+def scan(
+    data_dir: Path, node: str, shipped: Shipped, shm_root: Path = Path("/dev/shm")
+) -> list[Leftover]:
+    """Every job directory, job log directory, bundle and job shared memory of this node."""
+    roots: tuple[tuple[Kind, Path, str], ...] = (
+        ("job", data_dir / "jobs", ""),
+        ("log", data_dir / "logs" / f"agent-{node}", ""),
+        ("code", data_dir / "code", ""),
+        ("shm", shm_root, f"portal-{node}-"),
     )
     out = []
-    for kind, root in roots:
+    for kind, root, prefix in roots:
         try:
             entries = sorted(os.scandir(root), key=lambda e: e.name)
         except OSError:
@@ -127,13 +134,15 @@ def scan(data_dir: Path, node: str, shipped: Shipped) -> list[Leftover]:
         for entry in entries:
             if not entry.is_dir(follow_symlinks=False) or entry.name.startswith("."):
                 continue  # a bundle being unpacked is a dot-directory, its lock a file
-            path = Path(entry.path)
+            if not entry.name.startswith(prefix):
+                continue
+            name, path = entry.name.removeprefix(prefix), Path(entry.path)
             try:
                 size, modified = measure(path)
             except OSError:
                 continue
-            done = shipped(entry.name, path) if kind == "log" else True
-            out.append(Leftover(kind, entry.name, path, size, modified, done))
+            done = shipped(name, path) if kind == "log" else True
+            out.append(Leftover(kind, name, path, size, modified, done))
     return out
 
 

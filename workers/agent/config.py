@@ -21,6 +21,9 @@ from workers.signing import DEFAULT_MAX_AGE_S, DEFAULT_MAX_SKEW_S, SignatureErro
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
+SHM_ROOT = Path("/dev/shm")
+"""The host's shared-memory tmpfs: each job's ``/dev/shm`` is a directory of it."""
+
 WORKER_MODULE = "workers.elastic.worker"
 """The training process entry point (``python -m WORKER_MODULE ...``)."""
 
@@ -117,6 +120,10 @@ class AgentConfig:
     def job_dir(self, job: str) -> Path:
         """Where a tenant program's job keeps its files on this node (``JobDirs``)."""
         return self.data_dir / "jobs" / job
+
+    def job_shm_dir(self, job: str) -> Path:
+        """The ``/dev/shm`` that ``job``'s processes on this node share (memory-backed)."""
+        return SHM_ROOT / f"portal-{self.node}-{job}"
 
     def code_cache_dir(self) -> Path:
         """Where this node unpacks code bundles, one read-only directory per bundle."""

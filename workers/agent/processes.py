@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,6 +57,7 @@ from workers.agent.sandbox import (
     gpu_device_nodes,
     hand_over,
     job_identity,
+    private_directory,
     refusal,
     sandbox_problem,
 )
@@ -468,6 +470,10 @@ class ProcessTable:
         identity = None
         if os.geteuid() == 0:
             identity = job_identity(job, settings.uid_base, settings.uid_count)
+        if mounts.shm_dir is not None:
+            uids = (identity.uid,) if identity is not None else ()
+            owned = (*owned, private_directory(mounts.shm_dir, uids))
+        if identity is not None:
             hand_over(owned, identity)
         args_fd = _memory_file("bwrap-args", args_payload(env_args(env)))
         rules = seccomp.filter_for()
@@ -610,6 +616,10 @@ class ProcessTable:
                 if child.popen is not None:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         child.popen.wait(timeout=5)
+
+    def release_job(self, job: str) -> None:
+        """Remove what ``job`` held on this node beyond its files: its shared ``/dev/shm``."""
+        shutil.rmtree(self.config.job_shm_dir(job), ignore_errors=True)
 
     def release(self, wait_seconds: float = 2.0) -> None:
         """Remove what exited programs left behind (their cgroups), waiting a little."""

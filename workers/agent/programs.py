@@ -58,6 +58,11 @@ class JobDirs:
     """The job's prefix in a directory store every node sees (None: an object store)."""
 
     @property
+    def job(self) -> str:
+        """The job's id (``root`` is ``<data_dir>/jobs/<job>``)."""
+        return self.root.name
+
+    @property
     def checkpoints(self) -> Path:
         return (self.store or self.root) / "checkpoints"
 
@@ -331,6 +336,7 @@ def program_mounts(
         base_prefix=base_prefix,
         home=home,
         devices=devices,
+        shm_dir=config.job_shm_dir(dirs.job),
     )
 
 
@@ -363,6 +369,7 @@ def builtin_mounts(
         base_prefix=base_prefix,
         home=home,
         devices=devices,
+        shm_dir=config.job_shm_dir(command.job),
     )
 
 
@@ -375,6 +382,7 @@ def confined(
     base_prefix: Path,
     home: Path,
     devices: tuple[Path, ...],
+    shm_dir: Path,
 ) -> Mounts:
     """The sandbox every training process gets: the host read-only, the portal's data,
     the repository, the store and other bundles hidden; its code, the venv and the SDK
@@ -411,7 +419,7 @@ def confined(
         devices=devices if config.device == "cuda" else (),
         masked_files=MASKED_FILES + extra_files,  # a file cannot take a tmpfs: /dev/null it
         tmp_bytes=config.sandbox.tmp_mb * 1024 * 1024,
-        shm_bytes=config.sandbox.memory_mb * 1024 * 1024,  # its pages count as memory anyway
+        shm_dir=shm_dir,
     )
 
 

@@ -46,9 +46,11 @@ requires a password.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
+import stat
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -75,6 +77,9 @@ class Mounts:
     ``devices``: host device nodes added to the sandbox's minimal /dev (GPUs).
     ``tmp_bytes``, ``shm_bytes``: the sizes of its private ``/tmp`` and
     ``/dev/shm`` (None: the kernel's default, half the host's memory).
+    ``shm_dir``: a host directory bound as ``/dev/shm`` instead, which every
+    process of one job on the node shares (NCCL's shared-memory transport
+    needs it); its pages count against each worker's memory cgroup.
     """
 
     hide: tuple[Path, ...]
@@ -84,6 +89,7 @@ class Mounts:
     devices: tuple[Path, ...] = ()
     tmp_bytes: int | None = None
     shm_bytes: int | None = None
+    shm_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,21 @@ def hand_over(paths: Sequence[Path], identity: Identity) -> None:
     """
     for path in paths:
         os.chown(path, identity.uid, identity.gid, follow_symlinks=False)
+
+
+def private_directory(path: Path, owners: tuple[int, ...] = ()) -> Path:
+    """Make ``path`` a directory only its owner may enter (an adapter's step).
+
+    Refuse a link, a file, or a directory of anyone but the agent and
+    ``owners`` (``/dev/shm`` is writable by every host user).
+    """
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid not in (os.geteuid(), *owners):
+        raise OSError(f"{path} is not a directory of the agent's: refusing to use it")
+    os.chmod(path, 0o700)
+    return path
 
 
 def env_args(env: Mapping[str, str]) -> list[str]:
@@ -175,9 +196,13 @@ def bwrap_argv(
     if die_with_parent:
         out.append("--die-with-parent")
     out += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
-    for private, size in (("/dev/shm", mounts.shm_bytes), ("/tmp", mounts.tmp_bytes)):
-        out += ["--perms", "1777"] + (["--size", str(size)] if size is not None else [])
-        out += ["--tmpfs", private]
+    if mounts.shm_dir is not None:
+        out += ["--bind", str(mounts.shm_dir), "/dev/shm"]
+    else:
+        out += ["--perms", "1777"] + (["--size", str(mounts.shm_bytes)] if mounts.shm_bytes else [])
+        out += ["--tmpfs", "/dev/shm"]
+    out += ["--perms", "1777"] + (["--size", str(mounts.tmp_bytes)] if mounts.tmp_bytes else [])
+    out += ["--tmpfs", "/tmp"]
     for device in mounts.devices:
         out += ["--dev-bind-try", str(device), str(device)]
     hidden = sorted(set(mounts.hide), key=lambda p: (len(p.parts), str(p)))

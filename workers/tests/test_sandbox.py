@@ -446,6 +446,59 @@ def test_a_programs_tmp_is_sized_so_it_cannot_fill_the_nodes_memory(
     assert seen["/dev/shm/big"] == "wrote", seen  # /dev/shm grows to the memory limit
 
 
+SHM_SCRIPT = """
+import json, os, sys, time
+rank, role = int(os.environ["RANK"]), sys.argv[1]
+out = {"rank": rank}
+if role == "share":
+    if rank == 0:
+        with open("/dev/shm/from-w0", "w") as f:
+            f.write("hello from w0")
+    deadline = time.time() + 20
+    while not os.path.exists("/dev/shm/from-w0") and time.time() < deadline:
+        time.sleep(0.05)
+    out["seen"] = open("/dev/shm/from-w0").read()
+    time.sleep(3)  # held open while another job looks
+else:
+    out["listing"] = os.listdir("/dev/shm")
+print(json.dumps(out))
+"""
+
+
+def test_a_jobs_processes_on_a_node_share_dev_shm_and_other_jobs_do_not_see_it(
+    host: Host, node: str, redis_url: str, job: str
+) -> None:
+    """NCCL's shared-memory transport needs one /dev/shm for a job's local ranks; a private
+    one per worker broke it, and a host-wide one would show a job's data to others."""
+    host.bundle(CODE, SHM_SCRIPT)
+    agent, sent = make_agent(host, node, redis_url, slots=3)
+    other = f"{job}-other"
+    shared = agent.config.job_shm_dir(job)
+    try:
+        payload = start_payload(job, "c1", workers=2, entrypoint=["main.py", "share"])
+        assert agent.receive(payload) == "applied", sent.reports
+        deadline = time.monotonic() + 30
+        while not (shared / "from-w0").exists():
+            assert time.monotonic() < deadline, sent.reports
+            agent.tick()
+            time.sleep(0.05)
+        look = start_payload(other, "c2", workers=1, entrypoint=["main.py", "look"])
+        look["workers"] = [{"worker_id": "w0", "slot": 2, "rank": 0}]
+        assert agent.receive(look) == "applied", sent.reports
+        run_to_exit(agent, sent, count=3)
+        assert {e.outcome for e in sent.of(WorkerExited)} == {"clean"}, sent.reports
+        assert (
+            output(agent, job, "w0")["seen"]
+            == output(agent, job, "w1")["seen"]
+            == ("hello from w0")
+        )
+        assert output(agent, other)["listing"] == []
+        assert not shared.exists()  # released when the job's last process here ended
+    finally:
+        agent.close(stop_children=True)
+        shutil.rmtree(shared, ignore_errors=True)
+
+
 # --------------------------------------------------------------------------- files
 
 FILES_SCRIPT = """
