@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from workers.agent.cleanup import CleanupSettings
+from workers.agent.gpus import GpuDevice
 from workers.protocol import (
     HEARTBEATS_QUEUE,
     REPORTS_QUEUE,
@@ -68,10 +69,16 @@ class AgentConfig:
     message_max_age_s: float = DEFAULT_MAX_AGE_S
     message_max_skew_s: float = DEFAULT_MAX_SKEW_S
     cleanup: CleanupSettings = field(default_factory=lambda: CleanupSettings())
+    gpus: tuple[GpuDevice, ...] = ()
+    """The GPU of each slot on a GPU node (``workers.agent.gpus``); empty: slot k is CUDA
+    device k, with every ``/dev/nvidia*`` in each sandbox."""
 
     def device_for(self, slot: int) -> str:
-        """The ``--device`` of the training process in ``slot``."""
-        return f"cuda:{slot}" if self.device == "cuda" else "cpu"
+        """The ``--device`` of the training process in ``slot``: with the slots' GPUs known
+        (``gpus``) it sees only its own, as device 0; else CUDA device ``slot``."""
+        if self.device != "cuda":
+            return "cpu"
+        return "cuda:0" if self.gpus else f"cuda:{slot}"
 
     def checkpoint_dir(self, job: str) -> Path:
         """Default checkpoint directory of a job: ``<data_dir>/checkpoints/<job>``."""

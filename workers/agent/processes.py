@@ -28,6 +28,7 @@ from typing import Any
 
 from workers.agent import limits, redis_acl, seccomp
 from workers.agent.config import REPO_ROOT, AgentConfig
+from workers.agent.gpus import device_nodes
 from workers.agent.launch import (
     log_tail,
     process_matches,
@@ -44,6 +45,7 @@ from workers.agent.programs import (
     placement,
     program_argv,
     program_mounts,
+    program_slots,
     torchrun_env,
 )
 from workers.agent.sandbox import (
@@ -54,7 +56,6 @@ from workers.agent.sandbox import (
     bwrap_argv,
     bwrap_binary,
     env_args,
-    gpu_device_nodes,
     hand_over,
     job_identity,
     private_directory,
@@ -323,7 +324,7 @@ class ProcessTable:
                 command,
                 worker.worker_id,
                 base_prefix=Path(sys.base_prefix),
-                devices=gpu_device_nodes(),
+                devices=device_nodes(self.config.gpus, [worker.slot]),
             ),
             generation=0,
         )
@@ -351,7 +352,7 @@ class ProcessTable:
                 worker.worker_id,
                 code_dir,
                 base_prefix=Path(sys.base_prefix),
-                devices=gpu_device_nodes(),
+                devices=device_nodes(self.config.gpus, program_slots(command, worker)),
             ),
             generation=program.generation,
             owned=dirs.owned(worker.worker_id),

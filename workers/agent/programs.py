@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workers.agent.config import REPO_ROOT, S3_VARIABLES, AgentConfig, local_store_dir
+from workers.agent.gpus import cuda_visible
 from workers.agent.sandbox import HIDDEN_SYSTEM_DIRS, MASKED_FILES, Mounts
 from workers.elastic.cli import OPTIONS_ENV, WorkerOptions, options_to_env
 from workers.protocol import Program, StartWorkers, WorkerSlot
@@ -122,6 +123,15 @@ def placement(command: StartWorkers, worker: WorkerSlot) -> Placement:
     group_rank = program.group_rank if program is not None else 0
     rank = worker.rank if worker.rank is not None else group_rank * local_world + local_rank
     return Placement(local_rank=local_rank, local_world_size=local_world, rank=rank)
+
+
+def program_slots(command: StartWorkers, worker: WorkerSlot) -> list[int]:
+    """The GPUs a program's process uses: a torchrun process may pick any of its command's
+    (``cuda:LOCAL_RANK``), an edl process only its own."""
+    program = command.program
+    if program is not None and program.launcher == "torchrun":
+        return [w.slot for w in command.workers]
+    return [worker.slot]
 
 
 def venv_dir(python: str) -> Path:
@@ -226,6 +236,9 @@ def builtin_env(
     repository, of which the sandbox shows only the SDK packages.
     """
     env = fixed_env(config, JobDirs(config.job_dir(command.job)).scratch(worker_id))
+    if config.device == "cuda" and config.gpus:  # its own GPU only, as cuda:0 (device_for)
+        slot = next(w.slot for w in command.workers if w.worker_id == worker_id)
+        env["CUDA_VISIBLE_DEVICES"] = cuda_visible(config.gpus, [slot])
     if command.store_prefix is not None:
         env.update(store_variables(config, environ))
     env.update(REDIS_URL=redis_url, PYTHONPATH=str(repo_root))
@@ -254,7 +267,7 @@ def torchrun_env(
     )
     if config.device == "cuda":
         # torchrun's scripts pick cuda:LOCAL_RANK: the command's slots, in order.
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(w.slot) for w in command.workers)
+        env["CUDA_VISIBLE_DEVICES"] = cuda_visible(config.gpus, [w.slot for w in command.workers])
     return env
 
 
@@ -309,7 +322,7 @@ def edl_env(
     env[OPTIONS_ENV] = options_to_env(edl_options(config, command, worker, dirs, redis_url))
     env["PYTHONPATH"] = str(sdk_root)
     if config.device == "cuda":
-        env["CUDA_VISIBLE_DEVICES"] = str(worker.slot)
+        env["CUDA_VISIBLE_DEVICES"] = cuda_visible(config.gpus, [worker.slot])
     return env
 
 

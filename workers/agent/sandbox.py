@@ -3,7 +3,7 @@
 What a program sees::
 
     /                      the host, read-only           (--ro-bind / /)
-    /proc, /dev            its own pid namespace, a minimal /dev (+ /dev/nvidia* on GPU nodes)
+    /proc, /dev            its own pid namespace, a minimal /dev (+ its GPUs' nodes, gpus.py)
     /tmp                   private, writable, gone at exit
     <repo>                 empty and read-only, except   (--tmpfs, --remount-ro)
       <repo>/.venv           the venv, read-only, when it lives in the repo
@@ -251,11 +251,6 @@ def probe_argv(bwrap: str) -> list[str]:
         "--unshare-pid", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",
         "--tmpfs", "/tmp", "--", "true",
     ]  # fmt: skip
-
-
-def gpu_device_nodes(dev: Path = Path("/dev")) -> tuple[Path, ...]:
-    """The NVIDIA device nodes of this host (``/dev/nvidia*``: GPUs, control, UVM, caps)."""
-    return tuple(sorted(dev.glob("nvidia*")))
 
 
 def bwrap_binary() -> str:

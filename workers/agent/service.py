@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -24,6 +25,7 @@ from workers.agent.agent import Agent
 from workers.agent.celery_app import BrokerNotConfigured, agent_app
 from workers.agent.code_cache import CodeCache
 from workers.agent.config import AgentConfig, AgentConfigError, AgentEnvironment, detect_slots
+from workers.agent.gpus import GpuDevice, host_gpus, slot_devices
 from workers.agent.processes import ResolveCode, no_code_cache
 from workers.agent.reports import send_heartbeat, send_report
 from workers.agent.store import AgentStore
@@ -141,10 +143,19 @@ def config_from_options(
             "no agent key: set AGENT_KEY or AGENT_KEY_FILE, or pass --key-file "
             "(manage.py agentkey NODE prints a node's key)"
         )
+    gpus: tuple[GpuDevice, ...] = ()
+    if device == "cuda":
+        gpus = slot_devices(host_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"), slots)
+        if not gpus:
+            log.warning(
+                "cannot tell which GPU each slot is (/proc/driver/nvidia/gpus): slot k is CUDA "
+                "device k and every sandbox gets every /dev/nvidia*"
+            )
     return AgentConfig(
         node=options.node,
         device=device,
         slots=slots,
+        gpus=gpus,
         redis_url=env.redis_url,
         data_dir=env.data_dir,
         reports_queue=options.reports_queue,

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.agent.config import REPO_ROOT, AgentConfig
+from workers.agent.gpus import cuda_visible
 from workers.agent.launch import shown_command, spawn
 from workers.agent.programs import fixed_env
 
@@ -61,6 +62,8 @@ def warm_env(config: AgentConfig, slot: int) -> dict[str, str]:
     """A warm process's environment: a training process's fixed one, no credential."""
     env = fixed_env(config, config.data_dir / "warm" / f"slot{slot}")
     env["PYTHONPATH"] = str(REPO_ROOT)
+    if config.device == "cuda" and config.gpus:  # its own GPU only, as cuda:0 (device_for)
+        env["CUDA_VISIBLE_DEVICES"] = cuda_visible(config.gpus, [slot])
     return env
 
 
