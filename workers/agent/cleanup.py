@@ -115,9 +115,7 @@ Shipped = Callable[[str, Path], bool]
 """Whether the log directory of a job (its id, its path) was shipped to its end."""
 
 
-def scan(
-    data_dir: Path, node: str, shipped: Shipped, shm_root: Path = Path("/dev/shm")
-) -> list[Leftover]:
+def scan(data_dir: Path, node: str, shipped: Shipped, shm_root: Path) -> list[Leftover]:
     """Every job directory, job log directory, bundle and job shared memory of this node."""
     roots: tuple[tuple[Kind, Path, str], ...] = (
         ("job", data_dir / "jobs", ""),

@@ -200,7 +200,7 @@ class SandboxSettings:
     ``uid_base``/``uid_count``: the host uids programs run as under a root
     agent, one per job (``workers.agent.sandbox.job_identity``); keep the range
     free of real users and the same on every node.  ``tmp_mb``: the size of a
-    program's private ``/tmp`` (its ``/dev/shm`` may grow to ``memory_mb``).
+    program's private ``/tmp``.
     """
 
     mode: SandboxMode = "on"
@@ -230,7 +230,8 @@ class AgentEnvironment:
     ``SANDBOX_MAX_OPEN_FILES`` (default 4096), ``SANDBOX_HIDE`` (colon-separated
     paths), ``SANDBOX_DATABASE_FILE`` (the portal's SQLite file, if any),
     ``SANDBOX_UID_BASE`` and ``SANDBOX_UID_COUNT`` (programs' host uids, default
-    200000 and 100000), ``SANDBOX_TMP_MB`` (default 2048); ``ARTIFACT_URL`` (where the portal stores code bundles; default
+    200000 and 100000), ``SANDBOX_TMP_MB`` (default 2048); ``ARTIFACT_URL``
+    (where the portal stores code bundles; default
     ``file://<PORTAL_DATA_DIR>/artifacts``, the portal's own default) and
     ``AGENT_ADDRESS`` (how other nodes reach this one, e.g. a torchrun
     program's rank 0; default ``127.0.0.1``); ``ARTIFACT_COLLECT_MAX_FILES``

@@ -405,8 +405,9 @@ class ProcessTable:
         """Start ``argv`` in the sandbox (unless SANDBOX=off) with its limits; remember it.
 
         ``owned``: the paths the program writes, handed to its uid when it has
-        one (a root agent's sandbox).  ``details``: what the record keeps beyond the process (a program's
-        launcher, rank, store prefix); a built-in's record has none, and its
+        one (a root agent's sandbox).  ``details``: what the record keeps beyond
+        the process (a program's launcher, rank, store prefix); a built-in's
+        record has none, and its
         ``generation`` (0) only names its cgroups.  The caller has refused an
         unsandboxed start (``_refuse_unsandboxed``).
         """

@@ -267,7 +267,7 @@ def torchrun_env(
     )
     if config.device == "cuda":
         # torchrun's scripts pick cuda:LOCAL_RANK: the command's slots, in order.
-        env["CUDA_VISIBLE_DEVICES"] = cuda_visible(config.gpus, [w.slot for w in command.workers])
+        env["CUDA_VISIBLE_DEVICES"] = cuda_visible(config.gpus, program_slots(command, worker))
     return env
 
 
@@ -322,7 +322,7 @@ def edl_env(
     env[OPTIONS_ENV] = options_to_env(edl_options(config, command, worker, dirs, redis_url))
     env["PYTHONPATH"] = str(sdk_root)
     if config.device == "cuda":
-        env["CUDA_VISIBLE_DEVICES"] = cuda_visible(config.gpus, [worker.slot])
+        env["CUDA_VISIBLE_DEVICES"] = cuda_visible(config.gpus, program_slots(command, worker))
     return env
 
 

@@ -75,11 +75,11 @@ class Mounts:
     and ``writable``: directories bound (back) at the same path; a read-only
     one outside every hidden directory is visible anyway and is not bound.
     ``devices``: host device nodes added to the sandbox's minimal /dev (GPUs).
-    ``tmp_bytes``, ``shm_bytes``: the sizes of its private ``/tmp`` and
-    ``/dev/shm`` (None: the kernel's default, half the host's memory).
-    ``shm_dir``: a host directory bound as ``/dev/shm`` instead, which every
-    process of one job on the node shares (NCCL's shared-memory transport
-    needs it); its pages count against each worker's memory cgroup.
+    ``tmp_bytes``: the size of its private ``/tmp`` (None: the kernel's
+    default, half the host's memory).  ``shm_dir``: a host directory bound as
+    ``/dev/shm``, which every process of one job on the node shares (NCCL's
+    shared-memory transport needs it; its pages count against each worker's
+    memory cgroup); None: a private tmpfs.
     """
 
     hide: tuple[Path, ...]
@@ -88,7 +88,6 @@ class Mounts:
     masked_files: tuple[Path, ...] = MASKED_FILES
     devices: tuple[Path, ...] = ()
     tmp_bytes: int | None = None
-    shm_bytes: int | None = None
     shm_dir: Path | None = None
 
 
@@ -199,8 +198,7 @@ def bwrap_argv(
     if mounts.shm_dir is not None:
         out += ["--bind", str(mounts.shm_dir), "/dev/shm"]
     else:
-        out += ["--perms", "1777"] + (["--size", str(mounts.shm_bytes)] if mounts.shm_bytes else [])
-        out += ["--tmpfs", "/dev/shm"]
+        out += ["--perms", "1777", "--tmpfs", "/dev/shm"]
     out += ["--perms", "1777"] + (["--size", str(mounts.tmp_bytes)] if mounts.tmp_bytes else [])
     out += ["--tmpfs", "/tmp"]
     for device in mounts.devices:
