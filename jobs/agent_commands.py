@@ -151,6 +151,7 @@ def _program(
         world_size=len(everyone),
         group_rank=nodes.index(node),
         master_addr=homes[everyone[0]].address,
+        master_node=homes[everyone[0]].node,
         master_port=program.master_port,
     )
 

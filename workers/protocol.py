@@ -125,7 +125,9 @@ class Program(Record):
     file of the bundle, then its arguments.  For ``launcher: torchrun``,
     ``generation`` counts the job's runs (a resize stops and starts it again),
     ``world_size`` and ``group_rank`` (this node's index) complete the torchrun
-    contract, and rank 0's node answers on ``master_addr:master_port``.
+    contract, and rank 0's node answers on ``master_addr:master_port``;
+    ``master_node`` names that node, whose agent gives it an address in the
+    job's own network (``workers.agent.network``) where programs have one.
     """
 
     code: str
@@ -138,6 +140,7 @@ class Program(Record):
     group_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
+    master_node: str = ""
 
     def validate(self) -> None:
         try:
@@ -156,6 +159,8 @@ class Program(Record):
         if not 1 <= self.master_port <= 65535:
             raise ProtocolError("program.master_port must be a TCP port (1-65535)")
         check_name(self.master_addr, "program.master_addr")
+        if self.master_node:
+            check_name(self.master_node, "program.master_node")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -661,6 +666,40 @@ class Metrics(JobEventReport):
             raise ProtocolError("metrics.points must not be empty")
         if len(self.points) > MAX_METRIC_POINTS:
             raise ProtocolError(f"metrics.points may hold at most {MAX_METRIC_POINTS} points")
+
+
+EVENTS_DROPPED_REASON_CHARS = 300
+"""The most characters of the reason an ``events_dropped`` report carries."""
+
+
+@_report
+@dataclass(frozen=True, kw_only=True)
+class EventsDropped(JobReport):
+    """Entries of the job's event stream that the agent dropped instead of forwarding.
+
+    The stream is the tenant program's to write (``workers.job_events``):
+    an entry that is malformed, over the job's rate, or that claims what the
+    agent sees is false, is counted, and the count reaches the job's history.
+    ``count`` entries since the agent's last such report, from
+    ``first_event_id`` to ``last_event_id``; ``reason`` is the first one's.
+    """
+
+    TYPE: ClassVar[str] = "events_dropped"
+
+    count: int
+    reason: str
+    first_event_id: str
+    last_event_id: str
+
+    def validate(self) -> None:
+        super().validate()
+        at_least(self.count, 1, "events_dropped.count")
+        check_id(self.first_event_id, "events_dropped.first_event_id")
+        check_id(self.last_event_id, "events_dropped.last_event_id")
+        if len(self.reason) > EVENTS_DROPPED_REASON_CHARS:
+            raise ProtocolError(
+                f"events_dropped.reason must be at most {EVENTS_DROPPED_REASON_CHARS} characters"
+            )
 
 
 @_report

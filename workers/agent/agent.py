@@ -148,6 +148,8 @@ class Agent:
             records = self.processes.records()
             collecting = {t.name.removeprefix("collect-") for t in self._collectors if t.is_alive()}
             busy_jobs = {r.job for r in records} | set(self.processes.stops) | collecting
+            for job in self.processes.isolation.leftovers(busy_jobs):
+                self.processes.isolation.release(job)
             chosen = cleanup.doomed(
                 leftovers,
                 now=self.clock.now(),

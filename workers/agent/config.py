@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import sys
 from collections.abc import Mapping
@@ -179,6 +180,7 @@ class CollectLimits:
 
 
 SandboxMode = Literal["on", "off"]
+NetworkMode = Literal["job", "host"]
 
 
 @dataclass(frozen=True)
@@ -200,7 +202,10 @@ class SandboxSettings:
     ``uid_base``/``uid_count``: the host uids programs run as under a root
     agent, one per job (``workers.agent.sandbox.job_identity``); keep the range
     free of real users and the same on every node.  ``tmp_mb``: the size of a
-    program's private ``/tmp``.
+    program's private ``/tmp``.  ``network`` ``job``: each job's programs get a
+    network namespace of their own per node, on a bridge of the job's, addresses
+    from ``subnet`` (``workers.agent.network``; a root agent only); ``host``: the
+    host's network.
     """
 
     mode: SandboxMode = "on"
@@ -215,6 +220,8 @@ class SandboxSettings:
     uid_base: int = 200_000
     uid_count: int = 100_000
     tmp_mb: int = 2048
+    network: NetworkMode = "job"
+    subnet: str = "10.77.0.0/16"
 
 
 @dataclass(frozen=True)
@@ -230,7 +237,9 @@ class AgentEnvironment:
     ``SANDBOX_MAX_OPEN_FILES`` (default 4096), ``SANDBOX_HIDE`` (colon-separated
     paths), ``SANDBOX_DATABASE_FILE`` (the portal's SQLite file, if any),
     ``SANDBOX_UID_BASE`` and ``SANDBOX_UID_COUNT`` (programs' host uids, default
-    200000 and 100000), ``SANDBOX_TMP_MB`` (default 2048); ``ARTIFACT_URL``
+    200000 and 100000), ``SANDBOX_TMP_MB`` (default 2048), ``SANDBOX_NETWORK``
+    (``job`` | ``host``, default job) and ``SANDBOX_SUBNET`` (default
+    10.77.0.0/16); ``ARTIFACT_URL``
     (where the portal stores code bundles; default
     ``file://<PORTAL_DATA_DIR>/artifacts``, the portal's own default) and
     ``AGENT_ADDRESS`` (how other nodes reach this one, e.g. a torchrun
@@ -333,7 +342,29 @@ def _sandbox(env: Mapping[str, str]) -> SandboxSettings:
         uid_base=int(_positive(env, "SANDBOX_UID_BASE", 200_000)),
         uid_count=int(_positive(env, "SANDBOX_UID_COUNT", 100_000)),
         tmp_mb=int(_positive(env, "SANDBOX_TMP_MB", 2048)),
+        network=_network(env),
+        subnet=_subnet(env),
     )
+
+
+def _network(env: Mapping[str, str]) -> NetworkMode:
+    raw = (env.get("SANDBOX_NETWORK") or "job").strip().lower()
+    if raw not in ("job", "host"):
+        raise AgentConfigError(f"SANDBOX_NETWORK must be job or host, not {raw!r}")
+    return "job" if raw == "job" else "host"
+
+
+def _subnet(env: Mapping[str, str]) -> str:
+    raw = (env.get("SANDBOX_SUBNET") or "10.77.0.0/16").strip()
+    try:
+        subnet = ipaddress.IPv4Network(raw)
+    except ValueError as exc:
+        raise AgentConfigError(f"SANDBOX_SUBNET must be an IPv4 network: {exc}") from None
+    if subnet.prefixlen > 30:
+        raise AgentConfigError(
+            f"SANDBOX_SUBNET {raw} is too small: a job needs addresses for its nodes"
+        )
+    return str(subnet)
 
 
 def _positive(env: Mapping[str, str], name: str, default: float) -> float:

@@ -22,13 +22,14 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from workers.agent import limits, redis_acl, seccomp
 from workers.agent.config import REPO_ROOT, AgentConfig
 from workers.agent.gpus import device_nodes
+from workers.agent.isolation import NetworkIsolation
 from workers.agent.launch import (
     log_tail,
     process_matches,
@@ -51,6 +52,7 @@ from workers.agent.programs import (
 from workers.agent.sandbox import (
     BUILDER_ENV,
     SETPRIV,
+    Identity,
     Mounts,
     args_payload,
     bwrap_argv,
@@ -214,6 +216,8 @@ class ProcessTable:
         """Jobs whose Redis user this agent created (deleted when the job ends here)."""
         self._leftover_cgroups: list[str] = []
         self.warm = WarmPool(config, enabled_for(config))
+        self.isolation = NetworkIsolation(config, store.redis)
+        """Each job's own network and Redis socket here (``SANDBOX_NETWORK=job``)."""
         """Warm worker processes of the idle slots (``AGENT_WARM_WORKERS=1``, SANDBOX=off;
         warm.py)."""
 
@@ -284,7 +288,13 @@ class ProcessTable:
         """The URL of ``job``'s own Redis user (made here; deleted when the job ends here)."""
         url = redis_acl.job_url(self.store.redis, self.config.redis_url, job)
         self.job_users.add(job)
-        return url
+        return self.isolation.redis_url(job, url, self._identity(job))
+
+    def _identity(self, job: str) -> Identity | None:
+        """The host uid ``job``'s programs run as (None: the agent is not root)."""
+        if os.geteuid() != 0:
+            return None
+        return job_identity(job, self.config.sandbox.uid_base, self.config.sandbox.uid_count)
 
     def _start_builtin(self, command: StartWorkers, worker: WorkerSlot) -> WorkerRecord:
         """A built-in workload runs as a tenant program does: the job's Redis user, a fixed
@@ -340,6 +350,9 @@ class ProcessTable:
             env = edl_env(self.config, command, worker, dirs, self._job_redis_url(command.job))
         else:
             env = torchrun_env(self.config, command, worker, dirs)
+            env["MASTER_ADDR"] = self.isolation.master_addr(
+                command.job, program.master_node, program.master_addr
+            )
         return self._launch(
             command,
             worker,
@@ -469,9 +482,10 @@ class ProcessTable:
         """Start ``argv`` under bubblewrap: bubblewrap with ``BUILDER_ENV`` only, the program's
         ``env`` through a memory file (``--args``), as the job's own uid under a root agent."""
         settings = self.config.sandbox
-        identity = None
-        if os.geteuid() == 0:
-            identity = job_identity(job, settings.uid_base, settings.uid_count)
+        identity = self._identity(job)
+        env = {**env, **self.isolation.variables()}
+        mounts = replace(mounts, read_only=(*mounts.read_only, *self.isolation.read_only(job)))
+        preexec, namespace_fd = self.isolation.joining(job, preexec)
         if mounts.shm_dir is not None:
             uids = (identity.uid,) if identity is not None else ()
             owned = (*owned, private_directory(mounts.shm_dir, uids))
@@ -502,7 +516,7 @@ class ProcessTable:
                 program_env=env,
             )
         finally:
-            for fd in fds:
+            for fd in fds if namespace_fd is None else (*fds, namespace_fd):
                 os.close(fd)
 
     def adopt(self, record: WorkerRecord) -> bool:
@@ -510,6 +524,8 @@ class ProcessTable:
         if is_alive(record, self.config.worker_module):
             if record.launcher != "torchrun":  # an edl program or a built-in: the job's user
                 self.job_users.add(record.job)
+            if record.sandboxed:  # its namespace outlived the agent; its Redis socket did not
+                self.isolation.adopt(record.job, self._identity(record.job))
             self.children[(record.job, record.worker_id)] = Child(record=record, popen=None)
             log.info(
                 "adopted worker %s of job %s (pid %d)", record.worker_id, record.job, record.pid
@@ -620,8 +636,10 @@ class ProcessTable:
                         child.popen.wait(timeout=5)
 
     def release_job(self, job: str) -> None:
-        """Remove what ``job`` held on this node beyond its files: its shared ``/dev/shm``."""
+        """Remove what ``job`` held on this node beyond its files: its shared ``/dev/shm``,
+        its network and Redis socket."""
         shutil.rmtree(self.config.job_shm_dir(job), ignore_errors=True)
+        self.isolation.release(job)
 
     def release(self, wait_seconds: float = 2.0) -> None:
         """Remove what exited programs left behind (their cgroups), waiting a little."""

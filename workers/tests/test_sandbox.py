@@ -9,12 +9,15 @@ the wrong reason.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import json
 import os
 import platform
 import shutil
 import socket
+import struct
 import textwrap
 import threading
 import time
@@ -35,6 +38,7 @@ from workers.agent import seccomp
 from workers.agent.agent import Agent
 from workers.agent.config import REPO_ROOT, AgentConfig, SandboxSettings
 from workers.agent.limits import descendants
+from workers.agent.network import NETNS_DIR, JobNetworks, net_names
 from workers.agent.redis_acl import delete_job_user, job_url
 from workers.agent.sandbox import BUILDER_ENV, NOBODY, job_identity
 from workers.agent.store import AgentStore
@@ -117,6 +121,10 @@ def node(redis_url: str) -> Iterator[str]:
     client = redis.Redis.from_url(redis_url)
     for key in client.scan_iter(match=f"agent:{name}:*"):
         client.delete(key)
+    for each in (name, f"{name}-b"):  # what a test left running, e.g. on a failure
+        networks = JobNetworks(each, client)
+        for left in networks.jobs_here():
+            networks.release(left)
 
 
 @pytest.fixture(autouse=True)
@@ -269,7 +277,7 @@ def torchrun_env_names() -> tuple[str, ...]:
         "SCRATCH_DIR", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
         "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
         "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID",
-    )  # fmt: skip
+    ) + (("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if os.geteuid() == 0 else ())  # fmt: skip
 
 
 def environ_of(pid: int) -> dict[str, str]:
@@ -808,6 +816,189 @@ def test_a_port_scan_finds_no_portal_redis_that_answers_without_a_password(
     finally:
         pid = (host.base / "embedded" / "redis" / "pid").read_text()
         os.kill(int(pid), 15)
+
+
+# --------------------------------------------------------------------------- network
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="a job's network needs a root agent")
+
+PROBE_SCRIPT = """
+import json, os, socket, sys
+targets = json.loads(os.environ["TARGETS"])
+seen = {}
+for name, (address, port) in targets.items():
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    s = socket.socket(family)
+    s.settimeout(1.0)
+    try:
+        s.connect((address, port))
+        seen[name] = "connected"
+    except OSError as exc:
+        seen[name] = f"refused: {exc}"
+    finally:
+        s.close()
+print(json.dumps({"seen": seen, "env": {k: v for k, v in os.environ.items() if "IFNAME" in k}}))
+"""
+
+
+def host_addresses() -> list[str]:
+    """This machine's non-loopback IPv4 addresses (``SIOCGIFADDR`` on each interface)."""
+    out: list[str] = []
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for name in os.listdir("/sys/class/net"):
+        if name == "lo" or name.startswith(("pjb", "pjv")):
+            continue
+        with contextlib.suppress(OSError):
+            request = struct.pack("256s", name[:15].encode())
+            out.append(socket.inet_ntoa(fcntl.ioctl(probe.fileno(), 0x8915, request)[20:24]))
+    probe.close()
+    return out
+
+
+@pytest.fixture
+def listener() -> Iterator[int]:
+    """A host service on every address (as the portal's web server would be)."""
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", 0))
+    server.listen(16)
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+                conn.close()
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join()
+    server.close()
+
+
+def run_payload(agent: Agent, sent: Collected, payload: dict[str, Any]) -> WorkerExited:
+    assert agent.receive(payload) == "applied", sent.reports
+    run_to_exit(agent, sent)
+    exited: WorkerExited = sent.of(WorkerExited)[-1]
+    return exited
+
+
+@root_only
+def test_a_program_reaches_no_host_service_redis_or_metadata_address(
+    host: Host, node: str, redis_url: str, job: str, listener: int
+) -> None:
+    redis_at = urlsplit(redis_url)
+    targets = {
+        "loopback service": ("127.0.0.1", listener),
+        "redis": (redis_at.hostname or "127.0.0.1", redis_at.port or 6379),
+        "metadata": ("169.254.169.254", 80),
+        **{f"host {a}": (a, listener) for a in host_addresses()},
+    }
+    host.bundle(CODE, PROBE_SCRIPT)
+    agent, sent = make_agent(host, node, redis_url)
+    payload = start_payload(job, "c1", env={"TARGETS": json.dumps(targets)})
+    try:
+        exited = run_payload(agent, sent, payload)
+        assert exited.outcome == "clean", agent.config.log_path(job, "w0").read_text()
+        seen = output(agent, job)
+        for name, result in seen["seen"].items():
+            assert result.startswith("refused"), (name, result)
+        assert seen["env"]["GLOO_SOCKET_IFNAME"] == "eth0"
+    finally:
+        agent.tick()
+    # The job ended here: its namespace is gone.
+    assert not (NETNS_DIR / net_names(node, job).namespace).exists()
+
+
+RANK_SCRIPT = """
+import json, os, socket, sys, time
+rank = int(os.environ["RANK"])
+address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+if rank == 0:
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", port))
+    server.listen(4)
+    print(json.dumps({"listening": [address, port]}), flush=True)
+    server.settimeout(60)
+    conn, peer = server.accept()
+    greeting = conn.recv(64).decode()
+    print(json.dumps({"greeting": greeting}), flush=True)
+else:
+    deadline = time.monotonic() + 40
+    while True:
+        s = socket.socket()
+        s.settimeout(1.0)
+        try:
+            s.connect((address, port))
+            s.sendall(b"hello from rank 1")
+            print(json.dumps({"sent": True}), flush=True)
+            break
+        except OSError as exc:
+            s.close()
+            if time.monotonic() > deadline:
+                print(json.dumps({"sent": repr(exc)}), flush=True)
+                break
+            time.sleep(0.2)
+"""
+
+
+def wait_line(path: Path, key: str, agents: list[Agent], timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for agent in agents:
+            agent.tick()
+        if path.exists():
+            for line in path.read_text().splitlines():
+                if line.startswith("{") and key in json.loads(line):
+                    return json.loads(line)[key]
+        time.sleep(0.1)
+    raise AssertionError(f"no {key!r} in {path}")
+
+
+@root_only
+def test_a_jobs_ranks_on_two_nodes_reach_each_other_and_another_job_does_not(
+    host: Host, node: str, redis_url: str, job: str
+) -> None:
+    host.bundle(CODE, RANK_SCRIPT)
+    other_node = f"{node}-b"
+    first, first_sent = make_agent(host, node, redis_url)
+    second, second_sent = make_agent(host, other_node, redis_url)
+    program = {"world_size": 2, "master_node": node}
+    rank0 = start_payload(job, "c1", **program)
+    rank0["workers"] = [{"worker_id": "w0", "slot": 0, "rank": 0}]
+    rank1 = start_payload(job, "c1", **program, group_rank=1)
+    rank1["workers"] = [{"worker_id": "w1", "slot": 0, "rank": 1}]
+    intruder_job = f"{job}-x"
+    try:
+        assert first.receive(rank0) == "applied", first_sent.reports
+        address, port = wait_line(first.config.log_path(job, "w0"), "listening", [first])
+        # Another tenant's program on the second node tries rank 0's address first.
+        intruder = start_payload(
+            intruder_job, "c2", env={"TARGETS": json.dumps({"rank 0": [address, port]})}
+        )
+        host.bundle(CODE, PROBE_SCRIPT, "probe.py")
+        intruder["program"]["entrypoint"] = ["probe.py"]
+        intruder["workers"] = [{"worker_id": "w0", "slot": 1, "rank": 0}]
+        assert second.receive(intruder) == "applied", second_sent.reports
+        run_to_exit(second, second_sent)
+        seen = output(second, intruder_job)["seen"]
+        assert seen["rank 0"].startswith("refused"), seen
+        # The job's own rank 1, on the second node, reaches it.
+        assert second.receive(rank1) == "applied", second_sent.reports
+        assert wait_line(second.config.log_path(job, "w1"), "sent", [first, second]) is True
+        greeting = wait_line(first.config.log_path(job, "w0"), "greeting", [first, second])
+        assert greeting == "hello from rank 1"
+        assert address != "127.0.0.1"
+    finally:
+        for agent in (first, second):
+            agent.processes.end_all()
+            agent.tick()
 
 
 # --------------------------------------------------------------------------- refusal
