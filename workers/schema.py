@@ -61,9 +61,24 @@ def _type_name(tp: Any) -> str:
     return str(tp)
 
 
+def check_text(value: str, path: str) -> str:
+    """``value`` if UTF-8 can encode it: no lone surrogate (JSON's ``"\\ud800"`` makes one).
+
+    Such a string parses, but signing (``workers.signing.canonical_json``), the
+    broker and PostgreSQL all refuse it, far from where it came in.
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ProtocolError(f"{path} holds text that does not encode (a lone surrogate)") from None
+    return value
+
+
 def _json_value(value: Any, path: str) -> Any:
     """Accept only JSON-representable values (so a message survives the broker)."""
-    if value is None or isinstance(value, bool | int | str):
+    if isinstance(value, str):
+        return check_text(value, path)
+    if value is None or isinstance(value, bool | int):
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -76,6 +91,7 @@ def _json_value(value: Any, path: str) -> Any:
         for key, item in value.items():
             if not isinstance(key, str):
                 raise ProtocolError(f"{path} must have string keys")
+            check_text(key, f"{path} key")
             out[key] = _json_value(item, f"{path}.{key}")
         return out
     raise ProtocolError(f"{path} must be JSON data, not {type(value).__name__}")
@@ -107,7 +123,7 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         raise ProtocolError(f"{path} must be {_type_name(tp)}")
     if origin is Literal:
         if value not in typing.get_args(tp) or isinstance(value, bool):
-            raise ProtocolError(f"{path} must be {_type_name(tp)}, not {value!r}")
+            raise ProtocolError(f"{path} must be {_type_name(tp)}, not {value!a}")
         return value
     if origin is tuple:
         if not isinstance(value, list | tuple):
@@ -152,7 +168,7 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     if tp is str:
         if not isinstance(value, str):
             raise ProtocolError(f"{path} must be a string")
-        return value
+        return check_text(value, path)
     raise TypeError(f"protocol: unsupported annotation {tp!r} at {path}")  # a bug, not input
 
 

@@ -25,6 +25,7 @@ from jobs import agent_trust, holdings
 from jobs.agent_commands import job_id_from_name
 from jobs.choices import ACTIVE_STATES, TERMINAL_STATES, EventKind, JobState
 from jobs.control import outputs, program_exits
+from jobs.control.dropped_events import events_dropped
 from jobs.control.endings import accrue_service, complete_job, fail_or_retry
 from jobs.control.logs import log_lines
 from jobs.control.report_time import report_time as _at
@@ -36,6 +37,7 @@ from scheduler.curves import record_measurement
 from workers.protocol import (
     ArtifactStored,
     CheckpointSkipped,
+    EventsDropped,
     Failed,
     Finished,
     Heartbeat,
@@ -382,4 +384,5 @@ _HANDLERS: dict[type[Report], Callable[[Job, Any], str]] = {
     ArtifactStored: outputs.artifact_stored,
     CheckpointSkipped: outputs.checkpoint_skipped,
     Metrics: outputs.metrics,
+    EventsDropped: events_dropped,
 }

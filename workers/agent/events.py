@@ -3,22 +3,62 @@
 Each hosted job has a ``JobWatch``: its ``JobControl`` and how far its event
 stream was read.  The first agent to claim an event in Redis sends it, so a
 job spread over several nodes reports each event once.
+
+The stream is the tenant program's to write, so every entry is untrusted
+input (``workers.job_events``)::
+
+    entry ──▶ id not in the future ──▶ within the job's rate (EventBudget)
+          ──▶ decodes (size, UTF-8, JSON object, depth, text that encodes)
+          ──▶ makes a valid report (workers.protocol) that signs
+          ──▶ claimed ──▶ sent
+    any refusal ──▶ dropped, counted; the count goes to the portal as an
+                    ``events_dropped`` report (at most one per job every
+                    ``DROPPED_REPORT_EVERY_S``), which the job's history shows
+
+Nothing an entry holds is raised out of ``forward``: a pass over the jobs
+always reaches the heartbeat.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from workers.agent.reports import report_from_event
 from workers.agent.store import AgentStore
+from workers.clock import SYSTEM_CLOCK, Clock
 from workers.elastic.control import JobControl
-from workers.elastic.redis_client import DEFAULT_OUTAGE_S
-from workers.protocol import Failed, Finished, ProtocolError, Report
+from workers.elastic.redis_client import DEFAULT_OUTAGE_S, connect
+from workers.job_events import (
+    EventBudget,
+    EventRefused,
+    check_entry_id,
+    decode_entry,
+    entry_size,
+    safe_text,
+)
+from workers.protocol import (
+    EVENTS_DROPPED_REASON_CHARS,
+    EventsDropped,
+    Failed,
+    Finished,
+    ProtocolError,
+    Report,
+)
+from workers.signing import canonical_json
 
 log = logging.getLogger(__name__)
+
+READ_PER_PASS = 200
+"""The most entries of one job's stream read in one pass (the rest wait for the next)."""
+
+DROPPED_REPORT_EVERY_S = 10.0
+"""How often, at most, a job's dropped entries are reported (one report counts them all)."""
+
+RawEntries = list[tuple[str, dict[bytes, bytes]]]
+"""``[(entry id, raw fields)]`` of a job's event stream, oldest first."""
 
 
 class JobControlLike(Protocol):
@@ -35,9 +75,48 @@ class JobControlLike(Protocol):
         self, min_workers: int, max_workers: int, batches_per_level: int = 20
     ) -> None: ...
     def status(self) -> Any: ...
-    def read_events(
-        self, last_id: str = "0", block_ms: int | None = None
-    ) -> list[tuple[str, dict[str, Any]]]: ...
+    def read_raw_events(self, last_id: str, count: int) -> RawEntries: ...
+    def stream_end(self) -> str: ...
+
+
+class AgentJobControl(JobControl):
+    """The runtime's ``JobControl``, reading the events stream as bytes.
+
+    ``JobControl.read_events`` decodes and parses every entry of a batch: one
+    entry that is not UTF-8 or not JSON fails the whole read, every pass,
+    and the job's events stop there.  The agent reads the raw entries and
+    judges each on its own (``workers.job_events``).
+    """
+
+    def __init__(self, redis_url: str, job_id: str, outage_s: float = DEFAULT_OUTAGE_S) -> None:
+        super().__init__(redis_url, job_id, outage_s=outage_s)
+        self.raw = connect(redis_url, outage_s=outage_s, decode_responses=False)
+
+    def read_raw_events(self, last_id: str, count: int) -> RawEntries:
+        """Up to ``count`` entries after ``last_id``, their fields as Redis holds them."""
+        answer: Any = self.raw.xread({self.keys.events: last_id}, count=count)
+        out: RawEntries = []
+        for _stream, entries in answer or []:
+            for entry_id, fields in entries:
+                out.append((_id_text(entry_id), _raw_fields(fields)))
+        return out
+
+    def stream_end(self) -> str:
+        """Id of the job's latest event, so that tailing starts after it ("0" if none)."""
+        last: Any = self.raw.xrevrange(self.keys.events, count=1)
+        return _id_text(last[0][0]) if last else "0"
+
+
+def _id_text(value: Any) -> str:
+    # Redis makes entry ids ASCII ("<ms>-<seq>"); a writer-chosen one is digits too.
+    return value.decode("ascii") if isinstance(value, bytes) else str(value)
+
+
+def _raw_fields(fields: Mapping[Any, Any]) -> dict[bytes, bytes]:
+    def raw(value: Any) -> bytes:
+        return value if isinstance(value, bytes) else str(value).encode()
+
+    return {raw(key): raw(value) for key, value in fields.items()}
 
 
 def default_control_factory(redis_url: str) -> Callable[[str], JobControlLike]:
@@ -45,9 +124,27 @@ def default_control_factory(redis_url: str) -> Callable[[str], JobControlLike]:
 
     def make(job: str) -> JobControlLike:
         # The agent outlives a Redis restart: its reads wait for Redis like the runtime's.
-        return JobControl(redis_url, job, outage_s=DEFAULT_OUTAGE_S)
+        return AgentJobControl(redis_url, job, outage_s=DEFAULT_OUTAGE_S)
 
     return make
+
+
+@dataclass
+class Dropped:
+    """Entries of a job's stream dropped since the last ``events_dropped`` report."""
+
+    count: int = 0
+    reason: str = ""
+    first_event_id: str = ""
+    last_event_id: str = ""
+
+    def add(self, event_id: str, reason: str) -> None:
+        """Count one more dropped entry (the first one's reason is kept)."""
+        if not self.count:
+            self.reason = safe_text(reason, EVENTS_DROPPED_REASON_CHARS)
+            self.first_event_id = event_id
+        self.count += 1
+        self.last_event_id = event_id
 
 
 @dataclass
@@ -59,6 +156,8 @@ class JobWatch:
     ended: bool = False
     last_crash: str | None = None
     crashed_workers: set[str] = field(default_factory=set)
+    dropped: Dropped = field(default_factory=Dropped)
+    next_dropped_report: float = 0.0
 
 
 class EventForwarder:
@@ -70,11 +169,17 @@ class EventForwarder:
         store: AgentStore,
         control_factory: Callable[[str], JobControlLike],
         send: Callable[[Report], object],
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        budget: EventBudget | None = None,
     ) -> None:
         self.node = node
         self.store = store
         self._control_factory = control_factory
         self._send = send
+        self.clock = clock
+        """Wall time judges entry ids (Redis's own clock makes them), monotonic time the rate."""
+        self.budget = budget or EventBudget()
         self.jobs: dict[str, JobWatch] = {}
 
     def watch(self, job: str) -> JobWatch:
@@ -89,26 +194,94 @@ class EventForwarder:
         return watch
 
     def forward(self, job: str) -> None:
-        """Send the job's new runtime events as reports (each event by one agent only)."""
+        """Send the job's new runtime events as reports (each event by one agent only).
+
+        Never raises for what the stream holds: a refused entry is dropped and
+        counted (``events_dropped``).
+        """
         watch = self.jobs[job]
         try:
-            events = watch.control.read_events(watch.cursor)
+            entries = watch.control.read_raw_events(watch.cursor, READ_PER_PASS)
         except Exception:  # Redis hiccup: try again next tick
             log.exception("could not read the events of job %s", job)
             return
-        for event_id, event in events:
+        for event_id, fields in entries:
             watch.cursor = event_id
-            try:
-                report = report_from_event(self.node, job, event_id, event)
-            except ProtocolError as exc:
-                log.warning("job %s: skipped runtime event %s: %s", job, event_id, exc)
-                continue
-            if isinstance(report, Finished | Failed):
-                watch.ended = True
-            if report is not None and self.store.claim_event(job, event_id):
-                self._send(report)
-        if events:
+            self._forward_one(job, watch, event_id, fields)
+        if entries:
             self.store.save_cursor(job, watch.cursor)
+        self._report_dropped(job, watch)
+
+    def _forward_one(
+        self, job: str, watch: JobWatch, event_id: str, fields: Mapping[bytes, bytes]
+    ) -> None:
+        try:
+            report = self._vet(job, event_id, fields)
+        except (EventRefused, ProtocolError) as exc:
+            self._drop(job, watch, event_id, str(exc))
+            return
+        except Exception as exc:  # whatever an entry holds, the pass goes on
+            log.exception("job %s: runtime event %s broke its translation", job, event_id)
+            self._drop(job, watch, event_id, f"unreadable event ({type(exc).__name__})")
+            return
+        if isinstance(report, Finished | Failed):
+            watch.ended = True
+        if report is not None and self.store.claim_event(job, event_id):
+            self._send_safely(report)
+
+    def _vet(self, job: str, event_id: str, fields: Mapping[bytes, bytes]) -> Report | None:
+        """The report of one entry, or ``EventRefused``/``ProtocolError`` saying why not."""
+        check_entry_id(event_id, now_s=self.clock.now())
+        size = entry_size(fields)
+        if not self.budget.take(job, size, self.clock.monotonic()):
+            raise EventRefused(
+                f"over the job's rate of {self.budget.events_per_s:g} events "
+                f"and {self.budget.bytes_per_s / 1024:g} KiB a second"
+            )
+        event = decode_entry(fields)
+        report = report_from_event(self.node, job, event_id, event)
+        if report is not None:
+            try:  # exactly what signing does to it (workers.signing.seal)
+                canonical_json(report.to_dict())
+            except ValueError as exc:
+                raise EventRefused(f"{event['kind']} event does not sign: {exc}") from None
+        return report
+
+    def _drop(self, job: str, watch: JobWatch, event_id: str, reason: str) -> None:
+        """Count a refused entry once across the job's agents (the one that claims it)."""
+        log.warning("job %s: dropped runtime event %s: %s", job, event_id, safe_text(reason))
+        try:
+            if not self.store.claim_event(job, event_id):
+                return
+        except Exception:  # Redis away: counted here, at worst twice
+            log.warning("could not claim dropped event %s of job %s", event_id, job)
+        watch.dropped.add(event_id, reason)
+
+    def _report_dropped(self, job: str, watch: JobWatch, *, now: bool = False) -> None:
+        """Send the job's dropped count, at most every ``DROPPED_REPORT_EVERY_S``."""
+        if not watch.dropped.count:
+            return
+        at = self.clock.monotonic()
+        if not now and at < watch.next_dropped_report:
+            return
+        dropped, watch.dropped = watch.dropped, Dropped()
+        watch.next_dropped_report = at + DROPPED_REPORT_EVERY_S
+        self._send_safely(
+            EventsDropped(
+                node=self.node,
+                job=job,
+                count=dropped.count,
+                reason=dropped.reason,
+                first_event_id=dropped.first_event_id,
+                last_event_id=dropped.last_event_id,
+            )
+        )
+
+    def _send_safely(self, report: Report) -> None:
+        try:
+            self._send(report)
+        except Exception:  # a report that cannot leave must not stop the pass
+            log.exception("could not send a %s report", report.TYPE)
 
     def note_crash(self, job: str, worker_id: str, code: int | None) -> None:
         """Remember a crash here, in case nobody of the job is left to report its end."""
@@ -123,8 +296,10 @@ class EventForwarder:
         return watch is not None and watch.ended
 
     def forget(self, job: str) -> JobWatch:
-        """Stop tailing ``job``; return its watch."""
+        """Stop tailing ``job`` (its dropped count is reported first); return its watch."""
         watch = self.jobs.pop(job)
+        self._report_dropped(job, watch, now=True)
+        self.budget.forget(job)
         self.store.drop_cursor(job)
         return watch
 
@@ -148,9 +323,4 @@ class EventForwarder:
 
 def _stream_end(control: JobControlLike) -> str:
     """Id of the job's latest runtime event, so that tailing starts after it ("0" if none)."""
-    client = getattr(control, "redis", None)
-    keys = getattr(control, "keys", None)
-    if client is None or keys is None:
-        return "0"
-    last = client.xrevrange(keys.events, count=1)
-    return str(last[0][0]) if last else "0"
+    return control.stream_end()

@@ -52,10 +52,16 @@ def send_report(
     The only place where reports leave the agent (through ``app``, by default
     the agent's own), each in an envelope signed with the node's ``key``
     (``workers.signing``).  Returns False (and logs) when the broker refuses
-    it: a lost report must not take the agent down.
+    it or it cannot be signed: a lost report must not take the agent down.
     """
     sender = app if app is not None else agent_app()
-    envelope = seal(report.to_dict(), node=report.node, key=key, now=now())
+    try:
+        # Sealing refuses what JSON cannot carry (text that does not encode, NaN): a
+        # report made of a job's data must not raise through the agent's loop.
+        envelope = seal(report.to_dict(), node=report.node, key=key, now=now())
+    except ValueError:
+        log.exception("could not sign %s report", report.TYPE)
+        return False
     try:
         sender.send_task(
             REPORT_TASK, args=[envelope], queue=queue, expires=expires, ignore_result=True

@@ -14,6 +14,7 @@ from workers.protocol import (
     CheckpointSkipped,
     Command,
     CurvePoint,
+    EventsDropped,
     Failed,
     Finished,
     Heartbeat,
@@ -130,6 +131,9 @@ def sample_reports() -> list[Report]:
         ),
         Finished(**common, event_id="7-0", step=40),
         Failed(**common, error="boom"),
+        EventsDropped(
+            **common, count=3, reason="not JSON", first_event_id="9-0", last_event_id="9-2"
+        ),
         WorkerExited(
             **common, worker_id="w0", slot=0, exit_code=-9, outcome="crashed", log_tail="x"
         ),
@@ -471,3 +475,11 @@ def test_log_lines_limits_its_text_and_names_bad_fields() -> None:
         LogLines(**common, offset=0, text="x" * 65537)
     with pytest.raises(ProtocolError, match=r"log_lines\.offset"):
         LogLines(**common, offset=-1, text="")
+
+
+def test_text_that_does_not_encode_is_refused_everywhere() -> None:
+    """A lone surrogate parses from JSON but cannot be signed, sent or stored: refused."""
+    with pytest.raises(ProtocolError, match="does not encode"):
+        Report.from_dict({"type": "failed", "node": "gpu-1", "job": "job-1", "error": "\ud800"})
+    with pytest.raises(ProtocolError, match="does not encode"):
+        ScaleDone(node="gpu-1", job="job-1", event_id="1-0", workers=("\udfff",))
