@@ -3,21 +3,42 @@
 The elastic runtime of job ``J`` keeps every key under ``edl:{J}:``
 (``workers.elastic.keys``).  A program started with the ``edl`` launcher gets
 a Redis URL for the user ``edl-J``, who may touch only those keys and
-channels, and none of the commands that reach beyond them::
+channels, and only the commands the runtime needs (an allow-list)::
 
     ACL SETUSER edl-J reset on >PASSWORD ~edl:J:* resetchannels &edl:J:*
-                      +@all -@dangerous -@admin -randomkey -script
-                      +script|load +script|exists
+                      -@all +@fast -@dangerous -@admin -@scripting -@blocking
+                      +set +del +scan +smembers +hgetall +exec
+                      +blpop +xread +subscribe +unsubscribe +psubscribe +punsubscribe
 
-``@dangerous`` and ``@admin`` cover KEYS, FLUSHALL, FLUSHDB, CONFIG, ACL,
-DEBUG, SHUTDOWN, MONITOR, CLIENT, INFO, SWAPDB, MIGRATE, SORT and the like;
-RANDOMKEY would show other jobs' key names; SCRIPT FLUSH/KILL would disturb
-other jobs' scripts.  What the runtime uses stays allowed: strings, hashes,
-sets, lists (BLPOP), streams, EVAL with declared keys (Redis checks each
-``redis.call`` of a script against the user's rules too), and SCAN with a
-MATCH of its prefix (the leader's clean-up, the store's key count).  Redis
-cannot restrict SCAN to a user's patterns, so a program can list the *names*
-of other keys (other jobs' ids and worker ids), never read or change them.
+``+@fast`` are the O(1) and O(log N) commands (GET, HSET, INCR, XADD, RPUSH,
+LPOP, EXPIRE, MULTI, WATCH, AUTH, PING...); the slow ones the runtime calls
+are named one by one.  What stays out, and why:
+
+- ``@scripting`` (EVAL, EVALSHA, SCRIPT, FUNCTION, FCALL): a script runs
+  inside the server; an endless loop answers BUSY to the broker, the cache,
+  the channel layer and every job until ``SHUTDOWN NOSAVE``.  The runtime's
+  compare-and-set steps are WATCH/MULTI/EXEC transactions instead
+  (``workers.elastic.redis_io.write_if``).
+- ``@dangerous`` and ``@admin``: KEYS, FLUSHALL, FLUSHDB, CONFIG, ACL,
+  DEBUG, SHUTDOWN, MONITOR, CLIENT KILL/LIST/PAUSE, INFO, SWAPDB, SORT...
+- every other slow command: RANDOMKEY (other jobs' key names), SETRANGE
+  (one command, a 512 MB string), set and sorted-set algebra (SUNIONSTORE...),
+  LRANGE, OBJECT, MEMORY...
+- blocking commands except the two the runtime waits with: BLPOP (always
+  with a timeout of a second) and XREAD (the leader reads its control
+  stream without BLOCK).  Redis cannot bound the timeout a client asks for:
+  a program that blocks forever holds only its own connection (the server
+  goes on serving everyone else), and its connections are counted against
+  its job (``job_footprint``) and the server's ``maxclients``.
+
+SCAN is allowed with a MATCH of the job's prefix (the leader's clean-up, the
+store's key count); Redis cannot restrict SCAN to a user's patterns, so a
+program can list the *names* of other keys (other jobs' ids and worker ids),
+never read or change them.  Memory is not a right Redis can give per user:
+the server's ``maxmemory`` with ``noeviction`` bounds the whole
+(``utilities.embedded_redis.ServerLimits``), and ``job_footprint`` /
+``stop_job_user`` let an agent measure a job and stop one that holds more
+than its share.
 
 The password: every node's agent must compute the same one for a job, with
 no message between them.  It is ``HMAC-SHA256(secret, job)`` in hex, where
@@ -37,6 +58,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -60,14 +82,33 @@ def job_rules(job: str, password: str) -> list[str]:
         f"~{pattern}",
         "resetchannels",  # Redis 6.2's reset leaves all channels on (acl-pubsub-default)
         f"&{pattern}",
-        "+@all",
-        "-@dangerous",
-        "-@admin",
-        "-randomkey",
-        "-script",
-        "+script|load",
-        "+script|exists",
+        *JOB_COMMANDS,
     ]
+
+
+JOB_COMMANDS: tuple[str, ...] = (
+    "-@all",
+    "+@fast",
+    "-@dangerous",
+    "-@admin",
+    "-@scripting",
+    "-@blocking",
+    # the slow commands the runtime calls (workers/elastic), each by name
+    "+set",
+    "+del",
+    "+scan",
+    "+smembers",
+    "+hgetall",
+    "+exec",
+    "+blpop",
+    "+xread",
+    # its own channels (``&edl:J:*``)
+    "+subscribe",
+    "+unsubscribe",
+    "+psubscribe",
+    "+punsubscribe",
+)
+"""What a job's user may run, in order (see the module docstring)."""
 
 
 def derive_password(secret: bytes, job: str) -> str:
@@ -134,3 +175,93 @@ def url_for(base_url: str, user: str, password: str) -> str:
 def job_url(client: redis.Redis, base_url: str, job: str) -> str:
     """Ensure ``job``'s user and return the URL its programs connect with."""
     return url_for(base_url, job_user(job), ensure_job_user(client, job))
+
+
+@dataclass(frozen=True)
+class JobFootprint:
+    """What one job holds on the Redis server: its keys' memory, its clients' buffers and
+    connections (every node's processes of the job together)."""
+
+    job: str
+    key_bytes: int
+    keys: int
+    client_bytes: int
+    connections: int
+
+    @property
+    def bytes(self) -> int:
+        """Everything the job makes the server hold."""
+        return self.key_bytes + self.client_bytes
+
+
+@dataclass(frozen=True)
+class JobBudget:
+    """The most one job may hold on the server; more and its agent stops it."""
+
+    max_bytes: int
+    max_connections: int
+
+    @classmethod
+    def of_server(
+        cls, client: redis.Redis, memory_share: float = 0.25, client_share: float = 0.125
+    ) -> JobBudget:
+        """A share of the server's ``maxmemory`` and ``maxclients`` (a server without a
+        ``maxmemory`` is unbounded: see ``utilities.embedded_redis.ServerLimits``)."""
+        config: Any = client.config_get("max*")
+        maxmemory = int(config.get("maxmemory") or config.get(b"maxmemory") or 0)
+        maxclients = int(config.get("maxclients") or config.get(b"maxclients") or 10_000)
+        if maxmemory <= 0:
+            raise ValueError("the Redis server has no maxmemory: no share of it can be given")
+        return cls(int(maxmemory * memory_share), max(int(maxclients * client_share), 1))
+
+    def refusal(self, footprint: JobFootprint) -> str | None:
+        """Why ``footprint`` is over this budget, or None when it is within."""
+        if footprint.bytes > self.max_bytes:
+            return (
+                f"job {footprint.job} holds {footprint.bytes} bytes in Redis "
+                f"(at most {self.max_bytes})"
+            )
+        if footprint.connections > self.max_connections:
+            return (
+                f"job {footprint.job} holds {footprint.connections} Redis connections "
+                f"(at most {self.max_connections})"
+            )
+        return None
+
+
+def job_footprint(client: redis.Redis, job: str) -> JobFootprint:
+    """Measure ``job`` on the server (the portal's user; none of these commands is refused
+    while the server is full).
+
+    SCAN walks the whole keyspace to find the job's keys: an agent measures
+    when the server is under pressure (``memory_pressure``), not on every pass.
+    """
+    key_bytes = keys = 0
+    for key in client.scan_iter(match=f"edl:{job}:*", count=1000):
+        keys += 1
+        key_bytes += int(client.memory_usage(key) or 0)
+    user = job_user(job)
+    mine = [c for c in client.client_list() if c.get("user") == user]
+    client_bytes = sum(int(c.get("tot-mem") or 0) for c in mine)
+    return JobFootprint(job, key_bytes, keys, client_bytes, len(mine))
+
+
+def memory_pressure(client: redis.Redis) -> float:
+    """How full the server is: used memory over ``maxmemory`` (0.0 without a maxmemory)."""
+    info: Any = client.info("memory")
+    limit = int(info.get("maxmemory") or 0)
+    return int(info.get("used_memory") or 0) / limit if limit else 0.0
+
+
+def stop_job_user(client: redis.Redis, job: str) -> int:
+    """Stop a job that holds more than its share: its user goes (its connections with it)
+    and its keys are freed; the number of keys freed.
+
+    The job cannot go on without its keys: its agent reports it failed (the
+    reason from ``JobBudget.refusal``) and must not make its user again.
+    """
+    delete_job_user(client, job)
+    freed = 0
+    for key in client.scan_iter(match=f"edl:{job}:*", count=1000):
+        freed += int(client.unlink(key))
+    return freed

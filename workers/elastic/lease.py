@@ -27,22 +27,7 @@ from workers.clock import Clock
 from workers.elastic.constants import ALIVE_MS, BEAT_S, FINISHED, LEASE_MS, log
 from workers.elastic.keys import JobKeys
 from workers.elastic.redis_client import OUTAGES, OutageLog
-
-REFRESH_LEASE = (
-    "if redis.call('GET', KEYS[1]) == ARGV[1] then "
-    "return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
-)
-REFRESH_OR_RECLAIM = (
-    "local v = redis.call('GET', KEYS[1]) "
-    "if v == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end "
-    "if v == false then return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) and 1 end "
-    "return 0"
-)
-"""Extend the lease if it is ours, or take it again if it lapsed (a Redis outage) and is free."""
-HAND_LEASE = (
-    "if redis.call('GET', KEYS[1]) == ARGV[1] then "
-    "return redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) end return 0"
-)
+from workers.elastic.redis_io import write_if
 
 
 class Lease:
@@ -94,18 +79,29 @@ class Lease:
         """Extend the lease (every ``BEAT_S`` at most); False once another worker holds it."""
         now = self.clock.monotonic()
         if now - self._last_refresh > BEAT_S:
-            if not self.redis.eval(REFRESH_OR_RECLAIM, 1, self.keys.leader, self.me, LEASE_MS):
+            if not self._extend(LEASE_MS) and not self._reclaim():
                 return False
             self._last_refresh = now
         return True
 
     def hand_to(self, successor: str) -> None:
         """Pass the lease to ``successor`` (only if it is still ours)."""
-        self.redis.eval(HAND_LEASE, 1, self.keys.leader, self.me, successor, LEASE_MS)
+        key = self.keys.leader
+        write_if(self.redis, key, self.me, lambda tx: tx.set(key, successor, px=LEASE_MS))
 
     def release(self) -> None:
         """Let the lease lapse at once (only if it is still ours)."""
-        self.redis.eval(REFRESH_LEASE, 1, self.keys.leader, self.me, 1)
+        self._extend(1)
+
+    def _extend(self, ms: int) -> bool:
+        """Set the lease's expiry to ``ms`` if it is ours; whether it was."""
+        key = self.keys.leader
+        return write_if(self.redis, key, self.me, lambda tx: tx.pexpire(key, ms))
+
+    def _reclaim(self) -> bool:
+        """Take the lease again if it lapsed (a Redis outage) and nobody took it."""
+        key = self.keys.leader
+        return write_if(self.redis, key, None, lambda tx: tx.set(key, self.me, px=LEASE_MS))
 
     def tombstone(self, ttl_ms: int = 30_000) -> None:
         """Mark the job ended, so that peers finishing a moment later do not take over."""

@@ -7,10 +7,11 @@ code above them is typed without casts.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import redis
+from redis.client import Pipeline
 
 StreamEntries = list[tuple[str, dict[str, str]]]
 """``[(entry id, fields)]`` of a stream, oldest first."""
@@ -48,3 +49,39 @@ def set_fields(client: redis.Redis, key: str, fields: Mapping[str, str | int | f
     """Write several fields of a hash."""
     # redis-py's stub wants a mapping keyed by every type it can encode; ours are str.
     client.hset(key, mapping=cast(Any, dict(fields)))
+
+
+WRITE_IF_TRIES = 100
+"""How often ``write_if`` starts again when another client changed the key under it."""
+
+
+def write_if(
+    client: redis.Redis,
+    key: str,
+    expected: str | bytes | None,
+    write: Callable[[Pipeline], object],
+) -> bool:
+    """Queue ``write`` in a transaction if ``key`` holds ``expected`` (None: no such key).
+
+    True if it ran; False if the key holds something else.  A compare-and-set
+    without a script (a job's Redis user may not run any, ``redis_acl``): WATCH
+    the key, read it, MULTI, ``write``, EXEC.  Another client's change between
+    the read and EXEC voids the transaction and the check starts again; so does
+    a connection lost while watching, after a plain GET on ``client`` has
+    ridden out the outage (``redis_client.connect``).
+    """
+    for _ in range(WRITE_IF_TRIES):
+        if client.get(key) != expected:  # outside the watch: the client's retries apply
+            return False
+        with client.pipeline() as pipe:
+            try:
+                pipe.watch(key)  # type: ignore[no-untyped-call]  # redis-py's is untyped
+                if pipe.get(key) != expected:
+                    return False
+                pipe.multi()
+                write(pipe)
+                pipe.execute()
+                return True
+            except redis.WatchError:
+                continue
+    raise redis.WatchError(f"{key} kept changing: gave up after {WRITE_IF_TRIES} tries")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import cast
 
 import torch.distributed as dist
 
@@ -18,6 +19,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
 from workers.elastic.redis_client import DEFAULT_OUTAGE_S, connect
+from workers.elastic.redis_io import write_if
 
 ABANDON_CHECK_S = 1.0
 """How often a wait asks its ``abandoned`` callback whether to give up."""
@@ -70,13 +72,20 @@ class RedisStore(Store):
         return int(self._client.incrby(self._k(key), value))
 
     def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
-        script = (
-            "local v = redis.call('GET', KEYS[1]) "
-            "if (v == false and ARGV[1] == '') or v == ARGV[1] then "
-            "redis.call('SET', KEYS[1], ARGV[2]) return ARGV[2] end "
-            "if v == false then return ARGV[1] end return v"
-        )
-        return bytes(self._client.eval(script, 1, self._k(key), expected, desired))
+        """c10d's compare-and-set: ``desired`` if set, else the current value (``expected``
+        if there is none); an empty ``expected`` matches a missing key.
+
+        A transaction, not a script: a job's Redis user may not run scripts.
+        """
+        name, want, new = self._k(key), _as_bytes(expected), _as_bytes(desired)
+        while True:
+            current = cast(bytes | None, self._client.get(name))
+            if current is None and want:
+                return want
+            if current is not None and current != want:
+                return current
+            if write_if(self._client, name, current, lambda tx: tx.set(name, new)):
+                return new
 
     def check(self, keys: list[str]) -> bool:
         return bool(self._client.exists(*[self._k(k) for k in keys]) == len(keys))
@@ -106,3 +115,7 @@ class RedisStore(Store):
                     raise dist.DistStoreError(f"gave up waiting for {keys}: {reason}")
             time.sleep(pause)
             pause = min(pause * 2, 0.02)
+
+
+def _as_bytes(value: bytes | str) -> bytes:
+    return value if isinstance(value, bytes) else value.encode()

@@ -323,7 +323,8 @@ def test_job_acl_rules_and_urls() -> None:
     assert password != derive_password(b"other", "j1")
     rules = job_rules("j1", password)
     assert rules[:4] == ["reset", "on", f">{password}", "~edl:j1:*"]
-    assert {"&edl:j1:*", "+@all", "-@dangerous", "-@admin"} <= set(rules)
+    assert {"&edl:j1:*", "-@all", "-@dangerous", "-@admin", "-@scripting"} <= set(rules)
+    assert "+@all" not in rules and "+eval" not in rules  # an allow-list, no scripts
     url = url_for("redis://:admin@10.0.0.5:6380/3?ssl_cert_reqs=none", "edl-j1", "p w")
     assert url == "redis://edl-j1:p%20w@10.0.0.5:6380/3?ssl_cert_reqs=none"
 
