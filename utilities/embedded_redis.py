@@ -21,6 +21,20 @@ answered, not even a tenant's program on the same host (it shares the host's
 network for torch.distributed); URLs carry the user and password as
 ``redis://portal:PASSWORD@127.0.0.1:PORT/0``.
 
+Limits (``ServerLimits``): the server holds at most ``maxmemory`` bytes, and
+when it is full it refuses writes (``noeviction``) rather than evict a key:
+no policy can tell the portal's keys from a job's (``volatile-*`` evicts
+whatever has a TTL, and a hostile job's keys need not have one, while the
+cache's, the channel layer's and other jobs' liveness keys do).  A job that
+fills the server is found and stopped by its agent
+(``workers.agent.redis_acl.job_footprint``); until then everyone's writes are
+refused, nothing is lost.  ``maxclients`` bounds connections.  Both come
+from ``REDIS_MAXMEMORY_MB`` (default: a quarter of this machine's memory)
+and ``REDIS_MAXCLIENTS`` (default 10000), are written to the config file of
+a server started here, and are set again (``CONFIG SET``) on a running
+server that ``ensure_running`` reuses, which may have been started by an
+older version without them.
+
 Everything written is appended to the append-only file (fsync every second),
 so a server that dies and is started again on the same directory still holds
 the Celery queues, the Channels groups and the runtime's coordination keys:
@@ -40,12 +54,14 @@ import atexit
 import contextlib
 import fcntl
 import os
+import resource
 import secrets
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 _OWNED: dict[Path, subprocess.Popen[bytes]] = {}
@@ -57,6 +73,79 @@ USER = "portal"
 
 class EmbeddedRedisError(RuntimeError):
     """The bundled redis-server could not be found or did not come up."""
+
+
+EVICTION_POLICY = "noeviction"
+"""Full means refused, never evicted: no eviction policy spares the portal's keys alone."""
+
+DEFAULT_MAXCLIENTS = 10_000
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What the whole server may hold: memory (``maxmemory``, bytes) and connections.
+
+    Redis has no per-user quota: these bound the server, so that a job's
+    program cannot take the machine's memory or file descriptors, and the
+    agent's guard (``workers.agent.redis_acl``) stops the job that holds more
+    than its share.  An operator's own Redis needs the same three settings
+    (docs/security.md): ``maxmemory``, ``maxmemory-policy noeviction``,
+    ``maxclients``.
+    """
+
+    maxmemory: int
+    maxclients: int = DEFAULT_MAXCLIENTS
+
+    def __post_init__(self) -> None:
+        if self.maxmemory < 2**20:
+            raise EmbeddedRedisError(f"maxmemory must be at least 1 MB, not {self.maxmemory}")
+        if self.maxclients < 16:
+            raise EmbeddedRedisError(f"maxclients must be at least 16, not {self.maxclients}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerLimits:
+        """``REDIS_MAXMEMORY_MB`` (default a quarter of the machine's memory) and
+        ``REDIS_MAXCLIENTS`` (default 10000); a bad value is an ``EmbeddedRedisError``."""
+        env = os.environ if environ is None else environ
+        megabytes = _whole(env, "REDIS_MAXMEMORY_MB")
+        clients = _whole(env, "REDIS_MAXCLIENTS")
+        return cls(
+            maxmemory=megabytes * 2**20 if megabytes is not None else _quarter_of_memory(),
+            maxclients=min(clients if clients is not None else DEFAULT_MAXCLIENTS, _fd_room()),
+        )
+
+    def settings(self) -> dict[str, str]:
+        """The limits as Redis configuration directives (also what ``CONFIG SET`` takes)."""
+        return {
+            "maxmemory": str(self.maxmemory),
+            "maxmemory-policy": EVICTION_POLICY,
+            "maxclients": str(self.maxclients),
+        }
+
+
+def _whole(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit():
+        raise EmbeddedRedisError(f"{name} must be a whole number, not {raw!r}")
+    return int(raw)
+
+
+def _fd_room() -> int:
+    """How many clients the server can have here: its open-files limit less the 32 descriptors
+    Redis keeps for itself (``CONFIG SET maxclients`` above that is refused)."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return DEFAULT_MAXCLIENTS * 100 if hard == resource.RLIM_INFINITY else max(hard - 32, 16)
+
+
+def _quarter_of_memory() -> int:
+    """A quarter of the machine's physical memory (1 GiB where it cannot be read)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 2**30
+    return max(total // 4, 64 * 2**20)
 
 
 def server_binary() -> Path:
@@ -216,21 +305,55 @@ def _url(port: int, password: str) -> str:
     return f"redis://{USER}:{password}@127.0.0.1:{port}/0"
 
 
-def ensure_running(data_dir: Path, *, startup_timeout: float = 10.0) -> str:
+def ensure_running(
+    data_dir: Path, *, startup_timeout: float = 10.0, limits: ServerLimits | None = None
+) -> str:
     """Return the URL of the embedded Redis for ``data_dir``, starting it if needed.
 
     The server listens on the recorded port (a new free port is recorded only if
     another program has taken it).  Sets ``REDIS_URL`` in ``os.environ`` so that
     child processes (Celery workers, agents, training processes) inherit it.
+    ``limits`` (default ``ServerLimits.from_env()``) are the server's, whether
+    it starts here or was running already.
     """
+    limits = limits if limits is not None else ServerLimits.from_env()
     with _locked_state(data_dir) as state_dir:
         port = _read_port(state_dir)
         password = _password(state_dir, port)
         if port is None or not answers_ping(port, password=password):
-            port = _start(state_dir, port, password, startup_timeout)
+            port = _start(state_dir, port, password, startup_timeout, limits)
+        else:
+            apply_limits(port, password, limits)
     url = _url(port, password)
     os.environ["REDIS_URL"] = url
     return url
+
+
+def apply_limits(port: int, password: str, limits: ServerLimits) -> None:
+    """Set ``limits`` on the running server (``CONFIG SET``): one started before they existed.
+
+    Raw protocol, as ``answers_ping``: this module needs no Redis client library.
+    """
+    settings = limits.settings()
+    request = _command("AUTH", USER, password) + b"".join(
+        _command("CONFIG", "SET", name, value)  # one each: Redis 6.2 sets one per command
+        for name, value in settings.items()
+    )
+    expected = b"+OK\r\n" * (1 + len(settings))
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+            conn.sendall(request)
+            answer = b""
+            while answer.count(b"\r\n") < 1 + len(settings):
+                chunk = conn.recv(256)
+                if not chunk:
+                    break
+                answer += chunk
+    except OSError as exc:
+        raise EmbeddedRedisError(f"could not set the limits of the Redis on {port}: {exc}") from exc
+    if answer != expected:
+        said = answer.decode(errors="replace").strip()
+        raise EmbeddedRedisError(f"the Redis on {port} refused its limits: {said}")
 
 
 def _port_is_free(port: int) -> bool:
@@ -249,8 +372,8 @@ def _port_is_free(port: int) -> bool:
     return True
 
 
-def server_config(password: str) -> str:
-    """The server's configuration file: ACL users and persistence.
+def server_config(password: str, limits: ServerLimits | None = None) -> str:
+    """The server's configuration file: ACL users, persistence and limits.
 
     ``default`` is switched off with no rights left, so a client that does not
     authenticate, or authenticates as ``default``, is refused; ``portal`` may
@@ -258,22 +381,30 @@ def server_config(password: str) -> str:
     """
     if not password.isalnum():
         raise EmbeddedRedisError("the embedded Redis password must be letters and digits")
+    limits = limits if limits is not None else ServerLimits.from_env()
     return (
         "user default off resetkeys resetchannels -@all\n"
         f"user {USER} on >{password} ~* &* +@all\n"
         "appendonly yes\n"
         "appendfsync everysec\n"
+        + "".join(f"{name} {value}\n" for name, value in limits.settings().items())
     )
 
 
-def _start(state_dir: Path, recorded: int | None, password: str, startup_timeout: float) -> int:
+def _start(
+    state_dir: Path,
+    recorded: int | None,
+    password: str,
+    startup_timeout: float,
+    limits: ServerLimits,
+) -> int:
     port = recorded if recorded is not None and _port_is_free(recorded) else free_port()
     (state_dir / "port").write_text(str(port))
     # The password goes in a private file, not on the command line (ps shows that).
     conf = state_dir / "conf"
     fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(server_config(password))
+        f.write(server_config(password, limits))
     args = [
         str(server_binary()),
         str(conf),
