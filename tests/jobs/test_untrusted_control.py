@@ -1,0 +1,68 @@
+"""What the control plane believes of a job's own channel, and the loops it must not enter.
+
+* dropped runtime events reach the job's history as a count the tenant sees;
+* reconcile requeues a job with no process a bounded number of times without
+  progress, then fails it with a reason (a program that never keeps running
+  was placed, found empty and requeued every 45 s for ever).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+from jobs.control.reports import handle_report
+from jobs.control.tick import run_tick
+from jobs.models import Job, JobGpu
+from tests.jobs.test_reconcile import at, heartbeat, placed, reconcile_now
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_dropped_runtime_events_are_counted_in_the_jobs_history(alice: Any, acme: Any) -> None:
+    job, nodes, _start = placed(alice, acme)
+    report = {
+        "type": "events_dropped",
+        "node": nodes[0],
+        "job": f"job-{job.pk}",
+        "count": 3,
+        "reason": "failed event holds text that does not encode (a lone surrogate)",
+        "first_event_id": "1700000000000-0",
+        "last_event_id": "1700000000000-2",
+    }
+    assert handle_report(report) == "events dropped"
+    note = job.events.filter(kind="note").latest("id")
+    assert note.reason.startswith(f"3 malformed events dropped by {nodes[0]}: failed event")
+    assert note.data["events_dropped"] == 3
+    job.refresh_from_db()
+    assert job.state == "running"  # a count changes nothing else
+
+
+def test_reconcile_requeues_without_progress_a_bounded_number_of_times(
+    alice: Any, acme: Any, tmp_path: Path
+) -> None:
+    """A job whose processes never show up is not placed and requeued for ever."""
+    with override_settings(ARTIFACT_URL=f"file://{tmp_path}", RECONCILE_MAX_REQUEUES=2):
+        job, nodes, start = placed(alice, acme)
+        t = 0.0
+        for _ in range(2):
+            t += 76
+            heartbeat(nodes, at(t, start))  # never listed since its placement
+            assert reconcile_now(at(t, start)) == [job.pk]
+            job.refresh_from_db()
+            assert job.state == "queued"
+            t += 1
+            run_tick(policy="fifo", now=at(t, start))  # placed again
+            job.refresh_from_db()
+            assert job.state == "running"
+        t += 76
+        heartbeat(nodes, at(t, start))
+        assert reconcile_now(at(t, start)) == [job.pk]
+    job.refresh_from_db()
+    assert job.state == "failed", "requeued a third time without progress"
+    assert "requeued 2 times already without progress past step 0" in job.failure_reason
+    assert not JobGpu.objects.filter(job=job).exists()
+    assert Job.objects.get(pk=job.pk).parallelism == 0
