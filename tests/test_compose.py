@@ -7,11 +7,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import os
 import re
 import secrets
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,9 @@ from utilities.embedded_redis import server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRETS = ("SECRET_KEY", "POSTGRES_PASSWORD", "REDIS_PASSWORD", "AGENT_SIGNING_KEY", "AGENT_KEY")
-PORTAL_SERVICES = ("migrate", "web", "worker", "tick-worker", "whatif-worker", "beat", "agent")
+CONTROL_SERVICES = ("migrate", "web", "worker", "tick-worker", "whatif-worker", "beat")
+"""The control plane: Django settings, the database, every secret."""
+PORTAL_SERVICES = (*CONTROL_SERVICES, "agent")
 VARIABLE = re.compile(r"\$\$|\$\{(?P<name>[A-Z_][A-Z0-9_]*)(?:(?P<op>:\?|:-)(?P<arg>[^}]*))?\}")
 
 
@@ -72,7 +76,7 @@ def test_services_present_and_wired() -> None:
     compose = load()
     services = compose["services"]
     assert {"postgres", "redis", "web", "worker", "beat", "agent"} <= set(services)
-    for name in PORTAL_SERVICES:
+    for name in CONTROL_SERVICES:
         env = services[name]["environment"]
         assert env["DATABASE_URL"].startswith("postgres://")
         assert env["REDIS_URL"] == "redis://portal:sample-REDIS_PASSWORD@redis:6379/0"
@@ -137,7 +141,7 @@ def test_no_secret_is_written_in_the_file() -> None:
     assert services["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith(
         "${POSTGRES_PASSWORD:?"
     )
-    for name in PORTAL_SERVICES:
+    for name in CONTROL_SERVICES:
         env = services[name]["environment"]
         assert env["SECRET_KEY"].startswith("${SECRET_KEY:?")
         assert "${POSTGRES_PASSWORD:?" in env["DATABASE_URL"]
@@ -163,16 +167,35 @@ def redis_env(password: str) -> dict[str, str]:
     return {**dict.fromkeys(SECRETS, "x"), "REDIS_PASSWORD": password}
 
 
+@dataclass(frozen=True)
+class RunningRedis:
+    """The compose file's Redis, running here."""
+
+    port: int
+    pid: int
+
+
+IMAGE_START = "docker-entrypoint.sh redis-server"
+"""How the compose file's entrypoint starts the server in the redis image (here: the binary)."""
+
+
 @contextlib.contextmanager
-def compose_redis(tmp_path: Path, password: str) -> Iterator[int]:
-    """The compose file's redis-server command, run here on a free port."""
+def compose_redis(tmp_path: Path, password: str) -> Iterator[RunningRedis]:
+    """The compose file's redis entrypoint and command, run here on a free port.
+
+    The entrypoint's shell execs the server: the process is the server's.
+    """
     from devtools.browser import free_port
 
     port = free_port()
-    command = load(redis_env(password))["services"]["redis"]["command"]
-    assert command[0] == "redis-server"
-    argv = [str(server_binary()), *command[1:], "--port", str(port), "--dir", str(tmp_path)]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    service = load(redis_env(password))["services"]["redis"]
+    shell, flag, script, name = service["entrypoint"]
+    assert (shell, flag) == ("sh", "-c") and IMAGE_START in script
+    script = script.replace(IMAGE_START, str(server_binary()))
+    argv = [shell, flag, script, name, *service["command"]]
+    argv += ["--port", str(port), "--dir", str(tmp_path)]
+    env = {"PATH": os.environ["PATH"], "TMPDIR": str(tmp_path), "REDIS_PASSWORD": password}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -182,16 +205,36 @@ def compose_redis(tmp_path: Path, password: str) -> Iterator[int]:
                 break  # up, and refusing the anonymous client
             except redis.ConnectionError:
                 time.sleep(0.1)
-        yield port
+        yield RunningRedis(port, proc.pid)
     finally:
         proc.terminate()
         proc.wait(timeout=10)
 
 
+def test_redis_is_bounded_and_never_evicts(tmp_path: Path) -> None:
+    """maxmemory with noeviction (full: writes refused, no key of the portal's dropped)."""
+    password = secrets.token_hex(16)
+    with compose_redis(tmp_path, password) as server:
+        client = redis.Redis(
+            port=server.port, username="portal", password=password, decode_responses=True
+        )
+        found = {name: str(value) for name, value in client.config_get("max*").items()}
+        command_line = Path(f"/proc/{server.pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        assert b"redis-server" in command_line  # the shell exec'd the server: its own argv
+        assert password.encode() not in command_line, "the Redis password on a command line"
+        assert (tmp_path / "redis-users.conf").stat().st_mode & 0o777 == 0o600
+    assert int(found["maxmemory"]) == 4 * 2**30
+    assert found["maxmemory-policy"] == "noeviction"
+    assert int(found["maxclients"]) > 0
+    command = load({**redis_env(password), "REDIS_MAXMEMORY": "512mb"})["services"]["redis"]
+    assert "512mb" in command["command"]
+
+
 def test_redis_requires_the_portal_user_and_password(tmp_path: Path) -> None:
     """Run the compose command: anonymous and default-user clients are refused, REDIS_URL works."""
     password = secrets.token_hex(16)
-    with compose_redis(tmp_path, password) as port:
+    with compose_redis(tmp_path, password) as server:
+        port = server.port
         with pytest.raises(redis.AuthenticationError):
             one_try(port=port).ping()
         with pytest.raises(redis.AuthenticationError):  # the default user is off
@@ -231,7 +274,38 @@ def test_each_queue_has_its_own_worker_and_the_agent_its_key() -> None:
     assert sorted(queues.values()) == ["heartbeats,portal", "tick", "whatif"]
     agent = services["agent"]["environment"]
     assert agent["AGENT_KEY"] == "sample-AGENT_KEY"
-    assert agent["REDIS_URL"] == services["web"]["environment"]["REDIS_URL"]  # merged, not lost
+    assert agent["REDIS_URL"] == services["web"]["environment"]["REDIS_URL"]  # one definition
+
+
+CONTROL_SECRETS = ("SECRET_KEY", "AGENT_SIGNING_KEY", "POSTGRES_PASSWORD")
+"""What a node must never hold: a taken-over node would sign as every node, read and change
+the database, forge sessions."""
+
+
+def test_the_agent_holds_its_own_key_and_nothing_of_the_control_planes() -> None:
+    """docs/security.md: a taken-over node speaks only as itself."""
+    agent = load()["services"]["agent"]
+    env = agent["environment"]
+    for name in ("SECRET_KEY", "AGENT_SIGNING_KEY", "DATABASE_URL", "DJANGO_SETTINGS_MODULE"):
+        assert name not in env, f"the agent is handed {name}"
+    everything = yaml.safe_dump(agent)
+    for name in CONTROL_SECRETS:
+        assert f"sample-{name}" not in everything, f"{name}'s value reaches the agent"
+    assert set(agent["depends_on"]) == {"redis"}  # no database to wait for
+    assert set(env) == {"REDIS_URL", "PORTAL_DATA_DIR", "ARTIFACT_URL", "AGENT_KEY"}
+    assert env["ARTIFACT_URL"] == load()["services"]["web"]["environment"]["ARTIFACT_URL"]
+
+
+def test_the_agent_starts_from_its_environment_alone() -> None:
+    """What compose hands the agent is all it reads (no Django settings, no database)."""
+    from workers.agent.config import AgentEnvironment
+
+    key = secrets.token_hex(32)
+    env = load({**{name: f"sample-{name}" for name in SECRETS}, "AGENT_KEY": key})
+    read = AgentEnvironment.read(env["services"]["agent"]["environment"])
+    assert read.key == bytes.fromhex(key)
+    assert read.redis_url == "redis://portal:sample-REDIS_PASSWORD@redis:6379/0"
+    assert str(read.data_dir) == "/data" and read.artifact_url == "file:///data/artifacts"
 
 
 # --------------------------------------------------------------------------- replicas
