@@ -212,8 +212,7 @@ class Agent:
             outcome,
             code,
         )
-        if outcome == "crashed":
-            self.events.note_crash(record.job, record.worker_id, code)
+        self.events.note_exit(record.job, record.worker_id, outcome, code, record.launcher)
         self.logs.flush(record)  # every line before the exit report
         if outcome in ("clean", "crashed") and not self.processes.of_job(record.job):
             self._start_collecting(record)  # a failed run's outputs help find out why
@@ -269,14 +268,8 @@ class Agent:
             if stop is not None:
                 self.store.drop_stop(job)
                 self._send(Stopped(node=self.config.node, job=job, command_id=stop.command_id))
-            elif watch.last_crash is not None and self.events.job_lost(watch):
-                self._send(
-                    Failed(
-                        node=self.config.node,
-                        job=job,
-                        error=f"every worker of the job has exited; {watch.last_crash}",
-                    )
-                )
+            elif (error := self.events.lost_reason(watch)) is not None:
+                self._send(Failed(node=self.config.node, job=job, error=error))
             self.events.forget(job)
 
     def _restore_job_users(self) -> None:

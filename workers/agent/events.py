@@ -158,6 +158,10 @@ class JobWatch:
     crashed_workers: set[str] = field(default_factory=set)
     dropped: Dropped = field(default_factory=Dropped)
     next_dropped_report: float = 0.0
+    clean_exits: set[str] = field(default_factory=set)
+    """Workers of the job that exited 0 here."""
+    launcher: str | None = None
+    """How its processes here were launched (``edl``, ``torchrun``; None: a built-in)."""
 
 
 class EventForwarder:
@@ -289,6 +293,55 @@ class EventForwarder:
         if watch is not None:
             watch.last_crash = f"worker {worker_id} exited with code {code}"
             watch.crashed_workers.add(worker_id)
+
+    def note_exit(
+        self, job: str, worker_id: str, outcome: str, code: int | None, launcher: str | None
+    ) -> None:
+        """Remember how a worker of ``job`` ended here (``lost_reason`` judges the job by it)."""
+        if outcome == "crashed":
+            self.note_crash(job, worker_id, code)
+        watch = self.jobs.get(job)
+        if watch is None:
+            return
+        watch.launcher = launcher
+        if outcome == "clean":
+            watch.clean_exits.add(worker_id)
+
+    def lost_reason(self, watch: JobWatch) -> str | None:
+        """Why the job failed, when its processes here all exited and nobody else will say it.
+
+        An exit the agent saw is a fact, whatever the stream says: a worker
+        that crashed while every member the runtime knows has exited here
+        (``job_lost``), or processes that all exited 0 although the runtime
+        never started (no leader ever wrote the job's state, no ``finished``):
+        a program under the ``edl`` launcher that never called ``edl.run``.
+        A torchrun program's exits are the control plane's to judge.
+        """
+        if watch.ended:
+            return None
+        if watch.last_crash is not None and self.job_lost(watch):
+            return f"every worker of the job has exited; {watch.last_crash}"
+        if watch.launcher == "torchrun" or not watch.clean_exits:
+            return None
+        if not self._never_started(watch):
+            return None
+        if watch.launcher == "edl":
+            return (
+                "the program exited 0 without finishing under the edl launcher: "
+                "did it call `edl.run`?"
+            )
+        return "every worker exited 0 but the runtime never started (no finished event)"
+
+    @staticmethod
+    def _never_started(watch: JobWatch) -> bool:
+        """Whether no leader of the job ever wrote its state (the runtime never ran)."""
+        try:
+            status = watch.control.status()
+        except Exception:
+            log.exception("could not read a job's status")
+            return False
+        generation = getattr(status, "generation", 0)
+        return getattr(status, "state", "") == "starting" and generation < 0
 
     def ended(self, job: str) -> bool:
         """Whether the job's runtime reported it finished or failed."""
