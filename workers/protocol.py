@@ -702,40 +702,6 @@ class EventsDropped(JobReport):
             )
 
 
-EVENTS_DROPPED_REASON_CHARS = 300
-"""The most characters of the reason an ``events_dropped`` report carries."""
-
-
-@_report
-@dataclass(frozen=True, kw_only=True)
-class EventsDropped(JobReport):
-    """Entries of the job's event stream that the agent dropped instead of forwarding.
-
-    The stream is the tenant program's to write (``workers.job_events``):
-    an entry that is malformed, over the job's rate, or that claims what the
-    agent sees is false, is counted, and the count reaches the job's history.
-    ``count`` entries since the agent's last such report, from
-    ``first_event_id`` to ``last_event_id``; ``reason`` is the first one's.
-    """
-
-    TYPE: ClassVar[str] = "events_dropped"
-
-    count: int
-    reason: str
-    first_event_id: str
-    last_event_id: str
-
-    def validate(self) -> None:
-        super().validate()
-        at_least(self.count, 1, "events_dropped.count")
-        check_id(self.first_event_id, "events_dropped.first_event_id")
-        check_id(self.last_event_id, "events_dropped.last_event_id")
-        if len(self.reason) > EVENTS_DROPPED_REASON_CHARS:
-            raise ProtocolError(
-                f"events_dropped.reason must be at most {EVENTS_DROPPED_REASON_CHARS} characters"
-            )
-
-
 @_report
 @dataclass(frozen=True, kw_only=True)
 class Failed(JobReport):
