@@ -195,6 +195,8 @@ def test_a_job_user_may_not_run_what_would_harm_the_server(
 ) -> None:
     """Sent for real to the module's own server; the shared one is asked with ACL DRYRUN."""
     admin = redis.Redis.from_url(server.url)
+    if not server.own and server.major < 7:
+        pytest.skip("Redis 6.2 has no ACL DRYRUN; the module's own 6.2 server is probed for real")
     allowed = []
     for command in HARMFUL:
         if server.own:
