@@ -799,13 +799,32 @@ class Stopped(JobReport):
 @_report
 @dataclass(frozen=True, kw_only=True)
 class Rejected(Report):
-    """A command was refused and changed nothing; ``error`` says why."""
+    """A command was refused and changed nothing; ``error`` says why.
+
+    ``command_type`` names the refused command's type when it parsed.  A
+    start refused because a slot is taken names the slot and what holds it
+    (``busy_slot``, ``busy_job``, ``busy_worker``: the agent's own process
+    table), so the control plane can find the slot's true owner.
+    """
 
     TYPE: ClassVar[str] = "rejected"
 
     error: str
     command_id: str | None = None
     job: str | None = None
+    command_type: str | None = None
+    busy_slot: int | None = None
+    busy_job: str | None = None
+    busy_worker: str | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        at_least(self.busy_slot, 0, "rejected.busy_slot")
+        for name, value in (("busy_job", self.busy_job), ("busy_worker", self.busy_worker)):
+            if value is not None:
+                check_name(value, f"rejected.{name}")
+        if self.command_type is not None and self.command_type not in _COMMANDS:
+            raise ProtocolError(f"rejected.command_type {self.command_type!r} is no command")
 
 
 @_report

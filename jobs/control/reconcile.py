@@ -15,8 +15,8 @@ tick step compares the two::
                                                  limit RECONCILE_START_SECONDS (never started)
       every gap_i ≥ its limit ─▶ J has no process:
           final checkpoint in J's store ─▶ completed
-          requeued by reconcile RECONCILE_MAX_REQUEUES times already at the
-          step it would resume from (no progress in between) ─▶ failed, saying so
+          requeued RECONCILE_MAX_REQUEUES times already at the step it would
+          resume from (no progress in between) ─▶ failed, saying so (requeues.py)
           otherwise                     ─▶ queued (GPUs released, coordination forgotten),
                                             resumes from its latest checkpoint
 
@@ -54,31 +54,18 @@ from django.db.models import Max, Q
 
 from inventory.models import Server, ServerState
 from inventory.services import beat_at, jobs_seen, newest_beat
-from jobs import holdings
 from jobs.agent_commands import runtime_job_name
 from jobs.choices import EventKind, JobState
-from jobs.control.endings import complete_job, fail_job
+from jobs.control.endings import complete_job
+from jobs.control.requeues import requeue_or_fail
 from jobs.control.resume import rewind_to_checkpoint, stored_checkpoints
 from jobs.control.state import ClusterState
 from jobs.coordination import forget_coordination
-from jobs.lifecycle import broadcast, record, transition
 from jobs.models import Job
 
 log = logging.getLogger(__name__)
 
 LIVE_STATES = frozenset({ServerState.UP, ServerState.DRAINING})
-
-DEFAULT_MAX_REQUEUES = 3
-"""Reconcile requeues of one job without progress before it fails instead
-(``settings.RECONCILE_MAX_REQUEUES`` where set).
-
-Reconcile's requeues count no restart (losing a server is not the program's
-fault), so a program that never runs (it exits 0 at once, or the start is
-refused every time) would otherwise be placed, found empty and requeued for
-ever, holding GPUs each time."""
-
-REQUEUE_MARK = "reconcile_requeue"
-"""Key of the note recorded with each reconcile requeue: its value is the step it resumes from."""
 
 SINCE_KINDS = (
     EventKind.STATE,
@@ -274,28 +261,7 @@ def _requeue_or_complete(job: Job, orphan: Orphan, now: datetime) -> None:
         complete_job(job, why, now)
     else:
         resume = rewind_to_checkpoint(job, stored)  # the step is saved with the transition
-        limit = int(getattr(settings, "RECONCILE_MAX_REQUEUES", DEFAULT_MAX_REQUEUES))
-        earlier = job.events.filter(kind=EventKind.NOTE, **{f"data__{REQUEUE_MARK}": job.step})
-        tries = earlier.count()
-        if tries >= limit:
-            fail_job(
-                job,
-                f"{silence}; requeued {tries} times already without progress past step "
-                f"{job.step}: the program never keeps running here",
-                now,
-            )
-        else:
-            holdings.release(job)  # nothing runs: nothing to stop
-            record(
-                job,
-                EventKind.NOTE,
-                now,
-                reason=f"reconcile requeue {tries + 1} of at most {limit} without progress "
-                f"past step {job.step}",
-                data={REQUEUE_MARK: job.step},
-            )
-            transition(job, JobState.QUEUED, at=now, reason=f"{silence}: requeued, {resume}")
-            broadcast(job, "job.updated")
+        requeue_or_fail(job, silence, resume, now, stop=False)  # nothing runs: nothing to stop
     # A dead run's coordination keys (leader, generation, members) would make the
     # next first generation wait for a dead leader.
     transaction.on_commit(functools.partial(forget_coordination, job.pk))

@@ -28,6 +28,7 @@ from jobs.control import outputs, program_exits
 from jobs.control.dropped_events import events_dropped
 from jobs.control.endings import accrue_service, complete_job, fail_or_retry
 from jobs.control.logs import log_lines
+from jobs.control.rejections import on_rejected
 from jobs.control.report_time import report_time as _at
 from jobs.control.stragglers import shrink_around_straggler
 from jobs.lifecycle import broadcast, record, record_metric, request_tick, save_fields, transition
@@ -111,8 +112,7 @@ def handle_report(payload: Any, *, signed_by: str | None = None) -> str:
         known = do_heartbeat(node=report.node, info=info)
         return "heartbeat" if known else "unknown node"
     if isinstance(report, Rejected):
-        log.warning("agent %s rejected a command: %s", report.node, report.error)
-        return "rejected"
+        return on_rejected(report, signed_by=signed_by)
     if not isinstance(report, JobReport):
         return "ignored"
     job_id = job_id_from_name(report.job)

@@ -3,7 +3,9 @@
 * dropped runtime events reach the job's history as a count the tenant sees;
 * reconcile requeues a job with no process a bounded number of times without
   progress, then fails it with a reason (a program that never keeps running
-  was placed, found empty and requeued every 45 s for ever).
+  was placed, found empty and requeued every 45 s for ever);
+* an agent's refusal to start a job (its slot busy) requeues the job with the
+  reason, keeps the busy GPU out of placement and finds the slot's owner.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
+from inventory.models import Gpu
 from jobs.control.reports import handle_report
 from jobs.control.tick import run_tick
 from jobs.models import Job, JobGpu
-from tests.jobs.test_reconcile import at, heartbeat, placed, reconcile_now
+from tests.jobs.control_helpers import drain_all
+from tests.jobs.test_reconcile import at, heartbeat, placed, reconcile_now, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,3 +70,57 @@ def test_reconcile_requeues_without_progress_a_bounded_number_of_times(
     assert "requeued 2 times already without progress past step 0" in job.failure_reason
     assert not JobGpu.objects.filter(job=job).exists()
     assert Job.objects.get(pk=job.pk).parallelism == 0
+
+
+def test_a_start_refused_for_a_busy_slot_requeues_the_job_and_finds_the_owner(
+    alice: Any, acme: Any, tmp_path: Path
+) -> None:
+    """The slot busy with an ended job's leftover: requeued with the reason, the GPU kept out."""
+    with override_settings(ARTIFACT_URL=f"file://{tmp_path}"):
+        job, nodes, _start = placed(alice, acme, gpus=1)
+        [gpu] = JobGpu.objects.filter(job=job).values_list("gpu__index", flat=True)
+        home = Gpu.objects.select_related("server").get(index=gpu)
+        ended = submit(alice, acme, gpus=1)
+        Job.objects.filter(pk=ended.pk).update(state="failed")
+        report = {
+            "type": "rejected",
+            "node": home.server.node,
+            "job": f"job-{job.pk}",
+            "command_id": "start-1",
+            "command_type": "start_workers",
+            "error": f"slot {home.local} is busy with worker w{gpu} of job job-{ended.pk}",
+            "busy_slot": home.local,
+            "busy_job": f"job-{ended.pk}",
+            "busy_worker": f"w{gpu}",
+        }
+        assert handle_report(report, signed_by=home.server.node) == "requeued"
+    job.refresh_from_db()
+    assert job.state == "queued"
+    assert not JobGpu.objects.filter(job=job).exists()
+    assert f"{home.server.node} refused to start it: slot" in job.events.latest("id").reason
+    home.refresh_from_db()
+    assert home.suspect_until is not None and "busy with" in home.suspect_reason
+    stops = [c for c in drain_all(nodes)[home.server.node] if c["type"] == "stop_job"]
+    assert [c["job"] for c in stops] == [f"job-{ended.pk}"]  # the leftover is stopped
+    run_tick(policy="fifo")
+    job.refresh_from_db()
+    assert gpu not in JobGpu.objects.filter(job=job).values_list("gpu__index", flat=True)
+    assert handle_report(report, signed_by=home.server.node) == "rejected"  # stale now
+
+
+def test_a_refused_start_is_believed_only_from_a_node_that_hosts_the_job(
+    alice: Any, acme: Any
+) -> None:
+    job, nodes, _start = placed(alice, acme, gpus=1)
+    [gpu] = JobGpu.objects.filter(job=job).values_list("gpu__index", flat=True)
+    stranger = next(n for n in nodes if n != Gpu.objects.get(index=gpu).server.node)
+    report = {
+        "type": "rejected",
+        "node": stranger,
+        "job": f"job-{job.pk}",
+        "command_type": "start_workers",
+        "error": "slot 0 is busy",
+    }
+    assert handle_report(report, signed_by=stranger) == "refused: not hosted"
+    job.refresh_from_db()
+    assert job.state == "running"

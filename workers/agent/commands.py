@@ -49,6 +49,16 @@ class CommandRejected(Exception):
     """A command that cannot be applied here; nothing was changed."""
 
 
+class SlotBusy(CommandRejected):
+    """A start refused because another process holds the slot: which one, from the process table."""
+
+    def __init__(self, slot: int, job: str, worker_id: str) -> None:
+        super().__init__(f"slot {slot} is busy with worker {worker_id} of job {job}")
+        self.slot = slot
+        self.job = job
+        self.worker_id = worker_id
+
+
 class CommandHandler:
     """Parses, checks and applies commands against the process table and the watched jobs."""
 
@@ -129,12 +139,17 @@ class CommandHandler:
                 self._dispatch(command)
             except CommandRejected as exc:
                 log.warning("rejected %s %s: %s", command.TYPE, command.command_id, exc)
+                busy = exc if isinstance(exc, SlotBusy) else None
                 self._send(
                     Rejected(
                         node=self.config.node,
                         error=str(exc),
                         command_id=command.command_id,
                         job=command.job,
+                        command_type=command.TYPE,
+                        busy_slot=busy.slot if busy else None,
+                        busy_job=busy.job if busy else None,
+                        busy_worker=busy.worker_id if busy else None,
                     )
                 )
                 return "rejected"
@@ -239,9 +254,7 @@ class CommandHandler:
                 )
             holder = used.get(worker.slot)
             if holder is not None:
-                raise CommandRejected(
-                    f"slot {worker.slot} is busy with worker {holder[1]} of job {holder[0]}"
-                )
+                raise SlotBusy(worker.slot, holder[0], holder[1])
             to_start.append(worker)
         return to_start
 

@@ -24,7 +24,7 @@ from workers.agent.agent import Agent
 from workers.agent.config import AgentConfig, SandboxSettings
 from workers.agent.store import AgentStore
 from workers.elastic.control import JobControl, emit_event
-from workers.protocol import Failed, Report, WorkerExited
+from workers.protocol import Failed, Rejected, Report, WorkerExited
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,7 +66,7 @@ def job() -> Iterator[str]:
     JobControl(str(settings.REDIS_URL), name).cleanup()
 
 
-def program_agent(base: Path, node: str, script: str) -> tuple[Agent, Collected]:
+def program_agent(base: Path, node: str, script: str, **settings_: Any) -> tuple[Agent, Collected]:
     code = base / "code" / CODE
     code.mkdir(parents=True)
     (code / "main.py").write_text(script)
@@ -77,6 +77,7 @@ def program_agent(base: Path, node: str, script: str) -> tuple[Agent, Collected]
         redis_url=str(settings.REDIS_URL),
         data_dir=base / "data",
         sandbox=SandboxSettings(mode="off"),
+        **settings_,
     )
     sent = Collected()
     agent = Agent(
@@ -146,3 +147,21 @@ def test_a_program_whose_runtime_finished_is_not_failed(base: Path, node: str, j
     assert agent.receive(start(job, workers=1)) == "applied", sent.reports
     run_to_exit(agent, sent, 1)
     assert not sent.of(Failed)
+
+
+def test_a_start_on_a_busy_slot_is_rejected_naming_what_holds_it(
+    base: Path, node: str, job: str
+) -> None:
+    """The control plane finds the slot's true owner from the agent's own process table."""
+    agent, sent = program_agent(base, node, "import time\ntime.sleep(60)\n", slot_wait_seconds=0.2)
+    other = f"{job}-b"
+    try:
+        assert agent.receive(start(job, workers=1)) == "applied", sent.reports
+        second = {**start(other, workers=1), "command_id": "c2"}
+        assert agent.receive(second) == "rejected"
+        [rejected] = sent.of(Rejected)
+        assert (rejected.job, rejected.command_type) == (other, "start_workers")
+        assert (rejected.busy_slot, rejected.busy_job, rejected.busy_worker) == (0, job, "w0")
+    finally:
+        agent.close(stop_children=True)
+        JobControl(str(settings.REDIS_URL), other).cleanup()
