@@ -22,9 +22,9 @@ from django.db import transaction
 
 from inventory.services import do_heartbeat
 from jobs import agent_trust, holdings
-from jobs.agent_commands import job_id_from_name
+from jobs.agent_commands import job_id_from_name, worker_id
 from jobs.choices import ACTIVE_STATES, TERMINAL_STATES, EventKind, JobState
-from jobs.control import outputs, program_exits
+from jobs.control import membership_claims, outputs, program_exits
 from jobs.control.dropped_events import events_dropped
 from jobs.control.endings import accrue_service, complete_job, fail_or_retry
 from jobs.control.logs import log_lines
@@ -197,11 +197,17 @@ def _progress(job: Job, report: Any) -> str:
 def _scale_done(job: Job, report: ScaleDone) -> str:
     now = _at(report)
     accrue_service(job, now)
+    kept: set[str] = set()
     if report.workers and job.state in ACTIVE_STATES:
-        left = holdings.keep_only_workers(job, set(report.workers))
+        held = {worker_id(g) for g in holdings.held_gpus(job)}
+        leaving = held - set(report.workers)
+        kept = leaving - set(membership_claims.believed_leavers(job, leaving, report, now))
+        left = holdings.keep_only_workers(job, set(report.workers) | kept)
     else:
         left = ()
     world = report.world or len(report.workers) or job.parallelism
+    if kept:  # workers its agents still run stay held, and billed
+        world = len(holdings.held_gpus(job))
     pause = f", existing workers paused {report.pause_s:.3f} s" if report.pause_s else ""
     where = f"at step {report.step} (generation {report.generation}){pause}"
     if job.state == JobState.SCALING:
@@ -250,7 +256,9 @@ def _recovered(job: Job, report: Recovered) -> str:
         return "recovered"
     accrue_service(job, now)  # at the old parallelism, up to the recovery
     save_fields(job, "attained_gpu_seconds", "last_service_at")
-    freed = holdings.drop_workers(job, report.dead)
+    freed = holdings.drop_workers(
+        job, membership_claims.believed_leavers(job, report.dead, report, now)
+    )
     if not freed:
         return "recovered"
     # do_set_parallelism reads the job again (and broadcasts).
@@ -352,9 +360,13 @@ def _worker_exited(job: Job, report: WorkerExited) -> str:
         job.log_tail = (job.log_tail + report.log_tail)[-LOG_TAIL_CHARS:]
         save_fields(job, "log_tail")
         broadcast(job, "job.log")
+    membership_claims.remember_exit(job, report)
     decided = program_exits.on_worker_exited(job, report, _at(report))
     if decided is not None:
         return decided
+    freed = membership_claims.on_exit(job, report, _at(report))
+    if freed is not None:
+        return freed
     if report.outcome == "crashed":
         record(
             job,
