@@ -4,7 +4,9 @@
 
     straggler report (worker wG, ratio)
         ─▶ the job holds G: mark GPU G suspect until at + STRAGGLER_COOLDOWN_SECONDS
-           (no new placement or scale-out lands there; the mark lapses by itself)
+           (no new placement or scale-out lands there; the mark lapses by itself),
+           unless another GPU is suspect on this job's word: the report comes from
+           the tenant's program, so one job holds at most one GPU suspect at a time
         ─▶ record it in the job's history (always): detected, then removed / moved / kept, why
         ─▶ not running / not held ─▶ keep (say why)
         ─▶ a torchrun program ─▶ keep: a restart would cost more than the straggler
@@ -36,6 +38,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
 from fabric.topology import FabricSpec
+from inventory.models import Gpu
 from inventory.services import do_mark_gpu_suspect
 from jobs import holdings
 from jobs.agent_commands import gpu_of_worker, membership_commands, runtime_job_name
@@ -158,8 +161,28 @@ class _Note:
         )
 
 
+def _marked_elsewhere(job: Job, gpu: int, at: datetime) -> int | None:
+    """Another GPU this job's straggler reports hold suspect now, if any.
+
+    The report is the tenant program's word (the runtime runs inside it, and
+    the agent has no timing of its own to check it against): believed about
+    the job itself, it may cost other tenants at most one GPU at a time.
+    """
+    return (
+        Gpu.objects.filter(suspect_job=job.pk, suspect_by=MARKED_BY, suspect_until__gt=at)
+        .exclude(index=gpu)
+        .values_list("index", flat=True)
+        .first()
+    )
+
+
 def _mark(job: Job, worker: str, gpu: int, ratio: float, at: datetime) -> datetime | None:
-    """Mark the straggler's GPU suspect for the cool-down; until when (None: not marked)."""
+    """Mark the straggler's GPU suspect for the cool-down; until when (None: not marked).
+
+    Not while another GPU is suspect on this job's word (``_marked_elsewhere``).
+    """
+    if _marked_elsewhere(job, gpu, at) is not None:
+        return None
     mark = do_mark_gpu_suspect(
         gpu=gpu,
         at=at,
