@@ -51,8 +51,11 @@ from workers.signing import canonical_json
 
 log = logging.getLogger(__name__)
 
-READ_PER_PASS = 200
-"""The most entries of one job's stream read in one pass (the rest wait for the next)."""
+READ_PER_PASS = 100
+"""The most entries of one job's stream read in one pass (the rest wait for the next).
+
+With ``MAX_EVENT_BYTES`` it bounds what one job makes the agent hold in a pass (100 MiB
+at worst; Redis's own memory limit bounds what a job can write at all)."""
 
 DROPPED_REPORT_EVERY_S = 10.0
 """How often, at most, a job's dropped entries are reported (one report counts them all)."""

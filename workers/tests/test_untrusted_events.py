@@ -111,7 +111,10 @@ POISON: dict[str, dict[bytes | str, bytes | str]] = {
     "not JSON": {"kind": "progress", "data": "{not json"},
     "not an object": {"kind": "progress", "data": "[1, 2, 3]"},
     "too deep": {"kind": "progress", "data": "[" * 200_000 + "]" * 200_000},
-    "too big": {"kind": "failed", "data": json.dumps({"worker": "w0", "error": "x" * MAX_EVENT_BYTES})},
+    "too big": {
+        "kind": "failed",
+        "data": json.dumps({"worker": "w0", "error": "x" * MAX_EVENT_BYTES}),
+    },
     "unknown fields": {"kind": "progress", "data": "{}", "extra": "1"},
     "unknown kind": {"kind": "\ud800".encode("utf-8", "surrogatepass"), "data": "{}"},
     "wrong types": {"kind": "progress", "data": '{"step": "x", "samples_per_s": 1, "world": 1}'},
@@ -194,3 +197,31 @@ def test_a_flood_is_read_in_bounded_passes_and_cut_at_the_job_rate(
     dropped = sum(r.count for r in sent.typed("events_dropped"))
     assert forwarded + dropped == 1000
     assert forwarded <= 50 + 5 * 20
+
+
+def test_a_hostile_job_leaves_its_neighbours_events_and_the_heartbeat_alone(
+    node: str, job: str, redis_url: str, raw: redis.Redis, tmp_path: Path
+) -> None:
+    """Two tenants' jobs on one node: one floods and corrupts its stream, the other trains on."""
+    agent, sent = watched_agent(node, job, redis_url, tmp_path)
+    neighbour = f"{job}-n"
+    try:
+        agent.events.watch(neighbour)
+        pipe = raw.pipeline()
+        for step in range(3000):
+            pipe.xadd(events_key(job), progress(step))  # type: ignore[arg-type]
+            pipe.xadd(events_key(job), POISON["lone surrogate"])  # type: ignore[arg-type]
+        pipe.execute()
+        for name in sorted(POISON):
+            xadd(raw, job, POISON[name])
+        xadd(raw, neighbour, progress(41))
+        agent.tick()
+        assert sent.of(Heartbeat)
+        mine = [r for r in sent.of(Progress) if r.job == neighbour]
+        assert [r.step for r in mine] == [41]
+        hostile = [r for r in sent.reports if getattr(r, "job", None) == job]
+        assert len(hostile) <= 101  # one pass reads a bounded slice, plus its drop count
+    finally:
+        JobControl(redis_url, neighbour).cleanup()
+        for key in raw.scan_iter(match=f"agent:forwarded:{neighbour}:*"):
+            raw.delete(key)
