@@ -265,3 +265,74 @@ def stop_job_user(client: redis.Redis, job: str) -> int:
     for key in client.scan_iter(match=f"edl:{job}:*", count=1000):
         freed += int(client.unlink(key))
     return freed
+
+
+# --------------------------------------------------------------------------- agents' own users
+
+KOMBU_SEP = "\x06\x16"
+"""kombu's separator in its Redis key names (a queue's priority lists, binding members)."""
+
+
+def agent_user(node: str) -> str:
+    """The Redis user of ``node``'s agent (not yet what agents log in as: see ``agent_rules``)."""
+    return f"agent-{node}"
+
+
+def agent_unacked_keys(node: str) -> dict[str, str]:
+    """kombu transport options that keep ``node``'s unacknowledged commands under its own keys.
+
+    kombu's default ``unacked`` hash is one for every consumer on the server:
+    whoever may write it reads every agent's commands in flight.
+    """
+    return {
+        "unacked_key": f"agent:{node}:unacked",
+        "unacked_index_key": f"agent:{node}:unacked_index",
+        "unacked_mutex_key": f"agent:{node}:unacked_mutex",
+    }
+
+
+def agent_rules(
+    node: str, password: str, jobs: tuple[str, ...] = (), send_to: tuple[str, ...] = ()
+) -> list[str]:
+    """The ACL rules of ``node``'s agent on Redis 7 or later (key selectors).
+
+    Its own keys (``agent:N:*``, its command queue ``agent.N`` with kombu's
+    priority lists and binding) with most commands; the keys of the jobs it
+    runs (``jobs``); LPUSH and nothing else on the queues it sends to
+    (``send_to``: reports, heartbeats), so it cannot read, pop or delete
+    another agent's reports; SMEMBERS and nothing else on kombu's binding
+    tables (a publish looks its route up there).  No scripts, no channels, no
+    ``agent:acl:secret``, no other agent's queue.  What still stands between
+    this and agents that log in with it: kombu's unacked-restore mutex is
+    redis-py's ``Lock``, whose release is a script (EVALSHA); the agent's app
+    must declare nothing it sends to (``no_declare``), run no remote control
+    or events (pidbox channels), keep its unacked keys apart
+    (``agent_unacked_keys``); and the control plane must create job users
+    (the agent can no longer read ``agent:acl:secret``).  See docs/security.md.
+    """
+    queue = f"agent.{node}"
+    own = [
+        f"~agent:{node}:*",
+        f"~{queue}",
+        f"~{queue}{KOMBU_SEP}*",
+        f"~_kombu.binding.{queue}",
+        f"~_kombu.binding_permanent.{queue}",
+        *(f"~edl:{job}:*" for job in jobs),
+    ]
+    sends = " ".join(f"~{q} ~{q}{KOMBU_SEP}*" for q in send_to)
+    rules = [
+        "reset",
+        "on",
+        f">{password}",
+        "resetchannels",
+        *own,
+        "+@all",
+        "-@dangerous",
+        "-@admin",
+        "-@scripting",
+        "-@pubsub",
+        "(%R~_kombu.binding.* -@all +smembers)",
+    ]
+    if sends:
+        rules.append(f"({sends} -@all +lpush)")
+    return rules
