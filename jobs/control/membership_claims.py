@@ -43,13 +43,40 @@ EXIT_MEMORY_SECONDS = 24 * 3600
 """How long an agent's report of a worker's exit is remembered (the cache)."""
 
 
-def _exit_key(job_id: int, worker: str) -> str:
-    return f"jobs:exited:{job_id}:{worker}"
+def _exit_key(job: Job, worker: str) -> str:
+    # The submission time tells apart two jobs of one id (a database made again).
+    return f"jobs:exited:{job.pk}:{job.submitted_at.timestamp():.6f}:{worker}"
 
 
-def remember_exit(job: Job, report: WorkerExited) -> None:
-    """An agent saw this worker of ``job`` exit: a later claim that it left is true."""
-    cache.set(_exit_key(job.pk, report.worker_id), 1, timeout=EXIT_MEMORY_SECONDS)
+def remember_exit(job: Job, report: WorkerExited, at: datetime) -> None:
+    """An agent saw this worker of ``job`` exit at ``at``: a later claim that it left is true."""
+    cache.set(_exit_key(job, report.worker_id), at.isoformat(), timeout=EXIT_MEMORY_SECONDS)
+
+
+def _exited(job: Job, worker: str, since: datetime | None) -> bool:
+    """Whether the worker's exit was reported since the job last changed its membership.
+
+    A worker id names a GPU (``w<index>``): an exit from before the job was
+    last placed or resized may have been another process of the same name.
+    """
+    seen = cache.get(_exit_key(job, worker))
+    if not isinstance(seen, str):
+        return False
+    try:
+        at = datetime.fromisoformat(seen)
+    except ValueError:
+        return False
+    return since is None or at >= since
+
+
+def _membership_since(job: Job) -> datetime | None:
+    """When the job last entered ``running`` or ``scaling`` (placed, or a switch began)."""
+    return (
+        job.events.filter(to_state__in=(JobState.RUNNING, JobState.SCALING))
+        .order_by("-at")
+        .values_list("at", flat=True)
+        .first()
+    )
 
 
 def event_time(report: JobEventReport) -> datetime | None:
@@ -70,7 +97,8 @@ def still_running(job: Job, workers: Iterable[str], since: datetime | None) -> d
     newest heartbeat, sent at or after ``since``, does not list it.
     """
     name = runtime_job_name(job.pk)
-    wanted = [w for w in workers if cache.get(_exit_key(job.pk, w)) is None]
+    changed = _membership_since(job)
+    wanted = [w for w in workers if not _exited(job, w, changed)]
     gpus = {w: gpu for w in wanted if (gpu := gpu_of_worker(w)) is not None}
     homes = holdings.gpu_homes(gpus.values())
     nodes = {home.node for home in homes.values()}

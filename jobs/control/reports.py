@@ -360,7 +360,7 @@ def _worker_exited(job: Job, report: WorkerExited) -> str:
         job.log_tail = (job.log_tail + report.log_tail)[-LOG_TAIL_CHARS:]
         save_fields(job, "log_tail")
         broadcast(job, "job.log")
-    membership_claims.remember_exit(job, report)
+    membership_claims.remember_exit(job, report, _at(report))
     decided = program_exits.on_worker_exited(job, report, _at(report))
     if decided is not None:
         return decided

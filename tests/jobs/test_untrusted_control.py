@@ -17,6 +17,7 @@ import pytest
 from django.test import override_settings
 
 from inventory.models import Gpu
+from jobs.agent_trust import forget_hosted
 from jobs.control.reports import handle_report
 from jobs.control.tick import run_tick
 from jobs.models import Job, JobGpu
@@ -114,6 +115,7 @@ def test_a_refused_start_is_believed_only_from_a_node_that_hosts_the_job(
     job, nodes, _start = placed(alice, acme, gpus=1)
     [gpu] = JobGpu.objects.filter(job=job).values_list("gpu__index", flat=True)
     stranger = next(n for n in nodes if n != Gpu.objects.get(index=gpu).server.node)
+    forget_hosted(stranger, [f"job-{job.pk}"])  # what an earlier test's job of this id left
     report = {
         "type": "rejected",
         "node": stranger,
