@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -93,8 +93,8 @@ def events_key(job: str) -> str:
     return JobKeys(job).events
 
 
-def xadd(raw: redis.Redis, job: str, fields: dict[bytes | str, bytes | str]) -> str:
-    added: Any = raw.xadd(events_key(job), fields)  # type: ignore[arg-type]
+def xadd(raw: redis.Redis, job: str, fields: Mapping[Any, Any]) -> str:
+    added: Any = raw.xadd(events_key(job), dict(fields))
     return added.decode() if isinstance(added, bytes) else str(added)
 
 
