@@ -11,6 +11,10 @@ own (never the portal's real ``portal`` queue on a shared server).
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +25,7 @@ import pytest
 import redis
 from django.conf import settings
 
+from workers.agent.broker_redis import Transport
 from workers.agent.redis_acl import agent_rules, agent_unacked_keys, agent_user, url_for
 
 broker: Any = kombu  # kombu is only partly typed: its objects are used as Any here
@@ -115,3 +120,58 @@ def test_an_agent_user_serves_its_queue_and_sends_reports_and_reaches_nothing_el
             allowed.append((command, agent.execute_command(*command)))  # type: ignore[no-untyped-call]
     assert allowed == [], f"an agent's user may run these: {allowed}"
     assert admin.llen(setup.reports) == 1  # still there
+
+
+TAKE_AND_DIE = """
+import json, os
+import kombu
+options = json.loads(os.environ["OPTIONS"])
+conn = kombu.Connection(os.environ["AGENT_URL"], transport_options=options)
+assert conn.default_channel.basic_get(os.environ["QUEUE"], no_ack=False) is not None
+os._exit(0)  # dies holding it: nothing acknowledged, nothing given back
+"""
+
+
+def test_an_agent_user_restores_its_unacknowledged_commands_without_scripts(
+    setup: Setup,
+) -> None:
+    """What a consumer took and never acknowledged (it died) goes back to its queue.  kombu's
+    stock transport needs EVALSHA for that (redis-py's lock release); the agent's transport
+    (``broker_redis``) does it with a transaction."""
+    node, admin = setup.node, setup.admin
+    admin.execute_command("ACL", "SETUSER", agent_user(node), *agent_rules(node, "agent-pw"))  # type: ignore[no-untyped-call]
+    agent_url = url_for(setup.url, agent_user(node), "agent-pw")
+    commands = _direct(f"agent.{node}")
+    with broker.Connection(setup.url) as portal:
+        for n in range(2):
+            broker.Producer(portal).publish(
+                {"type": "stop_job", "n": n}, exchange=commands.exchange,
+                routing_key=commands.routing_key, declare=[commands],
+            )  # fmt: skip
+    options = {**agent_unacked_keys(node), "visibility_timeout": 0}
+    env = {
+        **os.environ,
+        "AGENT_URL": agent_url,
+        "QUEUE": commands.name,
+        "OPTIONS": json.dumps(options),
+    }
+
+    def take_one_and_restore(transport: Any) -> None:
+        """A consumer takes a command and dies (no ack, no clean close); another restores."""
+        subprocess.run([sys.executable, "-c", TAKE_AND_DIE], env=env, check=True, timeout=60)
+        assert admin.zcard(f"agent:{node}:unacked_index") >= 1
+        with broker.Connection(agent_url, transport=transport, transport_options=options) as conn:
+            conn.default_channel.qos.restore_visible(interval=1)
+
+    with pytest.raises(redis.exceptions.NoPermissionError, match="evalsha"):
+        take_one_and_restore(kombu.transport.redis.Transport)
+    # It was given back, then the mutex's release failed: the mutex stays held (and every
+    # restore waits) until it expires, and the error goes up through the consumer's loop.
+    assert admin.llen(commands.name) == 2
+    assert int(admin.ttl(f"agent:{node}:unacked_mutex")) > 0
+    admin.delete(f"agent:{node}:unacked_mutex")  # as its expiry would
+
+    take_one_and_restore(Transport)
+    assert admin.llen(commands.name) == 2  # the one the second consumer took is back too
+    assert admin.zcard(f"agent:{node}:unacked_index") == 0
+    assert admin.get(f"agent:{node}:unacked_mutex") is None  # released
