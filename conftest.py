@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -10,6 +11,7 @@ from django.db.models.signals import pre_delete, pre_save
 
 from tests.architecture.writes import guard
 from utilities.embedded_redis import ensure_running
+from workers.agent.network import RUN_ROOT, remove_made_since
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -31,3 +33,12 @@ def job_write_guard() -> Iterator[None]:
     yield
     pre_save.disconnect(dispatch_uid="job-write-guard")
     pre_delete.disconnect(dispatch_uid="job-write-guard")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_job_networks_left() -> Iterator[None]:
+    """Remove the job networks this session's agents made and left (a killed test stack's
+    agents never settle their jobs; a real node's next agent does, ``Agent.restore``)."""
+    started = time.time()
+    yield
+    remove_made_since(RUN_ROOT, started)

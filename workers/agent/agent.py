@@ -103,7 +103,8 @@ class Agent:
     def restore(self) -> None:
         """Take over what a previous agent process of this node left in Redis.
 
-        Processes still alive are adopted; those gone are reported as lost.
+        Processes still alive are adopted; those gone are reported as lost;
+        networks no process needs any more are removed.
         """
         with self._lock:
             for record in self.store.workers():
@@ -116,6 +117,10 @@ class Agent:
             for job, stop in self.store.stops().items():
                 self.processes.stops[job] = stop
                 self.events.watch(job)
+            # Networks of jobs that ended here while no agent ran (nothing to settle).
+            busy = {r.job for r in self.processes.records()} | set(self.processes.stops)
+            for job in self.processes.isolation.leftovers(busy):
+                self.processes.isolation.release(job)
 
     def tick(self) -> None:
         """One supervision pass: reap processes, enforce stops, forward events, heartbeat;

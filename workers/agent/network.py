@@ -255,6 +255,21 @@ class JobNetworks:
             ready.touch()
         return network
 
+    def add_address(self, job: str, address: str) -> None:
+        """Give ``job``'s namespace ``address`` too, on its loopback (where the agent opens a
+        door to a host service of that address; loopback ones it has already)."""
+        if ipaddress.IPv4Address(address).is_loopback:
+            return
+        names = net_names(self.node, job)
+        found = subprocess.run(
+            ["ip", "-n", names.namespace, "-o", "addr", "show", "dev", "lo"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if f" {address}/32 " not in found.stdout:
+            self.run(["ip", "-n", names.namespace, "addr", "add", f"{address}/32", "dev", "lo"], "")
+
     def jobs_here(self) -> list[str]:
         """The jobs this node has a namespace for (to remove those no process needs)."""
         jobs = []
@@ -267,21 +282,26 @@ class JobNetworks:
 
     def release(self, job: str) -> None:
         """Remove ``job``'s namespace here, and its bridge if no other agent's is on it."""
-        names = net_names(self.node, job)
-        with _host_lock(self.run_root):
-            shutil.rmtree(self.run_root / names.namespace, ignore_errors=True)
-            # The veth first: a namespace's own interfaces go only once the kernel has
-            # finished with it, later, and the bridge would look in use until then.
-            if _interface_exists(names.host_veth):
-                with contextlib.suppress(NetworkError):
-                    self.run(["ip", "link", "del", names.host_veth], "")
-            if (NETNS_DIR / names.namespace).exists():
-                with contextlib.suppress(NetworkError):
-                    self.run(["ip", "netns", "del", names.namespace], "")
-            ports = Path("/sys/class/net") / names.bridge / "brif"
-            if ports.is_dir() and not any(ports.iterdir()):
-                with contextlib.suppress(NetworkError):
-                    self.run(["ip", "link", "del", names.bridge], "")
+        remove_network(net_names(self.node, job), run_root=self.run_root, run=self.run)
+
+
+def remove_network(names: NetNames, *, run_root: Path = RUN_ROOT, run: Runner = run_ip) -> None:
+    """Remove one (job, node)'s namespace, veth and directory, and the job's bridge once no
+    namespace of this host is on it (idempotent)."""
+    with _host_lock(run_root):
+        shutil.rmtree(run_root / names.namespace, ignore_errors=True)
+        # The veth first: a namespace's own interfaces go only once the kernel has
+        # finished with it, later, and the bridge would look in use until then.
+        if _interface_exists(names.host_veth):
+            with contextlib.suppress(NetworkError):
+                run(["ip", "link", "del", names.host_veth], "")
+        if (NETNS_DIR / names.namespace).exists():
+            with contextlib.suppress(NetworkError):
+                run(["ip", "netns", "del", names.namespace], "")
+        ports = Path("/sys/class/net") / names.bridge / "brif"
+        if ports.is_dir() and not any(ports.iterdir()):
+            with contextlib.suppress(NetworkError):
+                run(["ip", "link", "del", names.bridge], "")
 
 
 def _interface_exists(name: str) -> bool:
@@ -307,3 +327,14 @@ def join_namespace(fd: int) -> Callable[[], None]:
             raise OSError(code, f"setns: {os.strerror(code or errno.EINVAL)}")
 
     return enter
+
+
+def remove_made_since(run_root: Path, since: float) -> None:
+    """Remove every job network of this host made after ``since`` (a test session's end)."""
+    for owner in run_root.glob(f"portal-*/{OWNER_FILE}"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, NetworkError):
+            if owner.stat().st_mtime < since:
+                continue
+            recorded = json.loads(owner.read_text())
+            names = net_names(str(recorded["node"]), str(recorded["job"]))
+            remove_network(names, run_root=run_root)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.agent import limits, redis_acl, seccomp
-from workers.agent.config import REPO_ROOT, AgentConfig
+from workers.agent.config import REPO_ROOT, S3_VARIABLES, AgentConfig
 from workers.agent.gpus import device_nodes
 from workers.agent.isolation import NetworkIsolation
 from workers.agent.launch import (
@@ -47,6 +47,7 @@ from workers.agent.programs import (
     program_argv,
     program_mounts,
     program_slots,
+    store_variables,
     torchrun_env,
 )
 from workers.agent.sandbox import (
@@ -484,7 +485,12 @@ class ProcessTable:
         settings = self.config.sandbox
         identity = self._identity(job)
         env = {**env, **self.isolation.variables()}
-        mounts = replace(mounts, read_only=(*mounts.read_only, *self.isolation.read_only(job)))
+        hosts = self.isolation.store_door(job, {n: env[n] for n in S3_VARIABLES if n in env})
+        mounts = replace(
+            mounts,
+            read_only=(*mounts.read_only, *self.isolation.read_only(job)),
+            files=(*mounts.files, *(((hosts, Path("/etc/hosts")),) if hosts else ())),
+        )
         preexec, namespace_fd = self.isolation.joining(job, preexec)
         if mounts.shm_dir is not None:
             uids = (identity.uid,) if identity is not None else ()
@@ -524,8 +530,10 @@ class ProcessTable:
         if is_alive(record, self.config.worker_module):
             if record.launcher != "torchrun":  # an edl program or a built-in: the job's user
                 self.job_users.add(record.job)
-            if record.sandboxed:  # its namespace outlived the agent; its Redis socket did not
-                self.isolation.adopt(record.job, self._identity(record.job))
+            if record.sandboxed:  # its namespace outlived the agent; its doors out did not
+                own_redis = record.launcher != "torchrun"
+                store = store_variables(self.config, os.environ) if own_redis else {}
+                self.isolation.adopt(record.job, self._identity(record.job), own_redis, store)
             self.children[(record.job, record.worker_id)] = Child(record=record, popen=None)
             log.info(
                 "adopted worker %s of job %s (pid %d)", record.worker_id, record.job, record.pid

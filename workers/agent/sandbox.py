@@ -39,9 +39,9 @@ the sandbox; the program's variables travel through a file descriptor
 (``--args``: ``--clearenv`` then ``--setenv`` pairs, off every command line)
 and enter the environment of the program alone.
 
-The network is still the host's (torch.distributed needs it; a network
-boundary per job is not built yet, see docs/security.md); the portal's Redis
-requires a password.
+Network.  Under a root agent the child has joined its job's own network
+namespace before bubblewrap runs (``workers.agent.network``,
+``workers.agent.isolation``); otherwise it is the host's.
 """
 
 from __future__ import annotations
@@ -79,7 +79,9 @@ class Mounts:
     default, half the host's memory).  ``shm_dir``: a host directory bound as
     ``/dev/shm``, which every process of one job on the node shares (NCCL's
     shared-memory transport needs it; its pages count against each worker's
-    memory cgroup); None: a private tmpfs.
+    memory cgroup); None: a private tmpfs.  ``files``: (host file, path in the
+    sandbox) pairs bound read-only over what the host has there (a job's
+    ``/etc/hosts``, which names its object store inside its network).
     """
 
     hide: tuple[Path, ...]
@@ -89,6 +91,7 @@ class Mounts:
     devices: tuple[Path, ...] = ()
     tmp_bytes: int | None = None
     shm_dir: Path | None = None
+    files: tuple[tuple[Path, Path], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -222,6 +225,8 @@ def bwrap_argv(
     for path in mounts.masked_files:
         if not any(_inside(path, h) for h in hidden):
             out += ["--ro-bind-try", "/dev/null", str(path)]
+    for source, target in mounts.files:
+        out += ["--ro-bind", str(source), str(target)]
     out += ["--chdir", str(cwd), "--", *argv]
     return out
 
