@@ -302,13 +302,13 @@ def agent_rules(
     (``send_to``: reports, heartbeats), so it cannot read, pop or delete
     another agent's reports; SMEMBERS and nothing else on kombu's binding
     tables (a publish looks its route up there).  No scripts, no channels, no
-    ``agent:acl:secret``, no other agent's queue.  What still stands between
-    this and agents that log in with it: kombu's unacked-restore mutex is
-    redis-py's ``Lock``, whose release is a script (EVALSHA); the agent's app
-    must declare nothing it sends to (``no_declare``), run no remote control
-    or events (pidbox channels), keep its unacked keys apart
-    (``agent_unacked_keys``); and the control plane must create job users
-    (the agent can no longer read ``agent:acl:secret``).  See docs/security.md.
+    ``agent:acl:secret``, no other agent's queue.  An agent that logs in with
+    it needs, in its Celery app: the scriptless transport
+    (``broker_transport = "workers.agent.broker_redis:Transport"``), its own
+    unacked keys (``agent_unacked_keys``), nothing declared that it sends to
+    (``no_declare``), no remote control, events, gossip or mingle (pidbox
+    channels); and the control plane must create and restore job users (the
+    agent can no longer read ``agent:acl:secret``).  See docs/security.md.
     """
     queue = f"agent.{node}"
     own = [
