@@ -291,6 +291,13 @@ def agent_unacked_keys(node: str) -> dict[str, str]:
     }
 
 
+def hosted_job_keys(job: str) -> tuple[str, ...]:
+    """The key patterns of ``job`` that an agent running it touches: the runtime's keys, the
+    events it forwarded (``workers.agent.store``), the job's network addresses
+    (``workers.agent.network``)."""
+    return (f"~edl:{job}:*", f"~agent:forwarded:{job}:*", f"~agent:net:{job}")
+
+
 def agent_rules(
     node: str, password: str, jobs: tuple[str, ...] = (), send_to: tuple[str, ...] = ()
 ) -> list[str]:
@@ -298,7 +305,7 @@ def agent_rules(
 
     Its own keys (``agent:N:*``, its command queue ``agent.N`` with kombu's
     priority lists and binding) with most commands; the keys of the jobs it
-    runs (``jobs``); LPUSH and nothing else on the queues it sends to
+    runs (``jobs``, ``hosted_job_keys``); LPUSH and nothing else on the queues it sends to
     (``send_to``: reports, heartbeats), so it cannot read, pop or delete
     another agent's reports; SMEMBERS and nothing else on kombu's binding
     tables (a publish looks its route up there).  No scripts, no channels, no
@@ -317,7 +324,7 @@ def agent_rules(
         f"~{queue}{KOMBU_SEP}*",
         f"~_kombu.binding.{queue}",
         f"~_kombu.binding_permanent.{queue}",
-        *(f"~edl:{job}:*" for job in jobs),
+        *(pattern for job in jobs for pattern in hosted_job_keys(job)),
     ]
     sends = " ".join(f"~{q} ~{q}{KOMBU_SEP}*" for q in send_to)
     rules = [

@@ -100,7 +100,8 @@ def test_an_agent_user_serves_its_queue_and_sends_reports_and_reaches_nothing_el
     assert admin.zcard(f"agent:{node}:unacked_index") == 0  # acknowledged, in its own keys
 
     agent = redis.Redis.from_url(agent_url)
-    assert agent.set(f"edl:{job}:k", "v")  # a job it runs
+    assert agent.set(f"edl:{job}:k", "v")  # a job it runs: its keys, its network's
+    assert agent.hincrby(f"agent:net:{job}", "next", 1) == 1
     allowed = []
     for command in (
         ("LPOP", setup.reports),
@@ -110,6 +111,7 @@ def test_an_agent_user_serves_its_queue_and_sends_reports_and_reaches_nothing_el
         ("HGETALL", "unacked"),
         ("GET", "agent:acl:secret"),
         ("GET", f"edl:{foreign_job}:k"),
+        ("HGETALL", f"agent:net:{foreign_job}"),
         ("SADD", f"_kombu.binding.{setup.reports}", "hijack"),
         ("EVAL", "return 1", "0"),
         ("PUBLISH", "/0.celery.pidbox", "x"),
