@@ -88,6 +88,11 @@ def _busy_slot(report: Rejected, job: Job, here: dict[int, int], now: datetime) 
     assert report.busy_slot is not None and report.busy_job and report.busy_worker
     owner_gpu = gpu_of_worker(report.busy_worker)
     gpu = here.get(report.busy_slot, owner_gpu)
+    if gpu is not None and gpu not in here.values():
+        # A node speaks only of its own GPUs: one named elsewhere is not marked or stopped.
+        home = holdings.gpu_homes([gpu]).get(gpu)
+        if home is None or home.node != report.node or home.local != report.busy_slot:
+            gpu = None
     owner_name = f"worker {report.busy_worker} of {report.busy_job}"
     if gpu is not None:
         do_mark_gpu_suspect(

@@ -126,3 +126,29 @@ def test_a_refused_start_is_believed_only_from_a_node_that_hosts_the_job(
     assert handle_report(report, signed_by=stranger) == "refused: not hosted"
     job.refresh_from_db()
     assert job.state == "running"
+
+
+def test_a_refusal_marks_and_stops_nothing_on_another_nodes_gpus(alice: Any, acme: Any) -> None:
+    """A node speaks of its own slots: naming another node's worker as the holder changes nothing."""
+    job, nodes, _start = placed(alice, acme, gpus=1)
+    [gpu] = JobGpu.objects.filter(job=job).values_list("gpu__index", flat=True)
+    here = Gpu.objects.select_related("server").get(index=gpu).server.node
+    far = Gpu.objects.exclude(server__node=here).order_by("index").first()
+    assert far is not None
+    ended = submit(alice, acme, gpus=1)
+    Job.objects.filter(pk=ended.pk).update(state="failed")
+    report = {
+        "type": "rejected",
+        "node": here,
+        "job": f"job-{job.pk}",
+        "command_type": "start_workers",
+        "error": "slot 7 is busy",
+        "busy_slot": 7,
+        "busy_job": f"job-{ended.pk}",
+        "busy_worker": f"w{far.index}",
+    }
+    handle_report(report, signed_by=here)
+    far.refresh_from_db()
+    assert far.suspect_until is None
+    commands = drain_all(nodes)
+    assert not [c for c in commands[far.server.node] if c["job"] == f"job-{ended.pk}"]
