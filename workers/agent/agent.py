@@ -131,6 +131,9 @@ class Agent:
             self.processes.enforce_stops()
             for job in list(self.events.jobs):
                 self.events.forward(job)
+            for job in self.events.past_finish():  # "finished", yet its processes train on
+                if self.processes.of_job(job) and job not in self.processes.stops:
+                    self.processes.stop(job, f"finished-{job}", grace_seconds=0.0)
             self._settle_jobs()
         if self.clock.monotonic() >= self._next_heartbeat:
             self._next_heartbeat = self.clock.monotonic() + self.config.heartbeat_seconds

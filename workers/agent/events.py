@@ -60,6 +60,13 @@ at worst; Redis's own memory limit bounds what a job can write at all)."""
 DROPPED_REPORT_EVERY_S = 10.0
 """How often, at most, a job's dropped entries are reported (one report counts them all)."""
 
+FINISHED_GRACE_S = 120.0
+"""How long a job's processes here may outlive its runtime's ``finished`` event.
+
+The runtime writes the final checkpoint before ``finished`` and the processes
+exit right after; the control plane frees the job's GPUs on the event.  A
+program that writes ``finished`` and trains on would hold them unbilled."""
+
 RawEntries = list[tuple[str, dict[bytes, bytes]]]
 """``[(entry id, raw fields)]`` of a job's event stream, oldest first."""
 
@@ -165,6 +172,8 @@ class JobWatch:
     """Workers of the job that exited 0 here."""
     launcher: str | None = None
     """How its processes here were launched (``edl``, ``torchrun``; None: a built-in)."""
+    finished_at: float | None = None
+    """Wall time the runtime's ``finished`` event was read (its processes should exit)."""
 
 
 class EventForwarder:
@@ -187,6 +196,7 @@ class EventForwarder:
         self.clock = clock
         """Wall time judges entry ids (Redis's own clock makes them), monotonic time the rate."""
         self.budget = budget or EventBudget()
+        self.finished_grace_s = FINISHED_GRACE_S
         self.jobs: dict[str, JobWatch] = {}
 
     def watch(self, job: str) -> JobWatch:
@@ -233,6 +243,8 @@ class EventForwarder:
             return
         if isinstance(report, Finished | Failed):
             watch.ended = True
+        if isinstance(report, Finished) and watch.finished_at is None:
+            watch.finished_at = self.clock.now()
         if report is not None and self.store.claim_event(job, event_id):
             self._send_safely(report)
 
@@ -345,6 +357,15 @@ class EventForwarder:
             return False
         generation = getattr(status, "generation", 0)
         return getattr(status, "state", "") == "starting" and generation < 0
+
+    def past_finish(self) -> list[str]:
+        """The jobs whose ``finished`` event is older than ``finished_grace_s``: stop them here."""
+        limit = self.clock.now() - self.finished_grace_s
+        return [
+            job
+            for job, watch in self.jobs.items()
+            if watch.finished_at is not None and watch.finished_at <= limit
+        ]
 
     def ended(self, job: str) -> bool:
         """Whether the job's runtime reported it finished or failed."""

@@ -165,3 +165,29 @@ def test_a_start_on_a_busy_slot_is_rejected_naming_what_holds_it(
     finally:
         agent.close(stop_children=True)
         JobControl(str(settings.REDIS_URL), other).cleanup()
+
+
+def test_processes_that_outlive_their_finished_event_are_stopped(
+    base: Path, node: str, job: str
+) -> None:
+    """A program writes ``finished`` (the portal frees its GPUs) and trains on: it is stopped."""
+    agent, sent = program_agent(base, node, "import time\ntime.sleep(60)\n")
+    agent.events.finished_grace_s = 0.5
+    try:
+        assert agent.receive(start(job, workers=1)) == "applied", sent.reports
+        emit_event(
+            redis.Redis.from_url(str(settings.REDIS_URL)),
+            JobControl(str(settings.REDIS_URL), job).keys,
+            "finished",
+            step=1,
+            reason="finished",
+        )
+        deadline = time.monotonic() + 30
+        while not sent.of(WorkerExited):
+            assert time.monotonic() < deadline, sent.reports
+            agent.tick()
+            time.sleep(0.1)
+        [exited] = sent.of(WorkerExited)
+        assert exited.outcome == "stopped"
+    finally:
+        agent.close(stop_children=True)
