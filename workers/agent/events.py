@@ -267,8 +267,12 @@ class EventForwarder:
         return report
 
     def _drop(self, job: str, watch: JobWatch, event_id: str, reason: str) -> None:
-        """Count a refused entry once across the job's agents (the one that claims it)."""
-        log.warning("job %s: dropped runtime event %s: %s", job, event_id, safe_text(reason))
+        """Count a refused entry once across the job's agents (the one that claims it).
+
+        Logged as a warning once per report interval (a flood would flood the log too).
+        """
+        level = logging.DEBUG if watch.dropped.count else logging.WARNING
+        log.log(level, "job %s: dropped runtime event %s: %s", job, event_id, safe_text(reason))
         try:
             if not self.store.claim_event(job, event_id):
                 return
