@@ -16,11 +16,18 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from portal.body_limit import BodyLimitMiddleware, install_in_daphne  # noqa: E402
 from portal.heap import freeze_startup_heap  # noqa: E402
 from portal.origin import SameOriginValidator  # noqa: E402
 from portal.routing import websocket_urlpatterns  # noqa: E402
 
-http_app = ASGIStaticFilesHandler(django_asgi) if settings.SERVE_STATIC else django_asgi
+# Request bodies are counted as they arrive and refused past their limit before anything
+# is stored (portal.body_limit): in daphne's own reading of the body, and here for servers
+# that stream it to the application.
+install_in_daphne()
+http_app = BodyLimitMiddleware(
+    ASGIStaticFilesHandler(django_asgi) if settings.SERVE_STATIC else django_asgi
+)
 
 application = ProtocolTypeRouter(
     {

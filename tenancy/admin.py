@@ -84,6 +84,7 @@ class TenantAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "max_restarts_ceiling",
         "default_max_runtime_s",
         "max_runtime_ceiling_s",
+        "max_token_days",
     ]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]

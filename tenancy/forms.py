@@ -14,11 +14,11 @@ from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from tenancy.login_limits import client_address, is_locked_out, lockout_message
+from tenancy.login_limits import client_address, refusal
 from tenancy.models import Role, Tenant, TokenScope
 from tenancy.services import IDENTIFIER_MAX
 from tenancy.tenant_settings import SETTINGS
-from tenancy.tokens import MAX_EXPIRY_DAYS, MAX_NAME_LENGTH
+from tenancy.tokens import MAX_NAME_LENGTH
 
 
 class NewTokenForm(forms.Form):
@@ -30,13 +30,19 @@ class NewTokenForm(forms.Form):
         initial=TokenScope.WRITE,
         help_text="A read-only token cannot submit, cancel, scale or upload.",
     )
-    expires_in_days = forms.IntegerField(
-        label="Expires in (days)", min_value=1, max_value=MAX_EXPIRY_DAYS
-    )
+    expires_in_days = forms.IntegerField(label="Expires in (days)", min_value=1)
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.fields["expires_in_days"].initial = settings.API_TOKEN_DAYS
+        # The site's maximum as the form's bound; a tenant's shorter one is the service's.
+        self.fields["expires_in_days"] = forms.IntegerField(
+            label="Expires in (days)",
+            min_value=1,
+            max_value=int(settings.API_TOKEN_MAX_DAYS),
+            initial=settings.API_TOKEN_DAYS,
+            help_text=f"At most {settings.API_TOKEN_MAX_DAYS} days, or less where a tenant "
+            "of yours says so.",
+        )
 
 
 RATE_LIMITED = "rate_limited"
@@ -51,8 +57,9 @@ class RateLimitedAuthenticationForm(AuthenticationForm):
     def clean(self) -> dict[str, Any]:
         """Refuse a locked-out account or address; otherwise check the password as usual."""
         username = str(self.data.get("username") or "")
-        if is_locked_out(username, client_address(self.request)):
-            raise ValidationError(lockout_message(), code=RATE_LIMITED)
+        refused = refusal(username, client_address(self.request))
+        if refused is not None:
+            raise ValidationError(refused.message, code=RATE_LIMITED)
         cleaned: dict[str, Any] = super().clean()
         return cleaned
 

@@ -116,6 +116,14 @@ class Tenant(models.Model):
         validators=[MinValueValidator(1)],
         help_text="Longest run-time limit a job may ask for, in seconds; empty = no ceiling.",
     )
+    max_token_days = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Longest lifetime, in days, of its members' API tokens (tokens act in "
+        "every tenant of their user: the shortest maximum applies); empty = the "
+        "cluster's API_TOKEN_MAX_DAYS.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = TenantQuerySet.as_manager()
@@ -151,6 +159,10 @@ class Tenant(models.Model):
                 condition=models.Q(max_runtime_ceiling_s__isnull=True)
                 | models.Q(max_runtime_ceiling_s__gte=1),
                 name="tenant_runtime_ceiling_positive",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(max_token_days__isnull=True) | models.Q(max_token_days__gte=1),
+                name="tenant_token_days_positive",
             ),
             models.CheckConstraint(
                 condition=models.Q(max_runtime_ceiling_s__isnull=True)
@@ -279,3 +291,39 @@ class OidcIdentity(models.Model):
 
     def __str__(self) -> str:
         return f"{self.subject} at {self.issuer}"
+
+
+class OidcGrant(models.Model):
+    """A role single sign-on gave a user, so that a later sign-in can take it back.
+
+    ``tenancy.oidc`` writes one when a sign-in's groups raise a tenant role (or make the
+    user staff: ``tenant`` empty, ``role`` ``staff``), with the role the user held before
+    (``replaced_role``, empty for none). At each sign-in the groups are checked again: a
+    role they no longer give goes back to ``replaced_role`` (or the membership goes), and
+    the row with it. A role changed in the portal since the grant is the portal's, and
+    its row is dropped: roles given in the portal have no row, and a sign-in never takes
+    them.
+    """
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="oidc_grants"
+    )
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, null=True, blank=True, related_name="oidc_grants"
+    )
+    role = models.CharField(max_length=10)
+    replaced_role = models.CharField(max_length=10, blank=True, default="")
+    granted_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "tenant"], name="one_oidc_grant_per_tenant"),
+            models.UniqueConstraint(
+                fields=["user"],
+                condition=models.Q(tenant__isnull=True),
+                name="one_oidc_staff_grant_per_user",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.role} in {self.tenant or 'the cluster'} for {self.user} (single sign-on)"

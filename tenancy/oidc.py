@@ -8,13 +8,16 @@
        ──> token endpoint; the ID token's signature is checked against the
        provider's JWKS (asymmetric algorithms only) and its iss, aud, exp, iat and
        nonce; userinfo (same ``sub``) adds claims the ID token left out
-    do_sso_sign_in(): the user linked to (iss, sub), or a new one; tenant
-       memberships per OIDC_ROLE_MAP through tenancy.services.do_add_member
+    do_sso_sign_in(): the user linked to (iss, sub), or a new one; tenant roles and
+       staff per OIDC_ROLE_MAP, granted and taken back (tenancy.services)
 
-The map grants and never takes away: a later sign-in adds memberships the claims
-now give and raises a role the map now ranks higher, but never lowers or removes
-one (owners manage their members in the portal; docs/sso.md).  A user whose
-groups map to nothing signs in with no tenant.
+Each sign-in checks the map again (issue 35: staff given by a group stayed after the
+group went). What the groups give is granted, and remembered as single sign-on's
+(``OidcGrant``, with the role it replaced); a role single sign-on gave that the groups
+no longer give goes back to the role it replaced, or the membership goes, and staff
+it gave is taken away. Roles given in the portal are never taken by a sign-in: a role
+an owner or admin changed after single sign-on gave it is theirs from then on. A user
+whose groups map to nothing signs in with no tenant (or with what the portal gave).
 """
 
 from __future__ import annotations
@@ -36,10 +39,12 @@ from django.db import transaction
 from django.http import HttpRequest, HttpResponse
 from joserfc.errors import JoseError
 
-from tenancy.models import OidcIdentity, Tenant
+from audit import services as audit
+from tenancy.errors import TenancyError
+from tenancy.models import OidcGrant, OidcIdentity, Tenant
 from tenancy.oidc_config import OidcConfig, check_provider_url
-from tenancy.oidc_roles import Grants, grants_for, role_rank
-from tenancy.services import do_add_member
+from tenancy.oidc_roles import STAFF, Grants, grants_for, role_rank
+from tenancy.services import do_add_member, do_change_role, do_remove_member
 
 log = logging.getLogger(__name__)
 
@@ -195,9 +200,10 @@ def do_sso_sign_in(*, config: OidcConfig, claims: Mapping[str, Any]) -> SignedIn
     """The user the verified ``claims`` sign in as, with the roles OIDC_ROLE_MAP gives.
 
     A new subject gets a new user (unusable password; username from
-    ``OIDC_USERNAME_CLAIM``, made safe and unique).  Roles are granted or raised
-    through ``do_add_member``, never lowered or removed; a tenant the map names that
-    does not exist is skipped with a warning.  An inactive user is refused.
+    ``OIDC_USERNAME_CLAIM``, made safe and unique).  Roles the groups give are granted
+    or raised, and roles single sign-on gave that they no longer give are taken back
+    (``_apply_grants``); a tenant the map names that does not exist is skipped with a
+    warning.  An inactive user is refused.
     """
     subject = str(claims["sub"])
     identity = (
@@ -227,15 +233,80 @@ def do_sso_sign_in(*, config: OidcConfig, claims: Mapping[str, Any]) -> SignedIn
 
 
 def _apply_grants(user: User, grants: Grants) -> None:
-    tenants = {t.slug: t for t in Tenant.objects.filter(slug__in=dict(grants.tenant_roles))}
-    held = dict(user.memberships.values_list("tenant__slug", "role"))
-    for slug, role in grants.tenant_roles:
-        tenant = tenants.get(slug)
-        if tenant is None:
-            log.warning("SSO: OIDC_ROLE_MAP names tenant %r, which does not exist", slug)
-            continue
-        if role_rank(role) > role_rank(held.get(slug, "")):
-            do_add_member(tenant=tenant, user=user, role=role)
-    if grants.staff and not user.is_staff:
-        user.is_staff = True
-        user.save(update_fields=["is_staff"])
+    """Make ``user``'s roles what the groups give, for the roles single sign-on manages."""
+    wanted = dict(grants.tenant_roles)
+    named = {t.slug: t for t in Tenant.objects.filter(slug__in=wanted)}
+    for slug in sorted(set(wanted) - set(named)):
+        log.warning("SSO: OIDC_ROLE_MAP names tenant %r, which does not exist", slug)
+    recorded = {
+        grant.tenant_id: grant
+        for grant in OidcGrant.objects.select_for_update()
+        .select_related("tenant")
+        .filter(user_id=user.pk)
+    }
+    staff_grant = recorded.pop(None, None)
+    tenants = {tenant.pk: tenant for tenant in named.values()}
+    for grant in recorded.values():
+        if grant.tenant is not None:
+            tenants.setdefault(grant.tenant.pk, grant.tenant)
+    held = dict(user.memberships.values_list("tenant_id", "role"))
+    for tenant_id, tenant in sorted(tenants.items()):
+        _apply_tenant_grant(
+            user, tenant, wanted.get(tenant.slug), held.get(tenant_id), recorded.get(tenant_id)
+        )
+    _apply_staff_grant(user, grants.staff, staff_grant)
+
+
+def _apply_tenant_grant(
+    user: User, tenant: Tenant, want: str | None, have: str | None, grant: OidcGrant | None
+) -> None:
+    """One tenant: grant or raise what the groups give; take back what only they gave."""
+    if grant is not None and have != grant.role:
+        # Changed in the portal since single sign-on gave it (or removed): the portal's now.
+        grant.delete()
+        grant = None
+    if grant is None:
+        if want is not None and role_rank(want) > role_rank(have or ""):
+            do_add_member(tenant=tenant, user=user, role=want)
+            OidcGrant.objects.create(user=user, tenant=tenant, role=want, replaced_role=have or "")
+        return
+    try:
+        if want is not None and role_rank(want) > role_rank(grant.replaced_role):
+            if want != have:  # the groups give another role than before: follow them
+                do_change_role(tenant=tenant, user=user, role=want)
+                grant.role = want
+                grant.save(update_fields=["role", "granted_at"])
+            return
+        # The groups give no more than the portal had given: back to that, or out.
+        if grant.replaced_role:
+            do_change_role(tenant=tenant, user=user, role=grant.replaced_role)
+        else:
+            do_remove_member(tenant=tenant, user=user)
+    except TenancyError as refused:  # the last owner stays until another is made
+        log.warning("SSO: %s keeps %s in %s: %s", user, grant.role, tenant.slug, refused)
+        return
+    grant.delete()
+
+
+def _apply_staff_grant(user: User, wants_staff: bool, grant: OidcGrant | None) -> None:
+    """Staff: made when the groups give it, taken away when they stop, if SSO made it."""
+    if grant is not None and not user.is_staff:
+        grant.delete()  # taken away in the admin since: nothing of single sign-on's left
+        grant = None
+    if wants_staff and not user.is_staff:
+        _set_staff(user, True)
+        OidcGrant.objects.create(user=user, tenant=None, role=STAFF)
+    elif not wants_staff and grant is not None:
+        _set_staff(user, False)
+        grant.delete()
+
+
+def _set_staff(user: User, staff: bool) -> None:
+    user.is_staff = staff
+    user.save(update_fields=["is_staff"])
+    audit.record(
+        "user.staff",
+        obj=user,
+        before={"username": user.get_username(), "is_staff": not staff},
+        after={"username": user.get_username(), "is_staff": staff},
+    )

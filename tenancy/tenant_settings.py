@@ -41,6 +41,7 @@ SETTINGS: dict[str, Setting] = {
     "max_restarts_ceiling": Setting(int, nullable=True),
     "default_max_runtime_s": Setting(int, nullable=True, minimum=1),
     "max_runtime_ceiling_s": Setting(int, nullable=True, minimum=1),
+    "max_token_days": Setting(int, nullable=True, minimum=1),
 }
 
 #: (default, ceiling) pairs: a default must not exceed its ceiling when both are set.

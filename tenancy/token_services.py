@@ -2,23 +2,34 @@
 
 ``check_*`` validate, ``do_*`` change state; the secret leaves only in the
 ``IssuedToken`` that ``do_create_token`` returns (it is stored hashed).
+
+Two policies of issue 35 (docs/tokens.md, "Lifetime" and "Revoked for you"):
+
+- **Lifetime**: a new token lasts at most ``lifetime_policy(user).days``, the site's
+  ``API_TOKEN_MAX_DAYS`` or a tenant's ``max_token_days`` if that is shorter (a request
+  over it is refused naming the field and the maximum); a token is refused once it is
+  that old under the policy of the moment (``do_use_token``), whatever its expiry said.
+- **Revocation**: ``do_revoke_user_tokens`` revokes a user's live tokens when the user
+  is disabled, changes password, or loses a role a token relied on
+  (``tenancy.signals`` calls it on those changes, whatever made them).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import IntegrityError, transaction
+from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from audit import services as audit
-from tenancy.models import ApiToken, TokenScope
+from tenancy.models import ApiToken, Membership, Tenant, TokenScope
 from tenancy.services import TenancyError
 from tenancy.tokens import (
-    MAX_EXPIRY_DAYS,
     MAX_NAME_LENGTH,
     display_prefix,
     expiry,
@@ -26,6 +37,7 @@ from tenancy.tokens import (
     needs_touch,
     new_secret,
     refusal,
+    strictest_days,
 )
 
 TOKEN_AUDIT_FIELDS = ("name", "scope", "prefix", "expires_at")
@@ -37,6 +49,46 @@ DEFAULT_NAME = "default"
 
 class TokenRefused(Exception):
     """A presented token that may not be used, with the message the client gets (401)."""
+
+
+class TokenLifetimeError(TenancyError):
+    """A lifetime the policy refuses; ``field`` is the request's field it is about (400)."""
+
+    field = "expires_in_days"
+
+
+@dataclass(frozen=True)
+class LifetimePolicy:
+    """The longest a new token of a user may live, and whose maximum that is."""
+
+    days: int
+    source: str  # "the site's maximum (API_TOKEN_MAX_DAYS)", "tenant 'acme''s maximum"
+
+
+def site_max_days() -> int:
+    """``API_TOKEN_MAX_DAYS``: no token of anyone lives longer."""
+    return int(settings.API_TOKEN_MAX_DAYS)
+
+
+def lifetime_policy(user: AbstractBaseUser | AnonymousUser | None) -> LifetimePolicy:
+    """The strictest maximum lifetime for ``user``'s tokens: the site's, or a tenant's.
+
+    A token acts in every tenant its user belongs to, so the shortest maximum among
+    those tenants applies (tenants that set none do not count).
+    """
+    site = site_max_days()
+    if user is not None and user.is_authenticated:
+        strictest = (
+            Tenant.objects.filter(memberships__user_id=user.pk, max_token_days__isnull=False)
+            .order_by("max_token_days", "slug")
+            .values_list("slug", "max_token_days")
+            .first()
+        )
+        if strictest is not None:
+            slug, days = strictest
+            if days is not None and days < site:
+                return LifetimePolicy(days=days, source=f"tenant {slug!r}'s maximum")
+    return LifetimePolicy(days=site, source="the site's maximum (API_TOKEN_MAX_DAYS)")
 
 
 @dataclass(frozen=True)
@@ -59,12 +111,16 @@ def check_token_name(*, user: AbstractBaseUser, name: str) -> str:
     return name
 
 
-def check_expiry_days(days: int | None) -> int:
-    """The lifetime in days of a new token: ``days``, or ``API_TOKEN_DAYS`` when None."""
+def check_expiry_days(days: int | None, user: AbstractBaseUser | None = None) -> int:
+    """The lifetime in days of a new token of ``user``: ``days``, or ``API_TOKEN_DAYS`` when
+    None (shortened to the maximum); ``TokenLifetimeError`` naming the maximum past it."""
+    policy = lifetime_policy(user)
     if days is None:
-        return int(settings.API_TOKEN_DAYS)
-    if not 1 <= days <= MAX_EXPIRY_DAYS:
-        raise TenancyError(f"a token lasts from 1 to {MAX_EXPIRY_DAYS} days")
+        return min(int(settings.API_TOKEN_DAYS), policy.days)
+    if days < 1:
+        raise TokenLifetimeError("a token lasts at least 1 day")
+    if days > policy.days:
+        raise TokenLifetimeError(f"a token lasts at most {policy.days} days ({policy.source})")
     return days
 
 
@@ -87,7 +143,7 @@ def do_create_token(
     if not isinstance(user, AbstractBaseUser) or not user.is_authenticated:
         raise TenancyError("only a signed-in user has API tokens")
     name = check_token_name(user=user, name=name)
-    days = check_expiry_days(expires_in_days)
+    days = check_expiry_days(expires_in_days, user)
     check_scope(scope)
     now = now or timezone.now()
     secret = new_secret()
@@ -170,32 +226,72 @@ def do_revoke_any_token(*, admin: AbstractBaseUser, token_id: int) -> ApiToken:
     return _revoke(token, admin)
 
 
-def _revoke(token: ApiToken, user: AbstractBaseUser | AnonymousUser) -> ApiToken:
-    """Mark ``token`` revoked now and record it, unless it is revoked already."""
+def _revoke(
+    token: ApiToken, user: AbstractBaseUser | AnonymousUser | None, reason: str = ""
+) -> ApiToken:
+    """Mark ``token`` revoked now and record it (with ``reason``), unless it is revoked already."""
     if token.revoked_at is None:
         token.revoked_at = timezone.now()
         token.save(update_fields=["revoked_at"])
+        after = audit.snapshot(token, ["revoked_at"])
+        if reason:
+            after["reason"] = reason
         audit.record(
             "token.revoke",
             obj=token,
             user=user,
             before={"revoked_at": None},
-            after=audit.snapshot(token, ["revoked_at"]),
+            after=after,
         )
     return token
+
+
+def do_revoke_user_tokens(
+    *, user_id: int, reason: str, scopes: Iterable[str] | None = None
+) -> list[ApiToken]:
+    """Revoke every live token of user ``user_id`` (only those of ``scopes`` if given).
+
+    The user's access changed under their tokens (disabled, a new password, a role
+    lost: ``tenancy.signals``); each revocation is audited with ``reason``, as made by
+    whoever made that change. Expired and revoked tokens are left as they are.
+    """
+    with transaction.atomic():
+        tokens = ApiToken.objects.select_for_update().filter(
+            user_id=user_id, revoked_at__isnull=True, expires_at__gt=timezone.now()
+        )
+        if scopes is not None:
+            tokens = tokens.filter(scope__in=list(scopes))
+        return [_revoke(token, None, reason) for token in tokens.order_by("pk")]
 
 
 def do_use_token(*, secret: str, now: datetime | None = None) -> ApiToken:
     """The live token whose secret is ``secret``, its use written down (at most once a minute).
 
     Raises ``TokenRefused`` with the client's message for an unknown, revoked or
-    expired token, or one whose user is inactive.
+    expired token (older than the lifetime policy allows now counts as expired), or one
+    whose user is inactive.
     """
     now = now or timezone.now()
-    token = ApiToken.objects.select_related("user").filter(key_hash=hash_secret(secret)).first()
+    strictest_tenant = (
+        Membership.objects.filter(user_id=OuterRef("user_id"), tenant__max_token_days__isnull=False)
+        .order_by("tenant__max_token_days")
+        .values("tenant__max_token_days")[:1]
+    )
+    token = (
+        ApiToken.objects.select_related("user")
+        .annotate(tenant_max_days=Subquery(strictest_tenant))
+        .filter(key_hash=hash_secret(secret))
+        .first()
+    )
     if token is None or not token.user.is_active:
         raise TokenRefused("invalid token")
-    reason = refusal(revoked_at=token.revoked_at, expires_at=token.expires_at, now=now)
+    reason = refusal(
+        revoked_at=token.revoked_at,
+        expires_at=token.expires_at,
+        now=now,
+        created_at=token.created_at,
+        max_days=strictest_days(site_max_days(), token.tenant_max_days),  # type: ignore[attr-defined]
+    )
     if reason is not None:
         raise TokenRefused(reason)
     if needs_touch(token.last_used_at, now):

@@ -6,6 +6,8 @@
     Range: bytes=a-b | a- | -n         206 with Content-Range (one range; several, or a
                                        malformed header, are ignored: the whole object)
     Range past the end                 416 with Content-Range: bytes */size
+                                       (positions of any length: a number longer than
+                                       18 digits is past every end, never a 500)
     otherwise                          200, the whole object, hashed while it streams
 
 Headers always: ``ETag: "<sha256>"``, ``Accept-Ranges: bytes``, ``Content-Length``
@@ -47,6 +49,12 @@ CHUNK_BYTES = 1024 * 1024
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
+POSITION_DIGITS = 18
+"""Digits of a byte position read as a number; a longer one (leading zeros aside) is past
+the end of any object (10**18 bytes is an exabyte). RFC 9110 puts no bound on them, and
+``int()`` of over 4300 digits raises: a 5,000-digit ``Range`` must not be a 500."""
+BEYOND_ANY_OBJECT: int = 10**POSITION_DIGITS
+
 
 class RangeNotSatisfiable(ValueError):
     """A well-formed range that lies wholly past the end of the object (416)."""
@@ -79,6 +87,15 @@ class ByteRange:
         return f"bytes {self.start}-{self.stop - 1}/{self.size}"
 
 
+def position(digits: str) -> int:
+    """A byte position or suffix length from its digits, bounded: a number of more than
+    ``POSITION_DIGITS`` digits (leading zeros aside) reads as ``BEYOND_ANY_OBJECT``."""
+    significant = digits.lstrip("0")
+    if len(significant) > POSITION_DIGITS:
+        return BEYOND_ANY_OBJECT
+    return int(significant or "0")
+
+
 def parse_range(header: str | None, size: int) -> ByteRange | None:
     """The single byte range a ``Range`` header asks of an object of ``size`` bytes.
 
@@ -96,12 +113,12 @@ def parse_range(header: str | None, size: int) -> ByteRange | None:
     if not first and not last:
         return None
     if not first:  # bytes=-n: the last n bytes
-        suffix = int(last)
+        suffix = position(last)
         if suffix == 0 or size == 0:
             raise RangeNotSatisfiable(f"no last {suffix} bytes of {size}")
         return ByteRange(start=max(size - suffix, 0), stop=size, size=size)
-    start = int(first)
-    stop = size if not last else int(last) + 1
+    start = position(first)
+    stop = size if not last else position(last) + 1
     if last and stop <= start:
         return None  # bytes=5-2 is not a valid range: ignored
     if start >= size:

@@ -35,6 +35,7 @@ class TenantSerializer(serializers.ModelSerializer[Tenant]):
             "max_restarts_ceiling",
             "default_max_runtime_s",
             "max_runtime_ceiling_s",
+            "max_token_days",
         ]
         read_only_fields = fields
 
@@ -101,6 +102,7 @@ class TenantSettingsSerializer(StrictSerializer):
     max_restarts_ceiling = _count(required=False, allow_null=True)
     default_max_runtime_s = _days(required=False)
     max_runtime_ceiling_s = _days(required=False)
+    max_token_days = _days(required=False)
 
 
 class TenantCreateSerializer(StrictSerializer):

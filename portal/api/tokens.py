@@ -7,12 +7,13 @@ from typing import Any
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from tenancy.models import ApiToken, TokenScope
-from tenancy.token_services import do_create_token, do_revoke_token
-from tenancy.tokens import MAX_EXPIRY_DAYS, MAX_NAME_LENGTH
+from tenancy.token_services import TokenLifetimeError, do_create_token, do_revoke_token
+from tenancy.tokens import MAX_NAME_LENGTH
 
 
 class ApiTokenSerializer(serializers.ModelSerializer[ApiToken]):
@@ -34,12 +35,21 @@ class ApiTokenSerializer(serializers.ModelSerializer[ApiToken]):
 
 
 class ApiTokenCreateSerializer(serializers.Serializer[Any]):
-    """What a new token is: its name, scope and lifetime (default ``API_TOKEN_DAYS``)."""
+    """What a new token is: its name, scope and lifetime (default ``API_TOKEN_DAYS``).
+
+    The lifetime is at most the site's ``API_TOKEN_MAX_DAYS``, or the shortest
+    ``max_token_days`` of the caller's tenants: past it, a 400 on ``expires_in_days``
+    that names the maximum.
+    """
 
     name = serializers.CharField(max_length=MAX_NAME_LENGTH)
     scope = serializers.ChoiceField(choices=TokenScope.choices, default=TokenScope.WRITE)
     expires_in_days = serializers.IntegerField(
-        min_value=1, max_value=MAX_EXPIRY_DAYS, required=False, allow_null=True
+        min_value=1,
+        required=False,
+        allow_null=True,
+        help_text="Days until it expires (default API_TOKEN_DAYS); at most API_TOKEN_MAX_DAYS "
+        "or the shortest maximum of your tenants.",
     )
 
 
@@ -75,7 +85,10 @@ class ApiTokenViewSet(
         """Make a token; the answer's ``token`` is its secret, shown this once."""
         fields = ApiTokenCreateSerializer(data=request.data)
         fields.is_valid(raise_exception=True)
-        issued = do_create_token(user=request.user, **fields.validated_data)
+        try:
+            issued = do_create_token(user=request.user, **fields.validated_data)
+        except TokenLifetimeError as refused:
+            raise ValidationError({refused.field: [str(refused)]}) from None
         created = ApiTokenCreatedSerializer(issued.token, context={"secret": issued.secret})
         return Response(created.data, status=status.HTTP_201_CREATED)
 

@@ -275,6 +275,16 @@ LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
 API_TOKEN_DAYS = env_int("API_TOKEN_DAYS", 90)  # a new API token's lifetime unless told otherwise
+# No API token lives longer (a tenant may set a shorter maximum; tenancy.token_services);
+# a lowered maximum shortens the tokens already made.
+API_TOKEN_MAX_DAYS = env_int("API_TOKEN_MAX_DAYS", 365)
+if not 1 <= API_TOKEN_MAX_DAYS <= 3650:
+    raise ImproperlyConfigured("API_TOKEN_MAX_DAYS must be from 1 to 3650 days")
+if not 1 <= API_TOKEN_DAYS <= API_TOKEN_MAX_DAYS:
+    raise ImproperlyConfigured(
+        f"API_TOKEN_DAYS ({API_TOKEN_DAYS}) must be from 1 to API_TOKEN_MAX_DAYS "
+        f"({API_TOKEN_MAX_DAYS})"
+    )
 
 # --- Single sign-on with OpenID Connect (docs/sso.md; tenancy.oidc): off unless both
 # OIDC_ISSUER and OIDC_CLIENT_ID are set.  The issuer's discovery document gives the
@@ -358,6 +368,19 @@ STATICFILES_DIRS = [
 SERVE_STATIC = env_bool("SERVE_STATIC", True)
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
+# --- Request bodies (portal.body_limit): counted as they arrive, before anything is stored
+# or anyone authenticated; past its limit a body is a 413, chunked ones too. The views that
+# take code archives (the code page, the job form, POST /api/v1/code/) may send the archive
+# (CODE_MAX_BYTES) and what any other request may.
+MAX_REQUEST_BODY_BYTES = env_int("MAX_REQUEST_BODY_BYTES", 8 * 1024 * 1024)
+MAX_UPLOAD_BODY_BYTES = env_int("MAX_UPLOAD_BODY_BYTES", CODE_MAX_BYTES + MAX_REQUEST_BODY_BYTES)
+if not MAX_REQUEST_BODY_BYTES > 0:
+    raise ImproperlyConfigured("MAX_REQUEST_BODY_BYTES must be a positive number of bytes")
+if MAX_UPLOAD_BODY_BYTES < CODE_MAX_BYTES:
+    raise ImproperlyConfigured(
+        f"MAX_UPLOAD_BODY_BYTES ({MAX_UPLOAD_BODY_BYTES}) must be at least CODE_MAX_BYTES "
+        f"({CODE_MAX_BYTES}): a code archive of the largest size must fit in its upload"
+    )
 
 LOGGING = {
     "version": 1,
@@ -379,9 +402,15 @@ AUTH_PASSWORD_VALIDATORS = [
 # ModelBackend that refuses locked-out sign-ins (login page and admin alike).  Sessions
 # made under the plain ModelBackend end with this change: users sign in once more.
 AUTHENTICATION_BACKENDS = ["tenancy.login_limits.RateLimitedModelBackend"]
-LOGIN_FAILURES_PER_ACCOUNT = env_int("LOGIN_FAILURES_PER_ACCOUNT", 5)
+# Failures are counted per address and per (account, address), never per account alone:
+# nobody can lock an account's owner out from another address (tenancy.login_limits).
+LOGIN_FAILURES_PER_ACCOUNT = env_int("LOGIN_FAILURES_PER_ACCOUNT", 5)  # from one address
 LOGIN_FAILURES_PER_ADDRESS = env_int("LOGIN_FAILURES_PER_ADDRESS", 20)
 LOGIN_FAILURE_WINDOW_SECONDS = env_int("LOGIN_FAILURE_WINDOW_SECONDS", 15 * 60)
+# An address with this many failures waits 1 s, 2 s, 4 s, ... (at most the maximum) after
+# each further one.
+LOGIN_BACKOFF_AFTER_FAILURES = env_int("LOGIN_BACKOFF_AFTER_FAILURES", 5)
+LOGIN_BACKOFF_MAX_SECONDS = env_int("LOGIN_BACKOFF_MAX_SECONDS", 60)
 # How often an open live socket re-checks its session and subscriptions (besides the
 # re-check that every membership or user change triggers at once).
 LIVE_RECHECK_SECONDS = env_float("LIVE_RECHECK_SECONDS", 60.0)

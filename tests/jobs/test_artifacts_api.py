@@ -90,6 +90,32 @@ def test_parse_range_unsatisfiable(header: str, size: int) -> None:
         parse_range(header, size)
 
 
+HUGE = "9" * 5000  # past Python's 4300-digit int() limit, and past any object's size
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (f"bytes=0-{HUGE}", ByteRange(0, 100, 100)),  # a last byte past the end: to the end
+        (f"bytes=-{HUGE}", ByteRange(0, 100, 100)),  # a suffix longer than the object: all
+        (f"bytes={'0' * 5000}5-9", ByteRange(5, 10, 100)),  # leading zeros are still 5
+        (f"bytes=5-{'0' * 5000}9", ByteRange(5, 10, 100)),
+        (f"bytes={HUGE}-5", None),  # last before first: not a valid range, ignored
+        ("bytes=" + "1-2," * 5000 + "3-4", None),  # many ranges: the whole object
+        ("bytes=0-9" + " " * 10_000, ByteRange(0, 10, 100)),  # length alone is no problem
+    ],
+)
+def test_parse_range_of_huge_numbers_is_bounded(header: str, expected: ByteRange | None) -> None:
+    """RFC 9110 14.1.2: positions are unbounded digits; a server must not fail on them."""
+    assert parse_range(header, 100) == expected
+
+
+@pytest.mark.parametrize("header", [f"bytes={HUGE}-", f"bytes={HUGE}-{HUGE}"])
+def test_parse_range_starting_past_any_end_is_unsatisfiable(header: str) -> None:
+    with pytest.raises(RangeNotSatisfiable):
+        parse_range(header, 100)
+
+
 def test_byte_range_headers() -> None:
     span = ByteRange(10, 20, 100)
     assert (span.length, span.content_range) == (10, "bytes 10-19/100")
@@ -173,6 +199,26 @@ def test_a_range_past_the_end_is_416(token_client: Any, alice: Any, final: Artif
     response = download(token_client(alice), final, Range=f"bytes={len(DATA)}-")
     assert response.status_code == 416
     assert response["Content-Range"] == f"bytes */{len(DATA)}"
+
+
+@pytest.mark.parametrize(
+    ("header", "status"),
+    [
+        (f"bytes={HUGE}-", 416),  # first byte past the end (RFC 9110 14.1.2): unsatisfiable
+        (f"bytes=0-{HUGE}", 206),  # last byte past the end: up to the end
+        (f"bytes=-{HUGE}", 206),  # the whole object, as a range
+        ("bytes=" + "9" * 100_000, 200),  # not a range at all: ignored, the whole object
+    ],
+)
+def test_a_range_of_thousands_of_digits_is_never_a_500(
+    token_client: Any, alice: Any, final: Artifact, header: str, status: int
+) -> None:
+    response = download(token_client(alice), final, Range=header)
+    assert response.status_code == status
+    if status == 416:
+        assert response["Content-Range"] == f"bytes */{len(DATA)}"
+    else:
+        assert body(response) == DATA
 
 
 def test_a_missing_object_is_a_clear_404(

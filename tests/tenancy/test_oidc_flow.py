@@ -16,10 +16,13 @@ import requests
 from django.contrib.auth import get_user_model
 from django.test import Client
 from joserfc.jwk import RSAKey
+from rest_framework.test import APIClient
 
 from audit.models import AuditEntry
-from tenancy.models import Membership, OidcIdentity, Role, Tenant
+from tenancy.models import Membership, OidcGrant, OidcIdentity, Role, Tenant
 from tenancy.oidc_config import oidc_config
+from tenancy.services import do_add_member, do_change_role
+from tenancy.token_services import do_issue_token
 from tests.tenancy.oidc_provider import Provider
 
 ROLE_MAP = "ml-team:acme:member,ml-leads:acme:owner,auditors:acme:viewer,admins:*:staff,ghosts:nowhere:member"
@@ -105,9 +108,18 @@ def test_a_new_user_signs_in_with_the_mapped_role(
     assert grant.via == f"single sign-on ({sso.issuer})" and grant.after["role"] == Role.MEMBER
 
 
-def test_later_sign_ins_grant_and_raise_but_never_lower_or_remove(
+def resign(client: Client, provider: Provider, username: str, groups: list[str]) -> Any:
+    """The user's groups at the provider are now ``groups``; they sign in again."""
+    provider.add_user(username, "pw", groups=groups)
+    client.logout()
+    assert sign_in(client, provider, username).status_code == 302
+    return signed_in_as(client)
+
+
+def test_each_sign_in_follows_the_groups_up_and_down(
     sso: Provider, make_tenant: Callable[..., Tenant], client: Client
 ) -> None:
+    """Issue 35: a role single sign-on gave is taken back when the group goes."""
     acme = make_tenant("acme")
     sso.add_user("carol", "pw", groups=["auditors"])
     sign_in(client, sso, "carol")
@@ -116,15 +128,50 @@ def test_later_sign_ins_grant_and_raise_but_never_lower_or_remove(
 
     for groups, expected in [
         (["ml-leads", "auditors"], Role.OWNER),  # raised to the highest the map gives
-        (["auditors"], Role.OWNER),  # not lowered
-        ([], Role.OWNER),  # not removed
+        (["auditors"], Role.VIEWER),  # lowered: the group that made her owner is gone
+        ([], None),  # removed: no group gives acme any more
+        (["ml-team"], Role.MEMBER),  # and given again
     ]:
-        sso.add_user("carol", "pw", groups=groups)
-        client.logout()
-        assert sign_in(client, sso, "carol").status_code == 302
-        assert signed_in_as(client) == carol
-        assert Membership.objects.get(user=carol, tenant=acme).role == expected
+        assert resign(client, sso, "carol", groups) == carol
+        found = Membership.objects.filter(user=carol, tenant=acme).first()
+        assert (found.role if found else None) == expected, groups
     assert get_user_model().objects.filter(username__startswith="carol").count() == 1
+    actions = AuditEntry.objects.filter(tenant_id=acme.pk, object_repr__contains="carol")
+    assert {entry.via for entry in actions} == {f"single sign-on ({sso.issuer})"}
+    assert "membership.remove" in {entry.action for entry in actions}
+
+
+def test_roles_given_in_the_portal_are_never_taken_by_a_sign_in(
+    sso: Provider, make_tenant: Callable[..., Tenant], client: Client
+) -> None:
+    acme, globex = make_tenant("acme"), make_tenant("globex")
+    sso.add_user("carol", "pw", groups=["ml-team"])
+    sign_in(client, sso, "carol")
+    carol = signed_in_as(client)
+    do_add_member(tenant=globex, user=carol, role=Role.MEMBER)  # an owner's doing
+    # An owner makes her a viewer in acme: from now on acme's role is the portal's.
+    do_change_role(tenant=acme, user=carol, role=Role.VIEWER)
+    resign(client, sso, "carol", [])
+    assert Membership.objects.get(user=carol, tenant=globex).role == Role.MEMBER
+    assert Membership.objects.get(user=carol, tenant=acme).role == Role.VIEWER
+    # A group raises a role the portal gave; losing the group goes back to that role.
+    resign(client, sso, "carol", ["ml-leads"])
+    assert Membership.objects.get(user=carol, tenant=acme).role == Role.OWNER
+    resign(client, sso, "carol", [])
+    assert Membership.objects.get(user=carol, tenant=acme).role == Role.VIEWER
+
+
+def test_the_last_owner_stays_until_another_is_made(
+    sso: Provider, make_tenant: Callable[..., Tenant], client: Client
+) -> None:
+    acme = make_tenant("acme")
+    sso.add_user("lead", "pw", groups=["ml-leads"])
+    sign_in(client, sso, "lead")
+    lead = signed_in_as(client)
+    Membership.objects.filter(tenant=acme, user__username="acme-owner").delete()
+    assert resign(client, sso, "lead", []) == lead  # signed in; acme keeps an owner
+    assert Membership.objects.get(user=lead, tenant=acme).role == Role.OWNER
+    assert OidcGrant.objects.filter(user=lead, tenant=acme).exists()  # tried again next time
 
 
 def test_groups_that_map_to_nothing_sign_in_with_no_tenant(
@@ -144,6 +191,40 @@ def test_a_staff_rule_makes_a_cluster_admin(sso: Provider, client: Client, db: N
     sso.add_user("root-sso", "pw", groups=["admins"])
     sign_in(client, sso, "root-sso")
     assert signed_in_as(client).is_staff
+
+
+def test_staff_single_sign_on_gave_goes_with_the_group(
+    sso: Provider, client: Client, db: None
+) -> None:
+    """Issue 35: SSO-granted staff was never revoked."""
+    sso.add_user("root-sso", "pw", groups=["admins"])
+    sign_in(client, sso, "root-sso")
+    root = signed_in_as(client)
+    token = do_issue_token(user=root)
+    assert root.is_staff
+    root = resign(client, sso, "root-sso", ["ml-team"])
+    assert root is not None and not root.is_staff
+    assert client.get("/admin/").status_code == 302  # the admin is closed to her now
+    assert APIClient(HTTP_AUTHORIZATION=f"Token {token}").get("/api/v1/jobs/").status_code == 401
+    entries = AuditEntry.objects.filter(action="user.staff").order_by("pk")
+    assert [e.after["is_staff"] for e in entries] == [True, False]
+    assert {e.via for e in entries} == {f"single sign-on ({sso.issuer})"}
+
+
+def test_staff_given_in_the_admin_is_never_taken_by_a_sign_in(
+    sso: Provider, client: Client, db: None
+) -> None:
+    sso.add_user("ops", "pw", groups=[])
+    sign_in(client, sso, "ops")
+    ops = signed_in_as(client)
+    ops.is_staff = True  # an admin's doing
+    ops.save()
+    assert resign(client, sso, "ops", []).is_staff
+    # Made staff by the groups after the admin took it away: the groups' again.
+    ops.is_staff = False
+    ops.save()
+    assert resign(client, sso, "ops", ["admins"]).is_staff
+    assert not resign(client, sso, "ops", []).is_staff
 
 
 def test_a_provider_name_never_takes_over_a_local_account(

@@ -10,11 +10,13 @@ import pytest
 from tenancy.tokens import (
     PREFIX_LENGTH,
     display_prefix,
+    effective_expiry,
     expiry,
     hash_secret,
     needs_touch,
     new_secret,
     refusal,
+    strictest_days,
 )
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -48,3 +50,23 @@ def test_use_is_written_down_at_most_once_a_minute() -> None:
     assert not needs_touch(NOW - timedelta(seconds=59), NOW)
     assert needs_touch(NOW - timedelta(seconds=60), NOW)
     assert expiry(NOW, 90) == NOW + timedelta(days=90)
+
+
+def test_a_maximum_lifetime_cuts_a_longer_expiry() -> None:
+    made = NOW - timedelta(days=400)
+    decade = made + timedelta(days=3650)
+    assert effective_expiry(created_at=made, expires_at=decade) == decade
+    assert effective_expiry(created_at=made, expires_at=decade, max_days=365) == made + timedelta(
+        days=365
+    )
+    assert effective_expiry(created_at=made, expires_at=made + timedelta(days=9), max_days=365) == (
+        made + timedelta(days=9)
+    )
+    assert refusal(revoked_at=None, expires_at=decade, now=NOW) is None
+    assert (
+        refusal(revoked_at=None, expires_at=decade, now=NOW, created_at=made, max_days=365)
+        == "token expired on 2026-01-25"
+    )
+    assert strictest_days(365, None) == 365
+    assert strictest_days(365, 30) == 30
+    assert strictest_days(365, 3650) == 365
