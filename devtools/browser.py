@@ -49,6 +49,8 @@ def server_env(data_dir: Path) -> dict[str, str]:
         DJANGO_SETTINGS_MODULE="portal.settings.test",
         PYTHONUNBUFFERED="1",
         TICK_SECONDS="3600",
+        # Webhooks reach public addresses only; the browser tests' receiver is on loopback.
+        WEBHOOK_ALLOWED_NETWORKS="127.0.0.1/32",
     )
     return env
 

@@ -1,26 +1,25 @@
 """Handing one notification over: a signed JSON POST, or an email. No database here.
 
 Each call makes one attempt and says how it went (:class:`Outcome`); the
-services record it and decide about retries. Timeouts are short
-(``WEBHOOK_TIMEOUT_S``, ``EMAIL_TIMEOUT``), and these run only in Celery
-tasks, so a slow or dead endpoint delays nothing but its own delivery.
+services record it and decide about retries. Deadlines are short
+(``WEBHOOK_TIMEOUT_S`` for a whole webhook attempt, ``EMAIL_TIMEOUT``), and
+these run only in the ``webhooks`` queue's own worker, so a slow or dead
+endpoint delays nothing but other deliveries, never a report or heartbeat.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import socket
 import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlsplit
 
-import httpx
 from django.conf import settings
 from django.core.mail import send_mail
 
+from notifications import pinned
+from notifications.addresses import IPNetwork, parse_networks
 from notifications.signing import (
     DELIVERY_HEADER,
     EVENT_HEADER,
@@ -48,31 +47,21 @@ def body_bytes(payload: dict[str, Any]) -> bytes:
     return json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
 
 
-def private_address_error(url: str) -> str:
-    """Why ``url`` may not be called when ``WEBHOOK_ALLOW_PRIVATE`` is off ("" when it may).
-
-    Every address the host resolves to must be global: not loopback, private,
-    link-local (cloud metadata), reserved or multicast.
-    """
-    host = urlsplit(url).hostname or ""
-    try:
-        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
-    except OSError as exc:
-        return f"cannot resolve {host!r}: {exc}"
-    for info in infos:
-        address = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
-        if not address.is_global:
-            return f"{host!r} resolves to a non-public address ({address}): refused"
-    return ""
+def allowed_networks() -> tuple[IPNetwork, ...]:
+    """``WEBHOOK_ALLOWED_NETWORKS``: the non-public networks an operator lets webhooks reach."""
+    return parse_networks(settings.WEBHOOK_ALLOWED_NETWORKS)
 
 
 def post_webhook(
     *, url: str, secret: str, payload: dict[str, Any], delivery_id: int, now: datetime
 ) -> Outcome:
-    """POST ``payload`` to ``url``, signed with ``secret`` at ``now``; one attempt, no redirects."""
+    """POST ``payload`` to ``url``, signed with ``secret`` at ``now``; one attempt, no redirects.
+
+    The host is resolved once and the connection goes to the address that was
+    checked (``notifications.pinned``); the whole attempt ends within
+    ``WEBHOOK_TIMEOUT_S`` and reads at most the answer's status and headers.
+    """
     started = time.monotonic()
-    if not settings.WEBHOOK_ALLOW_PRIVATE and (refused := private_address_error(url)):
-        return Outcome(False, None, refused, 0.0)
     body = body_bytes(payload)
     timestamp = str(int(now.timestamp()))
     headers = {
@@ -84,19 +73,18 @@ def post_webhook(
         DELIVERY_HEADER: str(delivery_id),
     }
     try:
-        response = httpx.post(
+        status = pinned.post(
             url,
-            content=body,
+            body=body,
             headers=headers,
-            timeout=settings.WEBHOOK_TIMEOUT_S,
-            follow_redirects=False,
+            deadline_s=float(settings.WEBHOOK_TIMEOUT_S),
+            allowed=allowed_networks(),
         )
-    except httpx.HTTPError as exc:
-        error = f"{type(exc).__name__}: {exc}"[:ERROR_MAX]
-        return Outcome(False, None, error, _ms_since(started))
-    ok = 200 <= response.status_code < 300
-    error = "" if ok else f"HTTP {response.status_code}"
-    return Outcome(ok, response.status_code, error, _ms_since(started))
+    except pinned.PostError as exc:
+        return Outcome(False, None, str(exc)[:ERROR_MAX], _ms_since(started))
+    ok = 200 <= status < 300
+    error = "" if ok else f"HTTP {status}"
+    return Outcome(ok, status, error, _ms_since(started))
 
 
 def email_text(payload: dict[str, Any]) -> tuple[str, str]:

@@ -24,10 +24,12 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from celery import current_app
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.cache import cache
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator, validate_email
 from django.db import transaction
@@ -39,6 +41,7 @@ from audit.services import snapshot
 from jobs.choices import JobState
 from jobs.models import Job, JobEvent
 from notifications import events as notices
+from notifications.addresses import refusal, resolve
 from notifications.choices import TEST_EVENT, Channel, DeliveryState, EventType
 from notifications.models import (
     URL_MAX_LENGTH,
@@ -46,7 +49,7 @@ from notifications.models import (
     DeliveryAttempt,
     Subscription,
 )
-from notifications.sending import Outcome, post_webhook, send_email
+from notifications.sending import Outcome, allowed_networks, post_webhook, send_email
 from notifications.signing import new_secret
 from tenancy.models import Membership, Tenant
 
@@ -55,6 +58,8 @@ log = logging.getLogger(__name__)
 DELIVER_TASK = "notifications.deliver"
 HANDLE_EVENT_TASK = "notifications.handle_job_event"
 QUEUE = "portal"
+DELIVER_QUEUE = "webhooks"
+"""Deliveries' own queue and worker: no number of slow endpoints delays a report."""
 MAX_SUBSCRIPTIONS_PER_USER = 50
 MAX_QUEUED_MINUTES = 7 * 24 * 60
 CLAIM_S = 120.0
@@ -161,7 +166,35 @@ def check_url(url: str) -> str:
         URLValidator(schemes=["http", "https"])(url)
     except ValidationError:
         raise NotificationError("url", "That is not a valid http(s) URL.") from None
+    _check_host(url)
     return url
+
+
+def _check_host(url: str) -> None:
+    """Refuse a URL whose host is, or now resolves to, an address webhooks may not reach.
+
+    A name that does not resolve yet is accepted: every send checks the
+    address it connects to again (``notifications.pinned``), so this check is
+    the early, friendly answer and the send's is the boundary.
+    """
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise NotificationError("url", "The URL's port is not a number from 0 to 65535.") from None
+    try:
+        addresses = resolve(host, port)
+    except (OSError, UnicodeError):
+        return
+    allowed = allowed_networks()
+    for address in addresses:
+        why = refusal(address, allowed)
+        if why:
+            named = "" if host.strip("[]") == str(address) else f" ({host} resolves to it)"
+            raise NotificationError(
+                "url", f"Webhooks may only call public addresses: {why}{named}."
+            )
 
 
 def _check_email(address: str) -> str:
@@ -218,9 +251,58 @@ def do_delete_subscription(*, subscription: Subscription) -> None:
     subscription.delete()
 
 
+class TooManyTests(NotificationError):
+    """A test send beyond the owner's allowance; ``retry_after_s`` says when one is allowed."""
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(
+            "non_field_errors",
+            f"Too many test sends: at most {settings.NOTIFICATION_TESTS_PER_WINDOW} every "
+            f"{settings.NOTIFICATION_TEST_WINDOW_S} s; try again in {retry_after_s} s.",
+        )
+        self.retry_after_s = retry_after_s
+
+
+def allowance_window(now: datetime) -> tuple[int, int]:
+    """The test-send window's length and the start of the one ``now`` is in (epoch seconds)."""
+    window = max(int(settings.NOTIFICATION_TEST_WINDOW_S), 1)
+    stamp = int(now.timestamp())
+    return window, stamp - stamp % window
+
+
+def allowance_key(user_id: int, start: int) -> str:
+    """The cache key counting ``user_id``'s test sends in the window that began at ``start``."""
+    return f"notify-tests:{user_id}:{start}"
+
+
+def take_test_allowance(*, user_id: int, now: datetime) -> None:
+    """Count one test send of ``user_id``; raise :class:`TooManyTests` beyond the allowance.
+
+    A fixed window per user (``NOTIFICATION_TESTS_PER_WINDOW`` sends every
+    ``NOTIFICATION_TEST_WINDOW_S`` seconds) counted in the shared cache, so
+    every web process counts the same sends: a test button cannot be made to
+    mail or POST without end.
+    """
+    window, start = allowance_window(now)
+    stamp = int(now.timestamp())
+    key = allowance_key(user_id, start)
+    cache.add(key, 0, timeout=window + 60)
+    try:
+        count = cache.incr(key)
+    except ValueError:  # expired between add and incr: a fresh window
+        cache.set(key, 1, timeout=window + 60)
+        count = 1
+    if count > int(settings.NOTIFICATION_TESTS_PER_WINDOW):
+        raise TooManyTests(retry_after_s=max(start + window - stamp, 1))
+
+
 @transaction.atomic
 def do_send_test_event(*, subscription: Subscription, now: datetime) -> Delivery:
-    """Queue a test event for this one subscription (delivered by a task, like any other)."""
+    """Queue a test event for this one subscription (delivered by a task, like any other).
+
+    Raises :class:`TooManyTests` (nothing queued) past the owner's allowance.
+    """
+    take_test_allowance(user_id=subscription.owner_id, now=now)
     event_id = f"test_{secrets.token_hex(8)}"
     payload = notices.event_payload(
         event_id=event_id, event_type=TEST_EVENT, at=now, job=None, reason="a test event"
@@ -473,7 +555,7 @@ def enqueue_delivery(delivery_id: int, eta: datetime | None = None) -> None:
     """Send one ``deliver`` task now (or at ``eta``); a broker outage is left to the sweep."""
     try:
         current_app.send_task(
-            DELIVER_TASK, args=[delivery_id], queue=QUEUE, eta=eta, ignore_result=True
+            DELIVER_TASK, args=[delivery_id], queue=DELIVER_QUEUE, eta=eta, ignore_result=True
         )
     except Exception:  # the sweep finds the delivery due and enqueues it again
         log.warning("could not enqueue delivery %s", delivery_id, exc_info=True)

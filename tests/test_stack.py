@@ -132,7 +132,7 @@ def test_no_agents_leaves_the_servers_to_agents_started_elsewhere() -> None:
     names = [spec.name for spec in stack_processes(host="127.0.0.1", port=8000)]
     assert [n for n in names if n.startswith("agent")] == [f"agent node-{i}" for i in range(4)]
     without = [spec.name for spec in stack_processes(host="127.0.0.1", port=8000, agents=False)]
-    assert without == ["web", "worker", "tick worker", "whatif worker", "beat"]
+    assert without == ["web", "worker", "tick worker", "whatif worker", "webhooks worker", "beat"]
 
 
 def test_the_banner_hides_the_redis_password() -> None:
@@ -163,6 +163,9 @@ def test_the_tick_and_what_if_simulations_get_their_own_workers_and_queues() -> 
     assert option("tick worker", "--concurrency") == "1"
     # agent reports, log exports, retention; heartbeats on their own queue beside them
     assert option("worker", "-Q") == "heartbeats,portal"
+    # webhook and email deliveries wait on strangers' servers: never beside a heartbeat
+    assert option("webhooks worker", "-Q") == "webhooks"
+    assert settings.CELERY_TASK_ROUTES["notifications.deliver"] == {"queue": "webhooks"}
     assert settings.CELERY_BEAT_SCHEDULE["scheduler-tick"]["options"]["queue"] == "tick"
 
 

@@ -15,6 +15,7 @@ import dj_database_url
 import plotly
 from django.core.exceptions import ImproperlyConfigured
 
+from notifications.addresses import parse_networks
 from portal.settings import live, safety
 from portal.settings.env import env_bool, env_float, env_int, env_list, env_str
 from portal.settings.mail import mail_settings
@@ -432,6 +433,8 @@ CELERY_TASK_ROUTES = {
     "jobs.tasks.refresh_forecast": {"queue": "whatif"},
     "control.scheduler_tick": {"queue": "portal"},
     "control.agent_report": {"queue": "portal"},
+    # Webhook and email deliveries wait on other people's servers: their own queue and worker.
+    "notifications.deliver": {"queue": "webhooks"},
 }
 WHATIF_SOFT_TIME_LIMIT_SECONDS = env_int("WHATIF_SOFT_TIME_LIMIT_SECONDS", 600)
 WHATIF_MAX_TRACE_JOBS = env_int("WHATIF_MAX_TRACE_JOBS", 5000)
@@ -442,14 +445,30 @@ FORECAST_SECONDS = env_float("FORECAST_SECONDS", 10.0)
 # --- Notifications (docs/notifications.md): webhooks and email about jobs' events.
 # Links in notifications point here (the address people reach the portal at).
 PORTAL_BASE_URL = env_str("PORTAL_BASE_URL", "http://127.0.0.1:8000").rstrip("/")
+# The whole of one webhook attempt (resolve, connect, TLS, send, status) ends by this deadline.
 WEBHOOK_TIMEOUT_S = env_float("WEBHOOK_TIMEOUT_S", 5.0)
 # A failed delivery is tried again after 30 s, 60 s, 120 s ... (at most WEBHOOK_RETRY_MAX_S
 # apart) until this long after the event, then given up.
 WEBHOOK_RETRY_FOR_S = env_int("WEBHOOK_RETRY_FOR_S", 86400)
 WEBHOOK_RETRY_BASE_S = env_float("WEBHOOK_RETRY_BASE_S", 30.0)
 WEBHOOK_RETRY_MAX_S = env_float("WEBHOOK_RETRY_MAX_S", 1800.0)
-# Off: a webhook whose host resolves to a loopback, private or link-local address is refused.
-WEBHOOK_ALLOW_PRIVATE = env_bool("WEBHOOK_ALLOW_PRIVATE", True)
+# Webhooks reach public addresses only (notifications.addresses): loopback, private,
+# link-local, metadata, multicast and reserved ones are refused, at subscription and at
+# each send, unless inside one of these networks (comma-separated CIDRs, e.g. an internal
+# receiver's "10.1.2.0/24"; metadata addresses never). WEBHOOK_ALLOW_PRIVATE is gone.
+WEBHOOK_ALLOWED_NETWORKS = env_list("WEBHOOK_ALLOWED_NETWORKS", [])
+try:
+    parse_networks(WEBHOOK_ALLOWED_NETWORKS)
+except ValueError as _exc:
+    raise ImproperlyConfigured(str(_exc)) from None
+if env_bool("WEBHOOK_ALLOW_PRIVATE", False):  # an old switch that opened every network
+    raise ImproperlyConfigured(
+        "WEBHOOK_ALLOW_PRIVATE is gone: name the internal networks webhooks may reach in "
+        "WEBHOOK_ALLOWED_NETWORKS (e.g. 10.1.2.0/24), or unset it"
+    )
+# Test sends (a subscription's test button) per user per window: a clear 429 beyond.
+NOTIFICATION_TESTS_PER_WINDOW = env_int("NOTIFICATION_TESTS_PER_WINDOW", 5)
+NOTIFICATION_TEST_WINDOW_S = env_int("NOTIFICATION_TEST_WINDOW_S", 600)
 # Email through Django's mail: EMAIL_URL (smtp://user:password@host:587?tls=1,
 # smtps://... for implicit TLS) or the usual EMAIL_HOST, EMAIL_PORT, ... variables.
 _mail = mail_settings(

@@ -12,4 +12,7 @@ os.environ.setdefault("DEBUG", "1")
 if not (os.environ.get("EMAIL_URL") or os.environ.get("EMAIL_HOST")):
     os.environ.setdefault("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 
+# The dev stack is loopback-only: a webhook receiver on this machine may be tried out.
+os.environ.setdefault("WEBHOOK_ALLOWED_NETWORKS", "127.0.0.0/8,::1/128")
+
 from portal.settings.base import *  # noqa: F403

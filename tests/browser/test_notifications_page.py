@@ -31,7 +31,7 @@ def receiver() -> Iterator[Receiver]:
 
 @pytest.fixture
 def portal_worker(server: Server) -> Iterator[subprocess.Popen[bytes]]:
-    """A Celery worker for the ``portal`` queue, on the browser portal's database."""
+    """A Celery worker for the ``portal`` and ``webhooks`` queues, on the browser portal's database."""
     log = (server.data_dir / "notify-worker.log").open("ab")
     proc = subprocess.Popen(
         [
@@ -42,7 +42,7 @@ def portal_worker(server: Server) -> Iterator[subprocess.Popen[bytes]]:
             "portal",
             "worker",
             "-Q",
-            "portal",
+            "portal,webhooks",
             "-n",
             "notify-test@%h",
             "--pool",

@@ -19,16 +19,22 @@ from tests.notifications.receiver import DeadEndpoint, Receiver
 
 
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    """A webhook receiver on 127.0.0.1 that answers 200 unless told otherwise."""
+def receiver(settings: Any) -> Iterator[Receiver]:
+    """A webhook receiver on 127.0.0.1 that answers 200 unless told otherwise.
+
+    Loopback is refused by default (``notifications.addresses``): the test
+    lets its own receiver in through the operator's allow-list.
+    """
+    settings.WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.1/32"]
     server = Receiver().start()
     yield server
     server.stop()
 
 
 @pytest.fixture
-def dead_endpoint() -> Iterator[DeadEndpoint]:
-    """A port that never answers."""
+def dead_endpoint(settings: Any) -> Iterator[DeadEndpoint]:
+    """A port on 127.0.0.1 (allowed, as for ``receiver``) that never answers."""
+    settings.WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.1/32"]
     endpoint = DeadEndpoint()
     yield endpoint
     endpoint.close()
@@ -80,6 +86,12 @@ def subscribe() -> Callable[..., Subscription]:
 def portal_queue() -> Iterator[Any]:
     """The real broker's ``portal`` queue, emptied before and after."""
     yield from emptied_queue("portal")
+
+
+@pytest.fixture
+def webhooks_queue() -> Iterator[Any]:
+    """The real broker's ``webhooks`` queue (deliveries), emptied before and after."""
+    yield from emptied_queue("webhooks")
 
 
 def queued_tasks(queue: Any) -> list[tuple[str, Any]]:

@@ -18,6 +18,7 @@ from django.db.models import Count
 
 from audit.context import acting_as, system_actor
 from jobs.lifecycle import TICK_QUEUE
+from notifications.services import DELIVER_QUEUE
 from portal.demo import ensure_demo_data, ensure_demo_fabric
 from portal.stack import Keeper, ProcessSpec, Stack, python_module
 from utilities.embedded_redis import ensure_running, restart_if_dead
@@ -27,6 +28,8 @@ WHATIF_QUEUE = "whatif"
 """The what-if simulations' queue: its own worker, one at a time, so they never starve the tick."""
 PORTAL_QUEUE = "portal"
 """Agent reports and the control plane's other tasks (log export, retention)."""
+WEBHOOKS_QUEUE = DELIVER_QUEUE
+"""Webhook and email deliveries: their own worker, so slow subscribers never delay a report."""
 REPORT_WORKER_QUEUES = f"{HEARTBEATS_QUEUE},{PORTAL_QUEUE}"
 """What the report worker consumes: heartbeats beside the reports, served in turn, so a
 backlog of reports never holds a heartbeat back until it expires (``HEARTBEATS_QUEUE``)."""
@@ -65,6 +68,7 @@ def stack_processes(
             celery_worker("worker", REPORT_WORKER_QUEUES, concurrency=2),
             celery_worker("tick worker", TICK_QUEUE, concurrency=1),
             celery_worker("whatif worker", WHATIF_QUEUE, concurrency=1),
+            celery_worker("webhooks worker", WEBHOOKS_QUEUE, concurrency=2),
         ]
     if beat:
         specs.append(
