@@ -25,6 +25,7 @@ from notifications.serializers import (
 )
 from notifications.services import (
     NotificationError,
+    TooManyTests,
     check_subscription,
     do_create_subscription,
     do_delete_subscription,
@@ -86,11 +87,21 @@ class SubscriptionViewSet(
         do_delete_subscription(subscription=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
-    @extend_schema(request=None, responses={202: DeliverySerializer})
+    @extend_schema(request=None, responses={202: DeliverySerializer, 429: None})
     @action(detail=True, methods=["post"])
     def test(self, request: Request, pk: str | None = None) -> Response:
-        """Send a test event (type ``job.test``) to this subscription; see its deliveries."""
-        delivery = do_send_test_event(subscription=self.get_object(), now=timezone.now())
+        """Send a test event (type ``job.test``) to this subscription; see its deliveries.
+
+        Limited per user (``NOTIFICATION_TESTS_PER_WINDOW``): beyond, a 429 with Retry-After.
+        """
+        try:
+            delivery = do_send_test_event(subscription=self.get_object(), now=timezone.now())
+        except TooManyTests as exc:
+            return Response(
+                {"detail": exc.message},
+                status=status.HTTP_429_TOO_MANY_REQUESTS,
+                headers={"Retry-After": str(exc.retry_after_s)},
+            )
         return Response(DeliverySerializer(delivery).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(responses={200: DeliverySerializer(many=True)})

@@ -14,6 +14,7 @@ from notifications.forms import SubscriptionForm
 from notifications.models import Delivery, DeliveryAttempt, Subscription
 from notifications.services import (
     NotificationError,
+    TooManyTests,
     check_subscription,
     do_create_subscription,
     do_delete_subscription,
@@ -83,7 +84,14 @@ def subscription_test(request: HttpRequest, subscription_id: int) -> HttpRespons
     subscription = get_object_or_404(
         Subscription.objects.restrict(request.user), pk=subscription_id
     )
-    delivery = do_send_test_event(subscription=subscription, now=timezone.now())
+    try:
+        delivery = do_send_test_event(subscription=subscription, now=timezone.now())
+    except TooManyTests as exc:
+        messages.error(request, exc.message)
+        response = subscription_detail(request, subscription_id=subscription.pk)
+        response.status_code = 429
+        response["Retry-After"] = str(exc.retry_after_s)
+        return response
     messages.success(request, f"Test event {delivery.event_id} queued.")
     return redirect("notification-detail", subscription_id=subscription.pk)
 

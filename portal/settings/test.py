@@ -35,6 +35,7 @@ CACHES["default"]["KEY_PREFIX"] = "portal-test"  # noqa: F405
 API_THROTTLE_RATES = {"anon": "100000/minute", "user": "100000/minute"}
 LOGIN_FAILURES_PER_ACCOUNT = LOGIN_FAILURES_PER_ADDRESS = 100_000
 LOGIN_BACKOFF_AFTER_FAILURES = 100_000
+NOTIFICATION_TESTS_PER_WINDOW = 100_000  # tests/notifications/test_limits.py sets its own
 # Every tick reads the fair-share usage again: a reading kept from an earlier test's
 # database would reorder the next test's tenants.
 FAIR_SHARE_REFRESH_SECONDS = 0.0
