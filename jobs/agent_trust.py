@@ -16,6 +16,7 @@ Redis carries the agent protocol but is no trust root (``docs/security.md``):
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Mapping
 
@@ -24,6 +25,8 @@ from django.core.cache import cache
 
 from jobs.models import JobGpu
 from workers.signing import Signed, key_to_text, master_secret, node_key, open_envelope
+
+log = logging.getLogger(__name__)
 
 
 def master_key() -> bytes:
@@ -42,15 +45,79 @@ def key_text(node: str) -> str:
 
 
 def open_report(envelope: object, *, now: float | None = None) -> Signed:
-    """Check a report's envelope against its node's key and the window; raise SignatureError."""
+    """Check a report's envelope against its node's key and the window; raise SignatureError.
+
+    The window is judged at the envelope's first receipt (:func:`first_receipt`),
+    so the task's own retries through a database outage stay valid for the
+    whole retry horizon; a captured envelope replayed later than that is
+    judged at its replay, and is stale.
+    """
     master = master_key()
+    at = time.time() if now is None else now
     return open_envelope(
         envelope,
         key_for=lambda node: node_key(master, node),
-        now=time.time() if now is None else now,
+        now=at,
         max_age_s=float(settings.AGENT_MESSAGE_MAX_AGE_SECONDS),
         max_skew_s=float(settings.AGENT_MESSAGE_MAX_SKEW_SECONDS),
+        first_received=lambda sig: first_receipt(sig, at),
     )
+
+
+def receipt_memory_s() -> float:
+    """How long a report envelope's first receipt (and its having been applied) is remembered.
+
+    The retry horizon of the report task plus the signing window: longer than
+    any retry of it, so no retry is ever judged afresh.
+    """
+    return float(settings.AGENT_REPORT_RETRY_FOR_SECONDS) + float(
+        settings.AGENT_MESSAGE_MAX_AGE_SECONDS
+    )
+
+
+def _receipt_key(sig: str) -> str:
+    return f"agent-envelope:{sig}"
+
+
+def _applied_key(sig: str) -> str:
+    return f"agent-envelope-applied:{sig}"
+
+
+def first_receipt(sig: str, now: float) -> float:
+    """When the envelope signed ``sig`` was first received: ``now`` on its first receipt.
+
+    Kept in the shared cache (Redis) for :func:`receipt_memory_s`. Only
+    envelopes whose signature is valid are recorded (``open_envelope`` asks
+    after the check), so a forger cannot fill the cache. Without the cache
+    the envelope is judged at ``now``, as before.
+    """
+    key = _receipt_key(sig)
+    try:
+        cache.add(key, now, timeout=receipt_memory_s())
+        seen = cache.get(key)
+    except Exception:  # the cache is the broker's Redis: judge this receipt as a fresh one
+        log.warning("cannot read the first receipt of a report envelope", exc_info=True)
+        return now
+    return float(seen) if isinstance(seen, int | float) else now
+
+
+def was_applied(signed: Signed) -> bool:
+    """Whether this very envelope was applied already (a redelivered message)."""
+    try:
+        return bool(signed.sig) and cache.get(_applied_key(signed.sig)) is not None
+    except Exception:
+        log.warning("cannot read whether a report envelope was applied", exc_info=True)
+        return False
+
+
+def mark_applied(signed: Signed) -> None:
+    """Remember that this envelope was applied: a redelivery of it changes nothing."""
+    if not signed.sig:
+        return
+    try:
+        cache.set(_applied_key(signed.sig), 1, timeout=receipt_memory_s())
+    except Exception:  # the handlers are idempotent: a second apply is a no-op anyway
+        log.warning("cannot record that a report envelope was applied", exc_info=True)
 
 
 def _marker(node: str, job: str) -> str:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery import shared_task
+from celery import Task, shared_task
+from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
 from jobs.control.reports import handle_signed_report
@@ -20,24 +21,50 @@ from jobs.log_export import export_log
 from workers.protocol import REPORT_TASK
 
 log = logging.getLogger(__name__)
-REPORT_MAX_RETRIES = 40
-"""With backoff 1, 2, 4 ... 30 s: a report outlives a database outage of about 18 minutes."""
+
+
+def report_retry_schedule(retry_for_s: float, backoff_max_s: float) -> list[float]:
+    """The pauses between a report's tries while the database is away: 1, 2, 4 ... s.
+
+    Doubling up to ``backoff_max_s`` apart, until they add up to ``retry_for_s``
+    (``AGENT_REPORT_RETRY_FOR_SECONDS``): the outage a report outlives.
+    """
+    pauses: list[float] = []
+    while sum(pauses) < retry_for_s:
+        pauses.append(float(min(2 ** len(pauses), backoff_max_s)))
+    return pauses
 
 
 @shared_task(
     name=REPORT_TASK,
+    bind=True,
     ignore_result=True,
-    # The database down or restarting: the report waits and is applied later, never dropped
-    # (a final checkpoint's artifact row, a job's exit). Handlers are idempotent.
-    autoretry_for=(OperationalError, InterfaceError),
-    retry_backoff=1,
-    retry_backoff_max=30,
-    retry_jitter=False,
-    max_retries=REPORT_MAX_RETRIES,
+    # Acknowledged after it ran, and put back if its worker dies (OOM, SIGKILL): applying a
+    # report twice changes nothing (an envelope is applied once, agent_trust.was_applied).
+    acks_late=True,
+    reject_on_worker_lost=True,
+    max_retries=None,
 )
-def agent_report(envelope: Any) -> str:
-    """Check and apply one signed agent report (idempotent; forged or malformed: no change)."""
-    outcome = handle_signed_report(envelope)
+def agent_report(self: Task, envelope: Any) -> str:
+    """Check and apply one signed agent report (idempotent; forged or malformed: no change).
+
+    The database down or restarting: the report waits and is applied later,
+    never dropped (a final checkpoint's artifact row, a job's exit), for
+    ``AGENT_REPORT_RETRY_FOR_SECONDS``; its envelope's age is judged at its
+    first receipt, so the retries stay valid (``agent_trust.open_report``).
+    """
+    try:
+        outcome = handle_signed_report(envelope)
+    except (OperationalError, InterfaceError) as exc:
+        pauses = report_retry_schedule(
+            float(settings.AGENT_REPORT_RETRY_FOR_SECONDS),
+            float(settings.AGENT_REPORT_RETRY_BACKOFF_MAX_SECONDS),
+        )
+        tries = int(self.request.retries or 0)
+        if tries >= len(pauses):
+            log.error("dropped an agent report after %d tries: %s", tries + 1, exc)
+            raise
+        raise self.retry(exc=exc, countdown=pauses[tries], max_retries=len(pauses)) from exc
     body = envelope.get("body") if isinstance(envelope, dict) else None
     log.debug("report %s: %s", body.get("type") if isinstance(body, dict) else "?", outcome)
     return outcome

@@ -1,4 +1,6 @@
-"""Celery tasks of the notifications app (queue "portal"): thin wrappers over the services.
+"""Celery tasks of the notifications app: thin wrappers over the services.
+
+Fan-out and the sweep run on the ``portal`` queue; deliveries on ``webhooks``.
 
 Tasks take ids, never model instances; the clock is read here and passed down.
 """
@@ -30,14 +32,25 @@ def handle_job_event(job_event_id: int) -> list[int]:
     return do_fan_out_job_event(job_event_id=int(job_event_id), now=timezone.now())
 
 
+ETA_MAX_S = 300.0
+"""A retry further off than this is left to the sweep, not held by a worker as an ETA task:
+an unacknowledged message comes back after the broker's visibility timeout
+(``BROKER_VISIBILITY_TIMEOUT_SECONDS``), so a long ETA would be delivered in copies."""
+
+
 @shared_task(name=DELIVER_TASK, ignore_result=True)
 def deliver(delivery_id: int) -> str:
-    """Try one delivery once; a failure schedules the next try (the sweep is the safety net)."""
-    result = do_attempt_delivery(delivery_id=int(delivery_id), now=timezone.now())
+    """Try one delivery once; a failure schedules the next try (the sweep is the safety net).
+
+    Runs on the ``webhooks`` queue's own worker (``CELERY_TASK_ROUTES``).
+    """
+    now = timezone.now()
+    result = do_attempt_delivery(delivery_id=int(delivery_id), now=now)
     if result is None:
         return "skipped"
-    if result.next_attempt_at is not None:
-        enqueue_delivery(int(delivery_id), eta=result.next_attempt_at)
+    due = result.next_attempt_at
+    if due is not None and (due - now).total_seconds() <= ETA_MAX_S:
+        enqueue_delivery(int(delivery_id), eta=due)
     return str(result.state)
 
 

@@ -51,6 +51,8 @@ class Signed:
     node: str
     ts: float
     body: dict[str, Any]
+    sig: str = ""
+    """The signature: the envelope's id (one per node, timestamp and body)."""
 
 
 def canonical_json(value: Any) -> bytes:
@@ -127,12 +129,20 @@ def open_envelope(
     expected_node: str | None = None,
     max_age_s: float = DEFAULT_MAX_AGE_S,
     max_skew_s: float = DEFAULT_MAX_SKEW_S,
+    first_received: Callable[[str], float] | None = None,
 ) -> Signed:
     """Check an envelope and return what it carries; raise ``SignatureError`` saying why not.
 
     ``key_for`` gives a node's key (None: no such node); ``expected_node``,
     when given, is the only node whose envelopes are accepted (an agent
     accepts only commands for itself).
+
+    The age is judged at ``now``, or, with ``first_received``, at the time
+    the receiver first saw this envelope: it is called with the signature
+    (the envelope's id) once the signature is found valid, and returns that
+    time. A receiver that retries a message (a database outage) thus accepts
+    its own retries of an envelope that was fresh when it first came, for as
+    long as it remembers the first receipt, and nothing older.
     """
     if not isinstance(data, dict):
         raise SignatureError(f"unsigned: a {type(data).__name__}, not an envelope")
@@ -158,10 +168,15 @@ def open_envelope(
         raise SignatureError("envelope.body is not JSON data") from None
     if not hmac.compare_digest(expected, sig):
         raise SignatureError(f"bad signature for node {node!r}")
-    if ts < now - max_age_s:
-        raise SignatureError(f"stale: signed {now - ts:.0f} s ago (at most {max_age_s:.0f} s)")
-    if ts > now + max_skew_s:
+    at = now if first_received is None else min(first_received(sig), now)
+    received = "" if at == now else f" when first received {now - at:.0f} s ago"
+    if ts < at - max_age_s:
         raise SignatureError(
-            f"from the future: {ts - now:.0f} s ahead (at most {max_skew_s:.0f} s)"
+            f"stale: signed {at - ts:.0f} s before it was received{received} "
+            f"(at most {max_age_s:.0f} s)"
         )
-    return Signed(node=node, ts=float(ts), body=body)
+    if ts > at + max_skew_s:
+        raise SignatureError(
+            f"from the future: {ts - at:.0f} s ahead (at most {max_skew_s:.0f} s)"
+        )
+    return Signed(node=node, ts=float(ts), body=body, sig=sig)

@@ -84,7 +84,11 @@ def handle_signed_report(envelope: Any) -> str:
     except SignatureError as exc:
         log.warning("refused an agent report: %s", exc)
         return f"refused: {exc}"
-    return handle_report(signed.body, signed_by=signed.node)
+    if agent_trust.was_applied(signed):  # redelivered after a worker died before its ack
+        return "duplicate: applied already"
+    outcome = handle_report(signed.body, signed_by=signed.node)
+    agent_trust.mark_applied(signed)
+    return outcome
 
 
 def handle_report(payload: Any, *, signed_by: str | None = None) -> str:

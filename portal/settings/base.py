@@ -153,6 +153,23 @@ AGENT_SIGNING_KEY = env_str("AGENT_SIGNING_KEY", "")
 AGENT_MESSAGE_MAX_AGE_SECONDS = env_float("AGENT_MESSAGE_MAX_AGE_SECONDS", 900.0)
 AGENT_MESSAGE_MAX_SKEW_SECONDS = env_float("AGENT_MESSAGE_MAX_SKEW_SECONDS", 60.0)
 AGENT_HOSTED_GRACE_SECONDS = env_float("AGENT_HOSTED_GRACE_SECONDS", 3600.0)
+# A report that meets a database outage is tried again (1, 2, 4 ... s, at most the backoff
+# apart) for this long, and its envelope's age is judged when it was first received
+# (jobs.agent_trust.first_receipt), so an outage this long loses no report.
+AGENT_REPORT_RETRY_FOR_SECONDS = env_float("AGENT_REPORT_RETRY_FOR_SECONDS", 1800.0)
+AGENT_REPORT_RETRY_BACKOFF_MAX_SECONDS = env_float("AGENT_REPORT_RETRY_BACKOFF_MAX_SECONDS", 30.0)
+if AGENT_REPORT_RETRY_FOR_SECONDS <= 0 or AGENT_REPORT_RETRY_BACKOFF_MAX_SECONDS <= 0:
+    raise ImproperlyConfigured("AGENT_REPORT_RETRY_* must be positive numbers of seconds")
+# A message taken by a worker that died unacknowledged (SIGKILL, OOM) goes back on its queue
+# after this long: below the signing window, so it comes back before its envelope is stale;
+# above the longest task (a what-if simulation's hard limit), which would otherwise run twice.
+BROKER_VISIBILITY_TIMEOUT_SECONDS = env_int("BROKER_VISIBILITY_TIMEOUT_SECONDS", 720)
+if not 0 < BROKER_VISIBILITY_TIMEOUT_SECONDS < AGENT_MESSAGE_MAX_AGE_SECONDS:
+    raise ImproperlyConfigured(
+        "BROKER_VISIBILITY_TIMEOUT_SECONDS must be positive and below "
+        "AGENT_MESSAGE_MAX_AGE_SECONDS: a redelivered message must still be fresh"
+    )
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": BROKER_VISIBILITY_TIMEOUT_SECONDS}
 # Committed agent commands are published by a sender thread of the process that committed
 # them (jobs.command_sender), in order; 0: published in the committing thread.
 AGENT_SEND_IN_BACKGROUND = env_bool("AGENT_SEND_IN_BACKGROUND", True)

@@ -4,8 +4,9 @@ A GPU server runs the agent without the portal's Django project: the broker
 comes from ``CELERY_BROKER_URL`` (else ``REDIS_URL``).  The settings match
 the control plane's app where the two meet on the wire: JSON only (a peer
 that can write to the broker must not be able to make us unpickle),
-late acknowledgement (a command redelivered after a crash is completed, see
-``docs/agent.md``), one message prefetched at a time, and the same queue
+late acknowledgement with rejection on a lost worker (a command redelivered
+after a crash is completed, see ``docs/agent.md``), a visibility timeout
+below the signing window, one message prefetched at a time, and the same queue
 names (``agent.<node>`` for commands, ``portal`` for reports).
 
 A broker restart loses nothing of ours: the worker reconnects for as long as
@@ -25,6 +26,7 @@ from collections.abc import Mapping
 from celery import Celery
 
 from workers.protocol import REPORTS_QUEUE
+from workers.signing import DEFAULT_MAX_AGE_S
 
 
 class BrokerNotConfigured(RuntimeError):
@@ -50,7 +52,31 @@ PUBLISH_RETRY_POLICY: dict[str, float] = {
 outlasts a Redis restart (``workers.elastic.redis_client.DEFAULT_OUTAGE_S``)."""
 
 
-def make_app(broker: str) -> Celery:
+VISIBILITY_TIMEOUT_S = 300
+"""A command taken by an agent that died before acknowledging it (SIGKILL, OOM) is on its
+queue again after this long (``AGENT_BROKER_VISIBILITY_TIMEOUT_SECONDS``): well below the
+signing window (``workers.signing.DEFAULT_MAX_AGE_S``), so it is still fresh when the agent
+takes it again, and above any command's run (they start or stop processes, briefly)."""
+
+
+def visibility_timeout(environ: Mapping[str, str] | None = None) -> int:
+    """The agent's broker visibility timeout: the environment's, below the signing window."""
+    env = os.environ if environ is None else environ
+    raw = env.get("AGENT_BROKER_VISIBILITY_TIMEOUT_SECONDS", "").strip()
+    window = float(env.get("AGENT_MESSAGE_MAX_AGE_SECONDS") or DEFAULT_MAX_AGE_S)
+    try:
+        seconds = int(raw) if raw else VISIBILITY_TIMEOUT_S
+    except ValueError:
+        raise ValueError(f"AGENT_BROKER_VISIBILITY_TIMEOUT_SECONDS: not a number: {raw!r}") from None
+    if not 0 < seconds < window:
+        raise ValueError(
+            f"AGENT_BROKER_VISIBILITY_TIMEOUT_SECONDS must be from 1 to below the signing "
+            f"window ({window:.0f} s): a redelivered command must still be fresh"
+        )
+    return seconds
+
+
+def make_app(broker: str, environ: Mapping[str, str] | None = None) -> Celery:
     """A Celery app for the agent protocol on ``broker``."""
     app = Celery("workers.agent", broker=broker, set_as_current=False)
     app.conf.update(
@@ -58,6 +84,11 @@ def make_app(broker: str) -> Celery:
         result_serializer="json",
         accept_content=["json"],
         task_acks_late=True,
+        # A command whose agent died mid-way is taken again (commands carry ids: a second
+        # run completes or repeats nothing, docs/agent.md); a message that kills the agent
+        # every time stops coming back once its envelope is stale (the signing window).
+        task_reject_on_worker_lost=True,
+        broker_transport_options={"visibility_timeout": visibility_timeout(environ)},
         worker_prefetch_multiplier=1,
         task_default_queue=REPORTS_QUEUE,
         broker_connection_retry_on_startup=True,

@@ -172,3 +172,19 @@ def test_the_agent_does_not_start_without_its_key(tmp_path: Path) -> None:
     assert from_file.key == key
     with pytest.raises(AgentConfigError, match="hex"):
         service.config_from_options(_options("n1"), environ={**env, "AGENT_KEY": "nope"})
+
+
+def test_a_command_lost_with_its_agent_comes_back_while_still_fresh() -> None:
+    """A SIGKILLed agent's unacknowledged command returns within the signing window, once."""
+    from workers.agent.celery_app import make_app
+    from workers.signing import DEFAULT_MAX_AGE_S
+
+    conf = make_app("redis://127.0.0.1:1/0", environ={}).conf
+    visibility = conf.broker_transport_options["visibility_timeout"]
+    assert 0 < visibility < DEFAULT_MAX_AGE_S, visibility
+    assert conf.task_acks_late and conf.task_reject_on_worker_lost
+    shorter = {"AGENT_MESSAGE_MAX_AGE_SECONDS": "30", "AGENT_BROKER_VISIBILITY_TIMEOUT_SECONDS": "20"}
+    opts = make_app("redis://127.0.0.1:1/0", environ=shorter).conf.broker_transport_options
+    assert opts["visibility_timeout"] == 20
+    with pytest.raises(ValueError, match="below the signing window"):
+        make_app("redis://127.0.0.1:1/0", environ={"AGENT_MESSAGE_MAX_AGE_SECONDS": "30"})
