@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from notifications.addresses import IPNetwork, checked_addresses
+from notifications.addresses import IPAddress, IPNetwork, checked_addresses
 
 RESPONSE_MAX_BYTES = 16 * 1024
 """The most of an answer read: its status line and headers (the body is never read)."""
@@ -73,10 +74,7 @@ def post(
     """POST ``body`` to ``url`` once and return the HTTP status; PostError when there is none."""
     end = time.monotonic() + deadline_s
     target = Target.of(url)
-    try:
-        addresses = checked_addresses(target.host, target.port, allowed)
-    except ValueError as exc:
-        raise PostError(str(exc)) from None
+    addresses = _checked_within(target, allowed, end)
     request = _request(target, body, headers)
     last: Exception | None = None
     for address in addresses:
@@ -92,6 +90,34 @@ def post(
                 break
     kind = type(last).__name__ if last else "Timeout"
     raise PostError(f"{kind}: {last or 'no time left'}")
+
+
+def _checked_within(target: Target, allowed: Sequence[IPNetwork], end: float) -> list[IPAddress]:
+    """The host's checked addresses, resolved in a helper thread so the deadline holds.
+
+    ``getaddrinfo`` takes no timeout: a resolver that never answers would hold
+    the attempt past its deadline. The thread is left to finish on its own.
+    """
+    found: list[list[IPAddress] | BaseException] = []
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            found.append(checked_addresses(target.host, target.port, allowed))
+        except BaseException as exc:  # handed to the caller
+            found.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="webhook-resolve", daemon=True).start()
+    if not done.wait(_timeout(end)):
+        raise PostError(f"timed out resolving {target.host!r}")
+    result = found[0]
+    if isinstance(result, ValueError):
+        raise PostError(str(result)) from None
+    if isinstance(result, BaseException):
+        raise PostError(f"{type(result).__name__}: {result}") from None
+    return result
 
 
 def _left(end: float) -> float:

@@ -231,3 +231,23 @@ def test_deliveries_go_to_their_own_queue(webhooks_queue: Any) -> None:
     assert queued_tasks(webhooks_queue) == [("notifications.deliver", [12345])]
     routes = django_settings.CELERY_TASK_ROUTES
     assert routes["notifications.deliver"] == {"queue": "webhooks"}
+
+
+def test_a_resolver_that_never_answers_does_not_hold_the_attempt(
+    allow_loopback: None, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.WEBHOOK_TIMEOUT_S = 1.0
+    settings.WEBHOOK_ALLOW_PRIVATE = False
+    real = socket.getaddrinfo
+
+    def stuck(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "slow-dns.example":
+            time.sleep(3.0)  # a resolver that answers late (a name server that drops queries)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", stuck)
+    started = time.monotonic()
+    outcome = _post("http://slow-dns.example/hook")
+    took = time.monotonic() - started
+    assert not outcome.ok and took < 2.0, f"the attempt took {took:.1f} s: {outcome.error}"
+    assert "timed out resolving" in outcome.error
