@@ -330,11 +330,19 @@ def join_namespace(fd: int) -> Callable[[], None]:
 
 
 def remove_made_since(run_root: Path, since: float) -> None:
-    """Remove every job network of this host made after ``since`` (a test session's end)."""
+    """Remove the job networks of this host made after ``since`` that no process is in any
+    more (a test session's end; another session's running jobs keep theirs)."""
     for owner in run_root.glob(f"portal-*/{OWNER_FILE}"):
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError, NetworkError):
-            if owner.stat().st_mtime < since:
+            if owner.stat().st_mtime < since or _has_processes(owner.parent.name):
                 continue
             recorded = json.loads(owner.read_text())
             names = net_names(str(recorded["node"]), str(recorded["job"]))
             remove_network(names, run_root=run_root)
+
+
+def _has_processes(namespace: str) -> bool:
+    done = subprocess.run(
+        ["ip", "netns", "pids", namespace], capture_output=True, text=True, check=False
+    )
+    return done.returncode != 0 or bool(done.stdout.strip())
