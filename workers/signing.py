@@ -176,7 +176,5 @@ def open_envelope(
             f"(at most {max_age_s:.0f} s)"
         )
     if ts > at + max_skew_s:
-        raise SignatureError(
-            f"from the future: {ts - at:.0f} s ahead (at most {max_skew_s:.0f} s)"
-        )
+        raise SignatureError(f"from the future: {ts - at:.0f} s ahead (at most {max_skew_s:.0f} s)")
     return Signed(node=node, ts=float(ts), body=body, sig=sig)

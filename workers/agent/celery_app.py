@@ -67,7 +67,9 @@ def visibility_timeout(environ: Mapping[str, str] | None = None) -> int:
     try:
         seconds = int(raw) if raw else VISIBILITY_TIMEOUT_S
     except ValueError:
-        raise ValueError(f"AGENT_BROKER_VISIBILITY_TIMEOUT_SECONDS: not a number: {raw!r}") from None
+        raise ValueError(
+            f"AGENT_BROKER_VISIBILITY_TIMEOUT_SECONDS: not a number: {raw!r}"
+        ) from None
     if not 0 < seconds < window:
         raise ValueError(
             f"AGENT_BROKER_VISIBILITY_TIMEOUT_SECONDS must be from 1 to below the signing "

@@ -183,7 +183,10 @@ def test_a_command_lost_with_its_agent_comes_back_while_still_fresh() -> None:
     visibility = conf.broker_transport_options["visibility_timeout"]
     assert 0 < visibility < DEFAULT_MAX_AGE_S, visibility
     assert conf.task_acks_late and conf.task_reject_on_worker_lost
-    shorter = {"AGENT_MESSAGE_MAX_AGE_SECONDS": "30", "AGENT_BROKER_VISIBILITY_TIMEOUT_SECONDS": "20"}
+    shorter = {
+        "AGENT_MESSAGE_MAX_AGE_SECONDS": "30",
+        "AGENT_BROKER_VISIBILITY_TIMEOUT_SECONDS": "20",
+    }
     opts = make_app("redis://127.0.0.1:1/0", environ=shorter).conf.broker_transport_options
     assert opts["visibility_timeout"] == 20
     with pytest.raises(ValueError, match="below the signing window"):

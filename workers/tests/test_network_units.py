@@ -79,7 +79,7 @@ def test_store_endpoints_with_and_without_a_configured_endpoint() -> None:
 def test_a_socket_url_keeps_the_jobs_credentials_and_database() -> None:
     url = socket_url("redis://edl-job-1:p%40ss@127.0.0.1:6379/3", Path("/run/x/redis.sock"))
     assert url == "unix://edl-job-1:p%40ss@/run/x/redis.sock?db=3"
-    parsed = redis.connection.parse_url(url)
+    parsed = redis.connection.parse_url(url)  # type: ignore[no-untyped-call]
     assert parsed["password"] == "p@ss" and parsed["db"] == 3
     assert parsed["path"] == "/run/x/redis.sock"
 

@@ -969,7 +969,7 @@ def test_a_jobs_ranks_on_two_nodes_reach_each_other_and_another_job_does_not(
     other_node = f"{node}-b"
     first, first_sent = make_agent(host, node, redis_url)
     second, second_sent = make_agent(host, other_node, redis_url)
-    program = {"world_size": 2, "master_node": node}
+    program: dict[str, Any] = {"world_size": 2, "master_node": node}
     rank0 = start_payload(job, "c1", **program)
     rank0["workers"] = [{"worker_id": "w0", "slot": 0, "rank": 0}]
     rank1 = start_payload(job, "c1", **program, group_rank=1)
