@@ -37,7 +37,7 @@ REQUEUE_MARK = "reconcile_requeue"
 
 def max_requeues() -> int:
     """How many requeues without progress a job gets (``RECONCILE_MAX_REQUEUES``)."""
-    return int(getattr(settings, "RECONCILE_MAX_REQUEUES", DEFAULT_MAX_REQUEUES))
+    return int(settings.RECONCILE_MAX_REQUEUES)
 
 
 def requeue_or_fail(

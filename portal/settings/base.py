@@ -226,6 +226,9 @@ AGENT_DOWN_AFTER_SECONDS = env_float("AGENT_DOWN_AFTER_SECONDS", 20.0)
 # the slots' previous workers finish (its slot wait, 60 s).
 RECONCILE_SECONDS = env_float("RECONCILE_SECONDS", 3 * AGENT_HEARTBEAT_SECONDS)
 RECONCILE_START_SECONDS = env_float("RECONCILE_START_SECONDS", 60 + RECONCILE_SECONDS)
+# How many times reconcile (or a refused start) may requeue a job at the same resume step
+# before the job fails with the reason (jobs/control/requeues.py).
+RECONCILE_MAX_REQUEUES = env_int("RECONCILE_MAX_REQUEUES", 3)
 # A job in "scaling" (a resize, a migration, a torchrun restart) whose switch no report has
 # confirmed this long after it began is stopped and requeued (jobs.control.switch_watchdog).
 # A switch takes seconds; a joiner may wait for its slots (60 s) and a torchrun stop for
