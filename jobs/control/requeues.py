@@ -27,10 +27,6 @@ from jobs.lifecycle import broadcast, record, transition
 from jobs.models import Job
 from jobs.outbox import Outbox
 
-DEFAULT_MAX_REQUEUES = 3
-"""Requeues of one job without progress before it fails instead
-(``settings.RECONCILE_MAX_REQUEUES`` where set)."""
-
 REQUEUE_MARK = "reconcile_requeue"
 """Key of the note recorded with each such requeue: its value is the step it resumes from."""
 
