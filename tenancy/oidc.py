@@ -240,7 +240,7 @@ def _apply_grants(user: User, grants: Grants) -> None:
         log.warning("SSO: OIDC_ROLE_MAP names tenant %r, which does not exist", slug)
     recorded = {
         grant.tenant_id: grant
-        for grant in OidcGrant.objects.select_for_update()
+        for grant in OidcGrant.objects.select_for_update(of=("self",))
         .select_related("tenant")
         .filter(user_id=user.pk)
     }
