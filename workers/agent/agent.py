@@ -31,6 +31,7 @@ from workers.agent.launch import log_tail
 from workers.agent.log_shipper import LogOffsets, LogShipper
 from workers.agent.processes import Exit, ProcessTable, ResolveCode, no_code_cache, running
 from workers.agent.redis_acl import delete_job_user, restore_job_user
+from workers.agent.redis_guard import guard
 from workers.agent.store import AgentStore, WorkerRecord
 from workers.artifacts import ArtifactStore
 from workers.clock import SYSTEM_CLOCK, Clock
@@ -81,6 +82,9 @@ class Agent:
         self.logs = LogShipper(config.node, LogOffsets(store.redis, config.node), send, clock)
         self._next_heartbeat = clock.monotonic()
         self._next_clean = clock.monotonic() + config.cleanup.every_s
+        self._overspent: set[str] = set()
+        """Jobs the Redis guard stopped here: their users are not made again (until the job
+        has settled here; a retry of it starts afresh)."""
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
         self._collectors: list[threading.Thread] = []
@@ -139,6 +143,7 @@ class Agent:
             self._next_heartbeat = self.clock.monotonic() + self.config.heartbeat_seconds
             self.heartbeat()
             self._restore_job_users()
+            self._guard_redis()
         if self.clock.monotonic() >= self._next_clean:
             self._next_clean = self.clock.monotonic() + self.config.cleanup.every_s
             self.clean()
@@ -273,6 +278,7 @@ class Agent:
             if job in self.processes.job_users and (stop is not None or watch.ended):
                 self._drop_job_user(job)
             self.processes.release_job(job)
+            self._overspent.discard(job)
             if stop is not None:
                 self.store.drop_stop(job)
                 self._send(Stopped(node=self.config.node, job=job, command_id=stop.command_id))
@@ -280,10 +286,26 @@ class Agent:
                 self._send(Failed(node=self.config.node, job=job, error=error))
             self.events.forget(job)
 
-    def _restore_job_users(self) -> None:
-        """Make the Redis users of this node's jobs again if a restarted Redis lost them."""
+    def _guard_redis(self) -> None:
+        """Stop this node's jobs that hold more than their share of a full Redis
+        (``redis_guard``): their users go, and each is reported failed with the reason."""
         with self._lock:
-            jobs = sorted(self.processes.job_users)
+            jobs = self.processes.job_users - self._overspent
+        try:
+            stopped = guard(self.store.redis, jobs)
+        except Exception:  # Redis away: the next heartbeat measures again
+            log.warning("could not measure this node's jobs in Redis", exc_info=True)
+            return
+        for each in stopped:
+            log.warning("job %s stopped: %s", each.job, each.reason)
+            self._overspent.add(each.job)
+            self._send(Failed(node=self.config.node, job=each.job, error=each.reason))
+
+    def _restore_job_users(self) -> None:
+        """Make the Redis users of this node's jobs again if a restarted Redis lost them
+        (not those the guard stopped)."""
+        with self._lock:
+            jobs = sorted(self.processes.job_users - self._overspent)
         for job in jobs:
             try:
                 if restore_job_user(self.store.redis, job):

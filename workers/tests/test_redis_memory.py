@@ -120,3 +120,43 @@ def test_a_job_within_its_share_is_not_refused(small_server: str) -> None:
     finally:
         for client in many:
             client.close()
+
+
+def test_an_agents_heartbeat_stops_a_job_over_its_share_and_never_makes_its_user_again(
+    small_server: str, tmp_path: Path
+) -> None:
+    """The guard wired: a job that fills the server is failed by its agent with the reason,
+    its user and keys go, a neighbour within its share keeps running, the portal writes again."""
+    from workers.agent.agent import Agent
+    from workers.agent.config import AgentConfig
+    from workers.agent.store import AgentStore
+    from workers.protocol import Failed, Report
+
+    admin = redis.Redis.from_url(small_server)
+    hog = redis.Redis.from_url(job_url(admin, small_server, "hog"), retry=one_try().get_retry())
+    calm = redis.Redis.from_url(job_url(admin, small_server, "calm"))
+    calm.set("edl:calm:state", b"x" * 2**20)
+    chunk = b"x" * 2**20
+    for n in range(4 * LIMIT_MB):
+        try:
+            hog.append(f"edl:hog:part{n // 4}", chunk)
+        except redis.exceptions.OutOfMemoryError:
+            break
+    assert memory_pressure(admin) > 0.9
+    sent: list[Report] = []
+    config = AgentConfig(
+        node="guard-node", device="cpu", slots=1, redis_url=small_server, data_dir=tmp_path / "d"
+    )
+    agent = Agent(config, AgentStore.from_url(small_server, "guard-node"), send=sent.append)
+    agent.processes.job_users.update({"hog", "calm"})
+    agent.tick()  # the first pass beats, and guards
+    failed = [r for r in sent if isinstance(r, Failed)]
+    assert [f.job for f in failed] == ["hog"], sent
+    assert "job hog holds" in failed[0].error and "shared Redis" in failed[0].error
+    users = admin.acl_users()
+    assert job_user("hog") not in users and job_user("calm") in users
+    assert admin.exists("edl:calm:state") and not list(admin.scan_iter("edl:hog:*"))
+    assert admin.rpush("portal", "the next report") >= 1
+    agent.heartbeat()
+    agent._restore_job_users()
+    assert job_user("hog") not in admin.acl_users()  # never made again while it is here
