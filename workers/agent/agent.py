@@ -123,8 +123,7 @@ class Agent:
                 self.events.watch(job)
             # Networks of jobs that ended here while no agent ran (nothing to settle).
             busy = {r.job for r in self.processes.records()} | set(self.processes.stops)
-            for job in self.processes.isolation.leftovers(busy):
-                self.processes.isolation.release(job)
+            self.processes.isolation.release_leftovers(busy)
 
     def tick(self) -> None:
         """One supervision pass: reap processes, enforce stops, forward events, heartbeat;
@@ -161,8 +160,7 @@ class Agent:
             records = self.processes.records()
             collecting = {t.name.removeprefix("collect-") for t in self._collectors if t.is_alive()}
             busy_jobs = {r.job for r in records} | set(self.processes.stops) | collecting
-            for job in self.processes.isolation.leftovers(busy_jobs):
-                self.processes.isolation.release(job)
+            self.processes.isolation.release_leftovers(busy_jobs)
             chosen = cleanup.doomed(
                 leftovers,
                 now=self.clock.now(),

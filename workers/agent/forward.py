@@ -152,10 +152,6 @@ class Forwarder:
                     os.unlink(door)
             asyncio.run_coroutine_threadsafe(_shut(server), self._loop).result(timeout=10)
 
-    def close_all(self) -> None:
-        for job in list(self._servers):
-            self.close(job)
-
     async def _serve(
         self,
         job: str,

@@ -63,6 +63,8 @@ class NetworkIsolation:
         self.forwarder = Forwarder()
         self.redis = Upstream.from_url(config.redis_url)
         self._made: dict[str, JobNetwork] = {}
+        self._hosts: dict[str, Path | None] = {}
+        """Per job, the ``/etc/hosts`` its store door made (None: it has no door)."""
 
     def network(self, job: str) -> JobNetwork:
         """``job``'s network here, made on first use (and again after an agent restart)."""
@@ -76,17 +78,27 @@ class NetworkIsolation:
         host's network, else the job's forwarded socket (opened here, for ``owner``)."""
         if not self.enabled:
             return job_url
-        network = self.network(job)
+        return socket_url(job_url, self._open_redis(job, owner))
+
+    def _open_redis(self, job: str, owner: Identity | None) -> Path:
+        """Open ``job``'s Redis socket (for ``owner`` alone) if it is not open; its path."""
+        path = self.network(job).redis_socket
         ids = (owner.uid, owner.gid) if owner is not None else None
-        self.forwarder.open_unix(job, network.redis_socket, ids, self.redis)
-        return socket_url(job_url, network.redis_socket)
+        self.forwarder.open_unix(job, path, ids, self.redis)
+        return path
 
     def store_door(self, job: str, store_env: Mapping[str, str]) -> Path | None:
         """Let ``job``'s namespace reach the object store that ``store_env`` (the ``AWS_*``
         variables its programs get) names; return the ``/etc/hosts`` to show them, which
-        names the endpoint at its address inside the namespace (None: nothing to reach)."""
+        names the endpoint at its address inside the namespace (None: nothing to reach).
+        Made once per job here: later workers of the job reuse it."""
         if not self.enabled or not store_env or local_store_dir(self.config.artifact_url):
             return None
+        if job not in self._hosts:
+            self._hosts[job] = self._open_store_door(job, store_env)
+        return self._hosts[job]
+
+    def _open_store_door(self, job: str, store_env: Mapping[str, str]) -> Path:
         network = self.network(job)
         lines = []
         for name, port in store_endpoints(self.config.artifact_url, store_env):
@@ -118,9 +130,12 @@ class NetworkIsolation:
     def read_only(self, job: str) -> tuple[Path, ...]:
         """What the sandbox must show of the network's files: the Redis socket's directory,
         where the job has a Redis user (a torchrun program has none)."""
-        if not self.enabled or not self.forwarder.serves(job, str(self.network(job).redis_socket)):
+        if not self.enabled:
             return ()
-        return (self.network(job).socket_dir,)
+        network = self.network(job)
+        if not self.forwarder.serves(job, str(network.redis_socket)):
+            return ()
+        return (network.socket_dir,)
 
     def joining(self, job: str, then: Callable[[], None]) -> tuple[Callable[[], None], int | None]:
         """A child's step between fork and exec that enters ``job``'s namespace, then runs
@@ -143,29 +158,27 @@ class NetworkIsolation:
         again if the host lost it), its Redis socket (``redis``) and store door."""
         if not self.enabled:
             return
-        network = self.network(job)
+        self.network(job)
         if redis:
-            ids = (owner.uid, owner.gid) if owner is not None else None
-            self.forwarder.open_unix(job, network.redis_socket, ids, self.redis)
+            self._open_redis(job, owner)
         self.store_door(job, store_env)
 
     def release(self, job: str) -> None:
         """Remove ``job``'s socket and namespace here (nothing of it runs on this node)."""
         self.forwarder.close(job)
         self._made.pop(job, None)
+        self._hosts.pop(job, None)
         if self.enabled:
             self.networks.release(job)
 
-    def leftovers(self, busy: set[str]) -> list[str]:
-        """Jobs with a network here but no process or stop in progress (``busy``): what an
-        agent that died before settling them left; ``release`` removes them."""
+    def release_leftovers(self, busy: set[str]) -> None:
+        """Remove the networks here of jobs with no process or stop in progress (``busy``):
+        what an agent that died before settling them left."""
         if not self.enabled:
-            return []
-        return [job for job in self.networks.jobs_here() if job not in busy]
-
-    def close(self) -> None:
-        """Stop forwarding (the agent stops; adopted programs reconnect to the next one)."""
-        self.forwarder.close_all()
+            return
+        for job in self.networks.jobs_here():
+            if job not in busy:
+                self.release(job)
 
 
 def store_endpoints(artifact_url: str, store_env: Mapping[str, str]) -> list[tuple[str, int]]:

@@ -157,15 +157,13 @@ class JobNetwork:
 
     names: NetNames
     address: ipaddress.IPv4Interface
+    socket_dir: Path
+    """The agent's directory of it, bound (read-only) into the sandbox: ``redis.sock``,
+    the ``/etc/hosts`` of a store door, the owner and ready marks."""
 
     @property
     def namespace_file(self) -> Path:
         return NETNS_DIR / self.names.namespace
-
-    @property
-    def socket_dir(self) -> Path:
-        """The directory bound (read-only) into the sandbox that holds ``redis.sock``."""
-        return RUN_ROOT / self.names.namespace
 
     @property
     def redis_socket(self) -> Path:
@@ -232,8 +230,9 @@ class JobNetworks:
     def ensure(self, job: str) -> JobNetwork:
         """Make ``job``'s namespace on this node if it is not there; return it."""
         names = net_names(self.node, job)
-        network = JobNetwork(names=names, address=self.address_of(job, self.node))
-        ready = self.run_root / names.namespace / "ready"
+        directory = self.run_root / names.namespace
+        network = JobNetwork(names, self.address_of(job, self.node), directory)
+        ready = directory / "ready"
         if ready.exists() and (NETNS_DIR / names.namespace).exists():
             return network
         with _host_lock(self.run_root):
@@ -249,7 +248,6 @@ class JobNetworks:
             _no_ipv6(names.host_veth)
             inside = inside_batch(names, network.address)
             self.run(["ip", "-n", names.namespace, "-batch", "-"], inside)
-            directory = self.run_root / names.namespace
             directory.mkdir(mode=0o755, exist_ok=True)
             (directory / OWNER_FILE).write_text(json.dumps({"node": self.node, "job": job}))
             ready.touch()
@@ -272,13 +270,9 @@ class JobNetworks:
 
     def jobs_here(self) -> list[str]:
         """The jobs this node has a namespace for (to remove those no process needs)."""
-        jobs = []
-        for owner in self.run_root.glob(f"portal-*/{OWNER_FILE}"):
-            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                recorded = json.loads(owner.read_text())
-                if recorded["node"] == self.node:
-                    jobs.append(str(recorded["job"]))
-        return sorted(jobs)
+        return sorted(
+            owner.job for owner in recorded_owners(self.run_root) if owner.node == self.node
+        )
 
     def release(self, job: str) -> None:
         """Remove ``job``'s namespace here, and its bridge if no other agent's is on it."""
@@ -329,16 +323,33 @@ def join_namespace(fd: int) -> Callable[[], None]:
     return enter
 
 
+@dataclass(frozen=True)
+class Owner:
+    """Whose a namespace directory of this host is, as its owner file records it."""
+
+    node: str
+    job: str
+    made_at: float
+
+
+def recorded_owners(run_root: Path) -> list[Owner]:
+    """The owners of this host's job networks (unreadable records are skipped)."""
+    out = []
+    for path in run_root.glob(f"portal-*/{OWNER_FILE}"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            recorded = json.loads(path.read_text())
+            out.append(Owner(str(recorded["node"]), str(recorded["job"]), path.stat().st_mtime))
+    return out
+
+
 def remove_made_since(run_root: Path, since: float) -> None:
     """Remove the job networks of this host made after ``since`` that no process is in any
     more (a test session's end; another session's running jobs keep theirs)."""
-    for owner in run_root.glob(f"portal-*/{OWNER_FILE}"):
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, NetworkError):
-            if owner.stat().st_mtime < since or _has_processes(owner.parent.name):
-                continue
-            recorded = json.loads(owner.read_text())
-            names = net_names(str(recorded["node"]), str(recorded["job"]))
-            remove_network(names, run_root=run_root)
+    for owner in recorded_owners(run_root):
+        names = net_names(owner.node, owner.job)
+        if owner.made_at >= since and not _has_processes(names.namespace):
+            with contextlib.suppress(OSError):
+                remove_network(names, run_root=run_root)
 
 
 def _has_processes(namespace: str) -> bool:

@@ -217,10 +217,10 @@ class ProcessTable:
         """Jobs whose Redis user this agent created (deleted when the job ends here)."""
         self._leftover_cgroups: list[str] = []
         self.warm = WarmPool(config, enabled_for(config))
-        self.isolation = NetworkIsolation(config, store.redis)
-        """Each job's own network and Redis socket here (``SANDBOX_NETWORK=job``)."""
         """Warm worker processes of the idle slots (``AGENT_WARM_WORKERS=1``, SANDBOX=off;
         warm.py)."""
+        self.isolation = NetworkIsolation(config, store.redis)
+        """Each job's own network and doors out here (``SANDBOX_NETWORK=job``)."""
 
     # ------------------------------------------------------------------ queries
     def has(self, job: str, worker_id: str) -> bool:
