@@ -10,9 +10,7 @@ only; the module's own server receives them for real.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -21,8 +19,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.own_redis import own_embedded_redis
 from tests.redis_clients import one_try
-from utilities.embedded_redis import ensure_running
 from workers.agent.redis_acl import delete_job_user, job_url
 from workers.clock import ManualClock
 from workers.elastic.keys import JobKeys
@@ -50,20 +48,8 @@ def _major(url: str) -> int:
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """An embedded server of this module's own, stopped at the end."""
-    data_dir = tmp_path_factory.mktemp("acl-redis")
-    saved = os.environ.get("REDIS_URL")
-    try:
-        url = ensure_running(data_dir)
-    finally:  # ensure_running names its server in REDIS_URL: the shared one stays named there
-        if saved is None:
-            os.environ.pop("REDIS_URL", None)
-        else:
-            os.environ["REDIS_URL"] = saved
-    try:
+    with own_embedded_redis(tmp_path_factory.mktemp("acl-redis")) as url:
         yield url
-    finally:
-        with contextlib.suppress(OSError, ValueError):
-            os.kill(int((data_dir / "redis" / "pid").read_text()), signal.SIGTERM)
 
 
 @pytest.fixture(params=["shared", "embedded"])

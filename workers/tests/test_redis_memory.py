@@ -6,17 +6,14 @@ small ``maxmemory``; the shared server of ``REDIS_URL`` is never reconfigured.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
+from tests.own_redis import own_embedded_redis
 from tests.redis_clients import one_try
-from utilities.embedded_redis import ensure_running
 from workers.agent.redis_acl import (
     JobBudget,
     job_footprint,
@@ -34,19 +31,8 @@ def small_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[st
     """An embedded server of the test's own, configured from the environment as ``runstack``'s
     is, with ``REDIS_MAXMEMORY_MB`` set small."""
     monkeypatch.setenv("REDIS_MAXMEMORY_MB", str(LIMIT_MB))
-    saved = os.environ.get("REDIS_URL")
-    try:
-        url = ensure_running(tmp_path)
-    finally:
-        if saved is None:
-            os.environ.pop("REDIS_URL", None)
-        else:
-            os.environ["REDIS_URL"] = saved
-    try:
+    with own_embedded_redis(tmp_path) as url:
         yield url
-    finally:
-        with contextlib.suppress(OSError, ValueError):
-            os.kill(int((tmp_path / "redis" / "pid").read_text()), signal.SIGTERM)
 
 
 def portal_keys(admin: redis.Redis) -> dict[str, object]:
