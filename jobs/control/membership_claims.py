@@ -20,7 +20,7 @@ process of the job that claimed it gone.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from datetime import UTC, datetime
 
 from django.core.cache import cache
@@ -166,16 +166,25 @@ def on_exit(job: Job, report: WorkerExited, at: datetime) -> str | None:
     kept = note.get(KEPT_KEY) if isinstance(note, dict) else None
     if not isinstance(kept, list) or report.worker_id not in kept:
         return None
-    accrue_service(job, at)  # at the old parallelism, up to the exit
+    why = f"runtime: {report.worker_id} left earlier and has now exited, GPU freed"
+    freed = free_leavers(job, [report.worker_id], at, lambda _freed: why)
+    return "freed" if freed else None
+
+
+def free_leavers(
+    job: Job, workers: Collection[str], at: datetime, why: Callable[[tuple[str, ...]], str]
+) -> tuple[str, ...]:
+    """Free the GPUs of ``workers`` that left ``job``: its service is charged up to ``at``
+    at the old parallelism first, then its parallelism becomes what it still holds (the
+    reason ``why(freed)``) and a tick is asked for; the workers freed (none: nothing
+    changes but the service)."""
+    accrue_service(job, at)
     save_fields(job, "attained_gpu_seconds", "last_service_at")
-    freed = holdings.drop_workers(job, [report.worker_id])
-    if not freed:
-        return None
-    do_set_parallelism(
-        job_id=job.pk,
-        parallelism=len(holdings.held_gpus(job)),
-        reason=f"runtime: {report.worker_id} left earlier and has now exited, GPU freed",
-        at=at,
-    )
-    request_tick()
-    return "freed"
+    freed = holdings.drop_workers(job, workers)
+    if freed:
+        # do_set_parallelism reads the job again (and broadcasts).
+        do_set_parallelism(
+            job_id=job.pk, parallelism=len(holdings.held_gpus(job)), reason=why(freed), at=at
+        )
+        request_tick()
+    return freed

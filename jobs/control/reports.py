@@ -258,21 +258,13 @@ def _recovered(job: Job, report: Recovered) -> str:
     )
     if job.state != JobState.RUNNING or _overtaken(job, report) or not report.dead:
         return "recovered"
-    accrue_service(job, now)  # at the old parallelism, up to the recovery
-    save_fields(job, "attained_gpu_seconds", "last_service_at")
-    freed = holdings.drop_workers(
-        job, membership_claims.believed_leavers(job, report.dead, report, now)
+    believed = membership_claims.believed_leavers(job, report.dead, report, now)
+    membership_claims.free_leavers(
+        job,
+        believed,
+        now,
+        lambda freed: f"runtime: {', '.join(freed)} dropped by {report.mode} recovery, GPUs freed",
     )
-    if not freed:
-        return "recovered"
-    # do_set_parallelism reads the job again (and broadcasts).
-    do_set_parallelism(
-        job_id=job.pk,
-        parallelism=len(holdings.held_gpus(job)),
-        reason=f"runtime: {', '.join(freed)} dropped by {report.mode} recovery, GPUs freed",
-        at=now,
-    )
-    request_tick()
     return "recovered"
 
 
