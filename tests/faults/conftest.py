@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.services import RedisServer
+from tests.faults.services import RedisServer, ThrowawayPostgres, postgres_binaries
 
 
 @pytest.fixture(scope="module")
@@ -18,6 +18,21 @@ def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[ThrowawayPostgres]:
+    """A PostgreSQL cluster of the module's own, which its tests may stop and start."""
+    binaries = postgres_binaries()
+    if binaries is None:
+        pytest.skip("no PostgreSQL binaries under /usr/lib/postgresql/*/bin (initdb, pg_ctl)")
+    cluster = ThrowawayPostgres(binaries)
+    try:
+        cluster.init()
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.destroy()
 
 
 @pytest.fixture

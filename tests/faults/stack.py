@@ -34,7 +34,7 @@ from typing import Any
 
 from tests.faults.holdings import Allowances, ClusterDb, HoldingsMonitor
 from tests.faults.processes import Proc, stack_roles, training_processes
-from tests.faults.services import free_port
+from tests.faults.services import RedisServer, ThrowawayPostgres, free_port
 from tests.faults.steplog import as_sample_records, committed_steps, read_step_logs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -313,6 +313,22 @@ do_create_tenant(slug="faults", owner_username="fay", password={password!r},
 from django.contrib.auth import get_user_model
 print("TOKEN", do_issue_token(user=get_user_model().objects.get(username="fay")))
 """
+
+
+@contextlib.contextmanager
+def stack_on_postgres(
+    root: Path, redis: RedisServer, postgres: ThrowawayPostgres, extra: dict[str, str] | None = None
+) -> Iterator[FaultStack]:
+    """A stack on a throwaway database of ``postgres`` (a cluster its test may stop) and
+    ``redis``, with ``extra`` settings; stopped at the end."""
+    with throwaway_database(postgres.url("postgres")) as database_url:
+        env = stack_env(root, redis_url=redis.url(REDIS_DB), database_url=database_url)
+        env.update(extra or {})
+        running = boot(root, env)
+        try:
+            yield running
+        finally:
+            running.stop()
 
 
 def boot(root: Path, env: dict[str, str], timeout: float = 180) -> FaultStack:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.services import RedisServer, ThrowawayPostgres, postgres_binaries
-from tests.faults.stack import REDIS_DB, FaultStack, boot, stack_env, throwaway_database
+from tests.faults.services import RedisServer, ThrowawayPostgres
+from tests.faults.stack import FaultStack, stack_on_postgres
 from tests.faults.steplog import attempts_after, read_step_logs
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
@@ -41,34 +41,15 @@ WINDOWS = {
 
 
 @pytest.fixture(scope="module")
-def postgres() -> Iterator[ThrowawayPostgres]:
-    binaries = postgres_binaries()
-    if binaries is None:
-        pytest.skip("no PostgreSQL binaries under /usr/lib/postgresql/*/bin (initdb, pg_ctl)")
-    cluster = ThrowawayPostgres(binaries)
-    try:
-        cluster.init()
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.destroy()
-
-
-@pytest.fixture(scope="module")
 def stack(
     tmp_path_factory: pytest.TempPathFactory,
     own_redis: RedisServer,
     postgres: ThrowawayPostgres,
 ) -> Iterator[FaultStack]:
     root = Path(tmp_path_factory.mktemp("postgres-outage-stack"))
-    with throwaway_database(postgres.url("postgres")) as database_url:
-        env = stack_env(root, redis_url=own_redis.url(REDIS_DB), database_url=database_url)
-        env.update({name: str(int(value)) for name, value in WINDOWS.items()})
-        running = boot(root, env)
-        try:
-            yield running
-        finally:
-            running.stop()
+    windows = {name: str(int(value)) for name, value in WINDOWS.items()}
+    with stack_on_postgres(root, own_redis, postgres, windows) as running:
+        yield running
 
 
 def test_a_postgresql_outage_longer_than_the_signing_window_loses_no_report(

@@ -17,25 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.services import RedisServer, ThrowawayPostgres, postgres_binaries
-from tests.faults.stack import REDIS_DB, FaultStack, boot, stack_env, throwaway_database
+from tests.faults.services import RedisServer, ThrowawayPostgres
+from tests.faults.stack import FaultStack, stack_on_postgres
 from tests.faults.steplog import attempts_after, read_step_logs
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[ThrowawayPostgres]:
-    binaries = postgres_binaries()
-    if binaries is None:
-        pytest.skip("no PostgreSQL binaries under /usr/lib/postgresql/*/bin (initdb, pg_ctl)")
-    cluster = ThrowawayPostgres(binaries)
-    try:
-        cluster.init()
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.destroy()
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +30,10 @@ def stack(
     own_redis: RedisServer,
     postgres: ThrowawayPostgres,
 ) -> Iterator[FaultStack]:
-    root = Path(tmp_path_factory.mktemp("postgres-stack"))
-    with throwaway_database(postgres.url("postgres")) as database_url:
-        env = stack_env(root, redis_url=own_redis.url(REDIS_DB), database_url=database_url)
-        running = boot(root, env)
-        try:
-            yield running
-        finally:
-            running.stop()
+    with stack_on_postgres(
+        Path(tmp_path_factory.mktemp("postgres-stack")), own_redis, postgres
+    ) as running:
+        yield running
 
 
 def test_restart_postgresql_while_a_job_finishes(
