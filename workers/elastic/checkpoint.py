@@ -36,6 +36,7 @@ import torch
 
 from workers.artifacts import ArtifactCorrupt, ArtifactStore, StoredObject
 from workers.clock import SYSTEM_CLOCK, Clock
+from workers.store_door import ObjectStore
 
 FOLDER = "checkpoints"
 """The checkpoints' folder in the job's store."""
@@ -144,7 +145,7 @@ def to_prune(manifests: Sequence[Manifest], keep: int, saved_step: int) -> set[i
 class Checkpoints:
     """The checkpoints of one job, in its store (``<store>/checkpoints/``)."""
 
-    def __init__(self, store: ArtifactStore, keep: int = KEEP, clock: Clock = SYSTEM_CLOCK):
+    def __init__(self, store: ObjectStore, keep: int = KEEP, clock: Clock = SYSTEM_CLOCK):
         if keep < 1:
             raise ValueError("keep at least one checkpoint: recovery goes back to it")
         self.store = store

@@ -13,7 +13,6 @@ from typing import Protocol
 
 import redis
 
-from workers.artifacts import ArtifactStore
 from workers.clock import Clock
 from workers.elastic.checkpoint import Checkpoints, Manifest, Skipped
 from workers.elastic.constants import ALIVE_MS, log
@@ -24,6 +23,7 @@ from workers.elastic.ranks import order_by_rank, parse_ranks
 from workers.elastic.redis_io import hash_fields
 from workers.elastic.transfer import report_skipped
 from workers.elastic.views import WorkerView
+from workers.store_door import open_store
 
 
 class RecoveryHost(Protocol):
@@ -67,7 +67,7 @@ def coordinate_recovery(leader: RecoveryHost) -> None:
     latest: Manifest | None = None
     skipped: list[Skipped] = []
     if view.opts.recovery == "consistent":  # the newest checkpoint that verifies, wherever written
-        checkpoints = Checkpoints(ArtifactStore(view.opts.store_url), view.opts.checkpoint_keep)
+        checkpoints = Checkpoints(open_store(view.opts.store_url), view.opts.checkpoint_keep)
         latest, skipped = checkpoints.latest()
     plan = RecoveryPlan(
         generation=gen,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import redis
 
-from workers.artifacts import ArtifactPathError, ArtifactStore, StoredObject, check_relative
+from workers.artifacts import ArtifactPathError, StoredObject, check_relative
 from workers.clock import Clock
 from workers.elastic.keys import JobKeys
 from workers.elastic.messages import (
@@ -30,6 +30,7 @@ from workers.elastic.messages import (
     MetricsEvent,
     publish,
 )
+from workers.store_door import ObjectStore
 
 ARTIFACTS = "artifacts"
 """The folder of a program's files in the job's store."""
@@ -64,7 +65,7 @@ def check_artifact_name(name: str) -> str:
 class ProgramOutputs:
     """A worker's uploads to the job's store and its buffered metrics."""
 
-    def __init__(self, store: ArtifactStore, client: redis.Redis, keys: JobKeys, clock: Clock):
+    def __init__(self, store: ObjectStore, client: redis.Redis, keys: JobKeys, clock: Clock):
         self.store = store
         self.redis = client
         self.keys = keys

@@ -15,7 +15,6 @@ from typing import Any, cast
 import redis
 import torch
 
-from workers.artifacts import ArtifactStore
 from workers.clock import Clock
 from workers.elastic import comm
 from workers.elastic.checkpoint import Checkpoints, Skipped
@@ -32,6 +31,7 @@ from workers.elastic.messages import (
     publish,
 )
 from workers.elastic.redis_client import connect
+from workers.store_door import open_store
 
 FINAL_WAIT_S = 600.0
 """How long the leader waits for rank 0's last checkpoint before it reports the job ended."""
@@ -83,7 +83,7 @@ class StateTransfer:
         self._raw = connect(  # bytes, not text
             options.redis_url, outage_s=options.redis_outage_s, decode_responses=False
         )
-        self.store = ArtifactStore(options.store_url)
+        self.store = open_store(options.store_url)
         self.checkpoints = Checkpoints(self.store, options.checkpoint_keep, clock)
         self._last_checkpoint = clock.monotonic()
         self._saved_step: int | None = None
