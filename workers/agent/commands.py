@@ -261,8 +261,9 @@ class CommandHandler:
     def _check_locations(self, command: StartWorkers) -> None:
         """Refuse a command whose checkpoints or files would land outside the storage roots."""
         if command.program is not None:
-            dirs = job_dirs(self.config, command)
-            locations = [str(dirs.root)] + ([str(dirs.store)] if dirs.store else [])
+            locations = [str(job_dirs(self.config, command).root)]
+            if command.store_prefix is not None:  # what its store door will serve
+                locations.append(self.config.job_store_url(command.job, command.store_prefix, None))
         else:
             locations = [
                 self.config.job_store_url(command.job, command.store_prefix, command.checkpoint_dir)

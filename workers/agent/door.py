@@ -32,6 +32,7 @@ import logging
 import os
 import shutil
 import socketserver
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -58,9 +59,19 @@ class DoorLimits:
     timeout_s: float = 120.0
 
 
-def door_id(node: str, job: str) -> str:
-    """A short name for ``job``'s door on ``node`` (a socket path must stay under 108 bytes)."""
-    return hashlib.sha256(f"{node}\0{job}".encode()).hexdigest()[:16]
+def door_id(scope: str, job: str) -> str:
+    """A short name for ``job``'s door of the agent ``scope`` names (its data directory and
+    node: several agents may share a host); a socket's path must stay under 108 bytes."""
+    return hashlib.sha256(f"{scope}\0{job}".encode()).hexdigest()[:16]
+
+
+def default_root(euid: int | None = None) -> Path:
+    """Where an agent keeps its doors: ``/run/portal-door`` as root, else a folder of its
+    user's under the temporary directory."""
+    uid = os.geteuid() if euid is None else euid
+    if uid == 0:
+        return Path("/run/portal-door")
+    return Path(tempfile.gettempdir()) / f"portal-door-{uid}"
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -235,16 +246,16 @@ def _read(stream: Any, size: int) -> Iterator[bytes]:
 class StoreDoors:
     """This node's open doors, one per job (an adapter: sockets, threads)."""
 
-    def __init__(self, root: Path, node: str, limits: DoorLimits = DoorLimits()) -> None:
+    def __init__(self, root: Path, scope: str, limits: DoorLimits = DoorLimits()) -> None:
         self.root = root
-        self.node = node
+        self.scope = scope
         self.limits = limits
         self._open: dict[str, tuple[_Server, threading.Thread]] = {}
         self._lock = threading.Lock()
 
     def directory(self, job: str) -> Path:
         """The folder of ``job``'s door here (bound read-only into its sandboxes)."""
-        return self.root / door_id(self.node, job)
+        return self.root / door_id(self.scope, job)
 
     def open(self, job: str, store_url: str, owner: tuple[int, int] | None) -> str:
         """Serve ``store_url`` (the job's prefix) to ``job``'s programs, if not yet served;

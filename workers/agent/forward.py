@@ -1,4 +1,4 @@
-"""The only doors out of a job's network: the agent's forwards to Redis and the object store.
+"""The only door out of a job's network: the agent's forward to Redis.
 
 A job's namespace (``network``) has no route to the host.  What its programs
 are given to reach, the agent forwards, copying bytes between each of their
@@ -7,10 +7,9 @@ connections and one of its own:
 - **Redis**, through a Unix socket in a directory bound into the sandbox
   (``open_unix``): ``unix://<job user>:<password>@<socket>?db=N``.  Redis still
   checks the job's user, so the socket grants nothing the credentials do not.
-- **The object store** (an ``s3://`` artifact store), through a TCP listener the
-  agent opens *inside* the namespace on the endpoint's own address and port
-  (``open_in_namespace``); the sandbox's ``/etc/hosts`` names the endpoint
-  there, so URLs, TLS and its certificate are unchanged end to end.
+
+(The artifact store is not forwarded: the agent serves the job's prefix itself,
+``workers.agent.door``.)
 
 A job may hold at most ``max_connections`` at once over all its doors (the
 rest are closed at once), so one program cannot use up the server's
@@ -24,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import ssl
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
@@ -32,8 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
-
-from workers.agent.network import join_namespace
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 DEFAULT_MAX_CONNECTIONS = 64
@@ -107,22 +103,6 @@ class Forwarder:
         if owner is not None:
             os.chown(path, *owner)
 
-    def open_in_namespace(
-        self, job: str, namespace_file: Path, address: str, port: int, upstream: Upstream
-    ) -> None:
-        """Listen on ``address:port`` inside the network namespace ``namespace_file`` for
-        ``job`` (the address must be one of the namespace's)."""
-        door = f"{address}:{port}"
-        if self.serves(job, door):
-            return
-        listener = _socket_in_namespace(namespace_file, address, port)
-        self._listen(
-            job,
-            door,
-            lambda serve: asyncio.start_server(serve, sock=listener, limit=CHUNK),
-            upstream,
-        )
-
     def _listen(
         self,
         job: str,
@@ -182,37 +162,6 @@ async def _connect(up: Upstream) -> tuple[asyncio.StreamReader, asyncio.StreamWr
         return await asyncio.open_unix_connection(up.path, limit=CHUNK)
     tls = ssl.create_default_context() if up.tls else None
     return await asyncio.open_connection(up.host, up.port, ssl=tls, limit=CHUNK)
-
-
-def _socket_in_namespace(namespace_file: Path, address: str, port: int) -> socket.socket:
-    """A listening TCP socket made inside another network namespace.
-
-    A thread of its own enters the namespace (``setns`` changes only the
-    calling thread's), makes the socket and ends; the socket stays the
-    namespace's.
-    """
-    made: list[socket.socket] = []
-    failed: list[BaseException] = []
-
-    def make() -> None:
-        try:
-            with open(namespace_file, "rb") as ns:
-                join_namespace(ns.fileno())()
-            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind((address, port))
-            listener.listen(128)
-            listener.setblocking(False)
-            made.append(listener)
-        except BaseException as exc:  # handed to the caller
-            failed.append(exc)
-
-    thread = threading.Thread(target=make, name="netns-listener")
-    thread.start()
-    thread.join()
-    if failed:
-        raise failed[0]
-    return made[0]
 
 
 async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:

@@ -14,14 +14,18 @@ from workers.agent.config import REPO_ROOT, AgentConfig
 from workers.protocol import StartWorkers, WorkerSlot
 
 
-def worker_argv(config: AgentConfig, command: StartWorkers, worker: WorkerSlot) -> list[str]:
+def worker_argv(
+    config: AgentConfig, command: StartWorkers, worker: WorkerSlot, store_url: str | None = None
+) -> list[str]:
     """The command line of the training process for ``worker`` (see workers.elastic.cli).
 
     It holds no credential: the job's Redis URL travels in the environment
     (``programs.builtin_env``), since a command line is visible to ``ps`` and
-    is the first line of the worker's log, which its tenant reads.
+    is the first line of the worker's log, which its tenant reads.  ``store_url``:
+    the job's store door (``workers.agent.door``), else the store the command names.
     """
-    store_url = config.job_store_url(command.job, command.store_prefix, command.checkpoint_dir)
+    if store_url is None:
+        store_url = config.job_store_url(command.job, command.store_prefix, command.checkpoint_dir)
     argv = [
         config.python,
         "-m",

@@ -253,21 +253,6 @@ class JobNetworks:
             ready.touch()
         return network
 
-    def add_address(self, job: str, address: str) -> None:
-        """Give ``job``'s namespace ``address`` too, on its loopback (where the agent opens a
-        door to a host service of that address; loopback ones it has already)."""
-        if ipaddress.IPv4Address(address).is_loopback:
-            return
-        names = net_names(self.node, job)
-        found = subprocess.run(
-            ["ip", "-n", names.namespace, "-o", "addr", "show", "dev", "lo"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if f" {address}/32 " not in found.stdout:
-            self.run(["ip", "-n", names.namespace, "addr", "add", f"{address}/32", "dev", "lo"], "")
-
     def jobs_here(self) -> list[str]:
         """The jobs this node has a namespace for (to remove those no process needs)."""
         return sorted(

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from workers.agent import limits, redis_acl, seccomp
-from workers.agent.config import REPO_ROOT, S3_VARIABLES, AgentConfig
+from workers.agent.config import REPO_ROOT, AgentConfig, local_store_dir
+from workers.agent.door import StoreDoors, default_root
 from workers.agent.gpus import device_nodes
 from workers.agent.isolation import NetworkIsolation
 from workers.agent.launch import (
@@ -47,7 +48,6 @@ from workers.agent.programs import (
     program_argv,
     program_mounts,
     program_slots,
-    store_variables,
     torchrun_env,
 )
 from workers.agent.sandbox import (
@@ -221,6 +221,11 @@ class ProcessTable:
         warm.py)."""
         self.isolation = NetworkIsolation(config, store.redis)
         """Each job's own network and doors out here (``SANDBOX_NETWORK=job``)."""
+        self.doors = StoreDoors(default_root(), f"{config.data_dir}\0{config.node}")
+        """Each job's door to its prefix of the artifact store (``workers.agent.door``)."""
+        store_root = local_store_dir(config.artifact_url)
+        if store_root is not None:  # a sandbox hides it, so it must exist before the first
+            store_root.mkdir(parents=True, exist_ok=True)
 
     # ------------------------------------------------------------------ queries
     def has(self, job: str, worker_id: str) -> bool:
@@ -291,6 +296,18 @@ class ProcessTable:
         self.job_users.add(job)
         return self.isolation.redis_url(job, url, self._identity(job))
 
+    def _store_door(self, command: StartWorkers) -> str | None:
+        """The store URL of ``command``'s job: its door, opened here on first use (None: the
+        command names no store prefix)."""
+        if command.store_prefix is None:
+            return None
+        return self._open_door(command.job, command.store_prefix)
+
+    def _open_door(self, job: str, store_prefix: str) -> str:
+        identity = self._identity(job)
+        owner = (identity.uid, identity.gid) if identity is not None else None
+        return self.doors.open(job, self.config.job_store_url(job, store_prefix, None), owner)
+
     def _identity(self, job: str) -> Identity | None:
         """The host uid ``job``'s programs run as (None: the agent is not root)."""
         if os.geteuid() != 0:
@@ -302,7 +319,7 @@ class ProcessTable:
         environment, the sandbox and its limits; in a warm process only where SANDBOX=off."""
         self._refuse_unsandboxed()
         redis_url = self._job_redis_url(command.job)
-        argv = worker_argv(self.config, command, worker)
+        argv = worker_argv(self.config, command, worker, self._store_door(command))
         args = json.dumps(command.args, sort_keys=True)
         warm = self.warm.start(worker.slot, argv, redis_url, command.workload, args)
         if warm is not None:
@@ -313,6 +330,7 @@ class ProcessTable:
                 warm.popen,
                 warm.log_path,
                 start_ticks=limits.start_ticks(warm.popen.pid),
+                store_prefix=command.store_prefix,
             )
             log.info(
                 "started worker %s of job %s in a warm process (pid %d)",
@@ -338,6 +356,7 @@ class ProcessTable:
                 devices=device_nodes(self.config.gpus, [worker.slot]),
             ),
             generation=0,
+            store_prefix=command.store_prefix,
         )
 
     def _start_program(
@@ -348,7 +367,8 @@ class ProcessTable:
         dirs = job_dirs(self.config, command)
         dirs.create(worker.worker_id)
         if program.launcher == "edl":
-            env = edl_env(self.config, command, worker, dirs, self._job_redis_url(command.job))
+            redis_url = self._job_redis_url(command.job)
+            env = edl_env(self.config, command, worker, dirs, redis_url, self._store_door(command))
         else:
             env = torchrun_env(self.config, command, worker, dirs)
             env["MASTER_ADDR"] = self.isolation.master_addr(
@@ -485,11 +505,9 @@ class ProcessTable:
         settings = self.config.sandbox
         identity = self._identity(job)
         env = {**env, **self.isolation.variables()}
-        hosts = self.isolation.store_door(job, {n: env[n] for n in S3_VARIABLES if n in env})
+        door = (self.doors.directory(job),) if self.doors.serves(job) else ()
         mounts = replace(
-            mounts,
-            read_only=(*mounts.read_only, *self.isolation.read_only(job)),
-            files=(*mounts.files, *(((hosts, Path("/etc/hosts")),) if hosts else ())),
+            mounts, read_only=(*mounts.read_only, *self.isolation.read_only(job), *door)
         )
         preexec, namespace_fd = self.isolation.joining(job, preexec)
         if mounts.shm_dir is not None:
@@ -530,10 +548,11 @@ class ProcessTable:
         if is_alive(record, self.config.worker_module):
             if record.launcher != "torchrun":  # an edl program or a built-in: the job's user
                 self.job_users.add(record.job)
+            if record.store_prefix is not None and record.launcher != "torchrun":
+                self._open_door(record.job, record.store_prefix)  # the old agent's closed
             if record.sandboxed:  # its namespace outlived the agent; its doors out did not
                 own_redis = record.launcher != "torchrun"
-                store = store_variables(self.config, os.environ) if own_redis else {}
-                self.isolation.adopt(record.job, self._identity(record.job), own_redis, store)
+                self.isolation.adopt(record.job, self._identity(record.job), own_redis)
             self.children[(record.job, record.worker_id)] = Child(record=record, popen=None)
             log.info(
                 "adopted worker %s of job %s (pid %d)", record.worker_id, record.job, record.pid
@@ -648,6 +667,7 @@ class ProcessTable:
         its network and Redis socket."""
         shutil.rmtree(self.config.job_shm_dir(job), ignore_errors=True)
         self.isolation.release(job)
+        self.doors.close(job)
 
     def release(self, wait_seconds: float = 2.0) -> None:
         """Remove what exited programs left behind (their cgroups), waiting a little."""

@@ -6,14 +6,17 @@ Per job, on each node that runs it (created by the agent)::
     <data_dir>/jobs/<job>/artifacts          ARTIFACT_DIR    read-write, shared by its workers
     <data_dir>/jobs/<job>/scratch/<worker>   SCRATCH_DIR and HOME, read-write, one per worker
 
-When the artifact store is a directory (``file://``, a mount every node
-sees) the job's prefix in it (``tenants/<slug>/jobs/<pk>``) is bound
-read-write too, and ``CHECKPOINT_DIR`` is its ``checkpoints`` folder, so a
-program's own checkpoints outlive the node as the runtime's do.  Everything
-left in ``ARTIFACT_DIR`` is uploaded to the store when the job ends
-(``workers.agent.collect``).  (Built-in workloads keep nothing on the node:
-their checkpoints go to the store, or to ``<data_dir>/checkpoints/<job>``
-when the control plane names no prefix.)  The program runs
+Nothing of the artifact store is bound into the sandbox, and no program
+gets its credentials.  The elastic runtime (an ``edl`` program, a built-in
+workload) reaches the job's prefix (``tenants/<slug>/jobs/<pk>``) through
+its agent's store door (``workers.agent.door``: a Unix socket whose folder
+is bound read-only), so its checkpoints outlive the node; a ``torchrun``
+program's ``CHECKPOINT_DIR`` is node-local, and the agent mirrors it to and
+from ``<prefix>/checkpoints`` (``workers.agent.mirror``).  Everything left
+in ``ARTIFACT_DIR`` is uploaded to the store when the job ends
+(``workers.agent.collect``).  (Without a prefix, in tests, an edl program's
+runtime writes ``<data_dir>/jobs/<job>`` and a built-in's
+``<data_dir>/checkpoints/<job>``.)  The program runs
 ``python <code dir>/<entrypoint[0]> <entrypoint[1:]...>`` in its code directory
 (the bundle unpacked read-only), never through a shell, with exactly the
 environment built here and nothing of the agent's own (no secrets, no broker
@@ -33,11 +36,10 @@ Launchers:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.agent.config import REPO_ROOT, S3_VARIABLES, AgentConfig, local_store_dir
+from workers.agent.config import REPO_ROOT, AgentConfig, local_store_dir
 from workers.agent.gpus import cuda_visible
 from workers.agent.sandbox import HIDDEN_SYSTEM_DIRS, MASKED_FILES, Mounts
 from workers.elastic.cli import OPTIONS_ENV, WorkerOptions, options_to_env
@@ -55,8 +57,6 @@ class JobDirs:
     """A program job's directories on this node (see the module docstring)."""
 
     root: Path
-    store: Path | None = None
-    """The job's prefix in a directory store every node sees (None: an object store)."""
 
     @property
     def job(self) -> str:
@@ -65,7 +65,7 @@ class JobDirs:
 
     @property
     def checkpoints(self) -> Path:
-        return (self.store or self.root) / "checkpoints"
+        return self.root / "checkpoints"
 
     @property
     def artifacts(self) -> Path:
@@ -77,33 +77,17 @@ class JobDirs:
 
     def owned(self, worker_id: str) -> tuple[Path, ...]:
         """What a worker's program writes, so what its uid owns (``sandbox.hand_over``)."""
-        paths: tuple[Path, ...] = (self.checkpoints, self.artifacts, self.scratch(worker_id))
-        if self.store is not None:
-            paths += (self.store, self.store / "artifacts")
-        return paths
+        return (self.checkpoints, self.artifacts, self.scratch(worker_id))
 
     def create(self, worker_id: str) -> None:
         """Make the job's and the worker's directories (an adapter's step)."""
         for path in (self.checkpoints, self.artifacts, self.scratch(worker_id)):
             path.mkdir(parents=True, exist_ok=True)
-        if self.store is not None:
-            (self.store / "artifacts").mkdir(parents=True, exist_ok=True)
 
 
 def job_dirs(config: AgentConfig, command: StartWorkers) -> JobDirs:
-    """A program job's directories on this node, with its store prefix if that is a directory."""
-    store = None
-    if command.store_prefix is not None:
-        local = local_store_dir(config.artifact_url)
-        store = local / command.store_prefix if local is not None else None
-    return JobDirs(config.job_dir(command.job), store)
-
-
-def program_store_url(config: AgentConfig, command: StartWorkers, dirs: JobDirs) -> str:
-    """Where an edl program's runtime keeps checkpoints and artifacts (the node without a prefix)."""
-    if command.store_prefix is None:
-        return str(dirs.root)
-    return config.job_store_url(command.job, command.store_prefix, None)
+    """A program job's directories on this node."""
+    return JobDirs(config.job_dir(command.job))
 
 
 @dataclass(frozen=True)
@@ -180,22 +164,13 @@ def base_env(
     return env
 
 
-def store_variables(config: AgentConfig, environ: Mapping[str, str]) -> dict[str, str]:
-    """The object store's ``AWS_*`` variables (``S3_VARIABLES``), for a runtime that reaches it
-    itself; none when the store is a directory.  See docs/agent.md on what that exposes."""
-    if local_store_dir(config.artifact_url) is not None:
-        return {}
-    return {name: environ[name] for name in S3_VARIABLES if name in environ}
-
-
 def builtin_store_dir(config: AgentConfig, command: StartWorkers) -> Path | None:
-    """The directory a built-in job's runtime writes (checkpoints, artifacts) on this node.
-
-    Its prefix in a directory store, or the node-local checkpoint directory
-    the command names (``AgentConfig.job_store_url``); None for an object store.
-    """
-    url = config.job_store_url(command.job, command.store_prefix, command.checkpoint_dir)
-    return local_store_dir(url)
+    """The node-local directory a built-in job's runtime writes (checkpoints, artifacts):
+    the one the command names, without a store prefix (tests); None with a prefix, which it
+    reaches through its door."""
+    if command.store_prefix is not None:
+        return None
+    return local_store_dir(config.job_store_url(command.job, None, command.checkpoint_dir))
 
 
 def builtin_owned(
@@ -226,7 +201,6 @@ def builtin_env(
     command: StartWorkers,
     worker_id: str,
     redis_url: str,
-    environ: Mapping[str, str] = os.environ,
     repo_root: Path = REPO_ROOT,
 ) -> dict[str, str]:
     """A built-in workload's environment: a program's fixed one, the job's Redis user.
@@ -239,8 +213,6 @@ def builtin_env(
     if config.device == "cuda" and config.gpus:  # its own GPU only, as cuda:0 (device_for)
         slot = next(w.slot for w in command.workers if w.worker_id == worker_id)
         env["CUDA_VISIBLE_DEVICES"] = cuda_visible(config.gpus, [slot])
-    if command.store_prefix is not None:
-        env.update(store_variables(config, environ))
     env.update(REDIS_URL=redis_url, PYTHONPATH=str(repo_root))
     return env
 
@@ -272,9 +244,18 @@ def torchrun_env(
 
 
 def edl_options(
-    config: AgentConfig, command: StartWorkers, worker: WorkerSlot, dirs: JobDirs, redis_url: str
+    config: AgentConfig,
+    command: StartWorkers,
+    worker: WorkerSlot,
+    dirs: JobDirs,
+    redis_url: str,
+    store_url: str | None = None,
 ) -> WorkerOptions:
-    """The elastic runtime's options of one process, as ``worker_argv`` gives a built-in's."""
+    """The elastic runtime's options of one process, as ``worker_argv`` gives a built-in's.
+
+    ``store_url``: the job's store door (``workers.agent.door``); without one
+    (no store prefix) the runtime keeps its files in the job's node directory.
+    """
     return WorkerOptions(
         job_id=command.job,
         worker_id=worker.worker_id,
@@ -282,7 +263,7 @@ def edl_options(
         args={},
         batch_size=command.batch_size,
         recovery=command.recovery,
-        store_url=program_store_url(config, command, dirs),
+        store_url=store_url or str(dirs.root),
         checkpoint_every=command.checkpoint_every,
         checkpoint_keep=command.checkpoint_keep,
         checkpoint_minutes=command.checkpoint_minutes,
@@ -307,19 +288,14 @@ def edl_env(
     worker: WorkerSlot,
     dirs: JobDirs,
     redis_url: str,
+    store_url: str | None = None,
     sdk_root: Path = REPO_ROOT,
-    environ: Mapping[str, str] = os.environ,
 ) -> dict[str, str]:
-    """The edl launcher's environment: ``EDL_OPTIONS``, the SDK on ``PYTHONPATH``.
-
-    With an object store the runtime reaches it itself, so it gets the
-    store's ``AWS_*`` variables (``S3_VARIABLES``; see docs/agent.md on what
-    that exposes).
-    """
+    """The edl launcher's environment: ``EDL_OPTIONS`` (with the job's store door,
+    ``store_url``), the SDK on ``PYTHONPATH``; no store credentials."""
     env = base_env(config, dirs, worker.worker_id, _program(command))
-    if command.store_prefix is not None and dirs.store is None:
-        env.update(store_variables(config, environ))
-    env[OPTIONS_ENV] = options_to_env(edl_options(config, command, worker, dirs, redis_url))
+    options = edl_options(config, command, worker, dirs, redis_url, store_url)
+    env[OPTIONS_ENV] = options_to_env(options)
     env["PYTHONPATH"] = str(sdk_root)
     if config.device == "cuda":
         env["CUDA_VISIBLE_DEVICES"] = cuda_visible(config.gpus, program_slots(command, worker))
@@ -337,14 +313,12 @@ def program_mounts(
     home: Path = Path("/root"),
     devices: tuple[Path, ...] = (),
 ) -> Mounts:
-    """What one worker's sandbox hides and binds back (``workers.agent.sandbox``)."""
-    writable = (dirs.checkpoints, dirs.artifacts, dirs.scratch(worker_id))
-    if dirs.store is not None:
-        writable = (dirs.store, *writable[1:])
+    """What one worker's sandbox hides and binds back (``workers.agent.sandbox``): only the
+    job's node directories are writable."""
     return confined(
         config,
         code_dir,
-        writable,
+        dirs.owned(worker_id),
         repo_root=repo_root,
         base_prefix=base_prefix,
         home=home,
@@ -365,7 +339,8 @@ def builtin_mounts(
 ) -> Mounts:
     """A built-in workload's sandbox: a program's, with the repository's SDK as its code.
 
-    Writable: its store directory (``builtin_store_dir``), its scratch HOME,
+    Writable: its node-local store directory without a prefix (``builtin_store_dir``), its
+    scratch HOME,
     and the agent's step-log directory when one is set (tests, benchmarks).
     """
     store = builtin_store_dir(config, command)

@@ -79,9 +79,7 @@ class Mounts:
     default, half the host's memory).  ``shm_dir``: a host directory bound as
     ``/dev/shm``, which every process of one job on the node shares (NCCL's
     shared-memory transport needs it; its pages count against each worker's
-    memory cgroup); None: a private tmpfs.  ``files``: (host file, path in the
-    sandbox) pairs bound read-only over what the host has there (a job's
-    ``/etc/hosts``, which names its object store inside its network).
+    memory cgroup); None: a private tmpfs.
     """
 
     hide: tuple[Path, ...]
@@ -91,7 +89,6 @@ class Mounts:
     devices: tuple[Path, ...] = ()
     tmp_bytes: int | None = None
     shm_dir: Path | None = None
-    files: tuple[tuple[Path, Path], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -225,8 +222,6 @@ def bwrap_argv(
     for path in mounts.masked_files:
         if not any(_inside(path, h) for h in hidden):
             out += ["--ro-bind-try", "/dev/null", str(path)]
-    for source, target in mounts.files:
-        out += ["--ro-bind", str(source), str(target)]
     out += ["--chdir", str(cwd), "--", *argv]
     return out
 

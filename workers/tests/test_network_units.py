@@ -13,7 +13,6 @@ from django.conf import settings
 
 from workers.agent.config import AgentConfigError, AgentEnvironment
 from workers.agent.forward import Forwarder, Upstream, socket_url
-from workers.agent.isolation import store_endpoints
 from workers.agent.network import (
     NetworkError,
     allocate,
@@ -64,16 +63,6 @@ def test_every_agent_gets_the_same_address_for_a_node_and_different_nodes_differ
         assert allocate(client, job, "node-b") != first
     finally:
         client.delete(f"agent:net:{job}")
-
-
-def test_store_endpoints_with_and_without_a_configured_endpoint() -> None:
-    local = store_endpoints("s3://bucket/p", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000"})
-    assert local == [("127.0.0.1", 9000)]
-    named = store_endpoints("s3://bkt/p", {"AWS_ENDPOINT_URL_S3": "https://minio.internal"})
-    assert named == [("minio.internal", 443), ("bkt.minio.internal", 443)]
-    aws = store_endpoints("s3://bkt", {"AWS_REGION": "eu-west-1"})
-    assert ("s3.eu-west-1.amazonaws.com", 443) in aws
-    assert ("bkt.s3.eu-west-1.amazonaws.com", 443) in aws
 
 
 def test_a_socket_url_keeps_the_jobs_credentials_and_database() -> None:

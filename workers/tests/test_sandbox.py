@@ -578,45 +578,67 @@ def test_a_program_reads_and_writes_only_its_own_directories(
 
 
 STORE_SCRIPT = """
-import json, os, sys
+import json, os, socket, sys
 from pathlib import Path
-other = sys.argv[1]
-out = {"checkpoint_dir": os.environ["CHECKPOINT_DIR"]}
-Path(os.environ["CHECKPOINT_DIR"], "mine.pt").write_text("ckpt")
+from workers.elastic.cli import options_from_env
+from workers.store_door import DoorStore
+other, prefix = sys.argv[1], sys.argv[2]
+url = options_from_env().store_url
+out = {"store_url": url, "checkpoint_dir": os.environ["CHECKPOINT_DIR"]}
+out["aws"] = sorted(name for name in os.environ if name.startswith("AWS_"))
+store = DoorStore(url)
+out["put"] = store.put_bytes("checkpoints/mine.pt", b"ckpt").size
+out["listed"] = store.list()
+def raw(request):
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(url.removeprefix("door+unix://"))
+        sock.sendall(request)
+        return sock.recv(65536).split(b" ")[1].decode()
+out["traversal"] = raw(b"GET /objects/../../../other/jobs/1/artifacts/secret.txt HTTP/1.0\\r\\n\\r\\n")
+out["encoded"] = raw(b"GET /objects/%2e%2e/%2e%2e/%2e%2e/other/jobs/1/artifacts/secret.txt HTTP/1.0\\r\\n\\r\\n")
+for name, path in (("other", other), ("prefix", prefix + "/planted.txt")):
+    try:
+        out[name] = Path(path).read_text() if name == "other" else Path(path).write_text("x")
+    except OSError as exc:
+        out[name] = "denied: " + type(exc).__name__
 Path(os.environ["ARTIFACT_DIR"], "sub").mkdir(exist_ok=True)
 Path(os.environ["ARTIFACT_DIR"], "sub", "model.bin").write_text("model")
 os.symlink("/etc/hostname", Path(os.environ["ARTIFACT_DIR"], "link"))
-try:
-    out["other"] = Path(other).read_text()
-except OSError as exc:
-    out["other"] = "denied: " + type(exc).__name__
 print(json.dumps(out), flush=True)
 """
 
 
-def test_a_program_writes_to_its_own_store_prefix_and_its_artifacts_are_collected(
-    host: Host, node: str, redis_url: str, job: str
+def test_the_store_is_never_the_programs_it_reaches_its_own_prefix_through_the_door(
+    host: Host, node: str, redis_url: str, job: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "the-agents-own")
     store = host.base / "store"
     other = store / "tenants" / "other" / "jobs" / "1" / "artifacts" / "secret.txt"
     other.parent.mkdir(parents=True)
     other.write_text("another tenant's model")
+    prefix = store / "tenants" / "acme" / "jobs" / "7"
     host.bundle(CODE, STORE_SCRIPT)
     agent, sent = make_agent(host, node, redis_url, artifact_url=f"file://{store}")
-    payload = start_payload(job, "c1", entrypoint=["main.py", str(other)])
+    payload = start_payload(
+        job, "c1", launcher="edl", entrypoint=["main.py", str(other), str(prefix)]
+    )
     payload["store_prefix"] = "tenants/acme/jobs/7"
     assert agent.receive(payload) == "applied", sent.reports
     run_to_exit(agent, sent)
     agent.close(stop_children=False)  # waits for the collection
     seen = output(agent, job)
-    prefix = store / "tenants" / "acme" / "jobs" / "7"
-    assert seen["checkpoint_dir"] == str(prefix / "checkpoints")
-    assert (prefix / "checkpoints" / "mine.pt").read_text() == "ckpt"  # on the shared store
-    assert seen["other"].startswith("denied")  # the rest of the store is hidden
+    assert seen["store_url"].startswith("door+unix://") and seen["aws"] == []
+    assert seen["checkpoint_dir"] == str(host.data_dir / "jobs" / job / "checkpoints")
+    assert seen["put"] == 4 and seen["listed"] == ["checkpoints/mine.pt"]
+    assert (prefix / "checkpoints" / "mine.pt").read_bytes() == b"ckpt"  # through the door
+    assert seen["traversal"] == "400" and seen["encoded"] == "400"
+    assert seen["other"].startswith("denied") and seen["prefix"].startswith("denied"), seen
+    assert not (prefix / "planted.txt").exists()
     assert (prefix / "artifacts" / "sub" / "model.bin").read_text() == "model"
     assert not (prefix / "artifacts" / "link").exists()  # a link is never followed
     stored = sent.of(ArtifactStored)
     assert [(r.kind, r.path, r.size) for r in stored] == [("user", "artifacts/sub/model.bin", 5)]
+    assert not agent.processes.doors.serves(job)  # closed once the job settled here
 
 
 def test_a_crashed_programs_artifacts_are_collected_too(
@@ -636,7 +658,8 @@ def test_a_crashed_programs_artifacts_are_collected_too(
     run_to_exit(agent, sent)
     agent.close(stop_children=False)
     assert sent.of(WorkerExited)[0].outcome == "crashed"
-    assert [r.path for r in sent.of(ArtifactStored)] == ["artifacts/crash.txt"]
+    log_text = agent.config.log_path(job, "w0").read_text()
+    assert [r.path for r in sent.of(ArtifactStored)] == ["artifacts/crash.txt"], log_text
     assert (store / "tenants/acme/jobs/8/artifacts/crash.txt").read_text() == "why it failed"
 
 

@@ -21,6 +21,7 @@ from workers.agent.config import (
 from workers.agent.limits import create_cgroups, exit_reason, is_cgroup_v2
 from workers.agent.programs import (
     JobDirs,
+    builtin_env,
     edl_env,
     job_dirs,
     program_argv,
@@ -337,33 +338,40 @@ def with_prefix(launcher: str) -> StartWorkers:
     return again
 
 
-def test_a_directory_store_binds_the_jobs_own_prefix_and_hides_the_rest(tmp_path: Path) -> None:
+DOOR = "door+unix:///run/portal-door/0123456789abcdef/store.sock"
+
+
+def test_nothing_of_a_directory_store_is_bound_into_the_sandbox(tmp_path: Path) -> None:
     store = tmp_path / "shared"
     cfg = config(tmp_path, artifact_url=f"file://{store}")
     command = with_prefix("edl")
     dirs = job_dirs(cfg, command)
-    assert dirs.store == store / "tenants/acme/jobs/7"
-    assert dirs.checkpoints == dirs.store / "checkpoints"  # CHECKPOINT_DIR outlives the node
-    env = edl_env(cfg, command, command.workers[0], dirs, "redis://edl-j1:pw@h:1/0")
-    assert options_from_env(env).store_url == f"file://{store}/tenants/acme/jobs/7"
+    assert dirs.checkpoints == dirs.root / "checkpoints"  # node-local; the door reaches the store
+    env = edl_env(cfg, command, command.workers[0], dirs, "redis://edl-j1:pw@h:1/0", DOOR)
+    assert options_from_env(env).store_url == DOOR
     assert options_from_env(env).checkpoint_keep == 2
     assert not any(name.startswith("AWS_") for name in env)
     mounts = program_mounts(cfg, dirs, "a", Path("/cache/code") / CODE, base_prefix=Path("/o"))
-    assert store in mounts.hide  # every other job's and tenant's objects
-    assert mounts.writable == (dirs.store, dirs.artifacts, dirs.scratch("a"))
+    assert store in mounts.hide  # every job's and tenant's objects, this job's too
+    assert mounts.writable == (dirs.checkpoints, dirs.artifacts, dirs.scratch("a"))
+    assert not any(store in path.parents or path == store for path in mounts.writable)
 
 
-def test_an_object_store_hands_the_runtime_its_url_and_credentials(tmp_path: Path) -> None:
+def test_an_object_stores_credentials_reach_no_program(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "the-agents-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "the-agents-secret")
     cfg = config(tmp_path, artifact_url="s3://bucket/portal")
     command = with_prefix("edl")
     dirs = job_dirs(cfg, command)
-    assert dirs.store is None and dirs.checkpoints == dirs.root / "checkpoints"
-    environ = {"AWS_ACCESS_KEY_ID": "k", "AWS_ENDPOINT_URL": "http://s3:9000", "HOME": "/root"}
-    env = edl_env(cfg, command, command.workers[0], dirs, "redis://u:p@h:1/0", environ=environ)
-    assert options_from_env(env).store_url == "s3://bucket/portal/tenants/acme/jobs/7"
-    assert env["AWS_ACCESS_KEY_ID"] == "k" and env["AWS_ENDPOINT_URL"] == "http://s3:9000"
+    env = edl_env(cfg, command, command.workers[0], dirs, "redis://u:p@h:1/0", DOOR)
+    assert options_from_env(env).store_url == DOOR
+    builtin = builtin_env(cfg, command, "a", "redis://u:p@h:1/0")
     torchrun = torchrun_env(cfg, with_prefix("torchrun"), command.workers[0], dirs)
-    assert not any(name.startswith("AWS_") for name in torchrun)
+    for each in (env, builtin, torchrun):
+        assert not any(name.startswith("AWS_") for name in each)
+        assert "the-agents" not in repr(each)
 
 
 def test_local_store_dirs() -> None:
