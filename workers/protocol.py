@@ -24,6 +24,7 @@ tests share it freely.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -77,6 +78,10 @@ ArtifactKind = Literal["checkpoint", "final", "user", "log"]
 def agent_queue(node: str) -> str:
     """Name of the Celery queue that the agent of ``node`` consumes."""
     return f"agent.{node}"
+
+
+_REDIS_PASSWORD = re.compile(r"[0-9a-f]{64}")
+"""A job's Redis password as ``workers.agent.redis_acl.derive_password`` makes it (HMAC-SHA256)."""
 
 
 MAX_RANK_ORDER = 4096
@@ -216,7 +221,11 @@ class StartWorkers(Command):
     job once this command is carried out, in the allocation's rank order (the
     runtime orders its next generation by it, survivors included); empty when
     the sender does not give it (older control planes): then only each
-    started worker's ``rank`` orders the job.
+    started worker's ``rank`` orders the job.  ``redis_password`` is the password of
+    the job's Redis user (``workers.agent.redis_acl.job_user``), which the control
+    plane made: an agent logged in as its own Redis user cannot read the secret it
+    derives from; absent (older control planes), an agent on the portal's user
+    makes the user and derives the password itself.  Never in a log or repr.
     """
 
     TYPE: ClassVar[str] = "start_workers"
@@ -238,9 +247,13 @@ class StartWorkers(Command):
     checkpoint_keep: int = 2
     checkpoint_min_seconds: float = 0.0
     rank_order: tuple[str, ...] = ()
+    redis_password: str | None = field(default=None, repr=False)
 
     def validate(self) -> None:
         super().validate()
+        if self.redis_password is not None and not _REDIS_PASSWORD.fullmatch(self.redis_password):
+            # The value is not quoted: a message may be logged.
+            raise ProtocolError("start_workers.redis_password must be 64 hexadecimal digits")
         if self.program is not None:
             if self.workload or self.args:
                 raise ProtocolError("start_workers: give either workload or program, not both")

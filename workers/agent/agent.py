@@ -30,7 +30,7 @@ from workers.agent.events import EventForwarder, JobControlLike, default_control
 from workers.agent.launch import log_tail
 from workers.agent.log_shipper import LogOffsets, LogShipper
 from workers.agent.processes import Exit, ProcessTable, ResolveCode, no_code_cache, running
-from workers.agent.redis_acl import delete_job_user, restore_job_user
+from workers.agent.redis_acl import delete_job_user, node_of_url, restore_job_user
 from workers.agent.redis_guard import guard
 from workers.agent.store import AgentStore, WorkerRecord
 from workers.artifacts import ArtifactStore
@@ -284,9 +284,20 @@ class Agent:
                 self._send(Failed(node=self.config.node, job=job, error=error))
             self.events.forget(job)
 
+    @property
+    def on_own_redis_user(self) -> bool:
+        """Whether this agent logs into Redis as its own user (``agent-<node>``), which may
+        not read the agents' secret, manage users or measure the server: the control plane
+        makes, restores and deletes job users and guards the server's memory
+        (``jobs.agent_users``)."""
+        return node_of_url(self.config.redis_url) is not None
+
     def _guard_redis(self) -> None:
         """Stop this node's jobs that hold more than their share of a full Redis
-        (``redis_guard``): their users go, and each is reported failed with the reason."""
+        (``redis_guard``): their users go, and each is reported failed with the reason.
+        Not on the agent's own Redis user (the control plane guards: see above)."""
+        if self.on_own_redis_user:
+            return
         with self._lock:
             jobs = self.processes.job_users - self._overspent
         try:
@@ -301,7 +312,10 @@ class Agent:
 
     def _restore_job_users(self) -> None:
         """Make the Redis users of this node's jobs again if a restarted Redis lost them
-        (not those the guard stopped)."""
+        (not those the guard stopped).  Not on the agent's own Redis user, which may not:
+        the control plane restores them on its tick."""
+        if self.on_own_redis_user:
+            return
         with self._lock:
             jobs = sorted(self.processes.job_users - self._overspent)
         for job in jobs:
@@ -314,6 +328,8 @@ class Agent:
 
     def _drop_job_user(self, job: str) -> None:
         self.processes.job_users.discard(job)
+        if self.on_own_redis_user:  # the control plane deletes it when the job ends
+            return
         try:
             delete_job_user(self.store.redis, job)
         except Exception:  # the control plane deletes it too when it cleans the job up

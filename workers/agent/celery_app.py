@@ -15,6 +15,17 @@ it takes, and a report sent while the broker is away is published again
 
 The app is built on first use, not at import, so importing the agent
 connects to nothing.
+
+**On its own Redis user.**  When the broker URL's user is ``agent-<node>``
+(``redis_acl.agent_rules``; the control plane makes it and ``manage.py
+agent_credentials`` prints its URL), the app asks for nothing that user may
+not do: kombu's transport without scripts (``workers.agent.broker_redis``),
+its unacknowledged commands under its own keys (``agent_unacked_keys``), no
+queue declared (it may not write kombu's binding tables; the control plane
+declares every queue, the agent's own included, when it sends), no remote
+control and no events, worker heartbeats included (all are pidbox or event
+channels, and the user has none).  Reports and heartbeats are ordinary
+tasks on their queues, which the user may push to.
 """
 
 from __future__ import annotations
@@ -22,9 +33,14 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping
+from typing import Any
 
 from celery import Celery
+from celery.app import amqp as celery_amqp
+from celery.app import events as celery_events
+from celery.events import dispatcher as celery_dispatcher
 
+from workers.agent.redis_acl import agent_unacked_keys, node_of_url
 from workers.protocol import REPORTS_QUEUE
 from workers.signing import DEFAULT_MAX_AGE_S
 
@@ -78,9 +94,71 @@ def visibility_timeout(environ: Mapping[str, str] | None = None) -> int:
     return seconds
 
 
+class UndeclaredQueues(celery_amqp.Queues):  # type: ignore[misc]  # Celery ships no types
+    """Celery's queues, none of which is ever declared (``no_declare``): an agent on its own
+    user sends to queues the control plane declared, and consumes its own, which the
+    control plane declares with every command it sends."""
+
+    def __setitem__(self, name: str, queue: Any) -> None:
+        queue.no_declare = True
+        super().__setitem__(name, queue)
+
+
+class OwnUserAMQP(celery_amqp.AMQP):  # type: ignore[misc]  # Celery ships no types
+    """Celery's AMQP layer with ``UndeclaredQueues``."""
+
+    queues_cls = UndeclaredQueues
+
+
+class SilentDispatcher(celery_dispatcher.EventDispatcher):  # type: ignore[misc]  # Celery ships no types
+    """An event dispatcher that is never enabled: worker heartbeats and task events would
+    go out on an event channel (Redis PUBLISH), which an agent's own user may not use."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["enabled"] = False
+        super().__init__(*args, **kwargs)
+
+    def enable(self) -> None:
+        """Stay disabled (remote control's ``enable_events`` included)."""
+
+
+class SilentEvents(celery_events.Events):  # type: ignore[misc]  # Celery ships no types
+    """Celery's events with ``SilentDispatcher``."""
+
+    dispatcher_cls = "workers.agent.celery_app:SilentDispatcher"
+
+
+BROKER_TRANSPORT = "workers.agent.broker_redis:Transport"
+"""The transport of an agent on its own Redis user (no scripts)."""
+
+
+def own_user_node(broker: str) -> str | None:
+    """The node whose own Redis user ``broker`` logs in as (``agent-<node>``), else None."""
+    return node_of_url(broker) if broker.startswith(("redis://", "rediss://")) else None
+
+
 def make_app(broker: str, environ: Mapping[str, str] | None = None) -> Celery:
-    """A Celery app for the agent protocol on ``broker``."""
-    app = Celery("workers.agent", broker=broker, set_as_current=False)
+    """A Celery app for the agent protocol on ``broker`` (on an agent's own Redis user, one
+    that needs no right the user lacks: see the module docstring)."""
+    node = own_user_node(broker)
+    options: dict[str, Any] = {"visibility_timeout": visibility_timeout(environ)}
+    if node is None:
+        app = Celery("workers.agent", broker=broker, set_as_current=False)
+    else:
+        app = Celery(
+            "workers.agent",
+            broker=broker,
+            set_as_current=False,
+            amqp=OwnUserAMQP,
+            events=SilentEvents,
+        )
+        options.update(agent_unacked_keys(node))
+        app.conf.update(
+            broker_transport=BROKER_TRANSPORT,
+            worker_enable_remote_control=False,
+            worker_send_task_events=False,
+            task_send_sent_event=False,
+        )
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -90,7 +168,7 @@ def make_app(broker: str, environ: Mapping[str, str] | None = None) -> Celery:
         # run completes or repeats nothing, docs/agent.md); a message that kills the agent
         # every time stops coming back once its envelope is stale (the signing window).
         task_reject_on_worker_lost=True,
-        broker_transport_options={"visibility_timeout": visibility_timeout(environ)},
+        broker_transport_options=options,
         worker_prefetch_multiplier=1,
         task_default_queue=REPORTS_QUEUE,
         broker_connection_retry_on_startup=True,

@@ -48,9 +48,18 @@ it).  A job's user cannot read that key (it is outside ``edl:J:*``).
 
 ``ensure_job_user`` is idempotent (``reset`` first, so a refresh changes
 nothing); ``restore_job_user`` makes a user again that a restarted server
-lost (the agent asks on every heartbeat for the jobs it runs); ``delete_job_user`` is for the agent when a job ends on its node
-and for the control plane when it cleans a job up (deleting a user also
-disconnects its clients).
+lost (the control plane on its tick for its running jobs; an agent still on
+the portal's user on every heartbeat for the jobs it runs);
+``delete_job_user`` is for the agent when a job ends on its node and for
+the control plane when it cleans a job up (deleting a user also disconnects
+its clients).
+
+Agents' own users (below, ``agent_rules``): on Redis 7 each node's agent
+logs in as ``agent-<node>``, whose password derives from the same secret
+under another label (``agent_password``).  Only the control plane, on the
+portal's user, reads the secret: it makes job users and agent users
+(``ensure_agent_user``, ``jobs.agent_users``) and hands a job's password to
+its agents in the signed ``StartWorkers``.
 """
 
 from __future__ import annotations
@@ -58,9 +67,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import redis
 
@@ -121,8 +131,7 @@ def agents_secret(client: redis.Redis) -> bytes:
     fresh = secrets.token_hex(32)
     client.set(SECRET_KEY, fresh, nx=True)
     raw: Any = client.get(SECRET_KEY)
-    value = raw.decode() if isinstance(raw, bytes) else str(raw)
-    return value.encode()
+    return _text(raw).encode()
 
 
 def ensure_job_user(client: redis.Redis, job: str) -> str:
@@ -273,9 +282,130 @@ KOMBU_SEP = "\x06\x16"
 """kombu's separator in its Redis key names (a queue's priority lists, binding members)."""
 
 
+AGENT_USER_PREFIX = "agent-"
+
+RESERVED_NODES = frozenset({"acl", "net", "forwarded"})
+"""Node names whose own keys (``agent:N:*``) would be the portal's or every job's:
+``agent:acl:*`` (the secret), ``agent:net:*`` and ``agent:forwarded:*`` (all jobs')."""
+
+
 def agent_user(node: str) -> str:
-    """The Redis user of ``node``'s agent (not yet what agents log in as: see ``agent_rules``)."""
-    return f"agent-{node}"
+    """The Redis user of ``node``'s agent (``agent_rules``; the control plane makes it)."""
+    return f"{AGENT_USER_PREFIX}{node}"
+
+
+def agent_password(secret: bytes, node: str) -> str:
+    """The password of ``node``'s agent user: HMAC-SHA256 of ``agent:<node>`` under the
+    agents' secret.  A job id never holds a ``:`` (``workers.schema.check_name``), so no
+    agent's password is ever a job's (``derive_password``)."""
+    return hmac.new(secret, f"agent:{node}".encode(), hashlib.sha256).hexdigest()
+
+
+def node_of_url(url: str) -> str | None:
+    """The node whose agent user ``url`` logs in as (``agent-<node>``); None for any other
+    user (the portal's, a job's, the default)."""
+    user = urlsplit(url).username or ""
+    if not user.startswith(AGENT_USER_PREFIX):
+        return None
+    return unquote(user.removeprefix(AGENT_USER_PREFIX)) or None
+
+
+def supports_agent_users(client: redis.Redis) -> bool:
+    """Whether the server has key selectors (Redis 7 or later), which ``agent_rules`` needs."""
+    info: Any = client.info("server")
+    return int(str(info.get("redis_version", "0")).split(".")[0]) >= 7
+
+
+def _rules_digest_key(node: str) -> str:
+    """Where the control plane keeps a digest of the rules it last gave ``node``'s user
+    (under ``agent:acl:``, which only the portal's user reaches)."""
+    return f"agent:acl:rules:{node}"
+
+
+def ensure_agent_users(
+    client: redis.Redis, hosted: Mapping[str, Iterable[str]], send_to: tuple[str, ...] = ()
+) -> list[str]:
+    """Give each node's agent user of ``hosted`` the rules for its jobs and ``send_to``
+    (``agent_rules``), unless it has them already; the nodes whose user was set.
+
+    For the control plane (the portal's user): the password derives from the
+    agents' secret, so every control-plane process gives the same one.  The
+    rules' digest is kept beside the secret: a user the server lost (a
+    restart), or rules that changed, are set again; otherwise nothing is
+    written (three round trips read everything, one pipeline writes).
+    Changing a user's rules keeps its connections (the agent's consumer).
+    """
+    nodes = sorted(hosted)
+    if not nodes:
+        return []
+    secret = agents_secret(client)
+    users = acl_users(client)
+    kept: list[Any] = client.mget([_rules_digest_key(node) for node in nodes])
+    writes = client.pipeline(transaction=False)
+    changed = []
+    for node, digest_kept in zip(nodes, kept, strict=True):
+        jobs = tuple(sorted(set(hosted[node])))
+        rules = agent_rules(node, agent_password(secret, node), jobs, send_to)
+        digest = hashlib.sha256("\n".join(rules).encode()).hexdigest()
+        if agent_user(node) in users and digest_kept is not None and _text(digest_kept) == digest:
+            continue
+        writes.execute_command("ACL", "SETUSER", agent_user(node), *rules)  # type: ignore[no-untyped-call]
+        writes.set(_rules_digest_key(node), digest)
+        changed.append(node)
+    if changed:
+        writes.execute()
+    return changed
+
+
+def ensure_agent_user(
+    client: redis.Redis, node: str, jobs: Iterable[str] = (), send_to: tuple[str, ...] = ()
+) -> bool:
+    """``ensure_agent_users`` for one node; True when its user was set."""
+    return bool(ensure_agent_users(client, {node: jobs}, send_to))
+
+
+def acl_users(client: redis.Redis) -> set[str]:
+    """The names of every user the server knows (one ``ACL USERS``)."""
+    names: Any = client.execute_command("ACL", "USERS")  # type: ignore[no-untyped-call]
+    return {_text(name) for name in names}
+
+
+def restore_job_users(client: redis.Redis, jobs: Iterable[str]) -> list[str]:
+    """``restore_job_user`` for many jobs in three round trips; the jobs made again."""
+    jobs = sorted(set(jobs))
+    if not jobs:
+        return []
+    users = acl_users(client)
+    lost = [job for job in jobs if job_user(job) not in users]
+    if lost:
+        secret = agents_secret(client)
+        writes = client.pipeline(transaction=False)
+        for job in lost:
+            rules = job_rules(job, derive_password(secret, job))
+            writes.execute_command("ACL", "SETUSER", job_user(job), *rules)  # type: ignore[no-untyped-call]
+        writes.execute()
+    return lost
+
+
+def agent_user_exists(client: redis.Redis, node: str) -> bool:
+    """Whether the server knows ``node``'s agent user."""
+    found = client.execute_command("ACL", "GETUSER", agent_user(node))  # type: ignore[no-untyped-call]
+    return found is not None
+
+
+def delete_agent_user(client: redis.Redis, node: str) -> None:
+    """Remove ``node``'s agent user and its rules' digest (its connections are closed)."""
+    client.execute_command("ACL", "DELUSER", agent_user(node))  # type: ignore[no-untyped-call]
+    client.delete(_rules_digest_key(node))
+
+
+def agent_url(base_url: str, client: redis.Redis, node: str) -> str:
+    """The ``REDIS_URL`` ``node``'s agent logs in with (``base_url``'s server and database)."""
+    return url_for(base_url, agent_user(node), agent_password(agents_secret(client), node))
+
+
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
 def agent_unacked_keys(node: str) -> dict[str, str]:
@@ -316,7 +446,11 @@ def agent_rules(
     (``no_declare``), no remote control, events, gossip or mingle (pidbox
     channels); and the control plane must create and restore job users (the
     agent can no longer read ``agent:acl:secret``).  See docs/security.md.
+
+    A node named after a key space of everyone's (``RESERVED_NODES``) is refused.
     """
+    if node in RESERVED_NODES:
+        raise ValueError(f"node {node!r} cannot have an agent user: agent:{node}:* is shared")
     queue = f"agent.{node}"
     own = [
         f"~agent:{node}:*",
