@@ -3,7 +3,8 @@
 Runs inside the tick's transaction: holdings (``jobs.holdings``), job state,
 parallelism and events (``jobs.lifecycle``) change together or not at all; the
 agents hear about it only once the transaction has committed
-(``Outbox.send_on_commit``).
+(``Outbox.send_on_commit``), after their Redis users know the jobs they start
+(``jobs.control.agent_users``).
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from fabric.topology import FabricSpec
 from jobs import holdings
 from jobs.agent_commands import GpuHome, membership_commands
 from jobs.choices import EventKind, JobState
+from jobs.control import agent_users
 from jobs.lifecycle import Batch, broadcast
 from jobs.models import Job
 from jobs.outbox import Outbox, launch_of
 from scheduler.binding import Bound
+from workers.protocol import Command
 
 
 def note_waiting(job_ids: Mapping[int, str], now: datetime) -> None:
@@ -106,6 +109,7 @@ def apply_bound(
     order = [pk for pk in moves if pk in live]  # the binding's order, as before
     holdings.store_many([(live[pk], moves[pk].allocation) for pk in order], spec)
     batch = Batch()
+    commands: list[tuple[str, Command]] = []
     for pk in order:
         job, item = live[pk], moves[pk]
         old, new = item.old_gpus, item.new_gpus
@@ -151,7 +155,12 @@ def apply_bound(
                 reason=f"switching {len(old)}→{len(new)} GPUs without stopping",
                 data={"from": list(old), "to": list(new)},
             )
-        outbox.extend(membership_commands(launch_of(job), old, new, homes, reason=reason))
+        commands += membership_commands(launch_of(job), old, new, homes, reason=reason)
         broadcast(job, "job.updated")
     batch.flush()
+    # Starts carry their jobs' Redis passwords; on commit, before the outbox sends them,
+    # the jobs' users are made and the nodes' agent users given their keys (agent_users).
+    commands = agent_users.with_job_passwords(commands)
+    agent_users.dispatched_on_commit(commands)
+    outbox.extend(commands)
     return order

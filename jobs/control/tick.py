@@ -13,6 +13,8 @@
         3. snapshot → policy (scheduler/) → bind on the vClos allocator (fabric/)
            → GPU/cable rows, states, events
     └─ on commit: agent commands to ``agent.<node>``, live updates to browsers
+    then, every AGENT_USERS_SYNC_SECONDS: the agents' and jobs' Redis users
+    (jobs.control.agent_users: rules, restores, deletions, the memory guard)
 
 The cluster, the allocator and the snapshot come from a ``ClusterSource``
 (``jobs.control.incremental``): by default the state kept in this process
@@ -49,6 +51,7 @@ from inventory.services import do_mark_silent_servers_down
 from jobs import holdings
 from jobs.agent_commands import job_id_from_name, runtime_job_name
 from jobs.choices import EventKind, JobState
+from jobs.control import agent_users
 from jobs.control.apply import apply_bound, note_waiting
 from jobs.control.incremental import ClusterSource, forget, source_for_tick
 from jobs.control.limits import stop_jobs_at_limit
@@ -169,6 +172,7 @@ def run_tick(
             log.warning("the tick outlived its lock (%.0f s)", lock_timeout_s)
     duration = time.perf_counter() - started
     record_tick(duration)
+    agent_users.maintain()  # the agents' and jobs' Redis users, every few seconds
     return dataclasses.replace(result, duration_s=duration)
 
 

@@ -170,6 +170,15 @@ if not 0 < BROKER_VISIBILITY_TIMEOUT_SECONDS < AGENT_MESSAGE_MAX_AGE_SECONDS:
         "AGENT_MESSAGE_MAX_AGE_SECONDS: a redelivered message must still be fresh"
     )
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": BROKER_VISIBILITY_TIMEOUT_SECONDS}
+# Each node's agent logs into Redis as its own user (agent-<node>, jobs.agent_users): "on",
+# "off", or "auto" (on where the server has key selectors, Redis 7; the embedded server is
+# 6.2). The control plane keeps the users' rules every AGENT_USERS_SYNC_SECONDS; agents may
+# push to AGENT_REPORT_QUEUES (the queues of their --reports-queue and --heartbeats-queue).
+AGENT_REDIS_USERS = env_str("AGENT_REDIS_USERS", "auto").lower()
+if AGENT_REDIS_USERS not in ("on", "off", "auto"):
+    raise ImproperlyConfigured("AGENT_REDIS_USERS must be on, off or auto")
+AGENT_USERS_SYNC_SECONDS = env_float("AGENT_USERS_SYNC_SECONDS", 5.0)
+AGENT_REPORT_QUEUES = env_list("AGENT_REPORT_QUEUES", ["portal", "heartbeats"])
 # Committed agent commands are published by a sender thread of the process that committed
 # them (jobs.command_sender), in order; 0: published in the committing thread.
 AGENT_SEND_IN_BACKGROUND = env_bool("AGENT_SEND_IN_BACKGROUND", True)

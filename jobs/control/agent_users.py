@@ -1,0 +1,255 @@
+"""Each node's agent on a Redis user of its own: the control plane makes and keeps them.
+
+An agent on the portal's Redis user could read ``agent:acl:secret`` (every
+job's Redis password), every agent's commands and the control plane's
+queues.  Where the server has key selectors (Redis 7), each agent logs in as
+``agent-<node>`` (``workers.agent.redis_acl.agent_rules``): its own keys and
+queue, the keys of the jobs it hosts, a push onto the report queues
+(``AGENT_REPORT_QUEUES``).  Only the control plane, on the portal's user,
+reads the secret, so it makes every user::
+
+    dispatch (jobs.control.apply.apply_bound, inside the tick's or a move's transaction)
+      ├─ every StartWorkers carries its job's password ............ with_job_passwords
+      └─ on commit, before the commands are published ............. dispatched
+           the jobs' users made; each target node's user given the jobs' keys
+    tick (jobs.control.tick.run_tick, after its transaction,
+          every AGENT_USERS_SYNC_SECONDS) ......................... maintain
+      ├─ each node's user: the jobs it hosts now (ACL SETUSER only where they changed)
+      ├─ users of jobs holding GPUs that a restarted server lost: made again
+      ├─ users of jobs no node hosts any more: deleted
+      └─ jobs over their share of a full server: users and keys gone, the job failed
+           (``workers.agent.redis_guard``; an agent on its own user may not measure)
+
+A node hosts a job (``hosted_jobs``) while it holds one of the job's GPUs,
+while its newest heartbeat lists one of the job's processes (a stop in
+progress), and for ``DISPATCH_GRACE_S`` after a StartWorkers was sent to it
+(before its first heartbeat lists the processes); then the job's keys leave
+its user's rules.
+
+``AGENT_REDIS_USERS``: ``on``, ``off``, or ``auto`` (on where the server has
+key selectors; the embedded server is 6.2).  Off, nothing here runs: agents
+on the portal's user make their jobs' users themselves, as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import time
+from collections.abc import Collection, Iterable, Sequence
+
+import redis
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from inventory.models import Server
+from inventory.services import listed_jobs
+from jobs.agent_commands import job_id_from_name, runtime_job_name
+from jobs.control.endings import fail_or_retry
+from jobs.models import Job, JobGpu
+from utilities.redis_clients import shared_redis
+from workers.agent.redis_acl import (
+    RESERVED_NODES,
+    agents_secret,
+    delete_job_user,
+    derive_password,
+    ensure_agent_users,
+    ensure_job_user,
+    restore_job_users,
+    supports_agent_users,
+)
+from workers.agent.redis_guard import guard
+from workers.protocol import Command, Migrate, StartWorkers
+
+log = logging.getLogger(__name__)
+
+DISPATCH_GRACE_S = 120.0
+"""How long a node hosts a job it was sent a StartWorkers for, before any heartbeat lists
+its processes: a command reaches a live agent within seconds; one still queued after this
+found its agent down, and the tick has moved the job elsewhere."""
+
+SENT_KEY = "agent:acl:sent:{node}"
+"""The jobs a node was sent a StartWorkers for, scored by when (the portal's keys alone)."""
+
+JOBS_KEY = "agent:acl:jobs"
+"""The jobs whose users this control plane made: deleted once no node hosts them."""
+
+_support: dict[str, bool] = {}
+_next_maintain = [0.0]
+
+
+def _client() -> redis.Redis:
+    return shared_redis()
+
+
+def enabled() -> bool:
+    """Whether agents log in as their own users (``AGENT_REDIS_USERS``; ``auto`` asks the
+    server once per process whether it has key selectors)."""
+    mode = str(settings.AGENT_REDIS_USERS)
+    if mode != "auto":
+        return mode == "on"
+    url = str(settings.REDIS_URL)
+    if url not in _support:
+        try:
+            _support[url] = supports_agent_users(_client())
+        except redis.RedisError:  # asked again next time
+            log.warning("cannot tell whether Redis has key selectors", exc_info=True)
+            return False
+    return _support[url]
+
+
+def send_to() -> tuple[str, ...]:
+    """The queues agents push reports and heartbeats onto."""
+    return tuple(settings.AGENT_REPORT_QUEUES)
+
+
+def _start_of(command: Command) -> StartWorkers | None:
+    if isinstance(command, StartWorkers):
+        return command
+    if isinstance(command, Migrate):
+        return command.joining
+    return None
+
+
+def _with_password(command: Command, secret: bytes) -> Command:
+    if isinstance(command, StartWorkers):
+        return dataclasses.replace(command, redis_password=derive_password(secret, command.job))
+    if isinstance(command, Migrate):
+        joining = dataclasses.replace(
+            command.joining, redis_password=derive_password(secret, command.job)
+        )
+        return dataclasses.replace(command, joining=joining)
+    return command
+
+
+def with_job_passwords(commands: Sequence[tuple[str, Command]]) -> list[tuple[str, Command]]:
+    """``commands`` with every StartWorkers (a Migrate's too) carrying its job's Redis
+    password, which an agent on its own user cannot derive; unchanged when agent users are
+    off.  The users themselves are made on commit (``dispatched``)."""
+    if not enabled() or not any(_start_of(c) is not None for _, c in commands):
+        return list(commands)
+    secret = agents_secret(_client())
+    return [(node, _with_password(command, secret)) for node, command in commands]
+
+
+def dispatched_on_commit(commands: Sequence[tuple[str, Command]]) -> None:
+    """Register ``dispatched`` with the current transaction (before the outbox's sending,
+    which its caller registers after)."""
+    starts = [(node, c) for node, c in commands if _start_of(c) is not None]
+    if starts and enabled():
+        transaction.on_commit(functools.partial(dispatched, starts))
+
+
+def dispatched(commands: Sequence[tuple[str, Command]], now: float | None = None) -> None:
+    """Committed starts, before they are published: each job's user made, each target
+    node's user given the job's keys.  Redis away: logged; the tick's ``maintain`` does it."""
+    starts = sorted(
+        {(node, start.job) for node, c in commands if (start := _start_of(c)) is not None}
+    )
+    if not starts:
+        return
+    client, at = _client(), time.time() if now is None else now
+    try:
+        writes = client.pipeline(transaction=False)
+        for node, job in starts:
+            writes.zadd(SENT_KEY.format(node=node), {job: at})
+            writes.sadd(JOBS_KEY, job)
+        writes.execute()
+        for job in sorted({job for _, job in starts}):
+            ensure_job_user(client, job)
+        sync_nodes({node for node, _ in starts}, now=at)
+    except redis.RedisError:
+        log.exception("could not make the Redis users of %d started jobs", len(starts))
+
+
+def hosted_jobs(nodes: Collection[str], now: float | None = None) -> dict[str, set[str]]:
+    """The jobs each of ``nodes`` hosts (see the module docstring)."""
+    hosted: dict[str, set[str]] = {node: set() for node in nodes}
+    if not hosted:
+        return hosted
+    held = JobGpu.objects.filter(gpu__server__node__in=list(hosted))
+    for node, job_id in held.values_list("gpu__server__node", "job_id"):
+        hosted[node].add(runtime_job_name(job_id))
+    for node, info in Server.objects.filter(node__in=list(hosted)).values_list(
+        "node", "agent_info"
+    ):
+        hosted[node] |= listed_jobs(info if isinstance(info, dict) else {})
+    at = time.time() if now is None else now
+    client = _client()
+    reads = client.pipeline(transaction=False)
+    order = sorted(hosted)
+    for node in order:
+        key = SENT_KEY.format(node=node)
+        reads.zremrangebyscore(key, "-inf", at - DISPATCH_GRACE_S)
+        reads.zrange(key, 0, -1)
+    answers = reads.execute()
+    for node, members in zip(order, answers[1::2], strict=True):
+        hosted[node] |= {m.decode() if isinstance(m, bytes) else str(m) for m in members}
+    return hosted
+
+
+def _usable(nodes: Iterable[str]) -> set[str]:
+    """``nodes`` but those that cannot have an agent user (logged)."""
+    nodes = set(nodes)
+    for node in sorted(nodes & RESERVED_NODES):
+        log.error("node %r cannot have an agent user (its keys would be shared ones)", node)
+    return nodes - RESERVED_NODES
+
+
+def sync_nodes(nodes: Iterable[str], now: float | None = None) -> list[str]:
+    """Give each node's agent user the keys of the jobs it hosts now; the nodes whose rules
+    changed (``ACL SETUSER`` only for those)."""
+    return _sync(_client(), hosted_jobs(_usable(nodes), now))
+
+
+def _sync(client: redis.Redis, hosted: dict[str, set[str]]) -> list[str]:
+    changed = ensure_agent_users(client, hosted, send_to())
+    if changed:
+        log.info("agent users updated: %s", ", ".join(changed))
+    return changed
+
+
+def maintain(now: float | None = None, *, force: bool = False) -> None:
+    """The tick's care of Redis users (see the module docstring), at most every
+    ``AGENT_USERS_SYNC_SECONDS`` unless ``force``; Redis away: logged, tried next time."""
+    if not enabled():
+        return
+    if not force and time.monotonic() < _next_maintain[0]:
+        return
+    _next_maintain[0] = time.monotonic() + float(settings.AGENT_USERS_SYNC_SECONDS)
+    client = _client()
+    try:
+        hosted = hosted_jobs(_usable(Server.objects.values_list("node", flat=True)), now)
+        _sync(client, hosted)
+        running = sorted(
+            {runtime_job_name(pk) for pk in JobGpu.objects.values_list("job_id", flat=True)}
+        )
+        for job in restore_job_users(client, running):
+            log.warning("Redis had lost the user of job %s: made it again", job)
+        _delete_unhosted_job_users(client, set().union(set(running), *hosted.values()))
+        _guard(client, running)
+    except Exception:  # Redis or the database away: the tick goes on, the next one tries
+        log.warning("could not look after the agents' and jobs' Redis users", exc_info=True)
+
+
+def _delete_unhosted_job_users(client: redis.Redis, hosted: set[str]) -> None:
+    """Delete the users this control plane made of jobs no node hosts any more."""
+    made = {m.decode() if isinstance(m, bytes) else str(m) for m in client.smembers(JOBS_KEY)}
+    for job in sorted(made - hosted):
+        delete_job_user(client, job)
+        client.srem(JOBS_KEY, job)
+        log.info("deleted the Redis user of job %s: no node hosts it", job)
+
+
+def _guard(client: redis.Redis, running: Sequence[str]) -> None:
+    """Stop the jobs over their share of a full server (``redis_guard``) and fail them with
+    the reason (retried while restarts remain)."""
+    for stopped in guard(client, running):
+        log.warning("job %s stopped: %s", stopped.job, stopped.reason)
+        job_id = job_id_from_name(stopped.job)
+        with transaction.atomic():
+            job = Job.objects.select_for_update().filter(pk=job_id).first()
+            if job is not None:
+                fail_or_retry(job, stopped.reason, timezone.now())

@@ -1,0 +1,204 @@
+"""Agents' own Redis users, made and kept by the control plane (``jobs.control.agent_users``).
+
+On the real Redis 7 of ``REDIS_URL`` (key selectors; skipped without it) and
+the real database: a tick places a job on a node of the test's own, and what
+that node's agent may do with the credentials ``manage.py
+agent_credentials`` prints is tried command by command.  Node names are the
+test's own: ACL users are the whole server's, shared with every other run.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis
+from django.core.management import call_command
+from django.test import override_settings
+from django.utils import timezone
+
+from inventory.services import do_heartbeat, do_load_topology
+from jobs.control import agent_users
+from jobs.control.tick import run_tick
+from jobs.models import Job
+from jobs.services import check_job_spec, do_cancel_job, do_submit_job
+from tests.jobs.control_helpers import drain_queue
+from workers.agent.redis_acl import (
+    agent_user,
+    agents_secret,
+    delete_agent_user,
+    delete_job_user,
+    derive_password,
+    job_user,
+    url_for,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Two nodes of the test's own (one leaf, two GPUs each) and the portal's client."""
+
+    node: str
+    other: str
+    url: str
+    admin: redis.Redis
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    url = os.environ.get("REDIS_URL")
+    if not url:
+        pytest.skip("no REDIS_URL: agents' own users are tried on the shared Redis 7")
+    from django.conf import settings
+
+    admin = redis.Redis.from_url(str(settings.REDIS_URL))
+    if int(str(admin.info("server")["redis_version"]).split(".")[0]) < 7:
+        pytest.skip("agents' own users need Redis 7's key selectors")
+    tag = uuid.uuid4().hex[:8]
+    nodes = [f"own-{tag}-a", f"own-{tag}-b"]
+    servers = [{"leaf": 0, "slot": i, "node": node} for i, node in enumerate(nodes)]
+    spec = {"leaves": 1, "spines": 1, "servers_per_leaf": 2, "gpus_per_server": 2}
+    do_load_topology({**spec, "servers": servers})
+    for node in nodes:
+        do_heartbeat(node=node, info={"slots": 2}, at=timezone.now())
+    with override_settings(AGENT_REDIS_USERS="on", AGENT_SEND_IN_BACKGROUND=False):
+        yield Cluster(nodes[0], nodes[1], str(settings.REDIS_URL), admin)
+    for node in nodes:
+        delete_agent_user(admin, node)
+        for pattern in (f"*{node}*", f"agent:acl:*:{node}"):
+            for key in admin.scan_iter(match=pattern):
+                admin.delete(key)
+
+
+def credentials(node: str) -> str:
+    """What ``manage.py agent_credentials NODE`` prints: the agent's ``REDIS_URL``."""
+    out = io.StringIO()
+    call_command("agent_credentials", node, stdout=out)
+    return out.getvalue().strip()
+
+
+def place(user: Any, tenant: Any, gpus: int = 2) -> Job:
+    """Submit a job and let one tick place it; its commands are taken off the queues."""
+    data = {"name": "own", "workload": "mlp-digits", "gpus": gpus}
+    job = do_submit_job(user=user, tenant=tenant, spec=check_job_spec(tenant=tenant, data=data))
+    assert run_tick(policy="fifo").ran
+    job.refresh_from_db()
+    assert job.state == "running"
+    return job
+
+
+def refused(client: redis.Redis, *command: Any) -> bool:
+    """Whether ``client`` is refused ``command`` (NOPERM)."""
+    try:
+        client.execute_command(*command)  # type: ignore[no-untyped-call]
+    except redis.exceptions.NoPermissionError:
+        return True
+    return False
+
+
+def test_a_start_carries_its_jobs_password_and_the_node_reaches_the_jobs_keys_only(
+    cluster: Cluster, alice: Any, acme: Any
+) -> None:
+    job = place(alice, acme)
+    name = f"job-{job.pk}"
+    sent = {node: drain_queue(node) for node in (cluster.node, cluster.other)}
+    [(host, start)] = [(n, c) for n, cs in sent.items() for c in cs if c["type"] == "start_workers"]
+    password = derive_password(agents_secret(cluster.admin), name)
+    assert start["redis_password"] == password
+    as_job = redis.Redis.from_url(url_for(cluster.url, job_user(name), password))
+    assert as_job.set(f"edl:{name}:k", "v")  # the control plane made the job's user
+
+    agent = redis.Redis.from_url(credentials(host))
+    assert agent.get(f"edl:{name}:k") == b"v"  # the job its node hosts
+    foreign = f"edl:job-{uuid.uuid4().hex[:6]}:k"  # a job it does not host
+    cluster.admin.set(foreign, "theirs")
+    other_node = cluster.other if host == cluster.node else cluster.node
+    probes = [
+        ("GET", "agent:acl:secret"),
+        ("GET", foreign),
+        ("SET", foreign, "mine"),
+        ("LRANGE", f"agent.{other_node}", "0", "-1"),
+        ("LPOP", f"agent.{other_node}"),
+        ("LRANGE", "portal", "0", "-1"),
+        ("LPOP", "portal"),
+        ("EVAL", "return 1", "0"),
+        ("SUBSCRIBE", "anything"),
+        ("ACL", "SETUSER", agent_user(host), "~*"),
+    ]
+    allowed = [p for p in probes if not refused(agent, *p)]
+    assert allowed == [], f"the agent's user may run: {allowed}"
+    cluster.admin.delete(foreign)
+    before = cluster.admin.llen("portal")
+    assert agent.lpush("portal", "x") == before + 1  # it may report
+    cluster.admin.lrem("portal", 1, "x")
+
+
+def test_the_control_planes_update_removes_an_ended_jobs_keys_from_the_agents_rules(
+    cluster: Cluster, alice: Any, acme: Any
+) -> None:
+    job = place(alice, acme, gpus=4)  # both nodes
+    name = f"job-{job.pk}"
+    agents = {
+        node: redis.Redis.from_url(credentials(node)) for node in (cluster.node, cluster.other)
+    }
+    assert all(a.set(f"edl:{name}:k", node) for node, a in agents.items())
+    do_cancel_job(user=alice, job_id=job.pk)
+    # Its processes still run on one node (its newest heartbeat lists them): that node keeps
+    # the job's keys until they are gone; the other, whose heartbeat no longer lists any,
+    # loses them once the StartWorkers it was sent is past its grace.
+    worker = {"job": name, "worker_id": "w0", "slot": 0, "pid": 1234, "generation": 0}
+    do_heartbeat(node=cluster.node, info={"slots": 2, "workers": [worker]}, at=timezone.now())
+    later = time.time() + agent_users.DISPATCH_GRACE_S + 1
+    agent_users.maintain(later, force=True)
+    assert agents[cluster.node].get(f"edl:{name}:k") is not None
+    assert refused(agents[cluster.other], "GET", f"edl:{name}:k")
+    assert job_user(name) in set(cluster.admin.acl_users())
+
+    do_heartbeat(node=cluster.node, info={"slots": 2, "workers": []}, at=timezone.now())
+    agent_users.maintain(later, force=True)
+    assert refused(agents[cluster.node], "GET", f"edl:{name}:k")
+    assert job_user(name) not in set(cluster.admin.acl_users())
+
+
+def test_the_tick_makes_again_the_users_a_restarted_redis_lost(
+    cluster: Cluster, alice: Any, acme: Any
+) -> None:
+    job = place(alice, acme, gpus=4)
+    name = f"job-{job.pk}"
+    url = credentials(cluster.node)
+    delete_agent_user(cluster.admin, cluster.node)
+    delete_job_user(cluster.admin, name)
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        redis.Redis.from_url(url).ping()
+
+    agent_users.maintain(force=True)
+    assert redis.Redis.from_url(url).get(f"edl:{name}:nothing") is None  # back, same password
+    password = derive_password(agents_secret(cluster.admin), name)
+    assert redis.Redis.from_url(url_for(cluster.url, job_user(name), password)).ping()
+
+
+def test_an_agent_user_is_set_only_when_its_rules_change(cluster: Cluster) -> None:
+    assert agent_users.sync_nodes([cluster.node]) == [cluster.node]
+    assert agent_users.sync_nodes([cluster.node]) == []  # nothing changed: no ACL SETUSER
+
+
+def test_with_agent_users_off_a_start_carries_no_password_and_no_user_is_made(
+    cluster: Cluster, alice: Any, acme: Any
+) -> None:
+    with override_settings(AGENT_REDIS_USERS="off"):
+        job = place(alice, acme)
+        commands = drain_queue(cluster.node) + drain_queue(cluster.other)
+        with pytest.raises(Exception, match="agents use the portal's Redis user"):
+            credentials(cluster.node)
+    [start] = [c for c in commands if c["type"] == "start_workers"]
+    assert start["redis_password"] is None
+    users = set(cluster.admin.acl_users())
+    assert agent_user(cluster.node) not in users and job_user(f"job-{job.pk}") not in users
