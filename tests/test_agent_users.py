@@ -9,12 +9,14 @@ test's own: ACL users are the whole server's, shared with every other run.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,15 +31,19 @@ from jobs.control.tick import run_tick
 from jobs.models import Job
 from jobs.services import check_job_spec, do_cancel_job, do_submit_job
 from tests.jobs.control_helpers import drain_queue
+from tests.own_redis import own_embedded_redis
+from tests.redis_clients import one_try
 from workers.agent.redis_acl import (
     agent_user,
     agents_secret,
     delete_agent_user,
     delete_job_user,
     derive_password,
+    job_url,
     job_user,
     url_for,
 )
+from workers.protocol import Migrate, StartWorkers, StopJob, WorkerSlot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -202,3 +208,44 @@ def test_with_agent_users_off_a_start_carries_no_password_and_no_user_is_made(
     assert start["redis_password"] is None
     users = set(cluster.admin.acl_users())
     assert agent_user(cluster.node) not in users and job_user(f"job-{job.pk}") not in users
+
+
+def test_the_control_plane_stops_and_fails_a_job_over_its_share_of_a_full_redis(
+    cluster: Cluster, alice: Any, acme: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent on its own user may not measure the server: the control plane guards it."""
+    job = place(alice, acme)
+    name = f"job-{job.pk}"
+    monkeypatch.setenv("REDIS_MAXMEMORY_MB", "32")
+    with own_embedded_redis(tmp_path) as small:  # the shared server is never filled
+        admin = redis.Redis.from_url(small)
+        hog = redis.Redis.from_url(job_url(admin, small, name), retry=one_try().get_retry())
+        with contextlib.suppress(redis.exceptions.OutOfMemoryError):
+            for n in range(4 * 32):
+                hog.append(f"edl:{name}:part{n // 4}", b"x" * 2**20)
+        assert agent_users.guard_memory(admin, [name]) == [name]
+        assert job_user(name) not in set(admin.acl_users())
+        assert not list(admin.scan_iter(f"edl:{name}:*"))
+    job.refresh_from_db()
+    assert job.state in ("queued", "failed")
+    reasons = " ".join(job.events.values_list("reason", flat=True))
+    assert f"job {name} holds" in reasons and "shared Redis" in reasons
+
+
+def test_a_migrations_newcomers_and_a_scale_outs_joiners_carry_the_password_too(
+    cluster: Cluster,
+) -> None:
+    join = StartWorkers(
+        job="job-77", command_id="start-1", workload="mlp-digits", batch_size=8,
+        recovery="consistent", checkpoint_every=0, join=True,
+        workers=(WorkerSlot(worker_id="w3", slot=1),),
+    )  # fmt: skip
+    migrate = Migrate(job="job-77", command_id="migrate-1", leaving=("w0",), joining=join)
+    stop = StopJob(job="job-77", command_id="stop-1")
+    sent = agent_users.with_job_passwords([("a", migrate), ("b", join), ("c", stop)])
+    password = derive_password(agents_secret(cluster.admin), "job-77")
+    moved, joined, stopped = (command for _, command in sent)
+    assert isinstance(moved, Migrate) and moved.joining.redis_password == password
+    assert isinstance(joined, StartWorkers) and joined.redis_password == password
+    assert stopped == stop
+    assert password not in repr(sent)  # never in a log line

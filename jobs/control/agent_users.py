@@ -229,7 +229,7 @@ def maintain(now: float | None = None, *, force: bool = False) -> None:
         for job in restore_job_users(client, running):
             log.warning("Redis had lost the user of job %s: made it again", job)
         _delete_unhosted_job_users(client, set().union(set(running), *hosted.values()))
-        _guard(client, running)
+        guard_memory(client, running)
     except Exception:  # Redis or the database away: the tick goes on, the next one tries
         log.warning("could not look after the agents' and jobs' Redis users", exc_info=True)
 
@@ -243,9 +243,10 @@ def _delete_unhosted_job_users(client: redis.Redis, hosted: set[str]) -> None:
         log.info("deleted the Redis user of job %s: no node hosts it", job)
 
 
-def _guard(client: redis.Redis, running: Sequence[str]) -> None:
-    """Stop the jobs over their share of a full server (``redis_guard``) and fail them with
-    the reason (retried while restarts remain)."""
+def guard_memory(client: redis.Redis, running: Sequence[str]) -> list[str]:
+    """Stop the jobs over their share of a full server (``redis_guard``: users and keys
+    gone) and fail them with the reason (retried while restarts remain); those stopped."""
+    stopped_jobs = []
     for stopped in guard(client, running):
         log.warning("job %s stopped: %s", stopped.job, stopped.reason)
         job_id = job_id_from_name(stopped.job)
@@ -253,3 +254,5 @@ def _guard(client: redis.Redis, running: Sequence[str]) -> None:
             job = Job.objects.select_for_update().filter(pk=job_id).first()
             if job is not None:
                 fail_or_retry(job, stopped.reason, timezone.now())
+        stopped_jobs.append(stopped.job)
+    return stopped_jobs
