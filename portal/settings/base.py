@@ -170,7 +170,7 @@ if not 0 < BROKER_VISIBILITY_TIMEOUT_SECONDS < AGENT_MESSAGE_MAX_AGE_SECONDS:
         "AGENT_MESSAGE_MAX_AGE_SECONDS: a redelivered message must still be fresh"
     )
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": BROKER_VISIBILITY_TIMEOUT_SECONDS}
-# Each node's agent logs into Redis as its own user (agent-<node>, jobs.agent_users): "on",
+# Each node's agent logs into Redis as its own user (agent-<node>, jobs.control.agent_users): "on",
 # "off", or "auto" (on where the server has key selectors, Redis 7; the embedded server is
 # 6.2). The control plane keeps the users' rules every AGENT_USERS_SYNC_SECONDS; agents may
 # push to AGENT_REPORT_QUEUES (the queues of their --reports-queue and --heartbeats-queue).

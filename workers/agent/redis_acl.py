@@ -58,7 +58,7 @@ Agents' own users (below, ``agent_rules``): on Redis 7 each node's agent
 logs in as ``agent-<node>``, whose password derives from the same secret
 under another label (``agent_password``).  Only the control plane, on the
 portal's user, reads the secret: it makes job users and agent users
-(``ensure_agent_user``, ``jobs.agent_users``) and hands a job's password to
+(``ensure_agent_users``, ``jobs.control.agent_users``) and hands a job's password to
 its agents in the signed ``StartWorkers``.
 """
 
@@ -332,7 +332,7 @@ def ensure_agent_users(
     agents' secret, so every control-plane process gives the same one.  The
     rules' digest is kept beside the secret: a user the server lost (a
     restart), or rules that changed, are set again; otherwise nothing is
-    written (three round trips read everything, one pipeline writes).
+    written (four round trips read everything, one pipeline writes).
     Changing a user's rules keeps its connections (the agent's consumer).
     """
     nodes = sorted(hosted)
@@ -371,7 +371,7 @@ def acl_users(client: redis.Redis) -> set[str]:
 
 
 def restore_job_users(client: redis.Redis, jobs: Iterable[str]) -> list[str]:
-    """``restore_job_user`` for many jobs in three round trips; the jobs made again."""
+    """``restore_job_user`` for many jobs in a few round trips; the jobs made again."""
     jobs = sorted(set(jobs))
     if not jobs:
         return []
