@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import redis
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.test import override_settings
 from django.utils import timezone
 
@@ -34,6 +34,7 @@ from tests.jobs.control_helpers import drain_queue
 from tests.own_redis import own_embedded_redis
 from tests.redis_clients import one_try
 from workers.agent.redis_acl import (
+    agent_rules,
     agent_user,
     agents_secret,
     delete_agent_user,
@@ -249,3 +250,13 @@ def test_a_migrations_newcomers_and_a_scale_outs_joiners_carry_the_password_too(
     assert isinstance(joined, StartWorkers) and joined.redis_password == password
     assert stopped == stop
     assert password not in repr(sent)  # never in a log line
+
+
+@pytest.mark.parametrize("node", ["acl", "net", "forwarded"])
+def test_a_node_named_after_everyones_keys_gets_no_agent_user(node: str) -> None:
+    """``agent:acl:*`` holds the secret, ``agent:net:*`` and ``agent:forwarded:*`` every
+    job's keys: an agent user of such a node would reach them as its own keys."""
+    with pytest.raises(CommandError, match="cannot have an agent user"):
+        credentials(node)
+    with pytest.raises(ValueError, match="cannot have an agent user"):
+        agent_rules(node, "pw")
