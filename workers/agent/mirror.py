@@ -35,6 +35,7 @@ program rotated them).  Another node's objects are never deleted.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import uuid
@@ -106,7 +107,7 @@ def _number(
     except ValueError:
         kind = "a whole number" if integer else "a number"
         raise ValueError(f"{name} must be {kind}, not {raw!r}") from None
-    if not (value >= 0 if zero else value > 0) or value != value or value == float("inf"):
+    if not (value >= 0 if zero else value > 0) or not math.isfinite(value):
         raise ValueError(f"{name} must be {'zero or ' if zero else ''}positive, not {raw!r}")
     return value
 
@@ -124,66 +125,63 @@ class Pulled:
     seen: tuple[tuple[str, tuple[int, int]], ...]
 
 
+@dataclass
+class _PullRound:
+    """One pull's running counts and results."""
+
+    files: int = 0
+    total: int = 0
+    written: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    seen: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
 def pull(store: ArtifactStore, directory: Path, limits: MirrorLimits, owner: Owner) -> Pulled:
     """Copy the objects under ``checkpoints/`` of the job's ``store`` into ``directory``.
 
     A local regular file of the object's size is left alone; anything else
     at that name (a link, a FIFO, an older file) is replaced by a rename.
     """
-    written: list[str] = []
-    skipped: list[tuple[str, str]] = []
-    seen: dict[str, tuple[int, int]] = {}
     try:
         names = store.list(FOLDER)
     except (OSError, ValueError) as exc:
         return Pulled((), ((FOLDER, f"could not list the store: {exc}"),), ())
-    files = total = 0
+    work = _PullRound()
     with _local(directory, create=True, owner=owner) as top:
         for name in names:
             rel = name.removeprefix(f"{FOLDER}/")
             try:
-                why = _name_refusal(rel)
-                if why is None:
-                    files, total, why = _pull_one(
-                        store, top, rel, limits, owner, files, total, seen
-                    )
+                why = _name_refusal(rel) or _pull_one(store, top, rel, limits, owner, work)
             except (OSError, ValueError) as exc:  # the store or the folder refused: skip, go on
                 why = f"could not pull: {exc}"
-            if why is None:
-                written.append(rel)
-            elif why:
-                skipped.append((rel, why))
-    for rel, why in skipped:
+            if why:
+                work.skipped.append((rel, why))
+    for rel, why in work.skipped:
         log.warning("checkpoint %s not pulled: %s", rel, why)
-    return Pulled(tuple(written), tuple(skipped), tuple(sorted(seen.items())))
+    return Pulled(tuple(work.written), tuple(work.skipped), tuple(sorted(work.seen.items())))
 
 
 def _pull_one(
-    store: ArtifactStore,
-    top: int,
-    rel: str,
-    limits: MirrorLimits,
-    owner: Owner,
-    files: int,
-    total: int,
-    seen: dict[str, tuple[int, int]],
-) -> tuple[int, int, str | None]:
-    """(files, bytes) counted so far, and why ``rel`` was not written: "" when it was
-    already there, None when it was written."""
+    store: ArtifactStore, top: int, rel: str, limits: MirrorLimits, owner: Owner, work: _PullRound
+) -> str | None:
+    """Why ``rel`` was left out; None when it was written or was already there."""
     stream, size = store.open_sized(f"{FOLDER}/{rel}")
     with stream:
-        if files >= limits.max_files:
-            return files, total, f"more than {limits.max_files} files"
-        if total + size > limits.max_bytes:
-            return files, total, f"over the {limits.max_bytes}-byte limit"
+        if work.files >= limits.max_files:
+            return f"more than {limits.max_files} files"
+        if work.total + size > limits.max_bytes:
+            return f"over the {limits.max_bytes}-byte limit"
+        work.files += 1
+        work.total += size
         *folders, name = rel.split("/")
         with _folder(top, folders, owner) as parent:
             present = _regular_state(parent, name)
             if present is not None and present[0] == size:
-                seen[rel] = present
-                return files + 1, total + size, ""
-            seen[rel] = _write_owned(parent, name, _chunks(stream, size), owner)
-    return files + 1, total + size, None
+                work.seen[rel] = present
+                return None
+            work.seen[rel] = _write_owned(parent, name, _chunks(stream, size), owner)
+            work.written.append(rel)
+    return None
 
 
 def _regular_state(parent: int, name: str) -> tuple[int, int] | None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
@@ -18,7 +20,7 @@ from workers.agent.mirror import (
     pull,
     read_limits,
 )
-from workers.artifacts import ArtifactStore
+from workers.artifacts import ArtifactStore, StoredObject
 from workers.clock import ManualClock
 
 SETTLED = MirrorLimits(settle_s=0.0)
@@ -219,6 +221,30 @@ def test_the_byte_limit_holds_while_a_file_grows(tmp_path: Path) -> None:
     assert stored(store) == {"checkpoints/a.pt": b"a" * 6}
 
 
+class GrowingStore(ArtifactStore):
+    """A store during whose upload the program appends to the file being read."""
+
+    def __init__(self, url: str, local: Path) -> None:
+        super().__init__(url)
+        self.local = local
+
+    def put_stream(self, rel: str, chunks: Iterable[bytes]) -> StoredObject:
+        with open(self.local / rel.removeprefix("checkpoints/"), "ab") as out:
+            out.write(b"+" * 100)
+        return super().put_stream(rel, chunks)
+
+
+def test_a_file_growing_during_its_upload_is_read_no_further_than_its_size(
+    tmp_path: Path,
+) -> None:
+    local = node_dir(tmp_path, "n")
+    (local / "a.pt").write_bytes(b"a" * 6)
+    store = GrowingStore(f"file://{tmp_path / 'store'}", local)
+    pushed = Pusher(MirrorLimits(max_bytes=10, settle_s=0.0)).push(store, local, time.time())
+    assert pushed.stored == ("a.pt",)
+    assert stored(store) == {"checkpoints/a.pt": b"a" * 6}
+
+
 def test_file_count_limit(tmp_path: Path) -> None:
     store = job_store(tmp_path)
     for name in ("a", "b", "c"):
@@ -315,3 +341,105 @@ def test_checkpoint_mirror_pushes_periodically_and_survives_a_broken_store(
     mirror.finish("bad")
     assert wait_for(lambda: not mirror.busy("bad"))
     mirror.close(timeout=10)
+
+
+class BlockingStore(ArtifactStore):
+    """A store whose uploads wait until the test lets them go."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.release = threading.Event()
+
+    def put_stream(self, rel: str, chunks: Iterable[bytes]) -> StoredObject:
+        self.release.wait(10)
+        return super().put_stream(rel, chunks)
+
+
+def test_busy_holds_until_the_final_push_is_done(tmp_path: Path) -> None:
+    store = BlockingStore(f"file://{tmp_path / 'store'}")
+    local = tmp_path / "n" / "checkpoints"
+    mirror = CheckpointMirror(MirrorLimits(every_s=3600.0), ManualClock(start=time.time()))
+    mirror.begin("j", lambda: store, local, None)
+    (local / "last.pt").write_bytes(b"last")
+    mirror.finish("j")
+    time.sleep(0.05)  # the final push is now waiting in the store
+    assert mirror.busy("j")
+    store.release.set()
+    assert wait_for(lambda: not mirror.busy("j"))
+    assert store.list("checkpoints") == ["checkpoints/last.pt"]
+    mirror.close()
+
+
+def test_a_linked_checkpoint_dir_is_neither_walked_nor_emptied_in_the_store(
+    tmp_path: Path,
+) -> None:
+    store = job_store(tmp_path)
+    local = node_dir(tmp_path, "n")
+    (local / "keep.pt").write_bytes(b"k")
+    pusher = Pusher(SETTLED)
+    pusher.push(store, local, time.time())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "host.pt").write_bytes(b"host")
+    (local / "keep.pt").unlink()
+    local.rmdir()
+    local.symlink_to(elsewhere)  # the checkpoint directory itself swapped for a link
+    pushed = pusher.push(store, local, time.time(), final=True)
+    assert pushed.stored == () and pushed.deleted == ()
+    assert stored(store) == {"checkpoints/keep.pt": b"k"}
+
+
+def test_a_link_in_the_store_prefix_is_not_pulled(tmp_path: Path) -> None:
+    store = job_store(tmp_path)
+    store.put_bytes("checkpoints/real.pt", b"r")
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"host secret")
+    prefix = tmp_path / "store" / "tenants" / "t" / "jobs" / "1" / "checkpoints"
+    (prefix / "stolen.pt").symlink_to(secret)
+    (prefix / "linked").symlink_to(tmp_path)
+    local = tmp_path / "n" / "checkpoints"
+    assert pull(store, local, MirrorLimits(), None).written == ("real.pt",)
+    assert sorted(p.name for p in local.rglob("*")) == ["real.pt"]
+
+
+NOBODY = 65534
+
+
+def pull_as_ourselves_and_as_nobody_owner(base: Path) -> None:
+    """Pull into ``base/none`` (owner None) and ``base/self`` (our own uid and gid)."""
+    store = ArtifactStore(f"file://{base / 'store'}").child("tenants/t/jobs/1")
+    for name, owner in (("none", None), ("self", (os.getuid(), os.getgid()))):
+        local = base / name / "checkpoints"
+        assert pull(store, local, MirrorLimits(), owner).written == ("deep/step.pt",)
+        assert (local / "deep" / "step.pt").read_bytes() == b"step"
+        assert os.stat(local / "deep" / "step.pt").st_uid == os.getuid()
+
+
+def as_nobody(work: Callable[[], None]) -> int:
+    """Run ``work`` in a forked child that dropped root for uid/gid 65534; its exit status."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        status = 1
+        try:
+            os.setgroups([])
+            os.setresgid(NOBODY, NOBODY, NOBODY)
+            os.setresuid(NOBODY, NOBODY, NOBODY)
+            work()
+            status = 0
+        finally:
+            os._exit(status)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def test_pull_works_without_root() -> None:
+    with tempfile.TemporaryDirectory(dir="/tmp") as name:
+        base = Path(name)
+        store = ArtifactStore(f"file://{base / 'store'}").child("tenants/t/jobs/1")
+        store.put_bytes("checkpoints/deep/step.pt", b"step")
+        for path in [base, *base.rglob("*")]:
+            os.chmod(path, 0o777 if path.is_dir() else 0o644)
+        if os.geteuid() != 0:
+            pull_as_ourselves_and_as_nobody_owner(base)
+            return
+        assert as_nobody(lambda: pull_as_ourselves_and_as_nobody_owner(base)) == 0
+        assert os.stat(base / "self" / "checkpoints" / "deep" / "step.pt").st_uid == NOBODY
