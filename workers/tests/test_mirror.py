@@ -362,8 +362,9 @@ def test_busy_holds_until_the_final_push_is_done(tmp_path: Path) -> None:
     mirror.begin("j", lambda: store, local, None)
     (local / "last.pt").write_bytes(b"last")
     mirror.finish("j")
-    time.sleep(0.05)  # the final push is now waiting in the store
-    assert mirror.busy("j")
+    assert mirror.busy("j")  # the final push waits in the store
+    time.sleep(0.05)
+    assert mirror.busy("j") and store.list("checkpoints") == []
     store.release.set()
     assert wait_for(lambda: not mirror.busy("j"))
     assert store.list("checkpoints") == ["checkpoints/last.pt"]
