@@ -290,9 +290,14 @@ class ProcessTable:
             return self._start_program(command, command.program, worker)
         return self._start_builtin(command, worker)
 
-    def _job_redis_url(self, job: str) -> str:
-        """The URL of ``job``'s own Redis user (made here; deleted when the job ends here)."""
-        url = redis_acl.job_url(self.store.redis, self.config.redis_url, job)
+    def _job_redis_url(self, command: StartWorkers) -> str:
+        """The URL of the job's own Redis user: with the password the control plane made it
+        with (``redis_password``), else made here (an agent on the portal's user)."""
+        job, password = command.job, command.redis_password
+        if password is not None:
+            url = redis_acl.url_for(self.config.redis_url, redis_acl.job_user(job), password)
+        else:
+            url = redis_acl.job_url(self.store.redis, self.config.redis_url, job)
         self.job_users.add(job)
         return self.isolation.redis_url(job, url, self._identity(job))
 
@@ -318,7 +323,7 @@ class ProcessTable:
         """A built-in workload runs as a tenant program does: the job's Redis user, a fixed
         environment, the sandbox and its limits; in a warm process only where SANDBOX=off."""
         self._refuse_unsandboxed()
-        redis_url = self._job_redis_url(command.job)
+        redis_url = self._job_redis_url(command)
         argv = worker_argv(self.config, command, worker, self._store_door(command))
         args = json.dumps(command.args, sort_keys=True)
         warm = self.warm.start(worker.slot, argv, redis_url, command.workload, args)
@@ -367,7 +372,7 @@ class ProcessTable:
         dirs = job_dirs(self.config, command)
         dirs.create(worker.worker_id)
         if program.launcher == "edl":
-            redis_url = self._job_redis_url(command.job)
+            redis_url = self._job_redis_url(command)
             env = edl_env(self.config, command, worker, dirs, redis_url, self._store_door(command))
         else:
             env = torchrun_env(self.config, command, worker, dirs)
