@@ -27,7 +27,14 @@ from tests.redis_clients import one_try
 from utilities.embedded_redis import server_binary
 
 ROOT = Path(__file__).resolve().parent.parent
-SECRETS = ("SECRET_KEY", "POSTGRES_PASSWORD", "REDIS_PASSWORD", "AGENT_SIGNING_KEY", "AGENT_KEY")
+SECRETS = (
+    "SECRET_KEY",
+    "POSTGRES_PASSWORD",
+    "REDIS_PASSWORD",
+    "AGENT_SIGNING_KEY",
+    "AGENT_KEY",
+    "AGENT_REDIS_URL",
+)
 CONTROL_SERVICES = ("migrate", "web", "worker", "tick-worker", "whatif-worker", "beat")
 """The control plane: Django settings, the database, every secret."""
 PORTAL_SERVICES = (*CONTROL_SERVICES, "agent")
@@ -274,12 +281,12 @@ def test_each_queue_has_its_own_worker_and_the_agent_its_key() -> None:
     assert sorted(queues.values()) == ["heartbeats,portal", "tick", "webhooks", "whatif"]
     agent = services["agent"]["environment"]
     assert agent["AGENT_KEY"] == "sample-AGENT_KEY"
-    assert agent["REDIS_URL"] == services["web"]["environment"]["REDIS_URL"]  # one definition
+    assert agent["REDIS_URL"] == "sample-AGENT_REDIS_URL"  # its own user, not the portal's
 
 
-CONTROL_SECRETS = ("SECRET_KEY", "AGENT_SIGNING_KEY", "POSTGRES_PASSWORD")
+CONTROL_SECRETS = ("SECRET_KEY", "AGENT_SIGNING_KEY", "POSTGRES_PASSWORD", "REDIS_PASSWORD")
 """What a node must never hold: a taken-over node would sign as every node, read and change
-the database, forge sessions."""
+the database, forge sessions, read every job's Redis password and every agent's commands."""
 
 
 def test_the_agent_holds_its_own_key_and_nothing_of_the_control_planes() -> None:
@@ -301,10 +308,12 @@ def test_the_agent_starts_from_its_environment_alone() -> None:
     from workers.agent.config import AgentEnvironment
 
     key = secrets.token_hex(32)
-    env = load({**{name: f"sample-{name}" for name in SECRETS}, "AGENT_KEY": key})
+    own = "redis://agent-node-0:sample-password@redis:6379/0"  # manage.py agent_credentials
+    samples = {name: f"sample-{name}" for name in SECRETS}
+    env = load({**samples, "AGENT_KEY": key, "AGENT_REDIS_URL": own})
     read = AgentEnvironment.read(env["services"]["agent"]["environment"])
     assert read.key == bytes.fromhex(key)
-    assert read.redis_url == "redis://portal:sample-REDIS_PASSWORD@redis:6379/0"
+    assert read.redis_url == own
     assert str(read.data_dir) == "/data" and read.artifact_url == "file:///data/artifacts"
 
 
