@@ -78,9 +78,11 @@ def probe():
 
 
 def plant_link():
-    """Swap the store prefix's artifacts folder for a link to a host directory."""
+    """Swap the artifacts folder beside CHECKPOINT_DIR (once the store prefix) for a link to a
+    host directory, and leave a link to it in CHECKPOINT_DIR for the agent's mirror."""
     prefix = Path(os.environ["CHECKPOINT_DIR"]).parent
     artifacts = prefix / "artifacts"
+    os.symlink(HOST / "target", Path(os.environ["CHECKPOINT_DIR"], "into-host"))
     try:
         if artifacts.is_dir() and not artifacts.is_symlink():
             artifacts.rmdir()
@@ -187,10 +189,12 @@ def test_hostile_programs_under_both_launchers_stay_in_their_box(
 
     assert_boxed(findings(stack, attack["id"]))
     assert_boxed(findings(stack, elastic["id"]))
-    assert findings(stack, attack["id"])["link"] == "linked"  # it could plant the link...
-    assert list((host_dir / "target").iterdir()) == []  # ...and nothing went through it
+    # The store is not in the sandbox: the folder is the node's own bind, no link replaces it;
+    # and neither the upload nor the checkpoint mirror goes through the links it did plant.
+    assert findings(stack, attack["id"])["link"].startswith("could not link")
+    assert list((host_dir / "target").iterdir()) == []
     names = [a["name"] for a in api(stack, f"/api/v1/jobs/{attack['id']}/artifacts/")["results"]]
-    assert "planted.txt" not in names, names
+    assert "planted.txt" in names, names  # an ordinary artifact of its own prefix, nothing more
     states = manage(stack["env"], "shell", "-c",
                     "from inventory.models import Server\n"
                     "print(sorted(set(Server.objects.values_list('state', flat=True))))")  # fmt: skip

@@ -159,6 +159,7 @@ class Agent:
         with self._lock:
             records = self.processes.records()
             collecting = {t.name.removeprefix("collect-") for t in self._collectors if t.is_alive()}
+            collecting |= self.processes.mirror.jobs()
             busy_jobs = {r.job for r in records} | set(self.processes.stops) | collecting
             self.processes.isolation.release_leftovers(busy_jobs)
             chosen = cleanup.doomed(
@@ -224,6 +225,8 @@ class Agent:
             code,
         )
         self.events.note_exit(record.job, record.worker_id, outcome, code, record.launcher)
+        if not self.processes.of_job(record.job):  # its CHECKPOINT_DIR's last push (torchrun)
+            self.processes.mirror.finish(record.job)
         self.logs.flush(record)  # every line before the exit report
         if outcome in ("clean", "crashed") and not self.processes.of_job(record.job):
             self._start_collecting(record)  # a failed run's outputs help find out why
@@ -269,8 +272,8 @@ class Agent:
     def _settle_jobs(self) -> None:
         """Forget jobs with nothing left here; report stops and local total failures."""
         for job in list(self.events.jobs):
-            if self.processes.of_job(job):
-                continue
+            if self.processes.of_job(job) or self.processes.mirror.busy(job):
+                continue  # (a restart elsewhere must find the last checkpoint: Stopped waits)
             watch = self.events.jobs[job]
             stop = self.processes.stops.pop(job, None)
             if job in self.processes.job_users and (stop is not None or watch.ended):
@@ -368,6 +371,7 @@ class Agent:
             self._thread = None
         for collector in self._collectors:  # an upload in flight finishes first
             collector.join(timeout=300)
+        self.processes.mirror.close(timeout=300)  # and a final checkpoint push
         if stop_children is None:
             stop_children = self.config.stop_children_on_exit
         if not stop_children:

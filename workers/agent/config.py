@@ -12,6 +12,7 @@ from typing import Literal
 
 from workers.agent.cleanup import CleanupSettings
 from workers.agent.gpus import GpuDevice
+from workers.agent.mirror import MirrorLimits, read_limits
 from workers.protocol import (
     HEARTBEATS_QUEUE,
     REPORTS_QUEUE,
@@ -66,6 +67,7 @@ class AgentConfig:
     address: str = "127.0.0.1"
     step_log_dir: Path | None = None
     collect_limits: CollectLimits = field(default_factory=lambda: CollectLimits())
+    mirror_limits: MirrorLimits = field(default_factory=lambda: MirrorLimits())
     key: bytes = field(default=b"", repr=False)
     message_max_age_s: float = DEFAULT_MAX_AGE_S
     message_max_skew_s: float = DEFAULT_MAX_SKEW_S
@@ -244,7 +246,9 @@ class AgentEnvironment:
     ``file://<PORTAL_DATA_DIR>/artifacts``, the portal's own default) and
     ``AGENT_ADDRESS`` (how other nodes reach this one, e.g. a torchrun
     program's rank 0; default ``127.0.0.1``); ``ARTIFACT_COLLECT_MAX_FILES``
-    and ``ARTIFACT_COLLECT_MAX_BYTES`` (``CollectLimits``); ``AGENT_STEP_LOG_DIR``
+    and ``ARTIFACT_COLLECT_MAX_BYTES`` (``CollectLimits``); ``MIRROR_MAX_FILES``,
+    ``MIRROR_MAX_BYTES``, ``MIRROR_SETTLE_SECONDS``, ``MIRROR_EVERY_SECONDS`` (a torchrun
+    program's checkpoints, ``workers.agent.mirror.MirrorLimits``); ``AGENT_STEP_LOG_DIR``
     (built-in workloads write the runtime's per-step log there: for tests and
     benchmarks that check every sample was used once); the node's signing key
     from ``AGENT_KEY`` (hex) or ``AGENT_KEY_FILE`` (required: ``manage.py
@@ -265,6 +269,7 @@ class AgentEnvironment:
     address: str = "127.0.0.1"
     step_log_dir: Path | None = None
     collect_limits: CollectLimits = field(default_factory=lambda: CollectLimits())
+    mirror_limits: MirrorLimits = field(default_factory=lambda: MirrorLimits())
     key: bytes = field(default=b"", repr=False)
     message_max_age_s: float = DEFAULT_MAX_AGE_S
     message_max_skew_s: float = DEFAULT_MAX_SKEW_S
@@ -296,6 +301,7 @@ class AgentEnvironment:
                 max_files=int(_positive(env, "ARTIFACT_COLLECT_MAX_FILES", 1000)),
                 max_bytes=int(_positive(env, "ARTIFACT_COLLECT_MAX_BYTES", 10 * 2**30)),
             ),
+            mirror_limits=_mirror_limits(env),
             key=_key(env, key_file),
             message_max_age_s=_positive(env, "AGENT_MESSAGE_MAX_AGE_SECONDS", DEFAULT_MAX_AGE_S),
             message_max_skew_s=_positive(env, "AGENT_MESSAGE_MAX_SKEW_SECONDS", DEFAULT_MAX_SKEW_S),
@@ -352,6 +358,13 @@ def _network(env: Mapping[str, str]) -> NetworkMode:
     if raw not in ("job", "host"):
         raise AgentConfigError(f"SANDBOX_NETWORK must be job or host, not {raw!r}")
     return "job" if raw == "job" else "host"
+
+
+def _mirror_limits(env: Mapping[str, str]) -> MirrorLimits:
+    try:
+        return read_limits(env)
+    except ValueError as exc:
+        raise AgentConfigError(str(exc)) from None
 
 
 def _subnet(env: Mapping[str, str]) -> str:

@@ -472,6 +472,16 @@ class CheckpointMirror:
             entry.final = True
             entry.stop.set()
 
+    def mirrors(self, job: str) -> bool:
+        """Whether ``job``'s directory is mirrored here (pushing, or its final push)."""
+        with self._lock:
+            return job in self._jobs
+
+    def jobs(self) -> set[str]:
+        """The jobs mirrored here (their directories must stay)."""
+        with self._lock:
+            return set(self._jobs)
+
     def busy(self, job: str) -> bool:
         """Whether ``job``'s final push is still running (it was finished, not forgotten)."""
         with self._lock:

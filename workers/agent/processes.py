@@ -38,7 +38,9 @@ from workers.agent.launch import (
     spawn,
     worker_argv,
 )
+from workers.agent.mirror import CheckpointMirror
 from workers.agent.programs import (
+    JobDirs,
     builtin_env,
     builtin_mounts,
     builtin_owned,
@@ -67,6 +69,7 @@ from workers.agent.sandbox import (
 )
 from workers.agent.store import AgentStore, StopRecord, WorkerRecord
 from workers.agent.warm import WarmPool, enabled_for
+from workers.artifacts import ArtifactStore
 from workers.clock import Clock
 from workers.protocol import Program, RunningWorker, StartWorkers, WorkerSlot
 
@@ -223,6 +226,8 @@ class ProcessTable:
         """Each job's own network and doors out here (``SANDBOX_NETWORK=job``)."""
         self.doors = StoreDoors(default_root(), f"{config.data_dir}\0{config.node}")
         """Each job's door to its prefix of the artifact store (``workers.agent.door``)."""
+        self.mirror = CheckpointMirror(config.mirror_limits, clock)
+        """A torchrun job's node-local CHECKPOINT_DIR, mirrored to its store prefix."""
         store_root = local_store_dir(config.artifact_url)
         if store_root is not None:  # a sandbox hides it, so it must exist before the first
             store_root.mkdir(parents=True, exist_ok=True)
@@ -313,6 +318,17 @@ class ProcessTable:
         owner = (identity.uid, identity.gid) if identity is not None else None
         return self.doors.open(job, self.config.job_store_url(job, store_prefix, None), owner)
 
+    def _mirror_checkpoints(self, job: str, store_prefix: str) -> None:
+        """Mirror ``job``'s CHECKPOINT_DIR here (pulled from its prefix before the first of
+        its processes starts); a running mirror goes on, one finishing is waited for."""
+        if self.mirror.mirrors(job) and not self.mirror.busy(job):
+            return
+        identity = self._identity(job)
+        owner = (identity.uid, identity.gid) if identity is not None else None
+        url = self.config.job_store_url(job, store_prefix, None)
+        directory = JobDirs(self.config.job_dir(job)).checkpoints
+        self.mirror.begin(job, lambda: ArtifactStore(url), directory, owner)
+
     def _identity(self, job: str) -> Identity | None:
         """The host uid ``job``'s programs run as (None: the agent is not root)."""
         if os.geteuid() != 0:
@@ -376,6 +392,8 @@ class ProcessTable:
             env = edl_env(self.config, command, worker, dirs, redis_url, self._store_door(command))
         else:
             env = torchrun_env(self.config, command, worker, dirs)
+            if command.store_prefix is not None:
+                self._mirror_checkpoints(command.job, command.store_prefix)
             env["MASTER_ADDR"] = self.isolation.master_addr(
                 command.job, program.master_node, program.master_addr
             )
@@ -553,7 +571,9 @@ class ProcessTable:
         if is_alive(record, self.config.worker_module):
             if record.launcher != "torchrun":  # an edl program or a built-in: the job's user
                 self.job_users.add(record.job)
-            if record.store_prefix is not None and record.launcher != "torchrun":
+            if record.store_prefix is not None and record.launcher == "torchrun":
+                self._mirror_checkpoints(record.job, record.store_prefix)
+            elif record.store_prefix is not None:
                 self._open_door(record.job, record.store_prefix)  # the old agent's closed
             if record.sandboxed:  # its namespace outlived the agent; its doors out did not
                 own_redis = record.launcher != "torchrun"

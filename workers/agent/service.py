@@ -169,6 +169,7 @@ def config_from_options(
         address=env.address,
         step_log_dir=env.step_log_dir,
         collect_limits=env.collect_limits,
+        mirror_limits=env.mirror_limits,
         key=env.key,
         message_max_age_s=env.message_max_age_s,
         message_max_skew_s=env.message_max_skew_s,

@@ -641,6 +641,42 @@ def test_the_store_is_never_the_programs_it_reaches_its_own_prefix_through_the_d
     assert not agent.processes.doors.serves(job)  # closed once the job settled here
 
 
+MIRROR_SCRIPT = """
+import json, os, sys
+from pathlib import Path
+folder = Path(os.environ["CHECKPOINT_DIR"])
+mine = folder / "ckpt.txt"
+out = {"found": mine.read_text() if mine.exists() else None, "owner": folder.stat().st_uid}
+mine.write_text("run " + os.environ["TORCHELASTIC_RESTART_COUNT"])
+if not (folder / "leak").is_symlink():
+    os.symlink(sys.argv[1], folder / "leak")
+print(json.dumps(out), flush=True)
+"""
+
+
+def test_a_torchrun_programs_checkpoints_are_mirrored_and_resume_on_another_node(
+    host: Host, redis_url: str, job: str
+) -> None:
+    store = host.base / "store"
+    secret = host.base / "host-secret.txt"
+    secret.write_text("the host's")
+    prefix = store / "tenants" / "acme" / "jobs" / "9"
+    host.bundle(CODE, MIRROR_SCRIPT)
+    for run, node in enumerate((f"mirror-a-{job}", f"mirror-b-{job}")):
+        agent, sent = make_agent(host, node, redis_url, artifact_url=f"file://{store}")
+        payload = start_payload(job, f"c{run}", generation=run, entrypoint=["main.py", str(secret)])
+        payload["store_prefix"] = "tenants/acme/jobs/9"
+        assert agent.receive(payload) == "applied", sent.reports
+        run_to_exit(agent, sent)
+        agent.close(stop_children=False)  # waits for the final push
+        seen = output(agent, job)
+        assert seen["found"] == (None if run == 0 else "run 0"), seen  # pulled on the new node
+        assert (prefix / "checkpoints" / "ckpt.txt").read_text() == f"run {run}"
+        assert not (prefix / "checkpoints" / "leak").exists()  # a link is never mirrored
+        shutil.rmtree(host.data_dir / "jobs" / job)  # the next run is on another node
+    assert secret.read_text() == "the host's"
+
+
 def test_a_crashed_programs_artifacts_are_collected_too(
     host: Host, node: str, redis_url: str, job: str
 ) -> None:
