@@ -258,13 +258,7 @@ class ArtifactStore:
     def read_verified(self, rel: str, size: int, sha256: str) -> bytes:
         """The bytes of ``rel`` if they have this size and sha256; else ``ArtifactCorrupt``."""
         with self.open_read(rel) as stream:
-            data = stream.read(size + 1)  # one more: a longer object is corrupt too
-        if len(data) != size:
-            raise ArtifactCorrupt(f"{rel}: {len(data)} bytes, expected {size}")
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != sha256.lower():
-            raise ArtifactCorrupt(f"{rel}: sha256 {actual}, expected {sha256}")
-        return data
+            return verified(stream, rel, size, sha256)
 
     def get_file(self, rel: str, local_dst: Path) -> None:
         """Copy the object at ``rel`` to the local file ``local_dst``."""
@@ -389,6 +383,30 @@ class ArtifactStore:
         path = self._path(rel_prefix)
         url = str(self._fs.unstrip_protocol(path))
         return ArtifactStore._on(url, self._fs, path, self._base, self._parts(rel_prefix))
+
+
+def verified(stream: IO[bytes], rel: str, size: int, sha256: str) -> bytes:
+    """The bytes of ``stream`` (the object ``rel``) if they have this size and sha256; else
+    ``ArtifactCorrupt``."""
+    data = stream.read(size + 1)  # one more: a longer object is corrupt too
+    if len(data) != size:
+        raise ArtifactCorrupt(f"{rel}: {len(data)} bytes, expected {size}")
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != sha256.lower():
+        raise ArtifactCorrupt(f"{rel}: sha256 {actual}, expected {sha256}")
+    return data
+
+
+def at_most(source: IO[bytes], size: int) -> Iterator[bytes]:
+    """At most ``size`` bytes of ``source``, a chunk at a time (fewer if it ends first): a
+    file that grows while it is copied cannot pass a limit checked on its size."""
+    left = size
+    while left > 0:
+        data = source.read(min(CHUNK, left))
+        if not data:
+            return
+        left -= len(data)
+        yield data
 
 
 class _Window(io.RawIOBase):

@@ -45,6 +45,7 @@ from workers.artifacts import (
     ArtifactStore,
     StoredObject,
     check_relative,
+    verified,
 )
 from workers.beneath import LinkRefused
 
@@ -183,13 +184,7 @@ class DoorStore:
     def read_verified(self, rel: str, size: int, sha256: str) -> bytes:
         """The bytes of ``rel`` if they have this size and sha256; else ``ArtifactCorrupt``."""
         with self.open_read(rel) as stream:
-            data = stream.read(size + 1)
-        if len(data) != size:
-            raise ArtifactCorrupt(f"{rel}: {len(data)} bytes, expected {size}")
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != sha256.lower():
-            raise ArtifactCorrupt(f"{rel}: sha256 {actual}, expected {sha256}")
-        return data
+            return verified(stream, rel, size, sha256)
 
     def get_file(self, rel: str, local_dst: Path) -> None:
         """Copy the object at ``rel`` to the local file ``local_dst``."""

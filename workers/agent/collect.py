@@ -20,14 +20,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from workers import beneath
 from workers.agent.config import CollectLimits
-from workers.artifacts import CHUNK, ArtifactStore, StoredObject
+from workers.artifacts import ArtifactStore, StoredObject, at_most
 from workers.beneath import LinkRefused
 from workers.outputs import OutputError, check_job_path
 from workers.protocol import ArtifactStored
@@ -90,18 +88,7 @@ def _upload(store: ArtifactStore, job_path: str, top: int, rel: str, size: int) 
     with os.fdopen(beneath.open_regular(top, rel.split("/")), "rb") as source:
         if os.fstat(source.fileno()).st_size != size:
             raise OSError(f"{rel} changed while it was collected")
-        return store.put_stream(job_path, _chunks(source, size))
-
-
-def _chunks(source: IO[bytes], size: int) -> Iterator[bytes]:
-    """At most ``size`` bytes of ``source``: a file that grows cannot pass the byte limit."""
-    left = size
-    while left > 0:
-        data = source.read(min(CHUNK, left))
-        if not data:
-            return
-        left -= len(data)
-        yield data
+        return store.put_stream(job_path, at_most(source, size))
 
 
 def reports(node: str, job: str, collected: Collected) -> list[ArtifactStored]:

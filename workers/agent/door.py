@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from workers.artifacts import CHUNK, ArtifactPathError, ArtifactStore, check_relative
+from workers.artifacts import CHUNK, ArtifactPathError, ArtifactStore, at_most, check_relative
 from workers.beneath import LinkRefused
 from workers.store_door import door_url
 
@@ -141,7 +141,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(size))
             self.end_headers()
             if body:
-                for chunk in _read(stream, size):
+                for chunk in at_most(stream, size):
                     self.wfile.write(chunk)
 
     def _put(self) -> None:
@@ -229,16 +229,6 @@ def _exactly(source: Any, size: int) -> Iterator[bytes]:
         data = source.read(min(CHUNK, left))
         if not data:
             raise _ShortBody(f"the body ended {left} bytes before its Content-Length")
-        left -= len(data)
-        yield data
-
-
-def _read(stream: Any, size: int) -> Iterator[bytes]:
-    left = size
-    while left > 0:
-        data = stream.read(min(CHUNK, left))
-        if not data:
-            return
         left -= len(data)
         yield data
 

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import IO
 
 from workers import beneath
-from workers.artifacts import CHUNK, ArtifactStore
+from workers.artifacts import ArtifactStore, at_most
 from workers.beneath import LinkRefused
 from workers.clock import SYSTEM_CLOCK, Clock
 from workers.outputs import OutputError, check_job_path
@@ -179,7 +179,7 @@ def _pull_one(
             if present is not None and present[0] == size:
                 work.seen[rel] = present
                 return None
-            work.seen[rel] = _write_owned(parent, name, _chunks(stream, size), owner)
+            work.seen[rel] = _write_owned(parent, name, at_most(stream, size), owner)
             work.written.append(rel)
     return None
 
@@ -340,7 +340,7 @@ class Pusher:
         if not final and now - info.st_mtime_ns / 1e9 < self._limits.settle_s:
             return NOT_SETTLED
         try:
-            store.put_stream(f"{FOLDER}/{rel}", _chunks(source, info.st_size))
+            store.put_stream(f"{FOLDER}/{rel}", at_most(source, info.st_size))
         except (OSError, ValueError) as exc:  # a link in the store, or the store failed
             return f"could not upload: {exc}"
         self._uploaded[rel] = state
@@ -390,17 +390,6 @@ def _local(directory: Path, *, create: bool, owner: Owner) -> Iterator[int]:
         yield folder
     finally:
         os.close(folder)
-
-
-def _chunks(source: IO[bytes], size: int) -> Iterator[bytes]:
-    """At most ``size`` bytes of ``source``: a file that grows cannot pass a limit."""
-    left = size
-    while left > 0:
-        data = source.read(min(CHUNK, left))
-        if not data:
-            return
-        left -= len(data)
-        yield data
 
 
 # -- the agent's adapter ----------------------------------------------------------------
