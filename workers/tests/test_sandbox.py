@@ -43,7 +43,16 @@ from workers.agent.redis_acl import delete_job_user, job_url
 from workers.agent.sandbox import BUILDER_ENV, NOBODY, job_identity
 from workers.agent.store import AgentStore
 from workers.elastic.control import JobControl
-from workers.protocol import ArtifactStored, Rejected, Report, Started, Stopped, WorkerExited
+from workers.protocol import (
+    ArtifactStored,
+    Heartbeat,
+    Progress,
+    Rejected,
+    Report,
+    Started,
+    Stopped,
+    WorkerExited,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -838,6 +847,111 @@ for port in range(1, 65536):
         s.close()
 print(json.dumps({"answered": answered}))
 """
+
+
+HOSTILE_EDL = """
+import json, redis, time
+from workers.elastic.cli import options_from_env
+from workers.elastic.keys import JobKeys
+options = options_from_env()
+r = redis.Redis.from_url(options.redis_url, socket_timeout=5)
+events = JobKeys(options.job_id).events
+out = {}
+pipe = r.pipeline(transaction=False)
+for step in range(5000):
+    pipe.xadd(events, {"kind": "progress", "data": json.dumps({"step": step})})
+    pipe.xadd(events, {b"kind": b"failed", b"data": b'{"worker": "w0", "error": "\\ud800\\xff"}'})
+    pipe.xadd(events, {"kind": "recovered", "data": json.dumps({"survivors": [], "left": ["w0"]})})
+pipe.execute()
+out["flooded"] = r.xlen(events)
+try:
+    r.eval("while true do end", 0)
+    out["eval"] = "ran"
+except redis.exceptions.ResponseError as exc:
+    out["eval"] = "denied: " + str(exc)[:40]
+big = JobKeys(options.job_id).events + ":big"
+for name, call in (("setrange", lambda: r.setrange(big, 20_000_000, b"x")),
+                   ("big_set", lambda: r.set(big, b"x" * 20_000_000))):
+    try:
+        out[name] = repr(call())
+    except redis.exceptions.RedisError as exc:
+        out[name] = "denied: " + str(exc)[:40]
+held = []
+for _ in range(200):
+    try:
+        c = redis.Redis.from_url(options.redis_url, socket_timeout=2)
+        c.ping()
+        held.append(c)
+    except redis.exceptions.RedisError:
+        pass
+out["connections"] = len(held)
+print(json.dumps(out), flush=True)
+time.sleep(3)
+"""
+
+NEIGHBOUR_EDL = """
+import json, redis, time
+from workers.elastic.cli import options_from_env
+from workers.elastic.keys import JobKeys
+options = options_from_env()
+r = redis.Redis.from_url(options.redis_url, socket_timeout=5)
+slowest, started = 0.0, time.monotonic()
+step = 0
+while time.monotonic() - started < 8:
+    t = time.monotonic()
+    r.set(JobKeys(options.job_id).events + ":mine", step)
+    r.xadd(JobKeys(options.job_id).events, {"kind": "progress", "data": json.dumps(
+        {"step": step, "samples_per_s": 10.0, "loss": 1.0, "world": 1, "generation": 0})})
+    slowest = max(slowest, time.monotonic() - t)
+    step += 1
+    time.sleep(0.2)
+print(json.dumps({"steps": step, "slowest": slowest}), flush=True)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a job's network (its connection cap) needs root")
+def test_a_hostile_edl_program_leaves_its_neighbour_tenant_and_the_node_alone(
+    host: Host, node: str, redis_url: str, job: str
+) -> None:
+    """Two tenants' edl programs on one node: one floods, forges and corrupts its event stream,
+    tries EVAL, a big key and 200 connections; the other trains on, the node beats on."""
+    neighbour = f"{job}-n"
+    host.bundle(CODE, HOSTILE_EDL)
+    host.bundle(OTHER_CODE, NEIGHBOUR_EDL)
+    agent, sent = make_agent(host, node, redis_url)
+    hostile = start_payload(job, "c1", launcher="edl")
+    calm = start_payload(neighbour, "c2", launcher="edl", code=OTHER_CODE)
+    calm["workers"] = [{"worker_id": "w1", "slot": 1, "rank": 0}]
+    try:
+        assert agent.receive(hostile) == "applied", sent.reports
+        assert agent.receive(calm) == "applied", sent.reports
+        agent.events.watch(job)
+        agent.events.watch(neighbour)
+        beats = 0
+        deadline = time.monotonic() + 60
+        while len(sent.of(WorkerExited)) < 2:
+            assert time.monotonic() < deadline, sent.reports[-5:]
+            agent.tick()  # never raises
+            agent.heartbeat()
+            beats += 1
+            time.sleep(0.1)
+        assert beats > 20 and len(sent.of(Heartbeat)) >= beats
+        exits = {e.job: e.outcome for e in sent.of(WorkerExited)}
+        log_tail = agent.config.log_path(job, "w0").read_text()[-3000:]
+        assert exits == {job: "clean", neighbour: "clean"}, log_tail
+        seen = output(agent, job)
+        assert seen["flooded"] == 15_000 and seen["eval"].startswith("denied"), seen
+        assert seen["setrange"].startswith("denied"), seen
+        assert seen["connections"] <= 64, seen  # the agent's socket caps a job's connections
+        calm_seen = output(agent, neighbour, "w1")
+        assert calm_seen["steps"] >= 20 and calm_seen["slowest"] < 2.0, calm_seen
+        forwarded = [r.step for r in sent.of(Progress) if r.job == neighbour]
+        assert len(forwarded) >= 10, forwarded  # its events still reach the portal
+        dropped = [r for r in sent.reports if r.TYPE == "events_dropped" and r.job == job]
+        assert dropped  # the hostile job's bad events: dropped and counted
+    finally:
+        JobControl(redis_url, neighbour).cleanup()
+        delete_job_user(redis.Redis.from_url(redis_url), neighbour)
 
 
 def test_a_port_scan_finds_no_portal_redis_that_answers_without_a_password(
