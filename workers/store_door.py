@@ -22,6 +22,11 @@ for any other, so the runtime's checkpoints and artifacts work the same
 whether the agent runs it behind a door (a job with a store prefix) or on a
 node-local directory.  ``DoorStore`` has the ``ArtifactStore`` methods the
 runtime and the ``edl`` SDK use (``ObjectStore``).
+
+The door is the agent's, and an agent may restart while its programs train
+on: a request that finds no door (no socket, or no one listening) tries
+again until ``AGENT_AWAY_S``.  Nothing was sent by then, so every request,
+a PUT too, is safe to try again.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import json
 import os
 import socket
 import tempfile
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any, Protocol, cast
@@ -55,6 +61,9 @@ SPOOL_BYTES = 64 << 20
 (the door needs its length before the first byte)."""
 TIMEOUT_S = 300.0
 """How long a request waits on the door for the next byte (a large object is many)."""
+AGENT_AWAY_S = 120.0
+"""How long a request waits for the door to open again: the agent that serves it may be
+restarting (its processes train on, and a restarted agent opens their doors again)."""
 
 
 class ObjectStore(Protocol):
@@ -93,12 +102,13 @@ class DoorError(OSError):
 class DoorStore:
     """A job's prefix of the artifact store behind its agent's door (see the module docstring)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, away_s: float = AGENT_AWAY_S) -> None:
         parts = urlsplit(url)
         if parts.scheme != SCHEME or not parts.path.startswith("/"):
             raise ValueError(f"not a store door URL: {url!r}")
         self.url = url
         self._socket = parts.path
+        self._away_s = away_s
 
     def __repr__(self) -> str:
         return f"DoorStore({self.url!r})"
@@ -216,25 +226,40 @@ class DoorStore:
             connection.close()
 
     def _connect(self) -> _UnixConnection:
-        return _UnixConnection(self._socket)
+        return _UnixConnection(self._socket, self._away_s)
 
 
 class _UnixConnection(http.client.HTTPConnection):
-    """HTTP over the door's Unix socket."""
+    """HTTP over the door's Unix socket, waiting up to ``away_s`` for a door that is closed."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, away_s: float) -> None:
         super().__init__("door", timeout=TIMEOUT_S)
         self._path = path
+        self._away_s = away_s
 
     def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(self.timeout)
-            sock.connect(self._path)
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
+        deadline = time.monotonic() + self._away_s
+        pause = 0.05
+        while True:
+            try:
+                self.sock = _open_socket(self._path, self.timeout)
+                return
+            except (FileNotFoundError, ConnectionRefusedError):
+                if time.monotonic() + pause > deadline:
+                    raise
+                time.sleep(pause)  # the agent is restarting: its door opens again
+                pause = min(pause * 2, 2.0)
+
+
+def _open_socket(path: str, timeout: float | None) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(path)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class _Body:

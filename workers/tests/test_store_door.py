@@ -216,3 +216,22 @@ def _closed(sock: socket.socket) -> bool:
         return sock.recv(1) == b""
     except ConnectionResetError:
         return True
+
+
+def test_a_request_waits_for_a_restarting_agent_to_open_the_door_again(
+    doors: StoreDoors, store_root: Path
+) -> None:
+    url = doors.open("job-7", f"file://{store_root}/{PREFIX}", None)
+    doors.close("job-7")  # the agent died: its programs train on
+    reopen = threading.Timer(
+        0.5, lambda: doors.open("job-7", f"file://{store_root}/{PREFIX}", None)
+    )
+    reopen.start()
+    try:
+        assert DoorStore(url).put_bytes("checkpoints/late.pt", b"saved").size == 5
+    finally:
+        reopen.join()
+    assert (store_root / PREFIX / "checkpoints/late.pt").read_bytes() == b"saved"
+    doors.close("job-7")
+    with pytest.raises(FileNotFoundError):  # gone for longer than it waits: the caller is told
+        DoorStore(url, away_s=0.3).list()
