@@ -258,16 +258,22 @@ class StoreDoors:
     def _serve(
         self, job: str, store_url: str, owner: tuple[int, int] | None
     ) -> tuple[_Server, threading.Thread]:
+        # The folder stays as it is when a restarted agent opens the door again: running
+        # sandboxes bound that very directory, so only the socket in it is replaced.  The
+        # socket is made in a private folder and moved in once it is the job's alone.
         folder = self.directory(job)
-        shutil.rmtree(folder, ignore_errors=True)  # a previous agent's, for this very job
         self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
-        folder.mkdir(mode=0o700)
-        path = folder / SOCKET_NAME
-        server = _Server(str(path), ArtifactStore(store_url), self.limits)
-        os.chmod(path, 0o600)
-        if owner is not None:
-            os.chown(path, *owner)
-        folder.chmod(0o755)
+        folder.mkdir(mode=0o755, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".door-", dir=self.root))  # 0700
+        try:
+            made = staging / SOCKET_NAME
+            server = _Server(str(made), ArtifactStore(store_url), self.limits)
+            os.chmod(made, 0o600)
+            if owner is not None:
+                os.chown(made, *owner)
+            os.replace(made, folder / SOCKET_NAME)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
         thread = threading.Thread(
             target=server.serve_forever,
             kwargs={"poll_interval": 0.5},

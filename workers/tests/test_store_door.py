@@ -235,3 +235,21 @@ def test_a_request_waits_for_a_restarting_agent_to_open_the_door_again(
     doors.close("job-7")
     with pytest.raises(FileNotFoundError):  # gone for longer than it waits: the caller is told
         DoorStore(url, away_s=0.3).list()
+
+
+def test_a_restarted_agent_opens_the_door_in_the_folder_sandboxes_already_bound(
+    tmp_path: Path, store_root: Path
+) -> None:
+    first = StoreDoors(tmp_path / "doors", "node-0")
+    url = first.open("job-7", f"file://{store_root}/{PREFIX}", None)
+    folder = first.directory("job-7")
+    inode = folder.stat().st_ino
+    first._open.clear()  # the agent died: nothing of it closed the door
+    again = StoreDoors(tmp_path / "doors", "node-0")
+    try:
+        assert again.open("job-7", f"file://{store_root}/{PREFIX}", None) == url
+        assert folder.stat().st_ino == inode  # the same directory a running sandbox bound
+        assert DoorStore(url).list() == []
+        assert [p.name for p in (tmp_path / "doors").iterdir()] == [folder.name]  # no staging
+    finally:
+        again.close_all()
