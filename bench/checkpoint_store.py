@@ -10,7 +10,10 @@ measures, for a ResNet-18-sized snapshot (about 90 MB with SGD momentum):
   did before, minus nothing) and ``torch.load`` back;
 * ``file://`` store: ``Checkpoints.save`` / ``Checkpoints.load_latest``;
 * ``s3://`` store: the same against moto's S3 server on loopback (an upper
-  bound on protocol overhead: moto is a Python server in this process).
+  bound on protocol overhead: moto is a Python server in this process);
+* the store door (issue 34): the same ``file://`` store as a program reaches
+  it, through its agent's Unix socket (``workers.agent.door``), served by a
+  ``StoreDoors`` in this process.
 
 It prints the median of ``--repeat`` rounds per case and the ratio to the
 baseline; the last line is one JSON object.
@@ -38,8 +41,9 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from workers.artifacts import ArtifactStore  # noqa: E402
+from workers.agent.door import StoreDoors  # noqa: E402
 from workers.elastic.checkpoint import Checkpoints  # noqa: E402
+from workers.store_door import open_store  # noqa: E402
 
 
 def snapshot() -> dict[str, Any]:
@@ -82,7 +86,7 @@ def baseline(directory: Path, state: dict[str, Any], repeat: int) -> tuple[float
 
 
 def in_store(url: str, state: dict[str, Any], repeat: int) -> tuple[float, float]:
-    checkpoints = Checkpoints(ArtifactStore(url), keep=2)
+    checkpoints = Checkpoints(open_store(url), keep=2)
     steps = iter(range(1, 10_000))
     checkpoints.save(0, state)
     save = timed(lambda: checkpoints.save(next(steps), state), repeat)
@@ -103,6 +107,8 @@ def main() -> None:
         base_save, base_load = baseline(Path(tmp), state, options.repeat)
         results["baseline"] = {"save_s": base_save, "load_s": base_load}
         cases = {"file": f"file://{tmp}/store/tenants/t/jobs/1"}
+        doors = StoreDoors(Path(tmp) / "doors", "bench")
+        cases["file (door)"] = doors.open("job-1", f"file://{tmp}/store/tenants/t/jobs/2", None)
         s3_server = None
         if not options.no_s3:
             from devtools.s3_server import moto_s3
@@ -121,15 +127,16 @@ def main() -> None:
                     "load_ratio": load / base_load,
                 }
         finally:
+            doors.close_all()
             if s3_server is not None:
                 s3_server.__exit__(None, None, None)
     print(f"snapshot {size_mb:.1f} MB, median of {options.repeat}")
-    print(f"{'case':<12} {'save s':>8} {'load s':>8} {'save x':>8} {'load x':>8}")
-    print(f"{'baseline':<12} {base_save:>8.3f} {base_load:>8.3f} {1:>8.2f} {1:>8.2f}")
+    print(f"{'case':<14} {'save s':>8} {'load s':>8} {'save x':>8} {'load x':>8}")
+    print(f"{'baseline':<14} {base_save:>8.3f} {base_load:>8.3f} {1:>8.2f} {1:>8.2f}")
     for name in cases:
         row = results[name]
         print(
-            f"{name:<12} {row['save_s']:>8.3f} {row['load_s']:>8.3f} "
+            f"{name:<14} {row['save_s']:>8.3f} {row['load_s']:>8.3f} "
             f"{row['save_ratio']:>8.2f} {row['load_ratio']:>8.2f}"
         )
     print(json.dumps(results))
