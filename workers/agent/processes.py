@@ -314,20 +314,22 @@ class ProcessTable:
         return self._open_door(command.job, command.store_prefix)
 
     def _open_door(self, job: str, store_prefix: str) -> str:
-        identity = self._identity(job)
-        owner = (identity.uid, identity.gid) if identity is not None else None
-        return self.doors.open(job, self.config.job_store_url(job, store_prefix, None), owner)
+        url = self.config.job_store_url(job, store_prefix, None)
+        return self.doors.open(job, url, self._owner(job))
 
     def _mirror_checkpoints(self, job: str, store_prefix: str) -> None:
         """Mirror ``job``'s CHECKPOINT_DIR here (pulled from its prefix before the first of
         its processes starts); a running mirror goes on, one finishing is waited for."""
         if self.mirror.mirrors(job) and not self.mirror.busy(job):
             return
-        identity = self._identity(job)
-        owner = (identity.uid, identity.gid) if identity is not None else None
         url = self.config.job_store_url(job, store_prefix, None)
         directory = JobDirs(self.config.job_dir(job)).checkpoints
-        self.mirror.begin(job, lambda: ArtifactStore(url), directory, owner)
+        self.mirror.begin(job, lambda: ArtifactStore(url), directory, self._owner(job))
+
+    def _owner(self, job: str) -> tuple[int, int] | None:
+        """The (uid, gid) that ``job``'s sockets and pulled files belong to (None: the agent's)."""
+        identity = self._identity(job)
+        return (identity.uid, identity.gid) if identity is not None else None
 
     def _identity(self, job: str) -> Identity | None:
         """The host uid ``job``'s programs run as (None: the agent is not root)."""

@@ -160,7 +160,11 @@ def restore_job_user(client: redis.Redis, job: str) -> bool:
 
 def job_user_exists(client: redis.Redis, job: str) -> bool:
     """Whether the server knows ``job``'s user."""
-    found = client.execute_command("ACL", "GETUSER", job_user(job))  # type: ignore[no-untyped-call]
+    return _user_exists(client, job_user(job))
+
+
+def _user_exists(client: redis.Redis, user: str) -> bool:
+    found = client.execute_command("ACL", "GETUSER", user)  # type: ignore[no-untyped-call]
     return found is not None
 
 
@@ -389,8 +393,7 @@ def restore_job_users(client: redis.Redis, jobs: Iterable[str]) -> list[str]:
 
 def agent_user_exists(client: redis.Redis, node: str) -> bool:
     """Whether the server knows ``node``'s agent user."""
-    found = client.execute_command("ACL", "GETUSER", agent_user(node))  # type: ignore[no-untyped-call]
-    return found is not None
+    return _user_exists(client, agent_user(node))
 
 
 def delete_agent_user(client: redis.Redis, node: str) -> None:
