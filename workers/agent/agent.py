@@ -30,6 +30,7 @@ from workers.agent.events import EventForwarder, JobControlLike, default_control
 from workers.agent.launch import log_tail
 from workers.agent.log_shipper import LogOffsets, LogShipper
 from workers.agent.processes import Exit, ProcessTable, ResolveCode, no_code_cache, running
+from workers.agent.quota import measure, verdict
 from workers.agent.redis_acl import delete_job_user, node_of_url, restore_job_user
 from workers.agent.redis_guard import guard
 from workers.agent.store import AgentStore, WorkerRecord
@@ -82,6 +83,7 @@ class Agent:
         self.logs = LogShipper(config.node, LogOffsets(store.redis, config.node), send, clock)
         self._next_heartbeat = clock.monotonic()
         self._next_clean = clock.monotonic() + config.cleanup.every_s
+        self._next_quota = clock.monotonic() + config.sandbox.quota.every_s
         self._overspent: set[str] = set()
         """Jobs the Redis guard stopped here: their users are not made again (until the job
         has settled here; a retry of it starts afresh)."""
@@ -127,7 +129,8 @@ class Agent:
 
     def tick(self) -> None:
         """One supervision pass: reap processes, enforce stops, forward events, heartbeat;
-        clean the node's directories every ``cleanup.every_s``."""
+        hold jobs to their quota every ``quota.every_s``; clean the node's directories
+        every ``cleanup.every_s``."""
         with self._lock:
             self._reap()
             self.logs.ship(self.processes.records())
@@ -143,9 +146,45 @@ class Agent:
             self.heartbeat()
             self._restore_job_users()
             self._guard_redis()
+        if self.clock.monotonic() >= self._next_quota:
+            self._next_quota = self.clock.monotonic() + self.config.sandbox.quota.every_s
+            self.hold_to_quota()
         if self.clock.monotonic() >= self._next_clean:
             self._next_clean = self.clock.monotonic() + self.config.cleanup.every_s
             self.clean()
+
+    def hold_to_quota(self) -> list[str]:
+        """Stop the jobs here that hold more than their quota on this node (``quota``),
+        each reported failed with the reason; return those reasons.
+
+        Measured outside the lock (it walks the directories); stopped under it.
+        """
+        quota = self.config.sandbox.quota
+        with self._lock:
+            jobs = sorted({r.job for r in self.processes.records()} - set(self.processes.stops))
+        reasons = []
+        for job in jobs:
+            disk = measure(
+                (self.config.job_dir(job), self.config.job_log_dir(job)),
+                max_bytes=quota.disk_bytes,
+                max_entries=quota.entries,
+            )
+            shm = measure(
+                (self.config.job_shm_dir(job),),
+                max_bytes=quota.shm_bytes,
+                max_entries=quota.entries,
+            )
+            reason = verdict(job, self.config.node, disk, shm, quota)
+            if reason is None:
+                continue
+            with self._lock:
+                if not self.processes.of_job(job) or job in self.processes.stops:
+                    continue  # it ended, or is stopping, meanwhile
+                log.warning("%s", reason)
+                self.processes.stop(job, f"quota-{job}", grace_seconds=0.0)
+            self._send(Failed(node=self.config.node, job=job, error=reason))
+            reasons.append(reason)
+        return reasons
 
     def clean(self) -> list[cleanup.Leftover]:
         """Remove ended jobs' node directories and logs and unused bundles (``cleanup``).

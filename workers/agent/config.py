@@ -13,6 +13,7 @@ from typing import Literal
 from workers.agent.cleanup import CleanupSettings
 from workers.agent.gpus import GpuDevice
 from workers.agent.mirror import MirrorLimits, read_limits
+from workers.agent.quota import Quota
 from workers.protocol import (
     HEARTBEATS_QUEUE,
     REPORTS_QUEUE,
@@ -139,9 +140,13 @@ class AgentConfig:
         """Where this node unpacks code bundles, one read-only directory per bundle."""
         return self.data_dir / "code"
 
+    def job_log_dir(self, job: str) -> Path:
+        """Where the output of ``job``'s training processes on this node goes."""
+        return self.data_dir / "logs" / f"agent-{self.node}" / job
+
     def log_path(self, job: str, worker_id: str) -> Path:
         """Where the output of one training process goes."""
-        return self.data_dir / "logs" / f"agent-{self.node}" / job / f"{worker_id}.log"
+        return self.job_log_dir(job) / f"{worker_id}.log"
 
     def step_log_path(self, job: str, worker_id: str) -> Path:
         """One built-in worker's step log (``AGENT_STEP_LOG_DIR``; tests and benchmarks)."""
@@ -207,7 +212,8 @@ class SandboxSettings:
     program's private ``/tmp``.  ``network`` ``job``: each job's programs get a
     network namespace of their own per node, on a bridge of the job's, addresses
     from ``subnet`` (``workers.agent.network``; a root agent only); ``host``: the
-    host's network.
+    host's network.  ``quota``: what one job may hold on the node, on disk and in
+    shared memory (``workers.agent.quota``).
     """
 
     mode: SandboxMode = "on"
@@ -224,6 +230,7 @@ class SandboxSettings:
     tmp_mb: int = 2048
     network: NetworkMode = "job"
     subnet: str = "10.77.0.0/16"
+    quota: Quota = field(default_factory=lambda: Quota())
 
 
 @dataclass(frozen=True)
@@ -241,7 +248,9 @@ class AgentEnvironment:
     ``SANDBOX_UID_BASE`` and ``SANDBOX_UID_COUNT`` (programs' host uids, default
     200000 and 100000), ``SANDBOX_TMP_MB`` (default 2048), ``SANDBOX_NETWORK``
     (``job`` | ``host``, default job) and ``SANDBOX_SUBNET`` (default
-    10.77.0.0/16); ``ARTIFACT_URL``
+    10.77.0.0/16), a job's quota on the node (``workers.agent.quota.Quota``):
+    ``SANDBOX_SCRATCH_MB`` (102400), ``SANDBOX_SCRATCH_FILES`` (500000),
+    ``SANDBOX_SHM_MB`` (8192), ``SANDBOX_QUOTA_EVERY_SECONDS`` (15); ``ARTIFACT_URL``
     (where the portal stores code bundles; default
     ``file://<PORTAL_DATA_DIR>/artifacts``, the portal's own default) and
     ``AGENT_ADDRESS`` (how other nodes reach this one, e.g. a torchrun
@@ -350,6 +359,12 @@ def _sandbox(env: Mapping[str, str]) -> SandboxSettings:
         tmp_mb=int(_positive(env, "SANDBOX_TMP_MB", 2048)),
         network=_network(env),
         subnet=_subnet(env),
+        quota=Quota(
+            disk_bytes=int(_positive(env, "SANDBOX_SCRATCH_MB", 100 * 1024) * 2**20),
+            entries=int(_positive(env, "SANDBOX_SCRATCH_FILES", 500_000)),
+            shm_bytes=int(_positive(env, "SANDBOX_SHM_MB", 8192) * 2**20),
+            every_s=_positive(env, "SANDBOX_QUOTA_EVERY_SECONDS", 15.0),
+        ),
     )
 
 

@@ -21,14 +21,16 @@ cgroup's ``pids.max``.  The kernel does not apply ``RLIMIT_NPROC`` to a
 process whose real uid is root, and the agent usually is root; where the
 cgroup is not writable (the agent is not root), ``RLIMIT_NPROC`` is set
 instead (it then counts all processes of the agent's uid).  Open files:
-``RLIMIT_NOFILE``; core dumps: off.
+``RLIMIT_NOFILE``; core dumps: off; one file's size: ``RLIMIT_FSIZE``, the
+job's scratch quota (``workers.agent.quota``).
 
 Diagnosis (``exit_reason``) is a best effort from evidence the agent has
 after the fact, for a non-zero exit: the pids cgroup's ``pids.events``
 ``max`` counter (forks refused), the memory cgroup's ``oom_kill`` counter,
 and the tail of the worker's log (``MemoryError``, ``Cannot allocate
 memory``, ``bad_alloc`` → memory; ``BlockingIOError``, ``Resource
-temporarily unavailable``, ``can't start new thread`` → processes).  A
+temporarily unavailable``, ``can't start new thread`` → processes; ``File
+too large`` or death by ``SIGXFSZ`` → one file's size).  A
 program that hits a limit and exits cleanly is not diagnosed; one that
 merely prints those words on its way to another failure is misdiagnosed.
 """
@@ -38,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import signal
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -50,6 +53,11 @@ PROCESS_SIGNS = (
     "can't start new thread",
     "fork: retry",
 )
+
+FILE_SIZE_SIGNS = ("File too large",)
+"""What a write past ``RLIMIT_FSIZE`` prints (``EFBIG``; Python ignores ``SIGXFSZ``)."""
+FILE_SIZE_CODES = (-signal.SIGXFSZ, 128 + signal.SIGXFSZ)
+"""A process killed by ``SIGXFSZ``: as Python reports it, and as bubblewrap passes it on."""
 
 
 CONTROLLERS: tuple[str, ...] = ("pids", "memory")
@@ -197,6 +205,7 @@ def preexec(
     Runs in the forked child: no locks, no logging, only system calls.
     """
     memory = settings.memory_mb * 1024 * 1024
+    file_size = settings.quota.disk_bytes
     procs_files = [str(path / "cgroup.procs") for path in cgroups.values()]
     nproc = "pids" not in cgroups and UNIFIED not in cgroups
 
@@ -211,6 +220,7 @@ def preexec(
         files = settings.max_open_files
         resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
 
     return apply
 
@@ -225,6 +235,11 @@ def exit_reason(
         return f"process limit reached (SANDBOX_MAX_PROCS={settings.max_procs})"
     if memory_killed(cgroups) or any(sign in log_tail for sign in MEMORY_SIGNS):
         return f"memory limit reached (SANDBOX_MEMORY_MB={settings.memory_mb})"
+    if code in FILE_SIZE_CODES or any(sign in log_tail for sign in FILE_SIZE_SIGNS):
+        return (
+            "file size limit reached: one file may not exceed the job's scratch quota "
+            f"(SANDBOX_SCRATCH_MB={settings.quota.disk_bytes // 2**20})"
+        )
     return ""
 
 

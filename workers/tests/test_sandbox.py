@@ -39,12 +39,14 @@ from workers.agent.agent import Agent
 from workers.agent.config import REPO_ROOT, AgentConfig, SandboxSettings
 from workers.agent.limits import descendants
 from workers.agent.network import NETNS_DIR, JobNetworks, net_names
+from workers.agent.quota import MIB, Quota
 from workers.agent.redis_acl import delete_job_user, job_url
 from workers.agent.sandbox import BUILDER_ENV, NOBODY, job_identity
 from workers.agent.store import AgentStore
 from workers.elastic.control import JobControl
 from workers.protocol import (
     ArtifactStored,
+    Failed,
     Heartbeat,
     Progress,
     Rejected,
@@ -741,6 +743,84 @@ def test_a_memory_hog_is_stopped_by_the_memory_limit(
     assert exited.outcome == "crashed", exited
     assert exited.reason == "memory limit reached (SANDBOX_MEMORY_MB=1024)", exited
     assert "allocated" not in agent.config.log_path(job, "w0").read_text()
+
+
+FILL_SCRATCH = """
+import os, time
+for n in range(8):  # each file under the quota, together over it
+    with open(os.path.join(os.environ["SCRATCH_DIR"], f"part{n}"), "wb") as f:
+        f.write(os.urandom(1 << 20))
+time.sleep(120)
+"""
+FLOOD_OUTPUT = """
+import sys, time
+sys.stdout.write(("y" * 1023 + "\\n") * 8192)  # 8 MiB of output into the node's log
+sys.stdout.flush()
+time.sleep(120)
+"""
+MANY_FILES = """
+import os, time
+for n in range(3000):
+    open(os.path.join(os.environ["SCRATCH_DIR"], f"f{n}"), "w").close()
+time.sleep(120)
+"""
+FILL_SHM = """
+import os, time
+with open("/dev/shm/blob", "wb") as f:
+    f.write(os.urandom(4 << 20))
+time.sleep(120)
+"""
+ONE_BIG_FILE = """
+import os
+with open(os.path.join(os.environ["SCRATCH_DIR"], "big"), "wb") as f:
+    f.write(os.urandom(8 << 20))
+print("written")
+"""
+SMALL_QUOTA = Quota(disk_bytes=4 * MIB, entries=1000, shm_bytes=2 * MIB, every_s=0.2)
+
+
+@pytest.mark.parametrize(
+    ("script", "says"),
+    [
+        (FILL_SCRATCH, "in its node-local files"),
+        (FLOOD_OUTPUT, "in its node-local files"),
+        (MANY_FILES, "files and directories"),
+        (FILL_SHM, "in its shared memory"),
+    ],
+    ids=["scratch", "output", "inodes", "shm"],
+)
+def test_a_job_over_its_quota_on_the_node_is_stopped_and_told_why(
+    host: Host, node: str, redis_url: str, job: str, script: str, says: str
+) -> None:
+    """The attack: a job's node-local files (and its logs, its /dev/shm) had no bound, so
+    one program could fill a node's disk, inodes or memory under its co-tenants."""
+    _agent, sent, exited = run_program(
+        host, node, redis_url, job, script, sandbox={"quota": SMALL_QUOTA}
+    )
+    assert exited.outcome == "stopped", exited
+    [failed] = sent.of(Failed)
+    assert failed.job == job and f"job {job} on node {node}" in failed.error
+    assert says in failed.error and failed.error.endswith("stopped"), failed.error
+
+
+def test_one_file_may_not_outgrow_the_quota_between_two_measurements(
+    host: Host, node: str, redis_url: str, job: str
+) -> None:
+    agent, sent, exited = run_program(
+        host,
+        node,
+        redis_url,
+        job,
+        ONE_BIG_FILE,
+        sandbox={"quota": replace(SMALL_QUOTA, every_s=600)},
+    )
+    assert exited.outcome == "crashed", exited
+    assert exited.reason == (
+        "file size limit reached: one file may not exceed the job's scratch quota "
+        "(SANDBOX_SCRATCH_MB=4)"
+    )
+    assert "written" not in agent.config.log_path(job, "w0").read_text()
+    assert not [f for f in sent.of(Failed) if "SANDBOX_SCRATCH" in f.error]  # no stop: a crash
 
 
 TOUCHING_HOG = """

@@ -28,6 +28,7 @@ from workers.agent.programs import (
     program_mounts,
     torchrun_env,
 )
+from workers.agent.quota import Quota
 from workers.agent.redis_acl import derive_password, job_rules, url_for
 from workers.agent.sandbox import (
     Identity,
@@ -242,6 +243,33 @@ def test_sandbox_settings_from_the_environment(tmp_path: Path) -> None:
     assert custom.database_file == Path("/db/p.sqlite3")
     with pytest.raises(AgentConfigError, match="SANDBOX must be on or off"):
         AgentEnvironment.read({**env, "SANDBOX": "maybe"})
+
+
+def test_a_jobs_quota_on_a_node_from_the_environment(tmp_path: Path) -> None:
+    env = {"REDIS_URL": "redis://x", "PORTAL_DATA_DIR": str(tmp_path)}
+    assert AgentEnvironment.read(env).sandbox.quota == Quota(
+        disk_bytes=100 * 2**30, entries=500_000, shm_bytes=8 * 2**30, every_s=15.0
+    )
+    given = {
+        "SANDBOX_SCRATCH_MB": "512",
+        "SANDBOX_SCRATCH_FILES": "1000",
+        "SANDBOX_SHM_MB": "64",
+        "SANDBOX_QUOTA_EVERY_SECONDS": "2.5",
+    }
+    custom = AgentEnvironment.read({**env, **given}).sandbox.quota
+    assert custom == Quota(disk_bytes=512 * 2**20, entries=1000, shm_bytes=64 * 2**20, every_s=2.5)
+    for name in given:
+        with pytest.raises(AgentConfigError, match=name):
+            AgentEnvironment.read({**env, name: "-1"})
+
+
+def test_a_file_too_large_is_told_as_the_scratch_quota() -> None:
+    settings = SandboxSettings(quota=Quota(disk_bytes=64 * 2**20))
+    why = "file size limit reached: one file may not exceed the job's scratch quota "
+    assert exit_reason(settings, 1, "OSError: [Errno 27] File too large", {}) == (
+        why + "(SANDBOX_SCRATCH_MB=64)"
+    )
+    assert exit_reason(settings, 128 + 25, "", {}).startswith(why)  # SIGXFSZ, through bwrap
 
 
 def test_exit_reasons_name_the_limit() -> None:
