@@ -213,13 +213,12 @@ def _embedded_redis_url(data_dir: Path) -> str:
 # ----------------------------------------------------------------------------- the slowdown
 
 
-def worker_pid(job: int, worker: str) -> int | None:
-    """The pid of ``worker``'s training process of ``job``, from ``/proc/*/cmdline``.
+def _training_processes() -> Iterator[tuple[int, set[tuple[str, str]]]]:
+    """Each training process on this machine, its pid and its argv's adjacent pairs.
 
     The Python process itself, not the bubblewrap processes of its sandbox
     (they carry its arguments too): a stopped bubblewrap would slow nothing.
     """
-    wanted = ("--job", f"job-{job}", "--worker", worker)
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -230,10 +229,18 @@ def worker_pid(job: int, worker: str) -> int | None:
         words = [a.decode(errors="replace") for a in argv]
         if "workers.elastic.worker" not in words or Path(words[0]).name == "bwrap":
             continue
-        pairs = {(words[i], words[i + 1]) for i in range(len(words) - 1)}
-        if {(wanted[0], wanted[1]), (wanted[2], wanted[3])} <= pairs:
-            return int(entry.name)
-    return None
+        yield int(entry.name), {(words[i], words[i + 1]) for i in range(len(words) - 1)}
+
+
+def worker_pid(job: int, worker: str) -> int | None:
+    """The pid of ``worker``'s training process of ``job`` (``_training_processes``)."""
+    wanted = {("--job", f"job-{job}"), ("--worker", worker)}
+    return next((pid for pid, pairs in _training_processes() if wanted <= pairs), None)
+
+
+def job_pids(job: int) -> list[int]:
+    """The training processes of ``job`` still alive on this machine."""
+    return [pid for pid, pairs in _training_processes() if ("--job", f"job-{job}") in pairs]
 
 
 class DutyCycle:
@@ -277,7 +284,8 @@ class DutyCycle:
 # ----------------------------------------------------------------------------- the loop
 
 
-def _wait(what: str, check: Any, timeout: float, interval: float = POLL_S) -> Any:
+def wait_until(what: str, check: Any, timeout: float, interval: float = POLL_S) -> Any:
+    """``check()``'s first truthy value, polled every ``interval``; TimeoutError naming ``what``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check()
@@ -333,11 +341,13 @@ def straggler_loop(
             "gpus": gpus, "min_gpus": min_gpus, "max_gpus": gpus}  # fmt: skip
     job = int(api.call("/api/v1/jobs/", body)["id"])
     stack.jobs.append(job)
-    _wait(f"job {job} to train at {gpus}", lambda: _trained_at(api, job, gpus, 30), timeout_s, 1.0)
+    wait_until(
+        f"job {job} to train at {gpus}", lambda: _trained_at(api, job, gpus, 30), timeout_s, 1.0
+    )
     held = db.held(job)
     leader = _leader(stack.redis_url, job)
     slow = next(g for g in reversed(held) if f"w{g}" != leader)
-    pid = _wait(f"w{slow}'s process", lambda: worker_pid(job, f"w{slow}"), 30)
+    pid = wait_until(f"w{slow}'s process", lambda: worker_pid(job, f"w{slow}"), 30)
     say(f"job {job} trains on GPUs {held} (leader {leader}); slowing w{slow} (pid {pid}): "
         f"stopped {stopped_s * 1000:.0f} ms of every {period_s * 1000:.0f} ms")  # fmt: skip
     duty = DutyCycle(pid, stopped_s, period_s)
@@ -347,9 +357,9 @@ def straggler_loop(
         def straggler_event() -> dict[str, Any] | None:
             return next((e for e in api.events(job) if e["kind"] == "straggler"), None)
 
-        event = _wait("the straggler event", straggler_event, timeout_s, 0.2)
+        event = wait_until("the straggler event", straggler_event, timeout_s, 0.2)
         seen = time.time()
-        freed_at = _wait(
+        freed_at = wait_until(
             f"GPU {slow} to be freed", lambda: time.time() if slow not in db.held(job) else None,
             timeout_s,
         )  # fmt: skip
@@ -378,7 +388,13 @@ def straggler_loop(
                 None,
             )  # fmt: skip
 
-        done = _wait("the move's switch", switch_done, timeout_s, 0.2)
+        try:
+            done = wait_until("the move's switch", switch_done, timeout_s, 0.2)
+        except TimeoutError as exc:  # say what the job went through instead
+            history = [
+                f"{e['at'][11:19]} {e['kind']}: {e['reason'][:200]}" for e in api.events(job)
+            ]
+            raise TimeoutError(f"{exc}; the job's history:\n" + "\n".join(history[-20:])) from None
         result["moved_to"] = target
         result["straggler_move_s"] = round(_at(done) - detected, 3)
         result["job_gpus_moved"] = db.held(job)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.straggler_loop import running_stack, straggler_loop
+from bench.straggler_loop import job_pids, running_stack, straggler_loop, wait_until
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -43,6 +43,12 @@ def test_a_slowed_worker_is_removed_or_moved_and_its_gpu_stays_out_of_new_placem
         # median, seen in CI 2026-12-03); that mark would leave the next job's leaf without
         # a free GPU to move to, and the move is what follows.
         stack.db.write('UPDATE portal_gpu SET suspect_until = NULL WHERE "index" <> %s', [slow])
+        # And their processes are gone: on a loaded machine a cancelled worker still ending
+        # holds its slot, the move's joiner placed there is refused ("slot busy") and the
+        # switch watchdog undoes the move (seen in CI 2026-12-05: no switch in 300 s).
+        gone = [wait_until(f"job {job}'s processes to end", lambda j=job: not job_pids(j), 120)
+                for job in stack.jobs]  # fmt: skip
+        assert all(gone)
 
         # At its minimum: the worker moves to a free GPU (one switch), the job keeps its size.
         moved = straggler_loop(stack, gpus=2, min_gpus=2, follow=False)
