@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from workers.catalog import WorkloadArgumentError, validate_args
+from workers.environment import check_environment
 from workers.outputs import (
     MAX_METRIC_POINTS,
     OutputError,
@@ -133,6 +134,9 @@ class Program(Record):
     contract, and rank 0's node answers on ``master_addr:master_port``;
     ``master_node`` names that node, whose agent gives it an address in the
     job's own network (``workers.agent.network``) where programs have one.
+    ``environment`` is the job's own request (``workers.environment``: its
+    requirements, Python, what it may replace; empty: the node's base layer),
+    to which the agent adds what the bundle declares.
     """
 
     code: str
@@ -146,6 +150,7 @@ class Program(Record):
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
     master_node: str = ""
+    environment: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
         try:
@@ -153,6 +158,8 @@ class Program(Record):
             check_entrypoint(self.entrypoint)
             check_launcher(self.launcher)
             object.__setattr__(self, "env", check_env(self.env))
+            spec = check_environment(self.environment or None)
+            object.__setattr__(self, "environment", {} if spec.empty else spec.to_dict())
         except ProgramError as exc:
             raise ProtocolError(f"program.{exc}") from None
         parts = self.code_path.split("/")
