@@ -1,0 +1,452 @@
+"""Tenants' own Python dependencies on a node: resolved against the base, built once with uv, cached.
+
+A job's request (``workers.environment``: its ``environment`` field and what
+its bundle declares) becomes a directory of installed packages that its
+programs see before the node's own (``PYTHONPATH``; console scripts on
+``PATH``).  The node's interpreter and its packages (torch, the ``edl``
+SDK) are the **base layer**: never copied, never replaced unless the job
+says so.  On disk::
+
+    <root>/                         ENVIRONMENT_CACHE_DIR (default <data_dir>/envs)
+        <key>/site/                 the installed packages, read-only; site/bin: their scripts
+        <key>/manifest.json         what was asked, what was installed, the build's seconds
+        .build-<key>-<nonce>/       a build under way: never used; a failed one is removed
+        .locks/<key>                flock: one build of a key at a time, across agents sharing root
+        .failed/<key>.json          why a key does not build: a retry is told at once, not rebuilt
+        .used/<key>                 touched at each use (least recently used go first)
+
+How a key is built (``EnvironmentCache.ensure``):
+
+1. ``uv pip install --dry-run`` of the request against the node's own
+   interpreter: uv's plan says what would be installed beyond the base, and
+   which base packages would change.  A change of a base package the job
+   did not list in ``replace`` fails the build, naming it and both versions
+   (``plan_of``, ``replaced``), so a dependency that would quietly swap the
+   node's torch or numpy is caught, not only a direct pin.
+2. ``uv pip install --target <build>/site --no-deps`` of exactly that plan.
+3. The manifest is written, the tree made read-only, the directory renamed
+   to ``<key>`` (atomic): a crash leaves a ``.build-`` directory, never a
+   half-built key.
+
+Wheels only (``--only-binary :all:``): resolving and installing a wheel runs
+none of its code, so a build needs no sandbox of its own.  A package that
+ships only sources fails with uv's message.  The index and its credentials
+are the operator's (``EnvironmentSettings``), never the job's: uv runs with
+an environment the agent makes, ignores configuration files, and never
+downloads an interpreter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from packaging.utils import canonicalize_name
+
+from workers.environment import EnvironmentSpec, base_conflicts, environment_key
+
+log = logging.getLogger(__name__)
+
+TAIL_LINES = 20
+"""How many of uv's last lines a failed build's reason keeps."""
+
+
+@dataclass(frozen=True)
+class EnvironmentSettings:
+    """Where environments are built and from which index (the operator's, never a job's).
+
+    ``ENVIRONMENT_CACHE_DIR`` (default ``<data_dir>/envs``; may be shared by
+    nodes), ``ENVIRONMENT_CACHE_MAX_GB`` (50), ``ENVIRONMENT_INDEX_URL`` (uv's
+    default index, PyPI, when unset), ``ENVIRONMENT_EXTRA_INDEX_URLS``
+    (space-separated), ``ENVIRONMENT_FIND_LINKS`` (a local wheel directory),
+    ``ENVIRONMENT_BUILD_TIMEOUT_SECONDS`` (900).
+    """
+
+    root: Path
+    max_bytes: int = 50 * 2**30
+    index_url: str = ""
+    extra_index_urls: tuple[str, ...] = ()
+    find_links: str = ""
+    no_index: bool = False
+    timeout_s: float = 900.0
+
+
+@dataclass(frozen=True)
+class BaseLayer:
+    """The node's interpreter and its installed packages, which every environment builds on."""
+
+    python: str
+    """``major.minor`` of the interpreter programs run on."""
+    executable: str
+    packages: Mapping[str, str] = field(default_factory=dict)
+    """Canonical name → installed version."""
+
+    @property
+    def fingerprint(self) -> str:
+        """What a build depends on of the base: interpreter, machine, every package's version."""
+        listing = "\n".join(f"{name}=={self.packages[name]}" for name in sorted(self.packages))
+        text = f"{self.python} {platform.machine()}\n{listing}"
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @classmethod
+    def running(cls) -> BaseLayer:
+        """The base layer of this interpreter (the agent's, which programs run on)."""
+        packages: dict[str, str] = {}
+        for dist in importlib.metadata.distributions():
+            name = dist.metadata["Name"]
+            if name:
+                packages[str(canonicalize_name(name))] = dist.version
+        python = f"{sys.version_info.major}.{sys.version_info.minor}"
+        return cls(python=python, executable=sys.executable, packages=packages)
+
+
+@dataclass(frozen=True)
+class Environment:
+    """A built environment: where it is, and what a job's event says of it."""
+
+    key: str
+    path: Path
+    packages: tuple[str, ...]
+    """``name==version`` of what it installed beyond the base."""
+    hit: bool
+    build_s: float
+
+    @property
+    def site(self) -> Path:
+        """What goes first on the program's ``PYTHONPATH``."""
+        return self.path / "site"
+
+    @property
+    def scripts(self) -> Path:
+        """Its packages' console scripts (first on the program's ``PATH``)."""
+        return self.site / "bin"
+
+    def describe(self) -> str:
+        """One line for the job's history."""
+        what = ", ".join(self.packages) if self.packages else "nothing beyond the node's base"
+        if self.hit:
+            return f"environment {self.key}: cache hit ({what})"
+        return f"environment {self.key}: built in {self.build_s:.1f} s ({what})"
+
+
+class EnvironmentFailed(RuntimeError):
+    """A request that does not build; ``reason`` is what the job's failure says."""
+
+    def __init__(self, key: str, reason: str, *, known: bool = False) -> None:
+        super().__init__(reason)
+        self.key = key
+        self.reason = reason
+        self.known = known
+        """Whether an earlier build of the same key had already failed (not rebuilt)."""
+
+
+# --------------------------------------------------------------------------- uv's plan
+
+PLAN_LINE = re.compile(r"^ ([+\-~]) ([A-Za-z0-9][A-Za-z0-9._\-]*)==(\S+)$")
+WOULD = re.compile(r"^Would (install|uninstall) (\d+) packages?$")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ``uv pip install --dry-run`` would do to the base: install and remove."""
+
+    install: tuple[tuple[str, str], ...] = ()
+    remove: tuple[tuple[str, str], ...] = ()
+
+
+def plan_of(output: str) -> Plan:
+    """Parse uv's dry-run output (`` + name==version`` / `` - name==version`` lines).
+
+    Raises ValueError when the counts uv announces do not match the lines read
+    (an output this parser does not understand is never taken for "nothing").
+    """
+    install: list[tuple[str, str]] = []
+    remove: list[tuple[str, str]] = []
+    announced = {"install": 0, "uninstall": 0}
+    for line in output.splitlines():
+        if match := WOULD.match(line.strip()):
+            announced[match.group(1)] = int(match.group(2))
+        elif match := PLAN_LINE.match(line.rstrip()):
+            sign, name, version = match.groups()
+            (remove if sign == "-" else install).append((str(canonicalize_name(name)), version))
+    if (len(install), len(remove)) != (announced["install"], announced["uninstall"]):
+        raise ValueError(f"uv's plan could not be read:\n{output}")
+    return Plan(tuple(install), tuple(remove))
+
+
+def replaced(plan: Plan, spec: EnvironmentSpec) -> list[str]:
+    """Why each base package the plan would change, and the job did not allow, is refused."""
+    new = dict(plan.install)
+    return [
+        f"the requirements would replace the node's {name} {old} with {new.get(name, 'nothing')}: "
+        f"jobs build on the node's {name}; pin a compatible version, or list {name!r} in "
+        "environment.replace to install another"
+        for name, old in plan.remove
+        if name not in spec.replace
+    ]
+
+
+# --------------------------------------------------------------------------- the cache
+
+
+class EnvironmentCache:
+    """Build, find and evict environments under ``settings.root`` (see the module docstring)."""
+
+    def __init__(self, settings: EnvironmentSettings, base: BaseLayer | None = None) -> None:
+        self.settings = settings
+        self.base = base or BaseLayer.running()
+        self.root = settings.root
+
+    def key(self, spec: EnvironmentSpec) -> str:
+        """The key ``spec`` builds under on this node's base."""
+        return environment_key(spec, self.base.fingerprint)
+
+    def ready(self, key: str) -> Path | None:
+        """The environment of ``key`` if it is complete (its manifest is the last thing written)."""
+        path = self.root / key
+        return path if (path / "manifest.json").is_file() else None
+
+    def ensure(self, spec: EnvironmentSpec, out: IO[str] | None = None) -> Environment:
+        """The environment of ``spec``: from the cache, or built now (its output to ``out``).
+
+        Raises EnvironmentFailed with the reason when it does not build (and
+        at once, without building, when that key failed before).
+        """
+        key = self.key(spec)
+        found = self._found(key)
+        if found is not None:
+            return found
+        with self._locked(key):  # a build of this key by another thread or agent ends first
+            found = self._found(key)
+            if found is not None:
+                return found
+            return self._build(key, spec, out)
+
+    def _found(self, key: str) -> Environment | None:
+        failed = self.root / ".failed" / f"{key}.json"
+        if failed.is_file():
+            reason = json.loads(failed.read_text())["reason"]
+            raise EnvironmentFailed(key, reason, known=True)
+        path = self.ready(key)
+        if path is None:
+            return None
+        manifest = json.loads((path / "manifest.json").read_text())
+        self._touch(key)
+        return Environment(key, path, tuple(manifest["packages"]), True, manifest["build_s"])
+
+    @contextlib.contextmanager
+    def _locked(self, key: str) -> Iterator[None]:
+        locks = self.root / ".locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        with open(locks / key, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _build(self, key: str, spec: EnvironmentSpec, out: IO[str] | None) -> Environment:
+        started = time.monotonic()
+        build = self.root / f".build-{key}-{uuid.uuid4().hex[:8]}"
+        build.mkdir(parents=True)
+        try:
+            packages = self._install(key, spec, build, out)
+            build_s = round(time.monotonic() - started, 3)
+            manifest = {
+                "key": key,
+                "requirements": list(spec.requirements),
+                "replace": list(spec.replace),
+                "packages": list(packages),
+                "base": self.base.fingerprint,
+                "python": self.base.python,
+                "build_s": build_s,
+                "built_at": time.time(),
+            }
+            (build / "manifest.json").write_text(json.dumps(manifest, indent=1))
+            _read_only(build)
+            build.rename(self.root / key)
+        except EnvironmentFailed as failed:
+            self._remember_failure(key, failed.reason)
+            raise
+        finally:
+            if build.exists():
+                _remove(build)
+        self._touch(key)
+        return Environment(key, self.root / key, packages, False, build_s)
+
+    def _install(
+        self, key: str, spec: EnvironmentSpec, build: Path, out: IO[str] | None
+    ) -> tuple[str, ...]:
+        if spec.python is not None and spec.python != self.base.python:
+            raise EnvironmentFailed(
+                key, f"the job asks for Python {spec.python}; this node runs {self.base.python}"
+            )
+        problems = base_conflicts(spec, self.base.packages)
+        if problems:
+            raise EnvironmentFailed(key, "; ".join(problems))
+        requested = build / "requirements.in"
+        requested.write_text("\n".join(spec.requirements) + "\n")
+        dry = self._uv(key, ["install", "--dry-run", "-r", str(requested)], out)
+        try:
+            plan = plan_of(dry)
+        except ValueError as exc:
+            raise EnvironmentFailed(key, str(exc)) from None
+        problems = replaced(plan, spec)
+        if problems:
+            raise EnvironmentFailed(key, "; ".join(problems))
+        pins = [f"{name}=={version}" for name, version in plan.install]
+        (build / "site").mkdir()
+        if pins:
+            target = ["--target", str(build / "site"), "--no-deps"]
+            self._uv(key, ["install", *target, *pins], out)
+        return tuple(pins)
+
+    def _uv(self, key: str, args: list[str], out: IO[str] | None) -> str:
+        """Run ``uv pip ARGS`` against the base interpreter; its output (also to ``out``)."""
+        argv = [_uv_binary(), "pip", *args, *self._index_args(), "--python", self.base.executable]
+        argv += ["--only-binary", ":all:", "--no-progress"]
+        try:
+            done = subprocess.run(
+                argv,
+                env=self._uv_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                timeout=self.settings.timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise EnvironmentFailed(
+                key, f"the build took longer than {self.settings.timeout_s:.0f} s"
+            ) from None
+        if out is not None:
+            for line in done.stdout.splitlines():
+                out.write(f"[environment] {line}\n")
+            out.flush()
+        if done.returncode != 0:
+            tail = "\n".join(done.stdout.strip().splitlines()[-TAIL_LINES:])
+            raise EnvironmentFailed(key, f"the environment did not build:\n{tail}")
+        return done.stdout
+
+    def _index_args(self) -> list[str]:
+        args = ["--no-index"] if self.settings.no_index else []
+        if self.settings.index_url:
+            args += ["--default-index", self.settings.index_url]
+        for url in self.settings.extra_index_urls:
+            args += ["--index", url]
+        if self.settings.find_links:
+            args += ["--find-links", self.settings.find_links]
+        return args
+
+    def _uv_env(self) -> dict[str, str]:
+        """uv's whole environment: nothing of a job's, the operator's proxy and certificates."""
+        home = self.root / ".home"
+        home.mkdir(parents=True, exist_ok=True)
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(home),
+            "UV_CACHE_DIR": str(self.root / ".uv-cache"),
+            "UV_NO_CONFIG": "1",
+            "UV_PYTHON_DOWNLOADS": "never",
+            "UV_NO_PROGRESS": "1",
+        }
+        for name in ("HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "SSL_CERT_FILE", "SSL_CERT_DIR"):
+            if os.environ.get(name):
+                env[name] = os.environ[name]
+        return env
+
+    def _remember_failure(self, key: str, reason: str) -> None:
+        failed = self.root / ".failed"
+        failed.mkdir(parents=True, exist_ok=True)
+        scratch = failed / f".{key}.{uuid.uuid4().hex[:8]}"
+        scratch.write_text(json.dumps({"key": key, "reason": reason, "at": time.time()}))
+        scratch.rename(failed / f"{key}.json")
+
+    def _touch(self, key: str) -> None:
+        used = self.root / ".used"
+        used.mkdir(parents=True, exist_ok=True)
+        (used / key).touch()
+
+    # ------------------------------------------------------------------ eviction
+    def entries(self) -> list[tuple[str, int, float]]:
+        """Every complete environment: (key, bytes, last use), least recently used first."""
+        out = []
+        for path in self.root.iterdir() if self.root.is_dir() else ():
+            if path.name.startswith(".") or self.ready(path.name) is None:
+                continue
+            used = self.root / ".used" / path.name
+            last = used.stat().st_mtime if used.exists() else path.stat().st_mtime
+            out.append((path.name, _tree_bytes(path), last))
+        return sorted(out, key=lambda entry: entry[2])
+
+    def evict(self, in_use: Iterable[str] = ()) -> list[str]:
+        """Remove least recently used environments until the cache fits ``max_bytes``;
+        never one in ``in_use``.  Returns the keys removed."""
+        busy = set(in_use)
+        entries = self.entries()
+        total = sum(size for _, size, _ in entries)
+        removed = []
+        for key, size, _ in entries:
+            if total <= self.settings.max_bytes:
+                break
+            if key in busy:
+                continue
+            with self._locked(key):
+                _remove(self.root / key)
+            (self.root / ".used" / key).unlink(missing_ok=True)
+            total -= size
+            removed.append(key)
+        return removed
+
+
+def _uv_binary() -> str:
+    from uv import find_uv_bin  # the uv wheel, a dependency of the project
+
+    return str(find_uv_bin())
+
+
+def _read_only(root: Path) -> None:
+    """Make a built tree read-only for everyone but keep it readable and walkable."""
+    for current, _dirs, files in os.walk(root):
+        for name in files:
+            path = os.path.join(current, name)
+            if not os.path.islink(path):
+                mode = os.stat(path).st_mode
+                os.chmod(path, 0o555 if mode & 0o111 else 0o444)
+        os.chmod(current, 0o555)
+
+
+def _remove(root: Path) -> None:
+    """Remove a tree that ``_read_only`` locked (write permission back, links not followed)."""
+    for current, dirs, _files in os.walk(root):
+        os.chmod(current, 0o755)
+        for name in dirs:
+            path = os.path.join(current, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o755)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    for current, _dirs, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(current, name)).st_blocks * 512
+    return total
