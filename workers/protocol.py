@@ -51,6 +51,7 @@ from workers.schema import ProtocolError as ProtocolError  # part of the protoco
 from workers.schema import check_name as check_name  # part of the protocol's API
 
 AGENT_COMMAND_TASK = "agent.command"
+MAX_ENVIRONMENT_LINE = 2000
 """Celery task name of a command; sent on ``agent_queue(node)``."""
 
 REPORT_TASK = "control.agent_report"
@@ -492,6 +493,14 @@ class Started(JobReport):
 
     command_id: str
     workers: tuple[RunningWorker, ...]
+    environment: str = ""
+    """What the workers run in beyond the node's base layer, in one line (a built or cached
+    environment, ``workers.agent.environments``); empty when nothing."""
+
+    def validate(self) -> None:
+        super().validate()
+        if len(self.environment) > MAX_ENVIRONMENT_LINE:
+            raise ProtocolError(f"started.environment is longer than {MAX_ENVIRONMENT_LINE}")
 
 
 @_report
@@ -731,6 +740,8 @@ class Failed(JobReport):
 
     error: str
     event_id: str | None = None
+    final: bool = False
+    """No retry can help (an environment that does not build): the job fails at once."""
 
 
 @_report

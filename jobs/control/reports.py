@@ -26,7 +26,7 @@ from jobs.agent_commands import job_id_from_name, worker_id
 from jobs.choices import ACTIVE_STATES, TERMINAL_STATES, EventKind, JobState
 from jobs.control import membership_claims, outputs, program_exits
 from jobs.control.dropped_events import events_dropped
-from jobs.control.endings import accrue_service, complete_job, fail_or_retry
+from jobs.control.endings import accrue_service, complete_job, fail_job, fail_or_retry
 from jobs.control.logs import log_lines
 from jobs.control.rejections import on_rejected
 from jobs.control.report_time import report_time as _at
@@ -345,9 +345,15 @@ def _finished(job: Job, report: Finished) -> str:
 
 
 def _failed(job: Job, report: Failed) -> str:
-    """The runtime (or the agent) says the job failed: retried while restarts remain."""
+    """The runtime (or the agent) says the job failed: retried while restarts remain,
+    unless no retry can help (``final``: its environment does not build)."""
     if job.state in TERMINAL_STATES:
         return "noted"
+    if report.final:
+        if job.state not in ACTIVE_STATES:
+            return "stale"
+        fail_job(job, report.error, _at(report))
+        return "failed"
     return fail_or_retry(job, report.error, _at(report))
 
 
@@ -374,6 +380,8 @@ def _worker_exited(job: Job, report: WorkerExited) -> str:
 
 
 def _started(job: Job, report: Started) -> str:
+    if report.environment:  # what its processes run in: built now, or the cache's
+        record(job, EventKind.NOTE, _at(report), reason=f"{report.node}: {report.environment}")
     return program_exits.on_started(job, report, _at(report))
 
 

@@ -122,6 +122,30 @@ def test_a_failing_program_is_retried_max_restarts_times_then_fails(
     assert "2 of 2 used" in page and "(after 2 restarts)" in page
 
 
+def test_a_final_failure_fails_at_once_with_restarts_left_and_a_start_says_its_environment(
+    alice: Any, acme: Any
+) -> None:
+    """An environment that does not build would not build on a retry either (issue 36)."""
+    nodes = demo_cluster()
+    job = submit(alice, acme, max_restarts=3)
+    run_tick(policy="fifo")
+    drain_all(nodes)
+    name = runtime_job_name(job.pk)
+    started = {"type": "started", "node": "node-0", "job": name, "command_id": "c-1",
+               "workers": [], "environment": "environment 0123: cache hit (einops==0.8.1)"}  # fmt: skip
+    handle_report(started)
+    note = job.events.filter(kind="note").order_by("-pk").first()
+    assert note is not None and note.reason == "node-0: environment 0123: cache hit (einops==0.8.1)"
+    report = {"type": "failed", "node": "node-0", "job": name, "final": True,
+              "error": "its environment does not build: No solution found"}  # fmt: skip
+    assert handle_report(report) == "failed"
+    job.refresh_from_db()
+    assert (job.state, job.restarts) == ("failed", 0)
+    assert job.failure_reason == "its environment does not build: No solution found"
+    assert {c["type"] for c in commands(nodes)} == {"stop_job"}
+    assert handle_report(report) == "noted"
+
+
 def test_without_restarts_a_failure_fails_the_job_as_before(alice: Any, acme: Any) -> None:
     demo_cluster()
     job = submit(alice, acme)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from workers.agent.config import AgentConfig
+from workers.agent.environments import Environment, EnvironmentFailed
 from workers.agent.events import EventForwarder
 from workers.agent.processes import ProcessTable
 from workers.agent.programs import job_dirs
@@ -79,6 +80,8 @@ class CommandHandler:
         self._send = send
         self._lock = lock
         self.clock = clock
+        self._environments: dict[str, Environment] = {}
+        """Environments prepared for start commands not yet applied, by command id."""
 
     def receive_signed(self, envelope: Any) -> str:
         """Check a command's envelope, then ``receive`` its body; ``refused`` if it is forged.
@@ -130,6 +133,10 @@ class CommandHandler:
         starting = command.joining if isinstance(command, Migrate) else command
         if isinstance(starting, StartWorkers):
             self._wait_for_slots(starting)
+            try:
+                self._prepare_environment(command.command_id, starting)
+            except EnvironmentFailed as failed:
+                return self._environment_failed(command, failed)
         with self._lock:
             if self.store.was_applied(command.command_id):
                 log.info("command %s replayed: no-op", command.command_id)
@@ -138,6 +145,7 @@ class CommandHandler:
             try:
                 self._dispatch(command)
             except CommandRejected as exc:
+                self._environments.pop(command.command_id, None)
                 log.warning("rejected %s %s: %s", command.TYPE, command.command_id, exc)
                 busy = exc if isinstance(exc, SlotBusy) else None
                 self._send(
@@ -156,6 +164,42 @@ class CommandHandler:
             self.store.mark_applied(command.command_id)
             log.info("applied %s %s for job %s", command.TYPE, command.command_id, command.job)
             return "applied"
+
+    def _prepare_environment(self, command_id: str, command: StartWorkers) -> None:
+        """Build the program's environment before the lock (a build takes seconds to
+        minutes; supervision and heartbeats go on meanwhile), its output into the first
+        worker's log.  Nothing for a built-in, a replay, or code that cannot be had (the
+        start reports that)."""
+        program = command.program
+        if program is None or not command.workers or self.store.was_applied(command_id):
+            return
+        try:
+            code_dir = self.processes.resolve_code(program)
+        except (OSError, ValueError, RuntimeError):
+            return
+        log_path = self.config.log_path(command.job, command.workers[0].worker_id)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a") as out:
+            environment = self.processes.environment(program, code_dir, out)
+        if environment is not None:
+            self._environments[command_id] = environment
+
+    def _environment_failed(self, command: Command, failed: EnvironmentFailed) -> str:
+        """The job's environment does not build: it fails, with no retry (the same request
+        fails again); the command counts as applied, so a replay does not build again."""
+        log.warning("job %s: its environment does not build: %s", command.job, failed.reason)
+        with self._lock:
+            self.store.mark_applied(command.command_id)
+        known = " (as before: not built again)" if failed.known else ""
+        self._send(
+            Failed(
+                node=self.config.node,
+                job=command.job,
+                error=f"its environment does not build{known}: {failed.reason}",
+                final=True,
+            )
+        )
+        return "failed"
 
     def _dispatch(self, command: Command) -> None:
         if isinstance(command, StartWorkers):
@@ -296,12 +340,14 @@ class CommandHandler:
                         error=f"could not start worker {worker.worker_id}: {exc}",
                     )
                 )
+        environment = self._environments.pop(command.command_id, None)
         self._send(
             Started(
                 node=self.config.node,
                 job=command.job,
                 command_id=command.command_id,
                 workers=self.processes.running_of(command),
+                environment=environment.describe() if environment is not None else "",
             )
         )
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from workers.agent.cleanup import CleanupSettings
+from workers.agent.environments import EnvironmentSettings
 from workers.agent.gpus import GpuDevice
 from workers.agent.mirror import MirrorLimits, read_limits
 from workers.agent.quota import Quota
@@ -73,6 +74,9 @@ class AgentConfig:
     message_max_age_s: float = DEFAULT_MAX_AGE_S
     message_max_skew_s: float = DEFAULT_MAX_SKEW_S
     cleanup: CleanupSettings = field(default_factory=lambda: CleanupSettings())
+    environments: EnvironmentSettings | None = None
+    """Where tenants' environments are built and from which index (None: defaults,
+    ``<data_dir>/envs``; ``environment_settings``)."""
     gpus: tuple[GpuDevice, ...] = ()
     """The GPU of each slot on a GPU node (``workers.agent.gpus``); empty: slot k is CUDA
     device k, with every ``/dev/nvidia*`` in each sandbox."""
@@ -83,6 +87,10 @@ class AgentConfig:
         if self.device != "cuda":
             return "cpu"
         return "cuda:0" if self.gpus else f"cuda:{slot}"
+
+    def environment_settings(self) -> EnvironmentSettings:
+        """``environments``, or the defaults under this node's data directory."""
+        return self.environments or EnvironmentSettings(root=self.data_dir / "envs")
 
     def checkpoint_dir(self, job: str) -> Path:
         """Default checkpoint directory of a job: ``<data_dir>/checkpoints/<job>``."""
@@ -266,7 +274,11 @@ class AgentEnvironment:
     ``AGENT_MESSAGE_MAX_SKEW_SECONDS`` (default 60), which must match the portal's;
     the cleaning of ended jobs' node directories (``CleanupSettings``):
     ``AGENT_KEEP_ENDED_HOURS`` (24), ``AGENT_NODE_DIRS_MAX_GB`` (100),
-    ``AGENT_CLEAN_EVERY_SECONDS`` (600).
+    ``AGENT_CLEAN_EVERY_SECONDS`` (600); tenants' environments
+    (``workers.agent.environments.EnvironmentSettings``): ``ENVIRONMENT_CACHE_DIR``,
+    ``ENVIRONMENT_CACHE_MAX_GB``, ``ENVIRONMENT_INDEX_URL``,
+    ``ENVIRONMENT_EXTRA_INDEX_URLS``, ``ENVIRONMENT_FIND_LINKS``, ``ENVIRONMENT_NO_INDEX``,
+    ``ENVIRONMENT_BUILD_TIMEOUT_SECONDS``.
     """
 
     redis_url: str
@@ -283,6 +295,7 @@ class AgentEnvironment:
     message_max_age_s: float = DEFAULT_MAX_AGE_S
     message_max_skew_s: float = DEFAULT_MAX_SKEW_S
     cleanup: CleanupSettings = field(default_factory=lambda: CleanupSettings())
+    environments: EnvironmentSettings | None = None
 
     @classmethod
     def read(
@@ -319,6 +332,7 @@ class AgentEnvironment:
                 max_bytes=int(_positive(env, "AGENT_NODE_DIRS_MAX_GB", 100.0) * 2**30),
                 every_s=_positive(env, "AGENT_CLEAN_EVERY_SECONDS", 600.0),
             ),
+            environments=_environments(env, data_dir),
         )
 
 
@@ -365,6 +379,23 @@ def _sandbox(env: Mapping[str, str]) -> SandboxSettings:
             shm_bytes=int(_positive(env, "SANDBOX_SHM_MB", 8192) * 2**20),
             every_s=_positive(env, "SANDBOX_QUOTA_EVERY_SECONDS", 15.0),
         ),
+    )
+
+
+def _environments(env: Mapping[str, str], data_dir: Path) -> EnvironmentSettings:
+    """Tenants' environments: the cache and the operator's index (``EnvironmentSettings``)."""
+    root = env.get("ENVIRONMENT_CACHE_DIR")
+    no_index = (env.get("ENVIRONMENT_NO_INDEX") or "0").strip().lower()
+    if no_index not in ("0", "1", "false", "true", "no", "yes"):
+        raise AgentConfigError(f"ENVIRONMENT_NO_INDEX must be 1 or 0, not {no_index!r}")
+    return EnvironmentSettings(
+        root=Path(root).resolve() if root else data_dir / "envs",
+        max_bytes=int(_positive(env, "ENVIRONMENT_CACHE_MAX_GB", 50.0) * 2**30),
+        index_url=(env.get("ENVIRONMENT_INDEX_URL") or "").strip(),
+        extra_index_urls=tuple((env.get("ENVIRONMENT_EXTRA_INDEX_URLS") or "").split()),
+        find_links=(env.get("ENVIRONMENT_FIND_LINKS") or "").strip(),
+        no_index=no_index in ("1", "true", "yes"),
+        timeout_s=_positive(env, "ENVIRONMENT_BUILD_TIMEOUT_SECONDS", 900.0),
     )
 
 

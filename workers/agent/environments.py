@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -48,6 +49,7 @@ import os
 import platform
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -59,7 +61,16 @@ from typing import IO
 
 from packaging.utils import canonicalize_name
 
-from workers.environment import EnvironmentSpec, base_conflicts, environment_key
+from workers.environment import (
+    BUNDLE_FILES,
+    MAX_FILE_BYTES,
+    EnvironmentSpec,
+    base_conflicts,
+    bundle_requirements,
+    check_environment,
+    environment_key,
+)
+from workers.program import ProgramError
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +167,30 @@ class EnvironmentFailed(RuntimeError):
         """Whether an earlier build of the same key had already failed (not rebuilt)."""
 
 
+def requested(environment: Mapping[str, object], code_dir: Path) -> EnvironmentSpec:
+    """What a program asks for: its bundle's declared requirements, then its job's own.
+
+    The bundle's files are tenant content: read without following a link, at
+    most ``MAX_FILE_BYTES`` each.  A bad request raises EnvironmentFailed.
+    """
+    files = {}
+    for name in BUNDLE_FILES:
+        try:
+            fd = os.open(code_dir / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise EnvironmentFailed("", f"{name}: cannot be read ({exc.strerror})") from None
+        with os.fdopen(fd, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise EnvironmentFailed("", f"{name}: not a regular file")
+            files[name] = handle.read(MAX_FILE_BYTES + 1)
+    try:
+        return check_environment(environment or None).with_bundle(bundle_requirements(files))
+    except ProgramError as exc:
+        raise EnvironmentFailed("", str(exc)) from None
+
+
 # --------------------------------------------------------------------------- uv's plan
 
 PLAN_LINE = re.compile(r"^ ([+\-~]) ([A-Za-z0-9][A-Za-z0-9._\-]*)==(\S+)$")
@@ -210,8 +245,13 @@ class EnvironmentCache:
 
     def __init__(self, settings: EnvironmentSettings, base: BaseLayer | None = None) -> None:
         self.settings = settings
-        self.base = base or BaseLayer.running()
         self.root = settings.root
+        self._base = base
+
+    @functools.cached_property
+    def base(self) -> BaseLayer:
+        """The node's base layer (read once, when a job first asks for an environment)."""
+        return self._base or BaseLayer.running()
 
     def key(self, spec: EnvironmentSpec) -> str:
         """The key ``spec`` builds under on this node's base."""

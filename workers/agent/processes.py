@@ -24,11 +24,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from workers.agent import limits, redis_acl, seccomp
 from workers.agent.config import REPO_ROOT, AgentConfig, local_store_dir
 from workers.agent.door import StoreDoors, default_root
+from workers.agent.environments import Environment, EnvironmentCache, requested
 from workers.agent.gpus import device_nodes
 from workers.agent.isolation import NetworkIsolation
 from workers.agent.launch import (
@@ -51,6 +52,7 @@ from workers.agent.programs import (
     program_mounts,
     program_slots,
     torchrun_env,
+    with_environment,
 )
 from workers.agent.sandbox import (
     BUILDER_ENV,
@@ -228,6 +230,8 @@ class ProcessTable:
         """Each job's door to its prefix of the artifact store (``workers.agent.door``)."""
         self.mirror = CheckpointMirror(config.mirror_limits, clock)
         """A torchrun job's node-local CHECKPOINT_DIR, mirrored to its store prefix."""
+        self.environments = EnvironmentCache(config.environment_settings())
+        """Tenants' own dependencies, built once per request (``workers.agent.environments``)."""
         store_root = local_store_dir(config.artifact_url)
         if store_root is not None:  # a sandbox hides it, so it must exist before the first
             store_root.mkdir(parents=True, exist_ok=True)
@@ -387,6 +391,7 @@ class ProcessTable:
     ) -> WorkerRecord:
         self._refuse_unsandboxed()
         code_dir = self.resolve_code(program)
+        environment = self.environment(program, code_dir)
         dirs = job_dirs(self.config, command)
         dirs.create(worker.worker_id)
         if program.launcher == "edl":
@@ -399,6 +404,8 @@ class ProcessTable:
             env["MASTER_ADDR"] = self.isolation.master_addr(
                 command.job, program.master_node, program.master_addr
             )
+        if environment is not None:
+            with_environment(env, environment)
         return self._launch(
             command,
             worker,
@@ -412,6 +419,7 @@ class ProcessTable:
                 code_dir,
                 base_prefix=Path(sys.base_prefix),
                 devices=device_nodes(self.config.gpus, program_slots(command, worker)),
+                environment=environment.path if environment is not None else None,
             ),
             generation=program.generation,
             owned=dirs.owned(worker.worker_id),
@@ -420,6 +428,14 @@ class ProcessTable:
             store_prefix=command.store_prefix,
             code=program.code,
         )
+
+    def environment(
+        self, program: Program, code_dir: Path, out: IO[str] | None = None
+    ) -> Environment | None:
+        """What ``program`` runs in beyond the node's base layer (None: nothing): built now
+        (its output to ``out``) or found in the cache.  Raises EnvironmentFailed."""
+        spec = requested(program.environment, code_dir)
+        return None if spec.empty else self.environments.ensure(spec, out)
 
     def _remember(
         self,

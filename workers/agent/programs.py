@@ -36,10 +36,11 @@ Launchers:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from workers.agent.config import REPO_ROOT, AgentConfig, local_store_dir
+from workers.agent.environments import Environment
 from workers.agent.gpus import cuda_visible
 from workers.agent.sandbox import HIDDEN_SYSTEM_DIRS, MASKED_FILES, Mounts
 from workers.elastic.cli import OPTIONS_ENV, WorkerOptions, options_to_env
@@ -302,6 +303,15 @@ def edl_env(
     return env
 
 
+def with_environment(env: dict[str, str], environment: Environment) -> dict[str, str]:
+    """A program's variables with its environment's packages first on ``PYTHONPATH`` (before
+    the SDK, where it has it) and their console scripts first on ``PATH``."""
+    sdk = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(environment.site), sdk) if p)
+    env["PATH"] = os.pathsep.join((str(environment.scripts), env["PATH"]))
+    return env
+
+
 def program_mounts(
     config: AgentConfig,
     dirs: JobDirs,
@@ -312,10 +322,11 @@ def program_mounts(
     base_prefix: Path,
     home: Path = Path("/root"),
     devices: tuple[Path, ...] = (),
+    environment: Path | None = None,
 ) -> Mounts:
     """What one worker's sandbox hides and binds back (``workers.agent.sandbox``): only the
-    job's node directories are writable."""
-    return confined(
+    job's node directories are writable; its environment (if any) comes back read-only."""
+    mounts = confined(
         config,
         code_dir,
         dirs.owned(worker_id),
@@ -325,6 +336,9 @@ def program_mounts(
         devices=devices,
         shm_dir=config.job_shm_dir(dirs.job),
     )
+    if environment is None:
+        return mounts
+    return replace(mounts, read_only=(*mounts.read_only, environment))
 
 
 def builtin_mounts(
@@ -380,6 +394,9 @@ def confined(
     python_home = base_prefix.resolve()
     extra_files = tuple(path for path in config.sandbox.hide if path.is_file())
     hide = {repo_root, config.data_dir, home, *set(config.sandbox.hide) - set(extra_files)}
+    environments = config.environment_settings().root
+    if environments.is_dir():  # every job's environments: only the program's own comes back
+        hide.add(environments)
     hide.update(path for path in HIDDEN_SYSTEM_DIRS if path.is_dir() and not path.is_symlink())
     cache_root = code_dir.parent  # the other bundles unpacked next to this one
     if cache_root != Path("/") and not any(

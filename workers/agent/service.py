@@ -174,6 +174,7 @@ def config_from_options(
         message_max_age_s=env.message_max_age_s,
         message_max_skew_s=env.message_max_skew_s,
         cleanup=env.cleanup,
+        environments=env.environments,
     )
 
 

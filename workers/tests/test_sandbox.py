@@ -37,6 +37,7 @@ from utilities.embedded_redis import free_port
 from workers.agent import seccomp
 from workers.agent.agent import Agent
 from workers.agent.config import REPO_ROOT, AgentConfig, SandboxSettings
+from workers.agent.environments import EnvironmentCache, EnvironmentSettings
 from workers.agent.limits import descendants
 from workers.agent.network import NETNS_DIR, JobNetworks, net_names
 from workers.agent.quota import MIB, Quota
@@ -55,6 +56,7 @@ from workers.protocol import (
     Stopped,
     WorkerExited,
 )
+from workers.tests.test_environments import make_wheel
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -1401,3 +1403,69 @@ def test_the_example_programs_run_sandboxed(
     finally:
         agent.close(stop_children=True)
         delete_job_user(redis.Redis.from_url(redis_url), job)
+
+
+# --------------------------------------------------------------------------- environments
+# A program runs in its own environment (issue 36): built by the agent from local wheels (no
+# network), seen in the sandbox; a request that does not build fails the job once, for good.
+
+IMPORTS = """
+import json, os, shutil
+import alpha, beta
+print(json.dumps({"alpha": alpha.__file__, "beta": beta.VERSION,
+                  "script": shutil.which("alpha-say")}))
+"""
+
+
+def agent_with_environments(host: Host, node: str, redis_url: str) -> tuple[Agent, Collected]:
+    wheels = host.base / "wheels"
+    make_wheel(wheels, "alpha", "1.0", requires=("beta>=1",), script="alpha-say")
+    make_wheel(wheels, "beta", "1.2")
+    agent, sent = make_agent(host, node, redis_url)
+    settings = EnvironmentSettings(
+        root=host.data_dir / "envs", find_links=str(wheels), no_index=True, timeout_s=120
+    )
+    agent.processes.environments = EnvironmentCache(settings)
+    return agent, sent
+
+
+def test_a_bundles_requirements_are_built_once_and_its_program_imports_them(
+    host: Host, node: str, redis_url: str, job: str
+) -> None:
+    host.bundle(CODE, IMPORTS)
+    host.bundle(CODE, "alpha==1.0  # and its beta\n", "requirements.txt")
+    agent, sent = agent_with_environments(host, node, redis_url)
+    assert agent.receive(start_payload(job, "c1", launcher="edl")) == "applied", sent.reports
+    run_to_exit(agent, sent)
+    [exited] = sent.of(WorkerExited)
+    assert exited.outcome == "clean", (exited, agent.config.log_path(job, "w0").read_text())
+    seen = output(agent, job)
+    envs = host.data_dir / "envs"
+    assert seen["alpha"].startswith(str(envs)) and seen["beta"] == "1.2"
+    assert seen["script"] and seen["script"].startswith(str(envs))
+    log = agent.config.log_path(job, "w0").read_text()
+    assert log.index("[environment]") < log.index('{"alpha"')  # the build's lines come first
+    [started] = sent.of(Started)
+    assert "built in" in started.environment and "alpha==1.0, beta==1.2" in started.environment
+
+    again, sent_again = agent_with_environments(host, node, redis_url)
+    payload = start_payload(f"{job}-2", "c2", launcher="edl")
+    assert again.receive(payload) == "applied"
+    run_to_exit(again, sent_again)
+    [hit] = sent_again.of(Started)
+    assert "cache hit" in hit.environment
+
+
+def test_a_request_that_does_not_build_fails_the_job_with_no_retry_and_starts_nothing(
+    host: Host, node: str, redis_url: str, job: str
+) -> None:
+    host.bundle(CODE, IMPORTS)
+    host.bundle(CODE, "alpha==9.9\n", "requirements.txt")
+    agent, sent = agent_with_environments(host, node, redis_url)
+    assert agent.receive(start_payload(job, "c1", launcher="edl")) == "failed"
+    [failed] = sent.of(Failed)
+    assert failed.final and failed.error.startswith("its environment does not build:")
+    assert "alpha" in failed.error
+    assert not sent.of(Started) and not agent.processes.of_job(job)
+    assert agent.receive(start_payload(job, "c1", launcher="edl")) == "replayed"
+    assert "[environment]" in agent.config.log_path(job, "w0").read_text()
