@@ -29,6 +29,12 @@ class CodeBundle(models.Model):
     file_count = models.PositiveIntegerField()
     files = models.JSONField(default=list, help_text='[{"path": ..., "size": ...}] of its files.')
     unpacked_bytes = models.PositiveBigIntegerField()
+    requirements = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="What its top-level requirements.txt or pyproject.toml declares "
+        "(workers.environment.bundle_requirements), normalised; installed before a job's own.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     uploaded_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,

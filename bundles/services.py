@@ -1,8 +1,9 @@
 """Code bundle services: ``check_*`` functions validate, ``do_*`` functions change state.
 
 An upload goes: permission, size, a private copy on disk, ``workers.bundle.inspect``
-(every entry decompressed and counted, nothing unpacked), then the archive into
-the artifact store, then the row.  A refusal stores nothing; a row that cannot be
+(every entry decompressed and counted, nothing unpacked), the requirements it
+declares (``bundles.declared``: a bad ``requirements.txt`` refuses it), then the
+archive into the artifact store, then the row.  A refusal stores nothing; a row that cannot be
 written takes its stored object with it.
 """
 
@@ -17,6 +18,7 @@ from django.core.files.uploadedfile import UploadedFile
 from django.db import IntegrityError, transaction
 
 from audit import services as audit
+from bundles.declared import declared_requirements
 from bundles.errors import BundlePermissionError, BundleRefusedError, BundleTenantError
 from bundles.models import CodeBundle
 from tenancy.models import Tenant
@@ -81,6 +83,7 @@ def do_upload(
         local = Path(scratch) / "upload"
         _save_upload(uploaded_file, local, limits.max_bytes)
         info = check_archive(local=local, limits=limits)
+        requirements = declared_requirements(local, info)
         existing = CodeBundle.objects.filter(tenant=tenant, sha256=info.sha256).first()
         if existing is not None:
             return existing, False
@@ -92,6 +95,7 @@ def do_upload(
             file_count=len(info.files),
             files=[{"path": f.path, "size": f.size} for f in info.files],
             unpacked_bytes=info.unpacked_bytes,
+            requirements=list(requirements),
             uploaded_by_id=user.pk,  # can_write refused anonymous users
         )
         store = artifact_store()
@@ -99,7 +103,7 @@ def do_upload(
     return _insert(bundle, store, user)
 
 
-UPLOAD_AUDIT_FIELDS = ("sha256", "kind", "size", "file_count", "unpacked_bytes")
+UPLOAD_AUDIT_FIELDS = ("sha256", "kind", "size", "file_count", "unpacked_bytes", "requirements")
 """What the audit log keeps of an upload (not the list of files)."""
 
 

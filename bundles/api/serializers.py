@@ -18,10 +18,16 @@ class CodeBundleSerializer(serializers.ModelSerializer[CodeBundle]):
     tenant: serializers.SlugRelatedField[Tenant] = serializers.SlugRelatedField(
         slug_field="slug", read_only=True
     )
+    requirements = serializers.ListField(
+        child=serializers.CharField(),
+        read_only=True,
+        help_text="What its top-level requirements.txt or pyproject.toml declares, normalised "
+        "(installed before a job's own environment.requirements).",
+    )
 
     class Meta:
         model = CodeBundle
-        fields = ["id", "size", "files", "created_at", "tenant"]
+        fields = ["id", "size", "files", "requirements", "created_at", "tenant"]
         read_only_fields = fields
 
 
