@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from workers.protocol import (
@@ -78,11 +78,13 @@ def leaving_workers(command: Command) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class ProgramLaunch:
-    """A tenant's program: its bundle, entrypoint argv, launcher and environment.
+    """A tenant's program: its bundle, entrypoint argv, launcher and variables.
 
     ``generation`` is the run the next start belongs to (torchrun), ``master_port``
     the port rank 0 listens on, ``grace_seconds`` how long a stopped torchrun
-    program has between SIGTERM and SIGKILL.
+    program has between SIGTERM and SIGKILL.  ``environment`` is the job's own
+    Python dependencies as stored (``workers.environment``; empty: the node's
+    base layer), which the agent builds before it starts the program.
     """
 
     code: str
@@ -93,6 +95,7 @@ class ProgramLaunch:
     generation: int
     master_port: int
     grace_seconds: float
+    environment: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def restarts_to_resize(self) -> bool:
@@ -153,6 +156,7 @@ def _program(
         master_addr=homes[everyone[0]].address,
         master_node=homes[everyone[0]].node,
         master_port=program.master_port,
+        environment=dict(program.environment),
     )
 
 

@@ -2,7 +2,8 @@
 
 A job runs a built-in workload or a program: an archive uploaded with the
 form (stored as a bundle by ``bundles.services.do_upload`` first) or one of
-the tenant's earlier bundles, with an entrypoint, a launcher and variables.
+the tenant's earlier bundles, with an entrypoint, a launcher, variables and
+requirements (requirements.txt lines, read by ``workers.environment.requirements_txt``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from jobs.services import (
 )
 from tenancy.models import Tenant
 from workers.catalog import WORKLOADS
+from workers.environment import requirements_txt
+from workers.program import ProgramError
 
 BUILT_IN, PROGRAM = "builtin", "program"
 PROGRAM_ONLY = ("archive", *PROGRAM_FIELDS)
@@ -141,6 +144,14 @@ class JobForm(forms.Form):
         label="Environment",
         widget=forms.Textarea(attrs={"rows": 2}),
         help_text="NAME=value, one per line.",
+    )
+    environment = forms.CharField(
+        required=False,
+        label="Requirements",
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="Python packages your program needs beyond the node's torch and edl, one per "
+        "line as in requirements.txt, e.g. einops==0.8.1 (the bundle's own requirements.txt "
+        "comes first). Packages come from the cluster's index: no options, paths or URLs.",
     )
     gpus = forms.IntegerField(
         min_value=1,
@@ -266,7 +277,7 @@ class JobForm(forms.Form):
         if cleaned.get("source") == PROGRAM:
             data.pop("workload", None)
             data.pop("args", None)
-            if not self._take_archive(tenant, data):
+            if not self._take_requirements(data) or not self._take_archive(tenant, data):
                 return cleaned
             data.setdefault("code", "")  # the service says a bundle is needed
         else:
@@ -277,10 +288,23 @@ class JobForm(forms.Form):
         except JobValidationError as exc:
             submitted = dict(cleaned)
             for field, messages in exc.errors.items():
+                field = field.partition(".")[0]  # environment.requirements: the Requirements box
                 target = field if field in self.fields else None
                 for message in messages:
                     self.add_error(target, self.in_users_words(target, message, tenant, submitted))
         return cleaned
+
+    def _take_requirements(self, data: dict[str, Any]) -> bool:
+        """The Requirements box as the ``environment`` the service checks; False if refused."""
+        text = data.pop("environment", "")
+        if not text.strip():
+            return True
+        try:
+            data["environment"] = {"requirements": list(requirements_txt(text, "environment"))}
+        except ProgramError as exc:
+            self.add_error("environment", exc.message[:1].upper() + exc.message[1:] + ".")
+            return False
+        return True
 
     def _take_archive(self, tenant: Tenant, data: dict[str, Any]) -> bool:
         """Store an uploaded archive as a bundle and use it; False if it was refused."""

@@ -44,6 +44,12 @@ class Job(models.Model):
     )
     launcher = models.CharField(max_length=10, choices=Launcher.choices, default=Launcher.EDL)
     env = models.JSONField(default=dict, blank=True, help_text="The program's own variables.")
+    environment = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The program's own Python dependencies (workers.environment): requirements, "
+        "python, replace; empty: the node's base layer.",
+    )
     generation = models.PositiveIntegerField(
         default=0, help_text="Runs of a torchrun program: each start or restart is a new one."
     )

@@ -176,6 +176,7 @@ def program_of(job: Job) -> ProgramLaunch | None:
         entrypoint=tuple(shlex.split(job.entrypoint)),
         launcher=job.launcher,
         env=dict(job.env),
+        environment=dict(job.environment),
         generation=job.generation,
         master_port=rendezvous_port(job.pk, job.generation),
         grace_seconds=settings.TORCHRUN_GRACE_SECONDS,

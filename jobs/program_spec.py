@@ -1,21 +1,26 @@
-"""Checking the program half of a job submission: code bundle, entrypoint, launcher, env.
+"""Checking the program half of a job submission: code bundle, entrypoint, launcher, env,
+environment.
 
 A job runs either a built-in ``workload`` or a tenant's ``code`` bundle. For a
 bundle, the entrypoint must name a Python file that is in it, the launcher is
-``edl`` or ``torchrun``, and ``env`` holds only the user's own variables (the
-rules of ``workers.program``).  Every refusal names its field.
+``edl`` or ``torchrun``, ``env`` holds only the user's own variables (the
+rules of ``workers.program``), and ``environment`` the Python dependencies it
+asks for beyond the node's base layer (the rule of ``workers.environment``,
+which the agent applies again when it builds them).  Every refusal names its
+field, down to the key: ``environment.requirements``.
 """
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from bundles.models import CodeBundle
 from tenancy.models import Tenant
 from utilities.bounded_json import JsonRefused, loads
+from workers.environment import EnvironmentSpec, check_environment
 from workers.program import (
     ProgramError,
     check_code_id,
@@ -24,19 +29,25 @@ from workers.program import (
     split_entrypoint,
 )
 
-PROGRAM_FIELDS = ("code", "entrypoint", "launcher", "env")
+PROGRAM_FIELDS = ("code", "entrypoint", "launcher", "env", "environment")
 
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class ProgramSpec:
-    """A checked program: the tenant's bundle, argv, launcher and variables."""
+    """A checked program: the tenant's bundle, argv, launcher, variables and dependencies."""
 
     bundle: CodeBundle
     entrypoint: tuple[str, ...]
     launcher: str
     env: dict[str, str]
+    environment: EnvironmentSpec = field(default_factory=EnvironmentSpec)
+
+    @property
+    def environment_field(self) -> dict[str, Any]:
+        """The ``environment`` as the job stores it and agents receive it (``{}``: none asked)."""
+        return {} if self.environment.empty else self.environment.to_dict()
 
     @property
     def entrypoint_text(self) -> str:
@@ -69,13 +80,29 @@ def check_program(
     else:
         launcher = _checked(add_error, lambda: check_launcher(str(raw_launcher)))
     env = _checked(add_error, lambda: check_env(parse_env(data.get("env"))))
+    environment = _checked(add_error, lambda: _environment(bundle, data.get("environment")))
     if data.get("workload"):
         add_error("workload", "Give either a built-in workload or code, not both.")
     if data.get("args"):
         add_error("args", "A program takes its arguments in entrypoint.")
-    if bundle is None or not entrypoint or launcher is None or env is None:
+    if bundle is None or not entrypoint or launcher is None or env is None or environment is None:
         return None
-    return ProgramSpec(bundle=bundle, entrypoint=entrypoint, launcher=launcher, env=env)
+    return ProgramSpec(
+        bundle=bundle,
+        entrypoint=entrypoint,
+        launcher=launcher,
+        env=env,
+        environment=environment,
+    )
+
+
+def _environment(bundle: CodeBundle | None, raw: Any) -> EnvironmentSpec:
+    """The job's own ``environment``, checked; with its bundle's requirements (which the
+    agent installs first) it must stay within the rule's count."""
+    spec = check_environment(raw)
+    if bundle is not None:
+        spec.with_bundle(bundle.requirements)
+    return spec
 
 
 def parse_env(raw: Any) -> Any:

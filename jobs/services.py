@@ -64,6 +64,7 @@ SUBMIT_AUDIT_FIELDS = (
     "code_id",
     "entrypoint",
     "launcher",
+    "environment",
     "gpus",
     "min_gpus",
     "max_gpus",
@@ -153,6 +154,12 @@ def _check_workload(data: Mapping[str, Any], errors: _Errors) -> tuple[str, dict
     """A built-in workload and its arguments (empty when refused)."""
     if data.get("env"):
         errors.add("env", "Only a program (code) takes environment variables.")
+    if data.get("environment"):
+        errors.add(
+            "environment",
+            "Only a program (code) takes its own requirements: built-in workloads run on the "
+            "node's base layer.",
+        )
     if data.get("launcher") not in (None, "", "edl"):
         errors.add("launcher", "Built-in workloads run on the edl launcher.")
     workload = data.get("workload")
@@ -323,6 +330,7 @@ def _program_fields(program: ProgramSpec | None) -> dict[str, Any]:
         "entrypoint": program.entrypoint_text,
         "launcher": program.launcher,
         "env": program.env,
+        "environment": program.environment_field,
     }
 
 

@@ -96,6 +96,13 @@ class JobCreateSerializer(serializers.Serializer[Job]):
         required=False,
         help_text="With code: the program's own variables (NAME: value; at most 64, 4 KiB).",
     )
+    environment = serializers.JSONField(
+        required=False,
+        help_text="With code: the program's own Python dependencies, installed over the node's "
+        'base layer (torch, edl): {"requirements": ["einops==0.8.1"], "python": "3.11", '
+        '"replace": []}. Requirements name packages of the operator\'s index only (PEP 508; '
+        "no options, paths or URLs); the bundle's requirements.txt or pyproject.toml comes first.",
+    )
     gpus = serializers.IntegerField(min_value=1)
     min_gpus = serializers.IntegerField(min_value=1, required=False)
     max_gpus = serializers.IntegerField(min_value=1, required=False)

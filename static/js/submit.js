@@ -3,7 +3,7 @@
 (function () {
   "use strict";
   const BUILT_IN = ["workload", "args"];
-  const PROGRAM = ["archive", "code", "entrypoint", "launcher", "env"];
+  const PROGRAM = ["archive", "code", "entrypoint", "launcher", "env", "environment"];
 
   function fieldBox(name) {
     const input = document.querySelector(`#job-form [name="${name}"]`);
