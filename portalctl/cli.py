@@ -247,7 +247,8 @@ def job_row(job: Job) -> list[Any]:
 def show_job(job: Job) -> None:
     """One job as a two-column table (a run-time limit also in short form: ``7200 (2h)``)."""
     keys = [
-        "id", "name", "tenant", "state", "workload", "code", "entrypoint", "launcher", "gpus",
+        "id", "name", "tenant", "state", "workload", "code", "entrypoint", "launcher",
+        "environment", "gpus",
         "min_gpus", "max_gpus", "parallelism", "priority", "restarts", "max_restarts",
         "max_runtime_s", "runtime_deadline", "generation", "step", "loss",
         "submitted_at", "started_at", "finished_at", "jct_seconds", "wait_reason",
@@ -257,10 +258,39 @@ def show_job(job: Job) -> None:
     rows = [
         (key, f"{value} ({format_duration(value)})")
         if key == "max_runtime_s" and isinstance(value, int) and value > 0
+        else (key, environment_text(value))
+        if key == "environment"
         else (key, value)
         for key, value in rows
     ]
     out.print(table(None, ("FIELD", "VALUE"), rows))
+
+
+def environment_text(environment: Any) -> str:
+    """A job's own requirements on one line: ``einops==0.8.1 tqdm>=4 (python 3.11)``.
+
+    Empty: the job asks for nothing beyond the node's base layer (its bundle's
+    own requirements.txt still applies; ``portalctl`` shows that with the upload).
+    """
+    if not isinstance(environment, dict) or not environment.get("requirements"):
+        return ""
+    text = " ".join(str(line) for line in environment["requirements"])
+    notes = [f"python {environment['python']}"] if environment.get("python") else []
+    if environment.get("replace"):
+        notes.append("may replace " + ", ".join(map(str, environment["replace"])))
+    return f"{text} ({'; '.join(notes)})" if notes else text
+
+
+def add_requirements(fields: dict[str, Any], requirements: Sequence[str]) -> None:
+    """Append ``--requirement`` lines to the ``environment.requirements`` of ``fields``."""
+    if not requirements:
+        return
+    environment = dict(fields.get("environment") or {})
+    listed = environment.get("requirements") or []
+    if not isinstance(listed, list):
+        raise click.UsageError("environment.requirements must be a list in the job file")
+    environment["requirements"] = [*listed, *requirements]
+    fields["environment"] = environment
 
 
 def log_text(line: Any, with_worker: bool) -> str:
@@ -328,7 +358,11 @@ def _resolve_code(ctx: Context, code: str, tenant: str | None) -> str:
             raise click.BadParameter(str(exc), param_hint="--code") from None
     bundle = upload.bundle
     verb = "uploaded" if upload.uploaded else "already on the server"
-    err.print(f"code {bundle.id[:12]} {verb} ({bundle.files} files, {bundle.size} bytes)")
+    declared = f", {len(bundle.requirements)} requirements" if bundle.requirements else ""
+    err.print(
+        f"code {bundle.id[:12]} {verb} ({bundle.files} files, {bundle.size} bytes{declared})",
+        markup=False,
+    )
     return bundle.id
 
 
@@ -375,6 +409,14 @@ def _follow_and_exit(ctx: Context, job_id: int, follow: bool) -> NoReturn:
 )
 @click.option("--arg", "args", multiple=True, help="A workload argument K=V (repeatable).")
 @click.option("--env", "env", multiple=True, help="An environment variable K=V (repeatable).")
+@click.option(
+    "-r",
+    "--requirement",
+    "requirements",
+    multiple=True,
+    help="A Python package the program needs, as in requirements.txt: -r einops==0.8.1 "
+    "(repeatable; after the bundle's own requirements.txt).",
+)
 @click.option("--wait", is_flag=True, help="Wait for the end; the exit code says how it ended.")
 @click.option("--follow", is_flag=True, help="Stream the logs until the job ends (implies --wait).")
 @output_option
@@ -394,6 +436,7 @@ def submit(
     max_runtime: int | None,
     args: tuple[str, ...],
     env: tuple[str, ...],
+    requirements: tuple[str, ...],
     wait: bool,
     follow: bool,
     output: str | None,
@@ -421,6 +464,7 @@ def submit(
     fields.update({k: v for k, v in flags.items() if v is not None})
     if env:
         fields["env"] = {**fields.get("env", {}), **_parse_env(env)}
+    add_requirements(fields, requirements)
     if args:
         parsed = {k: _number(v) for k, v in _parse_env(args).items()}
         fields["args"] = {**fields.get("args", {}), **parsed}

@@ -115,6 +115,7 @@ class Job:
     code: str | None = None
     entrypoint: str = ""
     launcher: str = ""
+    environment: dict[str, Any] = field(default_factory=dict)
     submitted_at: str | None = None
     started_at: str | None = None
     finished_at: str | None = None
@@ -183,6 +184,7 @@ class Bundle:
     id: str
     size: int = 0
     files: int = 0
+    requirements: list[str] = field(default_factory=list)
     created_at: str | None = None
     tenant: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)

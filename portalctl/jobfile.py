@@ -10,9 +10,12 @@
     min_gpus: 1
     max_gpus: 4
     env: {WANDB_MODE: offline}
+    environment:                  # Python packages beyond the node's torch and edl
+      requirements: [einops==0.8.1, "tqdm>=4"]
 
 A key the API does not know is an error that names it; ``code`` given as a
-relative path is relative to the file.
+relative path is relative to the file.  ``environment`` goes to the API as
+written (the server checks it: ``requirements``, ``python``, ``replace``).
 """
 
 from __future__ import annotations
@@ -39,11 +42,12 @@ JOB_FILE_FIELDS = (
     "entrypoint",
     "launcher",
     "env",
+    "environment",
     "tenant",
 )
 """The fields of a submission (the schema's ``JobCreate``; a test compares them)."""
 
-_MAPPINGS = ("args", "env")
+_MAPPINGS = ("args", "env", "environment")
 
 
 class JobFileError(ValueError):
