@@ -187,7 +187,8 @@ class Agent:
         return reasons
 
     def clean(self) -> list[cleanup.Leftover]:
-        """Remove ended jobs' node directories and logs and unused bundles (``cleanup``).
+        """Remove ended jobs' node directories and logs and unused bundles (``cleanup``),
+        and the least recently used environments past the cache's size (``environments``).
 
         Measured outside the lock (it walks the directories); decided and
         removed under it, so no job starts here in between.
@@ -208,7 +209,15 @@ class Agent:
                 busy_jobs=frozenset(busy_jobs),
                 busy_codes=frozenset(r.code for r in records if r.code is not None),
             )
-            return cleanup.remove(chosen, now=self.clock.now(), forget_log=self.logs.offsets.drop)
+            removed = cleanup.remove(
+                chosen, now=self.clock.now(), forget_log=self.logs.offsets.drop
+            )
+            in_use = {r.environment for r in records if r.environment is not None}
+        try:  # outside the lock: only environments no process here runs in go
+            self.processes.environments.evict(in_use)
+        except OSError:
+            log.warning("could not evict environments", exc_info=True)
+        return removed
 
     def _log_shipped(self, job: str, directory: Path) -> bool:
         """Whether every worker log of ``job`` here reached the control plane to its end."""

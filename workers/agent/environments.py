@@ -438,7 +438,9 @@ class EnvironmentCache:
     def evict(self, in_use: Iterable[str] = ()) -> list[str]:
         """Remove least recently used environments until the cache fits ``max_bytes``;
         never one in ``in_use``.  Returns the keys removed."""
-        busy = set(in_use)
+        busy = {key for key in in_use if self.ready(key) is not None}
+        for key in busy:  # in use here: recently used, for agents that share the cache too
+            self._touch(key)
         entries = self.entries()
         total = sum(size for _, size, _ in entries)
         removed = []

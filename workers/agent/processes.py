@@ -427,6 +427,7 @@ class ProcessTable:
             launcher=program.launcher,
             store_prefix=command.store_prefix,
             code=program.code,
+            environment=environment.key if environment is not None else None,
         )
 
     def environment(

@@ -58,6 +58,8 @@ class WorkerRecord:
     cgroups: dict[str, str] | None = None
     store_prefix: str | None = None
     code: str | None = None
+    environment: str | None = None
+    """The key of the environment a program runs in (kept on the node while it runs)."""
 
     @property
     def key(self) -> str:
