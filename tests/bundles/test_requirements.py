@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
 from rest_framework.test import APIClient
 
 from bundles.models import CodeBundle
@@ -160,6 +161,20 @@ def test_the_web_upload_shows_the_refusal_on_the_archive_field(
     assert not form.is_valid()
     assert form.errors["archive"][0].startswith("requirements.txt: '-e' is not allowed")
     assert not CodeBundle.objects.exists() and stored_files(store_root) == []
+
+
+def test_the_code_page_lists_each_bundles_requirements(
+    alice: Any, tmp_path: Path, store_root: Path
+) -> None:
+    page = Client()
+    page.force_login(alice)
+    data = archive(tmp_path, tar_gz, {"train.py": TRAIN, "requirements.txt": b"tqdm >= 4\n"})
+    response = page.post(
+        "/code/", {"tenant": "acme", "archive": SimpleUploadedFile("c.tgz", data)}, follow=True
+    )
+    assert response.status_code == 200
+    cell = response.content.decode().split('class="bundle-requirements">', 1)[1].split("</td>")[0]
+    assert cell == "<code>tqdm&gt;=4</code> "
 
 
 def test_another_tenant_sees_no_bundle_nor_its_requirements(
