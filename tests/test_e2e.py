@@ -153,11 +153,13 @@ EXAMPLES = ROOT / "examples"
 
 
 def upload_code(stack: dict[str, Any], directory: Path) -> str:
-    """Pack ``directory`` as a .tar.gz and upload it (multipart, as curl -F does); its id."""
+    """Pack ``directory``'s programs and declared requirements as a .tar.gz and upload it
+    (multipart, as curl -F does); its id."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for path in sorted(directory.rglob("*.py")):
-            tar.add(path, arcname=str(path.relative_to(directory)))
+        for path in sorted(directory.rglob("*")):
+            if path.suffix in (".py", ".txt", ".toml") and "__pycache__" not in path.parts:
+                tar.add(path, arcname=str(path.relative_to(directory)))
     boundary = uuid.uuid4().hex
     body = (
         (
@@ -242,6 +244,45 @@ def test_a_torchrun_program_runs_resizes_by_restart_resumes_and_completes(
         blob = response.read()
     assert hashlib.sha256(blob).hexdigest() == model[0]["sha256"]
     api(stack, f"/api/v1/jobs/{other['id']}/cancel/", {})
+
+
+def test_a_bundle_brings_its_own_packages_built_once_for_both_launchers(
+    stack: dict[str, Any],
+) -> None:
+    """Issue 36: two real packages from the index (one pinned) that the node lacks."""
+    code = upload_code(stack, EXAMPLES / "with-requirements")
+    assert api(stack, f"/api/v1/code/{code}/")["requirements"] == ["einops==0.8.1", "tabulate"]
+
+    def run(name: str, launcher: str, entrypoint: str, **extra: Any) -> dict[str, Any]:
+        body = {"name": name, "code": code, "entrypoint": entrypoint, "launcher": launcher,
+                "gpus": 2, "min_gpus": 2, "max_gpus": 2, "batch_size": 64, **extra}  # fmt: skip
+        job = api(stack, "/api/v1/jobs/", body)
+        wait_for(f"{name} to end",
+                 lambda: job_state(stack, job["id"])["state"] in ("completed", "failed"),
+                 stack, 300)  # fmt: skip
+        return job_state(stack, job["id"])
+
+    def notes(job: int) -> str:
+        return " ".join(e["reason"] for e in events(stack, job) if e["kind"] == "note")
+
+    ddp = run("deps-ddp", "torchrun", "train_ddp.py --epochs 2")
+    text = log_text(stack, ddp["id"])
+    assert ddp["state"] == "completed", text
+    assert text.index("[environment]") < text.index("rank 0: einops 0.8.1")  # the build first
+    assert "rank 1: einops 0.8.1, tabulate" in text and "epoch    world    loss" in text
+    assert "built in" in notes(ddp["id"]) and "einops==0.8.1" in notes(ddp["id"])
+
+    elastic = run("deps-edl", "edl", "train_edl.py --epochs 2")
+    text = log_text(stack, elastic["id"])
+    assert elastic["state"] == "completed", text
+    assert "rank 1: einops 0.8.1, tabulate" in text and "accuracy" in text
+    assert "cache hit" in notes(elastic["id"]), notes(elastic["id"])  # the same request: built once
+
+    bad = run("deps-bad", "torchrun", "train_ddp.py", max_restarts=2,
+              environment={"requirements": ["einops==0.0.999"]})  # fmt: skip
+    assert bad["state"] == "failed" and bad["restarts"] == 0, bad
+    assert bad["failure_reason"].startswith("its environment does not build"), bad
+    assert "einops" in bad["failure_reason"]
 
 
 def test_an_edl_program_scales_out_and_in_without_stopping(stack: dict[str, Any]) -> None:

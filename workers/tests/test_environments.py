@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import threading
 import zipfile
 from pathlib import Path
@@ -170,6 +171,29 @@ def test_a_package_with_sources_only_is_not_built(tmp_path: Path, wheels: Path) 
     cache = cache_of(tmp_path, wheels)
     with pytest.raises(EnvironmentFailed, match="did not build"):
         cache.ensure(check_environment({"requirements": ["delta"]}))
+
+
+def test_a_package_whose_build_script_would_escape_never_runs(tmp_path: Path, wheels: Path) -> None:
+    """A real sdist with an in-tree build backend (needs nothing from an index) that writes
+    outside when it is imported: nothing of it runs on the node."""
+    marker = tmp_path / "escaped"
+    backend = f"import os\nopen({str(marker)!r}, 'w').write('ran as ' + str(os.getuid()))\n"
+    backend += "def get_requires_for_build_wheel(config_settings=None):\n    return []\n"
+    project = '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n'
+    with tarfile.open(wheels / "evil-1.0.tar.gz", "w:gz") as sdist:
+        for name, text in (
+            ("evil-1.0/backend.py", backend),
+            ("evil-1.0/pyproject.toml", project),
+            ("evil-1.0/PKG-INFO", "Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n"),
+        ):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            sdist.addfile(info, io.BytesIO(data))
+    cache = cache_of(tmp_path, wheels)
+    with pytest.raises(EnvironmentFailed, match=r"no usable wheels|building from source"):
+        cache.ensure(check_environment({"requirements": ["evil"]}))
+    assert not marker.exists()
 
 
 def test_the_node_runs_one_python(tmp_path: Path, wheels: Path) -> None:
