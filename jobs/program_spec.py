@@ -26,6 +26,7 @@ from workers.program import (
     check_code_id,
     check_env,
     check_launcher,
+    entrypoint_kind,
     split_entrypoint,
 )
 
@@ -66,12 +67,11 @@ def check_program(
     """Check the program fields of ``data`` for ``tenant``; report each problem by field."""
     bundle = _bundle(tenant, data.get("code"), add_error)
     entrypoint = _checked(add_error, lambda: split_entrypoint(data.get("entrypoint") or ""))
+    environment = _checked(add_error, lambda: _environment(bundle, data.get("environment")))
     if bundle is not None and entrypoint:
-        files = {str(item.get("path")) for item in bundle.files}
-        if entrypoint[0] not in files:
-            add_error(
-                "entrypoint", f"{entrypoint[0]!r} is not a file of bundle {bundle.sha256[:12]}."
-            )
+        problem = _entrypoint_problem(bundle, entrypoint, environment)
+        if problem is not None:
+            add_error("entrypoint", problem)
             entrypoint = None
     raw_launcher = data.get("launcher")
     launcher = None
@@ -80,7 +80,6 @@ def check_program(
     else:
         launcher = _checked(add_error, lambda: check_launcher(str(raw_launcher)))
     env = _checked(add_error, lambda: check_env(parse_env(data.get("env"))))
-    environment = _checked(add_error, lambda: _environment(bundle, data.get("environment")))
     if data.get("workload"):
         add_error("workload", "Give either a built-in workload or code, not both.")
     if data.get("args"):
@@ -94,6 +93,32 @@ def check_program(
         env=env,
         environment=environment,
     )
+
+
+def _entrypoint_problem(
+    bundle: CodeBundle, entrypoint: tuple[str, ...], environment: EnvironmentSpec | None
+) -> str | None:
+    """Why the entrypoint cannot run from this bundle (None when it can): a script must be
+    one of its files; a module its own, or of requirements; a console script needs
+    requirements that may install it (the agent finds it in the built environment)."""
+    files = {str(item.get("path")) for item in bundle.files}
+    kind = entrypoint_kind(entrypoint)
+    declared = bool(bundle.requirements) or (environment is not None and not environment.empty)
+    if kind == "script" and entrypoint[0] not in files:
+        return f"{entrypoint[0]!r} is not a file of bundle {bundle.sha256[:12]}."
+    if kind == "module" and not declared:
+        path = entrypoint[1].replace(".", "/")
+        if not {f"{path}.py", f"{path}/__main__.py", f"{path}/__init__.py"} & files:
+            return (
+                f"Module {entrypoint[1]!r} is not in bundle {bundle.sha256[:12]}, and the job "
+                "declares no requirements that could install it."
+            )
+    if kind == "command" and not declared:
+        return (
+            f"{entrypoint[0]!r} is not a Python file of the bundle; as a console script it "
+            "needs requirements that install it (requirements.txt or environment)."
+        )
+    return None
 
 
 def _environment(bundle: CodeBundle | None, raw: Any) -> EnvironmentSpec:

@@ -168,7 +168,11 @@ class ProgramError(ValueError):
 
 
 def split_entrypoint(text: str) -> tuple[str, ...]:
-    """Split ``"train.py --lr 0.1"`` into argv with shell rules, and check it."""
+    """Split ``"train.py --lr 0.1"`` into argv with shell rules, and check it.
+
+    A leading ``python``/``python3`` is dropped (``python -m pkg.train`` is
+    ``-m pkg.train``): the program always runs on the node's interpreter.
+    """
     if not isinstance(text, str) or not text.strip():
         raise ProgramError("entrypoint", "give a Python file of the bundle, e.g. 'train.py'")
     if len(text) > MAX_ENTRYPOINT_CHARS:
@@ -177,25 +181,54 @@ def split_entrypoint(text: str) -> tuple[str, ...]:
         argv = tuple(shlex.split(text))
     except ValueError as exc:
         raise ProgramError("entrypoint", f"cannot be split with shell rules: {exc}") from None
+    if argv and argv[0] in INTERPRETER_NAMES:
+        argv = argv[1:]
     check_entrypoint(argv)
     return argv
 
 
+INTERPRETER_NAMES = frozenset({"python", "python3"})
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+COMMAND_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+EntrypointKind = Literal["script", "module", "command"]
+
+
+def entrypoint_kind(argv: Sequence[str]) -> EntrypointKind:
+    """What ``argv[0]`` names (``check_entrypoint`` has passed): a Python file of the bundle
+    (``script``), ``-m`` and a module of the bundle or the environment (``module``), or a
+    console script that the job's environment installs (``command``)."""
+    if argv[0] == "-m":
+        return "module"
+    return "script" if argv[0].endswith(".py") else "command"
+
+
 def check_entrypoint(argv: Sequence[str]) -> None:
-    """A relative ``.py`` path inside the bundle, then at most ``MAX_ARGS`` arguments."""
+    """A relative ``.py`` path inside the bundle, ``-m module``, or a console script's name;
+    then at most ``MAX_ARGS`` arguments."""
     if not argv:
         raise ProgramError("entrypoint", "must not be empty")
     if len(argv) > MAX_ARGS + 1:
         raise ProgramError("entrypoint", f"more than {MAX_ARGS} arguments")
-    script = argv[0]
-    path = PurePosixPath(script)
-    if path.is_absolute() or ".." in path.parts or "\\" in script:
-        raise ProgramError("entrypoint", f"{script!r} must be a relative path inside the bundle")
-    if path.suffix != ".py":
-        raise ProgramError("entrypoint", f"{script!r} is not a Python file (.py)")
     for arg in argv:
         if "\0" in arg:
             raise ProgramError("entrypoint", "contains a NUL character")
+    first = argv[0]
+    if first == "-m":
+        if len(argv) < 2 or not MODULE_NAME.fullmatch(argv[1]):
+            raise ProgramError("entrypoint", "-m needs a module name, e.g. '-m mypackage.train'")
+        return
+    if not first.endswith(".py"):
+        if not COMMAND_NAME.fullmatch(first):
+            raise ProgramError(
+                "entrypoint",
+                f"{first!r} is neither a Python file (.py) of the bundle, '-m module', "
+                "nor the name of a console script the job's requirements install",
+            )
+        return
+    path = PurePosixPath(first)
+    if path.is_absolute() or ".." in path.parts or "\\" in first:
+        raise ProgramError("entrypoint", f"{first!r} must be a relative path inside the bundle")
 
 
 def check_env(env: Mapping[str, str]) -> dict[str, str]:

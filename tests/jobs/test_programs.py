@@ -67,6 +67,36 @@ def test_a_program_job_is_accepted_and_shown(token_client: Any, alice: Any, acme
 
 
 @pytest.mark.parametrize(
+    ("files", "overrides", "accepted"),
+    [
+        ({"pkg/__init__.py": b"", "pkg/train.py": b""}, {"entrypoint": "python -m pkg.train"}, True),
+        ({"pkg/train/__main__.py": b""}, {"entrypoint": "-m pkg.train --lr 1"}, True),
+        ({"train.py": b""}, {"entrypoint": "-m pkg.train"}, False),
+        ({"train.py": b""}, {"entrypoint": "-m pkg.train", "environment": {"requirements": ["pkg"]}}, True),
+        ({"train.py": b""}, {"entrypoint": "accelerate launch train.py"}, False),
+        ({"requirements.txt": b"accelerate\n", "train.py": b""}, {"entrypoint": "accelerate launch train.py"}, True),
+        ({"sub/dir/train.py": b""}, {"entrypoint": "python sub/dir/train.py"}, True),
+    ],
+    ids=["module", "package-main", "module-missing", "module-of-requirements", "command-alone",
+         "command-of-requirements", "subdirectory"],
+)  # fmt: skip
+def test_any_entrypoint_a_user_would_type_from_the_bundle_or_its_requirements(
+    token_client: Any,
+    alice: Any,
+    acme: Any,
+    files: dict[str, bytes],
+    overrides: dict[str, Any],
+    accepted: bool,
+) -> None:
+    bundle = bundle_of(alice, acme, files)
+    body = program_body(bundle.sha256, **overrides)
+    response = token_client(alice).post("/api/v1/jobs/", body, format="json")
+    assert response.status_code == (201 if accepted else 400), response.json()
+    if not accepted:
+        assert list(response.json()["errors"]) == ["entrypoint"], response.json()
+
+
+@pytest.mark.parametrize(
     ("overrides", "field"),
     [
         ({"entrypoint": "missing.py"}, "entrypoint"),

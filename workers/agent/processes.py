@@ -409,7 +409,12 @@ class ProcessTable:
         return self._launch(
             command,
             worker,
-            program_argv(self.config.python, code_dir, program.entrypoint),
+            program_argv(
+                self.config.python,
+                code_dir,
+                program.entrypoint,
+                environment.scripts if environment is not None else None,
+            ),
             env,
             cwd=code_dir,
             mounts=lambda: program_mounts(

@@ -44,6 +44,7 @@ from workers.agent.environments import Environment
 from workers.agent.gpus import cuda_visible
 from workers.agent.sandbox import HIDDEN_SYSTEM_DIRS, MASKED_FILES, Mounts
 from workers.elastic.cli import OPTIONS_ENV, WorkerOptions, options_to_env
+from workers.program import entrypoint_kind
 from workers.protocol import Program, StartWorkers, WorkerSlot
 
 SDK_PACKAGES: tuple[str, ...] = ("edl", "workers")
@@ -124,9 +125,24 @@ def venv_dir(python: str) -> Path:
     return Path(python).parent.parent
 
 
-def program_argv(python: str, code_dir: Path, entrypoint: tuple[str, ...]) -> list[str]:
-    """``python <code_dir>/<script> <args...>``."""
-    return [python, str(code_dir / entrypoint[0]), *entrypoint[1:]]
+def program_argv(
+    python: str, code_dir: Path, entrypoint: tuple[str, ...], scripts: Path | None = None
+) -> list[str]:
+    """The node's interpreter on what the entrypoint names (``workers.program``): a file of
+    the bundle, ``-m module`` (run from the bundle's directory), or a console script of the
+    job's environment (``scripts``: its ``bin``); ValueError when that script is not there."""
+    kind = entrypoint_kind(entrypoint)
+    if kind == "module":
+        return [python, *entrypoint]
+    if kind == "script":
+        return [python, str(code_dir / entrypoint[0]), *entrypoint[1:]]
+    script = scripts / entrypoint[0] if scripts is not None else None
+    if script is None or not script.is_file() or script.is_symlink():
+        raise ValueError(
+            f"{entrypoint[0]!r} is not a console script of the job's environment "
+            "(its requirements install none by that name)"
+        )
+    return [python, str(script), *entrypoint[1:]]
 
 
 def fixed_env(config: AgentConfig, home: Path) -> dict[str, str]:

@@ -128,5 +128,40 @@ def test_a_start_command_carries_the_jobs_request_checked_by_the_same_rule() -> 
     program = Program(**base, launcher="edl", environment={"requirements": ["six == 1.16.0"]})
     assert program.environment == {"requirements": ["six==1.16.0"], "python": None, "replace": []}
     assert Program(**base, launcher="edl").environment == {}
-    with pytest.raises(ProtocolError, match="program.environment.requirements: '-e' is not"):
+    with pytest.raises(ProtocolError, match=r"program\.environment\.requirements: '-e' is not"):
         Program(**base, launcher="edl", environment={"requirements": ["-e ."]})
+
+
+@pytest.mark.parametrize(
+    ("text", "argv", "kind"),
+    [
+        ("train.py --lr 0.1", ("train.py", "--lr", "0.1"), "script"),
+        ("python sub/dir/train.py", ("sub/dir/train.py",), "script"),
+        ("python3 -m pkg.train --epochs 2", ("-m", "pkg.train", "--epochs", "2"), "module"),
+        ("-m torch.distributed.run --help", ("-m", "torch.distributed.run", "--help"), "module"),
+        ("alpha-say --loud", ("alpha-say", "--loud"), "command"),
+    ],
+)
+def test_any_entrypoint_a_user_would_type(text: str, argv: tuple[str, ...], kind: str) -> None:
+    from workers.program import entrypoint_kind, split_entrypoint
+
+    assert split_entrypoint(text) == argv and entrypoint_kind(argv) == kind
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("-m", "-m needs a module name"),
+        ("-m pkg..train", "-m needs a module name"),
+        ("-m 'os; import x'", "-m needs a module name"),
+        ("/usr/bin/env", "neither a Python file"),
+        ("../up.py", "relative path inside the bundle"),
+        ("bin/tool", "neither a Python file"),
+        ("python", "must not be empty"),
+    ],
+)
+def test_an_entrypoint_that_names_nothing_runnable_is_refused(text: str, says: str) -> None:
+    from workers.program import split_entrypoint
+
+    with pytest.raises(ProgramError, match=says):
+        split_entrypoint(text)

@@ -1469,3 +1469,23 @@ def test_a_request_that_does_not_build_fails_the_job_with_no_retry_and_starts_no
     assert not sent.of(Started) and not agent.processes.of_job(job)
     assert agent.receive(start_payload(job, "c1", launcher="edl")) == "replayed"
     assert "[environment]" in agent.config.log_path(job, "w0").read_text()
+
+
+def test_a_console_script_of_the_environment_is_an_entrypoint_and_another_name_is_not(
+    host: Host, node: str, redis_url: str, job: str
+) -> None:
+    host.bundle(CODE, IMPORTS)
+    host.bundle(CODE, "alpha==1.0\n", "requirements.txt")
+    agent, sent = agent_with_environments(host, node, redis_url)
+    payload = start_payload(job, "c1", launcher="torchrun", entrypoint=["alpha-say"])
+    assert agent.receive(payload) == "applied", sent.reports
+    run_to_exit(agent, sent)
+    [exited] = sent.of(WorkerExited)
+    log = agent.config.log_path(job, "w0").read_text()
+    assert exited.outcome == "clean" and "alpha 1.0" in log, log
+
+    payload = start_payload(f"{job}-2", "c2", launcher="torchrun", entrypoint=["rm", "-rf", "/"])
+    assert agent.receive(payload) == "applied"
+    [failed] = [f for f in sent.of(Failed) if f.job == f"{job}-2"]
+    assert "'rm' is not a console script of the job's environment" in failed.error
+    assert not agent.processes.of_job(f"{job}-2")
