@@ -35,7 +35,6 @@ import statistics
 import sys
 import tempfile
 import textwrap
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -43,12 +42,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.agent_once import run_program  # noqa: E402
 from utilities.embedded_redis import ensure_running, stop_owned  # noqa: E402
-from workers.agent.agent import Agent  # noqa: E402
 from workers.agent.config import AgentConfig  # noqa: E402
 from workers.agent.environments import EnvironmentSettings  # noqa: E402
-from workers.agent.store import AgentStore  # noqa: E402
-from workers.protocol import Report, Started, WorkerExited  # noqa: E402
+from workers.protocol import Started  # noqa: E402
 
 SMALL = ("einops==0.8.1", "tabulate")
 MEDIUM = (
@@ -141,28 +139,8 @@ def run_once(base: Path, redis_url: str, code: str, modules: list[str], cache: P
         data_dir=base / "data",
         environments=settings,
     )
-    sent: list[Report] = []
-    agent = Agent(
-        config,
-        AgentStore.from_url(redis_url, node),
-        send=sent.append,
-        resolve_code=lambda program: base / "code" / program.code,
-    )
     job = f"job-{uuid.uuid4().hex[:8]}"
-    try:
-        began = time.time()
-        if agent.receive(start_payload(job, code, modules)) != "applied":
-            raise RuntimeError(f"the start was not applied: {sent}")
-        while not any(isinstance(r, WorkerExited) for r in sent):
-            agent.tick()
-            time.sleep(0.02)
-        text = config.log_path(job, "w0").read_text()
-        lines = [line for line in text.splitlines() if line.startswith("{")]
-        if not lines:
-            raise RuntimeError(f"the program reported nothing:\n{text[-3000:]}")
-        seen = json.loads(lines[-1])
-    finally:
-        agent.close(stop_children=True)
+    began, seen, sent = run_program(config, base / "code", start_payload(job, code, modules))
     started = next(r for r in sent if isinstance(r, Started))
     return {
         "start_s": seen["first_line"] - began,

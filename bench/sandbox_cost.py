@@ -33,7 +33,6 @@ import statistics
 import sys
 import tempfile
 import textwrap
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -41,11 +40,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.agent_once import run_program  # noqa: E402
 from utilities.embedded_redis import ensure_running, stop_owned  # noqa: E402
-from workers.agent.agent import Agent  # noqa: E402
 from workers.agent.config import AgentConfig, SandboxSettings  # noqa: E402
-from workers.agent.store import AgentStore  # noqa: E402
-from workers.protocol import Report, WorkerExited  # noqa: E402
 
 CODE = "5a" * 32
 
@@ -105,28 +102,8 @@ def run_once(base: Path, redis_url: str, mode: str, steps: int) -> dict[str, flo
         data_dir=base / "data",
         sandbox=SandboxSettings(mode="on" if mode == "sandboxed" else "off"),
     )
-    sent: list[Report] = []
-    agent = Agent(
-        config,
-        AgentStore.from_url(redis_url, node),
-        send=sent.append,
-        resolve_code=lambda program: base / "code" / program.code,
-    )
     job = f"job-{uuid.uuid4().hex[:8]}"
-    try:
-        began = time.time()
-        if agent.receive(start_payload(job, steps)) != "applied":
-            raise RuntimeError(f"the start was not applied: {sent}")
-        while not any(isinstance(r, WorkerExited) for r in sent):
-            agent.tick()
-            time.sleep(0.02)
-        text = config.log_path(job, "w0").read_text()
-        lines = [line for line in text.splitlines() if line.startswith("{")]
-        if not lines:
-            raise RuntimeError(f"the program reported nothing:\n{text[-2000:]}")
-        seen = json.loads(lines[-1])
-    finally:
-        agent.close(stop_children=True)
+    began, seen, _sent = run_program(config, base / "code", start_payload(job, steps))
     return {
         "start_s": seen["first_line"] - began,
         "ready_s": seen["ready"] - began,

@@ -29,7 +29,6 @@ def parse_args() -> argparse.Namespace:
 
 def main(ctx: edl.Context) -> None:
     args = parse_args()
-    print(f"rank {ctx.rank}: einops {einops.__version__}, tabulate {tabulate.__version__}")
     digits = load_digits()
     images = torch.tensor(digits.images / 16.0, dtype=torch.float32, device=ctx.device)
     x = einops.rearrange(images, "n h w -> n (h w)")
@@ -40,6 +39,7 @@ def main(ctx: edl.Context) -> None:
     steps_per_epoch = -(-len(y) // ctx.batch_size)
     sampler = edl.ElasticSampler(len(y), ctx.batch_size, 0)
     ctx.attach(model, optimizer, sampler, args.epochs * steps_per_epoch)
+    print(f"rank {ctx.rank}: einops {einops.__version__}, tabulate {tabulate.__version__}")
     rows = []
     for batch in ctx.steps():
         optimizer.zero_grad()

@@ -8,17 +8,12 @@ stored.
 
 from __future__ import annotations
 
-import io
-import tarfile
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
-from bundles.models import CodeBundle
-from bundles.services import do_upload
 from jobs.agent_commands import GpuHome, membership_commands
 from jobs.control.tick import run_tick
 from jobs.forms import PROGRAM, JobForm
@@ -27,6 +22,7 @@ from jobs.outbox import launch_of
 from tenancy.models import Tenant
 from tests.conftest import job_body
 from tests.jobs.control_helpers import demo_cluster, drain_all
+from tests.jobs.test_programs import bundle_of
 from workers.environment import MAX_REQUIREMENTS
 from workers.protocol import Command, StartWorkers
 
@@ -39,19 +35,6 @@ STORED = {"requirements": ["einops==0.8.1", "tqdm>=4"], "python": "3.11", "repla
 @pytest.fixture(autouse=True)
 def store(tmp_path: Path, settings: Any) -> None:
     settings.ARTIFACT_URL = f"file://{tmp_path / 'artifacts'}"
-
-
-def bundle_of(user: Any, tenant: Tenant, files: dict[str, bytes] | None = None) -> CodeBundle:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, data in (files or {"train.py": b"import einops\n"}).items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    bundle, _created = do_upload(
-        user=user, tenant=tenant, uploaded_file=SimpleUploadedFile("code.tgz", buf.getvalue())
-    )
-    return bundle
 
 
 def program_body(code: str, **overrides: Any) -> dict[str, Any]:
