@@ -18,7 +18,9 @@ from typing import Any
 import httpx
 import pytest
 from click.testing import CliRunner, Result
+from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
+from django.db import close_old_connections
 
 import portalctl.cli as cli
 from bundles.models import CodeBundle
@@ -145,7 +147,15 @@ def portal(
         return Client(url, token, transport=httpx.WSGITransport(app=app))
 
     monkeypatch.setattr(cli, "Client", real)
-    yield lambda user: do_issue_token(user=user)
+    # As Django's test client does: a request's end must not close the test's connection
+    # (its transaction holds the test's rows; on PostgreSQL the next query would fail).
+    for signal in (request_started, request_finished):
+        signal.disconnect(close_old_connections)
+    try:
+        yield lambda user: do_issue_token(user=user)
+    finally:
+        for signal in (request_started, request_finished):
+            signal.connect(close_old_connections)
 
 
 def test_submit_dir_uploads_its_requirements_and_get_shows_the_jobs(

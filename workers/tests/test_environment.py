@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from workers.environment import (
@@ -124,12 +126,20 @@ def test_the_key_follows_the_request_and_the_base_layer() -> None:
 def test_a_start_command_carries_the_jobs_request_checked_by_the_same_rule() -> None:
     from workers.protocol import Program, ProtocolError
 
-    base = {"code": "a" * 64, "code_path": "code/a.tar.gz", "entrypoint": ("main.py",)}
-    program = Program(**base, launcher="edl", environment={"requirements": ["six == 1.16.0"]})
-    assert program.environment == {"requirements": ["six==1.16.0"], "python": None, "replace": []}
-    assert Program(**base, launcher="edl").environment == {}
+    def program(environment: dict[str, Any]) -> Program:
+        return Program(
+            code="a" * 64,
+            code_path="code/a.tar.gz",
+            entrypoint=("main.py",),
+            launcher="edl",
+            environment=environment,
+        )
+
+    asked = program({"requirements": ["six == 1.16.0"]})
+    assert asked.environment == {"requirements": ["six==1.16.0"], "python": None, "replace": []}
+    assert program({}).environment == {}
     with pytest.raises(ProtocolError, match=r"program\.environment\.requirements: '-e' is not"):
-        Program(**base, launcher="edl", environment={"requirements": ["-e ."]})
+        program({"requirements": ["-e ."]})
 
 
 @pytest.mark.parametrize(
