@@ -145,7 +145,7 @@ def run_once(base: Path, redis_url: str, code: str, modules: list[str], cache: P
     return {
         "start_s": seen["first_line"] - began,
         "imported_s": seen["imported"] - began,
-        "environment": started.environment,
+        "environment": started.environment.describe() if started.environment else "",
     }
 
 

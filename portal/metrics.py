@@ -19,8 +19,9 @@ from collections.abc import Iterable, Iterator
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
-from django.db.models.functions import Now
+from django.db.models import Count, DurationField, ExpressionWrapper, F, FloatField, Q, Sum
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast, Now
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
@@ -111,6 +112,40 @@ class _MismatchCollector:
         )
 
 
+def environment_counters() -> Iterator[CounterMetricFamily]:
+    """Tenants' environments at their workers' starts (``Started.environment``, kept in the
+    job's history): starts by cache hit or build, and the seconds spent building, counted by
+    the database in one aggregate query."""
+    notes = JobEvent.objects.filter(kind=EventKind.NOTE, data__has_key="environment")
+    built = Q(data__hit=False)
+    row = notes.aggregate(
+        hits=Count("id", filter=Q(data__hit=True)),
+        builds=Count("id", filter=built),
+        seconds=Sum(Cast(KeyTextTransform("build_s", "data"), FloatField()), filter=built),
+    )
+    starts = CounterMetricFamily(
+        "portal_environment_starts",
+        "Starts of workers in a job's own environment, by whether the node's cache had it.",
+        labels=["result"],
+    )
+    starts.add_metric(["hit"], float(row["hits"]))
+    starts.add_metric(["built"], float(row["builds"]))
+    yield starts
+    seconds = float(row["seconds"] or 0.0)
+    yield CounterMetricFamily(
+        "portal_environment_build_seconds",
+        "Seconds nodes spent building jobs' environments.",
+        value=round(seconds, 3),
+    )
+
+
+class _EnvironmentCollector:
+    """Adds the environments' counters to a registry."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield from environment_counters()
+
+
 def build_registry() -> CollectorRegistry:
     """A fresh registry filled from the database."""
     registry = CollectorRegistry()
@@ -187,6 +222,7 @@ def build_registry() -> CollectorRegistry:
     registry.register(_MismatchCollector(tick.get(MISMATCH_FIELD, 0.0)))
     registry.register(_JctCollector())
     registry.register(_UsageCollector(tenants))
+    registry.register(_EnvironmentCollector())
     return registry
 
 

@@ -24,6 +24,7 @@ tests share it freely.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -51,7 +52,10 @@ from workers.schema import ProtocolError as ProtocolError  # part of the protoco
 from workers.schema import check_name as check_name  # part of the protocol's API
 
 AGENT_COMMAND_TASK = "agent.command"
-MAX_ENVIRONMENT_LINE = 2000
+ENVIRONMENT_KEY = re.compile(r"[0-9a-f]{32}")
+MAX_BUILD_S = 86_400.0
+MAX_ENVIRONMENT_PACKAGES = 1000
+MAX_PACKAGE_CHARS = 200
 """Celery task name of a command; sent on ``agent_queue(node)``."""
 
 REPORT_TASK = "control.agent_report"
@@ -484,23 +488,46 @@ class RunningWorker(Record):
     pid: int
 
 
+@dataclass(frozen=True, kw_only=True)
+class EnvironmentUsed(Record):
+    """The environment started workers run in beyond the node's base layer
+    (``workers.agent.environments``): its key, whether the cache had it or it was built
+    now (``build_s``), and the ``name==version`` of what it installed."""
+
+    key: str
+    hit: bool
+    build_s: float = 0.0
+    packages: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        if not ENVIRONMENT_KEY.fullmatch(self.key):
+            raise ProtocolError("environment.key must be 32 hexadecimal digits")
+        if not math.isfinite(self.build_s) or not 0 <= self.build_s <= MAX_BUILD_S:
+            raise ProtocolError(f"environment.build_s must be within 0-{MAX_BUILD_S:.0f}")
+        if len(self.packages) > MAX_ENVIRONMENT_PACKAGES or any(
+            len(p) > MAX_PACKAGE_CHARS for p in self.packages
+        ):
+            raise ProtocolError("environment.packages is too long")
+
+    def describe(self) -> str:
+        """One line for the job's history."""
+        what = ", ".join(self.packages) if self.packages else "nothing beyond the node's base"
+        if self.hit:
+            return f"environment {self.key}: cache hit ({what})"
+        return f"environment {self.key}: built in {self.build_s:.1f} s ({what})"
+
+
 @_report
 @dataclass(frozen=True, kw_only=True)
 class Started(JobReport):
-    """Processes of the job were started (``command_id`` is the command that did it)."""
+    """Processes of the job were started (``command_id`` is the command that did it);
+    ``environment``: what they run in beyond the node's base layer (None: nothing)."""
 
     TYPE: ClassVar[str] = "started"
 
     command_id: str
     workers: tuple[RunningWorker, ...]
-    environment: str = ""
-    """What the workers run in beyond the node's base layer, in one line (a built or cached
-    environment, ``workers.agent.environments``); empty when nothing."""
-
-    def validate(self) -> None:
-        super().validate()
-        if len(self.environment) > MAX_ENVIRONMENT_LINE:
-            raise ProtocolError(f"started.environment is longer than {MAX_ENVIRONMENT_LINE}")
+    environment: EnvironmentUsed | None = None
 
 
 @_report

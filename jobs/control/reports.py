@@ -380,8 +380,12 @@ def _worker_exited(job: Job, report: WorkerExited) -> str:
 
 
 def _started(job: Job, report: Started) -> str:
-    if report.environment:  # what its processes run in: built now, or the cache's
-        record(job, EventKind.NOTE, _at(report), reason=f"{report.node}: {report.environment}")
+    used = report.environment
+    if used is not None:  # what its processes run in: built now, or the cache's
+        data = {"environment": used.key, "hit": used.hit, "build_s": used.build_s,
+                "packages": list(used.packages), "node": report.node}  # fmt: skip
+        record(job, EventKind.NOTE, _at(report), reason=f"{report.node}: {used.describe()}",
+               data=data)  # fmt: skip
     return program_exits.on_started(job, report, _at(report))
 
 

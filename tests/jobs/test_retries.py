@@ -131,11 +131,19 @@ def test_a_final_failure_fails_at_once_with_restarts_left_and_a_start_says_its_e
     run_tick(policy="fifo")
     drain_all(nodes)
     name = runtime_job_name(job.pk)
+    used = {"key": "0123456789abcdef" * 2, "hit": False, "build_s": 2.5,
+            "packages": ["einops==0.8.1"]}  # fmt: skip
     started = {"type": "started", "node": "node-0", "job": name, "command_id": "c-1",
-               "workers": [], "environment": "environment 0123: cache hit (einops==0.8.1)"}  # fmt: skip
+               "workers": [], "environment": used}  # fmt: skip
     handle_report(started)
     note = job.events.filter(kind="note").order_by("-pk").first()
-    assert note is not None and note.reason == "node-0: environment 0123: cache hit (einops==0.8.1)"
+    assert note is not None and note.reason == (
+        f"node-0: environment {used['key']}: built in 2.5 s (einops==0.8.1)"
+    )
+    assert note.data == {"environment": used["key"], "hit": False, "build_s": 2.5,
+                         "packages": ["einops==0.8.1"], "node": "node-0"}  # fmt: skip
+    forged = {**started, "environment": {**used, "key": "../../etc"}}
+    assert handle_report(forged).startswith("invalid")  # a bad report is refused, nothing noted
     report = {"type": "failed", "node": "node-0", "job": name, "final": True,
               "error": "its environment does not build: No solution found"}  # fmt: skip
     assert handle_report(report) == "failed"

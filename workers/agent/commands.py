@@ -347,7 +347,7 @@ class CommandHandler:
                 job=command.job,
                 command_id=command.command_id,
                 workers=self.processes.running_of(command),
-                environment=environment.describe() if environment is not None else "",
+                environment=environment.used() if environment is not None else None,
             )
         )
 

@@ -71,6 +71,7 @@ from workers.environment import (
     environment_key,
 )
 from workers.program import ProgramError
+from workers.protocol import EnvironmentUsed
 
 log = logging.getLogger(__name__)
 
@@ -148,12 +149,14 @@ class Environment:
         """Its packages' console scripts (first on the program's ``PATH``)."""
         return self.site / "bin"
 
-    def describe(self) -> str:
-        """One line for the job's history."""
-        what = ", ".join(self.packages) if self.packages else "nothing beyond the node's base"
-        if self.hit:
-            return f"environment {self.key}: cache hit ({what})"
-        return f"environment {self.key}: built in {self.build_s:.1f} s ({what})"
+    def used(self) -> EnvironmentUsed:
+        """What ``Started`` says of it (and the job's history shows)."""
+        return EnvironmentUsed(
+            key=self.key,
+            hit=self.hit,
+            build_s=0.0 if self.hit else self.build_s,
+            packages=self.packages,
+        )
 
 
 class EnvironmentFailed(RuntimeError):

@@ -118,7 +118,7 @@ def test_a_request_is_built_once_beyond_the_base_and_a_second_job_hits_the_cache
     assert manifest["requirements"] == ["alpha==1.0", "packaging"]
     again = cache.ensure(spec)
     assert again.hit and again.path == built.path and again.packages == built.packages
-    assert "cache hit" in again.describe() and "built in" in built.describe()
+    assert "cache hit" in again.used().describe() and "built in" in built.used().describe()
     assert not [p for p in cache.root.iterdir() if p.name.startswith(".build-")]
 
 

@@ -1446,14 +1446,17 @@ def test_a_bundles_requirements_are_built_once_and_its_program_imports_them(
     log = agent.config.log_path(job, "w0").read_text()
     assert log.index("[environment]") < log.index('{"alpha"')  # the build's lines come first
     [started] = sent.of(Started)
-    assert "built in" in started.environment and "alpha==1.0, beta==1.2" in started.environment
+    assert started.environment is not None and not started.environment.hit
+    assert started.environment.packages == ("alpha==1.0", "beta==1.2")
+    assert "built in" in started.environment.describe()
 
     again, sent_again = agent_with_environments(host, node, redis_url)
     payload = start_payload(f"{job}-2", "c2", launcher="edl")
     assert again.receive(payload) == "applied"
     run_to_exit(again, sent_again)
     [hit] = sent_again.of(Started)
-    assert "cache hit" in hit.environment
+    assert hit.environment is not None and hit.environment.hit
+    assert hit.environment.key == started.environment.key and hit.environment.build_s == 0
 
 
 def test_a_request_that_does_not_build_fails_the_job_with_no_retry_and_starts_nothing(
