@@ -115,14 +115,18 @@ def extract(path: Path, dest: Path, limits: BundleLimits | None = None) -> Bundl
 
 
 def remove_tree(path: Path) -> None:
-    """Remove a tree made by :func:`extract` (its read-only directories included)."""
+    """Remove a read-only tree (made by :func:`extract`, or an environment the agent built),
+    its read-only directories included; a link is removed, never followed."""
     if not path.exists():
         return
     for directory, _, _ in os.walk(path):
         os.chmod(directory, 0o755)
-    for directory, _, names in os.walk(path, topdown=False):
+    for directory, subdirectories, names in os.walk(path, topdown=False):
         for name in names:
             os.unlink(os.path.join(directory, name))
+        for name in subdirectories:  # os.walk lists a link to a directory here, unfollowed
+            if os.path.islink(os.path.join(directory, name)):
+                os.unlink(os.path.join(directory, name))
         os.rmdir(directory)
 
 

@@ -48,7 +48,6 @@ import logging
 import os
 import platform
 import re
-import shutil
 import stat
 import subprocess
 import sys
@@ -61,6 +60,8 @@ from typing import IO
 
 from packaging.utils import canonicalize_name
 
+from workers.agent.quota import measure
+from workers.bundle import remove_tree
 from workers.environment import (
     BUNDLE_FILES,
     MAX_FILE_BYTES,
@@ -329,7 +330,7 @@ class EnvironmentCache:
             raise
         finally:
             if build.exists():
-                _remove(build)
+                remove_tree(build)
         self._touch(key)
         return Environment(key, self.root / key, packages, False, build_s)
 
@@ -435,7 +436,8 @@ class EnvironmentCache:
                 continue
             used = self.root / ".used" / path.name
             last = used.stat().st_mtime if used.exists() else path.stat().st_mtime
-            out.append((path.name, _tree_bytes(path), last))
+            held = measure((path,), max_bytes=sys.maxsize, max_entries=sys.maxsize).bytes
+            out.append((path.name, held, last))
         return sorted(out, key=lambda entry: entry[2])
 
     def evict(self, in_use: Iterable[str] = ()) -> list[str]:
@@ -453,7 +455,7 @@ class EnvironmentCache:
             if key in busy:
                 continue
             with self._locked(key):
-                _remove(self.root / key)
+                remove_tree(self.root / key)
             (self.root / ".used" / key).unlink(missing_ok=True)
             total -= size
             removed.append(key)
@@ -475,23 +477,3 @@ def _read_only(root: Path) -> None:
                 mode = os.stat(path).st_mode
                 os.chmod(path, 0o555 if mode & 0o111 else 0o444)
         os.chmod(current, 0o555)
-
-
-def _remove(root: Path) -> None:
-    """Remove a tree that ``_read_only`` locked (write permission back, links not followed)."""
-    for current, dirs, _files in os.walk(root):
-        os.chmod(current, 0o755)
-        for name in dirs:
-            path = os.path.join(current, name)
-            if not os.path.islink(path):
-                os.chmod(path, 0o755)
-    shutil.rmtree(root, ignore_errors=True)
-
-
-def _tree_bytes(root: Path) -> int:
-    total = 0
-    for current, _dirs, files in os.walk(root):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(current, name)).st_blocks * 512
-    return total

@@ -73,6 +73,22 @@ def test_extract_writes_read_only_files_and_folders(tmp_path: Path) -> None:
     assert not dest.exists()
 
 
+def test_removing_a_read_only_tree_removes_its_links_and_never_what_they_name(
+    tmp_path: Path,
+) -> None:
+    outside = tmp_path / "outside"
+    (outside / "keep").mkdir(parents=True)
+    (outside / "keep" / "file").write_text("not the tree's")
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "to-dir").symlink_to(outside / "keep")
+    (tree / "to-file").symlink_to(outside / "keep" / "file")
+    for folder in (tree / "sub", tree):
+        folder.chmod(0o555)
+    bundle.remove_tree(tree)
+    assert not tree.exists() and (outside / "keep" / "file").read_text() == "not the tree's"
+
+
 @pytest.mark.parametrize(
     "content",
     # mtime=0: a test id made of the bytes must be the same in every process (pytest -n).
