@@ -385,16 +385,13 @@ def _sandbox(env: Mapping[str, str]) -> SandboxSettings:
 def _environments(env: Mapping[str, str], data_dir: Path) -> EnvironmentSettings:
     """Tenants' environments: the cache and the operator's index (``EnvironmentSettings``)."""
     root = env.get("ENVIRONMENT_CACHE_DIR")
-    no_index = (env.get("ENVIRONMENT_NO_INDEX") or "0").strip().lower()
-    if no_index not in ("0", "1", "false", "true", "no", "yes"):
-        raise AgentConfigError(f"ENVIRONMENT_NO_INDEX must be 1 or 0, not {no_index!r}")
     return EnvironmentSettings(
         root=Path(root).resolve() if root else data_dir / "envs",
         max_bytes=int(_positive(env, "ENVIRONMENT_CACHE_MAX_GB", 50.0) * 2**30),
         index_url=(env.get("ENVIRONMENT_INDEX_URL") or "").strip(),
         extra_index_urls=tuple((env.get("ENVIRONMENT_EXTRA_INDEX_URLS") or "").split()),
         find_links=(env.get("ENVIRONMENT_FIND_LINKS") or "").strip(),
-        no_index=no_index in ("1", "true", "yes"),
+        no_index=_boolean(env, "ENVIRONMENT_NO_INDEX", False),
         timeout_s=_positive(env, "ENVIRONMENT_BUILD_TIMEOUT_SECONDS", 900.0),
     )
 
@@ -424,6 +421,18 @@ def _subnet(env: Mapping[str, str]) -> str:
             f"SANDBOX_SUBNET {raw} is too small: a job needs addresses for its nodes"
         )
     return str(subnet)
+
+
+def _boolean(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """1/0, true/false, yes/no, on/off (any case), as the portal's settings read them."""
+    raw = (env.get(name) or "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise AgentConfigError(f"{name} must be a boolean (1/0, true/false), not {raw!r}")
 
 
 def _positive(env: Mapping[str, str], name: str, default: float) -> float:

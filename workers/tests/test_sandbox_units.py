@@ -18,6 +18,7 @@ from workers.agent.config import (
     AgentEnvironment,
     SandboxSettings,
 )
+from workers.agent.environments import EnvironmentSettings
 from workers.agent.limits import create_cgroups, exit_reason, is_cgroup_v2
 from workers.agent.programs import (
     JobDirs,
@@ -421,3 +422,31 @@ def test_the_system_call_filter_is_a_whole_bpf_program_per_architecture() -> Non
     x86 = seccomp.program(seccomp.X86_64)
     refused = {struct.unpack("<HBBI", x86[i : i + 8])[3] for i in range(0, len(x86), 8)}
     assert {272, 308, 101, 250, 165} <= refused  # unshare, setns, ptrace, keyctl, mount
+
+
+def test_environment_settings_from_the_environment(tmp_path: Path) -> None:
+    env = {"REDIS_URL": "redis://x", "PORTAL_DATA_DIR": str(tmp_path)}
+    default = AgentEnvironment.read(env).environments
+    assert default == EnvironmentSettings(root=tmp_path.resolve() / "envs")
+    given = {
+        "ENVIRONMENT_CACHE_DIR": str(tmp_path / "shared"),
+        "ENVIRONMENT_CACHE_MAX_GB": "2",
+        "ENVIRONMENT_INDEX_URL": "https://pypi.internal/simple",
+        "ENVIRONMENT_EXTRA_INDEX_URLS": "https://a/simple https://b/simple",
+        "ENVIRONMENT_FIND_LINKS": "/srv/wheels",
+        "ENVIRONMENT_NO_INDEX": "on",
+        "ENVIRONMENT_BUILD_TIMEOUT_SECONDS": "60",
+    }
+    assert AgentEnvironment.read({**env, **given}).environments == EnvironmentSettings(
+        root=(tmp_path / "shared").resolve(),
+        max_bytes=2 * 2**30,
+        index_url="https://pypi.internal/simple",
+        extra_index_urls=("https://a/simple", "https://b/simple"),
+        find_links="/srv/wheels",
+        no_index=True,
+        timeout_s=60.0,
+    )
+    with pytest.raises(AgentConfigError, match="ENVIRONMENT_NO_INDEX must be a boolean"):
+        AgentEnvironment.read({**env, "ENVIRONMENT_NO_INDEX": "maybe"})
+    with pytest.raises(AgentConfigError, match="ENVIRONMENT_CACHE_MAX_GB must be positive"):
+        AgentEnvironment.read({**env, "ENVIRONMENT_CACHE_MAX_GB": "0"})
