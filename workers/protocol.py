@@ -52,11 +52,13 @@ from workers.schema import ProtocolError as ProtocolError  # part of the protoco
 from workers.schema import check_name as check_name  # part of the protocol's API
 
 AGENT_COMMAND_TASK = "agent.command"
+"""Celery task name of a command; sent on ``agent_queue(node)``."""
+
 ENVIRONMENT_KEY = re.compile(r"[0-9a-f]{32}")
 MAX_BUILD_S = 86_400.0
 MAX_ENVIRONMENT_PACKAGES = 1000
 MAX_PACKAGE_CHARS = 200
-"""Celery task name of a command; sent on ``agent_queue(node)``."""
+"""Bounds of what ``Started.environment`` may say (``EnvironmentUsed``)."""
 
 REPORT_TASK = "control.agent_report"
 """Celery task name of a report; the control plane implements it (``jobs`` app)."""
