@@ -113,8 +113,9 @@ def _restarts(n: int) -> str:
     return f"{n} restart" if n == 1 else f"{n} restarts"
 
 
-def fail_or_retry(job: Job, error: str, now: datetime) -> str:
-    """The job's program failed: requeue it while restarts remain, else fail it.
+def fail_or_retry(job: Job, error: str, now: datetime, *, retry: bool = True) -> str:
+    """The job's program failed: requeue it while restarts remain, else fail it (at once
+    when ``retry`` is False: no retry can help, e.g. an environment that does not build).
 
     Returns ``"retried"`` or ``"failed"``; a job that is not running (already
     requeued or ended: a late or repeated report of the same failure) is left
@@ -122,7 +123,7 @@ def fail_or_retry(job: Job, error: str, now: datetime) -> str:
     """
     if job.state not in ACTIVE_STATES:
         return "stale"
-    if job.restarts >= job.max_restarts:
+    if not retry or job.restarts >= job.max_restarts:
         if job.restarts:
             error = f"{error} (after {_restarts(job.restarts)})"
         fail_job(job, error, now)

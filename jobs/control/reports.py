@@ -26,7 +26,7 @@ from jobs.agent_commands import job_id_from_name, worker_id
 from jobs.choices import ACTIVE_STATES, TERMINAL_STATES, EventKind, JobState
 from jobs.control import membership_claims, outputs, program_exits
 from jobs.control.dropped_events import events_dropped
-from jobs.control.endings import accrue_service, complete_job, fail_job, fail_or_retry
+from jobs.control.endings import accrue_service, complete_job, fail_or_retry
 from jobs.control.logs import log_lines
 from jobs.control.rejections import on_rejected
 from jobs.control.report_time import report_time as _at
@@ -349,12 +349,7 @@ def _failed(job: Job, report: Failed) -> str:
     unless no retry can help (``final``: its environment does not build)."""
     if job.state in TERMINAL_STATES:
         return "noted"
-    if report.final:
-        if job.state not in ACTIVE_STATES:
-            return "stale"
-        fail_job(job, report.error, _at(report))
-        return "failed"
-    return fail_or_retry(job, report.error, _at(report))
+    return fail_or_retry(job, report.error, _at(report), retry=not report.final)
 
 
 def _worker_exited(job: Job, report: WorkerExited) -> str:
