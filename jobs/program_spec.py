@@ -48,7 +48,7 @@ class ProgramSpec:
     @property
     def environment_field(self) -> dict[str, Any]:
         """The ``environment`` as the job stores it and agents receive it (``{}``: none asked)."""
-        return {} if self.environment.empty else self.environment.to_dict()
+        return self.environment.as_field()
 
     @property
     def entrypoint_text(self) -> str:

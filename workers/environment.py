@@ -75,6 +75,11 @@ class EnvironmentSpec:
             "replace": list(self.replace),
         }
 
+    def as_field(self) -> dict[str, Any]:
+        """The ``environment`` field a job stores and a start command carries: ``to_dict()``,
+        or ``{}`` when nothing is asked beyond the base layer."""
+        return {} if self.empty else self.to_dict()
+
     def with_bundle(self, bundled: Iterable[str]) -> EnvironmentSpec:
         """The bundle's requirements first, then the job's own."""
         merged = (*bundled, *self.requirements)

@@ -166,7 +166,7 @@ class Program(Record):
             check_launcher(self.launcher)
             object.__setattr__(self, "env", check_env(self.env))
             spec = check_environment(self.environment or None)
-            object.__setattr__(self, "environment", {} if spec.empty else spec.to_dict())
+            object.__setattr__(self, "environment", spec.as_field())
         except ProgramError as exc:
             raise ProtocolError(f"program.{exc}") from None
         parts = self.code_path.split("/")
