@@ -84,6 +84,8 @@ class Agent:
         self._next_heartbeat = clock.monotonic()
         self._next_clean = clock.monotonic() + config.cleanup.every_s
         self._next_quota = clock.monotonic() + config.sandbox.quota.every_s
+        self._quota_thread = threading.Thread()
+        """The pass holding jobs to their quota (``hold_to_quota``), when one runs."""
         self._overspent: set[str] = set()
         """Jobs the Redis guard stopped here: their users are not made again (until the job
         has settled here; a retry of it starts afresh)."""
@@ -129,8 +131,8 @@ class Agent:
 
     def tick(self) -> None:
         """One supervision pass: reap processes, enforce stops, forward events, heartbeat;
-        hold jobs to their quota every ``quota.every_s``; clean the node's directories
-        every ``cleanup.every_s``."""
+        hold jobs to their quota every ``quota.every_s`` (in a thread of its own); clean the
+        node's directories every ``cleanup.every_s``."""
         with self._lock:
             self._reap()
             self.logs.ship(self.processes.records())
@@ -146,12 +148,22 @@ class Agent:
             self.heartbeat()
             self._restore_job_users()
             self._guard_redis()
-        if self.clock.monotonic() >= self._next_quota:
+        if self.clock.monotonic() >= self._next_quota and not self._quota_thread.is_alive():
             self._next_quota = self.clock.monotonic() + self.config.sandbox.quota.every_s
-            self.hold_to_quota()
+            # In its own thread: walking a job with many files must not delay a heartbeat.
+            self._quota_thread = threading.Thread(
+                target=self._hold_to_quota_logged, name="quota", daemon=True
+            )
+            self._quota_thread.start()
         if self.clock.monotonic() >= self._next_clean:
             self._next_clean = self.clock.monotonic() + self.config.cleanup.every_s
             self.clean()
+
+    def _hold_to_quota_logged(self) -> None:
+        try:
+            self.hold_to_quota()
+        except Exception:  # a directory gone mid-walk, Redis away: the next pass measures again
+            log.exception("could not hold this node's jobs to their quota")
 
     def hold_to_quota(self) -> list[str]:
         """Stop the jobs here that hold more than their quota on this node (``quota``),
@@ -417,6 +429,8 @@ class Agent:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        if self._quota_thread.is_alive():
+            self._quota_thread.join(timeout=30)
         for collector in self._collectors:  # an upload in flight finishes first
             collector.join(timeout=300)
         self.processes.mirror.close(timeout=300)  # and a final checkpoint push
