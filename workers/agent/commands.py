@@ -180,7 +180,7 @@ class CommandHandler:
         log_path = self.config.log_path(command.job, command.workers[0].worker_id)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "a") as out:
-            environment = self.processes.environment(program, code_dir, out)
+            environment = self.processes.environment(command.job, program, code_dir, out)
         if environment is not None:
             self._environments[command_id] = environment
 

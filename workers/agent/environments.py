@@ -77,6 +77,8 @@ from workers.protocol import EnvironmentUsed
 log = logging.getLogger(__name__)
 
 TAIL_LINES = 20
+KEY_PATTERN = re.compile(r"[0-9a-f]{32}")
+"""What an environment key looks like (``environment_key``): anything else names no entry."""
 """How many of uv's last lines a failed build's reason keeps."""
 
 
@@ -454,12 +456,27 @@ class EnvironmentCache:
                 break
             if key in busy:
                 continue
-            with self._locked(key):
-                remove_tree(self.root / key)
-            (self.root / ".used" / key).unlink(missing_ok=True)
+            self.remove(key)
             total -= size
             removed.append(key)
         return removed
+
+    def remove(self, key: str) -> bool:
+        """Remove the environment of ``key`` (an admin's eviction, or the LRU's) and
+        forget that it failed; False when there was nothing under that key.  A build
+        of the key under way ends first (the lock).  The caller keeps keys in use."""
+        if not KEY_PATTERN.fullmatch(key):
+            raise ValueError(f"not an environment key: {key!r}")
+        with self._locked(key):
+            path = self.root / key
+            found = path.is_dir() and not path.is_symlink()
+            if found:
+                remove_tree(path)
+            failed = self.root / ".failed" / f"{key}.json"
+            found = found or failed.is_file()
+            failed.unlink(missing_ok=True)
+        (self.root / ".used" / key).unlink(missing_ok=True)
+        return found
 
 
 def _uv_binary() -> str:

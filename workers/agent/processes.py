@@ -391,7 +391,7 @@ class ProcessTable:
     ) -> WorkerRecord:
         self._refuse_unsandboxed()
         code_dir = self.resolve_code(program)
-        environment = self.environment(program, code_dir)
+        environment = self.environment(command.job, program, code_dir)
         dirs = job_dirs(self.config, command)
         dirs.create(worker.worker_id)
         if program.launcher == "edl":
@@ -436,7 +436,7 @@ class ProcessTable:
         )
 
     def environment(
-        self, program: Program, code_dir: Path, out: IO[str] | None = None
+        self, job: str, program: Program, code_dir: Path, out: IO[str] | None = None
     ) -> Environment | None:
         """What ``program`` runs in beyond the node's base layer (None: nothing): built now
         (its output to ``out``) or found in the cache.  Raises EnvironmentFailed."""
