@@ -1,4 +1,5 @@
-"""What a bundle declares it needs: its top-level ``requirements.txt`` or ``pyproject.toml``.
+"""What a bundle declares it needs: its top-level ``uv.lock``, ``requirements.txt`` or
+``pyproject.toml`` (the first of them it has).
 
 ::
 
@@ -12,7 +13,8 @@
 
 The file is read as text and parsed; nothing in the archive is executed (a
 ``pyproject.toml``'s build backend is the agent's business, in the job's
-sandbox).  The rule is the one the agent applies when it builds the
+sandbox).  A ``uv.lock`` becomes one exact pin per package of an index; a
+package locked from git, a path or a URL refuses the upload.  The rule is the one the agent applies when it builds the
 environment, so an upload accepted here builds the same requirements there.
 """
 

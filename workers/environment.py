@@ -6,7 +6,8 @@ decides.  A job asks in its ``environment`` field::
 
     {"requirements": ["einops==0.8.1", "tqdm>=4"], "python": "3.11", "replace": []}
 
-or ships them in its bundle: ``requirements.txt``, or the ``[project]``
+or ships them in its bundle: a ``uv.lock`` (its index packages, pinned
+exactly: ``uv_lock_pins``), else ``requirements.txt``, else the ``[project]``
 ``dependencies`` of a ``pyproject.toml`` (``bundle_requirements``); the
 field's requirements come after the bundle's.
 
@@ -16,6 +17,13 @@ option (``-e``, ``-r``, ``--index-url``, ``--extra-index-url``, ``-f``...:
 the index and its credentials are the operator's), a path, or a direct
 reference (``name @ https://...``): nothing reaches a node that the
 operator's index did not serve.
+
+**Extra indexes** (``indexes``, where the operator allows a job its own: the
+portal's ``ENVIRONMENT_ALLOW_JOB_INDEX``): at most ``MAX_INDEXES`` plain
+``https://`` URLs of a named host, with no credentials (``user:pw@``), query
+or fragment: credentials never come from a job.  They are part of the
+request, so of its key; a request without them stores no ``indexes`` key,
+so its field and its key are what they were before indexes existed.
 
 **The base layer is the node's**: its interpreter, torch (the CUDA build on
 GPU nodes) and the ``edl`` SDK.  A requirement that names a base package
@@ -39,6 +47,7 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -50,8 +59,17 @@ MAX_REQUIREMENTS = 200
 MAX_REQUIREMENT_CHARS = 400
 MAX_FILE_BYTES = 256 * 1024
 PYTHON_VERSION = re.compile(r"3\.\d{1,2}")
-BUNDLE_FILES = ("requirements.txt", "pyproject.toml")
-"""Where a bundle declares its dependencies, read in this order (the first found wins)."""
+MAX_INDEXES = 3
+MAX_INDEX_CHARS = 400
+BUNDLE_FILES = ("uv.lock", "requirements.txt", "pyproject.toml")
+"""Where a bundle declares its dependencies, read in this order (the first found wins:
+a lock's exact pins over a requirements.txt over a pyproject.toml's ranges)."""
+HOSTNAME = re.compile(
+    r"(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]([a-z0-9-]{0,61}[a-z0-9])?"
+)
+"""A DNS name of at least two labels whose last (the top-level domain) starts with a
+letter: no IP literal, no single-label name such as ``localhost``."""
+URL_CHARACTERS = re.compile(r"[A-Za-z0-9._~:/?#\[\]@!$&'()*+,;=%-]+")
 
 
 @dataclass(frozen=True)
@@ -61,6 +79,8 @@ class EnvironmentSpec:
     requirements: tuple[str, ...] = ()
     python: str | None = None
     replace: tuple[str, ...] = field(default=())
+    indexes: tuple[str, ...] = ()
+    """Extra index URLs the job asks for besides the operator's (``check_index_url``)."""
 
     @property
     def empty(self) -> bool:
@@ -68,23 +88,31 @@ class EnvironmentSpec:
         return not self.requirements
 
     def to_dict(self) -> dict[str, Any]:
-        """The field as stored and sent to agents (``check_environment`` reads it back)."""
-        return {
+        """The field as stored and sent to agents (``check_environment`` reads it back).
+
+        ``indexes`` only when some are asked: a request without them keeps the
+        field, and so the ``environment_key``, it had before indexes existed.
+        """
+        stored: dict[str, Any] = {
             "requirements": list(self.requirements),
             "python": self.python,
             "replace": list(self.replace),
         }
+        if self.indexes:
+            stored["indexes"] = list(self.indexes)
+        return stored
 
     def as_field(self) -> dict[str, Any]:
         """The ``environment`` field a job stores and a start command carries: ``to_dict()``,
-        or ``{}`` when nothing is asked beyond the base layer."""
-        return {} if self.empty else self.to_dict()
+        or ``{}`` when nothing is asked beyond the base layer (an index alone is kept: it
+        serves the bundle's requirements)."""
+        return {} if self.empty and not self.indexes else self.to_dict()
 
     def with_bundle(self, bundled: Iterable[str]) -> EnvironmentSpec:
         """The bundle's requirements first, then the job's own."""
         merged = (*bundled, *self.requirements)
         _check_count(merged)
-        return EnvironmentSpec(merged, self.python, self.replace)
+        return EnvironmentSpec(merged, self.python, self.replace, self.indexes)
 
 
 def check_environment(raw: object) -> EnvironmentSpec:
@@ -92,8 +120,10 @@ def check_environment(raw: object) -> EnvironmentSpec:
     if raw is None:
         return EnvironmentSpec()
     if not isinstance(raw, Mapping):
-        raise ProgramError("environment", "must be an object with requirements, python, replace")
-    unknown = set(raw) - {"requirements", "python", "replace"}
+        raise ProgramError(
+            "environment", "must be an object with requirements, python, replace, indexes"
+        )
+    unknown = set(raw) - {"requirements", "python", "replace", "indexes"}
     if unknown:
         raise ProgramError("environment", f"unknown keys: {', '.join(sorted(map(str, unknown)))}")
     requirements = raw.get("requirements") or []
@@ -105,10 +135,49 @@ def check_environment(raw: object) -> EnvironmentSpec:
     replace = raw.get("replace") or []
     if not isinstance(replace, list) or not all(isinstance(r, str) for r in replace):
         raise ProgramError("environment.replace", "must be a list of package names")
+    indexes = raw.get("indexes") or []
+    if not isinstance(indexes, list):
+        raise ProgramError("environment.indexes", "must be a list of https:// URLs")
+    if len(indexes) > MAX_INDEXES:
+        raise ProgramError("environment.indexes", f"at most {MAX_INDEXES} extra indexes")
     checked = tuple(check_requirement(line) for line in requirements)
     _check_count(checked)
     names = tuple(sorted({_package_name(name, "environment.replace") for name in replace}))
-    return EnvironmentSpec(checked, python, names)
+    urls = tuple(dict.fromkeys(check_index_url(url) for url in indexes))
+    return EnvironmentSpec(checked, python, names, urls)
+
+
+def check_index_url(url: object, where: str = "environment.indexes") -> str:
+    """One extra index a job asks for: a plain ``https://`` URL of a named host; else a
+    ProgramError (which never repeats the URL: it may hold a password)."""
+    if not isinstance(url, str):
+        raise ProgramError(where, "must be a list of https:// URLs")
+    if len(url) > MAX_INDEX_CHARS:
+        raise ProgramError(where, f"an index URL longer than {MAX_INDEX_CHARS} characters")
+    if not URL_CHARACTERS.fullmatch(url):
+        raise ProgramError(where, "each must be one https:// URL, without spaces or controls")
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "https":
+        raise ProgramError(where, "each must be an https:// URL")
+    if "@" in parts.netloc:
+        raise ProgramError(
+            where,
+            "an index URL must not carry credentials (user:password@): credentials never "
+            "come from a job; an index that needs them is the operator's to configure",
+        )
+    if parts.query or "?" in url:
+        raise ProgramError(where, "an index URL must not have a query (?...)")
+    if parts.fragment or "#" in url:
+        raise ProgramError(where, "an index URL must not have a fragment (#...)")
+    try:
+        parts.port  # noqa: B018 - a bad port raises here
+    except ValueError:
+        raise ProgramError(where, "an index URL's port must be a number") from None
+    if not HOSTNAME.fullmatch(parts.hostname or ""):
+        raise ProgramError(
+            where, "an index URL must name its host by a DNS name (no IP, no bare name)"
+        )
+    return url
 
 
 def check_requirement(line: str, where: str = "environment.requirements") -> str:
@@ -165,8 +234,81 @@ def pyproject_dependencies(text: str, where: str = "pyproject.toml") -> tuple[st
     return checked
 
 
+def uv_lock_pins(text: str, where: str = "uv.lock") -> tuple[str, ...]:
+    """The exact pins of a ``uv.lock``: ``name==version`` for each package of an index.
+
+    The project itself (``source = { editable = "." }`` or ``{ virtual = "." }``)
+    is the bundle's own code: skipped.  A package from anywhere else (git, a
+    path, a URL, a directory, another project) is refused: nothing reaches a
+    node that the operator's index did not serve.  A lock that resolves one
+    package to two versions (forks by marker) cannot become one pin each: refused.
+    The lock's hashes are not carried: the operator's index is the trusted source.
+    """
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ProgramError(where, f"is not valid TOML: {exc}") from None
+    if document.get("version") != 1:
+        raise ProgramError(where, "is not a uv.lock of format version 1")
+    packages = document.get("package", [])
+    if not isinstance(packages, list) or not all(isinstance(p, dict) for p in packages):
+        raise ProgramError(where, "its packages must be [[package]] tables")
+    pins: dict[str, tuple[str, str]] = {}
+    for entry in packages:
+        name, version, source = _locked_package(entry, where)
+        if source is None:
+            continue
+        seen = pins.get(name)
+        if seen is not None and seen[1] != version:
+            raise ProgramError(
+                where,
+                f"holds two versions of {name} ({seen[1]} and {version}, for different "
+                "platforms or Pythons), which cannot both be pinned: list the requirements "
+                "in requirements.txt instead",
+            )
+        pins[name] = (check_requirement(f"{name}=={version}", where), version)
+    _check_count(pins)
+    return tuple(pin for pin, _ in pins.values())
+
+
+def _locked_package(entry: Mapping[str, Any], where: str) -> tuple[str, str, str | None]:
+    """A ``[[package]]`` of a lock: its name, version and index (``None``: the project)."""
+    name = entry.get("name")
+    if not isinstance(name, str):
+        raise ProgramError(where, "a [[package]] without a name")
+    name = _package_name(name, where)
+    source = entry.get("source")
+    if not isinstance(source, dict) or len(source) != 1:
+        raise ProgramError(where, f"package {name}: its source must be one {{ kind = ... }}")
+    [(kind, value)] = source.items()
+    if kind in ("editable", "virtual") and value == ".":
+        return name, "", None
+    if kind != "registry":
+        raise ProgramError(
+            where,
+            f"package {name} comes from a {kind} source: only packages from the operator's "
+            "index are installed (lock it from the index, or leave it out)",
+        )
+    version = entry.get("version")
+    if not isinstance(version, str):
+        raise ProgramError(where, f"package {name}: a version is required")
+    try:
+        Version(version)
+    except InvalidVersion:
+        raise ProgramError(where, f"package {name}: {version[:40]!r} is not a version") from None
+    return name, version, str(value)
+
+
+_BUNDLE_READERS = {
+    "uv.lock": uv_lock_pins,
+    "requirements.txt": requirements_txt,
+    "pyproject.toml": pyproject_dependencies,
+}
+
+
 def bundle_requirements(files: Mapping[str, bytes]) -> tuple[str, ...]:
-    """What a bundle declares, from its top-level files (name → contents; ``BUNDLE_FILES``)."""
+    """What a bundle declares, from its top-level files (name → contents; the first of
+    ``BUNDLE_FILES`` it has)."""
     for name in BUNDLE_FILES:
         data = files.get(name)
         if data is None:
@@ -177,8 +319,7 @@ def bundle_requirements(files: Mapping[str, bytes]) -> tuple[str, ...]:
             text = data.decode()
         except UnicodeDecodeError:
             raise ProgramError(name, "is not UTF-8 text") from None
-        read = requirements_txt if name == "requirements.txt" else pyproject_dependencies
-        return read(text, name)
+        return _BUNDLE_READERS[name](text, name)
     return ()
 
 
