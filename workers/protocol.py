@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from workers.catalog import WorkloadArgumentError, validate_args
-from workers.environment import check_environment
+from workers.environment import MAX_REQUIREMENT_CHARS, MAX_REQUIREMENTS, check_environment
 from workers.outputs import (
     MAX_METRIC_POINTS,
     OutputError,
@@ -432,6 +432,33 @@ class Profile(Command):
         at_least(self.batches_per_level, 2, "profile.batches_per_level")
         if self.max_workers < self.min_workers:
             raise ProtocolError("profile.max_workers must be at least min_workers")
+
+
+NODE_JOB = "node"
+"""The ``job`` of a command about the node itself rather than a job (``EvictEnvironment``)."""
+
+
+@_command
+@dataclass(frozen=True, kw_only=True)
+class EvictEnvironment(Command):
+    """Remove one environment (``key``) from this node's cache: an admin's eviction.
+
+    About the node, not a job: ``job`` is always ``NODE_JOB``.  The agent
+    refuses a key that a worker on this node runs in; it answers with an
+    ``EnvironmentEvicted`` report either way.
+    """
+
+    TYPE: ClassVar[str] = "evict_environment"
+
+    job: str = NODE_JOB
+    key: str
+
+    def validate(self) -> None:
+        super().validate()
+        if self.job != NODE_JOB:
+            raise ProtocolError(f"evict_environment.job must be {NODE_JOB!r}")
+        if not ENVIRONMENT_KEY.fullmatch(self.key):
+            raise ProtocolError("evict_environment.key must be 32 hexadecimal digits")
 
 
 # --------------------------------------------------------------------------- reports
@@ -885,6 +912,136 @@ class Rejected(Report):
                 check_name(value, f"rejected.{name}")
         if self.command_type is not None and self.command_type not in _COMMANDS:
             raise ProtocolError(f"rejected.command_type {self.command_type!r} is no command")
+
+
+MAX_CACHE_ENTRIES = 256
+"""The most environments one ``environment_cache`` report lists (the most recently used)."""
+MAX_CACHE_REPORT_CHARS = 256 * 1024
+"""The most characters of package and requirement text one ``environment_cache`` report carries."""
+MAX_CACHE_BYTES = 2**62
+"""A bound on any size a cache report states (a number PostgreSQL's bigint holds)."""
+MAX_EVICTION_DETAIL_CHARS = 300
+
+
+def _check_bytes(value: int, path: str) -> None:
+    if not 0 <= value <= MAX_CACHE_BYTES:
+        raise ProtocolError(f"{path} must be within 0-{MAX_CACHE_BYTES}")
+
+
+def _check_time(value: float | None, path: str) -> None:
+    if value is not None and not 0 <= value <= 2**40:
+        raise ProtocolError(f"{path} must be a Unix time")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CachedEnvironment(Record):
+    """One complete environment of a node's cache, as its manifest and the disk say.
+
+    ``last_used`` and ``built_at`` are Unix times; ``packages`` the pinned
+    ``name==version`` it installed, ``requirements`` what was asked;
+    ``packages_omitted`` how many packages the report left out to stay within
+    its bound; ``in_use``: a worker on the reporting node runs in it.
+    """
+
+    key: str
+    size_bytes: int
+    last_used: float
+    in_use: bool = False
+    packages: tuple[str, ...] = ()
+    requirements: tuple[str, ...] = ()
+    packages_omitted: int = 0
+    built_at: float | None = None
+    build_s: float | None = None
+
+    def validate(self) -> None:
+        if not ENVIRONMENT_KEY.fullmatch(self.key):
+            raise ProtocolError("entry.key must be 32 hexadecimal digits")
+        _check_bytes(self.size_bytes, "entry.size_bytes")
+        _check_time(self.last_used, "entry.last_used")
+        _check_time(self.built_at, "entry.built_at")
+        at_least(self.packages_omitted, 0, "entry.packages_omitted")
+        if self.build_s is not None and not 0 <= self.build_s <= MAX_BUILD_S:
+            raise ProtocolError(f"entry.build_s must be within 0-{MAX_BUILD_S:.0f}")
+        if len(self.packages) > MAX_ENVIRONMENT_PACKAGES or any(
+            len(p) > MAX_PACKAGE_CHARS for p in self.packages
+        ):
+            raise ProtocolError("entry.packages is too long")
+        if len(self.requirements) > MAX_REQUIREMENTS or any(
+            len(r) > MAX_REQUIREMENT_CHARS for r in self.requirements
+        ):
+            raise ProtocolError("entry.requirements is too long")
+
+    @property
+    def text_chars(self) -> int:
+        """How much of a report's text bound this entry spends."""
+        return sum(map(len, self.packages)) + sum(map(len, self.requirements))
+
+
+@_report
+@dataclass(frozen=True, kw_only=True)
+class EnvironmentCacheReport(Report):
+    """What a node's environment cache holds (``workers.agent.environments``).
+
+    ``entries``: at most ``MAX_CACHE_ENTRIES``, most recently used first, with
+    at most ``MAX_CACHE_REPORT_CHARS`` of package text in all; ``omitted``
+    counts the environments left out.  ``total_bytes`` is the whole cache's
+    size (those left out included), ``max_bytes`` the size it is evicted down to.
+    """
+
+    TYPE: ClassVar[str] = "environment_cache"
+
+    max_bytes: int
+    total_bytes: int
+    entries: tuple[CachedEnvironment, ...] = ()
+    omitted: int = 0
+
+    def validate(self) -> None:
+        super().validate()
+        _check_bytes(self.max_bytes, "environment_cache.max_bytes")
+        _check_bytes(self.total_bytes, "environment_cache.total_bytes")
+        at_least(self.omitted, 0, "environment_cache.omitted")
+        if len(self.entries) > MAX_CACHE_ENTRIES:
+            raise ProtocolError(
+                f"environment_cache.entries may list at most {MAX_CACHE_ENTRIES} environments"
+            )
+        keys = [entry.key for entry in self.entries]
+        if len(set(keys)) != len(keys):
+            raise ProtocolError("environment_cache.entries names one key twice")
+        if sum(entry.text_chars for entry in self.entries) > MAX_CACHE_REPORT_CHARS:
+            raise ProtocolError(
+                f"environment_cache.entries carry more than {MAX_CACHE_REPORT_CHARS} characters"
+            )
+
+
+EvictionOutcome = Literal["evicted", "in_use", "not_found", "failed"]
+
+
+@_report
+@dataclass(frozen=True, kw_only=True)
+class EnvironmentEvicted(Report):
+    """The answer to an ``evict_environment`` command (``command_id``).
+
+    ``outcome``: ``evicted`` (removed), ``in_use`` (refused: a worker on this
+    node runs in it; ``detail`` names which), ``not_found`` (nothing under
+    that key here), ``failed`` (the removal raised; ``detail`` says what).
+    """
+
+    TYPE: ClassVar[str] = "environment_evicted"
+
+    command_id: str
+    key: str
+    outcome: EvictionOutcome
+    detail: str = ""
+
+    def validate(self) -> None:
+        super().validate()
+        check_id(self.command_id, "environment_evicted.command_id")
+        if not ENVIRONMENT_KEY.fullmatch(self.key):
+            raise ProtocolError("environment_evicted.key must be 32 hexadecimal digits")
+        if len(self.detail) > MAX_EVICTION_DETAIL_CHARS:
+            raise ProtocolError(
+                f"environment_evicted.detail must be at most {MAX_EVICTION_DETAIL_CHARS} characters"
+            )
 
 
 @_report

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from workers.agent import cleanup
+from workers.agent.cache_report import REPORT_EVERY_S as CACHE_REPORT_EVERY_S
+from workers.agent.cache_report import cache_report
 from workers.agent.collect import collect
 from workers.agent.collect import reports as collect_reports
 from workers.agent.commands import CommandHandler
@@ -38,6 +40,7 @@ from workers.artifacts import ArtifactStore
 from workers.clock import SYSTEM_CLOCK, Clock
 from workers.protocol import (
     Command,
+    EnvironmentCacheReport,
     ExitOutcome,
     Failed,
     Heartbeat,
@@ -86,6 +89,9 @@ class Agent:
         self._next_quota = clock.monotonic() + config.sandbox.quota.every_s
         self._quota_thread = threading.Thread()
         """The pass holding jobs to their quota (``hold_to_quota``), when one runs."""
+        self._next_cache_report = clock.monotonic()  # the first at start
+        self._cache_thread = threading.Thread()
+        """The pass reporting the environment cache (``report_environments``), when one runs."""
         self._overspent: set[str] = set()
         """Jobs the Redis guard stopped here: their users are not made again (until the job
         has settled here; a retry of it starts afresh)."""
@@ -132,7 +138,8 @@ class Agent:
     def tick(self) -> None:
         """One supervision pass: reap processes, enforce stops, forward events, heartbeat;
         hold jobs to their quota every ``quota.every_s`` (in a thread of its own); clean the
-        node's directories every ``cleanup.every_s``."""
+        node's directories every ``cleanup.every_s``; report the environment cache at start
+        and every ``CACHE_REPORT_EVERY_S`` (in a thread of its own)."""
         with self._lock:
             self._reap()
             self.logs.ship(self.processes.records())
@@ -158,6 +165,28 @@ class Agent:
         if self.clock.monotonic() >= self._next_clean:
             self._next_clean = self.clock.monotonic() + self.config.cleanup.every_s
             self.clean()
+        if self.clock.monotonic() >= self._next_cache_report and not self._cache_thread.is_alive():
+            self._next_cache_report = self.clock.monotonic() + CACHE_REPORT_EVERY_S
+            # In its own thread: measuring walks every environment's tree.
+            self._cache_thread = threading.Thread(
+                target=self._report_environments_logged, name="environment-cache", daemon=True
+            )
+            self._cache_thread.start()
+
+    def _report_environments_logged(self) -> None:
+        try:
+            self.report_environments()
+        except Exception:  # an entry removed mid-walk: the next pass measures again
+            log.exception("could not report this node's environment cache")
+
+    def report_environments(self) -> EnvironmentCacheReport:
+        """Send the control plane what this node's environment cache holds (``cache_report``),
+        and which entries its workers use.  Measured outside the lock (it walks the trees)."""
+        with self._lock:
+            in_use = set(self.commands.environments_in_use())
+        report = cache_report(self.config.node, self.processes.environments, in_use)
+        self._send(report)
+        return report
 
     def _hold_to_quota_logged(self) -> None:
         try:
@@ -431,6 +460,8 @@ class Agent:
             self._thread = None
         if self._quota_thread.is_alive():
             self._quota_thread.join(timeout=30)
+        if self._cache_thread.is_alive():
+            self._cache_thread.join(timeout=30)
         for collector in self._collectors:  # an upload in flight finishes first
             collector.join(timeout=300)
         self.processes.mirror.close(timeout=300)  # and a final checkpoint push

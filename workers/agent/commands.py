@@ -28,7 +28,11 @@ from workers.agent.programs import job_dirs
 from workers.agent.store import AgentStore
 from workers.clock import Clock
 from workers.protocol import (
+    MAX_EVICTION_DETAIL_CHARS,
     Command,
+    EnvironmentEvicted,
+    EvictEnvironment,
+    EvictionOutcome,
     Failed,
     Migrate,
     Profile,
@@ -130,6 +134,8 @@ class CommandHandler:
 
     def apply(self, command: Command) -> str:
         """Apply a parsed command once (see ``receive``)."""
+        if isinstance(command, EvictEnvironment):
+            return self._evict_environment(command)
         starting = command.joining if isinstance(command, Migrate) else command
         if isinstance(starting, StartWorkers):
             self._wait_for_slots(starting)
@@ -164,6 +170,55 @@ class CommandHandler:
             self.store.mark_applied(command.command_id)
             log.info("applied %s %s for job %s", command.TYPE, command.command_id, command.job)
             return "applied"
+
+    def environments_in_use(self) -> dict[str, list[str]]:
+        """The environment keys this node's workers run in, or a start here is about to,
+        each with who (``job/worker``, or ``a start of job J``).  Under the lock."""
+        users: dict[str, list[str]] = {}
+        for record in self.processes.records():
+            if record.environment is not None:
+                users.setdefault(record.environment, []).append(record.key)
+        for prepared in self._environments.values():  # built for a start not yet applied
+            users.setdefault(prepared.key, []).append("a start under way")
+        return users
+
+    def _evict_environment(self, command: EvictEnvironment) -> str:
+        """An admin's eviction: refused for a key in use here, else ``EnvironmentCache.remove``;
+        answered with ``EnvironmentEvicted`` either way, once per command id.
+
+        The removal runs outside the lock, as the LRU's does (``Agent.clean``):
+        it waits for a build of the same key to end, and supervision must not
+        wait with it.
+        """
+        key = command.key
+        with self._lock:
+            if self.store.was_applied(command.command_id):
+                log.info("command %s replayed: no-op", command.command_id)
+                return "replayed"
+            users = self.environments_in_use().get(key, [])
+        outcome: EvictionOutcome
+        if users:
+            outcome, detail = "in_use", f"in use on {self.config.node} by {', '.join(users)}"
+        else:
+            try:
+                found = self.processes.environments.remove(key)
+            except OSError as exc:
+                outcome, detail = "failed", f"could not remove it: {exc.strerror or exc}"
+            else:
+                outcome, detail = ("evicted", "") if found else ("not_found", "")
+        with self._lock:
+            self.store.mark_applied(command.command_id)
+        log.info("evict_environment %s of %s: %s %s", command.command_id, key, outcome, detail)
+        self._send(
+            EnvironmentEvicted(
+                node=self.config.node,
+                command_id=command.command_id,
+                key=key,
+                outcome=outcome,
+                detail=detail[:MAX_EVICTION_DETAIL_CHARS],
+            )
+        )
+        return "applied" if outcome == "evicted" else "rejected"
 
     def _prepare_environment(self, command_id: str, command: StartWorkers) -> None:
         """Build the program's environment before the lock (a build takes seconds to

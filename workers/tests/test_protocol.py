@@ -11,10 +11,14 @@ from hypothesis import strategies as st
 
 from workers.protocol import (
     ArtifactStored,
+    CachedEnvironment,
     CheckpointSkipped,
     Command,
     CurvePoint,
+    EnvironmentCacheReport,
+    EnvironmentEvicted,
     EventsDropped,
+    EvictEnvironment,
     Failed,
     Finished,
     Heartbeat,
@@ -99,6 +103,7 @@ def sample_commands() -> list[Command]:
             ),
             rank_order=("w9", "w1"),
         ),
+        EvictEnvironment(command_id="c8", key="0123456789abcdef0123456789abcdef"),
     ]
 
 
@@ -152,6 +157,30 @@ def sample_reports() -> list[Report]:
         Metrics(**common, event_id="9-2", points=(MetricPoint(step=9, values={"loss": 0.5}),)),
         Rejected(node="gpu-1", error="slot 9 does not exist", command_id="c9", job="job-1"),
         Heartbeat(node="gpu-1", device="cpu", slots=2, free_slots=(1,), workers=(worker,)),
+        EnvironmentCacheReport(
+            node="gpu-1",
+            max_bytes=2**30,
+            total_bytes=4096,
+            entries=(
+                CachedEnvironment(
+                    key="0123456789abcdef0123456789abcdef",
+                    size_bytes=4096,
+                    last_used=1_700_000_000.0,
+                    in_use=True,
+                    packages=("six==1.16.0",),
+                    requirements=("six",),
+                    built_at=1_699_999_000.0,
+                    build_s=2.5,
+                ),
+            ),
+        ),
+        EnvironmentEvicted(
+            node="gpu-1",
+            command_id="c8",
+            key="0123456789abcdef0123456789abcdef",
+            outcome="in_use",
+            detail="worker w0 of job job-1 runs in it",
+        ),
     ]
 
 
