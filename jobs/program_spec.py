@@ -7,7 +7,9 @@ bundle, the entrypoint must name a Python file that is in it, the launcher is
 rules of ``workers.program``), and ``environment`` the Python dependencies it
 asks for beyond the node's base layer (the rule of ``workers.environment``,
 which the agent applies again when it builds them).  Every refusal names its
-field, down to the key: ``environment.requirements``.
+field, down to the key: ``environment.requirements``.  A job's own package
+indexes (``environment.indexes``) are refused unless the operator sets
+``ENVIRONMENT_ALLOW_JOB_INDEX``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from django.conf import settings
 
 from bundles.models import CodeBundle
 from tenancy.models import Tenant
@@ -123,8 +127,15 @@ def _entrypoint_problem(
 
 def _environment(bundle: CodeBundle | None, raw: Any) -> EnvironmentSpec:
     """The job's own ``environment``, checked; with its bundle's requirements (which the
-    agent installs first) it must stay within the rule's count."""
+    agent installs first) it must stay within the rule's count.  Its own indexes only
+    where the operator allows them."""
     spec = check_environment(raw)
+    if spec.indexes and not settings.ENVIRONMENT_ALLOW_JOB_INDEX:
+        raise ProgramError(
+            "environment.indexes",
+            "this portal does not let a job name its own package index: packages come from "
+            "the operator's index (an admin must set ENVIRONMENT_ALLOW_JOB_INDEX to allow it)",
+        )
     if bundle is not None:
         spec.with_bundle(bundle.requirements)
     return spec

@@ -267,29 +267,47 @@ def show_job(job: Job) -> None:
 
 
 def environment_text(environment: Any) -> str:
-    """A job's own requirements on one line: ``einops==0.8.1 tqdm>=4 (python 3.11)``.
+    """A job's own requirements on one line: ``einops==0.8.1 tqdm>=4 (python 3.11)``, with
+    its own package indexes when it names some: ``(index https://pypi.example.org/simple)``.
 
     Empty: the job asks for nothing beyond the node's base layer (its bundle's
     own requirements.txt still applies; ``portalctl`` shows that with the upload).
     """
-    if not isinstance(environment, dict) or not environment.get("requirements"):
+    if not isinstance(environment, dict):
         return ""
-    text = " ".join(str(line) for line in environment["requirements"])
+    requirements = environment.get("requirements") or []
+    indexes = environment.get("indexes") or []
+    if not requirements and not indexes:
+        return ""
+    text = " ".join(str(line) for line in requirements)
     notes = [f"python {environment['python']}"] if environment.get("python") else []
     if environment.get("replace"):
         notes.append("may replace " + ", ".join(map(str, environment["replace"])))
-    return f"{text} ({'; '.join(notes)})" if notes else text
+    if indexes:
+        notes.append(("index " if len(indexes) == 1 else "indexes ") + ", ".join(map(str, indexes)))
+    return " ".join(part for part in (text, f"({'; '.join(notes)})" if notes else "") if part)
 
 
 def add_requirements(fields: dict[str, Any], requirements: Sequence[str]) -> None:
     """Append ``--requirement`` lines to the ``environment.requirements`` of ``fields``."""
-    if not requirements:
+    _extend_environment(fields, "requirements", requirements)
+
+
+def add_indexes(fields: dict[str, Any], indexes: Sequence[str]) -> None:
+    """Append ``--index`` URLs to the ``environment.indexes`` of ``fields`` (the portal
+    checks them, and refuses them unless its operator allows a job its own index)."""
+    _extend_environment(fields, "indexes", indexes)
+
+
+def _extend_environment(fields: dict[str, Any], key: str, values: Sequence[str]) -> None:
+    """Append ``values`` to the list ``environment.<key>`` of ``fields`` (a job file's first)."""
+    if not values:
         return
     environment = dict(fields.get("environment") or {})
-    listed = environment.get("requirements") or []
+    listed = environment.get(key) or []
     if not isinstance(listed, list):
-        raise click.UsageError("environment.requirements must be a list in the job file")
-    environment["requirements"] = [*listed, *requirements]
+        raise click.UsageError(f"environment.{key} must be a list in the job file")
+    environment[key] = [*listed, *values]
     fields["environment"] = environment
 
 
@@ -417,6 +435,14 @@ def _follow_and_exit(ctx: Context, job_id: int, follow: bool) -> NoReturn:
     help="A Python package the program needs, as in requirements.txt: -r einops==0.8.1 "
     "(repeatable; after the bundle's own requirements.txt).",
 )
+@click.option(
+    "--index",
+    "indexes",
+    multiple=True,
+    metavar="URL",
+    help="An extra package index of the job's own, https:// without credentials "
+    "(repeatable, at most 3; only where the portal's operator allows it).",
+)
 @click.option("--wait", is_flag=True, help="Wait for the end; the exit code says how it ended.")
 @click.option("--follow", is_flag=True, help="Stream the logs until the job ends (implies --wait).")
 @output_option
@@ -437,6 +463,7 @@ def submit(
     args: tuple[str, ...],
     env: tuple[str, ...],
     requirements: tuple[str, ...],
+    indexes: tuple[str, ...],
     wait: bool,
     follow: bool,
     output: str | None,
@@ -465,6 +492,7 @@ def submit(
     if env:
         fields["env"] = {**fields.get("env", {}), **_parse_env(env)}
     add_requirements(fields, requirements)
+    add_indexes(fields, indexes)
     if args:
         parsed = {k: _number(v) for k, v in _parse_env(args).items()}
         fields["args"] = {**fields.get("args", {}), **parsed}

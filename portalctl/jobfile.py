@@ -12,10 +12,12 @@
     env: {WANDB_MODE: offline}
     environment:                  # Python packages beyond the node's torch and edl
       requirements: [einops==0.8.1, "tqdm>=4"]
+      indexes: [https://pypi.example.org/simple]   # where the operator allows it
 
 A key the API does not know is an error that names it; ``code`` given as a
 relative path is relative to the file.  ``environment`` goes to the API as
-written (the server checks it: ``requirements``, ``python``, ``replace``).
+written (the server checks it: ``requirements``, ``python``, ``replace``,
+``indexes``).
 """
 
 from __future__ import annotations

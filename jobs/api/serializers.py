@@ -101,7 +101,9 @@ class JobCreateSerializer(serializers.Serializer[Job]):
         help_text="With code: the program's own Python dependencies, installed over the node's "
         'base layer (torch, edl): {"requirements": ["einops==0.8.1"], "python": "3.11", '
         '"replace": []}. Requirements name packages of the operator\'s index only (PEP 508; '
-        "no options, paths or URLs); the bundle's requirements.txt or pyproject.toml comes first.",
+        "no options, paths or URLs); the bundle's uv.lock, requirements.txt or pyproject.toml "
+        'comes first. "indexes": at most 3 extra https:// index URLs, without credentials, '
+        "where the operator sets ENVIRONMENT_ALLOW_JOB_INDEX (a 400 otherwise).",
     )
     gpus = serializers.IntegerField(min_value=1)
     min_gpus = serializers.IntegerField(min_value=1, required=False)

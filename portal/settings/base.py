@@ -263,6 +263,9 @@ LOG_MAX_BYTES = env_int("LOG_MAX_BYTES", 64 * 1024 * 1024)  # a job's stored out
 CODE_MAX_FILES = env_int("CODE_MAX_FILES", 10_000)
 CODE_MAX_BYTES = env_int("CODE_MAX_BYTES", 50 * 1024 * 1024)  # the archive as uploaded
 CODE_MAX_UNPACKED_BYTES = env_int("CODE_MAX_UNPACKED_BYTES", 500 * 1024 * 1024)
+# A job may name extra package indexes of its own (environment.indexes: https, no
+# credentials; workers.environment) only when this is on; off, such a job is a 400.
+ENVIRONMENT_ALLOW_JOB_INDEX = env_bool("ENVIRONMENT_ALLOW_JOB_INDEX", False)
 # The store of bundles, checkpoints, artifacts and logs: a directory every node sees
 # (file:///abs/dir, or a plain path; NFS/Lustre on a real cluster) or S3-compatible
 # object storage (s3://bucket/prefix, through s3fs; credentials and endpoint from
