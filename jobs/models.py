@@ -394,3 +394,89 @@ class TrainingMetric(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} step {self.step}: {self.name}={self.value:g}"
+
+
+class NodeEnvironmentCache(models.Model):
+    """The latest report of one node's environment cache (``environment_cache``): its size,
+    cap and how many environments the report left out; the entries are ``CachedEnvironment``.
+
+    Replaced whole by each newer report (``jobs.environment_caches``).
+    """
+
+    server = models.OneToOneField(
+        "inventory.Server", on_delete=models.CASCADE, related_name="environment_cache"
+    )
+    reported_at = models.DateTimeField()
+    max_bytes = models.PositiveBigIntegerField()
+    total_bytes = models.PositiveBigIntegerField()
+    omitted = models.PositiveIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"environment cache of {self.server_id}"
+
+
+class CachedEnvironment(models.Model):
+    """One environment a node's cache held at its latest report: what was asked (its
+    requirements), what it installed (pinned packages), its size, last use, and whether a
+    worker on the node ran in it."""
+
+    cache = models.ForeignKey(
+        NodeEnvironmentCache, on_delete=models.CASCADE, related_name="entries"
+    )
+    key = models.CharField(max_length=32)
+    size_bytes = models.PositiveBigIntegerField()
+    last_used_at = models.DateTimeField()
+    in_use = models.BooleanField(default=False)
+    packages = models.JSONField(default=list)
+    requirements = models.JSONField(default=list)
+    packages_omitted = models.PositiveIntegerField(default=0)
+    built_at = models.DateTimeField(null=True, blank=True)
+    build_s = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["cache_id", "-last_used_at", "key"]
+        constraints = [
+            models.UniqueConstraint(fields=["cache", "key"], name="one_cached_environment_per_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"environment {self.key}"
+
+
+class EvictionOutcome(models.TextChoices):
+    """Where an admin's eviction stands: sent, or what the node's agent answered."""
+
+    PENDING = "pending", "Sent"
+    EVICTED = "evicted", "Evicted"
+    IN_USE = "in_use", "Refused: in use"
+    NOT_FOUND = "not_found", "Not found"
+    FAILED = "failed", "Failed"
+
+
+class EnvironmentEviction(models.Model):
+    """An admin's request that a node evict one environment, and its agent's answer.
+
+    ``command_id`` is the ``evict_environment`` command's: only the node it
+    was sent to can answer it, once.
+    """
+
+    server = models.ForeignKey(
+        "inventory.Server", on_delete=models.CASCADE, related_name="environment_evictions"
+    )
+    key = models.CharField(max_length=32)
+    command_id = models.CharField(max_length=64, unique=True)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    requested_at = models.DateTimeField()
+    outcome = models.CharField(
+        max_length=16, choices=EvictionOutcome.choices, default=EvictionOutcome.PENDING
+    )
+    detail = models.CharField(max_length=300, blank=True, default="")
+    answered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"eviction of {self.key} ({self.outcome})"

@@ -8,7 +8,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from jobs import views as job_views
-from portal import cluster_views, live_views, usage_views, whatif_views
+from portal import cluster_views, environment_views, live_views, usage_views, whatif_views
 from portal import views as portal_views
 from portal.metrics import metrics_view
 
@@ -41,6 +41,12 @@ urlpatterns = [
         "cluster/topology/servers/<str:node>/<str:action>/",
         cluster_views.server_action,
         name="server-action",
+    ),
+    path("cluster/environments/", environment_views.environments, name="environments"),
+    path(
+        "cluster/environments/<str:node>/<str:key>/evict/",
+        environment_views.evict_environment,
+        name="environment-evict",
     ),
     path("tenants/", include("portal.tenant_urls")),  # members; the admins' tenant pages
     path("audit/", include("portal.audit_views")),  # the audit log and its CSV export

@@ -31,6 +31,7 @@ from jobs.control.logs import log_lines
 from jobs.control.rejections import on_rejected
 from jobs.control.report_time import report_time as _at
 from jobs.control.stragglers import shrink_around_straggler
+from jobs.environment_caches import do_record_cache_report, do_record_eviction_result
 from jobs.lifecycle import broadcast, record, record_metric, request_tick, save_fields, transition
 from jobs.models import Job
 from jobs.services import do_set_parallelism
@@ -38,6 +39,8 @@ from scheduler.curves import record_measurement
 from workers.protocol import (
     ArtifactStored,
     CheckpointSkipped,
+    EnvironmentCacheReport,
+    EnvironmentEvicted,
     EventsDropped,
     Failed,
     Finished,
@@ -117,6 +120,10 @@ def handle_report(payload: Any, *, signed_by: str | None = None) -> str:
         return "heartbeat" if known else "unknown node"
     if isinstance(report, Rejected):
         return on_rejected(report, signed_by=signed_by)
+    if isinstance(report, EnvironmentCacheReport):
+        return do_record_cache_report(report)
+    if isinstance(report, EnvironmentEvicted):
+        return do_record_eviction_result(report)
     if not isinstance(report, JobReport):
         return "ignored"
     job_id = job_id_from_name(report.job)
