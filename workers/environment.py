@@ -243,6 +243,10 @@ def uv_lock_pins(text: str, where: str = "uv.lock") -> tuple[str, ...]:
     node that the operator's index did not serve.  A lock that resolves one
     package to two versions (forks by marker) cannot become one pin each: refused.
     The lock's hashes are not carried: the operator's index is the trusted source.
+
+    A package the lock reaches only through markers keeps them (``colorama==0.4.6;
+    sys_platform == "win32"``: ``lock_markers``), so a Windows-only package is not
+    installed on a Linux node.
     """
     try:
         document = tomllib.loads(text)
@@ -253,22 +257,35 @@ def uv_lock_pins(text: str, where: str = "uv.lock") -> tuple[str, ...]:
     packages = document.get("package", [])
     if not isinstance(packages, list) or not all(isinstance(p, dict) for p in packages):
         raise ProgramError(where, "its packages must be [[package]] tables")
-    pins: dict[str, tuple[str, str]] = {}
+    versions: dict[str, str] = {}
+    projects: list[str] = []
+    edges: dict[str, list[tuple[str, str | None]]] = {}
     for entry in packages:
         name, version, source = _locked_package(entry, where)
+        edges.setdefault(name, []).extend(_locked_edges(entry, name, where))
         if source is None:
+            projects.append(name)
             continue
-        seen = pins.get(name)
-        if seen is not None and seen[1] != version:
+        seen = versions.setdefault(name, version)
+        if seen != version:
             raise ProgramError(
                 where,
-                f"holds two versions of {name} ({seen[1]} and {version}, for different "
+                f"holds two versions of {name} ({seen} and {version}, for different "
                 "platforms or Pythons), which cannot both be pinned: list the requirements "
                 "in requirements.txt instead",
             )
-        pins[name] = (check_requirement(f"{name}=={version}", where), version)
-    _check_count(pins)
-    return tuple(pin for pin, _ in pins.values())
+    _check_count(versions)
+    markers = lock_markers(projects, edges)
+    return tuple(
+        check_requirement(_pin(name, version, markers.get(name)), where)
+        for name, version in versions.items()
+    )
+
+
+LOCK_SOURCES = frozenset({"registry", "git", "path", "url", "directory", "editable", "virtual"})
+"""The source kinds a ``uv.lock`` names (any other is named "unknown" when refused)."""
+MAX_MARKER_TERMS = 4
+"""A package reached by more alternative marker paths than this is installed everywhere."""
 
 
 def _locked_package(entry: Mapping[str, Any], where: str) -> tuple[str, str, str | None]:
@@ -284,9 +301,10 @@ def _locked_package(entry: Mapping[str, Any], where: str) -> tuple[str, str, str
     if kind in ("editable", "virtual") and value == ".":
         return name, "", None
     if kind != "registry":
+        named = kind if kind in LOCK_SOURCES else "unknown"
         raise ProgramError(
             where,
-            f"package {name} comes from a {kind} source: only packages from the operator's "
+            f"package {name} comes from a {named} source: only packages from the operator's "
             "index are installed (lock it from the index, or leave it out)",
         )
     version = entry.get("version")
@@ -297,6 +315,91 @@ def _locked_package(entry: Mapping[str, Any], where: str) -> tuple[str, str, str
     except InvalidVersion:
         raise ProgramError(where, f"package {name}: {version[:40]!r} is not a version") from None
     return name, version, str(value)
+
+
+def _locked_edges(entry: Mapping[str, Any], name: str, where: str) -> list[tuple[str, str | None]]:
+    """What a locked package depends on, each with its edge's marker (``None``: always):
+    its ``dependencies`` and, to install no less than the lock may need, every group of
+    its ``optional-dependencies`` and ``dev-dependencies``."""
+    lists = [entry.get("dependencies", [])]
+    for table in ("optional-dependencies", "dev-dependencies"):
+        groups = entry.get(table, {})
+        if not isinstance(groups, dict):
+            raise ProgramError(where, f"package {name}: {table} must be a table of lists")
+        lists.extend(groups.values())
+    edges: list[tuple[str, str | None]] = []
+    for listed in lists:
+        if not isinstance(listed, list):
+            raise ProgramError(where, f"package {name}: its dependencies must be lists")
+        for dependency in listed:
+            target = dependency.get("name") if isinstance(dependency, dict) else None
+            marker = dependency.get("marker") if isinstance(dependency, dict) else None
+            if not isinstance(target, str) or not isinstance(marker, str | None):
+                raise ProgramError(where, f"package {name}: a dependency without a name")
+            edges.append((canonicalize_name(target), marker))
+    return edges
+
+
+def lock_markers(
+    roots: Iterable[str], edges: Mapping[str, Iterable[tuple[str, str | None]]]
+) -> dict[str, str | None]:
+    """When each package of a lock is needed: the disjunction, over the paths from the
+    project (``roots``) to it, of the markers of their edges; ``None`` (always) for a
+    package reached without one, reached by more than ``MAX_MARKER_TERMS`` alternatives,
+    or not reached at all.  An edge's marker on extras or groups counts as always (it
+    has no meaning in a plain install), so no package is left out that the lock needs.
+    """
+    always: frozenset[str] = frozenset()
+    need: dict[str, set[frozenset[str]]] = {root: {always} for root in roots}
+    pending = list(need)
+    while pending:
+        parent = pending.pop()
+        for child, marker in edges.get(parent, ()):
+            term = frozenset() if marker is None or _names_extra(marker) else {marker}
+            known = need.setdefault(child, set())
+            before = set(known)
+            for path in need[parent]:
+                _add_term(known, path | term)
+            if known != before:
+                pending.append(child)
+    return {
+        name: None
+        if always in terms
+        else " or ".join(_conjunction(t) for t in sorted(terms, key=sorted))
+        for name, terms in need.items()
+    }
+
+
+def _add_term(terms: set[frozenset[str]], term: frozenset[str]) -> None:
+    """Add a conjunction to a disjunction, keeping it minimal; too many: always."""
+    if any(known <= term for known in terms):
+        return
+    terms.difference_update({known for known in terms if term <= known})
+    terms.add(term)
+    if len(terms) > MAX_MARKER_TERMS:
+        terms.clear()
+        terms.add(frozenset())
+
+
+def _names_extra(marker: str) -> bool:
+    """Whether a lock's edge marker speaks of extras or groups (uv's conflict markers)."""
+    return re.search(r"\b(extra|group)\b", marker) is not None
+
+
+def _conjunction(term: frozenset[str]) -> str:
+    """One path's markers, all needed, as PEP 508 text that may stand in an ``or``."""
+    parts = sorted(term)
+    if len(parts) == 1:
+        return parts[0] if " or " not in parts[0] else f"({parts[0]})"
+    return "(" + " and ".join(f"({part})" for part in parts) + ")"
+
+
+def _pin(name: str, version: str, marker: str | None) -> str:
+    """``name==version``, with the marker under which the lock needs it when that fits."""
+    pin = f"{name}=={version}"
+    if marker is None or len(pin) + len(marker) + 2 > MAX_REQUIREMENT_CHARS:
+        return pin
+    return f"{pin}; {marker}"
 
 
 _BUNDLE_READERS = {

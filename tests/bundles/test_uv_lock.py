@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
+from django.utils.html import escape
 
 from bundles.models import CodeBundle
 from tests.bundles.test_requirements import PYPROJECT, TRAIN, archive, stored_files, upload
@@ -20,14 +21,14 @@ pytestmark = pytest.mark.django_db
 
 LOCK = (Path(__file__).parents[2] / "workers" / "tests" / "fixtures" / "uv.lock").read_bytes()
 PINS = [
-    "colorama==0.4.6",
+    'colorama==0.4.6; sys_platform == "win32"',
     "einops==0.8.1",
     "markdown-it-py==3.0.0",
     "mdurl==0.1.2",
     "pygments==2.18.0",
     "rich==13.9.4",
     "tqdm==4.67.1",
-    "typing-extensions==4.12.2",
+    'typing-extensions==4.12.2; python_full_version < "3.11"',
 ]
 GIT_SOURCE = LOCK.replace(
     b'name = "einops"\nversion = "0.8.1"\nsource = { registry = "https://pypi.org/simple" }',
@@ -106,4 +107,4 @@ def test_the_code_page_shows_a_locks_pins(alice: Any, tmp_path: Path) -> None:
     )
     assert response.status_code == 200
     cell = response.content.decode().split('class="bundle-requirements">', 1)[1].split("</td>")[0]
-    assert cell == "".join(f"<code>{pin}</code> " for pin in PINS)
+    assert cell == "".join(f"<code>{escape(pin)}</code> " for pin in PINS)

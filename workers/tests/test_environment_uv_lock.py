@@ -15,6 +15,7 @@ from workers.environment import (
     MAX_FILE_BYTES,
     MAX_REQUIREMENTS,
     bundle_requirements,
+    lock_markers,
     uv_lock_pins,
 )
 from workers.program import ProgramError
@@ -100,15 +101,60 @@ def test_a_lock_with_too_many_packages_or_too_many_bytes_is_refused() -> None:
 
 def test_a_lock_pins_every_package_of_the_index_and_skips_the_project_itself() -> None:
     assert uv_lock_pins(LOCK) == (
-        "colorama==0.4.6",
+        'colorama==0.4.6; sys_platform == "win32"',  # only tqdm's, on Windows
         "einops==0.8.1",
         "markdown-it-py==3.0.0",
         "mdurl==0.1.2",
-        "pygments==2.18.0",
+        "pygments==2.18.0",  # the dev group's, and rich's
         "rich==13.9.4",
         "tqdm==4.67.1",
-        "typing-extensions==4.12.2",
+        'typing-extensions==4.12.2; python_full_version < "3.11"',
     )
+
+
+WIN = "sys_platform == 'win32'"
+OLD = "python_version < '3.11'"
+
+
+@pytest.mark.parametrize(
+    ("edges", "expected"),
+    [
+        # a diamond: one path without a marker makes it always needed
+        ({"me": [("a", None), ("b", WIN)], "a": [("c", None)], "b": [("c", WIN)]},
+         {"me": None, "a": None, "b": WIN, "c": None}),
+        # a chain: the markers of a path are all needed
+        ({"me": [("b", WIN)], "b": [("c", OLD)]},
+         {"me": None, "b": WIN, "c": f"(({OLD}) and ({WIN}))"}),
+        # two paths, each with its marker: either
+        ({"me": [("b", WIN), ("c", OLD)], "b": [("d", None)], "c": [("d", None)]},
+         {"me": None, "b": WIN, "c": OLD, "d": f"{OLD} or {WIN}"}),
+        # a cycle ends
+        ({"me": [("b", WIN)], "b": [("c", None)], "c": [("b", None)]},
+         {"me": None, "b": WIN, "c": WIN}),
+        # a marker on an extra means nothing to a plain install: always
+        ({"me": [("b", "extra == 'cpu'")]}, {"me": None, "b": None}),
+        # too many alternatives: always
+        ({"me": [(f"p{n}", f"python_version == '3.{n}'") for n in range(6)],
+          **{f"p{n}": [("z", None)] for n in range(6)}},
+         {"z": None}),
+    ],
+)  # fmt: skip
+def test_a_package_keeps_the_markers_of_the_paths_that_reach_it(
+    edges: dict[str, list[tuple[str, str | None]]], expected: dict[str, str | None]
+) -> None:
+    markers = lock_markers(["me"], edges)
+    assert {name: markers[name] for name in expected} == expected
+
+
+def test_a_lock_whose_marker_is_not_a_marker_is_refused() -> None:
+    registry = '{ registry = "https://pypi.org/simple" }'
+    text = (
+        HEAD
+        + '[[package]]\nname = "mine"\nversion = "0.1.0"\nsource = { editable = "." }\n'
+        + 'dependencies = [{ name = "six", marker = "os.system(\'id\')" }]\n\n'
+        + package("six", "1.16.0", registry)
+    )
+    assert "not a requirement" in refusal(text).message
 
 
 def test_a_virtual_project_is_skipped_too_and_an_empty_lock_pins_nothing() -> None:
@@ -126,7 +172,7 @@ def test_uv_lock_wins_over_requirements_txt_and_pyproject_toml() -> None:
         "requirements.txt": b"six==1.16.0\n",
         "pyproject.toml": b'[project]\nname = "mine"\ndependencies = ["einops"]\n',
     }
-    assert bundle_requirements(files)[:2] == ("colorama==0.4.6", "einops==0.8.1")
+    assert bundle_requirements(files)[1] == "einops==0.8.1"
     with pytest.raises(ProgramError) as caught:
         bundle_requirements({"uv.lock": b"\xff", "requirements.txt": b"six\n"})
     assert caught.value.field == "uv.lock" and "UTF-8" in caught.value.message
