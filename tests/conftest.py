@@ -52,7 +52,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     # machine, not its GPU, and a mark (600 s) took one of the 8 slots from the tests after
     # it (the torchrun program found 1 free slot, not 2, and waited until Tiresias demoted
     # a blocker). tests/test_e2e_straggler.py tests the marks on a stack of its own.
-    env, drop_db = stack_env(data_dir, redis_db=11, STRAGGLER_COOLDOWN_SECONDS="0")
+    # The operator's local wheel directory beside the index (PyPI): the environment test puts
+    # a source package there whose build script tries to leave the sandbox.
+    (data_dir / "links").mkdir()
+    env, drop_db = stack_env(
+        data_dir,
+        redis_db=11,
+        STRAGGLER_COOLDOWN_SECONDS="0",
+        ENVIRONMENT_FIND_LINKS=str(data_dir / "links"),
+    )
     proc = start_stack(data_dir, port, env)
     log = (data_dir / "stack.log").open()
     try:

@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from workers.tests.escapee import escapee_sdist
+
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
 
@@ -283,6 +285,36 @@ def test_a_bundle_brings_its_own_packages_built_once_for_both_launchers(
     assert bad["state"] == "failed" and bad["restarts"] == 0, bad
     assert bad["failure_reason"].startswith("its environment does not build"), bad
     assert "einops" in bad["failure_reason"]
+
+
+def test_a_package_whose_build_script_tries_to_escape_is_built_in_the_sandbox(
+    stack: dict[str, Any], tmp_path: Path
+) -> None:
+    """Issue 36: a source package's build backend runs while the agent builds the job's
+    environment; from there it tries to write in the portal's data, read a file of the
+    agent's, and reach the portal's web server on loopback, directly and through the build's
+    proxy.  It builds (sandboxed) and the job prints what its build script saw."""
+    data_dir: Path = stack["data_dir"]
+    portal_port = urllib.parse.urlsplit(stack["url"]).port or 80
+    escapee_sdist(data_dir / "links", data_dir / "escaped", data_dir / "stack.log", portal_port)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "requirements.txt").write_text("escapee==1.0\n")
+    (bundle / "main.py").write_text("import escapee\nprint('escapee saw', escapee.SEEN)\n")
+    body = {"name": "escapee", "code": upload_code(stack, bundle), "entrypoint": "main.py",
+            "launcher": "torchrun", "gpus": 1, "min_gpus": 1, "max_gpus": 1, "batch_size": 8}  # fmt: skip
+    job = api(stack, "/api/v1/jobs/", body)
+    wait_for("the escapee job to end",
+             lambda: job_state(stack, job["id"])["state"] in ("completed", "failed"),
+             stack, 300)  # fmt: skip
+    text = log_text(stack, job["id"])
+    assert job_state(stack, job["id"])["state"] == "completed", text
+    seen = json.loads(text.split("escapee saw ", 1)[1].splitlines()[0])
+    assert seen["uid"] != 0, seen  # the job's own uid, not the agent's root
+    assert seen["data"] in ("FileNotFoundError", "PermissionError"), seen  # the portal's data
+    assert seen["loopback"] != "connected" and seen["via_proxy"] == "403", seen
+    assert not (data_dir / "escaped").exists()
+    assert "is not the operator's package index" in text  # the proxy said what it refused
 
 
 def test_an_edl_program_scales_out_and_in_without_stopping(stack: dict[str, Any]) -> None:

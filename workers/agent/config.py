@@ -13,6 +13,7 @@ from typing import Literal
 from workers.agent.cleanup import CleanupSettings
 from workers.agent.environments import EnvironmentSettings
 from workers.agent.gpus import GpuDevice
+from workers.agent.index_proxy import parse_host
 from workers.agent.mirror import MirrorLimits, read_limits
 from workers.agent.quota import Quota
 from workers.protocol import (
@@ -278,7 +279,8 @@ class AgentEnvironment:
     (``workers.agent.environments.EnvironmentSettings``): ``ENVIRONMENT_CACHE_DIR``,
     ``ENVIRONMENT_CACHE_MAX_GB``, ``ENVIRONMENT_INDEX_URL``,
     ``ENVIRONMENT_EXTRA_INDEX_URLS``, ``ENVIRONMENT_FIND_LINKS``, ``ENVIRONMENT_NO_INDEX``,
-    ``ENVIRONMENT_BUILD_TIMEOUT_SECONDS``.
+    ``ENVIRONMENT_BUILD_TIMEOUT_SECONDS``, ``ENVIRONMENT_NETWORK_ALLOW``,
+    ``ENVIRONMENT_FAILURE_MEMORY_SECONDS``.
     """
 
     redis_url: str
@@ -392,8 +394,21 @@ def _environments(env: Mapping[str, str], data_dir: Path) -> EnvironmentSettings
         extra_index_urls=tuple((env.get("ENVIRONMENT_EXTRA_INDEX_URLS") or "").split()),
         find_links=(env.get("ENVIRONMENT_FIND_LINKS") or "").strip(),
         no_index=_boolean(env, "ENVIRONMENT_NO_INDEX", False),
+        network_allow=_hosts(env, "ENVIRONMENT_NETWORK_ALLOW"),
         timeout_s=_positive(env, "ENVIRONMENT_BUILD_TIMEOUT_SECONDS", 900.0),
+        failure_memory_s=_positive(env, "ENVIRONMENT_FAILURE_MEMORY_SECONDS", 3600.0),
     )
+
+
+def _hosts(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """A space-separated list of ``host[:port]``, each checked."""
+    items = tuple((env.get(name) or "").split())
+    for item in items:
+        try:
+            parse_host(item, 443)
+        except ValueError as exc:
+            raise AgentConfigError(f"{name}: {exc}") from None
+    return items
 
 
 def _network(env: Mapping[str, str]) -> NetworkMode:

@@ -28,12 +28,20 @@ How a key is built (``EnvironmentCache.ensure``):
    to ``<key>`` (atomic): a crash leaves a ``.build-`` directory, never a
    half-built key.
 
-Wheels only (``--only-binary :all:``): resolving and installing a wheel runs
-none of its code, so a build needs no sandbox of its own.  A package that
-ships only sources fails with uv's message.  The index and its credentials
-are the operator's (``EnvironmentSettings``), never the job's: uv runs with
-an environment the agent makes, ignores configuration files, and never
-downloads an interpreter.
+**Built like tenant code, because it is.**  Resolving a source distribution
+runs its build backend (``setup.py``...).  Both uv runs go through a
+``BuildRunner``: on a sandboxed node ``workers.agent.build_sandbox``, which
+runs uv in the job's sandbox (its uid, its limits, a network namespace whose
+only way out is a proxy to the operator's index); ``HostBuilds`` (plain
+``subprocess``) only where the operator turned the sandbox off.  What the
+build may write is ``<build>/site`` and ``<build>/work`` (its uv cache and
+HOME, private to this build, removed after it): never the agent's manifest,
+never another key.  The index and its credentials are the operator's
+(``EnvironmentSettings``), never the job's: uv runs with an environment the
+agent makes, ignores configuration files, and never downloads an
+interpreter.  A failure is remembered for ``failure_memory_s`` (a retry of
+the job is told at once, not rebuilt; after that a new try builds, in case
+the index was down).
 """
 
 from __future__ import annotations
@@ -53,10 +61,10 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 from packaging.utils import canonicalize_name
 
@@ -90,7 +98,8 @@ class EnvironmentSettings:
     nodes), ``ENVIRONMENT_CACHE_MAX_GB`` (50), ``ENVIRONMENT_INDEX_URL`` (uv's
     default index, PyPI, when unset), ``ENVIRONMENT_EXTRA_INDEX_URLS``
     (space-separated), ``ENVIRONMENT_FIND_LINKS`` (a local wheel directory),
-    ``ENVIRONMENT_BUILD_TIMEOUT_SECONDS`` (900).
+    ``ENVIRONMENT_BUILD_TIMEOUT_SECONDS`` (900), ``ENVIRONMENT_NETWORK_ALLOW``
+    (space-separated ``host[:port]``).
     """
 
     root: Path
@@ -100,6 +109,11 @@ class EnvironmentSettings:
     find_links: str = ""
     no_index: bool = False
     timeout_s: float = 900.0
+    network_allow: tuple[str, ...] = ()
+    """``ENVIRONMENT_NETWORK_ALLOW``: more ``host[:port]`` a build may reach (an index's
+    file host), beyond the hosts of the index URLs."""
+    failure_memory_s: float = 3600.0
+    """How long a key that did not build is refused without a new build."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +174,18 @@ class Environment:
             build_s=0.0 if self.hit else self.build_s,
             packages=self.packages,
         )
+
+
+class _BuildDirs:
+    """A build's directories: ``site`` (what it installs) and ``work`` (its uv cache, HOME,
+    the request), both writable by the build; the directory itself stays the agent's."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.site = path / "site"
+        self.work = path / "work"
+        for made in (self.site, self.work):
+            made.mkdir(mode=0o755)
 
 
 class EnvironmentFailed(RuntimeError):
@@ -243,16 +269,88 @@ def replaced(plan: Plan, spec: EnvironmentSpec) -> list[str]:
     ]
 
 
+# --------------------------------------------------------------------------- where uv runs
+
+
+class BuildTimeout(RuntimeError):
+    """A build ran past its time and was ended."""
+
+
+class BuildRunner(Protocol):
+    """Runs one uv command of a job's build (``workers.agent.build_sandbox``: in its sandbox)."""
+
+    sandboxed: bool
+    """Whether what it runs is confined: only then may a build run a package's own code
+    (a source distribution's build backend); otherwise wheels only."""
+
+    def run(
+        self,
+        job: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        cwd: Path,
+        writable: tuple[Path, ...],
+        timeout_s: float,
+    ) -> tuple[int, str]:
+        """Run ``argv`` for ``job`` with ``env``, writing only ``writable``; its exit status
+        and output (stdout and stderr).  Raises BuildTimeout past ``timeout_s``.  When it
+        returns, ``writable`` and all in it belong to the agent again."""
+        ...
+
+
+class HostBuilds:
+    """uv as a plain child of the agent, where the operator turned the sandbox off: wheels
+    only (installing a wheel runs none of its code), so no package's code runs unconfined."""
+
+    sandboxed = False
+
+    def run(
+        self,
+        job: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        cwd: Path,
+        writable: tuple[Path, ...],
+        timeout_s: float,
+    ) -> tuple[int, str]:
+        """``argv`` under ``subprocess`` (see ``BuildRunner.run``)."""
+        try:
+            done = subprocess.run(
+                list(argv),
+                env=dict(env),
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+                timeout=timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise BuildTimeout(job) from None
+        return done.returncode, done.stdout
+
+
 # --------------------------------------------------------------------------- the cache
 
 
 class EnvironmentCache:
     """Build, find and evict environments under ``settings.root`` (see the module docstring)."""
 
-    def __init__(self, settings: EnvironmentSettings, base: BaseLayer | None = None) -> None:
+    def __init__(
+        self,
+        settings: EnvironmentSettings,
+        base: BaseLayer | None = None,
+        runner: BuildRunner | None = None,
+    ) -> None:
         self.settings = settings
         self.root = settings.root
         self._base = base
+        self.runner: BuildRunner = runner or HostBuilds()
+        """Where uv runs (``workers.agent.build_sandbox.SandboxedBuilds`` on a sandboxed node)."""
 
     @functools.cached_property
     def base(self) -> BaseLayer:
@@ -268,8 +366,11 @@ class EnvironmentCache:
         path = self.root / key
         return path if (path / "manifest.json").is_file() else None
 
-    def ensure(self, spec: EnvironmentSpec, out: IO[str] | None = None) -> Environment:
-        """The environment of ``spec``: from the cache, or built now (its output to ``out``).
+    def ensure(
+        self, spec: EnvironmentSpec, out: IO[str] | None = None, *, job: str = ""
+    ) -> Environment:
+        """The environment of ``spec``: from the cache, or built now for ``job`` (in its
+        sandbox, its output to ``out``).
 
         Raises EnvironmentFailed with the reason when it does not build (and
         at once, without building, when that key failed before).
@@ -282,13 +383,15 @@ class EnvironmentCache:
             found = self._found(key)
             if found is not None:
                 return found
-            return self._build(key, spec, out)
+            return self._build(key, spec, out, job)
 
     def _found(self, key: str) -> Environment | None:
         failed = self.root / ".failed" / f"{key}.json"
         if failed.is_file():
-            reason = json.loads(failed.read_text())["reason"]
-            raise EnvironmentFailed(key, reason, known=True)
+            remembered = json.loads(failed.read_text())
+            if time.time() - remembered["at"] < self.settings.failure_memory_s:
+                raise EnvironmentFailed(key, remembered["reason"], known=True)
+            failed.unlink(missing_ok=True)  # long ago: the index may have been down; build again
         path = self.ready(key)
         if path is None:
             return None
@@ -307,12 +410,14 @@ class EnvironmentCache:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
-    def _build(self, key: str, spec: EnvironmentSpec, out: IO[str] | None) -> Environment:
+    def _build(self, key: str, spec: EnvironmentSpec, out: IO[str] | None, job: str) -> Environment:
         started = time.monotonic()
         build = self.root / f".build-{key}-{uuid.uuid4().hex[:8]}"
         build.mkdir(parents=True)
+        os.chmod(build, 0o755)
         try:
-            packages = self._install(key, spec, build, out)
+            packages = self._install(key, spec, _BuildDirs(build), out, job)
+            remove_tree(build / "work")
             build_s = round(time.monotonic() - started, 3)
             manifest = {
                 "key": key,
@@ -337,7 +442,7 @@ class EnvironmentCache:
         return Environment(key, self.root / key, packages, False, build_s)
 
     def _install(
-        self, key: str, spec: EnvironmentSpec, build: Path, out: IO[str] | None
+        self, key: str, spec: EnvironmentSpec, build: _BuildDirs, out: IO[str] | None, job: str
     ) -> tuple[str, ...]:
         if spec.python is not None and spec.python != self.base.python:
             raise EnvironmentFailed(
@@ -346,9 +451,9 @@ class EnvironmentCache:
         problems = base_conflicts(spec, self.base.packages)
         if problems:
             raise EnvironmentFailed(key, "; ".join(problems))
-        requested = build / "requirements.in"
+        requested = build.work / "requirements.in"
         requested.write_text("\n".join(spec.requirements) + "\n")
-        dry = self._uv(key, ["install", "--dry-run", "-r", str(requested)], out)
+        dry = self._uv(key, ["install", "--dry-run", "-r", str(requested)], build, out, job)
         try:
             plan = plan_of(dry)
         except ValueError as exc:
@@ -357,38 +462,41 @@ class EnvironmentCache:
         if problems:
             raise EnvironmentFailed(key, "; ".join(problems))
         pins = [f"{name}=={version}" for name, version in plan.install]
-        (build / "site").mkdir()
         if pins:
-            target = ["--target", str(build / "site"), "--no-deps"]
-            self._uv(key, ["install", *target, *pins], out)
+            target = ["--target", str(build.site), "--no-deps"]
+            self._uv(key, ["install", *target, *pins], build, out, job)
         return tuple(pins)
 
-    def _uv(self, key: str, args: list[str], out: IO[str] | None) -> str:
-        """Run ``uv pip ARGS`` against the base interpreter; its output (also to ``out``)."""
+    def _uv(
+        self, key: str, args: list[str], build: _BuildDirs, out: IO[str] | None, job: str
+    ) -> str:
+        """Run ``uv pip ARGS`` against the base interpreter through the runner (the job's
+        sandbox); its output (also to ``out``)."""
         argv = [_uv_binary(), "pip", *args, *self._index_args(), "--python", self.base.executable]
-        argv += ["--only-binary", ":all:", "--no-progress"]
+        argv.append("--no-progress")
+        if not self.runner.sandboxed:
+            argv += ["--only-binary", ":all:"]
         try:
-            done = subprocess.run(
+            code, output = self.runner.run(
+                job,
                 argv,
-                env=self._uv_env(),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                timeout=self.settings.timeout_s,
-                check=False,
+                self._uv_env(build.work),
+                cwd=build.work,
+                writable=(build.site, build.work),
+                timeout_s=self.settings.timeout_s,
             )
-        except subprocess.TimeoutExpired:
+        except BuildTimeout:
             raise EnvironmentFailed(
                 key, f"the build took longer than {self.settings.timeout_s:.0f} s"
             ) from None
         if out is not None:
-            for line in done.stdout.splitlines():
+            for line in output.splitlines():
                 out.write(f"[environment] {line}\n")
             out.flush()
-        if done.returncode != 0:
-            tail = "\n".join(done.stdout.strip().splitlines()[-TAIL_LINES:])
+        if code != 0:
+            tail = "\n".join(output.strip().splitlines()[-TAIL_LINES:])
             raise EnvironmentFailed(key, f"the environment did not build:\n{tail}")
-        return done.stdout
+        return output
 
     def _index_args(self) -> list[str]:
         args = ["--no-index"] if self.settings.no_index else []
@@ -400,14 +508,14 @@ class EnvironmentCache:
             args += ["--find-links", self.settings.find_links]
         return args
 
-    def _uv_env(self) -> dict[str, str]:
-        """uv's whole environment: nothing of a job's, the operator's proxy and certificates."""
-        home = self.root / ".home"
-        home.mkdir(parents=True, exist_ok=True)
+    def _uv_env(self, work: Path) -> dict[str, str]:
+        """uv's whole environment: nothing of a job's; HOME and uv's cache private to this
+        build (``work``); the operator's proxy and certificates (the sandbox's runner puts
+        its own proxy in their place)."""
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": str(home),
-            "UV_CACHE_DIR": str(self.root / ".uv-cache"),
+            "HOME": str(work),
+            "UV_CACHE_DIR": str(work / "uv-cache"),
             "UV_NO_CONFIG": "1",
             "UV_PYTHON_DOWNLOADS": "never",
             "UV_NO_PROGRESS": "1",

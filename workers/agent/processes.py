@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from workers.agent import limits, redis_acl, seccomp
+from workers.agent.build_sandbox import SandboxedBuilds
 from workers.agent.config import REPO_ROOT, AgentConfig, local_store_dir
 from workers.agent.door import StoreDoors, default_root
-from workers.agent.environments import Environment, EnvironmentCache, requested
+from workers.agent.environments import Environment, EnvironmentCache, HostBuilds, requested
 from workers.agent.gpus import device_nodes
 from workers.agent.isolation import NetworkIsolation
 from workers.agent.launch import (
@@ -65,6 +66,7 @@ from workers.agent.sandbox import (
     env_args,
     hand_over,
     job_identity,
+    memory_file,
     private_directory,
     refusal,
     sandbox_problem,
@@ -163,18 +165,6 @@ def is_alive(record: WorkerRecord, module: str) -> bool:
     return process_matches(record.pid, record.job, record.worker_id, module)
 
 
-def _memory_file(name: str, data: bytes) -> int:
-    """A descriptor of an anonymous file holding ``data``, read from its start (bwrap's input)."""
-    fd = os.memfd_create(name)
-    try:
-        os.write(fd, data)
-        os.lseek(fd, 0, os.SEEK_SET)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
 def _command_name(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
@@ -230,7 +220,10 @@ class ProcessTable:
         """Each job's door to its prefix of the artifact store (``workers.agent.door``)."""
         self.mirror = CheckpointMirror(config.mirror_limits, clock)
         """A torchrun job's node-local CHECKPOINT_DIR, mirrored to its store prefix."""
-        self.environments = EnvironmentCache(config.environment_settings())
+        self.environments = EnvironmentCache(
+            config.environment_settings(),
+            runner=SandboxedBuilds(config) if config.sandbox.mode == "on" else HostBuilds(),
+        )
         """Tenants' own dependencies, built once per request (``workers.agent.environments``)."""
         store_root = local_store_dir(config.artifact_url)
         if store_root is not None:  # a sandbox hides it, so it must exist before the first
@@ -439,9 +432,13 @@ class ProcessTable:
         self, job: str, program: Program, code_dir: Path, out: IO[str] | None = None
     ) -> Environment | None:
         """What ``program`` runs in beyond the node's base layer (None: nothing): built now
-        (its output to ``out``) or found in the cache.  Raises EnvironmentFailed."""
+        in ``job``'s sandbox (its output to ``out``) or found in the cache.  None as well
+        where the sandbox cannot run (the start refuses, saying why).  Raises
+        EnvironmentFailed."""
         spec = requested(program.environment, code_dir)
-        return None if spec.empty else self.environments.ensure(spec, out)
+        if spec.empty or self.sandbox_refusal() is not None:
+            return None
+        return self.environments.ensure(spec, out, job=job)
 
     def _remember(
         self,
@@ -562,9 +559,9 @@ class ProcessTable:
             owned = (*owned, private_directory(mounts.shm_dir, uids))
         if identity is not None:
             hand_over(owned, identity)
-        args_fd = _memory_file("bwrap-args", args_payload(env_args(env)))
+        args_fd = memory_file("bwrap-args", args_payload(env_args(env)))
         rules = seccomp.filter_for()
-        seccomp_fd = _memory_file("bwrap-seccomp", rules) if rules is not None else None
+        seccomp_fd = memory_file("bwrap-seccomp", rules) if rules is not None else None
         fds = (args_fd,) if seccomp_fd is None else (args_fd, seccomp_fd)
         try:
             full = bwrap_argv(

@@ -153,6 +153,19 @@ def args_payload(args: Sequence[str]) -> bytes:
     return b"".join(arg.encode() + b"\0" for arg in args)
 
 
+def memory_file(name: str, data: bytes) -> int:
+    """A descriptor of an anonymous file holding ``data``, read from its start (bubblewrap's
+    ``--args`` and ``--seccomp`` input)."""
+    fd = os.memfd_create(name)
+    try:
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _inside(path: Path, parent: Path) -> bool:
     return path == parent or parent in path.parents
 
@@ -168,6 +181,7 @@ def bwrap_argv(
     args_fd: int | None = None,
     seccomp_fd: int | None = None,
     setpriv: str = SETPRIV,
+    unshare_net: bool = False,
 ) -> list[str]:
     """The bubblewrap command line that runs ``argv`` in ``cwd`` confined to ``mounts``.
 
@@ -177,7 +191,9 @@ def bwrap_argv(
     (bubblewrap runs as root, see the module docstring); None: a user namespace
     in which it is nobody.  ``args_fd``: a descriptor holding more options
     (the program's environment, ``env_args``), read first; ``seccomp_fd``: one
-    holding the system-call filter (``workers.agent.seccomp``).
+    holding the system-call filter (``workers.agent.seccomp``).  ``unshare_net``: a
+    network namespace of its own with loopback only (an environment build's; a
+    program joins its job's namespace before bubblewrap runs instead).
     """
     out = [bwrap]
     if args_fd is not None:
@@ -192,6 +208,8 @@ def bwrap_argv(
             out += ["--cap-add", cap]
         argv = [*setpriv_argv(identity, setpriv), *argv]
     out += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--new-session"]
+    if unshare_net:
+        out.append("--unshare-net")
     if die_with_parent:
         out.append("--die-with-parent")
     out += ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
@@ -208,14 +226,15 @@ def bwrap_argv(
     for path in hidden:
         out += _mount_points(path, hidden, made)
         out += ["--tmpfs", str(path)]
+    covered = [*hidden, Path("/tmp")]  # what the sandbox does not see of the host
     binds: list[tuple[Path, bool]] = [(p, True) for p in set(mounts.writable)]
     binds += [
         (p, False)
         for p in set(mounts.read_only)
-        if p not in mounts.writable and any(_inside(p, h) for h in hidden)
+        if p not in mounts.writable and any(_inside(p, h) for h in covered)
     ]
     for path, writable in sorted(binds, key=lambda b: (len(b[0].parts), str(b[0]))):
-        out += _mount_points(path, hidden, made)
+        out += _mount_points(path, covered, made)
         out += ["--bind" if writable else "--ro-bind", str(path), str(path)]
     for path in reversed(hidden):
         out += ["--remount-ro", str(path)]

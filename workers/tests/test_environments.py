@@ -256,3 +256,18 @@ def test_the_key_depends_on_the_base_layer(tmp_path: Path, wheels: Path) -> None
     other = BaseLayer(base.python, base.executable, {**base.packages, "torch": "9.9"})
     settings = EnvironmentSettings(root=tmp_path)
     assert EnvironmentCache(settings, base).key(spec) != EnvironmentCache(settings, other).key(spec)
+
+
+def test_a_failure_is_remembered_for_a_while_then_built_again(tmp_path: Path, wheels: Path) -> None:
+    """An index that was down must not condemn a request for ever."""
+    spec = check_environment({"requirements": ["alpha==9.9"]})
+    remembering = cache_of(tmp_path, wheels)
+    with pytest.raises(EnvironmentFailed):
+        remembering.ensure(spec)
+    with pytest.raises(EnvironmentFailed) as told:
+        remembering.ensure(spec)
+    assert told.value.known
+    forgetting = cache_of(tmp_path, wheels, failure_memory_s=0.0)
+    with pytest.raises(EnvironmentFailed) as again:
+        forgetting.ensure(spec)
+    assert not again.value.known  # built (and failed) anew
