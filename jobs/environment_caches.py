@@ -132,7 +132,7 @@ def do_record_eviction_result(report: EnvironmentEvicted) -> str:
 
     Only the node the command went to may answer it, once, for the key it
     named: anything else is ``unknown eviction`` or ``duplicate`` and changes
-    nothing.  An evicted key leaves the node's listing at once.
+    nothing.  A key evicted, or not found, leaves the node's listing at once.
     """
     eviction = (
         EnvironmentEviction.objects.select_for_update()
@@ -148,7 +148,7 @@ def do_record_eviction_result(report: EnvironmentEvicted) -> str:
     eviction.detail = report.detail
     eviction.answered_at = timezone.now()
     eviction.save(update_fields=["outcome", "detail", "answered_at"])
-    if report.outcome == "evicted":
+    if report.outcome in ("evicted", "not_found"):  # gone, or the listing was out of date
         CachedEnvironment.objects.filter(cache__server=eviction.server, key=report.key).delete()
     audit.record(
         "environment.evicted",

@@ -18,6 +18,7 @@ from rest_framework.test import APIClient
 from audit.models import AuditEntry
 from jobs import agent_trust
 from jobs.control.reports import handle_signed_report
+from jobs.environment_caches import do_request_eviction
 from jobs.models import CachedEnvironment, EnvironmentEviction, NodeEnvironmentCache
 from tests.jobs.control_helpers import demo_cluster, drain_queue
 from workers.protocol import (
@@ -264,6 +265,21 @@ def test_a_refused_eviction_shows_the_agents_reason(
     assert "Refused: in use" in page and why in page
 
 
+def test_a_key_the_node_no_longer_has_leaves_the_listing(
+    nodes: list[str], root: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    node = nodes[0]
+    send(cache_of(node, entry(KEY_A)))
+    with django_capture_on_commit_callbacks(execute=True):
+        eviction = do_request_eviction(node=node, key=KEY_A, user=root)
+    drain_queue(node)
+    answer = EnvironmentEvicted(
+        node=node, command_id=eviction.command_id, key=KEY_A, outcome="not_found"
+    )
+    assert send(answer) == "eviction not_found"
+    assert stored() == []
+
+
 def test_a_malformed_eviction_request_sends_nothing(nodes: list[str], admin: Client) -> None:
     node = nodes[0]
     for url in (
@@ -303,3 +319,18 @@ def test_the_api_lists_and_evicts(
     assert command["key"] == KEY_A
     [row] = api.get("/api/v1/environments/evictions/").json()
     assert row["id"] == body["id"]
+
+
+def test_odd_names_in_the_path_are_refused_not_raised(
+    nodes: list[str], root: Any, admin: Client
+) -> None:
+    """A NUL (which PostgreSQL refuses in a query), a long name: a 4xx, never a 500."""
+    node = nodes[0]
+    api = APIClient()
+    api.force_authenticate(root)
+    assert api.post(f"/api/v1/environments/a%00b/{KEY_A}/evict/").status_code == 404
+    assert api.post(f"/api/v1/environments/{'n' * 300}/{KEY_A}/evict/").status_code == 404
+    assert api.post(f"/api/v1/environments/{node}/{KEY_A[:31]}%00/evict/").status_code == 400
+    assert admin.post(f"/cluster/environments/a%00b/{KEY_A}/evict/").status_code == 404
+    assert admin.post(f"/cluster/environments/{node}/{KEY_A[:31]}%00/evict/").status_code == 302
+    assert not EnvironmentEviction.objects.exists()
