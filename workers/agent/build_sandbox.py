@@ -95,16 +95,19 @@ class SandboxedBuilds:
         cwd: Path,
         writable: tuple[Path, ...],
         timeout_s: float,
+        job_indexes: tuple[str, ...] = (),
     ) -> tuple[int, str]:
         """Run ``argv`` in ``job``'s sandbox (see the module docstring and
-        ``BuildRunner.run``)."""
+        ``BuildRunner.run``); the job's own indexes' hosts are reached only at public
+        addresses."""
         identity = self.identity(job)
         env = {k: v for k, v in env.items() if k.upper() not in PROXY_VARIABLES}
         door = self._door_dir()
         try:
             if identity is not None:
                 _hand_over_trees(writable, identity)
-            if not self.allowed:
+            public = allowed_hosts("", job_indexes, "", True) - self.allowed
+            if not self.allowed and not public:
                 return self._sandboxed(job, list(argv), env, cwd, writable, (), identity, timeout_s)
             socket_path = door / "proxy.sock"
             owner = (identity.uid, identity.gid) if identity is not None else None
@@ -118,7 +121,8 @@ class SandboxedBuilds:
                 str(RELAY_PORT),
                 "--",
             ]
-            with IndexProxy(socket_path, self.allowed, owner, self.upstream) as proxy:
+            allowed = self.allowed | public
+            with IndexProxy(socket_path, allowed, owner, self.upstream, public) as proxy:
                 code, output = self._sandboxed(
                     job, [*relayed, *argv], env, cwd, writable, (door,), identity, timeout_s
                 )

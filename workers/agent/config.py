@@ -280,7 +280,7 @@ class AgentEnvironment:
     ``ENVIRONMENT_CACHE_MAX_GB``, ``ENVIRONMENT_INDEX_URL``,
     ``ENVIRONMENT_EXTRA_INDEX_URLS``, ``ENVIRONMENT_FIND_LINKS``, ``ENVIRONMENT_NO_INDEX``,
     ``ENVIRONMENT_BUILD_TIMEOUT_SECONDS``, ``ENVIRONMENT_NETWORK_ALLOW``,
-    ``ENVIRONMENT_FAILURE_MEMORY_SECONDS``.
+    ``ENVIRONMENT_FAILURE_MEMORY_SECONDS``, ``ENVIRONMENT_ALLOW_JOB_INDEX``.
     """
 
     redis_url: str
@@ -397,6 +397,7 @@ def _environments(env: Mapping[str, str], data_dir: Path) -> EnvironmentSettings
         network_allow=_hosts(env, "ENVIRONMENT_NETWORK_ALLOW"),
         timeout_s=_positive(env, "ENVIRONMENT_BUILD_TIMEOUT_SECONDS", 900.0),
         failure_memory_s=_positive(env, "ENVIRONMENT_FAILURE_MEMORY_SECONDS", 3600.0),
+        allow_job_index=_boolean(env, "ENVIRONMENT_ALLOW_JOB_INDEX", False),
     )
 
 

@@ -114,6 +114,10 @@ class EnvironmentSettings:
     file host), beyond the hosts of the index URLs."""
     failure_memory_s: float = 3600.0
     """How long a key that did not build is refused without a new build."""
+    allow_job_index: bool = False
+    """``ENVIRONMENT_ALLOW_JOB_INDEX``: whether a job's own ``indexes`` are used on this node
+    (after the operator's, before the default index; their hosts must resolve to public
+    addresses); otherwise such a job fails, saying so."""
 
 
 @dataclass(frozen=True)
@@ -292,10 +296,12 @@ class BuildRunner(Protocol):
         cwd: Path,
         writable: tuple[Path, ...],
         timeout_s: float,
+        job_indexes: tuple[str, ...] = (),
     ) -> tuple[int, str]:
         """Run ``argv`` for ``job`` with ``env``, writing only ``writable``; its exit status
         and output (stdout and stderr).  Raises BuildTimeout past ``timeout_s``.  When it
-        returns, ``writable`` and all in it belong to the agent again."""
+        returns, ``writable`` and all in it belong to the agent again.  ``job_indexes``:
+        the job's own index URLs, which its build may reach too."""
         ...
 
 
@@ -314,6 +320,7 @@ class HostBuilds:
         cwd: Path,
         writable: tuple[Path, ...],
         timeout_s: float,
+        job_indexes: tuple[str, ...] = (),
     ) -> tuple[int, str]:
         """``argv`` under ``subprocess`` (see ``BuildRunner.run``)."""
         try:
@@ -451,9 +458,17 @@ class EnvironmentCache:
         problems = base_conflicts(spec, self.base.packages)
         if problems:
             raise EnvironmentFailed(key, "; ".join(problems))
+        if spec.indexes and not self.settings.allow_job_index:
+            raise EnvironmentFailed(
+                key,
+                "this node does not use a job's own package index "
+                "(its operator has not set ENVIRONMENT_ALLOW_JOB_INDEX)",
+            )
+        if spec.indexes and self.settings.no_index:
+            raise EnvironmentFailed(key, "this node installs from its local wheels only")
         requested = build.work / "requirements.in"
         requested.write_text("\n".join(spec.requirements) + "\n")
-        dry = self._uv(key, ["install", "--dry-run", "-r", str(requested)], build, out, job)
+        dry = self._uv(key, ["install", "--dry-run", "-r", str(requested)], spec, build, out, job)
         try:
             plan = plan_of(dry)
         except ValueError as exc:
@@ -464,15 +479,22 @@ class EnvironmentCache:
         pins = [f"{name}=={version}" for name, version in plan.install]
         if pins:
             target = ["--target", str(build.site), "--no-deps"]
-            self._uv(key, ["install", *target, *pins], build, out, job)
+            self._uv(key, ["install", *target, *pins], spec, build, out, job)
         return tuple(pins)
 
     def _uv(
-        self, key: str, args: list[str], build: _BuildDirs, out: IO[str] | None, job: str
+        self,
+        key: str,
+        args: list[str],
+        spec: EnvironmentSpec,
+        build: _BuildDirs,
+        out: IO[str] | None,
+        job: str,
     ) -> str:
         """Run ``uv pip ARGS`` against the base interpreter through the runner (the job's
         sandbox); its output (also to ``out``)."""
-        argv = [_uv_binary(), "pip", *args, *self._index_args(), "--python", self.base.executable]
+        indexes = self._index_args(spec.indexes)
+        argv = [_uv_binary(), "pip", *args, *indexes, "--python", self.base.executable]
         argv.append("--no-progress")
         if not self.runner.sandboxed:
             argv += ["--only-binary", ":all:"]
@@ -484,6 +506,7 @@ class EnvironmentCache:
                 cwd=build.work,
                 writable=(build.site, build.work),
                 timeout_s=self.settings.timeout_s,
+                job_indexes=spec.indexes,
             )
         except BuildTimeout:
             raise EnvironmentFailed(
@@ -498,11 +521,13 @@ class EnvironmentCache:
             raise EnvironmentFailed(key, f"the environment did not build:\n{tail}")
         return output
 
-    def _index_args(self) -> list[str]:
+    def _index_args(self, job_indexes: tuple[str, ...] = ()) -> list[str]:
+        """uv's index options: the operator's extra indexes first, then the job's (uv asks
+        them in this order), the default index last."""
         args = ["--no-index"] if self.settings.no_index else []
         if self.settings.index_url:
             args += ["--default-index", self.settings.index_url]
-        for url in self.settings.extra_index_urls:
+        for url in (*self.settings.extra_index_urls, *job_indexes):
             args += ["--index", url]
         if self.settings.find_links:
             args += ["--find-links", self.settings.find_links]

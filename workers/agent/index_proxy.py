@@ -21,6 +21,7 @@ upstream proxy (the agent's ``HTTPS_PROXY``) is used in turn for tunnels.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import os
 import socket
@@ -29,6 +30,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 log = logging.getLogger(__name__)
@@ -154,9 +156,12 @@ class IndexProxy:
         allowed: frozenset[Host],
         owner: tuple[int, int] | None = None,
         upstream: str | None = None,
+        public_only: frozenset[Host] = frozenset(),
     ) -> None:
         self.path = path
         self.allowed = allowed
+        self.public_only = public_only
+        """Allowed hosts a job named (its own index): reached only at a public address."""
         self.owner = owner
         self.upstream = parse_host(upstream, 3128) if upstream else None
         self.refused: list[str] = []
@@ -213,6 +218,8 @@ class IndexProxy:
             _relay(client, upstream)
 
     def _open(self, request: Request) -> socket.socket:
+        if (request.host, request.port) in self.public_only:
+            return _connect_public(request.host, request.port)
         if self.upstream is None or not request.tunnel:
             return socket.create_connection((request.host, request.port), CONNECT_TIMEOUT_S)
         conn = socket.create_connection(self.upstream, CONNECT_TIMEOUT_S)
@@ -223,6 +230,31 @@ class IndexProxy:
             conn.close()
             raise OSError(f"the upstream proxy refused: {head[:100]!r}")
         return conn
+
+
+def public_addresses(infos: Iterable[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The ``getaddrinfo`` answers that are global addresses (not loopback, private,
+    link-local such as the metadata address, or reserved): pure."""
+    return [info for info in infos if ipaddress.ip_address(info[4][0]).is_global]
+
+
+def _connect_public(host: str, port: int) -> socket.socket:
+    """A connection to ``host`` at one of its public addresses (a job named it: it must not
+    lead to the node's loopback, the cluster's network or the metadata address)."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    public = public_addresses(infos)
+    if not public:
+        raise OSError(f"{host} resolves to no public address")
+    family, kind, proto, _, address = public[0]
+    conn = socket.socket(family, kind, proto)
+    conn.settimeout(CONNECT_TIMEOUT_S)
+    try:
+        conn.connect(address)
+    except OSError:
+        conn.close()
+        raise
+    conn.settimeout(None)
+    return conn
 
 
 def _read_head(conn: socket.socket) -> tuple[bytes, bytes]:

@@ -32,6 +32,7 @@ from workers.agent.index_proxy import (
     Refused,
     allowed_hosts,
     parse_request,
+    public_addresses,
 )
 from workers.agent.sandbox import sandbox_problem
 from workers.environment import check_environment
@@ -272,3 +273,46 @@ def test_the_operators_extra_hosts_are_checked_when_the_agent_starts() -> None:
     assert good.environments.network_allow == ("cdn.internal", "mirror:8443")
     with pytest.raises(AgentConfigError, match="ENVIRONMENT_NETWORK_ALLOW"):
         AgentEnvironment.read({**env, "ENVIRONMENT_NETWORK_ALLOW": "https://cdn/x"})
+
+
+# --------------------------------------------------------------------------- a job's own index
+
+
+def test_a_jobs_own_index_is_reached_only_at_public_addresses() -> None:
+    def info(address: str) -> tuple[object, ...]:
+        return (socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, 443))
+
+    answers = [info(a) for a in ("127.0.0.1", "10.1.2.3", "169.254.169.254", "192.168.0.9")]
+    assert public_addresses(answers) == []
+    assert public_addresses([*answers, info("8.8.8.8")]) == [info("8.8.8.8")]
+
+
+def test_the_proxy_refuses_a_jobs_host_that_resolves_to_loopback(tmp_path: Path) -> None:
+    """A job's index named ``localhost`` (or a DNS name pointing at the node) reaches nothing."""
+    host = ("localhost", 8080)
+    proxy = IndexProxy(tmp_path / "p.sock", frozenset({host}), public_only=frozenset({host}))
+    with proxy, socket.socket(socket.AF_UNIX) as conn:
+        conn.connect(str(tmp_path / "p.sock"))
+        conn.sendall(b"CONNECT localhost:8080 HTTP/1.1\r\n\r\n")
+        answer = b"".join(iter(lambda: conn.recv(4096), b""))
+    assert answer.startswith(b"HTTP/1.1 502") and b"no public address" in answer
+
+
+def test_a_jobs_own_index_is_used_only_where_the_node_allows_it(tmp_path: Path) -> None:
+    (tmp_path / "links").mkdir()
+    spec = check_environment({"requirements": ["x"], "indexes": ["https://pypi.example.org/s"]})
+    refusing = EnvironmentCache(EnvironmentSettings(root=tmp_path / "a", find_links="/nowhere"))
+    with pytest.raises(EnvironmentFailed, match="ENVIRONMENT_ALLOW_JOB_INDEX"):
+        refusing.ensure(spec)
+    local = EnvironmentCache(
+        EnvironmentSettings(root=tmp_path / "b", no_index=True, allow_job_index=True)
+    )
+    with pytest.raises(EnvironmentFailed, match="local wheels only"):
+        local.ensure(spec)
+    allowing = EnvironmentCache(
+        EnvironmentSettings(
+            root=tmp_path / "c", allow_job_index=True, extra_index_urls=("https://ops/simple",)
+        )
+    )
+    args = allowing._index_args(spec.indexes)
+    assert args == ["--index", "https://ops/simple", "--index", "https://pypi.example.org/s"]
