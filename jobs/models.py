@@ -50,6 +50,12 @@ class Job(models.Model):
         help_text="The program's own Python dependencies (workers.environment): requirements, "
         "python, replace; empty: the node's base layer.",
     )
+    environment_used = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="What its processes last started in (an agent's Started): environment key, "
+        "packages installed with versions, cache hit, build seconds, node; empty: none yet.",
+    )
     generation = models.PositiveIntegerField(
         default=0, help_text="Runs of a torchrun program: each start or restart is a new one."
     )

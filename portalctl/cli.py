@@ -248,7 +248,7 @@ def show_job(job: Job) -> None:
     """One job as a two-column table (a run-time limit also in short form: ``7200 (2h)``)."""
     keys = [
         "id", "name", "tenant", "state", "workload", "code", "entrypoint", "launcher",
-        "environment", "gpus",
+        "environment", "environment_used", "gpus",
         "min_gpus", "max_gpus", "parallelism", "priority", "restarts", "max_restarts",
         "max_runtime_s", "runtime_deadline", "generation", "step", "loss",
         "submitted_at", "started_at", "finished_at", "jct_seconds", "wait_reason",
@@ -260,10 +260,22 @@ def show_job(job: Job) -> None:
         if key == "max_runtime_s" and isinstance(value, int) and value > 0
         else (key, environment_text(value))
         if key == "environment"
+        else (key, environment_used_text(value))
+        if key == "environment_used"
         else (key, value)
         for key, value in rows
     ]
     out.print(table(None, ("FIELD", "VALUE"), rows))
+
+
+def environment_used_text(used: Any) -> str:
+    """What a job's processes last started in, on one line: ``3f2a9c1e07b4 on node-0: built
+    in 2.1 s; einops==0.8.1 tabulate==0.9.0`` (empty: no environment, or not started)."""
+    if not isinstance(used, dict) or not used.get("environment"):
+        return ""
+    how = "cache hit" if used.get("hit") else f"built in {float(used.get('build_s') or 0):.1f} s"
+    packages = " ".join(str(p) for p in used.get("packages") or []) or "nothing beyond the base"
+    return f"{str(used['environment'])[:12]} on {used.get('node', '?')}: {how}; {packages}"
 
 
 def environment_text(environment: Any) -> str:

@@ -61,6 +61,7 @@ class JobSerializer(serializers.ModelSerializer[Job]):
             "samples_per_s",
             "loss",
             "throughput_curve",
+            "environment_used",
             "generation",
             "restarts",
             "runtime_deadline",

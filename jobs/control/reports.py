@@ -388,6 +388,8 @@ def _started(job: Job, report: Started) -> str:
                 "packages": list(used.packages), "node": report.node}  # fmt: skip
         record(job, EventKind.NOTE, _at(report), reason=f"{report.node}: {used.describe()}",
                data=data)  # fmt: skip
+        job.environment_used = data
+        Job.objects.filter(pk=job.pk).update(environment_used=data)
     return program_exits.on_started(job, report, _at(report))
 
 

@@ -193,3 +193,16 @@ def test_a_refused_requirement_exits_4_with_the_field_and_submits_nothing(
     assert result.exit_code == 4, result.output
     assert "environment.requirements" in result.output and "not allowed" in result.output
     assert not Job.objects.exists()
+
+
+def test_get_says_what_the_job_last_started_in() -> None:
+    environment_used_text = cli.environment_used_text
+    used = {"environment": "3f2a9c1e07b4" + "0" * 20, "hit": False, "build_s": 2.14,
+            "packages": ["einops==0.8.1", "tabulate==0.9.0"], "node": "node-0"}  # fmt: skip
+    assert environment_used_text(used) == (
+        "3f2a9c1e07b4 on node-0: built in 2.1 s; einops==0.8.1 tabulate==0.9.0"
+    )
+    assert environment_used_text({**used, "hit": True, "packages": []}) == (
+        "3f2a9c1e07b4 on node-0: cache hit; nothing beyond the base"
+    )
+    assert environment_used_text({}) == "" and environment_used_text("junk") == ""

@@ -142,6 +142,13 @@ def test_a_final_failure_fails_at_once_with_restarts_left_and_a_start_says_its_e
     )
     assert note.data == {"environment": used["key"], "hit": False, "build_s": 2.5,
                          "packages": ["einops==0.8.1"], "node": "node-0"}  # fmt: skip
+    job.refresh_from_db()  # the job itself says what it runs in: API, page, portalctl get
+    assert job.environment_used == note.data
+    client = Client()
+    client.force_login(alice)
+    assert client.get(f"/api/v1/jobs/{job.pk}/").json()["environment_used"] == note.data
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "built in 2.5 s" in page and "<code>einops==0.8.1</code>" in page
     forged = {**started, "environment": {**used, "key": "../../etc"}}
     assert handle_report(forged).startswith("invalid")  # a bad report is refused, nothing noted
     report = {"type": "failed", "node": "node-0", "job": name, "final": True,
