@@ -24,21 +24,24 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import sys
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scheduler.forecast import DEFAULT_MAX_STEP_S, DEFAULT_STEP_S, forecast
+from scheduler.forecast import DEFAULT_MAX_STEP_S, DEFAULT_STEP_S, Estimate, forecast, steady
+from scheduler.placement import CountPlacement
 from scheduler.policies import get_policy
 from scheduler.policies.base import Plan, Policy, PolicyCore
 from scheduler.records import JobRecord
 from scheduler.simulator import SimConfig, simulate
 from scheduler.traces import load_philly, load_tiresias, shared_trace
-from scheduler.types import Cluster, Gpu, GpuState, JobState, JobView, Snapshot
+from scheduler.types import Cluster, Gpu, GpuState, JobState, JobView, Migrate, Snapshot
 
 
 class _ObservedCore:
@@ -126,6 +129,57 @@ def snapshot_of(
     return Snapshot(now=now, cluster=cluster, jobs=tuple(views))
 
 
+def refreshed(snap: Snapshot, dt: float, wobble: float = 0.0) -> Snapshot | None:
+    """``snap`` ``dt`` seconds later when nothing happens but the running jobs' progress
+    (the next refresh of an unchanged cluster), each one's remaining work off by the
+    fraction ``wobble`` (a measured rate's noise); None when a running job would finish
+    within ``dt`` (something changes)."""
+    views = []
+    for view in snap.jobs:
+        if view.running:
+            remaining = view.remaining_work
+            rate = 1.0  # seconds of requested-size work per second, as the forecast's curve says
+            if view.throughput and view.requested_gpus in view.throughput:
+                held = len(view.gpus)
+                known = view.throughput.get(held) or max(view.throughput.values())
+                rate = known / view.throughput[view.requested_gpus]
+            if remaining is not None:
+                if remaining <= rate * dt:
+                    return None
+                remaining = (remaining - rate * dt) * (1.0 + wobble)
+            view = replace(
+                view,
+                remaining_work=remaining,
+                attained_service=view.attained_service + len(view.gpus) * dt,
+            )
+        views.append(view)
+    return replace(snap, now=snap.now + dt, jobs=tuple(views))
+
+
+def at_work(snap: Snapshot, policy: Policy) -> bool:
+    """Whether the pass at ``snap.now`` changes something (the live tick would apply it
+    before the next refresh, so that refresh would not see an unchanged cluster)."""
+    decisions = policy.schedule(snap, placement=CountPlacement())
+    return any(not isinstance(d, Migrate) for d in decisions)
+
+
+def _moved(at: float, first: Estimate, later_at: float, second: Estimate) -> float:
+    """How far a job's predicted start moved between two refreshes (absolute seconds)."""
+    return _distance(_absolute(at, first.start), _absolute(later_at, second.start))
+
+
+def _absolute(at: float, seconds: float | None) -> float | None:
+    return None if seconds is None else at + seconds
+
+
+def _distance(a: float | None, b: float | None) -> float:
+    if a is None and b is None:
+        return 0.0
+    if a is None or b is None:
+        return math.inf
+    return abs(a - b)
+
+
 def _pct(values: Sequence[float], q: float) -> float:
     if not values:
         return math.nan
@@ -151,6 +205,19 @@ def main() -> int:
     parser.add_argument("--horizon", type=float, default=60 * 86400.0)
     parser.add_argument("--step", type=float, default=DEFAULT_STEP_S, help="forecast step (s)")
     parser.add_argument("--max-step", type=float, default=DEFAULT_MAX_STEP_S)
+    parser.add_argument(
+        "--noise",
+        type=float,
+        default=0.04,
+        help="at the refresh, each running job's remaining work is off by up to this fraction",
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--refresh",
+        type=float,
+        default=60.0,
+        help="seconds to the next refresh, when nothing changes but the running jobs' progress",
+    )
     args = parser.parse_args()
 
     if args.philly:
@@ -167,6 +234,11 @@ def main() -> int:
         ).jobs
     policy = get_policy(args.policy)
     predictions: list[tuple[float, str, float | None, str]] = []  # (at, job, start, reason)
+    moves: list[float] = []  # |start at the refresh - start now|, absolute seconds (inf: came/went)
+    shown_moves: list[
+        float
+    ] = []  # the same of what the portal publishes (scheduler.forecast.steady)
+    noise = random.Random(args.seed)
     forecast_s: list[float] = []
     passes: list[int] = []
     next_at = trace[0].submit if trace else 0.0
@@ -196,6 +268,23 @@ def main() -> int:
             est = result.estimates[rec.id]
             start = None if est.start is None else now + est.start
             predictions.append((now, rec.id, start, est.reason))
+        later = refreshed(snap, args.refresh, noise.uniform(-args.noise, args.noise))
+        if later is None or at_work(snap, policy):
+            return
+        again = forecast(
+            later,
+            policy,
+            horizon_s=args.horizon,
+            step_s=args.step,
+            max_step_s=args.max_step,
+            max_passes=1_000_000,
+        )
+        for rec in waiting:
+            first, second = result.estimates[rec.id], again.estimates[rec.id]
+            moves.append(_moved(now, first, later.now, second))
+            published = _absolute(now, first.start)
+            shown = steady(published, _absolute(later.now, second.start), later.now)
+            shown_moves.append(_distance(published, shown))
 
     cfg = SimConfig(total_gpus=args.gpus, gpus_per_server=args.gpus_per_server)
     t0 = time.perf_counter()
@@ -237,6 +326,22 @@ def main() -> int:
         "median_forecast_ms": round(1000 * _pct(forecast_s, 0.5), 1),
         "max_forecast_ms": round(1000 * max(forecast_s, default=0.0), 1),
         "median_passes": _pct([float(p) for p in passes], 0.5),
+        "refresh_s": args.refresh,
+        "refresh_pairs": len(moves),
+        "refresh_moved_over_60s": round(sum(m > 60 for m in moves) / max(1, len(moves)), 3),
+        "refresh_p90_move_s": round(_pct([min(m, 1e12) for m in moves], 0.9), 1),
+        "refresh_max_move_s": round(max((m for m in moves if m != math.inf), default=0.0), 1),
+        "refresh_appeared_or_vanished": sum(m == math.inf for m in moves),
+        "refresh_noise": args.noise,
+        "published_moved_over_60s": round(
+            sum(m > 60 for m in shown_moves) / max(1, len(shown_moves)), 3
+        ),
+        "published_moved_at_all": round(
+            sum(m > 0 for m in shown_moves) / max(1, len(shown_moves)), 3
+        ),
+        "published_max_move_s": round(
+            max((m for m in shown_moves if m != math.inf), default=0.0), 1
+        ),
         "replay_wall_s": round(wall, 2),
     }
     print(
@@ -251,6 +356,14 @@ def main() -> int:
     print(
         f"  forecast: median {figures['median_forecast_ms']} ms, max "
         f"{figures['max_forecast_ms']} ms ({figures['median_passes']} passes); replay {wall:.1f} s"
+    )
+    print(
+        f"  refresh after {args.refresh:g} s with nothing changed: {len(moves)} pairs, "
+        f"{figures['refresh_moved_over_60s']:.1%} moved > 60 s, p90 "
+        f"{figures['refresh_p90_move_s']} s, max {figures['refresh_max_move_s']} s, "
+        f"{figures['refresh_appeared_or_vanished']} appeared or vanished (rates off by up to "
+        f"{args.noise:.0%}); published: {figures['published_moved_at_all']:.1%} moved at all, "
+        f"{figures['published_moved_over_60s']:.1%} > 60 s, max {figures['published_max_move_s']} s"
     )
     print(json.dumps(figures))
     return 0

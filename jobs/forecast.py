@@ -5,7 +5,8 @@
         refresh_forecast()        Redis lock: one refresh at a time, never inside a tick
         1. read_cluster + build_snapshot      the tick's own view of the cluster
         2. + the jobs the tick leaves out now (held back by quota, scaling, profiling)
-        3. remaining work per job             total steps, step, measured samples/s
+        3. remaining work per job             total steps, step, its size's average rate,
+                                              less the time run since its last report
         4. scheduler.forecast.forecast        the production policy run forward
         5. store_estimates                    one bulk update; live updates on commit
 
@@ -37,7 +38,7 @@ from jobs.lifecycle import ESTIMATE_FIELDS, save_estimates
 from jobs.models import Job
 from jobs.progress import seconds_left, total_steps
 from scheduler.curves import policy_curve, relative_speeds
-from scheduler.forecast import Forecast, forecast
+from scheduler.forecast import Forecast, forecast, steady
 from scheduler.types import JobState as ViewState
 from scheduler.types import JobView
 from utilities.realtime import broadcast_on_commit, job_group, tenant_group
@@ -49,12 +50,6 @@ FORECAST_TASK = "jobs.tasks.refresh_forecast"
 DUE_KEY = "portal:forecast-due"
 LOCK_KEY = "portal:forecast"
 FORECAST_STATES = (JobState.QUEUED, JobState.RUNNING, JobState.SCALING)
-ESTIMATE_STEADY = timedelta(seconds=2)
-"""A new estimated time within this of the stored one is no change: the stored one stays.
-
-Estimates are ``now`` plus a duration, cut to the second, so one that holds
-still moves by a second whenever two refreshes straddle a second's edge;
-announcing that would send every tenant an event per job per refresh."""
 
 
 def remaining_work(
@@ -67,18 +62,23 @@ def remaining_work(
     requested: int,
     curve: Mapping[int, float] | None,
     curve_known: bool,
+    since_report_s: float = 0.0,
 ) -> float | None:
     """Seconds of work left at the requested size (``JobView.remaining_work``); None: unknown.
 
-    A running job with a measured rate: the samples left at that rate, turned
-    into requested-size seconds with the policy's curve (the forecast turns
-    them back, so the measured rate is what it uses).  A job that is not
-    running: the samples left at the curve's rate for its request, when the
-    curve was profiled or measured (the linear prior is no measurement).
+    A running job with a measured rate: the samples left at that rate, less
+    the ``since_report_s`` it has run since it reported ``step`` (it goes on
+    between reports: an estimate holds still until a report says otherwise),
+    turned into requested-size seconds with the policy's curve (the forecast
+    turns them back, so the measured rate is what it uses).  A job that is
+    not running: the samples left at the curve's rate for its request, when
+    the curve was profiled or measured (the linear prior is no measurement).
     """
     if total is None or batch_size <= 0:
         return None
     seconds_here = seconds_left(total, step, batch_size, samples_per_s)
+    if seconds_here is not None:
+        seconds_here = max(0.0, seconds_here - max(0.0, since_report_s))
     if seconds_here is not None and parallelism > 0:
         top = max([requested, parallelism, *(curve or {})])
         speeds = relative_speeds(curve, requested, top) if curve else None
@@ -147,6 +147,7 @@ def compute_forecast(now: datetime) -> LiveForecast | None:
             "samples_per_s",
             "throughput_curve",
             "measured_curve",
+            "last_service_at",
             "tenant__slug",
             "tenant__gpu_quota",
         )
@@ -168,17 +169,33 @@ def compute_forecast(now: datetime) -> LiveForecast | None:
             total=total_steps(data["workload"], data["args"] or {}, data["batch_size"]),
             step=data["step"],
             batch_size=data["batch_size"],
-            samples_per_s=data["samples_per_s"],
+            samples_per_s=steady_rate(data, len(job_view.gpus)),
             parallelism=len(job_view.gpus),
             requested=job_view.requested_gpus,
             curve=job_view.throughput,
             curve_known=bool(data["throughput_curve"] or data["measured_curve"]),
+            since_report_s=_since(data["last_service_at"], now) if job_view.gpus else 0.0,
         )
         with_work.append(dataclasses.replace(job_view, remaining_work=work))
     snapshot = dataclasses.replace(view.snapshot, jobs=tuple(with_work))  # keeps what else it has
     quota = {row["tenant__slug"]: row["tenant__gpu_quota"] for row in rows.values()}
     result = forecast(snapshot, live_policy(), quota=quota)
     return LiveForecast(result=result, ids=ids, at=now)
+
+
+def steady_rate(row: Mapping[str, Any], parallelism: int) -> float | None:
+    """A running job's samples/s at its size: the running average of its reports there
+    (``measured_curve``), not the last report alone, whose wobble would move every
+    estimate behind it; the last report where no average is kept yet."""
+    average = (row["measured_curve"] or {}).get(str(parallelism))
+    if average is not None and float(average) > 0:
+        return float(average)
+    rate = row["samples_per_s"]
+    return None if rate is None else float(rate)
+
+
+def _since(reported: datetime | None, now: datetime) -> float:
+    return 0.0 if reported is None else max(0.0, (now - reported).total_seconds())
 
 
 def _at(now: datetime, seconds: float | None) -> datetime | None:
@@ -219,7 +236,7 @@ def store_estimates(*, live: LiveForecast) -> list[int]:
     changed: list[Job] = []
     touched: list[Job] = []
     for job in jobs:
-        values = _steady(job, wanted.get(job.pk, blank))
+        values = _steady(job, wanted.get(job.pk, blank), live.at)
         if any(getattr(job, key) != value for key, value in values.items()):
             changed.append(job)
         for key, value in values.items():
@@ -232,14 +249,19 @@ def store_estimates(*, live: LiveForecast) -> list[int]:
     return [job.pk for job in changed]
 
 
-def _steady(job: Job, values: dict[str, Any]) -> dict[str, Any]:
-    """``values`` with each estimated time that moved less than ``ESTIMATE_STEADY`` kept as stored."""
-    steady = dict(values)
+def _steady(job: Job, values: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """``values`` with each estimated time kept as stored where it moved too little to be news
+    (``scheduler.forecast.steady``: a second's edge, a rate's wobble)."""
+    out = dict(values)
+    epoch = now.timestamp()
     for key in ("estimated_start", "estimated_finish"):
         stored, new = getattr(job, key), values[key]
-        if stored is not None and new is not None and abs(new - stored) < ESTIMATE_STEADY:
-            steady[key] = stored
-    return steady
+        if stored is None or new is None:
+            continue
+        kept = steady(stored.timestamp() - epoch, new.timestamp() - epoch, 0.0)
+        if kept != new.timestamp() - epoch:
+            out[key] = stored
+    return out
 
 
 def estimate_fields(job: Job) -> dict[str, Any]:

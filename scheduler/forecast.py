@@ -61,6 +61,14 @@ DEFAULT_MAX_PASSES = 5000
 RESOLUTION_S = 1.0
 """How precisely a change the policy's own clock makes (a demotion) is placed in time."""
 
+STEADY_S = 2.0
+"""A new estimate within this many seconds of the published one is no change (estimates are cut to
+the second: one that holds still moves by a second when two refreshes straddle an edge)."""
+TOLERANCE = 0.05
+"""Nor is one within this fraction of the time still to go to the published one: measured rates
+wobble by a few percent from report to report, and an estimate hours away must not move by
+minutes at every refresh for that."""
+
 UNKNOWN_WORK = "remaining work unknown (no total steps or no measured throughput)"
 WAITS_ON_UNKNOWN = "waits for GPUs held by jobs whose remaining work is unknown"
 BEYOND_HORIZON = "not within the forecast horizon"
@@ -397,6 +405,23 @@ def _result(
         passes=passes,
         horizon_reached=horizon_reached,
     )
+
+
+def steady(
+    published: float | None,
+    new: float | None,
+    now: float,
+    *,
+    steady_s: float = STEADY_S,
+    tolerance: float = TOLERANCE,
+) -> float | None:
+    """The estimate to publish (seconds on one clock): ``published`` while ``new`` lies
+    within ``steady_s`` of it or within ``tolerance`` of the time still to go to it,
+    otherwise ``new`` (and ``new`` when either is None: appearing or vanishing is news)."""
+    if published is None or new is None:
+        return new
+    ahead = max(0.0, published - now)
+    return published if abs(new - published) < max(steady_s, tolerance * ahead) else new
 
 
 def queue_order(snapshot: Snapshot, policy: Policy) -> tuple[str, ...]:

@@ -29,6 +29,7 @@ from jobs.progress import total_steps
 from jobs.services import check_job_spec, do_submit_job
 from jobs.tasks import forecast_estimates
 from portal.celery import app
+from scheduler.curves import record_measurement
 from scheduler.forecast import UNKNOWN_WORK
 from tenancy.models import Tenant
 from tests.jobs.control_helpers import demo_cluster, drain_envelopes
@@ -159,10 +160,48 @@ def test_an_estimate_that_moves_by_a_second_edge_is_kept_and_a_real_move_is_writ
     assert refresh_forecast(edge + timedelta(seconds=0.3)) == []
     second.refresh_from_db()
     assert second.estimated_start == stored
-    # The running job reports no progress for 5 s: its end, and the next start, move on.
+    # It reports 5 s later that it went at half the rate: its end, and the next start, move on.
+    Job.objects.filter(pk=first.pk).update(
+        step=625, samples_per_s=160.0, measured_curve={"8": 160.0}, last_service_at=edge
+    )
     assert set(refresh_forecast(edge + timedelta(seconds=5)) or []) == {first.pk, second.pk}
     second.refresh_from_db()
-    assert second.estimated_start == stored + timedelta(seconds=5)
+    assert second.estimated_start - stored > timedelta(seconds=30)
+
+
+def progress(job: Job, at: Any, step: int, samples_per_s: float) -> None:
+    """A progress report as ``_progress`` stores it: step, rate, the size's running average."""
+    job.refresh_from_db()
+    job.measured_curve = record_measurement(job.measured_curve, 8, samples_per_s)
+    Job.objects.filter(pk=job.pk).update(
+        step=step, samples_per_s=samples_per_s, measured_curve=job.measured_curve,
+        last_service_at=at,
+    )  # fmt: skip
+
+
+@override_settings(SCHEDULER_POLICY="fifo")
+def test_an_estimate_holds_still_while_nothing_but_time_and_noise_changes(
+    alice: Any, acme: Tenant, fresh_redis: redis.Redis
+) -> None:
+    """Issue 37: between reports the running job is where its rate says, not where its last
+    report left it; a report whose rate wobbles by a few percent moves nothing."""
+    first = running_on_the_whole_cluster(alice, acme, "first")
+    second = submit(alice, acme, gpus=8, name="second")
+    t0 = timezone.now().replace(microsecond=0)
+    progress(first, t0, 100, 320.0)  # 900 x 32 / 320 = 90 s left
+    assert refresh_forecast(t0)
+    second.refresh_from_db()
+    stored = second.estimated_start
+    assert abs((stored - t0).total_seconds() - 90) <= 1
+    for seconds in (10, 20, 29):  # no report yet: the job goes on as measured
+        assert refresh_forecast(t0 + timedelta(seconds=seconds)) == [], seconds
+    # Reports every 30 s, each rate 4% off the last (the job's true rate is steady).
+    for k, (step, rate) in enumerate(((400, 333.0), (700, 307.0)), start=1):
+        at = t0 + timedelta(seconds=30 * k)
+        progress(first, at, step, rate)
+        assert refresh_forecast(at + timedelta(seconds=1)) == [], (step, rate)
+    second.refresh_from_db()
+    assert second.estimated_start == stored
 
 
 def test_a_refresh_while_another_runs_does_nothing(fresh_redis: redis.Redis) -> None:
