@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from scheduler.curves import view_speeds
 from scheduler.placement import CountPlacement
 from scheduler.policies.base import Policy
-from scheduler.quota import QuotaBook, enforce_quotas
+from scheduler.quota import Blocked, QuotaBook, enforce_quotas, within_quota_preemptions
 from scheduler.types import (
     Cluster,
     Decision,
@@ -162,8 +162,11 @@ def _start_world(snapshot: Snapshot) -> _World:
     return world
 
 
-def _held_by_quota(world: _World, quota: Mapping[str, int]) -> tuple[set[str], QuotaBook]:
-    """Queued jobs the tick would hold back now, and the quota book for the rest."""
+def _held_by_quota(
+    world: _World, quota: Mapping[str, int]
+) -> tuple[set[str], QuotaBook, list[Blocked]]:
+    """Queued jobs the tick would hold back now, the quota book, and the held jobs as the
+    quota step sees them (it may stop a lower class of their own tenant for them)."""
     in_use: dict[str, int] = {}
     for p in world.jobs.values():
         if p.gpus and p.finished is None:
@@ -179,7 +182,12 @@ def _held_by_quota(world: _World, quota: Mapping[str, int]) -> tuple[set[str], Q
         > quota[p.view.tenant]
     }
     book = QuotaBook(quota=dict(quota), in_use=in_use)
-    return held, book
+    blocked = [
+        Blocked(job, p.view.tenant, p.view.priority, p.view.min_gpus or p.view.requested_gpus)
+        for job, p in world.jobs.items()
+        if job in held
+    ]
+    return held, book, blocked
 
 
 def _snapshot_at(world: _World, now: float, held: set[str]) -> Snapshot:
@@ -222,12 +230,19 @@ def _snapshot_at(world: _World, now: float, held: set[str]) -> Snapshot:
 def _decide(
     world: _World, t: float, policy: Policy, quota: Mapping[str, int] | None
 ) -> list[Decision]:
-    """The tick's pass at ``t`` on the virtual cluster: held-back rule, policy, quota check."""
-    held, book = _held_by_quota(world, quota) if quota is not None else (set(), None)
+    """The tick's pass at ``t`` on the virtual cluster: held-back rule, policy, quota check,
+    the quota step's preemptions within a tenant (``within_quota_preemptions``)."""
+    if quota is None:
+        snapshot = _snapshot_at(world, t, set())
+        decisions = policy.schedule(snapshot, placement=CountPlacement())
+        return [d for d in decisions if not isinstance(d, Migrate)]
+    held, book, blocked = _held_by_quota(world, quota)
     snapshot = _snapshot_at(world, t, held)
     decisions = policy.schedule(snapshot, placement=CountPlacement())
-    if book is not None:
-        decisions, _ = enforce_quotas(decisions, {v.id: v for v in snapshot.jobs}, book)
+    decisions, _ = enforce_quotas(decisions, {v.id: v for v in snapshot.jobs}, book)
+    room = within_quota_preemptions(blocked, [v for v in snapshot.jobs if v.gpus], book)
+    if room.preempts:
+        decisions = [*(d for d in decisions if d.job not in room.stopped_for), *room.preempts]
     return [d for d in decisions if not isinstance(d, Migrate)]  # same size: no effect by count
 
 

@@ -8,9 +8,10 @@ so its starts and growth are checked here, in its order, before binding.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from scheduler.priority import priority_class
 from scheduler.types import Decision, JobView, Preempt, Start
 
 
@@ -48,3 +49,83 @@ def enforce_quotas(
         in_use[view.tenant] = used + share
         kept.append(decision)
     return kept, dropped
+
+
+@dataclass(frozen=True, slots=True)
+class Blocked:
+    """A queued job its tenant's quota keeps out: who, its priority, the share it needs."""
+
+    job: str
+    tenant: str
+    priority: int
+    need: int
+    """GPUs of quota it needs to start (its minimum)."""
+
+
+@dataclass(frozen=True)
+class QuotaRoom:
+    """What the quota step decides: preemptions, why each blocked job served still waits
+    this pass, and for which blocked job each stopped job was stopped."""
+
+    preempts: list[Preempt] = field(default_factory=list)
+    waits: dict[str, str] = field(default_factory=dict)
+    stopped_for: dict[str, str] = field(default_factory=dict)
+
+
+def within_quota_preemptions(
+    blocked: Sequence[Blocked], running: Iterable[JobView], book: QuotaBook
+) -> QuotaRoom:
+    """Preemptions that make room under a tenant's quota for its own higher-class jobs.
+
+    Kueue's ``withinClusterQueue: LowerPriority``: a queued job that its
+    tenant's quota keeps out may stop that same tenant's running jobs of a
+    lower priority class (``scheduler.priority``), lowest class first and, in
+    a class, the most recently started first (the least work to lose), until
+    its minimum fits.  Only when enough can be freed (nothing is stopped for
+    nothing); never another tenant's job (quota and fair share decide between
+    tenants) nor one of its own class.  Blocked jobs are served highest class
+    first, then in the order given; a job stopped for one is not counted for
+    the next.  Returns the preemptions and, per blocked job served, why its
+    wait goes on this pass (it starts on a later pass, once the GPUs and the
+    quota are free).
+    """
+    room = QuotaRoom()
+    use = dict(book.in_use)
+    taken: set[str] = set()
+    by_tenant: dict[str, list[JobView]] = {}
+    for view in running:
+        if view.gpus:
+            by_tenant.setdefault(view.tenant, []).append(view)
+    for job in sorted(blocked, key=lambda b: priority_class(b.priority)):
+        if job.tenant not in book.quota:
+            continue
+        quota = book.quota[job.tenant]
+        short = use.get(job.tenant, 0) + job.need - quota
+        if short <= 0 or job.need > quota:
+            continue
+        victims = _victims(by_tenant.get(job.tenant, ()), priority_class(job.priority), taken)
+        chosen, freed = [], 0
+        for victim in victims:
+            if freed >= short:
+                break
+            chosen.append(victim)
+            freed += min(len(victim.gpus), victim.requested_gpus)
+        if freed < short:
+            continue
+        for victim in chosen:
+            taken.add(victim.id)
+            room.preempts.append(Preempt(victim.id))
+            room.stopped_for[victim.id] = job.job
+        use[job.tenant] = use.get(job.tenant, 0) - freed
+        names = ", ".join(v.id for v in chosen)
+        room.waits[job.job] = (
+            f"stopping {names} (a lower class of tenant {job.tenant}) to fit under its "
+            f"{quota}-GPU quota"
+        )
+    return room
+
+
+def _victims(jobs: Iterable[JobView], above: int, taken: set[str]) -> list[JobView]:
+    """The running jobs of a class below ``above``: lowest class, then latest started first."""
+    lower = [v for v in jobs if priority_class(v.priority) > above and v.id not in taken]
+    return sorted(lower, key=lambda v: (-priority_class(v.priority), -(v.queue_since or 0.0), v.id))

@@ -518,6 +518,12 @@ def _allocation_key(allocation: Allocation) -> tuple[tuple[int, ...], ...]:
     return (allocation.gpus, tuple(allocation.leaves), tuple(allocation.uplinks))
 
 
+VIEW_PARTS = (
+    "snapshot", "ids", "held_back", "book", "profile_candidates", "switching", "blocked",
+)  # fmt: skip
+"""What of the policy's input a kept tick state must share with a full rebuild."""
+
+
 def compare(kept: Prepared, rebuilt: Prepared) -> list[str]:
     """The parts in which the kept state differs from a full rebuild (empty: the same)."""
     cluster, allocator, view = kept.cluster, kept.allocator, kept.view
@@ -533,11 +539,7 @@ def compare(kept: Prepared, rebuilt: Prepared) -> list[str]:
         differences.append("allocations")
     if allocator.unavailable_gpus() != ref_allocator.unavailable_gpus():
         differences.append("unavailable")
-    differences += [
-        name
-        for name in ("snapshot", "ids", "held_back", "book", "profile_candidates", "switching")
-        if getattr(view, name) != getattr(ref_view, name)
-    ]
+    differences += [name for name in VIEW_PARTS if getattr(view, name) != getattr(ref_view, name)]
     return differences
 
 

@@ -21,7 +21,7 @@ from jobs.models import Job, JobEvent, JobGpu
 from jobs.progress import seconds_left, total_steps
 from scheduler.curves import policy_curve
 from scheduler.priority import AGED_CEILING, priority_class
-from scheduler.quota import QuotaBook
+from scheduler.quota import Blocked, QuotaBook
 from scheduler.types import Cluster, GpuState, JobView, Snapshot
 from scheduler.types import Gpu as GpuView
 from scheduler.types import JobState as ViewState
@@ -251,6 +251,8 @@ class PolicyInput:
     profile_candidates: tuple[int, ...]  # running at max, never profiled, tenant profiles
     # In ``scaling`` (left out), each since its latest state change: the switch watchdog's.
     switching: dict[int, datetime] = field(default_factory=dict)
+    # The held-back jobs as the quota step sees them (``scheduler.quota.within_quota_preemptions``).
+    blocked: tuple[Blocked, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -462,6 +464,7 @@ def assemble_snapshot(
     jobs: list[JobView] = []
     ids: dict[str, int] = {}
     held_back: dict[int, str] = {}
+    blocked: list[Blocked] = []
     book = QuotaBook()
     profile_candidates: list[int] = []
     weights: dict[str, float] = {}
@@ -490,6 +493,9 @@ def assemble_snapshot(
             held_back[job_id] = (
                 f"tenant {tenant.slug} holds {used} of its {tenant.gpu_quota}-GPU quota"
             )
+            blocked.append(Blocked(runtime_job_name(job_id), tenant.slug, row.priority, lo))
+            book.quota[tenant.slug] = tenant.gpu_quota  # the quota step reads the tenant's use
+            book.in_use[tenant.slug] = used
             continue
         book.quota[tenant.slug] = tenant.gpu_quota
         weights[tenant.slug] = tenant.priority_weight
@@ -530,4 +536,6 @@ def assemble_snapshot(
         jobs=tuple(jobs),
         tenants=tenant_shares(weights, now),
     )
-    return PolicyInput(snapshot, ids, held_back, book, tuple(profile_candidates), switching)
+    return PolicyInput(
+        snapshot, ids, held_back, book, tuple(profile_candidates), switching, tuple(blocked)
+    )

@@ -57,7 +57,7 @@ from jobs.control.incremental import ClusterSource, forget, source_for_tick
 from jobs.control.limits import stop_jobs_at_limit
 from jobs.control.policy import live_policy
 from jobs.control.reconcile import reconcile
-from jobs.control.state import ClusterState
+from jobs.control.state import ClusterState, PolicyInput
 from jobs.control.suspect_notes import suspect_notes
 from jobs.control.switch_watchdog import stop_stuck_switches
 from jobs.control.tick_stats import record_tick
@@ -68,7 +68,7 @@ from jobs.models import Job
 from jobs.outbox import Outbox
 from scheduler.binding import Refused, bind
 from scheduler.placement import CountPlacement
-from scheduler.quota import enforce_quotas
+from scheduler.quota import enforce_quotas, within_quota_preemptions
 from scheduler.types import Decision, Migrate
 from utilities.redis_clients import shared_redis
 from workers.protocol import Profile
@@ -221,9 +221,12 @@ def _tick(source: ClusterSource, policy_name: str, now: datetime) -> TickResult:
         snapshot, placement=CountPlacement(), speeds=source.speed_tables()
     )
     decisions, over_quota = enforce_quotas(decisions, {v.id: v for v in snapshot.jobs}, view.book)
+    decisions, stopping, stop_reasons = _within_quota(decisions, view)
     bound, refused = bind(cluster.spec, prepared.allocator, decisions)
     source.touched(ids[b.job] for b in bound if b.job in ids)
-    changed += apply_bound(cluster.spec, bound, ids, cluster.homes, now, outbox)
+    changed += apply_bound(
+        cluster.spec, bound, ids, cluster.homes, now, outbox, reason_override=stop_reasons
+    )
     changed += _request_profiles(cluster, view.profile_candidates, now, outbox)
     stuck = stop_stuck_switches(view.switching, now, outbox)
     if stuck:
@@ -232,6 +235,7 @@ def _tick(source: ClusterSource, policy_name: str, now: datetime) -> TickResult:
     waiting = suspect_notes(cluster, snapshot, ids, bound)  # the least specific reason
     waiting.update({ids[r.job]: r.reason for r in refused if r.job in ids})
     waiting.update(view.held_back)
+    waiting.update({ids[name]: reason for name, reason in stopping.items() if name in ids})
     waiting.update({ids[name]: reason for name, reason in over_quota.items()})
     note_waiting(waiting, now)
     outbox.send_on_commit()
@@ -243,6 +247,29 @@ def _tick(source: ClusterSource, policy_name: str, now: datetime) -> TickResult:
         down_nodes=down,
         decisions=len(decisions) + len(drains),
     )
+
+
+def _within_quota(
+    decisions: Sequence[Decision], view: PolicyInput
+) -> tuple[list[Decision], dict[str, str], dict[str, str]]:
+    """The quota step's preemptions (``scheduler.quota.within_quota_preemptions``) added to
+    the pass's decisions, replacing any the policy made for their jobs.
+
+    Returns the decisions, why each blocked job still waits this pass (by name), and the
+    reason each stopped job's history gives.  The blocked job starts on a later pass,
+    when the stopped job's GPUs and quota are free (the policy orders it by its class).
+    """
+    running = [v for v in view.snapshot.jobs if v.gpus]
+    room = within_quota_preemptions(view.blocked, running, view.book)
+    if not room.preempts:
+        return list(decisions), {}, {}
+    kept = [d for d in decisions if d.job not in room.stopped_for]
+    reasons = {
+        victim: f"preempted to make room under its tenant's quota for {blocked}, of a higher "
+        "class; it resumes from its latest checkpoint"
+        for victim, blocked in room.stopped_for.items()
+    }
+    return [*kept, *room.preempts], room.waits, reasons
 
 
 def _recover_lost_gpus(cluster: ClusterState, now: datetime) -> list[int]:

@@ -157,3 +157,17 @@ def test_a_las_demotion_is_placed_to_the_second() -> None:
     coarse = forecast(snap, get_policy("tiresias"), step_s=600.0, max_step_s=600.0)
     coarse_start = coarse.estimates["next"].start
     assert coarse_start is not None and abs(coarse_start - 900.0) <= 1.0  # not at 1200
+
+
+def test_a_higher_class_blocked_by_its_tenants_quota_is_predicted_to_start_at_once() -> None:
+    """Issue 37: the forecast runs the tick's quota step, preemption within a tenant
+    included, so the high job's start is the next pass's, not the low job's end."""
+    clu = cluster(busy=dict.fromkeys(range(8), "low"))
+    snap = snapshot(
+        0.0,
+        clu,
+        running("low", tuple(range(8)), tenant="t", priority=10, remaining_work=86_400.0),
+        queued("high", 4, submit=1.0, tenant="t", priority=90, remaining_work=600.0),
+    )
+    estimate = forecast(snap, get_policy("tiresias"), quota={"t": 8}).estimates["high"]
+    assert estimate.start is not None and estimate.start <= 120.0

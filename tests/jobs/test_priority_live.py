@@ -143,3 +143,47 @@ def test_a_low_job_that_waited_a_period_counts_as_normal(
     run_tick(policy="tiresias")
     started = {name for name, job in (("low", low), ("normal", normal)) if state(job) == "running"}
     assert started == {first}
+
+
+@pytest.mark.parametrize("policy", ["fifo", "tiresias", "elastic-tiresias"])
+def test_a_higher_class_preempts_its_own_tenants_lower_class_job_to_fit_its_quota(
+    policy: str, make_tenant: Callable[..., Tenant], make_user: Callable[..., Any]
+) -> None:
+    """Issue 37, tried as a new user would: a tenant with an 8-GPU quota runs an 8-GPU
+    low-priority job, then submits a 4-GPU high-priority one.  Before, it waited ("holds 8
+    of its 8-GPU quota") for as long as the low job ran; now the low job is stopped (it
+    resumes from its checkpoint later) and the high one starts within two ticks."""
+    tenant = make_tenant("solo", quota=8)
+    user = make_user("dora", tenant)
+    demo_cluster()  # 8 GPUs
+    low = submit(user, tenant, "low", 8, priority=10)
+    run_tick(policy=policy)
+    assert state(low) == "running"
+
+    high = submit(user, tenant, "high", 4, priority=90)
+    run_tick(policy=policy)
+    run_tick(policy=policy)
+    assert state(high) == "running"
+    assert state(low) == "queued"
+    stopped = low.events.filter(kind="preempted").latest("at")
+    assert "quota" in stopped.reason and "checkpoint" in stopped.reason
+    for _ in range(3):  # it waits while the high job runs, within the quota: no flapping
+        run_tick(policy=policy)
+    assert (state(high), state(low)) == ("running", "queued")
+    assert "quota" in (Job.objects.get(pk=low.pk).wait_reason or "")
+
+
+def test_a_job_of_the_same_class_or_another_tenant_is_never_stopped_for_the_quota(
+    make_tenant: Callable[..., Tenant], make_user: Callable[..., Any]
+) -> None:
+    acme, other = make_tenant("acme2", quota=4), make_tenant("other2", quota=8)
+    ann, bob = make_user("ann", acme), make_user("bob", other)
+    demo_cluster()  # 8 GPUs
+    mine = submit(ann, acme, "mine", 4, priority=50)
+    theirs = submit(bob, other, "theirs", 4, priority=10)
+    run_tick(policy="tiresias")
+    again = submit(ann, acme, "again", 4, priority=60)  # the same (normal) class
+    run_tick(policy="tiresias")
+    run_tick(policy="tiresias")
+    assert (state(mine), state(theirs), state(again)) == ("running", "running", "queued")
+    assert "holds 4 of its 4-GPU quota" in (Job.objects.get(pk=again.pk).wait_reason or "")
