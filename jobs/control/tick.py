@@ -259,6 +259,8 @@ def _within_quota(
     reason each stopped job's history gives.  The blocked job starts on a later pass,
     when the stopped job's GPUs and quota are free (the policy orders it by its class).
     """
+    if not view.blocked:  # the usual tick: nobody is over quota, nothing to walk
+        return list(decisions), {}, {}
     running = [v for v in view.snapshot.jobs if v.gpus]
     room = within_quota_preemptions(view.blocked, running, view.book)
     if not room.preempts:
