@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from scheduler.priority import priority_class
+from scheduler.priority import HIGH, LOW, priority_class
 from scheduler.types import Decision, JobView, Preempt, Start
 
 
@@ -94,18 +94,22 @@ def within_quota_preemptions(
     taken: set[str] = set()
     by_tenant: dict[str, list[JobView]] = {}
     for view in running:
-        if view.gpus:
+        if view.gpus and priority_class(view.priority) != HIGH:  # HIGH is nobody's victim
             by_tenant.setdefault(view.tenant, []).append(view)
+    ordered: dict[tuple[str, int], list[JobView]] = {}  # sorted once per tenant and class
     for job in sorted(blocked, key=lambda b: priority_class(b.priority)):
-        if job.tenant not in book.quota:
+        rank = priority_class(job.priority)
+        if job.tenant not in book.quota or job.tenant not in by_tenant or rank == LOW:
             continue
         quota = book.quota[job.tenant]
         short = use.get(job.tenant, 0) + job.need - quota
         if short <= 0 or job.need > quota:
             continue
-        victims = _victims(by_tenant.get(job.tenant, ()), priority_class(job.priority), taken)
+        key = (job.tenant, rank)
+        if key not in ordered:
+            ordered[key] = _victims(by_tenant[job.tenant], rank)
         chosen, freed = [], 0
-        for victim in victims:
+        for victim in (v for v in ordered[key] if v.id not in taken):
             if freed >= short:
                 break
             chosen.append(victim)
@@ -125,7 +129,7 @@ def within_quota_preemptions(
     return room
 
 
-def _victims(jobs: Iterable[JobView], above: int, taken: set[str]) -> list[JobView]:
+def _victims(jobs: Iterable[JobView], above: int) -> list[JobView]:
     """The running jobs of a class below ``above``: lowest class, then latest started first."""
-    lower = [v for v in jobs if priority_class(v.priority) > above and v.id not in taken]
+    lower = [v for v in jobs if priority_class(v.priority) > above]
     return sorted(lower, key=lambda v: (-priority_class(v.priority), -(v.queue_since or 0.0), v.id))
