@@ -34,7 +34,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scheduler.forecast import DEFAULT_MAX_STEP_S, DEFAULT_STEP_S, Estimate, forecast, steady
+from scheduler.forecast import (
+    DEFAULT_MAX_STEP_S,
+    DEFAULT_STEP_S,
+    Estimate,
+    Forecast,
+    forecast,
+    steady,
+)
 from scheduler.placement import CountPlacement
 from scheduler.policies import get_policy
 from scheduler.policies.base import Plan, Policy, PolicyCore
@@ -243,6 +250,16 @@ def main() -> int:
     passes: list[int] = []
     next_at = trace[0].submit if trace else 0.0
 
+    def predict(snap: Snapshot) -> Forecast:
+        return forecast(
+            snap,
+            policy,
+            horizon_s=args.horizon,
+            step_s=args.step,
+            max_step_s=args.max_step,
+            max_passes=1_000_000,
+        )
+
     def on_pass(now: float, live: Iterable[JobRecord]) -> None:
         nonlocal next_at
         if now < next_at or len(forecast_s) >= args.max_snapshots:
@@ -254,14 +271,7 @@ def main() -> int:
             return
         snap = snapshot_of(now, jobs, args.gpus, args.gpus_per_server)
         t0 = time.perf_counter()
-        result = forecast(
-            snap,
-            policy,
-            horizon_s=args.horizon,
-            step_s=args.step,
-            max_step_s=args.max_step,
-            max_passes=1_000_000,
-        )
+        result = predict(snap)
         forecast_s.append(time.perf_counter() - t0)
         passes.append(result.passes)
         for rec in waiting:
@@ -271,14 +281,7 @@ def main() -> int:
         later = refreshed(snap, args.refresh, noise.uniform(-args.noise, args.noise))
         if later is None or at_work(snap, policy):
             return
-        again = forecast(
-            later,
-            policy,
-            horizon_s=args.horizon,
-            step_s=args.step,
-            max_step_s=args.max_step,
-            max_passes=1_000_000,
-        )
+        again = predict(later)
         for rec in waiting:
             first, second = result.estimates[rec.id], again.estimates[rec.id]
             moves.append(_moved(now, first, later.now, second))
