@@ -136,7 +136,8 @@ class Agent:
             self.processes.isolation.release_leftovers(busy)
 
     def tick(self) -> None:
-        """One supervision pass: reap processes, enforce stops, forward events, heartbeat;
+        """One supervision pass: reap processes, enforce stops, forward events, heartbeat
+        (with it, each job's VXLAN brought up to date with the hosts it is on);
         hold jobs to their quota every ``quota.every_s`` (in a thread of its own); clean the
         node's directories every ``cleanup.every_s``; report the environment cache at start
         and every ``CACHE_REPORT_EVERY_S`` (in a thread of its own)."""
@@ -155,6 +156,7 @@ class Agent:
             self.heartbeat()
             self._restore_job_users()
             self._guard_redis()
+            self.processes.isolation.sync()  # jobs' VXLANs reach the hosts that joined them
         if self.clock.monotonic() >= self._next_quota and not self._quota_thread.is_alive():
             self._next_quota = self.clock.monotonic() + self.config.sandbox.quota.every_s
             # In its own thread: walking a job with many files must not delay a heartbeat.

@@ -221,8 +221,11 @@ class SandboxSettings:
     program's private ``/tmp``.  ``network`` ``job``: each job's programs get a
     network namespace of their own per node, on a bridge of the job's, addresses
     from ``subnet`` (``workers.agent.network``; a root agent only); ``host``: the
-    host's network.  ``quota``: what one job may hold on the node, on disk and in
-    shared memory (``workers.agent.quota``).
+    host's network.  ``vxlan_port`` and ``overlay_mtu``: the UDP port of the
+    VXLAN that joins a job's bridges across hosts, and the MTU of its interfaces
+    (``workers.agent.overlay``; only where ``AGENT_ADDRESS`` is not loopback).
+    ``quota``: what one job may hold on the node, on disk and in shared memory
+    (``workers.agent.quota``).
     """
 
     mode: SandboxMode = "on"
@@ -239,6 +242,8 @@ class SandboxSettings:
     tmp_mb: int = 2048
     network: NetworkMode = "job"
     subnet: str = "10.77.0.0/16"
+    vxlan_port: int = 4789
+    overlay_mtu: int = 1450
     quota: Quota = field(default_factory=lambda: Quota())
 
 
@@ -375,6 +380,8 @@ def _sandbox(env: Mapping[str, str]) -> SandboxSettings:
         tmp_mb=int(_positive(env, "SANDBOX_TMP_MB", 2048)),
         network=_network(env),
         subnet=_subnet(env),
+        vxlan_port=_bounded(env, "SANDBOX_VXLAN_PORT", 4789, 1, 65535),
+        overlay_mtu=_bounded(env, "SANDBOX_OVERLAY_MTU", 1450, 576, 9000),
         quota=Quota(
             disk_bytes=int(_positive(env, "SANDBOX_SCRATCH_MB", 100 * 1024) * 2**20),
             entries=int(_positive(env, "SANDBOX_SCRATCH_FILES", 500_000)),
@@ -449,6 +456,14 @@ def _boolean(env: Mapping[str, str], name: str, default: bool) -> bool:
     if raw in ("0", "false", "no", "off"):
         return False
     raise AgentConfigError(f"{name} must be a boolean (1/0, true/false), not {raw!r}")
+
+
+def _bounded(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    """An integer setting within [low, high]."""
+    value = _positive(env, name, default)
+    if value != int(value) or not low <= value <= high:
+        raise AgentConfigError(f"{name} must be a whole number from {low} to {high}")
+    return int(value)
 
 
 def _positive(env: Mapping[str, str], name: str, default: float) -> float:

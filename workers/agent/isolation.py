@@ -28,9 +28,11 @@ from workers.agent.forward import Forwarder, Upstream, socket_url
 from workers.agent.network import (
     JobNetwork,
     JobNetworks,
+    NetworkError,
     join_namespace,
     program_variables,
 )
+from workers.agent.overlay import OverlaySettings
 from workers.agent.sandbox import Identity
 
 log = logging.getLogger(__name__)
@@ -55,7 +57,10 @@ class NetworkIsolation:
     def __init__(self, config: AgentConfig, client: redis.Redis) -> None:
         self.enabled = isolates(config)
         self.config = config
-        self.networks = JobNetworks(config.node, client, config.sandbox.subnet)
+        overlay = OverlaySettings(
+            config.address, config.sandbox.vxlan_port, config.sandbox.overlay_mtu
+        )
+        self.networks = JobNetworks(config.node, client, config.sandbox.subnet, overlay=overlay)
         self.forwarder = Forwarder()
         self.redis = Upstream.from_url(config.redis_url)
         self._made: dict[str, JobNetwork] = {}
@@ -131,6 +136,17 @@ class NetworkIsolation:
         self._made.pop(job, None)
         if self.enabled:
             self.networks.release(job)
+
+    def sync(self) -> None:
+        """Bring each job's VXLAN here in line with the hosts it is on (every pass: a host
+        that joined the job is reached within one)."""
+        if not self.enabled:
+            return
+        for job in list(self._made):
+            try:
+                self.networks.sync(job)
+            except (NetworkError, redis.RedisError):
+                log.warning("could not bring job %s's VXLAN up to date", job, exc_info=True)
 
     def release_leftovers(self, busy: set[str]) -> None:
         """Remove the networks here of jobs with no process or stop in progress (``busy``):

@@ -29,11 +29,10 @@ What else crosses the boundary: the job's own Redis user, through a Unix
 socket the agent forwards (``redis_forward``); ``GLOO_SOCKET_IFNAME`` and
 ``NCCL_SOCKET_IFNAME`` name ``eth0`` so the communicators advertise it.
 
-Across hosts the job's bridges would be joined by a VXLAN per job (its VNI
-allocated in Redis, each peer host in its forwarding table): designed in
-docs/security.md, not built; until it is, ``SANDBOX_NETWORK=job`` is for
-clusters whose agents share one host or run single-node jobs, and
-``SANDBOX_NETWORK=host`` keeps the host's network (and says so).
+Across hosts the job's bridges are joined by a VXLAN of the job's own
+(``workers.agent.overlay``: its VNI and its hosts in Redis, each peer host in
+the device's forwarding table), when the agent's ``AGENT_ADDRESS`` is a real
+address; agents on loopback share one host's bridges and make none.
 """
 
 from __future__ import annotations
@@ -53,6 +52,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+
+from workers.agent.overlay import (
+    OverlayRegistry,
+    OverlaySettings,
+    fdb_argv,
+    fdb_changes,
+    peers_in,
+    vxlan_batch,
+)
 
 NETNS_DIR = Path("/run/netns")
 """Where ``ip netns`` keeps named network namespaces (bind mounts of ``/proc/<pid>/ns/net``)."""
@@ -80,6 +88,7 @@ class NetNames:
     bridge: str
     host_veth: str
     peer_veth: str
+    vxlan: str
 
 
 def _digest(*parts: str) -> str:
@@ -94,6 +103,7 @@ def net_names(node: str, job: str) -> NetNames:
         bridge=f"pjb{_digest(job)[:12]}",
         host_veth=f"pjv{own[:12]}",
         peer_veth=f"pjn{own[:12]}",
+        vxlan=f"pjx{_digest(job)[:12]}",
     )
 
 
@@ -104,14 +114,17 @@ def node_address(subnet: ipaddress.IPv4Network, index: int) -> ipaddress.IPv4Int
     return ipaddress.IPv4Interface(f"{subnet[index]}/{subnet.prefixlen}")
 
 
-def host_batch(names: NetNames, *, make_bridge: bool) -> str:
+def host_batch(names: NetNames, *, make_bridge: bool, mtu: int | None = None) -> str:
     """``ip -batch`` lines that make the job's bridge (unless another agent of this host
-    has) and this node's veth pair on it, its other end moved into the namespace."""
+    has) and this node's veth pair on it, its other end moved into the namespace
+    (``mtu``: the overlay's, when the job's frames may cross a VXLAN)."""
     bridge = [f"link add {names.bridge} type bridge", f"link set {names.bridge} up"]
+    sized = [f"link set {names.host_veth} mtu {mtu}"] if mtu else []
     return "\n".join(
         [
             *(bridge if make_bridge else []),
             f"link add {names.host_veth} type veth peer name {names.peer_veth}",
+            *sized,
             f"link set {names.host_veth} master {names.bridge}",
             f"link set {names.peer_veth} netns {names.namespace}",
             f"link set {names.host_veth} up",
@@ -120,11 +133,13 @@ def host_batch(names: NetNames, *, make_bridge: bool) -> str:
     )
 
 
-def inside_batch(names: NetNames, address: ipaddress.IPv4Interface) -> str:
+def inside_batch(names: NetNames, address: ipaddress.IPv4Interface, mtu: int | None = None) -> str:
     """``ip -n <namespace> -batch`` lines that configure the namespace's two interfaces."""
+    sized = [f"link set {INSIDE_INTERFACE} mtu {mtu}"] if mtu else []
     return "\n".join(
         [
             f"link set {names.peer_veth} name {INSIDE_INTERFACE}",
+            *sized,
             f"addr add {address} dev {INSIDE_INTERFACE}",
             f"link set {INSIDE_INTERFACE} up",
             "link set lo up",
@@ -143,12 +158,18 @@ Runner = Callable[[Sequence[str], str], None]
 
 
 def run_ip(argv: Sequence[str], batch: str) -> None:
-    """The real ``Runner``: ``ip`` with ``batch`` on stdin."""
+    """The real ``Runner``: ``ip`` (or ``bridge``) with ``batch`` on stdin."""
+    ip_output(argv, batch)
+
+
+def ip_output(argv: Sequence[str], batch: str = "") -> str:
+    """Run ``ip``/``bridge`` with ``batch`` on stdin; its output (NetworkError on failure)."""
     done = subprocess.run(
         list(argv), input=batch.encode(), capture_output=True, timeout=30, check=False
     )
     if done.returncode != 0:
         raise NetworkError(f"{' '.join(argv)}: {done.stderr.decode(errors='replace').strip()}")
+    return done.stdout.decode(errors="replace")
 
 
 @dataclass(frozen=True)
@@ -216,12 +237,23 @@ class JobNetworks:
         *,
         run: Runner = run_ip,
         run_root: Path = RUN_ROOT,
+        overlay: OverlaySettings | None = None,
+        exists: Callable[[str], bool] | None = None,
+        show: Callable[[Sequence[str]], str] = ip_output,
     ) -> None:
         self.node = node
         self.client = client
         self.subnet = ipaddress.IPv4Network(subnet)
         self.run = run
         self.run_root = run_root
+        self.overlay = overlay if overlay is not None and overlay.enabled else None
+        """Joins this host's bridges to the job's other hosts (None: one host)."""
+        self.registry = OverlayRegistry(client)
+        self.exists = exists or _interface_exists
+        """Whether a host interface is there (``ip`` in another namespace, for tests)."""
+        self.show = show
+        self._peers: dict[str, set[str]] = {}
+        """Each job's peer hosts as this agent last set them in its VXLAN device."""
 
     def address_of(self, job: str, node: str) -> ipaddress.IPv4Interface:
         """``node``'s address in ``job``'s network (allocated on first use)."""
@@ -235,23 +267,60 @@ class JobNetworks:
         ready = directory / "ready"
         if ready.exists() and (NETNS_DIR / names.namespace).exists():
             return network
+        mtu = self.overlay.mtu if self.overlay is not None else None
         with _host_lock(self.run_root):
             # A half-made namespace (an agent killed while making it) is made again.
             if (NETNS_DIR / names.namespace).exists():
                 self.run(["ip", "netns", "del", names.namespace], "")
-            if _interface_exists(names.host_veth):
+            if self.exists(names.host_veth):
                 self.run(["ip", "link", "del", names.host_veth], "")
             self.run(["ip", "netns", "add", names.namespace], "")
-            make_bridge = not _interface_exists(names.bridge)
-            self.run(["ip", "-batch", "-"], host_batch(names, make_bridge=make_bridge))
+            make_bridge = not self.exists(names.bridge)
+            self.run(["ip", "-batch", "-"], host_batch(names, make_bridge=make_bridge, mtu=mtu))
             _no_ipv6(names.bridge)
             _no_ipv6(names.host_veth)
-            inside = inside_batch(names, network.address)
+            self._join_hosts(job, names)
+            inside = inside_batch(names, network.address, mtu)
             self.run(["ip", "-n", names.namespace, "-batch", "-"], inside)
             directory.mkdir(mode=0o755, exist_ok=True)
             (directory / OWNER_FILE).write_text(json.dumps({"node": self.node, "job": job}))
             ready.touch()
+        self.sync(job)
         return network
+
+    def _join_hosts(self, job: str, names: NetNames) -> None:
+        """Put the job's VXLAN on its bridge here (once per host) and record this host."""
+        if self.overlay is None:
+            return
+        if not self.exists(names.vxlan):
+            vni = self.registry.vni(job)
+            self.run(
+                ["ip", "-batch", "-"], vxlan_batch(names.vxlan, names.bridge, vni, self.overlay)
+            )
+            _no_ipv6(names.vxlan)
+            self._peers.pop(job, None)  # a new device forwards nowhere yet
+        self.registry.join(job, self.overlay.address)
+
+    def sync(self, job: str) -> None:
+        """Forward ``job``'s frames to exactly its other hosts (the registry's): a host that
+        joined since is reached, one that left is not (each pass, for jobs here)."""
+        if self.overlay is None:
+            return
+        names = net_names(self.node, job)
+        want = self.registry.hosts(job) - {self.overlay.address}
+        have = self._peers.get(job)
+        if have is None:
+            have = peers_in(self.show(["bridge", "fdb", "show", "dev", names.vxlan]))
+        if have == want:
+            self._peers[job] = have
+            return
+        add, remove = fdb_changes(have, want)
+        for peer in add:
+            self.run(fdb_argv(names.vxlan, peer, add=True), "")
+        for peer in remove:
+            with contextlib.suppress(NetworkError):
+                self.run(fdb_argv(names.vxlan, peer, add=False), "")
+        self._peers[job] = want
 
     def jobs_here(self) -> list[str]:
         """The jobs this node has a namespace for (to remove those no process needs)."""
@@ -260,13 +329,17 @@ class JobNetworks:
         )
 
     def release(self, job: str) -> None:
-        """Remove ``job``'s namespace here, and its bridge if no other agent's is on it."""
-        remove_network(net_names(self.node, job), run_root=self.run_root, run=self.run)
+        """Remove ``job``'s namespace here, and its bridge (and VXLAN) if no other agent's
+        is on it: then this host leaves the job's hosts."""
+        self._peers.pop(job, None)
+        left = remove_network(net_names(self.node, job), run_root=self.run_root, run=self.run)
+        if left and self.overlay is not None:
+            self.registry.leave(job, self.overlay.address)
 
 
-def remove_network(names: NetNames, *, run_root: Path = RUN_ROOT, run: Runner = run_ip) -> None:
-    """Remove one (job, node)'s namespace, veth and directory, and the job's bridge once no
-    namespace of this host is on it (idempotent)."""
+def remove_network(names: NetNames, *, run_root: Path = RUN_ROOT, run: Runner = run_ip) -> bool:
+    """Remove one (job, node)'s namespace, veth and directory, and the job's bridge and VXLAN
+    once no namespace of this host is on it (idempotent); True when the bridge went."""
     with _host_lock(run_root):
         shutil.rmtree(run_root / names.namespace, ignore_errors=True)
         # The veth first: a namespace's own interfaces go only once the kernel has
@@ -278,9 +351,15 @@ def remove_network(names: NetNames, *, run_root: Path = RUN_ROOT, run: Runner = 
             with contextlib.suppress(NetworkError):
                 run(["ip", "netns", "del", names.namespace], "")
         ports = Path("/sys/class/net") / names.bridge / "brif"
-        if ports.is_dir() and not any(ports.iterdir()):
-            with contextlib.suppress(NetworkError):
-                run(["ip", "link", "del", names.bridge], "")
+        if not ports.is_dir():
+            return True
+        if any(port.name != names.vxlan for port in ports.iterdir()):
+            return False
+        with contextlib.suppress(NetworkError):
+            if _interface_exists(names.vxlan):
+                run(["ip", "link", "del", names.vxlan], "")
+            run(["ip", "link", "del", names.bridge], "")
+        return True
 
 
 def _interface_exists(name: str) -> bool:
