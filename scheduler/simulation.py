@@ -1,0 +1,881 @@
+"""The simulator's event loop: one :class:`Simulation` per run, one method per event kind.
+
+:func:`scheduler.simulator.simulate` builds one and calls :meth:`Simulation.run`::
+
+    run()
+     └─ while anything can still happen:
+         _next_event()          min(completion heap, next arrival, policy wake-up, tick,
+                                    a handover, an outage, a deadline, leavers done)
+         advance                accounting and fair share integrate up to now; next tick
+         _completions(now)      done -> finished (or handed over, release_s); program
+                                    failed -> requeued or failed; run-time limit -> failed
+         _leavers_done(now)     scale-ins whose leavers stopped: CPUs shared by fewer
+         _handovers(now)        ended jobs' GPUs handed over: off the books
+         _take_out(now)         outages start on free GPUs and end
+         _deadlines(now)        queued jobs past their run-time limit: failed
+         _arrivals(now)         trace jobs the policy sees now: core.add (or skipped)
+         _schedule(now)         one pass (a second around refusals): core.decide ->
+          ├─ _run_pass             each (job, n): _runtime_refuses / _place / _apply
+          │   └─ _apply               preempt, resize (_switch) or start; completion pushed
+          └─ _start_ups            first starts: no progress for their start-up
+         _restretch / _refresh_paces   after a change: start-ups and paces follow the
+                                    busy slots and the links' contention
+         sample, progress bar
+     └─ _result()               the summary and :class:`~scheduler.sim_accounting.SimResult`
+
+The state the event methods share lives on the instance; each method says
+which part it changes.  Completions sit in a heap with lazy invalidation (a
+job's ``version`` changes with every change of its pace or size), so an event
+costs what changed.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from heapq import heappop, heappush
+from typing import Any
+
+from fabric.allocator import VClosAllocator
+from scheduler.fabric_placement import Contention, collective_for, sim_placement
+from scheduler.fairshare import FairShare
+from scheduler.placement import CountOnly, SimPlacement
+from scheduler.policies.base import Plan, Policy
+from scheduler.policies.elastic import curve_limit
+from scheduler.priority import NORMAL, priority_class
+from scheduler.records import JobRecord
+from scheduler.sim_accounting import Accounting, SimResult, distribution
+from scheduler.sim_config import Outage, SimConfig
+from scheduler.throughput import (
+    NetworkSpec,
+    contention_pace,
+    get_model,
+    speed_table,
+    speedup_over_one,
+)
+from scheduler.traces import TraceJob
+
+
+def make_record(idx: int, job: TraceJob, cfg: SimConfig, elastic: bool) -> JobRecord:
+    """The simulator's record of trace job ``job`` (its speed table when ``elastic``)."""
+    rec = _new_record(idx, job, cfg, elastic)
+    if job.fail_after is not None or job.max_runtime is not None:
+        rec.fail_after = job.fail_after
+        rec.max_restarts = job.max_restarts
+        rec.max_runtime = job.max_runtime
+    return rec
+
+
+@functools.lru_cache(maxsize=4096)
+def _curve_top(model: str, requested: int, total: int, gpus_per_server: int) -> int:
+    """Most GPUs a job may reach when only its throughput curve bounds scale-out."""
+    return max(
+        requested,
+        curve_limit(lambda n: speedup_over_one(model, n, gpus_per_server), requested, total),
+    )
+
+
+def _new_record(idx: int, job: TraceJob, cfg: SimConfig, elastic: bool) -> JobRecord:
+    klass = NORMAL if job.priority is None else priority_class(job.priority)
+    if elastic:
+        model = job.model or "resnet50"
+        if cfg.max_scale > 0:
+            top = min(max(job.gpus, int(job.gpus * cfg.max_scale)), cfg.total_gpus)
+        else:
+            top = _curve_top(model, job.gpus, cfg.total_gpus, cfg.gpus_per_server)
+        low = max(1, math.ceil(job.gpus * cfg.min_fraction))
+        speed = speed_table(model, job.gpus, top, cfg.gpus_per_server)
+        rec = JobRecord(
+            job.id, idx, job.submit, job.gpus, job.duration,
+            tenant=job.tenant, model=job.model, min_gpus=low, max_gpus=top, speed=speed,
+            klass=klass,
+        )  # fmt: skip
+        rec.gain_ref = speedup_over_one(model, job.gpus, cfg.gpus_per_server)
+        return rec
+    return JobRecord(
+        job.id, idx, job.submit, job.gpus, job.duration,
+        tenant=job.tenant, model=job.model, klass=klass,
+    )  # fmt: skip
+
+
+def _placement_for(cfg: SimConfig) -> tuple[SimPlacement, Contention | None]:
+    """The placement ``cfg.placement`` names, and its contention model."""
+    return sim_placement(
+        cfg.placement,
+        cfg.total_gpus,
+        cfg.gpus_per_server,
+        cfg.fabric,
+        seed=cfg.seed,
+        reshape=cfg.reshape_reclaims,
+    )
+
+
+class Simulation:
+    """One replay of a trace through a policy core on a placement (see the module docstring).
+
+    Build it with what :func:`scheduler.simulator.simulate` takes, then call
+    :meth:`run` once.
+    """
+
+    # Slots: some fifty attributes are more than a shared-key instance dict holds, and the
+    # loop reads them at every event.
+    __slots__ = (
+        "acct",
+        "ageing",
+        "ai",
+        "arrival_s",
+        "blocker",
+        "by_count",
+        "caps_ending",
+        "cfg",
+        "comp",
+        "contention",
+        "core",
+        "deadlines",
+        "done",
+        "due_out",
+        "elastic",
+        "ended",
+        "fabric_aware",
+        "fair",
+        "first_costs",
+        "follow",
+        "growth",
+        "handing",
+        "held",
+        "leavers",
+        "leaving",
+        "limited",
+        "n_jobs",
+        "near_end",
+        "net",
+        "next_tick",
+        "oi",
+        "out_now",
+        "outages",
+        "own_max",
+        "pinned",
+        "pins_switching",
+        "placement",
+        "policy",
+        "records",
+        "release_s",
+        "releases",
+        "second_pass",
+        "seq",
+        "shared_cpu",
+        "shared_start",
+        "skipped",
+        "slow_area",
+        "slow_now",
+        "starting",
+        "switch_times",
+        "switching",
+        "tail",
+        "tails",
+        "tick",
+        "tracked",
+    )
+
+    def __init__(
+        self,
+        trace: Sequence[TraceJob],
+        policy: Policy,
+        cfg: SimConfig,
+        placement: SimPlacement | None = None,
+        contention: Contention | None = None,
+    ) -> None:
+        if placement is None:
+            placement, contention = _placement_for(cfg)
+        collective_for("", cfg.traffic)  # an unknown traffic model fails here, not mid-run
+        # Outages take GPUs off a vClos allocator (VClosBinder's, or a wrapper's that shows it).
+        self.blocker = getattr(placement, "allocator", None)
+        if cfg.outages and not (
+            isinstance(placement, CountOnly) or isinstance(self.blocker, VClosAllocator)
+        ):
+            raise ValueError(f"outages need the count or vclos placement, not {placement.name}")
+        self.cfg = cfg
+        self.policy = policy
+        self.placement = placement
+        self.contention = contention
+        self._init_core(trace, policy, cfg)
+        self._init_books(cfg)
+        self._init_outages(cfg)
+
+    def _init_core(self, trace: Sequence[TraceJob], policy: Policy, cfg: SimConfig) -> None:
+        """The policy's core, the job records, fair share and the accounting."""
+        self.core = core = policy.new_core(cfg.total_gpus)
+        core.ageing = policy.class_ageing_s
+        self.ageing = core.ageing is not None
+        self.elastic = cfg.elastic or bool(getattr(policy, "elastic", False))
+        self.records = [make_record(i, j, cfg, self.elastic) for i, j in enumerate(trace)]
+        self.n_jobs = len(self.records)
+        first = trace[0].submit if trace else 0.0
+        self.fabric_aware = self.placement.name != "count"
+        # Count placement never refuses and holds nothing: skip the calls.
+        self.by_count = isinstance(self.placement, CountOnly)
+        self.fair: FairShare | None = None
+        if cfg.tenant_weights:
+            self.fair = FairShare(cfg.tenant_weights, half_life_s=cfg.half_life, now=first)
+            core.fair_share = self.fair
+        self.acct = Accounting(
+            cfg, first, any(j.model for j in trace), self.fabric_aware, self.fair is not None
+        )
+        self.net = NetworkSpec(gpus_per_server=cfg.gpus_per_server)
+        if cfg.fabric is not None:
+            self.net = NetworkSpec(
+                gpus_per_server=cfg.gpus_per_server,
+                network_bytes_per_s=cfg.fabric.link_gbps * 1e9 / 8,
+            )
+        self.tick = cfg.tick
+        self.next_tick = first + self.tick if self.tick else math.inf
+        # Only a trace with failing programs or run-time limits pays for checking them.
+        self.limited = any(
+            r.fail_after is not None or r.max_runtime is not None for r in self.records
+        )
+
+    def _init_books(self, cfg: SimConfig) -> None:
+        """The loop's books: the heaps, the running jobs' GPUs, switches, leavers, start-ups."""
+        # Running jobs' GPUs in start order: the input of the contention model (and, with
+        # shared CPUs, the jobs to re-pace when the busy count changes).
+        self.held: dict[JobRecord, tuple[int, ...]] = {}
+        self.shared_cpu = bool(cfg.slot_slowdown)
+        self.tracked = self.contention is not None or self.shared_cpu
+        self.tail = cfg.cost.finish_s  # GPUs held after the last step
+        self.tails = cfg.cost.finish_by_job  # ... per job, where measured
+        self.first_costs = cfg.cost.has_first_start()
+        # Resizes in flight: job -> when its switch is done (only with switch times).
+        self.switching: dict[JobRecord, float] = {}
+        self.switch_times = cfg.cost.join_s > 0 or cfg.cost.leave_s > 0
+        self.leavers = cfg.leavers_busy and (self.shared_cpu or bool(cfg.start_slowdown))
+        self.follow = cfg.leave_follows_start and cfg.cost.leave_s > 0
+        self.near_end = cfg.grow_min_left_s
+        self.caps_ending = cfg.ending_caps_policy and self.near_end > 0
+        self.pins_switching = cfg.switching_pins_policy
+        self.second_pass = cfg.second_pass
+        self.own_max: dict[JobRecord, int] = {}  # cfg.ending_caps_policy: capped jobs' own max
+        self.comp: list[tuple[float, int, JobRecord, int]] = []
+        # Run-time limits of started jobs (a queued job can pass its limit too).
+        self.deadlines: list[tuple[float, int, JobRecord]] = []
+        self.seq = 0
+        self.ai = 0  # next trace job to arrive
+        self.skipped = 0
+        self.done = 0
+        # Elasticity against the placement: grows asked for and refused (no shape free),
+        # and elastic starts whose extras no shape fitted (started on their base size).
+        self.growth = {"grow_requests": 0, "grow_refused": 0, "start_extras_refused": 0}
+        self.ended: set[str] = set()  # jobs off their GPUs for good (an outage's holder)
+        # Scale-ins whose leavers still run (cfg.leavers_busy): job -> (switch done, slots).
+        self.leaving: dict[JobRecord, tuple[float, int]] = {}
+        # Scale-ins decided during a start-up, done after it (cfg.leave_follows_start).
+        self.pinned: set[JobRecord] = set()
+        # Ended jobs whose GPUs the control plane has not handed over yet (release_s):
+        # (when they are free, seq, job).
+        self.releases: list[tuple[float, int, JobRecord]] = []
+        self.release_s = cfg.release_s
+        self.arrival_s = cfg.arrival_s
+        self.handing = 0  # GPUs of those jobs: the count placement's books no longer hold them
+        # Per job, its communication slowdown integrated over the time it ran (contention
+        # models only): job id -> [slowdown x seconds, seconds]; running job -> (since, factor).
+        self.slow_area: dict[str, list[float]] = {}
+        self.slow_now: dict[JobRecord, tuple[float, float]] = {}
+        # Jobs in their first start -> the stretch its rest runs at (shared CPUs only).
+        self.starting: dict[JobRecord, float] = {}
+        self.shared_start = bool(cfg.start_slowdown)
+
+    def _init_outages(self, cfg: SimConfig) -> None:
+        """GPUs out of service (cfg.outages): due ones wait for a free GPU (and their holder's
+        end); the core's total counts those out."""
+        self.outages = sorted(cfg.outages, key=lambda o: o.at)
+        self.oi = 0
+        self.due_out: list[Outage] = []
+        self.out_now: list[tuple[float, int]] = []  # (until, GPU id or -1)
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        """Replay the whole trace; the results and figures."""
+        bar: Any = None
+        if self.cfg.progress:
+            from tqdm import tqdm  # optional: only a terminal run shows a progress bar
+
+            bar = tqdm(total=self.n_jobs, file=sys.stderr, unit="job", mininterval=0.5)
+        acct, fair, records, n_jobs = self.acct, self.fair, self.records, self.n_jobs
+        # The books below are only ever changed in place: the loop reads them through locals.
+        comp, deadlines, releases = self.comp, self.deadlines, self.releases
+        due_out, out_now = self.due_out, self.out_now
+        next_event, schedule = self._next_event, self._schedule
+        while self.ai < n_jobs or comp or deadlines or releases or due_out or out_now:
+            now = next_event()
+            if now == math.inf:
+                break  # nothing runs and nothing arrives: the rest can never be placed
+            acct.advance(now)
+            if fair is not None:  # usage up to now, from what each tenant held meanwhile
+                fair.advance(now, acct.tenant_held)
+            if now >= self.next_tick:
+                self._tick_after(now)
+            changed = False
+            if comp and comp[0][0] <= now:
+                changed = self._completions(now)
+            if self.leaving:
+                self._leavers_done(now)
+            if releases:
+                changed = self._handovers(now) or changed
+            if self.outages:
+                changed = self._take_out(now) or changed
+            if deadlines:
+                changed = self._deadlines(now) or changed
+            if self.ai < n_jobs and records[self.ai].submit + self.arrival_s <= now:
+                self._arrivals(now)
+            changed = schedule(now) or changed
+            if changed and self.starting:
+                self._restretch(now)
+            if changed and self.tracked:
+                acct.worst_slowdown = self._refresh_paces(now)
+            if now >= acct.next_sample:
+                acct.sample(now, self.core.waiting_count())
+            if bar is not None and self.done - bar.n >= 200:
+                bar.update(self.done - bar.n)
+        if bar is not None:
+            bar.update(self.done - bar.n)
+            bar.close()
+        return self._result()
+
+    def _next_event(self) -> float:
+        """When the next event is (inf: none); drops stale heap entries on the way."""
+        comp, deadlines = self.comp, self.deadlines
+        while comp and comp[0][2].version != comp[0][3]:
+            heappop(comp)
+        if deadlines:
+            while deadlines and (deadlines[0][2].end_time is not None or deadlines[0][2].running):
+                heappop(deadlines)  # done, or running: its completion entry holds the limit
+        t_comp = comp[0][0] if comp else math.inf
+        ai = self.ai
+        t_arr = self.records[ai].submit + self.arrival_s if ai < self.n_jobs else math.inf
+        core = self.core
+        wake = core.next_wakeup()
+        t_wake = wake if wake is not None else math.inf
+        if self.ageing:
+            aged = core.next_ageing()
+            if aged is not None and aged < t_wake:
+                t_wake = aged
+        now = min(t_comp, t_arr, t_wake, self.next_tick)
+        releases = self.releases
+        if releases and releases[0][0] < now:
+            now = releases[0][0]
+        if self.outages:
+            now = min(now, self._next_outage())
+        if deadlines and deadlines[0][0] < now:
+            now = deadlines[0][0]
+        if self.leaving:
+            now = min(now, min(until for until, _ in self.leaving.values()))
+        return now
+
+    def _tick_after(self, now: float) -> None:
+        """The tick due at ``now`` is taken: the next one (none once nothing runs or comes)."""
+        tick = self.tick
+        self.next_tick = (
+            now + tick
+            if tick and (self.acct.running or self.ai < self.n_jobs or self.releases)
+            else math.inf
+        )
+
+    # -- 1. completions, leavers, handovers, outages, deadlines ----------------------------
+
+    def _completions(self, now: float) -> bool:
+        """Jobs whose completion entry is due: done, failed or requeued; whether any was."""
+        comp = self.comp
+        changed = False
+        while comp and comp[0][0] <= now:
+            _, _, job, version = heappop(comp)
+            if job.version != version:
+                continue
+            job.settle(now)
+            changed = True
+            if self.limited and job.remaining > 1e-7 * max(1.0, job.duration):
+                self._cut_short(job, now)
+                continue
+            job.remaining = 0.0
+            self.done += 1
+            if self.release_s > 0:
+                self._hand_over(job, now)
+                continue
+            self.acct.finished(job, now)
+            self._stop(job, now)
+            job.end_time = now
+        return changed
+
+    def _cut_short(self, job: JobRecord, now: float) -> None:
+        """A running job ended before its work: its run-time limit, or its program failed
+        (requeued with its progress while restarts remain)."""
+        started = job.start_time if job.start_time is not None else now
+        limit = started + job.max_runtime if job.max_runtime is not None else math.inf
+        if now >= limit - 1e-9:
+            self.acct.ended_failed(job, now, "run-time limit reached")
+        elif job.restarts < job.max_restarts:
+            self.acct.requeued(job)
+            self._stop(job, now)
+            job.restarts += 1
+            job.alloc = 0
+            job.pace = 1.0
+            job.pending_since = now  # waits again: class ageing starts over
+            self.core.add(job, now)  # keeps its progress: resumes from its checkpoint
+            return
+        else:
+            self.acct.ended_failed(job, now, "program failed, no restarts left")
+        self._stop(job, now)
+        job.end_time = now
+        self.done += 1
+
+    def _stop(self, job: JobRecord, now: float) -> None:
+        """Take a running job off its GPUs and out of the core (it completed or failed)."""
+        self.core.remove(job, now)
+        self.placement.release(job.id)
+        self.held.pop(job, None)
+        self.switching.pop(job, None)
+        self.leaving.pop(job, None)
+        self.ended.add(job.id)
+        job.running = False
+        job.version += 1
+
+    def _hand_over(self, job: JobRecord, now: float) -> None:
+        """An ended job's GPUs stay its own for ``release_s`` (the policy still sees it run)."""
+        self.acct.finished(job, now)
+        self.handing += job.alloc
+        self.held.pop(job, None)  # no longer paced: it runs no more
+        self.leaving.pop(job, None)
+        self.switching[job] = now + self.release_s  # no decision resizes it meanwhile
+        job.version += 1
+        job.end_time = now
+        self.seq += 1
+        heappush(self.releases, (now + self.release_s, self.seq, job))
+
+    def _leavers_done(self, now: float) -> None:
+        """Scale-ins whose leavers have stopped: the CPUs are shared by fewer slots from now."""
+        leaving = self.leaving
+        gone = [job for job, (until, _) in leaving.items() if until <= now]
+        if gone:
+            for job in gone:
+                del leaving[job]
+            if self.starting:
+                self._restretch(now)
+            if self.tracked:
+                self.acct.worst_slowdown = self._refresh_paces(now)
+
+    def _handovers(self, now: float) -> bool:
+        """Ended jobs whose GPUs are handed over now leave the books; whether any did."""
+        releases = self.releases
+        changed = False
+        while releases and releases[0][0] <= now:
+            job = heappop(releases)[2]
+            self.handing -= job.alloc
+            self._stop(job, now)
+            changed = True
+        return changed
+
+    def _deadlines(self, now: float) -> bool:
+        """Queued jobs past their run-time limit end failed; whether any did."""
+        deadlines = self.deadlines
+        changed = False
+        while deadlines and deadlines[0][0] <= now:
+            job = heappop(deadlines)[2]
+            if job.end_time is None and not job.running:
+                self.core.remove(job, now)
+                self.acct.ended_failed(job, now, "run-time limit reached")
+                job.end_time = now
+                job.version += 1
+                self.done += 1
+                changed = True
+        return changed
+
+    def _take_out(self, now: float) -> bool:
+        """Start due outages on free GPUs and end lapsed ones; whether anything changed."""
+        moved = False
+        out_now, blocker = self.out_now, self.blocker
+        for until, gpu in [o for o in out_now if o[0] <= now]:
+            out_now.remove((until, gpu))
+            if gpu >= 0 and isinstance(blocker, VClosAllocator):
+                blocker.set_available([gpu])
+            moved = True
+        while self.oi < len(self.outages) and self.outages[self.oi].at <= now:
+            self.due_out.append(self.outages[self.oi])
+            self.oi += 1
+        for outage in list(self.due_out):
+            if outage.until <= now:
+                self.due_out.remove(outage)
+                continue
+            if outage.holder and outage.holder not in self.ended:
+                continue
+            gpu = -1
+            if isinstance(blocker, VClosAllocator):
+                free = [
+                    g
+                    for leaf in range(blocker.spec.leaves)
+                    for g in blocker.free_gpus_on_leaf(leaf)
+                ]
+                if not free:
+                    continue
+                gpu = outage.gpu if outage.gpu in free else min(free)
+                blocker.set_unavailable([gpu])
+            elif self.acct.used + self.handing + len(out_now) >= self.cfg.total_gpus:
+                continue
+            self.due_out.remove(outage)
+            out_now.append((outage.until, gpu))
+            moved = True
+        if moved:
+            self.core.total = self.cfg.total_gpus - len(out_now)
+        return moved
+
+    def _next_outage(self) -> float:
+        """When the next outage starts or ends (inf: none)."""
+        starts = self.outages[self.oi].at if self.oi < len(self.outages) else math.inf
+        ends = min((u for u, _ in self.out_now), default=math.inf)
+        return min(starts, ends)
+
+    # -- 2. arrivals -----------------------------------------------------------------------
+
+    def _arrivals(self, now: float) -> None:
+        """Trace jobs the policy sees by ``now`` join the core (or are skipped: no placement
+        could ever hold them)."""
+        records, n_jobs, arrival_s = self.records, self.n_jobs, self.arrival_s
+        ai = self.ai
+        while ai < n_jobs and records[ai].submit + arrival_s <= now:
+            if self.placement.admits(records[ai].requested):
+                self.core.add(records[ai], now)
+            else:
+                self.skipped += 1
+            ai += 1
+        self.ai = ai
+
+    # -- 3. one pass (and, after refusals, one more that goes around the refused jobs) -----
+
+    def _schedule(self, now: float) -> bool:
+        """The policy's pass at ``now``, placed; whether anything moved."""
+        core = self.core
+        if self.caps_ending:
+            self._cap_ending(now)
+        sizes = self._pin_switching(now) if self.pins_switching and self.switching else []
+        plan = core.decide(now)
+        for job, lo, hi in sizes:
+            job.min_gpus, job.max_gpus = lo, hi
+        fresh: list[JobRecord] = []  # first starts of this pass: start-up charged after it
+        changed = False
+        for retry in (False, True):
+            self.placement.begin_pass()
+            if not plan:
+                break
+            refused, moved = self._run_pass(plan, now, fresh)
+            changed = changed or moved
+            if not refused:
+                break
+            core.unplaced(refused, now)
+            core.note_refused(refused, now)
+            if retry or core.blocking or not self.second_pass:
+                break
+            plan = core.decide(now)
+        if fresh:
+            self._start_ups(now, fresh)
+        return changed
+
+    def _run_pass(self, plan: Plan, now: float, fresh: list[JobRecord]) -> tuple[Plan, bool]:
+        """Place each decision of ``plan`` (a pass begun); the refused ones, and whether
+        anything moved."""
+        refused: Plan = []
+        blocked = False
+        changed = False
+        checks = self.switch_times or self.near_end > 0 or self.release_s > 0
+        by_count = self.by_count
+        for job, n in plan:
+            if checks and self._runtime_refuses(job, n, now):
+                refused.append((job, n))
+                continue
+            gpus: tuple[int, ...] | None = ()
+            if n > 0 and not by_count and not (job.running and n == job.alloc):
+                n, gpus, blocked = self._place(job, n, blocked, refused)
+            if gpus is None:
+                continue
+            if self._apply(job, n, gpus, now, fresh):
+                changed = True
+        return refused, changed
+
+    def _runtime_refuses(self, job: JobRecord, n: int, now: float) -> bool:
+        """Whether the runtime refuses ``n`` GPUs for ``job`` before placement is asked: a
+        switch in flight or an end near, or (count placement) the GPUs are not free."""
+        if job.running and n != job.alloc and self._resize_refused(job, n, now):
+            return True
+        # Count placement holds no GPU ids: after a refused shrink the GPUs the plan
+        # counted on are still held, so check the count itself.
+        held_now = job.alloc if job.running else 0
+        return (
+            self.by_count
+            and n > held_now
+            and self.acct.used + self.handing + len(self.out_now) + n - held_now
+            > self.cfg.total_gpus
+        )
+
+    def _place(
+        self, job: JobRecord, n: int, blocked: bool, refused: Plan
+    ) -> tuple[int, tuple[int, ...] | None, bool]:
+        """Ask the placement for ``n`` GPUs: (the size placed, its GPU ids or None when
+        refused, whether later starts are blocked).  Refusals are added to ``refused``."""
+        placement = self.placement
+        gpus = None if blocked and not job.running else placement.place(job.id, n)
+        if job.running and n > job.alloc:
+            self.growth["grow_requests"] += 1
+            self.growth["grow_refused"] += gpus is None
+        if (
+            gpus is None
+            and not blocked
+            and not job.running
+            and 0 < job.base < n
+            and not self.cfg.refuse_whole_start
+        ):
+            # An elastic start with extras no shape fits: start on the base size alone;
+            # the core hears that the extras were refused.
+            self.growth["start_extras_refused"] += 1
+            refused.append((job, n))
+            n = job.base
+            return n, placement.place(job.id, n), blocked
+        if gpus is None:
+            refused.append((job, n))
+            return n, None, blocked or (self.core.blocking and not job.running)
+        return n, gpus, blocked
+
+    def _apply(
+        self, job: JobRecord, n: int, gpus: tuple[int, ...], now: float, fresh: list[JobRecord]
+    ) -> bool:
+        """Book a placed decision: preempt, resize or start ``job`` on ``n`` GPUs (``gpus``);
+        whether it changed anything."""
+        job.settle(now)
+        old = job.alloc if job.running else 0
+        resumed = not job.running and job.start_time is not None
+        job.version += 1
+        if n <= 0:
+            self._preempt(job, old)
+            return True
+        if job.running:
+            if n == old:
+                job.version -= 1
+                return False
+            self.acct.resized(job, old, n)
+        else:  # a start, or a restart after a preemption
+            self.acct.started(job, n)
+            job.attempt_start = now
+            if job.start_time is None:
+                self._first_start(job, now, fresh)
+        if self.tracked:
+            self.held[job] = gpus or ()
+        cost = self.cfg.cost
+        pause = cost.pause(old, n, resumed)
+        paused_from = now
+        if self.switch_times and old > 0:
+            pause, paused_from = self._switch(job, old, n, now, pause)
+        job.alloc = n
+        job.running = True
+        if pause > 0 and paused_from + pause > job.resume_at:
+            job.resume_at = paused_from + pause
+        self._push(job)
+        return True
+
+    def _preempt(self, job: JobRecord, old: int) -> None:
+        """The policy took every GPU from ``job`` (it held ``old``)."""
+        self.acct.preempted(job, old, job.running)
+        self.placement.release(job.id)
+        self.held.pop(job, None)
+        self.leaving.pop(job, None)
+        job.running = False
+        job.alloc = 0
+        job.pace = 1.0
+
+    def _first_start(self, job: JobRecord, now: float, fresh: list[JobRecord]) -> None:
+        """A job starts for the first time: its start-up (``fresh``) and run-time limit."""
+        job.start_time = now
+        if self.first_costs:
+            fresh.append(job)
+        if job.max_runtime is not None:
+            heappush(self.deadlines, (now + job.max_runtime, job.idx, job))
+
+    def _switch(
+        self, job: JobRecord, old: int, n: int, now: float, pause: float
+    ) -> tuple[float, float]:
+        """A resize with switch times: book the switch in flight (and its leavers); the
+        pause, with a scale-out's join cost, and when it starts."""
+        cost = self.cfg.cost
+        trains_from = max(now, job.resume_at)
+        switched = cost.switch_end(now, trains_from, old, n)
+        self.switching[job] = switched
+        if self.follow and n < old and trains_from > now:
+            self.pinned.add(job)
+        if self.leavers and n < old and switched > now:
+            _, still = self.leaving.get(job, (0.0, 0))
+            self.leaving[job] = (switched, still + old - n)
+        if old < n:
+            # The switch's cost comes after a start-up still in progress.
+            pause += cost.join_pause(
+                job.progress_rate(old), job.progress_rate(n), switched - trains_from
+            )
+            return pause, trains_from
+        return pause, now
+
+    def _start_ups(self, now: float, fresh: list[JobRecord]) -> None:
+        """Start-up: no progress for the workload's first-start cost, stretched as the CPUs
+        are shared once this pass's changes are in."""
+        cfg = self.cfg
+        stretch = cfg.start_factor(self._cpu_busy(now))
+        for job in fresh:
+            if job.running:
+                job.resume_at = max(
+                    job.resume_at, now + cfg.cost.first_start(job.model, job.id) * stretch
+                )
+                job.version += 1
+                self._push(job)
+                if self.shared_start:
+                    self.starting[job] = stretch
+
+    # -- what the runtime, not the policy, decides -----------------------------------------
+
+    def _ends_soon(self, job: JobRecord, now: float) -> bool:
+        """Whether a running job past its start-up ends within ``near_end`` at its rate now."""
+        if self.near_end <= 0 or now < job.resume_at:
+            return False
+        job.settle(now)
+        return job.remaining < self.near_end * job.progress_rate(job.alloc) * job.pace
+
+    def _resize_refused(self, job: JobRecord, n: int, now: float) -> bool:
+        """Whether the runtime, not the policy, owns this running job's size now."""
+        if self.switching and self.switching.get(job, -math.inf) > now:
+            return True  # a switch in flight, or an ended job not handed over yet
+        return n > job.alloc and self._ends_soon(job, now)
+
+    def _cap_ending(self, now: float) -> None:
+        """Show the policy each job about to end capped at its size, as the live snapshot does."""
+        own_max = self.own_max
+        for job in list(own_max):
+            if not job.running:
+                job.max_gpus = own_max.pop(job)
+        for job in self.records[: self.ai]:
+            if not job.running:
+                continue
+            mine = own_max.get(job, job.max_gpus)
+            if self._ends_soon(job, now):
+                own_max[job] = mine
+                job.max_gpus = min(mine, job.alloc)
+            elif job in own_max:
+                job.max_gpus = own_max.pop(job)
+
+    def _pin_switching(self, now: float) -> list[tuple[JobRecord, int, int]]:
+        """Pin each job with a switch in flight at its size; what to restore after the pass."""
+        sizes = []
+        for job, until in self.switching.items():
+            if until > now and job.running and job.end_time is None:
+                sizes.append((job, job.min_gpus, job.max_gpus))
+                job.min_gpus = job.max_gpus = job.alloc
+        return sizes
+
+    # -- completion times: the heap, start-ups, paces --------------------------------------
+
+    def _push(self, job: JobRecord) -> None:
+        """Put ``job``'s completion (or failure, or run-time limit) on the heap."""
+        self.seq += 1
+        tails = self.tails
+        end = tails.get(job.id, self.tail) if tails else self.tail
+        if not self.limited:
+            heappush(self.comp, (job.finish_time(end), self.seq, job, job.version))
+            return
+        when = job.finish_time(end)
+        if job.fail_after is not None and job.attempt_start + job.fail_after < when:
+            when = job.attempt_start + job.fail_after
+        if job.max_runtime is not None and job.start_time is not None:
+            when = min(when, job.start_time + job.max_runtime)
+        heappush(self.comp, (when, self.seq, job, job.version))
+
+    def _cpu_busy(self, now: float) -> int:
+        """Busy slots as the CPUs see them: the held GPUs and the leavers still running."""
+        return self.acct.used + sum(n for until, n in self.leaving.values() if until > now)
+
+    def _restretch(self, now: float) -> None:
+        """Start-ups in progress go on at the stretch of the busy slots from now on."""
+        stretch = self.cfg.start_factor(self._cpu_busy(now))
+        starting = self.starting
+        for job, was in list(starting.items()):
+            if not job.running or now >= job.resume_at:
+                del starting[job]
+                self.pinned.discard(job)
+            elif stretch != was:
+                job.resume_at = now + (job.resume_at - now) / was * stretch
+                starting[job] = stretch
+                job.version += 1
+                self._push(job)
+                if job in self.pinned:
+                    # Its scale-in is done leave_s after the start-up, as it ends now.
+                    self.switching[job] = job.resume_at + self.cfg.cost.leave_s
+                    if job in self.leaving:
+                        self.leaving[job] = (self.switching[job], self.leaving[job][1])
+
+    def _refresh_paces(self, now: float) -> float:
+        """Re-pace every running job after a change; returns the worst slowdown."""
+        cpu = self.cfg.slot_factor(self._cpu_busy(now))
+        held, contention = self.held, self.contention
+        if contention is None:
+            target = 1.0 / cpu  # shared CPUs only: one pace for every running job
+            for job in held:
+                if job.pace != target:
+                    job.settle(now)
+                    job.pace = target
+                    job.version += 1
+                    self._push(job)
+            return 1.0
+        if not held:
+            self._book_slowdowns(now, {})
+            return 1.0
+        multi = [(job, gpus) for job, gpus in held.items() if len(gpus) > 1]
+        patterns = [collective_for(job.model, self.cfg.traffic) for job, _ in multi]
+        slow = contention.slowdowns([gpus for _, gpus in multi], patterns) if multi else ()
+        factor = {job: s for (job, _), s in zip(multi, slow, strict=True)}
+        self._book_slowdowns(now, factor)
+        for job, gpus in held.items():
+            s = factor.get(job, 1.0)
+            model = get_model(job.model or "resnet50")
+            pace = contention_pace(model, len(gpus), self.net, s) / cpu
+            if pace != job.pace:
+                job.settle(now)
+                job.pace = pace
+                job.version += 1
+                self._push(job)
+        return max(slow, default=1.0)
+
+    def _book_slowdowns(self, now: float, factor: Mapping[JobRecord, float]) -> None:
+        """Integrate each running job's slowdown up to ``now``; from now on, ``factor``'s."""
+        for job, (since, f) in self.slow_now.items():
+            acc = self.slow_area.setdefault(job.id, [0.0, 0.0])
+            acc[0] += f * (now - since)
+            acc[1] += now - since
+        self.slow_now.clear()
+        for job in self.held:
+            self.slow_now[job] = (now, factor.get(job, 1.0))
+
+    # -- the end ---------------------------------------------------------------------------
+
+    def _result(self) -> SimResult:
+        """The summary (with the placement's figures) and the results."""
+        acct = self.acct
+        summary = acct.summary(
+            unfinished=self.n_jobs - self.skipped - len(acct.results) - len(acct.failed)
+        )
+        policy, placement = self.policy, self.placement
+        name = policy.name if not self.fabric_aware else f"{policy.name}+{placement.name}"
+        summary["policy"] = name
+        if self.fabric_aware:
+            summary["skipped"] = self.skipped
+            slow = acct.series["slowdown"]
+            summary["mean_max_slowdown"] = round(statistics.fmean(slow), 4) if slow else 1.0
+            if self.elastic:
+                summary.update(self.growth)
+            if self.contention is not None:
+                summary["job_slowdown"] = distribution(
+                    [a / t for a, t in self.slow_area.values() if t > 0]
+                )
+        return SimResult(name, tuple(acct.results), acct.series, summary, tuple(acct.failed))
