@@ -149,7 +149,8 @@ def _tenant_weights(text: str) -> dict[str, float]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _trace_arguments(p: argparse.ArgumentParser) -> None:
+    """The trace to replay: its file and format, and which of its jobs to keep."""
     p.add_argument("--trace", type=Path, help="trace file (not needed for synthetic formats)")
     p.add_argument(
         "--trace-format",
@@ -165,10 +166,18 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--duration-scale", type=float, default=1.0, help="multiply durations (x10 runs)"
     )
+
+
+def _cluster_arguments(p: argparse.ArgumentParser) -> None:
+    """The simulated cluster: its size, fabric leaves and placement."""
     p.add_argument("--servers", type=_positive_int, required=True)
     p.add_argument("--gpus-per-server", type=_positive_int, required=True)
     p.add_argument("--leaves", type=_positive_int, default=1)
     p.add_argument("--placement", choices=PLACEMENTS, default="count")
+
+
+def _policy_arguments(p: argparse.ArgumentParser) -> None:
+    """The policy's parameters (Tiresias's queues, elastic scale-out) and the scaling cost."""
     p.add_argument("--queue-thresholds", type=_thresholds, help="GPU-seconds, e.g. 3250,7200")
     p.add_argument(
         "--tiresias-compat",
@@ -198,6 +207,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost", choices=("free", "stop-free", "stop-resume"), default="free")
     p.add_argument("--tick", type=float, help="also schedule every TICK seconds")
     p.add_argument("--seed", type=int, default=0)
+
+
+def _synthetic_arguments(p: argparse.ArgumentParser) -> None:
+    """The synthetic traces: how many jobs, their sizes and the offered load."""
     p.add_argument("--jobs", type=_positive_int, default=1000, help="poisson: number of jobs")
     p.add_argument(
         "--sizes",
@@ -210,6 +223,10 @@ def _common(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="edl-synthetic: durations from 10 min to 2 h, not all 1 h",
     )
+
+
+def _class_and_share_arguments(p: argparse.ArgumentParser) -> None:
+    """Priority classes (their share and ageing) and tenant fair share."""
     p.add_argument(
         "--priority-share",
         type=_priority_share,
@@ -235,6 +252,10 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=FAIR_SHARE_HALF_LIFE,
         help="fair share: usage half-life in seconds (default 7 days)",
     )
+
+
+def _output_arguments(p: argparse.ArgumentParser) -> None:
+    """What the run writes: the time series step, JSON, the report and the CSVs."""
     p.add_argument("--sample-every", type=float, default=60.0, help="time series step, seconds")
     p.add_argument("--on-error", choices=("skip", "fail"), default="skip")
     p.add_argument("--json", action="store_true", help="print JSON only (no progress bar)")
@@ -243,6 +264,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--series-csv", type=Path, help="write the time series (busy, efficiency, queue) as CSV"
     )
+
+
+def _fabric_arguments(p: argparse.ArgumentParser) -> None:
+    """Fabric traffic, the Philly mapping of the vClos studies and the vClos binding."""
     # Fabric traffic and the Philly mapping of the vClos studies (issue 17).
     p.add_argument(
         "--min-gpus", type=_positive_int, default=1, help="philly: keep jobs of at least this many"
@@ -268,6 +293,17 @@ def _common(p: argparse.ArgumentParser) -> None:
         "then fits no shape (the binding before 2026-12-04); by default that start is placed "
         "first and the shrunk jobs go back around it",
     )
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    """The arguments ``simulate`` and ``compare`` share, in the order ``--help`` lists them."""
+    _trace_arguments(p)
+    _cluster_arguments(p)
+    _policy_arguments(p)
+    _synthetic_arguments(p)
+    _class_and_share_arguments(p)
+    _output_arguments(p)
+    _fabric_arguments(p)
 
 
 def build_parser() -> argparse.ArgumentParser:

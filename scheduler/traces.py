@@ -16,7 +16,7 @@ import csv
 import math
 import os
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -161,6 +161,70 @@ def _parse_date(text: str) -> datetime:
     return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
+def _philly_rows(
+    p: Path,
+    reader: Iterator[list[str]],
+    *,
+    lo: datetime | None,
+    hi: datetime | None,
+    vc: str | None,
+    min_gpus: int,
+    gpu_scale: int,
+    max_gpus: int | None,
+    on_error: str,
+    skipped: dict[str, int],
+) -> list[tuple[float, int, int, float, str]]:
+    """The rows of the Philly CSV ``p`` that :func:`load_philly` keeps, in file order:
+    (submit timestamp, line, GPUs, duration, cluster).  Bad rows are counted in ``skipped``
+    (or raise, ``on_error="fail"``)."""
+    rows: list[tuple[float, int, int, float, str]] = []
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    header = next(reader, None)
+    _require(header, ("timestamp", "duration", "num_gpus", "cluster"), p)
+    assert header is not None
+    i_ts, i_dur = header.index("timestamp"), header.index("duration")
+    i_gpu, i_vc = header.index("num_gpus"), header.index("cluster")
+    cache: dict[str, float] = {}
+    for line, row in enumerate(reader, start=2):
+        if not row:
+            continue  # blank line (the file ends with one)
+        try:
+            ts_text = row[i_ts]
+            ts = cache.get(ts_text)
+            if ts is None:
+                dt = datetime.fromisoformat(ts_text)
+                if dt.tzinfo is None:
+                    dt = dt.replace(tzinfo=UTC)
+                ts = (dt - epoch).total_seconds()
+                cache[ts_text] = ts
+            duration = float(row[i_dur])
+            gpus = int(float(row[i_gpu]))
+            cluster = row[i_vc]
+        except (IndexError, ValueError):
+            _bad("unparsable row", skipped, on_error, f"{p}:{line}")
+            continue
+        if vc is not None and cluster != vc:
+            continue
+        if lo is not None and ts < (lo - epoch).total_seconds():
+            continue
+        if hi is not None and ts >= (hi - epoch).total_seconds():
+            continue
+        if not math.isfinite(duration) or duration < 0:
+            _bad("negative duration", skipped, on_error, f"{p}:{line}")
+            continue
+        if gpus <= 0:
+            _bad("no GPUs requested", skipped, on_error, f"{p}:{line}")
+            continue
+        if gpus < min_gpus:
+            continue
+        gpus *= gpu_scale
+        if max_gpus is not None and gpus > max_gpus:
+            _bad("larger than the cluster", skipped, on_error, f"{p}:{line}")
+            continue
+        rows.append((ts, line, gpus, duration, cluster))
+    return rows
+
+
 def load_philly(
     path: Path | str,
     *,
@@ -193,54 +257,20 @@ def load_philly(
         handle = p.open(newline="")
     except OSError as exc:
         raise TraceError(f"{p}: cannot open ({exc.strerror})") from exc
-    rows: list[tuple[float, int, int, float, str]] = []
     skipped: dict[str, int] = {}
-    epoch = datetime(1970, 1, 1, tzinfo=UTC)
     with handle:
-        reader = csv.reader(handle)
-        header = next(reader, None)
-        _require(header, ("timestamp", "duration", "num_gpus", "cluster"), p)
-        assert header is not None
-        i_ts, i_dur = header.index("timestamp"), header.index("duration")
-        i_gpu, i_vc = header.index("num_gpus"), header.index("cluster")
-        cache: dict[str, float] = {}
-        for line, row in enumerate(reader, start=2):
-            if not row:
-                continue  # blank line (the file ends with one)
-            try:
-                ts_text = row[i_ts]
-                ts = cache.get(ts_text)
-                if ts is None:
-                    dt = datetime.fromisoformat(ts_text)
-                    if dt.tzinfo is None:
-                        dt = dt.replace(tzinfo=UTC)
-                    ts = (dt - epoch).total_seconds()
-                    cache[ts_text] = ts
-                duration = float(row[i_dur])
-                gpus = int(float(row[i_gpu]))
-                cluster = row[i_vc]
-            except (IndexError, ValueError):
-                _bad("unparsable row", skipped, on_error, f"{p}:{line}")
-                continue
-            if vc is not None and cluster != vc:
-                continue
-            if lo is not None and ts < (lo - epoch).total_seconds():
-                continue
-            if hi is not None and ts >= (hi - epoch).total_seconds():
-                continue
-            if not math.isfinite(duration) or duration < 0:
-                _bad("negative duration", skipped, on_error, f"{p}:{line}")
-                continue
-            if gpus <= 0:
-                _bad("no GPUs requested", skipped, on_error, f"{p}:{line}")
-                continue
-            if gpus < min_gpus:
-                continue
-            gpus *= gpu_scale
-            if max_gpus is not None and gpus > max_gpus:
-                _bad("larger than the cluster", skipped, on_error, f"{p}:{line}")
-                continue
-            rows.append((ts, line, gpus, duration, cluster))
+        rows = _philly_rows(
+            p,
+            csv.reader(handle),
+            lo=lo,
+            hi=hi,
+            vc=vc,
+            min_gpus=min_gpus,
+            gpu_scale=gpu_scale,
+            max_gpus=max_gpus,
+            on_error=on_error,
+            skipped=skipped,
+        )
     rows.sort()
     rng = random.Random(seed)
     t0 = rows[0][0] if rows else 0.0

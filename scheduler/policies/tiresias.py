@@ -45,6 +45,7 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 
+from scheduler.fairshare import FairShare
 from scheduler.policies.base import Plan, Policy, PolicyCore, fair_order, push_all
 from scheduler.priority import CLASSES
 from scheduler.records import JobRecord
@@ -359,18 +360,7 @@ class TiresiasCore(PolicyCore):
             # 2. pending jobs of this queue, first fit
             started: list[JobRecord] = []
             if q.pending and free > 0 and fs is not None and fs.active(j.tenant for j in q.pending):
-                # fair share: tenants below their share first, queue order among equals
-                for job in fair_order(q.pending, fs):
-                    if free <= 0:
-                        break
-                    size = self.fit_size(job, free) if not (skip and job in skip) else 0
-                    if size:
-                        free -= size
-                        job.base = size
-                        started.append(job)
-                if started:
-                    gone = set(started)
-                    q.pending = [j for j in q.pending if j not in gone]
+                free = self._fair_first_fit(q, free, skip, fs, started)
             elif q.pending and free > 0:
                 kept: list[JobRecord] = []
                 pending = q.pending
@@ -419,6 +409,30 @@ class TiresiasCore(PolicyCore):
         for job, n in starts:
             self._started(job, now, n)
         return preempts + starts
+
+    def _fair_first_fit(
+        self,
+        q: _Queue,
+        free: int,
+        skip: set[JobRecord] | None,
+        fs: FairShare,
+        started: list[JobRecord],
+    ) -> int:
+        """First fit over ``q``'s pending jobs with fair share on: tenants below their share
+        first, queue order among equals.  The jobs started join ``started`` and leave the
+        queue; returns the GPUs left."""
+        for job in fair_order(q.pending, fs):
+            if free <= 0:
+                break
+            size = self.fit_size(job, free) if not (skip and job in skip) else 0
+            if size:
+                free -= size
+                job.base = size
+                started.append(job)
+        if started:
+            gone = set(started)
+            q.pending = [j for j in q.pending if j not in gone]
+        return free
 
     def _next_check(self, now: float) -> float | None:
         last = len(self.limits)
