@@ -389,7 +389,7 @@ def _started(job: Job, report: Started) -> str:
         record(job, EventKind.NOTE, _at(report), reason=f"{report.node}: {used.describe()}",
                data=data)  # fmt: skip
         job.environment_used = data
-        Job.objects.filter(pk=job.pk).update(environment_used=data)
+        save_fields(job, "environment_used")
     return program_exits.on_started(job, report, _at(report))
 
 

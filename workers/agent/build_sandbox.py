@@ -31,6 +31,7 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -150,11 +151,11 @@ class SandboxedBuilds:
         return out
 
     def _door_dir(self) -> Path:
-        """A fresh directory of the agent's for the proxy's socket (hidden from programs)."""
-        doors = self.config.environment_settings().root / ".doors"
-        doors.mkdir(parents=True, exist_ok=True)
-        door = doors / uuid.uuid4().hex[:12]
-        door.mkdir(mode=0o711)
+        """A fresh directory of the agent's for the proxy's socket, under the system's
+        temporary directory: a Unix socket's path must stay short (108 bytes), whatever
+        ``ENVIRONMENT_CACHE_DIR`` is; programs never see it (their ``/tmp`` is their own)."""
+        door = Path(tempfile.mkdtemp(prefix="portal-build-"))
+        os.chmod(door, 0o711)
         return door
 
     def _sandboxed(
