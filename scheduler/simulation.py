@@ -3,24 +3,24 @@
 :func:`scheduler.simulator.simulate` builds one and calls :meth:`Simulation.run`::
 
     run()
-     └─ while anything can still happen:
-         _next_event()          min(completion heap, next arrival, policy wake-up, tick,
-                                    a handover, an outage, a deadline, leavers done)
-         advance                accounting and fair share integrate up to now; next tick
-         _completions(now)      done -> finished (or handed over, release_s); program
-                                    failed -> requeued or failed; run-time limit -> failed
-         _leavers_done(now)     scale-ins whose leavers stopped: CPUs shared by fewer
-         _handovers(now)        ended jobs' GPUs handed over: off the books
-         _take_out(now)         outages start on free GPUs and end
-         _deadlines(now)        queued jobs past their run-time limit: failed
-         _arrivals(now)         trace jobs the policy sees now: core.add (or skipped)
-         _schedule(now)         one pass (a second around refusals): core.decide ->
-          ├─ _run_pass             each (job, n): _runtime_refuses / _place / _apply
-          │   └─ _apply               preempt, resize (_switch) or start; completion pushed
-          └─ _start_ups            first starts: no progress for their start-up
-         _restretch / _refresh_paces   after a change: start-ups and paces follow the
-                                    busy slots and the links' contention
-         sample, progress bar
+     ├─ while _next_event()     min(completion heap, next arrival, policy wake-up, tick,
+     │     is not inf:              a handover, an outage, a deadline, leavers done)
+     │   _handle(now)           what happens at now, in this order:
+     │    ├─ advance               accounting and fair share up to now; the next tick
+     │    ├─ _completions          done -> finished (or handed over, release_s); program
+     │    │                           failed -> requeued or failed; run-time limit -> failed
+     │    ├─ _leavers_done         scale-ins whose leavers stopped: CPUs shared by fewer
+     │    ├─ _handovers            ended jobs' GPUs handed over: off the books
+     │    ├─ _take_out             outages start on free GPUs and end
+     │    ├─ _deadlines            queued jobs past their run-time limit: failed
+     │    ├─ _arrivals             trace jobs the policy sees now: core.add (or skipped)
+     │    ├─ _schedule             one pass (a second around refusals): core.decide ->
+     │    │   ├─ _run_pass            each (job, n): _runtime_refuses / _place / _apply
+     │    │   │   └─ _apply              preempt, resize (_switch) or start; completion pushed
+     │    │   └─ _start_ups           first starts: no progress for their start-up
+     │    ├─ _restretch / _refresh_paces   after a change: start-ups and paces follow
+     │    │                           the busy slots and the links' contention
+     │    └─ sample                the time series
      └─ _result()               the summary and :class:`~scheduler.sim_accounting.SimResult`
 
 The state the event methods share lives on the instance; each method says
@@ -303,40 +303,11 @@ class Simulation:
             from tqdm import tqdm  # optional: only a terminal run shows a progress bar
 
             bar = tqdm(total=self.n_jobs, file=sys.stderr, unit="job", mininterval=0.5)
-        acct, fair, records, n_jobs = self.acct, self.fair, self.records, self.n_jobs
-        # The books below are only ever changed in place: the loop reads them through locals.
-        comp, deadlines, releases = self.comp, self.deadlines, self.releases
-        due_out, out_now = self.due_out, self.out_now
-        next_event, schedule = self._next_event, self._schedule
-        while self.ai < n_jobs or comp or deadlines or releases or due_out or out_now:
-            now = next_event()
-            if now == math.inf:
-                break  # nothing runs and nothing arrives: the rest can never be placed
-            acct.advance(now)
-            if fair is not None:  # usage up to now, from what each tenant held meanwhile
-                fair.advance(now, acct.tenant_held)
-            if now >= self.next_tick:
-                self._tick_after(now)
-            changed = False
-            if comp and comp[0][0] <= now:
-                changed = self._completions(now)
-            if self.leaving:
-                self._leavers_done(now)
-            if releases:
-                changed = self._handovers(now) or changed
-            if self.outages:
-                changed = self._take_out(now) or changed
-            if deadlines:
-                changed = self._deadlines(now) or changed
-            if self.ai < n_jobs and records[self.ai].submit + self.arrival_s <= now:
-                self._arrivals(now)
-            changed = schedule(now) or changed
-            if changed and self.starting:
-                self._restretch(now)
-            if changed and self.tracked:
-                acct.worst_slowdown = self._refresh_paces(now)
-            if now >= acct.next_sample:
-                acct.sample(now, self.core.waiting_count())
+        # This frame runs once, so CPython never specializes its bytecode: the loop only
+        # calls the per-event methods (which are), bound once.
+        next_event, handle = self._next_event, self._handle
+        while (now := next_event()) != math.inf:
+            handle(now)
             if bar is not None and self.done - bar.n >= 200:
                 bar.update(self.done - bar.n)
         if bar is not None:
@@ -344,9 +315,50 @@ class Simulation:
             bar.close()
         return self._result()
 
+    def _handle(self, now: float) -> None:
+        """Everything that happens at ``now``, in the Tiresias simulator's order: completions
+        release GPUs, arrivals join, then one scheduling pass."""
+        acct, comp = self.acct, self.comp
+        acct.advance(now)
+        if self.fair is not None:  # usage up to now, from what each tenant held meanwhile
+            self.fair.advance(now, acct.tenant_held)
+        if now >= self.next_tick:
+            self._tick_after(now)
+        changed = False
+        if comp and comp[0][0] <= now:
+            changed = self._completions(now)
+        if self.leaving:
+            self._leavers_done(now)
+        if self.releases:
+            changed = self._handovers(now) or changed
+        if self.outages:
+            changed = self._take_out(now) or changed
+        if self.deadlines:
+            changed = self._deadlines(now) or changed
+        if self.ai < self.n_jobs and self.records[self.ai].submit + self.arrival_s <= now:
+            self._arrivals(now)
+        changed = self._schedule(now) or changed
+        if changed and self.starting:
+            self._restretch(now)
+        if changed and self.tracked:
+            acct.worst_slowdown = self._refresh_paces(now)
+        if now >= acct.next_sample:
+            acct.sample(now, self.core.waiting_count())
+
     def _next_event(self) -> float:
-        """When the next event is (inf: none); drops stale heap entries on the way."""
+        """When the next event is; inf once nothing is left to arrive, run, hand over or take
+        out, or what is left can never be placed (nothing runs and nothing arrives).  Drops
+        stale heap entries on the way."""
         comp, deadlines = self.comp, self.deadlines
+        if not (
+            self.ai < self.n_jobs
+            or comp
+            or deadlines
+            or self.releases
+            or self.due_out
+            or self.out_now
+        ):
+            return math.inf
         while comp and comp[0][2].version != comp[0][3]:
             heappop(comp)
         if deadlines:
