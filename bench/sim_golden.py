@@ -23,15 +23,18 @@ under every model of its ablation (each fidelity flag on and off, the control
 plane's delays, suspect GPUs, fixed costs, measured curves) and with its traced
 placement (``--timeline``); the latest run's full model again with each boolean
 ``SimConfig`` flag flipped, on the count placement, and with a progress bar;
-and ``portal.whatif.compare`` (with Django's test settings; skipped with
-``--no-django``).
+``bench/forecast_accuracy.py``'s replay; and
+``portal.whatif.compare`` (with Django's test settings; skipped with
+``--no-django``).  ``scheduler.forecast`` itself does not call the simulator.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import sys
@@ -354,6 +357,37 @@ def whatif_cases() -> Iterator[Case]:
     yield "whatif/compare", run
 
 
+def forecast_cases() -> Iterator[Case]:
+    """``bench/forecast_accuracy.py``: the replay it predicts against (its policy watches the
+    core mid-run).  Its accuracy figures are left out: they follow ``scheduler.forecast``."""
+    from bench import forecast_accuracy as fa
+
+    # 60_job.csv only: its Philly mode forecasts for minutes.
+    yield "forecast_accuracy/60_job", _forecast(fa, ["--scale", "10", "--gpus", "8"])
+
+
+def _forecast(fa: Any, argv: list[str]) -> Callable[[], Any]:
+    def run() -> Any:
+        calls: list[Any] = []
+        original = fa.simulate
+
+        def recorded(*args: Any, **kwargs: Any) -> SimResult:
+            result = original(*args, **kwargs)
+            calls.append(result)
+            return result
+
+        out = io.StringIO()
+        fa.simulate, sys.argv = recorded, ["forecast_accuracy.py", *argv]
+        try:
+            with contextlib.redirect_stdout(out):
+                fa.main()
+        finally:
+            fa.simulate, sys.argv = original, [sys.argv[0]]
+        return [result_json(r) for r in calls]
+
+    return run
+
+
 def progress_cases() -> Iterator[Case]:
     """A run with the progress bar on (it draws on stderr; the figures must not move)."""
     trace = philly_slice(jobs=150)
@@ -368,6 +402,7 @@ def all_cases(django: bool) -> Iterator[Case]:
     yield from fabric_cases()
     yield from replay_cases()
     yield from flag_cases()
+    yield from forecast_cases()
     yield from progress_cases()
     if django:
         yield from whatif_cases()
