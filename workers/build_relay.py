@@ -10,7 +10,8 @@ the command given after ``--`` and exits with its status::
 
 It runs as the build's own uid, inside the sandbox: it grants nothing the
 proxy does not.  Standard library only (it runs as a script, off the
-portal's import path).
+portal's import path); the agent's proxy (``workers.agent.index_proxy``)
+uses its ``relay`` too.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import threading
 CHUNK = 1 << 16
 
 
-def _pump(source: socket.socket, sink: socket.socket) -> None:
+def pump(source: socket.socket, sink: socket.socket) -> None:
+    """Copy ``source`` to ``sink`` until ``source`` closes, then close ``sink``'s sending side."""
     try:
         while data := source.recv(CHUNK):
             sink.sendall(data)
@@ -35,16 +37,21 @@ def _pump(source: socket.socket, sink: socket.socket) -> None:
             sink.shutdown(socket.SHUT_WR)
 
 
+def relay(a: socket.socket, b: socket.socket) -> None:
+    """Copy both ways between ``a`` and ``b`` until both directions have ended."""
+    back = threading.Thread(target=pump, args=(b, a), daemon=True)
+    back.start()
+    pump(a, b)
+    back.join()
+
+
 def _carry(client: socket.socket, path: str) -> None:
     with client, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as upstream:
         try:
             upstream.connect(path)
         except OSError:
             return
-        back = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
-        back.start()
-        _pump(client, upstream)
-        back.join()
+        relay(client, upstream)
 
 
 def _listen(listener: socket.socket, path: str) -> None:

@@ -489,17 +489,15 @@ def assemble_snapshot(
         if tenant.profile_jobs and not row.profile_state and lo < hi and len(held) == hi:
             profile_candidates.append(job_id)
         used = in_use.get(row.tenant_id, 0)
+        book.quota[tenant.slug] = tenant.gpu_quota  # the quota check and the quota step read it
+        book.in_use[tenant.slug] = used
         if state == JobState.QUEUED and used + lo > tenant.gpu_quota:
             held_back[job_id] = (
                 f"tenant {tenant.slug} holds {used} of its {tenant.gpu_quota}-GPU quota"
             )
             blocked.append(Blocked(runtime_job_name(job_id), tenant.slug, row.priority, lo))
-            book.quota[tenant.slug] = tenant.gpu_quota  # the quota step reads the tenant's use
-            book.in_use[tenant.slug] = used
             continue
-        book.quota[tenant.slug] = tenant.gpu_quota
         weights[tenant.slug] = tenant.priority_weight
-        book.in_use[tenant.slug] = used
         if held and job_id in about_to_end:
             hi = len(held)  # a newcomer would join a job about to end: no growth
         if view is None or view.max_gpus != hi:

@@ -36,6 +36,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from workers.agent import limits, seccomp
 from workers.agent.config import REPO_ROOT, AgentConfig
@@ -141,12 +142,8 @@ class SandboxedBuilds:
         settings = self.config.environment_settings()
         out = []
         for location in (settings.find_links, settings.index_url, *settings.extra_index_urls):
-            path = (
-                location.removeprefix("file://")
-                if "://" not in location or (location.startswith("file://"))
-                else ""
-            )
-            if path and Path(path).is_dir():
+            path = location.removeprefix("file://")
+            if path and "://" not in path and Path(path).is_dir():
                 out.append(Path(path).resolve())
         return out
 
@@ -270,12 +267,9 @@ def _end(popen: subprocess.Popen[bytes], cgroups: Mapping[str, Path]) -> None:
 
 
 def _upstream_proxy(environ: Mapping[str, str]) -> str | None:
-    """The operator's own proxy (``HTTPS_PROXY``), as ``host:port``, for the index proxy's
-    tunnels."""
+    """The operator's own proxy (``HTTPS_PROXY``, ``http://host:port``), as the index
+    proxy's ``upstream`` (``host:port``) for its tunnels."""
     value = environ.get("HTTPS_PROXY") or environ.get("https_proxy")
     if not value:
         return None
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(value if "//" in value else f"//{value}")
-    return f"{parts.hostname}:{parts.port or 3128}" if parts.hostname else None
+    return urlsplit(value if "//" in value else f"//{value}").netloc.rpartition("@")[2] or None

@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from workers.build_relay import relay
+
 log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 16 * 1024
@@ -215,7 +217,7 @@ class IndexProxy:
                 upstream.sendall(request.head)
             if rest:
                 upstream.sendall(rest)
-            _relay(client, upstream)
+            relay(client, upstream)
 
     def _open(self, request: Request) -> socket.socket:
         if (request.host, request.port) in self.public_only:
@@ -280,22 +282,3 @@ def _answer(client: socket.socket, status: int, body: str) -> None:
     )
     with contextlib.suppress(OSError):
         client.sendall(head.encode() + text)
-
-
-def _relay(a: socket.socket, b: socket.socket) -> None:
-    """Copy both ways until either side closes."""
-
-    def pump(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(CHUNK):
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                sink.shutdown(socket.SHUT_WR)
-
-    other = threading.Thread(target=pump, args=(b, a), daemon=True)
-    other.start()
-    pump(a, b)
-    other.join()

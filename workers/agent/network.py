@@ -58,6 +58,7 @@ from workers.agent.overlay import (
     OverlaySettings,
     fdb_argv,
     fdb_changes,
+    job_network_key,
     peers_in,
     vxlan_batch,
 )
@@ -191,18 +192,13 @@ class JobNetwork:
         return self.socket_dir / "redis.sock"
 
 
-def address_key(job: str) -> str:
-    """The Redis hash of a job's node addresses (``n:<node>`` → index) and its counter."""
-    return f"agent:net:{job}"
-
-
 def allocate(client: redis.Redis, job: str, node: str) -> int:
     """The index of ``node``'s address in ``job``: the one recorded, else a new one.
 
     Any agent may ask for any node (a torchrun program's rank 0): the first
     answer recorded (``HSETNX``) is everyone's.
     """
-    key, field = address_key(job), f"n:{node}"
+    key, field = job_network_key(job), f"n:{node}"
     found = client.hget(key, field)
     if found is None:
         client.hsetnx(key, field, int(client.hincrby(key, "next", 1)))

@@ -107,35 +107,38 @@ def peers_in(fdb_show: str) -> set[str]:
     return out
 
 
+def job_network_key(job: str) -> str:
+    """The Redis hash of a job's network: its node addresses (``n:<node>`` and their
+    counter, ``workers.agent.network``), its VNI and the hosts it is on (here)."""
+    return f"agent:net:{job}"
+
+
 class OverlayRegistry:
     """Each job's VNI and the hosts it is on, in the agents' Redis (see the module docstring)."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
 
-    @staticmethod
-    def key(job: str) -> str:
-        """The job's network hash (shared with its node addresses: ``network.address_key``)."""
-        return f"agent:net:{job}"
-
     def vni(self, job: str) -> int:
         """``job``'s VNI: the one recorded, else a new one (the first recorded is everyone's)."""
-        found = self.client.hget(self.key(job), "vni")
+        found = self.client.hget(job_network_key(job), "vni")
         if found is None:
-            self.client.hsetnx(self.key(job), "vni", vni_of(int(self.client.incr(VNI_COUNTER))))
-            found = self.client.hget(self.key(job), "vni")
+            self.client.hsetnx(
+                job_network_key(job), "vni", vni_of(int(self.client.incr(VNI_COUNTER)))
+            )
+            found = self.client.hget(job_network_key(job), "vni")
         return int(found)  # type: ignore[arg-type]
 
     def join(self, job: str, address: str) -> None:
         """This host has a namespace of ``job``."""
-        self.client.hset(self.key(job), f"h:{address}", 1)
+        self.client.hset(job_network_key(job), f"h:{address}", 1)
 
     def leave(self, job: str, address: str) -> None:
         """This host has none of ``job``'s namespaces any more."""
-        self.client.hdel(self.key(job), f"h:{address}")
+        self.client.hdel(job_network_key(job), f"h:{address}")
 
     def hosts(self, job: str) -> set[str]:
         """Every host ``job`` is on."""
-        fields = self.client.hkeys(self.key(job))
+        fields = self.client.hkeys(job_network_key(job))
         names = (f.decode() if isinstance(f, bytes) else str(f) for f in fields)
         return {name[2:] for name in names if name.startswith("h:")}
