@@ -48,6 +48,9 @@ from workers.protocol import Migrate, StartWorkers, StopJob, WorkerSlot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+PORTALS_OWN_QUEUES = ("portal", "tick", "whatif", "webhooks")
+"""Queues whose tasks a worker runs whatever their name: an agent may push onto none."""
+
 
 @dataclass(frozen=True)
 class Cluster:
@@ -134,8 +137,9 @@ def test_a_start_carries_its_jobs_password_and_the_node_reaches_the_jobs_keys_on
         ("SET", foreign, "mine"),
         ("LRANGE", f"agent.{other_node}", "0", "-1"),
         ("LPOP", f"agent.{other_node}"),
-        ("LRANGE", "portal", "0", "-1"),
-        ("LPOP", "portal"),
+        ("LRANGE", "reports", "0", "-1"),
+        ("LPOP", "reports"),
+        *(("LPUSH", queue, "a task of the portal's") for queue in PORTALS_OWN_QUEUES),
         ("EVAL", "return 1", "0"),
         ("SUBSCRIBE", "anything"),
         ("ACL", "SETUSER", agent_user(host), "~*"),
@@ -143,9 +147,10 @@ def test_a_start_carries_its_jobs_password_and_the_node_reaches_the_jobs_keys_on
     allowed = [p for p in probes if not refused(agent, *p)]
     assert allowed == [], f"the agent's user may run: {allowed}"
     cluster.admin.delete(foreign)
-    before = cluster.admin.llen("portal")
-    assert agent.lpush("portal", "x") == before + 1  # it may report
-    cluster.admin.lrem("portal", 1, "x")
+    for queue in ("reports", "heartbeats"):  # it may report, and a worker runs only reports
+        before = cluster.admin.llen(queue)  # from there (tests/queues/test_agent_queues.py)
+        assert agent.lpush(queue, "x") == before + 1
+        cluster.admin.lrem(queue, 1, "x")
 
 
 def test_the_control_planes_update_removes_an_ended_jobs_keys_from_the_agents_rules(
@@ -200,6 +205,7 @@ def test_an_agent_user_is_set_only_when_its_rules_change(cluster: Cluster) -> No
 def test_with_agent_users_off_a_start_carries_no_password_and_no_user_is_made(
     cluster: Cluster, alice: Any, acme: Any
 ) -> None:
+    before = set(cluster.admin.acl_users())  # the shared server's: other runs' job-1 too
     with override_settings(AGENT_REDIS_USERS="off"):
         job = place(alice, acme)
         commands = drain_queue(cluster.node) + drain_queue(cluster.other)
@@ -207,8 +213,8 @@ def test_with_agent_users_off_a_start_carries_no_password_and_no_user_is_made(
             credentials(cluster.node)
     [start] = [c for c in commands if c["type"] == "start_workers"]
     assert start["redis_password"] is None
-    users = set(cluster.admin.acl_users())
-    assert agent_user(cluster.node) not in users and job_user(f"job-{job.pk}") not in users
+    made = set(cluster.admin.acl_users()) - before
+    assert agent_user(cluster.node) not in made and job_user(f"job-{job.pk}") not in made
 
 
 def test_the_control_plane_stops_and_fails_a_job_over_its_share_of_a_full_redis(

@@ -278,7 +278,7 @@ def test_each_queue_has_its_own_worker_and_the_agent_its_key() -> None:
         if "-Q" in service.get("command", [])
     }
     # heartbeats beside the reports: a backlog of reports never makes them expire unread
-    assert sorted(queues.values()) == ["heartbeats,portal", "tick", "webhooks", "whatif"]
+    assert sorted(queues.values()) == ["heartbeats,reports,portal", "tick", "webhooks", "whatif"]
     agent = services["agent"]["environment"]
     assert agent["AGENT_KEY"] == "sample-AGENT_KEY"
     assert agent["REDIS_URL"] == "sample-AGENT_REDIS_URL"  # its own user, not the portal's

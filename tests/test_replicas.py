@@ -52,7 +52,7 @@ REDIS_DB = 13
 JOBS = 8
 GPUS = 1  # eight one-GPU jobs fill the 8-slot demo cluster; two workers each would not run at once
 PASSWORD = "replicas-Pa55word!"
-QUEUES = "heartbeats,portal,tick,whatif"  # what runstack's workers consume, together
+QUEUES = "heartbeats,reports,portal,tick,whatif"  # what runstack's workers consume, together
 
 
 @dataclass

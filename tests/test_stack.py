@@ -162,7 +162,7 @@ def test_the_tick_and_what_if_simulations_get_their_own_workers_and_queues() -> 
     assert option("tick worker", "-Q") == "tick"
     assert option("tick worker", "--concurrency") == "1"
     # agent reports, log exports, retention; heartbeats on their own queue beside them
-    assert option("worker", "-Q") == "heartbeats,portal"
+    assert option("worker", "-Q") == "heartbeats,reports,portal"
     # webhook and email deliveries wait on strangers' servers: never beside a heartbeat
     assert option("webhooks worker", "-Q") == "webhooks"
     assert settings.CELERY_TASK_ROUTES["notifications.deliver"] == {"queue": "webhooks"}

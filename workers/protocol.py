@@ -63,13 +63,18 @@ MAX_PACKAGE_CHARS = 200
 REPORT_TASK = "control.agent_report"
 """Celery task name of a report; the control plane implements it (``jobs`` app)."""
 
-REPORTS_QUEUE = "portal"
-"""Queue that reports are sent on."""
+REPORTS_QUEUE = "reports"
+"""Queue that reports are sent on.
+
+Agents may push onto it, so the portal sends nothing else there, and its
+workers run only ``REPORT_TASK`` from it (``portal.broker``): a taken-over
+node that pushes another task's message there gets it dropped, not run.
+"""
 
 HEARTBEATS_QUEUE = "heartbeats"
-"""Queue that heartbeats are sent on, beside ``REPORTS_QUEUE``.
+"""Queue that heartbeats are sent on, beside ``REPORTS_QUEUE`` (reports only, likewise).
 
-The report worker consumes both (``-Q heartbeats,portal``), and the broker
+The report worker consumes both (``-Q heartbeats,reports,portal``), and the broker
 serves a worker's queues in turn, so a heartbeat never waits behind a backlog
 of progress and log reports. On one queue, a backlog longer than a
 heartbeat's expiry (busy jobs on a loaded machine) let every heartbeat

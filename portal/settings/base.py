@@ -21,6 +21,7 @@ from portal.settings.env import env_bool, env_float, env_int, env_list, env_str
 from portal.settings.mail import mail_settings
 from tenancy.oidc_config import oidc_config
 from utilities import embedded_redis
+from workers.protocol import HEARTBEATS_QUEUE, REPORTS_QUEUE
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 DATA_DIR = Path(env_str("PORTAL_DATA_DIR", str(BASE_DIR / "var"))).resolve()
@@ -143,6 +144,9 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "portal"
+# Messages say the queue they were read from, and a task off an agent's queue runs only if
+# it is the report task (portal.broker): agents may push onto AGENT_REPORT_QUEUES.
+CELERY_BROKER_TRANSPORT = "portal.broker:Transport"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 # --- Signed agent messages (workers/signing.py, docs/security.md): every node's key is
@@ -178,7 +182,7 @@ AGENT_REDIS_USERS = env_str("AGENT_REDIS_USERS", "auto").lower()
 if AGENT_REDIS_USERS not in ("on", "off", "auto"):
     raise ImproperlyConfigured("AGENT_REDIS_USERS must be on, off or auto")
 AGENT_USERS_SYNC_SECONDS = env_float("AGENT_USERS_SYNC_SECONDS", 5.0)
-AGENT_REPORT_QUEUES = env_list("AGENT_REPORT_QUEUES", ["portal", "heartbeats"])
+AGENT_REPORT_QUEUES = env_list("AGENT_REPORT_QUEUES", [REPORTS_QUEUE, HEARTBEATS_QUEUE])
 # Committed agent commands are published by a sender thread of the process that committed
 # them (jobs.command_sender), in order; 0: published in the committing thread.
 AGENT_SEND_IN_BACKGROUND = env_bool("AGENT_SEND_IN_BACKGROUND", True)
@@ -464,10 +468,21 @@ CELERY_TASK_ROUTES = {
     "portal.whatif.run": {"queue": "whatif"},
     "jobs.tasks.refresh_forecast": {"queue": "whatif"},
     "control.scheduler_tick": {"queue": "portal"},
-    "control.agent_report": {"queue": "portal"},
+    # Reports only on the agents' queues: any other task read from them is refused.
+    "control.agent_report": {"queue": REPORTS_QUEUE},
     # Webhook and email deliveries wait on other people's servers: their own queue and worker.
     "notifications.deliver": {"queue": "webhooks"},
 }
+# Agents may push onto AGENT_REPORT_QUEUES; none of them may be a queue of the portal's own
+# tasks (the tick's is "tick", jobs.lifecycle.TICK_QUEUE), or a taken-over node could queue one.
+_OWN_QUEUES = {CELERY_TASK_DEFAULT_QUEUE, "tick"} | {
+    route["queue"] for task, route in CELERY_TASK_ROUTES.items() if task != "control.agent_report"
+}
+if _OWN_QUEUES & set(AGENT_REPORT_QUEUES):
+    raise ImproperlyConfigured(
+        "AGENT_REPORT_QUEUES may not name a queue of the portal's own tasks: "
+        + ", ".join(sorted(_OWN_QUEUES & set(AGENT_REPORT_QUEUES)))
+    )
 WHATIF_SOFT_TIME_LIMIT_SECONDS = env_int("WHATIF_SOFT_TIME_LIMIT_SECONDS", 600)
 WHATIF_MAX_TRACE_JOBS = env_int("WHATIF_MAX_TRACE_JOBS", 5000)
 WHATIF_MAX_GPUS = env_int("WHATIF_MAX_GPUS", 16_384)

@@ -1,7 +1,7 @@
 """A backlog of reports does not hold a heartbeat back (workers.protocol.HEARTBEATS_QUEUE).
 
 A real Celery worker, started as ``runstack`` starts the report worker (``-Q
-heartbeats,portal``, two processes, one message prefetched each) but on this
+heartbeats,reports,portal``, two processes, one message prefetched each) but on this
 test's own queues, finds 300 reports of 50 ms of work each queued (7.5 s of
 backlog) and then one heartbeat: the heartbeat is handled within a few
 reports, not after the backlog. On one queue it would come last, and a real

@@ -22,15 +22,16 @@ from notifications.services import DELIVER_QUEUE
 from portal.demo import ensure_demo_data, ensure_demo_fabric
 from portal.stack import Keeper, ProcessSpec, Stack, python_module
 from utilities.embedded_redis import ensure_running, restart_if_dead
-from workers.protocol import HEARTBEATS_QUEUE
+from workers.protocol import HEARTBEATS_QUEUE, REPORTS_QUEUE
 
 WHATIF_QUEUE = "whatif"
 """The what-if simulations' queue: its own worker, one at a time, so they never starve the tick."""
 PORTAL_QUEUE = "portal"
-"""Agent reports and the control plane's other tasks (log export, retention)."""
+"""The control plane's own tasks (log export, retention); agents' reports are on their own
+queues (``REPORTS_QUEUE``, ``HEARTBEATS_QUEUE``), where nothing else runs."""
 WEBHOOKS_QUEUE = DELIVER_QUEUE
 """Webhook and email deliveries: their own worker, so slow subscribers never delay a report."""
-REPORT_WORKER_QUEUES = f"{HEARTBEATS_QUEUE},{PORTAL_QUEUE}"
+REPORT_WORKER_QUEUES = f"{HEARTBEATS_QUEUE},{REPORTS_QUEUE},{PORTAL_QUEUE}"
 """What the report worker consumes: heartbeats beside the reports, served in turn, so a
 backlog of reports never holds a heartbeat back until it expires (``HEARTBEATS_QUEUE``)."""
 
