@@ -140,3 +140,18 @@ def test_the_portals_app_uses_the_guard() -> None:
     assert app.conf.broker_transport == "portal.broker:Transport"
     assert issubclass(app.Task, PortalTask)
     assert app.conf.task_routes["control.agent_report"] == {"queue": "reports"}
+
+
+@pytest.mark.parametrize("queues", ["portal,heartbeats", "reports,tick", "webhooks"])
+def test_settings_refuse_agent_queues_that_carry_the_portals_own_tasks(
+    queues: str, tmp_path: Path
+) -> None:
+    env = {**os.environ, "AGENT_REPORT_QUEUES": queues, "PORTAL_DATA_DIR": str(tmp_path)}
+    code = "from django.conf import settings; settings.AGENT_REPORT_QUEUES"
+    result = subprocess.run(
+        [sys.executable, "-c", f"import django; django.setup(); {code}"],
+        cwd=ROOT, env={**env, "DJANGO_SETTINGS_MODULE": "portal.settings.test"},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "AGENT_REPORT_QUEUES may not name a queue of the portal's own tasks" in result.stderr
