@@ -25,6 +25,7 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 from django.utils import timezone
 
+from inventory.models import Server
 from inventory.services import do_heartbeat, do_load_topology
 from jobs.control import agent_users
 from jobs.control.tick import run_tick
@@ -42,6 +43,8 @@ from workers.agent.redis_acl import (
     derive_password,
     job_url,
     job_user,
+    switch_on_agent,
+    switched_off,
     url_for,
 )
 from workers.protocol import Migrate, StartWorkers, StopJob, WorkerSlot
@@ -266,3 +269,29 @@ def test_a_node_named_after_everyones_keys_gets_no_agent_user(node: str) -> None
         credentials(node)
     with pytest.raises(ValueError, match="cannot have an agent user"):
         agent_rules(node, "pw")
+
+
+def test_an_agent_over_its_share_of_a_full_redis_is_switched_off_and_its_server_marked_down(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A taken-over node fills the server through its own keys: its user goes off and stays
+    off (the control plane's sync leaves it), its keys are freed, its server is down."""
+    monkeypatch.setenv("REDIS_MAXMEMORY_MB", "32")
+    with own_embedded_redis(tmp_path) as small:  # the shared server is never filled
+        admin = redis.Redis.from_url(small)
+        admin.set(f"agent:{cluster.other}:state", "small")  # a neighbour within its share
+        with contextlib.suppress(redis.exceptions.OutOfMemoryError):
+            for n in range(4 * 32):
+                admin.append(f"agent:{cluster.node}:hoard{n // 4}", b"x" * 2**20)
+        assert agent_users.guard_agents(admin, [cluster.node, cluster.other]) == [cluster.node]
+        user: Any = admin.acl_getuser(agent_user(cluster.node))
+        assert "off" in user["flags"] and cluster.node in switched_off(admin)
+        assert not list(admin.scan_iter(f"agent:{cluster.node}:*"))
+        assert admin.get(f"agent:{cluster.other}:state") == b"small"
+        assert agent_users._usable(admin, [cluster.node, cluster.other]) == {cluster.other}
+        assert switch_on_agent(admin, cluster.node)  # what --switch-on does
+        assert agent_users._usable(admin, [cluster.node]) == {cluster.node}
+    server = Server.objects.get(node=cluster.node)
+    assert server.state == "down"
+    assert f"the agent of {cluster.node} holds" in server.state_reason
+    assert Server.objects.get(node=cluster.other).state == "up"

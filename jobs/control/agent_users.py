@@ -17,8 +17,9 @@ reads the secret, so it makes every user::
       ├─ each node's user: the jobs it hosts now (ACL SETUSER only where they changed)
       ├─ users of jobs holding GPUs that a restarted server lost: made again
       ├─ users of jobs no node hosts any more: deleted
-      └─ jobs over their share of a full server: users and keys gone, the job failed
-           (``workers.agent.redis_guard``; an agent on its own user may not measure)
+      ├─ jobs over their share of a full server: users and keys gone, the job failed
+      │    (``workers.agent.redis_guard``; an agent on its own user may not measure)
+      └─ agents over that share: user off, keys gone, server down ..... guard_agents
 
 A node hosts a job (``hosted_jobs``) while it holds one of the job's GPUs,
 while its newest heartbeat lists one of the job's processes (a stop in
@@ -44,23 +45,28 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from inventory.models import Server
-from inventory.services import listed_jobs
+from inventory.models import Server, ServerState
+from inventory.services import do_set_server_state, listed_jobs
 from jobs.agent_commands import job_id_from_name, runtime_job_name
 from jobs.control.endings import fail_or_retry
 from jobs.models import Job, JobGpu
 from utilities.redis_clients import shared_redis
 from workers.agent.redis_acl import (
     RESERVED_NODES,
+    JobBudget,
+    agent_footprint,
     agents_secret,
     delete_job_user,
     derive_password,
     ensure_agent_users,
     ensure_job_user,
+    memory_pressure,
     restore_job_users,
     supports_agent_users,
+    switch_off_agent,
+    switched_off,
 )
-from workers.agent.redis_guard import guard
+from workers.agent.redis_guard import PRESSURE_TO_MEASURE, guard
 from workers.protocol import Command, Migrate, StartWorkers
 
 log = logging.getLogger(__name__)
@@ -190,18 +196,20 @@ def hosted_jobs(nodes: Collection[str], now: float | None = None) -> dict[str, s
     return hosted
 
 
-def _usable(nodes: Iterable[str]) -> set[str]:
-    """``nodes`` but those that cannot have an agent user (logged)."""
+def _usable(client: redis.Redis, nodes: Iterable[str]) -> set[str]:
+    """``nodes`` but those that cannot have an agent user (logged) and those whose user was
+    switched off (``guard_agents``)."""
     nodes = set(nodes)
     for node in sorted(nodes & RESERVED_NODES):
         log.error("node %r cannot have an agent user (its keys would be shared ones)", node)
-    return nodes - RESERVED_NODES
+    return nodes - RESERVED_NODES - switched_off(client)
 
 
 def sync_nodes(nodes: Iterable[str], now: float | None = None) -> list[str]:
     """Give each node's agent user the keys of the jobs it hosts now; the nodes whose rules
     changed (``ACL SETUSER`` only for those)."""
-    return _sync(_client(), hosted_jobs(_usable(nodes), now))
+    client = _client()
+    return _sync(client, hosted_jobs(_usable(client, nodes), now))
 
 
 def _sync(client: redis.Redis, hosted: dict[str, set[str]]) -> list[str]:
@@ -221,7 +229,7 @@ def maintain(now: float | None = None, *, force: bool = False) -> None:
     _next_maintain[0] = time.monotonic() + float(settings.AGENT_USERS_SYNC_SECONDS)
     client = _client()
     try:
-        hosted = hosted_jobs(_usable(Server.objects.values_list("node", flat=True)), now)
+        hosted = hosted_jobs(_usable(client, Server.objects.values_list("node", flat=True)), now)
         _sync(client, hosted)
         running = sorted(
             {runtime_job_name(pk) for pk in JobGpu.objects.values_list("job_id", flat=True)}
@@ -230,6 +238,7 @@ def maintain(now: float | None = None, *, force: bool = False) -> None:
             log.warning("Redis had lost the user of job %s: made it again", job)
         _delete_unhosted_job_users(client, set().union(set(running), *hosted.values()))
         guard_memory(client, running)
+        guard_agents(client, sorted(hosted))
     except Exception:  # Redis or the database away: the tick goes on, the next one tries
         log.warning("could not look after the agents' and jobs' Redis users", exc_info=True)
 
@@ -256,3 +265,32 @@ def guard_memory(client: redis.Redis, running: Sequence[str]) -> list[str]:
                 fail_or_retry(job, stopped.reason, timezone.now())
         stopped_jobs.append(stopped.job)
     return stopped_jobs
+
+
+def guard_agents(client: redis.Redis, nodes: Sequence[str]) -> list[str]:
+    """Switch off the agent users that hold more than a job's share of a full server (their
+    own keys, command queue, connections' buffers), and mark their servers down with the
+    reason; the nodes switched off.
+
+    A taken-over node cannot fill the shared server through its own keys or by pushing
+    huge messages: its user goes off (``switch_off_agent``) and stays off until an admin
+    runs ``manage.py agent_credentials NODE --switch-on``.  Its jobs are requeued as a
+    down server's are.
+    """
+    if not nodes or memory_pressure(client) <= PRESSURE_TO_MEASURE:
+        return []
+    try:
+        budget = JobBudget.of_server(client)
+    except ValueError:  # no maxmemory: unbounded, nothing to share out
+        return []
+    off = []
+    for node in nodes:
+        refusal = budget.refusal(agent_footprint(client, node))
+        if refusal is None:
+            continue
+        switch_off_agent(client, node)
+        reason = f"{refusal}: its Redis user is off until an admin switches it on"
+        log.error("agent of %s switched off: %s", node, reason)
+        do_set_server_state(node=node, state=ServerState.DOWN, reason=reason)
+        off.append(node)
+    return off

@@ -196,6 +196,7 @@ class JobFootprint:
     connections (every node's processes of the job together)."""
 
     job: str
+    """Whose footprint it is, as a reason names it (``job job-7``, ``the agent of n1``)."""
     key_bytes: int
     keys: int
     client_bytes: int
@@ -231,12 +232,11 @@ class JobBudget:
         """Why ``footprint`` is over this budget, or None when it is within."""
         if footprint.bytes > self.max_bytes:
             return (
-                f"job {footprint.job} holds {footprint.bytes} bytes in Redis "
-                f"(at most {self.max_bytes})"
+                f"{footprint.job} holds {footprint.bytes} bytes in Redis (at most {self.max_bytes})"
             )
         if footprint.connections > self.max_connections:
             return (
-                f"job {footprint.job} holds {footprint.connections} Redis connections "
+                f"{footprint.job} holds {footprint.connections} Redis connections "
                 f"(at most {self.max_connections})"
             )
         return None
@@ -249,14 +249,27 @@ def job_footprint(client: redis.Redis, job: str) -> JobFootprint:
     SCAN walks the whole keyspace to find the job's keys: an agent measures
     when the server is under pressure (``memory_pressure``), not on every pass.
     """
+    return _footprint(client, f"job {job}", job_user(job), [f"edl:{job}:*"])
+
+
+def agent_footprint(client: redis.Redis, node: str) -> JobFootprint:
+    """Measure what ``node``'s agent user holds: its own keys, its command queue (with
+    kombu's priority lists) and its connections' buffers (a push of a huge message onto a
+    report queue sits in its query buffer first).  The jobs it hosts are measured as jobs."""
+    queue = f"agent.{node}"
+    patterns = [f"agent:{node}:*", queue, f"{queue}{KOMBU_SEP}*"]
+    return _footprint(client, f"the agent of {node}", agent_user(node), patterns)
+
+
+def _footprint(client: redis.Redis, owner: str, user: str, patterns: Iterable[str]) -> JobFootprint:
     key_bytes = keys = 0
-    for key in client.scan_iter(match=f"edl:{job}:*", count=1000):
-        keys += 1
-        key_bytes += int(client.memory_usage(key) or 0)
-    user = job_user(job)
+    for pattern in patterns:
+        for key in client.scan_iter(match=pattern, count=1000):
+            keys += 1
+            key_bytes += int(client.memory_usage(key) or 0)
     mine = [c for c in client.client_list() if c.get("user") == user]
     client_bytes = sum(int(c.get("tot-mem") or 0) for c in mine)
-    return JobFootprint(job, key_bytes, keys, client_bytes, len(mine))
+    return JobFootprint(owner, key_bytes, keys, client_bytes, len(mine))
 
 
 def memory_pressure(client: redis.Redis) -> float:
@@ -400,6 +413,37 @@ def delete_agent_user(client: redis.Redis, node: str) -> None:
     """Remove ``node``'s agent user and its rules' digest (its connections are closed)."""
     client.execute_command("ACL", "DELUSER", agent_user(node))  # type: ignore[no-untyped-call]
     client.delete(_rules_digest_key(node))
+
+
+SWITCHED_OFF_KEY = "agent:acl:off"
+"""The nodes whose agent user the control plane switched off (over its share of the
+server); kept off, whatever their rules, until an admin switches them on again."""
+
+
+def switch_off_agent(client: redis.Redis, node: str) -> int:
+    """Switch ``node``'s agent user off for holding more than its share: recorded first (so
+    no control plane sets it on again), then the user off, its connections closed and its
+    own keys freed; the number of keys freed.  Its node then misses its heartbeats."""
+    client.sadd(SWITCHED_OFF_KEY, node)
+    user = agent_user(node)
+    client.execute_command("ACL", "SETUSER", user, "off")  # type: ignore[no-untyped-call]
+    client.execute_command("CLIENT", "KILL", "USER", user)  # type: ignore[no-untyped-call]
+    freed = 0
+    queue = f"agent.{node}"
+    for pattern in (f"agent:{node}:*", queue, f"{queue}{KOMBU_SEP}*"):
+        for key in client.scan_iter(match=pattern, count=1000):
+            freed += int(client.unlink(key))
+    return freed
+
+
+def switched_off(client: redis.Redis) -> set[str]:
+    """The nodes whose agent user stays off (``switch_off_agent``)."""
+    return {_text(m) for m in client.smembers(SWITCHED_OFF_KEY)}
+
+
+def switch_on_agent(client: redis.Redis, node: str) -> bool:
+    """Let the control plane give ``node``'s agent its user again; False if it was not off."""
+    return bool(client.srem(SWITCHED_OFF_KEY, node))
 
 
 def agent_url(base_url: str, client: redis.Redis, node: str) -> str:
