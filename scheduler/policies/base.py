@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import heapq
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any, TypeVar
 
 from scheduler.curves import SpeedTables, view_speeds
@@ -191,6 +192,54 @@ class PolicyCore(ABC):
     def pending_order(self, now: float) -> list[JobRecord]:
         """The queued jobs in the order a pass at ``now`` would consider them for a start."""
 
+    # -- kept cores (scheduler.policies.kept) -----------------------------------
+    # A kept core is a restored core brought from one snapshot to the next by
+    # ``remove`` and ``restore_many``/``add`` of the jobs that changed; these hooks
+    # make what those leave behind equal to what a fresh restore holds.
+
+    def reorder(self, jobs: Collection[JobRecord]) -> None:
+        """Put the containers holding ``jobs`` (just restored or added) back in ``idx`` order.
+
+        A fresh restore meets the jobs in ``idx`` order, so each of its queues is
+        in that order; a kept core's inserts append.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot be kept between passes")
+
+    def restored_books(self, *, removed: bool, rekey: Sequence[JobRecord] | None) -> None:  # noqa: B027
+        """After a kept core's removals and inserts: the books beyond the queues as a fresh
+        restore has them.  ``removed``: running jobs were removed (their entries go);
+        ``rekey``: every running job, when the fair share or the jobs' idx changed."""
+
+    def take_due_ageing(self, now: float) -> list[JobRecord]:
+        """The queued jobs whose next class is due by ``now``, their entries taken off.
+
+        A kept core adds these again: a fresh one would have added them in that class.
+        """
+        heap = self._age_heap
+        due: dict[JobRecord, None] = {}
+        while heap and heap[0][0] <= now:
+            when, _, job = heapq.heappop(heap)
+            if self._ageing_valid(when, job):
+                due[job] = None
+        return list(due)
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Copies of this core's books, for :meth:`rollback` (a kept core decides, then undoes).
+
+        Every container attribute is copied one level deep; cores whose
+        containers hold containers the pass changes copy those too.
+        """
+        return {
+            name: value.copy() if isinstance(value, list | dict | set | deque) else value
+            for name, value in vars(self).items()
+        }
+
+    def rollback(self, saved: dict[str, Any]) -> None:
+        """The books as :meth:`checkpoint` copied them (the records are the caller's)."""
+        books = vars(self)
+        books.clear()
+        books.update(saved)
+
 
 class Policy(ABC):
     """A named scheduling policy."""
@@ -221,7 +270,7 @@ class Policy(ABC):
         core, views = self._core_from(snapshot, speeds)
         plan = core.decide(snapshot.now)
         placer = placement or ConsolidatedPlacement()
-        return _plan_to_decisions(plan, {v.id: v for v in views}, snapshot, placer)
+        return plan_to_decisions(plan, {v.id: v for v in views}, snapshot, placer)
 
     def queue_order(self, snapshot: Snapshot) -> list[str]:
         """Ids of the snapshot's queued jobs in the order this policy would start them.
@@ -246,10 +295,10 @@ class Policy(ABC):
                 {name: t.usage for name, t in snapshot.tenants.items()},
                 now=snapshot.now,
             )
-        views = sorted(snapshot.jobs, key=_view_order)
+        views = sorted(snapshot.jobs, key=view_order)
         now, ageing = snapshot.now, self.class_ageing_s
         records = [
-            _record_from_view(view, idx, now, ageing, speeds) for idx, view in enumerate(views)
+            record_from_view(view, idx, now, ageing, speeds) for idx, view in enumerate(views)
         ]
         core.restore_many([rec for rec in records if rec.running], now)
         for rec in records:
@@ -280,12 +329,12 @@ def fair_order(jobs: list[JobRecord], fair_share: FairShare | None) -> list[JobR
     return sorted(jobs, key=lambda j: key(j.tenant))
 
 
-def _view_order(view: JobView) -> tuple[int, float, float, str]:
+def view_order(view: JobView) -> tuple[int, float, float, str]:
     since = view.queue_since if view.queue_since is not None else view.submit_time
     return (0 if view.running else 1, since, view.submit_time, view.id)
 
 
-def _record_from_view(
+def record_from_view(
     view: JobView,
     idx: int,
     now: float,
@@ -337,26 +386,34 @@ def _record_from_view(
     return rec
 
 
-def _plan_to_decisions(
+def plan_to_decisions(
     plan: Plan, views: dict[str, JobView], snapshot: Snapshot, placer: Placement
 ) -> list[Decision]:
-    """Turn size changes into GPU tuples: release first, then shrink, then place growth."""
-    free = set(snapshot.cluster.free_gpu_ids())
-    gpu_info = {g.id: g for g in snapshot.cluster.gpus}
+    """Turn size changes into GPU tuples: release first, then shrink, then place growth.
+
+    The cluster's free GPUs are looked at only when something grows (a pass
+    that only stops or shrinks jobs, or does nothing, never walks the GPUs).
+    """
+    released: list[int] = []
     decisions: list[Decision] = []
     grows: list[tuple[JobRecord, int]] = []
     for job, n in plan:
         current = views[job.id].gpus
         if n <= 0:
             decisions.append(Preempt(job.id))
-            free.update(current)
+            released.extend(current)
             placer.release(job.id)
         elif current and n < len(current):
             keep = current[:n]
-            free.update(current[n:])
+            released.extend(current[n:])
             decisions.append(Scale(job.id, keep))
         elif n != len(current):
             grows.append((job, n))
+    if not grows:
+        return decisions
+    free = set(snapshot.cluster.free_gpu_ids())
+    free.update(released)
+    gpu_info = {g.id: g for g in snapshot.cluster.gpus}
     for job, n in grows:
         current = views[job.id].gpus
         extra = placer.place(n - len(current), sorted(free), gpu_info, near=current, job=job.id)

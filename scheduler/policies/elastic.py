@@ -161,6 +161,20 @@ class ElasticTiresiasCore(TiresiasCore):
                 entries.append(entry)
         push_all(self._grow, entries)
 
+    def restored_books(self, *, removed: bool, rekey: Sequence[JobRecord] | None) -> None:
+        """Scale-out candidates as a fresh restore makes them: one per running job.
+
+        The entries of removed jobs go; with ``rekey`` (the fair share or the
+        jobs' idx moved), every entry is made again.
+        """
+        super().restored_books(removed=removed, rekey=rekey)
+        if rekey is not None:
+            self._grow = [e for job in rekey if (e := self._grow_entry(job, job.alloc))]
+            heapq.heapify(self._grow)
+        elif removed:
+            self._grow = [e for e in self._grow if e[5].running]
+            heapq.heapify(self._grow)
+
     def remove(self, job: JobRecord, now: float) -> None:
         """A job finished: its extras go with it."""
         super().remove(job, now)

@@ -9,6 +9,8 @@ queue is ordered by tenant key first, then arrival.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Collection
+from typing import Any
 
 from scheduler.policies.base import Plan, Policy, PolicyCore
 from scheduler.priority import CLASSES
@@ -80,6 +82,17 @@ class FifoCore(PolicyCore):
             self.queues[job.klass].appendleft(job)
             self.used -= job.requested
 
+    def reorder(self, jobs: Collection[JobRecord]) -> None:
+        """Each class queue that got a queued job back in arrival (``idx``) order."""
+        for klass in {job.klass for job in jobs if not job.running}:
+            self.queues[klass] = deque(sorted(self.queues[klass], key=_arrival))
+
+    def checkpoint(self) -> dict[str, Any]:
+        """The books, each class queue copied too (a pass pops and re-sorts them)."""
+        saved = super().checkpoint()
+        saved["queues"] = [queue.copy() for queue in self.queues]
+        return saved
+
     def waiting_count(self) -> int:
         """Jobs queued."""
         return sum(len(q) for q in self.queues)
@@ -95,6 +108,10 @@ class FifoCore(PolicyCore):
             else:
                 out.extend(q)
         return out
+
+
+def _arrival(job: JobRecord) -> int:
+    return job.idx
 
 
 class FifoPolicy(Policy):

@@ -13,6 +13,8 @@ served before a normal one); with fair share, the tenant key comes next.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from scheduler.policies.base import Plan, Policy, PolicyCore
 from scheduler.records import JobRecord
 
@@ -66,6 +68,11 @@ class SrtfCore(PolicyCore):
     def unplaced(self, refused: Plan, now: float) -> None:
         """Nothing to undo: every pass decides again from the jobs' own state."""
 
+    def reorder(self, jobs: Collection[JobRecord]) -> None:
+        """The list back in arrival (``idx``) order, as a fresh restore makes it."""
+        if jobs:
+            self.jobs.sort(key=_arrival)
+
     def waiting_count(self) -> int:
         """Jobs without GPUs."""
         return sum(1 for j in self.jobs if not j.running)
@@ -80,6 +87,10 @@ class SrtfCore(PolicyCore):
             key = fs.key
             return sorted(pending, key=lambda j: (j.klass, key(j.tenant), j.remaining))
         return sorted(pending, key=_class_remaining)
+
+
+def _arrival(job: JobRecord) -> int:
+    return job.idx
 
 
 def _class_remaining(job: JobRecord) -> tuple[int, float]:

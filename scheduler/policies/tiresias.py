@@ -43,7 +43,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any
 
 from scheduler.fairshare import FairShare
 from scheduler.policies.base import Plan, Policy, PolicyCore, fair_order, push_all
@@ -56,6 +57,7 @@ from scheduler.records import JobRecord
 DEFAULT_THRESHOLDS: tuple[float, ...] = (3250.0, 7200.0)
 
 _EPS = 1e-6
+_QUEUE_BOOKS = "queue books"  # a checkpoint's entry for the queues' contents
 
 
 class _Queue:
@@ -165,6 +167,44 @@ class TiresiasCore(PolicyCore):
     def pending_order(self, now: float) -> list[JobRecord]:
         """Queue by queue (class, then LAS level), each in fair-share then queue order."""
         return [job for q in self.active_queues for job in fair_order(q.pending, self.fair_share)]
+
+    # -- kept cores (scheduler.policies.kept) ---------------------------------
+    def reorder(self, jobs: Collection[JobRecord]) -> None:
+        """The queues that got these jobs back in ``idx`` order (running and pending apart)."""
+        running: set[int] = set()
+        pending: set[int] = set()
+        for job in jobs:
+            (running if job in self.queues[job.queue].running else pending).add(job.queue)
+        for i in running:
+            q = self.queues[i]
+            q.running = dict.fromkeys(sorted(q.running, key=_arrival))
+        for i in pending:
+            self.queues[i].pending.sort(key=_arrival)
+
+    def restored_books(self, *, removed: bool, rekey: Sequence[JobRecord] | None) -> None:
+        """No threshold crossings booked: a fresh restore's never demote in its first pass.
+
+        ``level_of`` files a restored job below the first threshold its service
+        has not reached (with the same slack the demotion check uses), so the
+        crossings a fresh pass finds due only book themselves again.
+        """
+        self._demote_heap.clear()
+
+    def checkpoint(self) -> dict[str, Any]:
+        """The books, with each queue's running, pending and demoted jobs copied."""
+        saved = super().checkpoint()
+        saved[_QUEUE_BOOKS] = [
+            (q.running.copy(), q.pending.copy(), q.tail.copy(), q.run_gpus) for q in self.queues
+        ]
+        return saved
+
+    def rollback(self, saved: dict[str, Any]) -> None:
+        """The books and every queue as :meth:`checkpoint` copied them."""
+        saved = dict(saved)
+        books = saved.pop(_QUEUE_BOOKS)
+        super().rollback(saved)
+        for q, (running, pending, tail, run_gpus) in zip(self.queues, books, strict=True):
+            q.running, q.pending, q.tail, q.run_gpus = running, pending, tail, run_gpus
 
     # -- service accounting -------------------------------------------------
     def service(self, job: JobRecord) -> float:

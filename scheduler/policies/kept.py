@@ -1,0 +1,280 @@
+"""A policy whose core is kept between passes: a fresh core's decisions, paid for what changed.
+
+:meth:`Policy.schedule` builds a fresh core from the whole snapshot every pass:
+a record per job, every running job restored into its queue, every queued one
+added.  The control plane's snapshots change by a few jobs a tick, so at
+10,000 jobs that rebuild was about half of a tick.  :class:`KeptPolicy` keeps
+the *restored* core (as a fresh core stands before it decides) and brings it
+to the next snapshot by applying only the jobs whose views changed::
+
+    snapshot n+1
+      ├─ views by id: the same object as last pass (the tick keeps an unchanged
+      │  job's view), or equal to it → nothing to do
+      ├─ gone or changed → core.remove(record)            ┐ the restored core
+      ├─ new or changed  → a record, an idx in view order, │ of snapshot n+1:
+      │                    core.restore_many / core.add,   │ what a fresh core
+      │                    core.reorder (queues by idx)    │ holds before its
+      ├─ queued jobs whose aged class moved since: again   │ pass
+      ├─ core.restored_books (what a fresh restore books)  ┘
+      └─ checkpoint → decide → decisions → rollback (the core and every record
+         the pass changed go back to the restored state)
+
+Why the decisions are a fresh core's (tests check it on random snapshot
+sequences for every policy, ``scheduler/tests/test_kept_core.py``):
+
+* A fresh core orders everything by ``idx``, the job's position in view order
+  (running first, then by ``queue_since`` or submit time, then id), and only
+  compares idx values; the kept core gives a new job an idx between its
+  neighbours' (renumbering all when no integer is left between them), so
+  every comparison comes out the same.
+* A record depends on its view, the pass's time and the ageing period.  The
+  time enters as ``last``/``resume_at`` (set to the pass's time before each
+  pass, so ``settle`` is a no-op as in a fresh core), as the aged class of a
+  queued job (re-added when the class its wait earns moves: the core's own
+  ageing heap says when), and as the class of a running low-class job whose
+  view has no ``queue_since`` (remade every pass: rare).
+* What the pass changes is undone: :meth:`PolicyCore.checkpoint` copies the
+  core's containers, and the records' fields a core writes (:data:`_DECIDED`)
+  are saved before and put back where they moved.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Mapping
+from itertools import compress
+from operator import attrgetter, ne
+
+from scheduler.curves import SpeedTables
+from scheduler.fairshare import FairShare
+from scheduler.placement import ConsolidatedPlacement, Placement
+from scheduler.policies.base import (
+    Plan,
+    Policy,
+    PolicyCore,
+    plan_to_decisions,
+    record_from_view,
+    view_order,
+)
+from scheduler.priority import AGED_CEILING, priority_class
+from scheduler.records import JobRecord
+from scheduler.types import Decision, JobView, Snapshot, TenantShare
+
+#: Room between two neighbours' idx values: a job inserted between them takes the middle.
+IDX_GAP = 1 << 32
+
+#: The record fields a core's pass writes (``settle`` writes none: ``last`` is the pass's time).
+_DECIDED_FIELDS = ("klass", "pending_since", "base", "compacted", "queue", "attained", "q_exec")
+_DECIDED = attrgetter(*_DECIDED_FIELDS)
+
+OrderKey = tuple[int, float, float, str]
+
+
+class KeptPolicy(Policy):
+    """``policy`` with its core kept between passes; :meth:`schedule` decides as ``policy`` does.
+
+    Not pure: it remembers the last snapshot's restored core.  One caller at a
+    time (the tick, under its lock).  Any error inside a pass drops the kept
+    core: the next pass restores a fresh one.
+    """
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.name = policy.name
+        self.class_ageing_s = policy.class_ageing_s
+        self.kept: RestoredCore | None = None
+        self.rebuilds = 0  # restored cores made from scratch (the first, after errors, resets)
+
+    def new_core(self, total_gpus: int) -> PolicyCore:
+        """The wrapped policy's fresh core."""
+        return self.policy.new_core(total_gpus)
+
+    def reset(self) -> None:
+        """Forget the kept core: the next pass restores one from its whole snapshot."""
+        self.kept = None
+
+    def schedule(
+        self,
+        snapshot: Snapshot,
+        placement: Placement | None = None,
+        *,
+        speeds: SpeedTables | None = None,
+    ) -> list[Decision]:
+        """The decisions :meth:`Policy.schedule` makes on ``snapshot``, from the kept core."""
+        kept = self.kept
+        if kept is None:
+            kept = self.kept = RestoredCore(self.policy)
+            self.rebuilds += 1
+        try:
+            kept.update(snapshot, speeds)
+            return kept.decide(snapshot, placement or ConsolidatedPlacement())
+        except BaseException:
+            self.kept = None  # half-applied: the next pass starts over
+            raise
+
+
+class RestoredCore:
+    """A policy core in its restored state for the last snapshot, with each job's record."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.ageing = policy.class_ageing_s
+        self.core = policy.new_core(0)
+        self.core.ageing = self.ageing
+        self.tenants: Mapping[str, TenantShare] = {}
+        self.views: dict[str, JobView] = {}
+        self.records: dict[str, JobRecord] = {}
+        self.order: list[tuple[OrderKey, int]] = []  # (view order key, idx), sorted
+        self.clocked: set[str] = set()  # running low-class jobs whose class moves with time
+
+    # -- bringing the restored core to a snapshot -----------------------------------
+    def update(self, snapshot: Snapshot, speeds: SpeedTables | None) -> None:
+        """Apply the jobs that changed since the last snapshot (all of them the first time)."""
+        now, core = snapshot.now, self.core
+        core.total = snapshot.cluster.total_gpus
+        rekey = self._fair_share(snapshot.tenants, now)
+        old, new = self.views, {view.id: view for view in snapshot.jobs}
+        fresh = [view for view in snapshot.jobs if not _same(old.get(view.id), view)]
+        fresh += [new[job] for job in self.clocked if job in new and _same(old[job], new[job])]
+        gone = sorted(old.keys() - new.keys())
+        if self._remove([*gone, *(v.id for v in fresh if v.id in old)], now):
+            # before the inserts: no entry of a removed job meets a new job's (same idx)
+            core.restored_books(removed=True, rekey=None)
+        self.views = new
+        renumbered = self._insert(fresh, now, speeds)
+        self._age(now)
+        running = None
+        if rekey or renumbered:
+            running = [rec for rec in self.records.values() if rec.running]
+        core.restored_books(removed=False, rekey=running)
+
+    def _fair_share(self, tenants: Mapping[str, TenantShare], now: float) -> bool:
+        """The snapshot's fair share on the core; True when its tenants' keys may have moved."""
+        core = self.core
+        if tenants == self.tenants and (core.fair_share is not None) == bool(tenants):
+            return False
+        self.tenants = tenants
+        core.fair_share = (
+            FairShare(
+                {name: t.weight for name, t in tenants.items()},
+                {name: t.usage for name, t in tenants.items()},
+                now=now,
+            )
+            if tenants
+            else None
+        )
+        return True
+
+    def _remove(self, jobs: Iterable[str], now: float) -> bool:
+        """Take these jobs out of the core; True when one of them ran."""
+        ran = False
+        for job in jobs:
+            rec = self.records.pop(job)
+            self.core.remove(rec, now)
+            key = view_order(self.views[job])
+            del self.order[bisect.bisect_left(self.order, (key,))]
+            self.clocked.discard(job)
+            ran = ran or rec.running
+            # Dead to every heap entry still naming it (ageing, scale-out candidates).
+            rec.running, rec.alloc, rec.end_time = False, 0, now
+        return ran
+
+    def _insert(self, views: list[JobView], now: float, speeds: SpeedTables | None) -> bool:
+        """Records for these views, restored or added; True when every idx was renumbered."""
+        if not views:
+            return False
+        renumbered = False
+        made: list[JobRecord] = []
+        for view in views:
+            idx, moved = self._place(view_order(view))
+            renumbered = renumbered or moved
+            rec = record_from_view(view, idx, now, self.ageing, speeds)
+            self.records[view.id] = rec
+            if (
+                view.running
+                and view.queue_since is None
+                and self.ageing is not None
+                and priority_class(view.priority) > AGED_CEILING
+            ):
+                self.clocked.add(view.id)
+            made.append(rec)
+        if renumbered:  # the idx of records made before the renumbering moved too
+            for key, idx in self.order:
+                self.records[key[3]].idx = idx
+            self.core.restored_books(removed=False, rekey=())  # entries with old idx go
+        made.sort(key=_idx)
+        core = self.core
+        core.restore_many([rec for rec in made if rec.running], now)
+        for rec in made:
+            if not rec.running:
+                core.add(rec, now)
+        core.reorder(made)
+        return renumbered
+
+    def _place(self, key: OrderKey) -> tuple[int, bool]:
+        """An idx for a job at ``key`` in view order; True when every idx had to be renumbered."""
+        order = self.order
+        at = bisect.bisect_left(order, (key,))
+        below = order[at - 1][1] if at > 0 else None
+        above = order[at][1] if at < len(order) else None
+        if below is None:
+            idx = 0 if above is None else above - IDX_GAP
+            order.insert(at, (key, idx))
+            return idx, False
+        if above is None:
+            order.insert(at, (key, below + IDX_GAP))
+            return below + IDX_GAP, False
+        if above - below >= 2:
+            idx = (below + above) // 2
+            order.insert(at, (key, idx))
+            return idx, False
+        order.insert(at, (key, 0))
+        self.order = order = [(k, i * IDX_GAP) for i, (k, _) in enumerate(order)]
+        return order[at][1], True
+
+    def _age(self, now: float) -> None:
+        """Re-add the queued jobs whose wait earned a higher class since they were added.
+
+        A fresh core adds each queued job with the class its wait earns at the
+        pass's time; the kept core added it at an earlier pass.  The core's
+        ageing heap holds when each queued job next moves up: those due by now
+        are taken out and added again at ``now``.  (Those due within the core's
+        slack after ``now`` stay: the pass lifts them, as a fresh core's does.)
+        """
+        core = self.core
+        due = core.take_due_ageing(now)
+        if not due:
+            return
+        for job in due:
+            core.remove(job, now)
+        due.sort(key=_idx)
+        for job in due:
+            core.add(job, now)
+        core.reorder(due)
+
+    # -- the pass ---------------------------------------------------------------------
+    def decide(self, snapshot: Snapshot, placer: Placement) -> list[Decision]:
+        """The core's pass on the restored state, as decisions; then the restored state again."""
+        now, core = snapshot.now, self.core
+        records = list(self.records.values())
+        for rec in records:
+            rec.last = now
+            rec.resume_at = now
+        before = list(map(_DECIDED, records))
+        saved = core.checkpoint()
+        plan: Plan = core.decide(now)
+        decisions = plan_to_decisions(plan, self.views, snapshot, placer)
+        core.rollback(saved)
+        moved = compress(range(len(records)), map(ne, before, map(_DECIDED, records)))
+        for at in moved:
+            rec = records[at]
+            for name, value in zip(_DECIDED_FIELDS, before[at], strict=True):
+                setattr(rec, name, value)
+        return decisions
+
+
+def _same(old: JobView | None, new: JobView) -> bool:
+    return old is new or (old is not None and old == new)
+
+
+def _idx(rec: JobRecord) -> int:
+    return rec.idx
