@@ -7,8 +7,10 @@
       + keys the node's workers use   (WorkerRecord.environment)
       ──▶ EnvironmentCacheReport      most recently used first, cut to the protocol's bounds
 
-Measuring walks every entry's tree, so the agent makes a report on its clean
-pass, at start and after an eviction, never on a heartbeat.  The manifest is
+The agent reports at start and then every ``REPORT_EVERY_S``, in a thread of
+its own, never on a heartbeat.  A complete environment is read-only, so its
+tree is walked once: later reports take its size from the cache's memory
+(``EnvironmentCache.entries``) and read only its manifest.  The manifest is
 the agent's own file, yet it is read at most ``MANIFEST_MAX_BYTES`` and every
 field is checked: a damaged one costs its entry's details, never the report.
 """

@@ -358,6 +358,10 @@ class EnvironmentCache:
         self._base = base
         self.runner: BuildRunner = runner or HostBuilds()
         """Where uv runs (``workers.agent.build_sandbox.SandboxedBuilds`` on a sandboxed node)."""
+        self._sizes: dict[str, tuple[tuple[int, int], int]] = {}
+        """Each complete environment's bytes, by key, with the (inode, change time) of its
+        directory when measured: a complete environment is read-only and never changes, so
+        it is walked once, not on every report or eviction (``entries``)."""
 
     @functools.cached_property
     def base(self) -> BaseLayer:
@@ -570,10 +574,19 @@ class EnvironmentCache:
             if path.name.startswith(".") or self.ready(path.name) is None:
                 continue
             used = self.root / ".used" / path.name
-            last = used.stat().st_mtime if used.exists() else path.stat().st_mtime
-            held = measure((path,), max_bytes=sys.maxsize, max_entries=sys.maxsize).bytes
-            out.append((path.name, held, last))
+            made = path.stat()
+            last = used.stat().st_mtime if used.exists() else made.st_mtime
+            out.append((path.name, self._size(path, (made.st_ino, made.st_ctime_ns)), last))
         return sorted(out, key=lambda entry: entry[2])
+
+    def _size(self, path: Path, stamp: tuple[int, int]) -> int:
+        """The bytes of the complete environment ``path``, measured once per ``stamp``."""
+        known = self._sizes.get(path.name)
+        if known is not None and known[0] == stamp:
+            return known[1]
+        held = measure((path,), max_bytes=sys.maxsize, max_entries=sys.maxsize).bytes
+        self._sizes[path.name] = (stamp, held)
+        return held
 
     def evict(self, in_use: Iterable[str] = ()) -> list[str]:
         """Remove least recently used environments until the cache fits ``max_bytes``;

@@ -19,6 +19,7 @@ import tarfile
 import threading
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -271,3 +272,26 @@ def test_a_failure_is_remembered_for_a_while_then_built_again(tmp_path: Path, wh
     with pytest.raises(EnvironmentFailed) as again:
         forgetting.ensure(spec)
     assert not again.value.known  # built (and failed) anew
+
+
+def test_a_complete_environment_is_measured_once(
+    tmp_path: Path, wheels: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reports and evictions list the cache every minute: a read-only tree is walked once."""
+    from workers.agent.quota import measure
+
+    cache = cache_of(tmp_path, wheels)
+    built = cache.ensure(check_environment({"requirements": ["alpha"]}))
+    walks: list[object] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        walks.append(args)
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr("workers.agent.environments.measure", counted)
+    [(key, size, _)] = cache.entries()
+    assert key == built.key and size > 0 and len(walks) == 1
+    assert cache.entries()[0][:2] == (key, size) and len(walks) == 1  # from memory
+    cache.remove(key)
+    again = cache.ensure(check_environment({"requirements": ["alpha"]}))
+    assert cache.entries()[0][0] == again.key and len(walks) == 2  # a new tree: walked
