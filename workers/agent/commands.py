@@ -383,9 +383,10 @@ class CommandHandler:
         if announce and command.join and len(to_start) > 1:
             # Newcomers that arrive together share one communicator switch.
             watch.control.announce_joiners([w.worker_id for w in to_start])
+        prepared = self._environments.get(command.command_id)  # made ready before the lock
         for worker in to_start:
             try:
-                self.processes.start(command, worker)
+                self.processes.start(command, worker, prepared)
             except (OSError, ValueError, RuntimeError) as exc:
                 # RuntimeError: ProgramUnavailable, or the code cache's own errors.
                 self._send(

@@ -280,8 +280,11 @@ class ProcessTable:
             )
         return refusal(problem) if problem is not None else None
 
-    def start(self, command: StartWorkers, worker: WorkerSlot) -> WorkerRecord:
-        """Start one training process.
+    def start(
+        self, command: StartWorkers, worker: WorkerSlot, prepared: Environment | None = None
+    ) -> WorkerRecord:
+        """Start one training process; ``prepared``: its program's environment, when the
+        start already made it ready (else it is found in the cache here).
 
         Raises OSError if it cannot start, ``ProgramUnavailable`` (or what
         ``resolve_code`` raises) if a program cannot, or a built-in cannot run
@@ -289,7 +292,7 @@ class ProcessTable:
         """
         if command.program is not None:
             self.warm.release(worker.slot)  # a program never runs in the agent's warm process
-            return self._start_program(command, command.program, worker)
+            return self._start_program(command, command.program, worker, prepared)
         return self._start_builtin(command, worker)
 
     def _job_redis_url(self, command: StartWorkers) -> str:
@@ -380,11 +383,15 @@ class ProcessTable:
         )
 
     def _start_program(
-        self, command: StartWorkers, program: Program, worker: WorkerSlot
+        self,
+        command: StartWorkers,
+        program: Program,
+        worker: WorkerSlot,
+        prepared: Environment | None = None,
     ) -> WorkerRecord:
         self._refuse_unsandboxed()
         code_dir = self.resolve_code(program)
-        environment = self.environment(command.job, program, code_dir)
+        environment = prepared or self.environment(command.job, program, code_dir)
         dirs = job_dirs(self.config, command)
         dirs.create(worker.worker_id)
         if program.launcher == "edl":
