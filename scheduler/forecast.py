@@ -6,8 +6,9 @@ with placement by count, on a virtual clock, with no new arrivals::
 
     t = snapshot.now
     loop
-      1. hold back queued jobs over their tenant's quota (the tick's rule)
-      2. policy.schedule(snapshot at t) -> decisions; quota check on the starts
+      1-2. the tick's scheduling pass (scheduler.pipeline) on the snapshot at t: the
+         quota hold-back, the policy, the quota check, preemption within a tenant's
+         quota; binding by GPU count
       3. apply them: starts (first start = predicted start), resizes, preemptions
       4. next time = the next finish of a running job with known remaining work,
          or, while jobs still wait, t + step (the step doubles from ``step_s`` up to
@@ -37,9 +38,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from scheduler.curves import view_speeds
-from scheduler.placement import CountPlacement
+from scheduler.pipeline import (
+    Candidates,
+    CountBind,
+    PolicyDecide,
+    QuotaHoldBack,
+    SchedulingPass,
+    snapshot_pass,
+)
 from scheduler.policies.base import Policy
-from scheduler.quota import Blocked, QuotaBook, enforce_quotas, within_quota_preemptions
 from scheduler.types import (
     Cluster,
     Decision,
@@ -47,7 +54,6 @@ from scheduler.types import (
     GpuState,
     JobState,
     JobView,
-    Migrate,
     Preempt,
     Scale,
     Snapshot,
@@ -162,36 +168,8 @@ def _start_world(snapshot: Snapshot) -> _World:
     return world
 
 
-def _held_by_quota(
-    world: _World, quota: Mapping[str, int]
-) -> tuple[set[str], QuotaBook, list[Blocked]]:
-    """Queued jobs the tick would hold back now, the quota book, and the held jobs as the
-    quota step sees them (it may stop a lower class of their own tenant for them)."""
-    in_use: dict[str, int] = {}
-    for p in world.jobs.values():
-        if p.gpus and p.finished is None:
-            share = min(len(p.gpus), p.view.requested_gpus)
-            in_use[p.view.tenant] = in_use.get(p.view.tenant, 0) + share
-    held = {
-        job
-        for job, p in world.jobs.items()
-        if not p.gpus
-        and p.finished is None
-        and p.view.tenant in quota
-        and in_use.get(p.view.tenant, 0) + (p.view.min_gpus or p.view.requested_gpus)
-        > quota[p.view.tenant]
-    }
-    book = QuotaBook(quota=dict(quota), in_use=in_use)
-    blocked = [
-        Blocked(job, p.view.tenant, p.view.priority, p.view.min_gpus or p.view.requested_gpus)
-        for job, p in world.jobs.items()
-        if job in held
-    ]
-    return held, book, blocked
-
-
-def _snapshot_at(world: _World, now: float, held: set[str]) -> Snapshot:
-    """The virtual cluster as the tick would see it at ``now`` (held-back jobs left out).
+def _snapshot_at(world: _World, now: float) -> Snapshot:
+    """The virtual cluster as the tick would see it at ``now``, before the hold-back.
 
     Views are the input's with only what the forecast moves replaced, so whatever
     else the snapshot carries (tenants, classes) reaches every pass unchanged.
@@ -202,8 +180,8 @@ def _snapshot_at(world: _World, now: float, held: set[str]) -> Snapshot:
         for gid, gpu in world.idle.items()
     ]
     views = []
-    for job, p in world.jobs.items():
-        if p.finished is not None or job in held:
+    for p in world.jobs.values():
+        if p.finished is not None:
             continue
         remaining = None if math.isinf(p.remaining) else p.remaining
         view = p.last_view
@@ -227,23 +205,20 @@ def _snapshot_at(world: _World, now: float, held: set[str]) -> Snapshot:
     )
 
 
-def _decide(
-    world: _World, t: float, policy: Policy, quota: Mapping[str, int] | None
-) -> list[Decision]:
-    """The tick's pass at ``t`` on the virtual cluster: held-back rule, policy, quota check,
-    the quota step's preemptions within a tenant (``within_quota_preemptions``)."""
-    if quota is None:
-        snapshot = _snapshot_at(world, t, set())
-        decisions = policy.schedule(snapshot, placement=CountPlacement())
-        return [d for d in decisions if not isinstance(d, Migrate)]
-    held, book, blocked = _held_by_quota(world, quota)
-    snapshot = _snapshot_at(world, t, held)
-    decisions = policy.schedule(snapshot, placement=CountPlacement())
-    decisions, _ = enforce_quotas(decisions, {v.id: v for v in snapshot.jobs}, book)
-    room = within_quota_preemptions(blocked, [v for v in snapshot.jobs if v.gpus], book)
-    if room.preempts:
-        decisions = [*(d for d in decisions if d.job not in room.stopped_for), *room.preempts]
-    return [d for d in decisions if not isinstance(d, Migrate)]  # same size: no effect by count
+ForecastPass = SchedulingPass[Snapshot, Candidates, list[Decision], list[Decision]]
+"""The tick's scheduling pass as the forecast runs it: GPUs by count on a virtual cluster."""
+
+
+def forecast_pass(policy: Policy, quota: Mapping[str, int] | None) -> ForecastPass:
+    """The pass (``scheduler.pipeline``) the forecast runs at each virtual time: the quota
+    hold-back (``quota`` None: none), the policy placing by count, the quota check and
+    the preemptions within a tenant's quota, binding by count (migrations left out)."""
+    return snapshot_pass(QuotaHoldBack(quota), PolicyDecide(policy), CountBind())
+
+
+def _decide(world: _World, t: float, scheduling: ForecastPass) -> list[Decision]:
+    """The tick's pass at ``t`` on the virtual cluster: the decisions to apply."""
+    return scheduling.run(_snapshot_at(world, t)).bound[0]
 
 
 def _apply(world: _World, decisions: list[Decision], t: float) -> bool:
@@ -306,8 +281,7 @@ def _first_change(
     t: float,
     hi: float,
     decisions: list[Decision],
-    policy: Policy,
-    quota: Mapping[str, int] | None,
+    scheduling: ForecastPass,
 ) -> tuple[float, list[Decision], int]:
     """Bisect (t, hi] for the first time a pass decides something; no finish lies inside.
 
@@ -318,7 +292,7 @@ def _first_change(
     while hi - lo > RESOLUTION_S:
         mid = (lo + hi) / 2
         _move_to(world, saved, t, mid)
-        found = _decide(world, mid, policy, quota)
+        found = _decide(world, mid, scheduling)
         passes += 1
         if found:
             hi, decisions = mid, found
@@ -351,7 +325,8 @@ def forecast(
     step = step_s
     passes = 1
     horizon_reached = False
-    decisions = _decide(world, t, policy, quota)
+    scheduling = forecast_pass(policy, quota)
+    decisions = _decide(world, t, scheduling)
     while True:
         changed = _apply(world, decisions, t)
         step = step_s if changed else min(step * 2, max_step_s)
@@ -370,7 +345,7 @@ def forecast(
             break
         saved = _save(world)
         _advance(world, t_next - t, t_next)
-        decisions = _decide(world, t_next, policy, quota)
+        decisions = _decide(world, t_next, scheduling)
         passes += 1
         # Did the policy's own clock (a demotion) move something before t_next?  At a
         # finish, one probe just before it tells; then the change is found to a second.
@@ -380,12 +355,12 @@ def forecast(
             if waiting and t_next - t > RESOLUTION_S:
                 hi = t_next - RESOLUTION_S / 2
                 _move_to(world, saved, t, hi)
-                found = _decide(world, hi, policy, quota)
+                found = _decide(world, hi, scheduling)
                 passes += 1
                 if not found:
                     _move_to(world, saved, t, t_next)  # nothing before the finish
         if found:
-            t_next, decisions, probes = _first_change(world, saved, t, hi, found, policy, quota)
+            t_next, decisions, probes = _first_change(world, saved, t, hi, found, scheduling)
             passes += probes
         t = t_next
     return _result(world, snapshot, policy, passes, horizon_reached)

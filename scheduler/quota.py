@@ -1,9 +1,19 @@
-"""Tenant quotas over one tick's decisions (pure).
+"""Tenant quotas over one pass's decisions (pure): the one place their rules are written.
 
 A tenant's jobs may hold at most its quota of GPUs at once, counting each
-job's requested share; GPUs a job holds above its request are idle extras the
-policy reclaims first, so they do not count.  The policy does not know quotas,
-so its starts and growth are checked here, in its order, before binding.
+job's requested share (:func:`quota_share`: the GPUs it holds, at most its
+request); GPUs a job holds above its request are idle extras the policy
+reclaims first, so they do not count.  Three rules, used by every pass
+(``scheduler.pipeline``: the live tick, the forecast; the simulator has no
+quotas):
+
+* the hold-back (:meth:`QuotaBook.hold_reason`): a queued job whose tenant's
+  use plus its need (:func:`quota_need`: its minimum) is over the quota is no
+  candidate of the pass; the tick applies it while assembling its snapshot
+  (``jobs.control.state``), the forecast with ``scheduler.pipeline.QuotaHoldBack``;
+* the check (:func:`enforce_quotas`): the policy does not know quotas, so its
+  starts are checked here, in its order, before binding;
+* preemption within a tenant (:func:`within_quota_preemptions`).
 """
 
 from __future__ import annotations
@@ -15,12 +25,41 @@ from scheduler.priority import HIGH, LOW, priority_class
 from scheduler.types import Decision, JobView, Preempt, Start
 
 
+def quota_share(holds: int, requested: int) -> int:
+    """GPUs of its tenant's quota a job uses: those it holds, at most its request."""
+    return holds if holds < requested else requested
+
+
+def quota_need(min_gpus: int, requested: int) -> int:
+    """GPUs of quota a queued job needs to start: its minimum (its request without one)."""
+    return min_gpus or requested
+
+
+def over_quota(tenant: str, used: int, quota: int) -> str:
+    """Why a job of ``tenant`` waits for its quota (the words users see)."""
+    return f"tenant {tenant} holds {used} of its {quota}-GPU quota"
+
+
 @dataclass
 class QuotaBook:
     """Quota and requested-share use of each tenant (by slug) at the snapshot."""
 
     quota: dict[str, int] = field(default_factory=dict)
     in_use: dict[str, int] = field(default_factory=dict)
+
+    def count(self, tenant: str, holds: int, requested: int) -> None:
+        """Add a job holding ``holds`` GPUs of a ``requested`` size to its tenant's use."""
+        self.in_use[tenant] = self.in_use.get(tenant, 0) + quota_share(holds, requested)
+
+    def hold_reason(self, tenant: str, need: int) -> str | None:
+        """The hold-back rule: why a queued job of ``tenant`` that needs ``need`` GPUs
+        (:func:`quota_need`) is no candidate now, or None when it may be one (it fits,
+        or the tenant has no quota)."""
+        quota = self.quota.get(tenant)
+        if quota is None:
+            return None
+        used = self.in_use.get(tenant, 0)
+        return over_quota(tenant, used, quota) if used + need > quota else None
 
 
 def enforce_quotas(
@@ -31,7 +70,7 @@ def enforce_quotas(
     for decision in decisions:  # releases first: their shares are free for the starts
         view = views.get(decision.job)
         if view is not None and view.gpus and isinstance(decision, Preempt):
-            share = min(len(view.gpus), view.requested_gpus)
+            share = quota_share(len(view.gpus), view.requested_gpus)
             in_use[view.tenant] = in_use.get(view.tenant, 0) - share
     kept: list[Decision] = []
     dropped: dict[str, str] = {}
@@ -40,11 +79,11 @@ def enforce_quotas(
         if view is None or not isinstance(decision, Start):
             kept.append(decision)
             continue
-        share = min(len(decision.gpus), view.requested_gpus)
+        share = quota_share(len(decision.gpus), view.requested_gpus)
         quota = book.quota.get(view.tenant, 0)
         used = in_use.get(view.tenant, 0)
         if used + share > quota:
-            dropped[decision.job] = f"tenant {view.tenant} holds {used} of its {quota}-GPU quota"
+            dropped[decision.job] = over_quota(view.tenant, used, quota)
             continue
         in_use[view.tenant] = used + share
         kept.append(decision)
@@ -113,7 +152,7 @@ def within_quota_preemptions(
             if freed >= short:
                 break
             chosen.append(victim)
-            freed += min(len(victim.gpus), victim.requested_gpus)
+            freed += quota_share(len(victim.gpus), victim.requested_gpus)
         if freed < short:
             continue
         for victim in chosen:

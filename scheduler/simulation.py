@@ -42,6 +42,14 @@ from typing import Any
 from fabric.allocator import VClosAllocator
 from scheduler.fabric_placement import Contention, collective_for, sim_placement
 from scheduler.fairshare import FairShare
+from scheduler.pipeline import (
+    NO_WAITS,
+    NoQuotaCheck,
+    NoRetry,
+    NoWithinQuota,
+    SchedulingPass,
+    Waits,
+)
 from scheduler.placement import CountOnly, SimPlacement
 from scheduler.policies.base import Plan, Policy
 from scheduler.policies.elastic import curve_limit
@@ -164,7 +172,7 @@ class Simulation:
         "records",
         "release_s",
         "releases",
-        "second_pass",
+        "scheduling",
         "seq",
         "shared_cpu",
         "shared_start",
@@ -255,7 +263,15 @@ class Simulation:
         self.near_end = cfg.grow_min_left_s
         self.caps_ending = cfg.ending_caps_policy and self.near_end > 0
         self.pins_switching = cfg.switching_pins_policy
-        self.second_pass = cfg.second_pass
+        steps = SimSteps(self)
+        self.scheduling: SimPass = SchedulingPass(
+            hold_back=steps,
+            decide=steps,
+            quota_check=NoQuotaCheck(),  # the simulator has no quotas
+            within_quota=NoWithinQuota(),
+            bind=steps,
+            retry=steps if cfg.second_pass else NoRetry(),
+        )
         self.own_max: dict[JobRecord, int] = {}  # cfg.ending_caps_policy: capped jobs' own max
         self.comp: list[tuple[float, int, JobRecord, int]] = []
         # Run-time limits of started jobs (a queued job can pass its limit too).
@@ -565,32 +581,13 @@ class Simulation:
     # -- 3. one pass (and, after refusals, one more that goes around the refused jobs) -----
 
     def _schedule(self, now: float) -> bool:
-        """The policy's pass at ``now``, placed; whether anything moved."""
-        core = self.core
-        if self.caps_ending:
-            self._cap_ending(now)
-        sizes = self._pin_switching(now) if self.pins_switching and self.switching else []
-        plan = core.decide(now)
-        for job, lo, hi in sizes:
-            job.min_gpus, job.max_gpus = lo, hi
-        fresh: list[JobRecord] = []  # first starts of this pass: start-up charged after it
-        changed = False
-        for retry in (False, True):
-            self.placement.begin_pass()
-            if not plan:
-                break
-            refused, moved = self._run_pass(plan, now, fresh)
-            changed = changed or moved
-            if not refused:
-                break
-            core.unplaced(refused, now)
-            core.note_refused(refused, now)
-            if retry or core.blocking or not self.second_pass:
-                break
-            plan = core.decide(now)
+        """The scheduling pass at ``now`` (``scheduler.pipeline`` with the simulator's steps,
+        :class:`SimSteps`), placed; whether anything moved."""
+        result = self.scheduling.run(now)
+        fresh = result.candidates.fresh
         if fresh:
             self._start_ups(now, fresh)
-        return changed
+        return any(outcome.moved for outcome in result.bound)
 
     def _run_pass(self, plan: Plan, now: float, fresh: list[JobRecord]) -> tuple[Plan, bool]:
         """Place each decision of ``plan`` (a pass begun); the refused ones, and whether
@@ -891,3 +888,87 @@ class Simulation:
                     [a / t for a, t in self.slow_area.values() if t > 0]
                 )
         return SimResult(name, tuple(acct.results), acct.series, summary, tuple(acct.failed))
+
+
+# -- the simulator's steps of the scheduling pass (scheduler.pipeline) -----------------------
+
+
+class SimTurn:
+    """One pass of the simulator as its steps share it: the time, the sizes pinned for the
+    policy's eyes only (restored once it has decided), the jobs that start for the first time."""
+
+    __slots__ = ("fresh", "now", "pinned")
+
+    def __init__(self, now: float, pinned: Sequence[tuple[JobRecord, int, int]]) -> None:
+        self.now = now
+        self.pinned = pinned
+        self.fresh: list[JobRecord] = []  # first starts: their start-up is charged after the pass
+
+
+class SimBound:
+    """One round's binding in the simulator: the changes placement refused, whether any moved."""
+
+    __slots__ = ("moved", "refused")
+
+    def __init__(self, refused: Plan, moved: bool) -> None:
+        self.refused = refused
+        self.moved = moved
+
+
+_NOTHING_BOUND = SimBound([], False)
+
+
+class SimSteps:
+    """The simulator's own hold-back, decide, bind and retry steps, over its policy core.
+
+    * hold-back: the runtime's say shown to the policy: a job about to end capped at
+      its size (``SimConfig.ending_caps_policy``), a job with a switch in flight pinned
+      at its size (``switching_pins_policy``); no quotas, so nothing waits for one;
+    * decide: ``core.decide(now)``; the pinned sizes are given back right after;
+    * bind: each change placed (:meth:`Simulation._run_pass`); the refused ones are
+      undone in the core and remembered, so a second round goes around them;
+    * retry (``SimConfig.second_pass``): once, after refusals, unless the core's queue
+      is strictly ordered (FIFO's head-of-line blocking).
+    """
+
+    __slots__ = ("sim",)
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+
+    def hold_back(self, now: float) -> tuple[SimTurn, Waits]:
+        """Show the policy what the runtime owns now; the pass's shared turn."""
+        sim = self.sim
+        if sim.caps_ending:
+            sim._cap_ending(now)
+        pinned = sim._pin_switching(now) if sim.pins_switching and sim.switching else ()
+        return SimTurn(now, pinned), NO_WAITS
+
+    def decide(self, turn: SimTurn) -> Plan:
+        """The core's pass at the turn's time (the pinned sizes restored after it)."""
+        plan = self.sim.core.decide(turn.now)
+        if turn.pinned:
+            for job, lo, hi in turn.pinned:
+                job.min_gpus, job.max_gpus = lo, hi
+            turn.pinned = ()
+        return plan
+
+    def bind(self, turn: SimTurn, plan: Plan) -> tuple[SimBound, Waits]:
+        """Place the plan (a placement pass begun); refusals undone in the core."""
+        sim = self.sim
+        sim.placement.begin_pass()
+        if not plan:
+            return _NOTHING_BOUND, NO_WAITS
+        refused, moved = sim._run_pass(plan, turn.now, turn.fresh)
+        if refused:
+            sim.core.unplaced(refused, turn.now)
+            sim.core.note_refused(refused, turn.now)
+        return SimBound(refused, moved), NO_WAITS
+
+    def again(self, turn: SimTurn, outcome: SimBound, rounds: int) -> bool:
+        """Once more after refusals, around the refused jobs, unless the queue is strict."""
+        return bool(outcome.refused) and rounds == 0 and not self.sim.core.blocking
+
+
+SimPass = SchedulingPass[float, SimTurn, Plan, SimBound]
+"""The simulator's scheduling pass: from the time of an event to what it bound."""

@@ -20,8 +20,9 @@ from jobs.control.fair_share import tenant_shares
 from jobs.models import Job, JobEvent, JobGpu
 from jobs.progress import seconds_left, total_steps
 from scheduler.curves import policy_curve
+from scheduler.pipeline import Candidates, Waits
 from scheduler.priority import AGED_CEILING, priority_class
-from scheduler.quota import Blocked, QuotaBook
+from scheduler.quota import Blocked, QuotaBook, quota_need, quota_share
 from scheduler.types import Cluster, GpuState, JobView, Snapshot
 from scheduler.types import Gpu as GpuView
 from scheduler.types import JobState as ViewState
@@ -255,6 +256,22 @@ class PolicyInput:
     blocked: tuple[Blocked, ...] = ()
 
 
+class AssembledHoldBack:
+    """Step 1 of the tick's scheduling pass (``scheduler.pipeline.HoldBack``).
+
+    The snapshot assembly applies it, where the rows are (:func:`assemble_snapshot`:
+    scheduler.quota's hold-back rule, the switching and profiling jobs set aside);
+    this step hands the pass its candidates, and why each held-back job waits.
+    """
+
+    __slots__ = ()
+
+    def hold_back(self, state: PolicyInput) -> tuple[Candidates, Waits]:
+        """The assembled snapshot's candidates and the held-back jobs' waits (by name)."""
+        waits = {runtime_job_name(job): reason for job, reason in state.held_back.items()}
+        return Candidates(state.snapshot, state.book, state.blocked), waits
+
+
 @dataclass(frozen=True, slots=True)
 class JobRow:
     """What the snapshot needs of one queued, running or scaling job (curves parsed)."""
@@ -454,12 +471,14 @@ def assemble_snapshot(
     costs a look-up, not a new view.  The GPUs of the jobs left out (switching,
     profiling) are set aside (:func:`set_aside`).
     """
-    # Quota counts each job's requested share only: GPUs above it are idle extras that
-    # the policy reclaims first, so they never keep a tenant's next job waiting.
+    # The pass's hold-back step, here where the rows are (scheduler.quota's rule, the one
+    # the forecast's pass applies too): a job's share is what it holds, at most its request.
     in_use: dict[int, int] = {}
     for row in rows:
         if row.state in ACTIVE_STATES:
-            in_use[row.tenant_id] = in_use.get(row.tenant_id, 0) + min(row.parallelism, row.gpus)
+            in_use[row.tenant_id] = in_use.get(row.tenant_id, 0) + quota_share(
+                row.parallelism, row.gpus
+            )
     holdings = cluster.holdings
     jobs: list[JobView] = []
     ids: dict[str, int] = {}
@@ -491,12 +510,12 @@ def assemble_snapshot(
         used = in_use.get(row.tenant_id, 0)
         book.quota[tenant.slug] = tenant.gpu_quota  # the quota check and the quota step read it
         book.in_use[tenant.slug] = used
-        if state == JobState.QUEUED and used + lo > tenant.gpu_quota:
-            held_back[job_id] = (
-                f"tenant {tenant.slug} holds {used} of its {tenant.gpu_quota}-GPU quota"
-            )
-            blocked.append(Blocked(runtime_job_name(job_id), tenant.slug, row.priority, lo))
-            continue
+        if state == JobState.QUEUED:
+            need = quota_need(lo, row.gpus)
+            if (reason := book.hold_reason(tenant.slug, need)) is not None:
+                held_back[job_id] = reason
+                blocked.append(Blocked(runtime_job_name(job_id), tenant.slug, row.priority, need))
+                continue
         weights[tenant.slug] = tenant.priority_weight
         if held and job_id in about_to_end:
             hi = len(held)  # a newcomer would join a job about to end: no growth

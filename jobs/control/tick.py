@@ -10,8 +10,9 @@
         1c. jobs past their run-time limit → stopped after a final checkpoint, failed
            (jobs.control.limits)
         2. jobs on draining servers → migrate (same size, other GPUs, one switch)
-        3. snapshot → policy (scheduler/) → bind on the vClos allocator (fabric/)
-           → GPU/cable rows, states, events
+        3. snapshot → one scheduling pass (scheduler.pipeline: hold-back, the policy,
+           quota check, preemption within a tenant's quota, bind on the vClos
+           allocator of fabric/) → GPU/cable rows, states, events
     └─ on commit: agent commands to ``agent.<node>``, live updates to browsers
     then, every AGENT_USERS_SYNC_SECONDS: the agents' and jobs' Redis users
     (jobs.control.agent_users: rules, restores, deletions, the memory guard)
@@ -35,7 +36,7 @@ import functools
 import gc
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -57,7 +58,7 @@ from jobs.control.incremental import ClusterSource, forget, source_for_tick
 from jobs.control.limits import stop_jobs_at_limit
 from jobs.control.policy import live_policy
 from jobs.control.reconcile import reconcile
-from jobs.control.state import ClusterState, PolicyInput
+from jobs.control.state import AssembledHoldBack, ClusterState
 from jobs.control.suspect_notes import suspect_notes
 from jobs.control.switch_watchdog import stop_stuck_switches
 from jobs.control.tick_stats import record_tick
@@ -66,9 +67,9 @@ from jobs.forecast import maybe_refresh
 from jobs.lifecycle import TICK_TASK, Batch, broadcast, record, save_fields, transition
 from jobs.models import Job
 from jobs.outbox import Outbox
-from scheduler.binding import Refused, bind
+from scheduler.binding import Refused
+from scheduler.pipeline import AllocatorBind, PolicyDecide, snapshot_pass
 from scheduler.placement import CountPlacement
-from scheduler.quota import enforce_quotas, within_quota_preemptions
 from scheduler.types import Decision, Migrate
 from utilities.redis_clients import shared_redis
 from workers.protocol import Profile
@@ -201,12 +202,13 @@ def _tick(source: ClusterSource, policy_name: str, now: datetime) -> TickResult:
     if drains:
         jobs = {d.job: job_id_from_name(d.job) or 0 for d in drains}
         allocator = source.allocator(cluster)
-        bound, drain_refused = bind(cluster.spec, allocator, drains)
+        migrated, _ = AllocatorBind(cluster.spec, allocator).bind(None, drains)
+        drain_refused = migrated.refused
         source.touched(jobs.values())  # the allocator holds their bound state, not the rows'
-        reasons = {b.job: "migrated off a draining server" for b in bound}
+        reasons = {b.job: "migrated off a draining server" for b in migrated.bound}
         changed += apply_bound(
             cluster.spec,
-            bound,
+            migrated.bound,
             jobs,
             cluster.homes,
             now,
@@ -217,15 +219,17 @@ def _tick(source: ClusterSource, policy_name: str, now: datetime) -> TickResult:
     prepared = source.prepared(cluster, now)
     cluster, view = prepared.cluster, prepared.view
     snapshot, ids = view.snapshot, view.ids
-    decisions: Sequence[Decision] = live_policy(policy_name).schedule(
-        snapshot, placement=CountPlacement(), speeds=source.speed_tables()
-    )
-    decisions, over_quota = enforce_quotas(decisions, {v.id: v for v in snapshot.jobs}, view.book)
-    decisions, stopping, stop_reasons = _within_quota(decisions, view)
-    bound, refused = bind(cluster.spec, prepared.allocator, decisions)
+    policy = live_policy(policy_name)
+    scheduled = snapshot_pass(
+        AssembledHoldBack(),
+        PolicyDecide(policy, CountPlacement(), source.speed_tables()),
+        AllocatorBind(cluster.spec, prepared.allocator),
+    ).run(view)
+    decisions = scheduled.decisions
+    bound, refused = scheduled.bound[0].bound, scheduled.bound[0].refused
     source.touched(ids[b.job] for b in bound if b.job in ids)
     changed += apply_bound(
-        cluster.spec, bound, ids, cluster.homes, now, outbox, reason_override=stop_reasons
+        cluster.spec, bound, ids, cluster.homes, now, outbox, reason_override=scheduled.stopped
     )
     changed += _request_profiles(cluster, view.profile_candidates, now, outbox)
     stuck = stop_stuck_switches(view.switching, now, outbox)
@@ -233,10 +237,7 @@ def _tick(source: ClusterSource, policy_name: str, now: datetime) -> TickResult:
         source.touched(stuck)  # their GPUs are free again: the kept allocator reads them anew
         changed += stuck
     waiting = suspect_notes(cluster, snapshot, ids, bound)  # the least specific reason
-    waiting.update({ids[r.job]: r.reason for r in refused if r.job in ids})
-    waiting.update(view.held_back)
-    waiting.update({ids[name]: reason for name, reason in stopping.items() if name in ids})
-    waiting.update({ids[name]: reason for name, reason in over_quota.items()})
+    waiting.update(_by_id(scheduled.waits, ids))  # held back, over quota, refused
     note_waiting(waiting, now)
     outbox.send_on_commit()
     maybe_refresh(now)  # estimates and queue positions, in the background when due
@@ -249,29 +250,14 @@ def _tick(source: ClusterSource, policy_name: str, now: datetime) -> TickResult:
     )
 
 
-def _within_quota(
-    decisions: Sequence[Decision], view: PolicyInput
-) -> tuple[list[Decision], dict[str, str], dict[str, str]]:
-    """The quota step's preemptions (``scheduler.quota.within_quota_preemptions``) added to
-    the pass's decisions, replacing any the policy made for their jobs.
-
-    Returns the decisions, why each blocked job still waits this pass (by name), and the
-    reason each stopped job's history gives.  The blocked job starts on a later pass,
-    when the stopped job's GPUs and quota are free (the policy orders it by its class).
-    """
-    if not view.blocked:  # the usual tick: nobody is over quota, nothing to walk
-        return list(decisions), {}, {}
-    running = [v for v in view.snapshot.jobs if v.gpus]
-    room = within_quota_preemptions(view.blocked, running, view.book)
-    if not room.preempts:
-        return list(decisions), {}, {}
-    kept = [d for d in decisions if d.job not in room.stopped_for]
-    reasons = {
-        victim: f"preempted to make room under its tenant's quota for {blocked}, of a higher "
-        "class; it resumes from its latest checkpoint"
-        for victim, blocked in room.stopped_for.items()
-    }
-    return [*kept, *room.preempts], room.waits, reasons
+def _by_id(waits: Mapping[str, str], ids: Mapping[str, int]) -> dict[int, str]:
+    """The pass's waits by database id (a held-back job is in the waits, not in ``ids``)."""
+    by_id: dict[int, str] = {}
+    for name, reason in waits.items():
+        job_id = ids.get(name) or job_id_from_name(name)
+        if job_id is not None:
+            by_id[job_id] = reason
+    return by_id
 
 
 def _recover_lost_gpus(cluster: ClusterState, now: datetime) -> list[int]:

@@ -1,0 +1,393 @@
+"""One scheduling pass, the same for the live tick, the forecast and the simulator (pure).
+
+The steps, each a small class behind a Protocol, composed in one place
+(:meth:`SchedulingPass.run`)::
+
+    the caller's state       the tick's assembled snapshot, the forecast's virtual
+    │                        cluster at t, the simulator's core at an event
+    ▼
+    1. HoldBack              which jobs are candidates, and why the others wait: over
+    │                        their tenant's quota (the rule: scheduler.quota), set aside
+    │                        (switching, profiling), shown capped (about to end)
+    ▼
+ ┌► 2. Decide                the policy's decisions on the candidates
+ │  ▼
+ │  3. QuotaCheck            starts that would put a tenant over its quota are dropped
+ │  ▼
+ │  4. WithinQuota           a held-back job of a higher class stops its own tenant's
+ │  │                        lower-class jobs to fit (their decisions are replaced)
+ │  ▼
+ │  5. Bind                  the caller's: the fabric allocator (tick), GPU counts
+ │  │                        (forecast), the simulator's placement; refusals said
+ │  ▼
+ └─ 6. Retry                 go around the refused jobs once more? (the simulator's
+    │                        second pass; the tick and the forecast never do)
+    ▼
+    PassResult               what was bound, waits by job with why, preemptions with why
+
+What differs between the callers (the clock, where progress comes from, how
+long a switch takes, whether there are quotas) is in the step objects they
+compose, never a flag inside the pass.  Deciding is pure; only ``Bind`` has
+effects (the allocator, the simulator's books), and it undoes what it refuses.
+
+The steps over a :class:`~scheduler.types.Snapshot` that the tick and the
+forecast share are here too; the simulator's steps work on its policy core
+(:mod:`scheduler.simulation`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Generic, NamedTuple, Protocol, TypeVar
+
+from fabric.allocator import VClosAllocator
+from fabric.topology import FabricSpec
+from scheduler.binding import Bound, Refused, bind
+from scheduler.curves import SpeedTables
+from scheduler.placement import CountPlacement, Placement
+from scheduler.policies.base import Policy
+from scheduler.quota import (
+    Blocked,
+    QuotaBook,
+    enforce_quotas,
+    quota_need,
+    within_quota_preemptions,
+)
+from scheduler.types import Decision, JobView, Migrate, Snapshot
+
+Waits = Mapping[str, str]
+"""Job name -> why it waits (or, for preemptions, why it was stopped)."""
+
+NO_WAITS: Waits = MappingProxyType({})
+"""The waits of a step that has none (shared: no dict per pass)."""
+
+State = TypeVar("State")
+Candidates_ = TypeVar("Candidates_")
+Decisions = TypeVar("Decisions")
+Outcome = TypeVar("Outcome")
+State_contra = TypeVar("State_contra", contravariant=True)
+Candidates_co = TypeVar("Candidates_co", covariant=True)
+Candidates_contra = TypeVar("Candidates_contra", contravariant=True)
+Decisions_co = TypeVar("Decisions_co", covariant=True)
+Decisions_contra = TypeVar("Decisions_contra", contravariant=True)
+Outcome_co = TypeVar("Outcome_co", covariant=True)
+Outcome_contra = TypeVar("Outcome_contra", contravariant=True)
+
+
+class HoldBack(Protocol[State_contra, Candidates_co]):
+    """Step 1: the candidates the policy may decide on, and why each job left out waits."""
+
+    def hold_back(self, state: State_contra) -> tuple[Candidates_co, Waits]:
+        """The candidates in ``state`` and the waits of the jobs held back."""
+        ...
+
+
+class Decide(Protocol[Candidates_contra, Decisions_co]):
+    """Step 2: the policy's decisions on the candidates."""
+
+    def decide(self, candidates: Candidates_contra) -> Decisions_co:
+        """What the policy would change now."""
+        ...
+
+
+class QuotaCheck(Protocol[Candidates_contra, Decisions]):
+    """Step 3: the decisions that fit their tenant's quota; why the others were dropped."""
+
+    def check(self, candidates: Candidates_contra, decisions: Decisions) -> tuple[Decisions, Waits]:
+        """The decisions kept and the waits of the jobs whose start was dropped."""
+        ...
+
+
+class WithinQuota(Protocol[Candidates_contra, Decisions]):
+    """Step 4: preemptions that make room under a tenant's quota for its higher class."""
+
+    def make_room(
+        self, candidates: Candidates_contra, decisions: Decisions
+    ) -> tuple[Decisions, Waits, Waits]:
+        """The decisions with the preemptions in, why each held job served still waits,
+        and why each stopped job was stopped."""
+        ...
+
+
+class Bind(Protocol[Candidates_contra, Decisions_contra, Outcome_co]):
+    """Step 5: put the decisions on real (or virtual) GPUs; the caller's own step."""
+
+    def bind(
+        self, candidates: Candidates_contra, decisions: Decisions_contra
+    ) -> tuple[Outcome_co, Waits]:
+        """What was bound (and refused), and why each refused job waits."""
+        ...
+
+
+class Retry(Protocol[Candidates_contra, Outcome_contra]):
+    """Step 6: whether the pass decides once more around what binding refused."""
+
+    def again(self, candidates: Candidates_contra, outcome: Outcome_contra, rounds: int) -> bool:
+        """True to decide and bind once more (``rounds``: the rounds already retried)."""
+        ...
+
+
+class PassResult(NamedTuple, Generic[Candidates_, Decisions, Outcome]):
+    """What one pass did (a named tuple: the simulator makes one per event).
+
+    ``decisions`` are the last round's, as handed to binding; ``bound`` has one
+    outcome per round; ``waits`` are the held-back jobs' and the last round's
+    (a later step's reason wins); ``stopped`` the preempted jobs' reasons.
+    """
+
+    candidates: Candidates_
+    decisions: Decisions
+    bound: tuple[Outcome, ...]
+    waits: Waits
+    stopped: Waits
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingPass(Generic[State, Candidates_, Decisions, Outcome]):
+    """The steps of one pass, composed by :meth:`run` (the only place they are)."""
+
+    hold_back: HoldBack[State, Candidates_]
+    decide: Decide[Candidates_, Decisions]
+    quota_check: QuotaCheck[Candidates_, Decisions]
+    within_quota: WithinQuota[Candidates_, Decisions]
+    bind: Bind[Candidates_, Decisions, Outcome]
+    retry: Retry[Candidates_, Outcome]
+
+    def run(self, state: State) -> PassResult[Candidates_, Decisions, Outcome]:
+        """One pass over ``state``: hold back, then decide, check, make room and bind,
+        once more while the retry step asks for it."""
+        candidates, held = self.hold_back.hold_back(state)
+        rounds = 0
+        outcomes: tuple[Outcome, ...] = ()
+        while True:
+            decisions = self.decide.decide(candidates)
+            decisions, over_quota = self.quota_check.check(candidates, decisions)
+            decisions, making_room, stopped = self.within_quota.make_room(candidates, decisions)
+            outcome, refused = self.bind.bind(candidates, decisions)
+            outcomes = (*outcomes, outcome)
+            if not self.retry.again(candidates, outcome, rounds):
+                break
+            rounds += 1
+        waits = held
+        if over_quota or making_room or refused:  # a later step's reason wins
+            waits = {**held, **over_quota, **making_room, **refused}
+        return PassResult(candidates, decisions, outcomes, waits, stopped)
+
+
+# -- steps any caller may use ----------------------------------------------------------------
+
+
+class NoQuotaCheck(Generic[Decisions]):
+    """Step 3 where there are no quotas (the simulator): every decision stands."""
+
+    __slots__ = ()
+
+    def check(self, candidates: object, decisions: Decisions) -> tuple[Decisions, Waits]:
+        """``decisions`` unchanged."""
+        return decisions, NO_WAITS
+
+
+class NoWithinQuota(Generic[Decisions]):
+    """Step 4 where there are no quotas (the simulator): nothing is stopped for one."""
+
+    __slots__ = ()
+
+    def make_room(self, candidates: object, decisions: Decisions) -> tuple[Decisions, Waits, Waits]:
+        """``decisions`` unchanged."""
+        return decisions, NO_WAITS, NO_WAITS
+
+
+class NoRetry:
+    """Step 6 of the tick and the forecast: one round; a refused job waits for the next pass."""
+
+    __slots__ = ()
+
+    def again(self, candidates: object, outcome: object, rounds: int) -> bool:
+        """Never."""
+        return False
+
+
+# -- the steps over a snapshot (the tick and the forecast) -----------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """What a pass over a snapshot decides on: the candidate jobs' snapshot, and what
+    the quota steps read (``book`` None: no quotas; ``blocked``: the jobs held back)."""
+
+    snapshot: Snapshot
+    book: QuotaBook | None = None
+    blocked: tuple[Blocked, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaHoldBack:
+    """Step 1 from a snapshot of every live job: queued jobs over their tenant's quota are
+    left out (:meth:`scheduler.quota.QuotaBook.hold_reason`); ``quota`` None: no quotas.
+
+    The live tick applies the same rule while it assembles its snapshot
+    (``jobs.control.state``), where the rows are at hand.
+    """
+
+    quota: Mapping[str, int] | None
+
+    def hold_back(self, state: Snapshot) -> tuple[Candidates, Waits]:
+        """The snapshot without the held-back jobs, the quota book, why each waits."""
+        if self.quota is None:
+            return Candidates(state), NO_WAITS
+        book = QuotaBook(quota=dict(self.quota))
+        for view in state.jobs:
+            if view.gpus:
+                book.count(view.tenant, len(view.gpus), view.requested_gpus)
+        kept: list[JobView] = []
+        blocked: list[Blocked] = []
+        waits: dict[str, str] = {}
+        for view in state.jobs:
+            need = quota_need(view.min_gpus, view.requested_gpus)
+            reason = None if view.gpus else book.hold_reason(view.tenant, need)
+            if reason is None:
+                kept.append(view)
+                continue
+            waits[view.id] = reason
+            blocked.append(Blocked(view.id, view.tenant, view.priority, need))
+        if not waits:
+            return Candidates(state, book), NO_WAITS
+        snapshot = dataclasses.replace(state, jobs=tuple(kept))
+        return Candidates(snapshot, book, tuple(blocked)), waits
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyDecide:
+    """Step 2 over a snapshot: ``policy.schedule`` with its placement (by count in the
+    tick and the forecast; the fabric is binding's) and the kept speed tables."""
+
+    policy: Policy
+    placement: Placement = dataclasses.field(default_factory=CountPlacement)
+    speeds: SpeedTables | None = None
+
+    def decide(self, candidates: Candidates) -> list[Decision]:
+        """The policy's decisions on the candidates' snapshot."""
+        return self.policy.schedule(
+            candidates.snapshot, placement=self.placement, speeds=self.speeds
+        )
+
+
+class EnforceQuotas:
+    """Step 3 over a snapshot: :func:`scheduler.quota.enforce_quotas` with the candidates' book."""
+
+    __slots__ = ()
+
+    def check(
+        self, candidates: Candidates, decisions: list[Decision]
+    ) -> tuple[list[Decision], Waits]:
+        """The decisions that fit; the dropped starts' waits."""
+        if candidates.book is None:
+            return decisions, NO_WAITS
+        views = {v.id: v for v in candidates.snapshot.jobs}
+        return enforce_quotas(decisions, views, candidates.book)
+
+
+class PreemptWithinQuota:
+    """Step 4 over a snapshot: :func:`scheduler.quota.within_quota_preemptions` for the
+    held-back jobs, its preemptions replacing the policy's decisions for their victims."""
+
+    __slots__ = ()
+
+    def make_room(
+        self, candidates: Candidates, decisions: list[Decision]
+    ) -> tuple[list[Decision], Waits, Waits]:
+        """The decisions with the preemptions; the served jobs' waits; the victims' reasons."""
+        book = candidates.book
+        if book is None or not candidates.blocked:  # the usual pass: nobody over quota
+            return decisions, NO_WAITS, NO_WAITS
+        running = [v for v in candidates.snapshot.jobs if v.gpus]
+        room = within_quota_preemptions(candidates.blocked, running, book)
+        if not room.preempts:
+            return decisions, NO_WAITS, NO_WAITS
+        kept = [d for d in decisions if d.job not in room.stopped_for]
+        reasons = {
+            victim: f"preempted to make room under its tenant's quota for {blocked}, of a "
+            "higher class; it resumes from its latest checkpoint"
+            for victim, blocked in room.stopped_for.items()
+        }
+        return [*kept, *room.preempts], room.waits, reasons
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """What binding on the fabric did: the decisions placed, and those refused."""
+
+    bound: list[Bound]
+    refused: list[Refused]
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatorBind:
+    """Step 5 of the tick: :func:`scheduler.binding.bind` on the vClos allocator (mutated:
+    it ends in the bound state, as the tick then applies it)."""
+
+    spec: FabricSpec
+    allocator: VClosAllocator
+
+    def bind(self, candidates: object, decisions: Sequence[Decision]) -> tuple[Binding, Waits]:
+        """The bound and refused decisions; each refused job's wait is the allocator's reason."""
+        bound, refused = bind(self.spec, self.allocator, decisions)
+        waits = {r.job: r.reason for r in refused} if refused else NO_WAITS
+        return Binding(bound, refused), waits
+
+
+class CountBind:
+    """Step 5 of the forecast: GPUs by count, as the policy chose them; a migration (same
+    size) changes nothing by count and is left out."""
+
+    __slots__ = ()
+
+    def bind(self, candidates: object, decisions: list[Decision]) -> tuple[list[Decision], Waits]:
+        """The decisions to apply to the virtual cluster."""
+        return [d for d in decisions if not isinstance(d, Migrate)], NO_WAITS
+
+
+def snapshot_pass(
+    hold_back: HoldBack[State, Candidates],
+    decide: Decide[Candidates, list[Decision]],
+    bind: Bind[Candidates, list[Decision], Outcome],
+) -> SchedulingPass[State, Candidates, list[Decision], Outcome]:
+    """The pass the tick and the forecast run: their hold-back, decide and bind steps
+    between the quota check and the within-quota preemptions, one round."""
+    return SchedulingPass(
+        hold_back=hold_back,
+        decide=decide,
+        quota_check=EnforceQuotas(),
+        within_quota=PreemptWithinQuota(),
+        bind=bind,
+        retry=NoRetry(),
+    )
+
+
+__all__ = [
+    "NO_WAITS",
+    "AllocatorBind",
+    "Bind",
+    "Binding",
+    "Candidates",
+    "CountBind",
+    "Decide",
+    "EnforceQuotas",
+    "HoldBack",
+    "NoQuotaCheck",
+    "NoRetry",
+    "NoWithinQuota",
+    "PassResult",
+    "PolicyDecide",
+    "PreemptWithinQuota",
+    "QuotaCheck",
+    "QuotaHoldBack",
+    "Retry",
+    "SchedulingPass",
+    "Waits",
+    "WithinQuota",
+    "snapshot_pass",
+]
