@@ -2,7 +2,7 @@
 
 The elastic runtime runs inside the tenant's program, with the job's own
 Redis user, and appends its events to ``edl:<job>:events``
-(``workers.elastic.control.emit_event``)::
+(``workers.elastic.control.publish``; each kind is declared in ``workers.runtime_events``)::
 
     tenant program ──XADD {kind, data: JSON}──▶ edl:<job>:events ──XREAD──▶ agent ──▶ portal
 
@@ -19,8 +19,9 @@ entry passes before the agent makes a report of it:
 * ``EventBudget``: how many events and bytes a job may have read per second
   (a token bucket per job; entries over it are dropped and counted).
 
-What an event *says* (a worker left, a worker is slow) is judged elsewhere,
-against what the agent sees itself (``workers.agent.events``).
+Which fields of an event the agent reads, and how, is the event's declaration
+(``workers.runtime_events``); what an event *says* (a worker left, a worker is
+slow) is judged elsewhere, against what the agent sees itself (``workers.agent.events``).
 
 No Django or Celery; nothing here talks to Redis.
 """
@@ -33,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.elastic.control import EVENT_KINDS
+from workers.runtime_events import ENTRY_FIELDS, EVENT_KINDS
 from workers.schema import ProtocolError, check_text
 
 MAX_EVENT_BYTES = 1 << 20
@@ -48,7 +49,6 @@ MAX_DEPTH = 6
 MAX_ID_SKEW_MS = 60_000
 """How far past the agent's clock an entry id's time may lie (a program may choose its ids)."""
 
-ENTRY_FIELDS = frozenset({"kind", "data"})
 _ENTRY_ID = re.compile(r"(\d{1,20})-(\d{1,20})")
 REASON_CHARS = 200
 

@@ -24,6 +24,7 @@ tests share it freely.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import time
@@ -36,7 +37,6 @@ from workers.outputs import (
     MAX_METRIC_POINTS,
     OutputError,
     check_job_path,
-    check_metric_values,
     check_sha256,
 )
 from workers.program import (
@@ -47,6 +47,14 @@ from workers.program import (
     check_env,
     check_launcher,
 )
+from workers.runtime_events import (
+    ARTIFACT_NAME_CHARS,
+    SKIPPED_REASON_CHARS,
+    RecoveryMode,
+    event_types,
+)
+from workers.runtime_events import CurvePoint as CurvePoint  # part of the protocol's API
+from workers.runtime_events import MetricPoint as MetricPoint  # part of the protocol's API
 from workers.schema import Message, Record, at_least, check_id, check_ids, parse
 from workers.schema import ProtocolError as ProtocolError  # part of the protocol's API
 from workers.schema import check_name as check_name  # part of the protocol's API
@@ -82,7 +90,7 @@ expire unread, and the tick marked every live server down and requeued its
 jobs.
 """
 
-Recovery = Literal["consistent", "approximate"]
+Recovery = RecoveryMode
 DeviceKind = Literal["cpu", "cuda"]
 ExitOutcome = Literal["clean", "stopped", "crashed", "lost"]
 ArtifactKind = Literal["checkpoint", "final", "user", "log"]
@@ -641,14 +649,6 @@ class Recovered(JobEventReport):
     restored_step: int | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class CurvePoint(Record):
-    """Throughput of the job at one parallelism."""
-
-    workers: int
-    samples_per_s: float
-
-
 @_report
 @dataclass(frozen=True, kw_only=True)
 class ProfileDone(JobEventReport):
@@ -696,8 +696,10 @@ class ArtifactStored(JobEventReport):
         super().validate()
         at_least(self.size, 0, "artifact_stored.size")
         at_least(self.step, 0, "artifact_stored.step")
-        if len(self.name) > 255:
-            raise ProtocolError("artifact_stored.name must be at most 255 characters")
+        if len(self.name) > ARTIFACT_NAME_CHARS:
+            raise ProtocolError(
+                f"artifact_stored.name must be at most {ARTIFACT_NAME_CHARS} characters"
+            )
         if len(self.pruned) > 100:
             raise ProtocolError("artifact_stored.pruned may name at most 100 paths")
         try:
@@ -722,23 +724,10 @@ class CheckpointSkipped(JobEventReport):
     def validate(self) -> None:
         super().validate()
         at_least(self.step, 0, "checkpoint_skipped.step")
-        if len(self.reason) > 500:
-            raise ProtocolError("checkpoint_skipped.reason must be at most 500 characters")
-
-
-@dataclass(frozen=True, kw_only=True)
-class MetricPoint(Record):
-    """The metrics a program logged at one step (``edl.Context.log_metrics``)."""
-
-    step: int
-    values: dict[str, float]
-
-    def validate(self) -> None:
-        at_least(self.step, 0, "step")
-        try:
-            object.__setattr__(self, "values", check_metric_values(self.values))
-        except OutputError as exc:
-            raise ProtocolError(str(exc)) from None
+        if len(self.reason) > SKIPPED_REASON_CHARS:
+            raise ProtocolError(
+                f"checkpoint_skipped.reason must be at most {SKIPPED_REASON_CHARS} characters"
+            )
 
 
 @_report
@@ -1066,6 +1055,27 @@ class Heartbeat(Report):
         super().validate()
         at_least(self.slots, 0, "heartbeat.slots")
         check_name(self.address, "heartbeat.address")
+
+
+def _event_reports() -> dict[str, type[JobReport]]:
+    """The report type of each runtime event kind, as its declaration names it.
+
+    A declared event (``workers.runtime_events``) whose ``REPORT`` is no job
+    report with an ``event_id`` fails the import: every event reaches the portal.
+    """
+    out: dict[str, type[JobReport]] = {}
+    for kind, event in event_types().items():
+        report = _REPORTS.get(event.REPORT)
+        if report is None or not issubclass(report, JobReport):
+            raise TypeError(f"runtime event {kind!r} names no job report ({event.REPORT!r})")
+        if "event_id" not in {f.name for f in dataclasses.fields(report)}:
+            raise TypeError(f"report {event.REPORT!r} of runtime event {kind!r} has no event_id")
+        out[kind] = report
+    return out
+
+
+EVENT_REPORTS: dict[str, type[JobReport]] = _event_reports()
+"""The report each kind of runtime event becomes (``workers.agent.reports.report_from_event``)."""
 
 
 def command_types() -> dict[str, type[Command]]:

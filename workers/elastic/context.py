@@ -50,14 +50,11 @@ from workers.clock import SYSTEM_CLOCK, Clock
 from workers.elastic import comm, gradients, phases
 from workers.elastic.cli import WorkerOptions
 from workers.elastic.constants import ElasticError, log
+from workers.elastic.control import publish
 from workers.elastic.keys import JobKeys
 from workers.elastic.leader import Leader
 from workers.elastic.lease import Beat, Lease, first_dead_peer
 from workers.elastic.membership import GroupBuilder, Membership, Registration
-from workers.elastic.messages import (
-    FailedEvent,
-    publish,
-)
 from workers.elastic.outputs import ProgramOutputs
 from workers.elastic.plans import PlanFollower
 from workers.elastic.recovery import WorkerRecovery
@@ -66,6 +63,7 @@ from workers.elastic.sampler import ElasticSampler
 from workers.elastic.store import RedisStore
 from workers.elastic.timing import StepLog, StepTimes
 from workers.elastic.transfer import StateTransfer, TrainingState
+from workers.runtime_events import FailedEvent
 
 __all__ = ["Batch", "ElasticContext", "ElasticError"]
 

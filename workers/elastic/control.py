@@ -23,26 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.typing import EncodableT, FieldT
 
 from workers.elastic.keys import JobKeys
 from workers.elastic.redis_client import CONTROL_OUTAGE_S, connect
 from workers.elastic.redis_io import hash_fields, read_stream, text_or_none
+from workers.runtime_events import RuntimeEvent
 
-EVENT_KINDS = (
-    "progress",
-    "scale_done",
-    "straggler",
-    "worker_failed",
-    "recovered",
-    "profile_done",
-    "finished",
-    "failed",
-    "checkpoint_saved",
-    "checkpoint_skipped",
-    "artifact_saved",
-    "metrics",
-)
 EVENTS_MAXLEN = 10_000
+"""About how many entries a job's event stream keeps (Redis trims the oldest)."""
 
 
 @dataclass(frozen=True)
@@ -183,11 +172,10 @@ class JobControl:
             self.redis.delete(*batch)
 
 
-def emit_event(client: redis.Redis, keys: JobKeys, kind: str, **data: Any) -> None:
-    """Append one runtime event to the job's stream (used by the runtime)."""
-    client.xadd(
-        keys.events,
-        {"kind": kind, "data": json.dumps(data)},
-        maxlen=EVENTS_MAXLEN,
-        approximate=True,
-    )
+def publish(client: redis.Redis, keys: JobKeys, event: RuntimeEvent) -> None:
+    """Append one runtime event to the job's stream: the one way the runtime writes it.
+
+    The entry is the event's own (``RuntimeEvent.entry``, ``workers.runtime_events``).
+    """
+    entry: dict[FieldT, EncodableT] = dict(event.entry().items())
+    client.xadd(keys.events, entry, maxlen=EVENTS_MAXLEN, approximate=True)

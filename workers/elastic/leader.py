@@ -31,12 +31,12 @@ import redis
 
 from workers.clock import Clock
 from workers.elastic.constants import log
+from workers.elastic.control import publish
 from workers.elastic.leader_meta import LeaderMeta
 from workers.elastic.leader_recovery import coordinate_recovery
 from workers.elastic.lease import Lease
 from workers.elastic.messages import (
     ControlRequest,
-    FinishedEvent,
     JoinersRequest,
     MigrateRequest,
     PreparePlan,
@@ -46,7 +46,6 @@ from workers.elastic.messages import (
     StopPlan,
     StopRequest,
     SwitchPlan,
-    publish,
     request_from_entry,
     rpc_from_json,
 )
@@ -56,6 +55,7 @@ from workers.elastic.redis_io import hash_fields, read_stream, text, text_or_non
 from workers.elastic.reporting import JobReporter
 from workers.elastic.straggler import parse_rule
 from workers.elastic.views import JobView
+from workers.runtime_events import FinishedEvent
 from workers.schema import ProtocolError
 
 TICK_S = 0.02

@@ -16,13 +16,15 @@ import redis
 from workers.clock import Clock
 from workers.elastic.checkpoint import Checkpoints, Manifest, Skipped
 from workers.elastic.constants import ALIVE_MS, log
+from workers.elastic.control import publish
 from workers.elastic.keys import JobKeys
 from workers.elastic.lease import peer_is_dead
-from workers.elastic.messages import RecoveredEvent, RecoveryPlan, WorkerFailedEvent, publish
+from workers.elastic.messages import RecoveryPlan
 from workers.elastic.ranks import order_by_rank, parse_ranks
 from workers.elastic.redis_io import hash_fields
 from workers.elastic.transfer import report_skipped
 from workers.elastic.views import WorkerView
+from workers.runtime_events import RecoveredEvent, WorkerFailedEvent
 from workers.store_door import open_store
 
 

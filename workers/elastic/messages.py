@@ -1,4 +1,6 @@
-"""The messages of the elastic runtime: plans, requests, RPC and events, as frozen records.
+"""The messages of the elastic runtime: plans, requests and RPC, as frozen records.
+
+Its events are declared with the agent's reading of them in ``workers.runtime_events``.
 
 Everything here crosses a thread or a process boundary through Redis, so
 everything is checked on the way in (``workers.schema``): a malformed
@@ -12,32 +14,17 @@ plain dicts before: a ``kind`` key (``op`` for the RPC) and the fields.
     newcomer   ──(rpc list: Register)──────────────▶ leader ──(reply list: PreparePlan)──▶ newcomer
     leader     ──(plan:{n}: Plan = PreparePlan | SwitchPlan | StopPlan)──▶ every member
     leader     ──(recovery:{g}: RecoveryPlan)──────▶ survivors
-    leader, workers ──(events stream: RuntimeEvent)──▶ agents
+    leader, workers ──(events stream: workers.runtime_events)──▶ agents
 """
 
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-import redis
-
-from workers.elastic.control import emit_event
-from workers.elastic.keys import JobKeys
-from workers.outputs import (
-    MAX_METRIC_POINTS,
-    OutputError,
-    check_metric_values,
-    check_sha256,
-)
-from workers.outputs import check_job_path as check_output_path
+from workers.runtime_events import RecoveryMode
 from workers.schema import Message, ProtocolError, Record, at_least, parse
-
-MAX_POINTS_PER_EVENT = MAX_METRIC_POINTS
-
-RecoveryMode = Literal["consistent", "approximate"]
 
 
 def _check_members(members: tuple[str, ...], path: str) -> None:
@@ -327,207 +314,3 @@ class ProfileState(Record):
     max: int
     batches: int
     start: int | None = None
-
-
-# --------------------------------------------------------------------------- events
-
-
-@dataclass(frozen=True, kw_only=True)
-class RuntimeEvent(RuntimeMessage):
-    """An entry of the job's event stream (read by the agents: ``report_from_event``)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class ProgressEvent(RuntimeEvent):
-    """Progress of the job (at most every 0.5 s): step, samples/s, mean loss."""
-
-    TYPE: ClassVar[str] = "progress"
-    step: int
-    samples_per_s: float
-    loss: float | None
-    world: int
-    generation: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class ScaleDoneEvent(RuntimeEvent):
-    """A switch happened: the new membership, who joined and left, the pause."""
-
-    TYPE: ClassVar[str] = "scale_done"
-    generation: int
-    world: int
-    members: tuple[str, ...]
-    joiners: tuple[str, ...]
-    leavers: tuple[str, ...]
-    pause_s: float
-    step: int
-    new_leader: str | None = None
-
-
-@dataclass(frozen=True, kw_only=True)
-class StragglerEvent(RuntimeEvent):
-    """A worker was slower than 1.2x the median for 10 mini-batches in a row."""
-
-    TYPE: ClassVar[str] = "straggler"
-    worker: str
-    ratio: float
-    step: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class WorkerFailedEvent(RuntimeEvent):
-    """A member of a failed generation neither survived nor kept its liveness key."""
-
-    TYPE: ClassVar[str] = "worker_failed"
-    worker: str
-    generation: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class RecoveredEvent(RuntimeEvent):
-    """The survivors of a failed generation train again."""
-
-    TYPE: ClassVar[str] = "recovered"
-    mode: RecoveryMode
-    generation: int
-    world: int
-    dead: tuple[str, ...]
-    step: int
-    restored_step: int | None
-
-
-@dataclass(frozen=True, kw_only=True)
-class ProfileDoneEvent(RuntimeEvent):
-    """The throughput curve of a profile (worker count as text -> samples/s)."""
-
-    TYPE: ClassVar[str] = "profile_done"
-    curve: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, kw_only=True)
-class FinishedEvent(RuntimeEvent):
-    """Training ended (``finished``) or stopped on request (``stopped``)."""
-
-    TYPE: ClassVar[str] = "finished"
-    step: int
-    reason: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class FailedEvent(RuntimeEvent):
-    """A worker cannot continue (it exits non-zero)."""
-
-    TYPE: ClassVar[str] = "failed"
-    worker: str
-    error: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class CheckpointSavedEvent(RuntimeEvent):
-    """Rank 0 stored a checkpoint (``final``: the one written when training finished).
-
-    ``path`` and ``pruned`` are relative to the job's store prefix; ``pruned``
-    names the checkpoints the keep rule deleted right after this one was saved.
-    """
-
-    TYPE: ClassVar[str] = "checkpoint_saved"
-    step: int
-    path: str
-    size: int
-    sha256: str
-    final: bool = False
-    pruned: tuple[str, ...] = ()
-
-    def validate(self) -> None:
-        at_least(self.step, 0, "checkpoint_saved.step")
-        check_job_path(self.path, "checkpoints", "checkpoint_saved.path")
-        check_stored(self.size, self.sha256, "checkpoint_saved")
-        for i, path in enumerate(self.pruned):
-            check_job_path(path, "checkpoints", f"checkpoint_saved.pruned[{i}]")
-
-
-@dataclass(frozen=True, kw_only=True)
-class CheckpointSkippedEvent(RuntimeEvent):
-    """A checkpoint failed its check on load (size, sha256, unreadable) and an older one was used."""
-
-    TYPE: ClassVar[str] = "checkpoint_skipped"
-    step: int
-    reason: str
-
-    def validate(self) -> None:
-        at_least(self.step, 0, "checkpoint_skipped.step")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ArtifactSavedEvent(RuntimeEvent):
-    """The program stored a file of its own (``ctx.save_artifact``) under ``artifacts/``."""
-
-    TYPE: ClassVar[str] = "artifact_saved"
-    name: str
-    path: str
-    size: int
-    sha256: str
-    step: int | None = None
-
-    def validate(self) -> None:
-        check_job_path(self.path, "artifacts", "artifact_saved.path")
-        if self.path != f"artifacts/{self.name}":
-            raise ProtocolError("artifact_saved.path must be artifacts/<name>")
-        check_stored(self.size, self.sha256, "artifact_saved")
-        at_least(self.step, 0, "artifact_saved.step")
-
-
-@dataclass(frozen=True, kw_only=True)
-class MetricPoint(Record):
-    """The values a program logged at one step (``ctx.log_metrics``)."""
-
-    step: int
-    values: dict[str, float]
-
-    def validate(self) -> None:
-        at_least(self.step, 0, "metric.step")
-        try:
-            object.__setattr__(self, "values", check_metric_values(self.values, "metric.values"))
-        except OutputError as exc:
-            raise ProtocolError(str(exc)) from None
-
-
-@dataclass(frozen=True, kw_only=True)
-class MetricsEvent(RuntimeEvent):
-    """Metric points a program logged since the last such event (at most one a second)."""
-
-    TYPE: ClassVar[str] = "metrics"
-    points: tuple[MetricPoint, ...]
-
-    def validate(self) -> None:
-        if not 1 <= len(self.points) <= MAX_POINTS_PER_EVENT:
-            raise ProtocolError(f"metrics.points must hold 1 to {MAX_POINTS_PER_EVENT} points")
-
-
-def check_job_path(path: str, folder: str, where: str) -> None:
-    """Refuse a job-relative path that is not inside ``folder`` of the job's prefix."""
-    try:
-        check_output_path(path, where, folder)
-    except OutputError as exc:
-        raise ProtocolError(str(exc)) from None
-
-
-def check_stored(size: int, sha256: str, where: str) -> None:
-    """Refuse a negative size or a sha256 that is not 64 lowercase hex digits."""
-    at_least(size, 0, f"{where}.size")
-    try:
-        check_sha256(sha256, f"{where}.sha256")
-    except OutputError as exc:
-        raise ProtocolError(str(exc)) from None
-
-
-def finite_or_none(value: float) -> float | None:
-    """A float for a JSON message: NaN and infinities become null."""
-    return value if math.isfinite(value) else None
-
-
-def publish(client: redis.Redis, keys: JobKeys, event: RuntimeEvent) -> None:
-    """Append one typed event to the job's event stream."""
-    data = event.to_dict()
-    del data[event.KEY]
-    emit_event(client, keys, event.TYPE, **data)

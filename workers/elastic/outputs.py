@@ -22,13 +22,13 @@ import redis
 
 from workers.artifacts import ArtifactPathError, StoredObject, check_relative
 from workers.clock import Clock
+from workers.elastic.control import publish
 from workers.elastic.keys import JobKeys
-from workers.elastic.messages import (
+from workers.runtime_events import (
     MAX_POINTS_PER_EVENT,
     ArtifactSavedEvent,
     MetricPoint,
     MetricsEvent,
-    publish,
 )
 from workers.store_door import ObjectStore
 

@@ -16,10 +16,12 @@ from typing import Protocol
 import redis
 
 from workers.elastic.constants import log
+from workers.elastic.control import publish
 from workers.elastic.keys import JobKeys
 from workers.elastic.leader_meta import LeaderMeta
-from workers.elastic.messages import ProfileDoneEvent, ProfileRequest, ProfileState, publish
+from workers.elastic.messages import ProfileRequest, ProfileState
 from workers.elastic.views import ProfiledJob
+from workers.runtime_events import ProfileDoneEvent
 
 WARMUP_STEPS = 2
 

@@ -12,18 +12,13 @@ import redis
 
 from workers.clock import Clock
 from workers.elastic.constants import log
+from workers.elastic.control import publish
 from workers.elastic.keys import JobKeys
 from workers.elastic.leader_meta import LeaderMeta
-from workers.elastic.messages import (
-    ProgressEvent,
-    ScaleDoneEvent,
-    StragglerEvent,
-    SwitchPlan,
-    finite_or_none,
-    publish,
-)
+from workers.elastic.messages import SwitchPlan
 from workers.elastic.straggler import DEFAULT_RULE, StragglerDetector, StragglerRule
 from workers.elastic.views import ReportedJob
+from workers.runtime_events import ProgressEvent, ScaleDoneEvent, StragglerEvent, finite_or_none
 
 PROGRESS_EVERY_S = 0.5
 

@@ -20,17 +20,12 @@ from workers.elastic import comm
 from workers.elastic.checkpoint import Checkpoints, Skipped
 from workers.elastic.cli import WorkerOptions
 from workers.elastic.constants import JOIN_WAIT_S, ElasticError, log
+from workers.elastic.control import publish
 from workers.elastic.keys import JobKeys
 from workers.elastic.lease import peer_is_dead
-from workers.elastic.messages import (
-    CheckpointSavedEvent,
-    CheckpointSkippedEvent,
-    Plan,
-    PreparePlan,
-    plan_from_dict,
-    publish,
-)
+from workers.elastic.messages import Plan, PreparePlan, plan_from_dict
 from workers.elastic.redis_client import connect
+from workers.runtime_events import CheckpointSavedEvent, CheckpointSkippedEvent
 from workers.store_door import open_store
 
 FINAL_WAIT_S = 600.0

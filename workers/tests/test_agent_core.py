@@ -7,6 +7,7 @@ path has its own end-to-end test in test_agent_celery.py).
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 import uuid
 from collections.abc import Iterator
@@ -36,7 +37,7 @@ from workers.agent.reports import report_from_event
 from workers.agent.store import AgentStore, WorkerRecord
 from workers.clock import ManualClock
 from workers.elastic.cli import parse_options
-from workers.elastic.control import JobControl, emit_event
+from workers.elastic.control import JobControl, publish
 from workers.protocol import (
     ArtifactStored,
     CheckpointSkipped,
@@ -54,6 +55,7 @@ from workers.protocol import (
     Stopped,
     WorkerExited,
 )
+from workers.runtime_events import FinishedEvent, ProgressEvent, finite_or_none
 
 
 class Collected:
@@ -199,16 +201,17 @@ def test_runtime_events_are_forwarded_once_across_agents(
     nodes = [f"test-{uuid.uuid4().hex[:8]}" for _ in range(2)]
     agents = [make_agent(n, redis_url, tmp_path) for n in nodes]
     keys = JobControl(redis_url, job).keys
-    emit_event(client, keys, "progress", step=1, samples_per_s=1.0, loss=1.0, world=1)  # history
+    history = ProgressEvent(step=1, samples_per_s=1.0, loss=1.0, world=1, generation=0)
+    publish(client, keys, history)
     for i, (agent, _) in enumerate(agents):
         # Watching starts at the end of the stream: history is not replayed.
         payload = {"type": "scale_in", "job": job, "command_id": f"x{i}", "worker_ids": ["w9"]}
         agent.receive(payload)
-    emit_event(
-        client, keys, "progress", step=5, samples_per_s=123.5, loss=float("nan"), world=2,
-        generation=0,
-    )  # fmt: skip
-    emit_event(client, keys, "finished", step=9, reason="finished")
+    latest = ProgressEvent(
+        step=5, samples_per_s=123.5, loss=finite_or_none(math.nan), world=2, generation=0
+    )
+    publish(client, keys, latest)
+    publish(client, keys, FinishedEvent(step=9, reason="finished"))
     for agent, _ in agents:
         agent.tick()
     progress = [r for _, sent in agents for r in sent.of(Progress)]

@@ -26,14 +26,14 @@ from workers.elastic.checkpoint import Checkpoints, Manifest, to_prune
 from workers.elastic.cli import options_from_env, options_to_env, parse_options
 from workers.elastic.control import JobControl
 from workers.elastic.keys import JobKeys
-from workers.elastic.messages import (
+from workers.elastic.outputs import ProgramOutputs, check_artifact_name
+from workers.runtime_events import (
     ArtifactSavedEvent,
     CheckpointSavedEvent,
     CheckpointSkippedEvent,
     MetricPoint,
     MetricsEvent,
 )
-from workers.elastic.outputs import ProgramOutputs, check_artifact_name
 from workers.schema import ProtocolError
 
 torch.set_num_threads(1)

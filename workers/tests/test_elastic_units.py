@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 
 from workers.elastic import checkpoint
 from workers.elastic.cli import WorkerArgumentError, parse_options
-from workers.elastic.control import JobControl, emit_event
+from workers.elastic.control import JobControl, publish
 from workers.elastic.sampler import ElasticSampler, shard
+from workers.runtime_events import ProgressEvent
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -124,13 +125,15 @@ def test_control_api_round_trip(redis_url: str) -> None:
         entries: Any = ctl.redis.xrange(ctl.keys.control)
         assert [e[1]["kind"] for e in entries] == ["scale_in", "migrate"]
         assert json.loads(entries[1][1]["payload"])["joiners"] == 1
-        emit_event(ctl.redis, ctl.keys, "progress", step=3, samples_per_s=1.0, loss=0.5, world=2)
+        event = ProgressEvent(step=3, samples_per_s=1.0, loss=0.5, world=2, generation=0)
+        publish(ctl.redis, ctl.keys, event)
         events = ctl.read_events()
         assert events[0][1] == {
             "step": 3,
             "samples_per_s": 1.0,
             "loss": 0.5,
             "world": 2,
+            "generation": 0,
             "kind": "progress",
         }
         assert ctl.read_events(events[-1][0]) == []

@@ -24,8 +24,11 @@ import pytest
 import redis
 
 from workers.agent.reports import report_from_event
+from workers.elastic.control import publish
 from workers.elastic.keys import JobKeys
-from workers.elastic.messages import (
+from workers.job_events import decode_entry
+from workers.runtime_events import (
+    EVENT_KINDS,
     ArtifactSavedEvent,
     CheckpointSavedEvent,
     CheckpointSkippedEvent,
@@ -40,9 +43,7 @@ from workers.elastic.messages import (
     ScaleDoneEvent,
     StragglerEvent,
     WorkerFailedEvent,
-    publish,
 )
-from workers.job_events import decode_entry
 from workers.schema import ProtocolError
 
 SHA = "ab" * 32
@@ -358,8 +359,6 @@ def test_each_event_goes_into_redis_and_to_the_portal_as_it_always_did(
 
 
 def test_every_kind_the_runtime_writes_has_a_golden() -> None:
-    from workers.elastic.control import EVENT_KINDS
-
     assert sorted(EVENT_KINDS) == KINDS
 
 

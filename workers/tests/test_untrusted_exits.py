@@ -23,8 +23,9 @@ from django.conf import settings
 from workers.agent.agent import Agent
 from workers.agent.config import AgentConfig, SandboxSettings
 from workers.agent.store import AgentStore
-from workers.elastic.control import JobControl, emit_event
+from workers.elastic.control import JobControl, publish
 from workers.protocol import Failed, Rejected, Report, WorkerExited
+from workers.runtime_events import FinishedEvent
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -137,12 +138,10 @@ def test_a_program_whose_runtime_finished_is_not_failed(base: Path, node: str, j
     """The runtime's ``finished`` came before the exits: the job ended well, nothing else said."""
     agent, sent = program_agent(base, node, "print('done')\n")
     agent.events.watch(job)
-    emit_event(
+    publish(
         redis.Redis.from_url(str(settings.REDIS_URL)),
         JobControl(str(settings.REDIS_URL), job).keys,
-        "finished",
-        step=5,
-        reason="finished",
+        FinishedEvent(step=5, reason="finished"),
     )
     assert agent.receive(start(job, workers=1)) == "applied", sent.reports
     run_to_exit(agent, sent, 1)
@@ -175,12 +174,10 @@ def test_processes_that_outlive_their_finished_event_are_stopped(
     agent.events.finished_grace_s = 0.5
     try:
         assert agent.receive(start(job, workers=1)) == "applied", sent.reports
-        emit_event(
+        publish(
             redis.Redis.from_url(str(settings.REDIS_URL)),
             JobControl(str(settings.REDIS_URL), job).keys,
-            "finished",
-            step=1,
-            reason="finished",
+            FinishedEvent(step=1, reason="finished"),
         )
         deadline = time.monotonic() + 30
         while not sent.of(WorkerExited):
