@@ -7,6 +7,8 @@ from scheduler.quota import (
     QuotaBook,
     QuotaRoom,
     enforce_quotas,
+    quota_need,
+    quota_share,
     within_quota_preemptions,
 )
 from scheduler.tests.builders import running
@@ -71,3 +73,15 @@ def test_two_blocked_jobs_do_not_count_one_victim_twice() -> None:
         [Blocked("h1", "a", 90, 4), Blocked("h2", "a", 90, 4)], jobs, book
     )
     assert room.preempts == [Preempt("low")] and set(room.waits) == {"h1"}
+
+
+def test_the_hold_back_rule_counts_what_a_job_holds_up_to_its_request() -> None:
+    book = QuotaBook(quota={"a": 4})
+    book.count("a", 6, 2)  # 6 held, 2 asked for: 4 of them are idle extras
+    book.count("a", 1, 4)  # growing: it holds 1 of its 4
+    assert book.in_use == {"a": 3}
+    assert book.hold_reason("a", 1) is None
+    assert book.hold_reason("a", 2) == "tenant a holds 3 of its 4-GPU quota"
+    assert book.hold_reason("no-quota", 100) is None  # a tenant with no quota: no rule
+    assert (quota_share(6, 2), quota_share(1, 4)) == (2, 1)
+    assert (quota_need(2, 8), quota_need(0, 8)) == (2, 8)  # its minimum, else its request
