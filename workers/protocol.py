@@ -510,7 +510,9 @@ class JobEventReport(JobReport):
     """A report forwarded from the job's runtime event stream.
 
     ``event_id`` is the stream entry's id: unique per job, so the receiver can
-    drop a report it has already seen.
+    drop a report it has already seen.  Which event becomes which report, and
+    which of its fields become which of the report's, is the event's
+    declaration (``workers.runtime_events``; ``EVENT_REPORTS``).
     """
 
     event_id: str

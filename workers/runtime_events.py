@@ -198,7 +198,8 @@ class RuntimeEvent(Message):
 
     @classmethod
     def derived(cls, body: Body) -> dict[str, Any]:
-        """Report fields made from more than one field of the event (none unless declared)."""
+        """Report fields that are no one declared field: a constant, one made of several
+        fields, one the runtime does not write (none unless a class says so in ``DERIVED``)."""
         return {}
 
     @classmethod

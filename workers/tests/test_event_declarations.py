@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -34,6 +35,7 @@ from workers.runtime_events import (
     event_types,
     wire,
 )
+from workers.tests.test_runtime_event_wire import GOLDEN
 
 WORKERS = Path(workers.__file__).resolve().parent
 DECLARATIONS = "runtime_events.py"
@@ -216,3 +218,16 @@ def test_an_undeclared_field_refuses_to_import() -> None:
     with pytest.raises(TypeError, match="not declared with wire"):
         declare(Loose)
     assert "loose" not in event_types()
+
+
+@pytest.mark.parametrize(
+    ("event", "entry"),
+    [(event, entry) for event, entry, _report in GOLDEN],
+    ids=[f"{entry['kind']}-{i}" for i, (_e, entry, _r) in enumerate(GOLDEN)],
+)
+def test_what_an_event_makes_is_what_its_declaration_names(
+    event: RuntimeEvent, entry: dict[str, str]
+) -> None:
+    """``report_names`` (what the report check above trusts) is what ``report_fields`` makes."""
+    body = json.loads(entry["data"])
+    assert set(type(event).report_fields(body)) == type(event).report_names()
