@@ -170,6 +170,20 @@ def at_work(snap: Snapshot, policy: Policy) -> bool:
     return any(not isinstance(d, Migrate) for d in decisions)
 
 
+def changes_within(result: Forecast, dt: float) -> bool:
+    """Whether ``result`` itself predicts a start or a finish within ``dt``: the cluster
+    then changes before the next refresh (a LAS demotion at the policy's own clock lets
+    a queued job in), and that refresh would not see it unchanged.
+
+    Before this check, such pairs were counted: every Elastic-Tiresias move of the
+    60_job.csv x10 replay (37.5 s at most) was one, not the forecast's stepping.
+    """
+    return any(
+        (e.start is not None and e.start <= dt) or (e.finish is not None and e.finish <= dt)
+        for e in result.estimates.values()
+    )
+
+
 def _moved(at: float, first: Estimate, later_at: float, second: Estimate) -> float:
     """How far a job's predicted start moved between two refreshes (absolute seconds)."""
     return _distance(_absolute(at, first.start), _absolute(later_at, second.start))
@@ -279,7 +293,7 @@ def main() -> int:
             start = None if est.start is None else now + est.start
             predictions.append((now, rec.id, start, est.reason))
         later = refreshed(snap, args.refresh, noise.uniform(-args.noise, args.noise))
-        if later is None or at_work(snap, policy):
+        if later is None or at_work(snap, policy) or changes_within(result, args.refresh):
             return
         again = predict(later)
         for rec in waiting:
