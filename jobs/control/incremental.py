@@ -25,10 +25,16 @@ remember to announce its change.  What such a token cannot see: a table other
 than the job's changed alone (a ``JobGpu`` row deleted without its job being
 saved), which the verify pass catches.
 
+The policy's core is kept too (``source.policy(name)``, a
+:class:`scheduler.policies.kept.KeptPolicy`): the core restored from the last
+snapshot, to which each pass applies only the jobs whose views changed (an
+unchanged job keeps its view object here, so finding them is an identity check).
+
 Verify: every ``TICK_VERIFY_EVERY`` ticks, before its own transaction, the tick
 refreshes the kept state and rebuilds everything from the database, both in one
 read-only ``REPEATABLE READ`` transaction (one snapshot: a write committed
-between the two reads is not a mismatch), and compares; a mismatch is logged,
+between the two reads is not a mismatch), and compares, the kept policy core's
+decisions on the kept snapshot with a fresh core's among them; a mismatch is logged,
 counted (``portal_tick_state_mismatches_total``) and repaired by rebuilding the
 kept state.  Any error in a tick drops the kept state (the transaction rolled back,
 the state may describe writes that never happened), so the next tick starts
@@ -57,6 +63,7 @@ from fabric.topology import FabricSpec
 from inventory.models import Fabric, Gpu, Server
 from jobs.agent_commands import GpuHome, runtime_job_name
 from jobs.choices import ACTIVE_STATES
+from jobs.control.policy import live_policy
 from jobs.control.state import (
     JOB_ROW_FIELDS,
     SNAPSHOT_STATES,
@@ -83,8 +90,11 @@ from jobs.control.state import (
 from jobs.control.tick_stats import TICK_STATS_KEY
 from jobs.models import Job, JobGpu
 from scheduler.curves import SpeedTables
+from scheduler.placement import CountPlacement
+from scheduler.policies import Policy
+from scheduler.policies.kept import KeptPolicy
 from scheduler.types import Gpu as GpuView
-from scheduler.types import JobView
+from scheduler.types import JobView, Snapshot
 from tenancy.models import Tenant
 
 __all__ = [
@@ -93,6 +103,7 @@ __all__ = [
     "KeptState",
     "Prepared",
     "compare",
+    "compare_policies",
     "forget",
     "has_kept_state",
     "kept_state",
@@ -151,6 +162,9 @@ class ClusterSource(Protocol):
     def speed_tables(self) -> SpeedTables | None:
         """The policy's speed-table memo for this tick's pass (None: none kept)."""
 
+    def policy(self, name: str | None = None) -> Policy:
+        """The control plane's policy ``name`` (``live_policy``) for this tick's pass."""
+
 
 class FullRebuild:
     """Everything read from the database each time: the reference path."""
@@ -180,6 +194,10 @@ class FullRebuild:
     def speed_tables(self) -> SpeedTables | None:
         """None: every pass makes its tables afresh."""
         return None
+
+    def policy(self, name: str | None = None) -> Policy:
+        """:func:`jobs.control.policy.live_policy`: a fresh core every pass."""
+        return live_policy(name)
 
 
 def _token(model: type[Model]) -> RawSQL:
@@ -281,6 +299,8 @@ class KeptState:
         self._allocator: VClosAllocator | None = VClosAllocator(spec) if spec else None
         self._speeds = SpeedTables()
         self.dirty: set[int] = set()
+        # Kept policy cores by (name, class ageing): the views they hold are this state's.
+        self.policies: dict[tuple[str, float | None], KeptPolicy] = {}
 
     # --- ClusterSource ---------------------------------------------------------
 
@@ -368,6 +388,20 @@ class KeptState:
         self._speeds.sweep()
         return self._speeds
 
+    def policy(self, name: str | None = None) -> KeptPolicy:
+        """The policy ``name`` (``live_policy``: the settings' class ageing) with its core kept.
+
+        One per name and ageing period, kept with this state (a reset drops
+        them): its passes apply only the jobs whose views changed since the
+        previous one, and decide as a fresh core would.
+        """
+        fresh = live_policy(name)
+        key = (name or settings.SCHEDULER_POLICY, fresh.class_ageing_s)
+        kept = self.policies.get(key)
+        if kept is None:
+            kept = self.policies[key] = KeptPolicy(fresh)
+        return kept
+
     def prepared(self, cluster: ClusterState, now: datetime) -> Prepared:
         """The kept allocator and the policy's view from the kept rows."""
         return Prepared(cluster, self.allocator(cluster), self.policy_input(cluster, now))
@@ -381,8 +415,10 @@ class KeptState:
         transaction, a job submitted or a report applied in between made them
         differ with nothing wrong (three false mismatches in six minutes of a
         20-job live run, each counted and each paid for with a full rebuild).
-        A difference is logged and counted, and the kept state is dropped: the
-        tick that follows reads everything again.
+        The kept policy cores decide on the kept snapshot and are compared with
+        a fresh core's decisions (``compare_policies``).  A difference is logged
+        and counted, and the kept state is dropped with its policy cores: the
+        tick that follows reads everything again and restores fresh cores.
         """
         self.ticks_since_verify += 1
         if self.ticks_since_verify < settings.TICK_VERIFY_EVERY:
@@ -397,6 +433,7 @@ class KeptState:
             reference = rebuild(now, epoch=self.epoch)
             kept = self.prepared(cluster, now)
             differences = compare(kept, reference) if reference is not None else ["fabric"]
+            differences += compare_policies(self.policies.values(), kept.view.snapshot)
         if not differences:
             return
         log.warning(
@@ -541,6 +578,17 @@ def compare(kept: Prepared, rebuilt: Prepared) -> list[str]:
         differences.append("unavailable")
     differences += [name for name in VIEW_PARTS if getattr(view, name) != getattr(ref_view, name)]
     return differences
+
+
+def compare_policies(policies: Iterable[KeptPolicy], snapshot: Snapshot) -> list[str]:
+    """``policy NAME`` for each kept policy whose decisions on ``snapshot`` differ from a
+    fresh core's (its wrapped policy's own ``schedule``); empty: all the same."""
+    return [
+        f"policy {kept.name}"
+        for kept in policies
+        if kept.schedule(snapshot, placement=CountPlacement())
+        != kept.policy.schedule(snapshot, placement=CountPlacement())
+    ]
 
 
 def record_mismatch() -> None:

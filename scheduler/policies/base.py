@@ -26,7 +26,9 @@ from __future__ import annotations
 import heapq
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from itertools import compress, repeat
+from operator import attrgetter, is_
 from typing import Any, TypeVar
 
 from scheduler.curves import SpeedTables, view_speeds
@@ -34,7 +36,18 @@ from scheduler.fairshare import FairShare
 from scheduler.placement import ConsolidatedPlacement, Placement
 from scheduler.priority import AGED_CEILING, aged_class, priority_class
 from scheduler.records import JobRecord
-from scheduler.types import Decision, JobView, Migrate, Preempt, Scale, Snapshot, Start
+from scheduler.types import (
+    Cluster,
+    Decision,
+    Gpu,
+    GpuState,
+    JobView,
+    Migrate,
+    Preempt,
+    Scale,
+    Snapshot,
+    Start,
+)
 
 #: Slack when comparing ageing times (seconds), so a wake-up at a job's due time ages it.
 _AGE_EPS = 1e-6
@@ -287,7 +300,7 @@ class Policy(ABC):
         self, snapshot: Snapshot, speeds: SpeedTables | None = None
     ) -> tuple[PolicyCore, list[JobView]]:
         """A fresh core holding the snapshot's jobs (running ones restored), and the views in order."""
-        core = self.new_core(snapshot.cluster.total_gpus)
+        core = self.new_core(usable_gpus(snapshot.cluster))
         core.ageing = self.class_ageing_s
         if snapshot.tenants:
             core.fair_share = FairShare(
@@ -329,7 +342,27 @@ def fair_order(jobs: list[JobRecord], fair_share: FairShare | None) -> list[JobR
     return sorted(jobs, key=lambda j: key(j.tenant))
 
 
+def appended_in_order(container: Sequence[JobRecord], added: int) -> bool:
+    """Whether ``container``, whose last ``added`` jobs were just appended in ``idx`` order,
+    is still in ``idx`` order (the appended ones all come after the ones before them)."""
+    if added <= 0 or added >= len(container):
+        return True
+    return container[-added - 1].idx < container[-added].idx
+
+
+_GPU_ID = attrgetter("id")
+_GPU_STATE = attrgetter("state")
+
+
+def usable_gpus(cluster: Cluster) -> int:
+    """``cluster.total_gpus`` (the GPUs not down), counted without a Python loop per GPU."""
+    gpus = cluster.gpus
+    return len(gpus) - sum(map(is_, map(_GPU_STATE, gpus), repeat(GpuState.DOWN)))
+
+
 def view_order(view: JobView) -> tuple[int, float, float, str]:
+    """A job's place in the order a fresh core meets the jobs: running first, then by
+    ``queue_since`` (or submit time), submit time and id."""
     since = view.queue_since if view.queue_since is not None else view.submit_time
     return (0 if view.running else 1, since, view.submit_time, view.id)
 
@@ -387,12 +420,20 @@ def record_from_view(
 
 
 def plan_to_decisions(
-    plan: Plan, views: dict[str, JobView], snapshot: Snapshot, placer: Placement
+    plan: Plan,
+    views: Mapping[str, JobView],
+    snapshot: Snapshot,
+    placer: Placement,
+    *,
+    free: Collection[int] | None = None,
+    gpu_info: Mapping[int, Gpu] | None = None,
 ) -> list[Decision]:
     """Turn size changes into GPU tuples: release first, then shrink, then place growth.
 
     The cluster's free GPUs are looked at only when something grows (a pass
     that only stops or shrinks jobs, or does nothing, never walks the GPUs).
+    ``free`` and ``gpu_info``: the snapshot's free GPU ids and its GPUs by id, from
+    a caller that keeps them between passes (default: read from the snapshot).
     """
     released: list[int] = []
     decisions: list[Decision] = []
@@ -411,9 +452,14 @@ def plan_to_decisions(
             grows.append((job, n))
     if not grows:
         return decisions
-    free = set(snapshot.cluster.free_gpu_ids())
-    free.update(released)
-    gpu_info = {g.id: g for g in snapshot.cluster.gpus}
+    gpus = snapshot.cluster.gpus
+    if free is None:
+        free = set(
+            compress(map(_GPU_ID, gpus), map(is_, map(_GPU_STATE, gpus), repeat(GpuState.FREE)))
+        )
+    if gpu_info is None:
+        gpu_info = dict(zip(map(_GPU_ID, gpus), gpus, strict=True))
+    free = {*free, *released}
     for job, n in grows:
         current = views[job.id].gpus
         extra = placer.place(n - len(current), sorted(free), gpu_info, near=current, job=job.id)

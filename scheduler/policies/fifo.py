@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Collection
 from typing import Any
 
-from scheduler.policies.base import Plan, Policy, PolicyCore
+from scheduler.policies.base import Plan, Policy, PolicyCore, appended_in_order
 from scheduler.priority import CLASSES
 from scheduler.records import JobRecord
 
@@ -84,8 +84,13 @@ class FifoCore(PolicyCore):
 
     def reorder(self, jobs: Collection[JobRecord]) -> None:
         """Each class queue that got a queued job back in arrival (``idx``) order."""
-        for klass in {job.klass for job in jobs if not job.running}:
-            self.queues[klass] = deque(sorted(self.queues[klass], key=_arrival))
+        added: dict[int, int] = {}
+        for job in jobs:
+            if not job.running:
+                added[job.klass] = added.get(job.klass, 0) + 1
+        for klass, count in added.items():
+            if not appended_in_order(self.queues[klass], count):
+                self.queues[klass] = deque(sorted(self.queues[klass], key=_arrival))
 
     def checkpoint(self) -> dict[str, Any]:
         """The books, each class queue copied too (a pass pops and re-sorts them)."""

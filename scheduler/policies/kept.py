@@ -41,9 +41,10 @@ sequences for every policy, ``scheduler/tests/test_kept_core.py``):
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Iterable, Mapping
 from itertools import compress
-from operator import attrgetter, ne
+from operator import attrgetter, is_not, ne
 
 from scheduler.curves import SpeedTables
 from scheduler.fairshare import FairShare
@@ -58,7 +59,7 @@ from scheduler.policies.base import (
 )
 from scheduler.priority import AGED_CEILING, priority_class
 from scheduler.records import JobRecord
-from scheduler.types import Decision, JobView, Snapshot, TenantShare
+from scheduler.types import Decision, Gpu, GpuState, JobView, Snapshot, TenantShare
 
 #: Room between two neighbours' idx values: a job inserted between them takes the middle.
 IDX_GAP = 1 << 32
@@ -66,6 +67,7 @@ IDX_GAP = 1 << 32
 #: The record fields a core's pass writes (``settle`` writes none: ``last`` is the pass's time).
 _DECIDED_FIELDS = ("klass", "pending_since", "base", "compacted", "queue", "attained", "q_exec")
 _DECIDED = attrgetter(*_DECIDED_FIELDS)
+_VIEW_ID = attrgetter("id")
 
 OrderKey = tuple[int, float, float, str]
 
@@ -125,15 +127,20 @@ class RestoredCore:
         self.records: dict[str, JobRecord] = {}
         self.order: list[tuple[OrderKey, int]] = []  # (view order key, idx), sorted
         self.clocked: set[str] = set()  # running low-class jobs whose class moves with time
+        self.gpus = GpuBooks()
 
     # -- bringing the restored core to a snapshot -----------------------------------
     def update(self, snapshot: Snapshot, speeds: SpeedTables | None) -> None:
         """Apply the jobs that changed since the last snapshot (all of them the first time)."""
-        now, core = snapshot.now, self.core
-        core.total = snapshot.cluster.total_gpus
+        now, core, jobs = snapshot.now, self.core, snapshot.jobs
+        core.total = self.gpus.update(snapshot.cluster.gpus)
         rekey = self._fair_share(snapshot.tenants, now)
-        old, new = self.views, {view.id: view for view in snapshot.jobs}
-        fresh = [view for view in snapshot.jobs if not _same(old.get(view.id), view)]
+        ids = list(map(_VIEW_ID, jobs))
+        old, new = self.views, dict(zip(ids, jobs, strict=True))
+        # An unchanged job's view is the same object (the tick keeps it), else equal to it.
+        fresh = list(compress(jobs, map(is_not, map(old.get, ids), jobs)))
+        if fresh:
+            fresh = [view for view in fresh if old.get(view.id) != view]
         fresh += [new[job] for job in self.clocked if job in new and _same(old[job], new[job])]
         gone = sorted(old.keys() - new.keys())
         if self._remove([*gone, *(v.id for v in fresh if v.id in old)], now):
@@ -184,10 +191,14 @@ class RestoredCore:
             return False
         renumbered = False
         made: list[JobRecord] = []
+        views.sort(key=view_order)  # a first pass appends each: no gap is halved twice
         for view in views:
             idx, moved = self._place(view_order(view))
             renumbered = renumbered or moved
             rec = record_from_view(view, idx, now, self.ageing, speeds)
+            # Never settled: a fresh record's ``last`` is the pass's time, so its passes'
+            # ``settle(now)`` change nothing; from +inf none ever does, whatever ``now``.
+            rec.last = rec.resume_at = math.inf
             self.records[view.id] = rec
             if (
                 view.running
@@ -256,13 +267,12 @@ class RestoredCore:
         """The core's pass on the restored state, as decisions; then the restored state again."""
         now, core = snapshot.now, self.core
         records = list(self.records.values())
-        for rec in records:
-            rec.last = now
-            rec.resume_at = now
         before = list(map(_DECIDED, records))
         saved = core.checkpoint()
         plan: Plan = core.decide(now)
-        decisions = plan_to_decisions(plan, self.views, snapshot, placer)
+        decisions = plan_to_decisions(
+            plan, self.views, snapshot, placer, free=self.gpus.free, gpu_info=self.gpus.info
+        )
         core.rollback(saved)
         moved = compress(range(len(records)), map(ne, before, map(_DECIDED, records)))
         for at in moved:
@@ -270,6 +280,49 @@ class RestoredCore:
             for name, value in zip(_DECIDED_FIELDS, before[at], strict=True):
                 setattr(rec, name, value)
         return decisions
+
+
+class GpuBooks:
+    """The snapshot's GPUs as a pass needs them: how many are up, which are free, by id.
+
+    Brought from one snapshot's GPU views to the next by looking only at the
+    positions whose view is another object (the tick keeps an unchanged GPU's
+    view), so a pass does not walk 16,384 GPUs in Python.
+    """
+
+    def __init__(self) -> None:
+        self.views: tuple[Gpu, ...] = ()
+        self.down = 0
+        self.free: set[int] = set()
+        self.info: dict[int, Gpu] = {}
+
+    def update(self, views: tuple[Gpu, ...]) -> int:
+        """Take the new snapshot's GPU views; the GPUs not down (``Cluster.total_gpus``)."""
+        old = self.views
+        if len(old) != len(views):
+            self.down, self.free, self.info = 0, set(), {}
+            self.views = ()
+            self._apply(views, range(len(views)))
+        else:
+            self._apply(views, compress(range(len(views)), map(is_not, old, views)))
+        self.views = views
+        return len(views) - self.down
+
+    def _apply(self, views: tuple[Gpu, ...], positions: Iterable[int]) -> None:
+        old, free, info = self.views, self.free, self.info
+        positions = list(positions)
+        for at in positions if old else ():  # every old view first: ids may change places
+            gone = old[at]
+            self.down -= gone.state is GpuState.DOWN
+            free.discard(gone.id)
+            if info.get(gone.id) is gone:
+                del info[gone.id]
+        for at in positions:
+            gpu = views[at]
+            self.down += gpu.state is GpuState.DOWN
+            if gpu.state is GpuState.FREE:
+                free.add(gpu.id)
+            info[gpu.id] = gpu
 
 
 def _same(old: JobView | None, new: JobView) -> bool:

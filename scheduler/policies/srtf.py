@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from scheduler.policies.base import Plan, Policy, PolicyCore
+from scheduler.policies.base import Plan, Policy, PolicyCore, appended_in_order
 from scheduler.records import JobRecord
 
 
@@ -70,7 +70,7 @@ class SrtfCore(PolicyCore):
 
     def reorder(self, jobs: Collection[JobRecord]) -> None:
         """The list back in arrival (``idx``) order, as a fresh restore makes it."""
-        if jobs:
+        if not appended_in_order(self.jobs, len(jobs)):
             self.jobs.sort(key=_arrival)
 
     def waiting_count(self) -> int:

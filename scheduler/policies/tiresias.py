@@ -47,7 +47,14 @@ from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from scheduler.fairshare import FairShare
-from scheduler.policies.base import Plan, Policy, PolicyCore, fair_order, push_all
+from scheduler.policies.base import (
+    Plan,
+    Policy,
+    PolicyCore,
+    appended_in_order,
+    fair_order,
+    push_all,
+)
 from scheduler.priority import CLASSES
 from scheduler.records import JobRecord
 
@@ -171,15 +178,19 @@ class TiresiasCore(PolicyCore):
     # -- kept cores (scheduler.policies.kept) ---------------------------------
     def reorder(self, jobs: Collection[JobRecord]) -> None:
         """The queues that got these jobs back in ``idx`` order (running and pending apart)."""
-        running: set[int] = set()
-        pending: set[int] = set()
+        running: dict[int, int] = {}
+        pending: dict[int, int] = {}
         for job in jobs:
-            (running if job in self.queues[job.queue].running else pending).add(job.queue)
-        for i in running:
+            books = running if job in self.queues[job.queue].running else pending
+            books[job.queue] = books.get(job.queue, 0) + 1
+        for i, added in running.items():
             q = self.queues[i]
-            q.running = dict.fromkeys(sorted(q.running, key=_arrival))
-        for i in pending:
-            self.queues[i].pending.sort(key=_arrival)
+            tail = list(itertools.islice(reversed(q.running), added + 1))[::-1]
+            if not appended_in_order(tail, added):
+                q.running = dict.fromkeys(sorted(q.running, key=_arrival))
+        for i, added in pending.items():
+            if not appended_in_order(self.queues[i].pending, added):
+                self.queues[i].pending.sort(key=_arrival)
 
     def restored_books(self, *, removed: bool, rekey: Sequence[JobRecord] | None) -> None:
         """No threshold crossings booked: a fresh restore's never demote in its first pass.

@@ -42,6 +42,7 @@ class World:
         self.rng = rng
         self.gpus = rng.choice([8, 16, 32, 48])
         self.down: set[int] = set()
+        self.gpu_views: dict[tuple[int, GpuState, str | None], Gpu] = {}
         self.jobs: dict[str, JobView] = {}
         self.now = rng.uniform(0, 1000)
         self.next_id = 0
@@ -128,21 +129,21 @@ class World:
             name = rng.choice("abc")
             self.tenants = {**self.tenants, name: TenantShare(1.0, rng.uniform(0, 1e5))}
 
+    def gpu(self, g: int, holder: dict[int, str]) -> Gpu:
+        """GPU ``g``'s view: the same object while it does not change (as the tick's)."""
+        state = (
+            GpuState.DOWN if g in self.down else (GpuState.BUSY if g in holder else GpuState.FREE)
+        )
+        key = (g, state, holder.get(g))
+        view = self.gpu_views.get(key)
+        if view is None or self.rng.random() < 0.05:  # sometimes an equal copy
+            view = self.gpu_views[key] = Gpu(g, g // 8, g // 16, state, holder.get(g))
+        return view
+
     def snapshot(self) -> Snapshot:
         """The policy's view: every job, the GPUs busy, free or down."""
         holder = {g: view.id for view in self.jobs.values() for g in view.gpus}
-        gpus = tuple(
-            Gpu(
-                id=g,
-                server=g // 8,
-                leaf=g // 16,
-                state=GpuState.DOWN
-                if g in self.down
-                else (GpuState.BUSY if g in holder else GpuState.FREE),
-                job=holder.get(g),
-            )
-            for g in range(self.gpus)
-        )
+        gpus = tuple(self.gpu(g, holder) for g in range(self.gpus))
         jobs = list(self.jobs.values())
         self.rng.shuffle(jobs)  # the policy orders them itself
         return Snapshot(self.now, Cluster(gpus), tuple(jobs), dict(self.tenants))

@@ -88,6 +88,10 @@ def kept_equals_rebuild() -> None:
     policy = live_policy(POLICY)
     decisions = policy.schedule(mine.view.snapshot, placement=CountPlacement())
     assert decisions == policy.schedule(reference.view.snapshot, placement=CountPlacement())
+    # The policy core kept with the state (the tick's ``source.policy``) decides the same.
+    assert kept.policy(POLICY).schedule(mine.view.snapshot, placement=CountPlacement()) == (
+        decisions
+    )
     bound, refused = bind(cluster.spec, mine.allocator, decisions)
     assert (bound, refused) == bind(reference.cluster.spec, reference.allocator, decisions)
     kept.touched(mine.view.ids[b.job] for b in bound)
