@@ -14,9 +14,13 @@
      │    ├─ _take_out             outages start on free GPUs and end
      │    ├─ _deadlines            queued jobs past their run-time limit: failed
      │    ├─ _arrivals             trace jobs the policy sees now: core.add (or skipped)
-     │    ├─ _schedule             one pass (a second around refusals): core.decide ->
-     │    │   ├─ _run_pass            each (job, n): _runtime_refuses / _place / _apply
+     │    ├─ _schedule             the scheduling pass (scheduler.pipeline) with the
+     │    │   │                        simulator's steps (SimSteps; no quota steps):
+     │    │   ├─ hold_back            _cap_ending / _pin_switching: the runtime's say shown
+     │    │   ├─ decide               core.decide (the pinned sizes given back after it)
+     │    │   ├─ bind: _run_pass      each (job, n): _runtime_refuses / _place / _apply
      │    │   │   └─ _apply              preempt, resize (_switch) or start; completion pushed
+     │    │   ├─ again                a second round around refusals (SimConfig.second_pass)
      │    │   └─ _start_ups           first starts: no progress for their start-up
      │    ├─ _restretch / _refresh_paces   after a change: start-ups and paces follow
      │    │                           the busy slots and the links' contention
