@@ -28,14 +28,20 @@ sequences for every policy, ``scheduler/tests/test_kept_core.py``):
   neighbours' (renumbering all when no integer is left between them), so
   every comparison comes out the same.
 * A record depends on its view, the pass's time and the ageing period.  The
-  time enters as ``last``/``resume_at`` (set to the pass's time before each
-  pass, so ``settle`` is a no-op as in a fresh core), as the aged class of a
+  time enters as ``last``/``resume_at`` (a fresh record's are the pass's time,
+  so its pass's ``settle`` changes nothing; a kept record's are +inf, so none
+  ever does), as the aged class of a
   queued job (re-added when the class its wait earns moves: the core's own
   ageing heap says when), and as the class of a running low-class job whose
   view has no ``queue_since`` (remade every pass: rare).
 * What the pass changes is undone: :meth:`PolicyCore.checkpoint` copies the
-  core's containers, and the records' fields a core writes (:data:`_DECIDED`)
+  core's containers, and the records' fields a core writes (``_DECIDED_FIELDS``)
   are saved before and put back where they moved.
+
+What a pass still costs is the policy's own pass (Elastic-Tiresias' compaction
+looks at every running job when more than ``N`` wait) and one look at every
+record's decided fields; the GPUs are read only where their views changed
+(:class:`GpuBooks`).
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ import bisect
 import math
 from collections.abc import Iterable, Mapping
 from itertools import compress
-from operator import attrgetter, is_not, ne
+from operator import attrgetter, is_not, itemgetter, ne
 
 from scheduler.curves import SpeedTables
 from scheduler.fairshare import FairShare
@@ -64,10 +70,11 @@ from scheduler.types import Decision, Gpu, GpuState, JobView, Snapshot, TenantSh
 #: Room between two neighbours' idx values: a job inserted between them takes the middle.
 IDX_GAP = 1 << 32
 
-#: The record fields a core's pass writes (``settle`` writes none: ``last`` is the pass's time).
+#: The record fields a core's pass writes (``settle`` writes none: a kept ``last`` is +inf).
 _DECIDED_FIELDS = ("klass", "pending_since", "base", "compacted", "queue", "attained", "q_exec")
 _DECIDED = attrgetter(*_DECIDED_FIELDS)
 _VIEW_ID = attrgetter("id")
+_GPU = attrgetter("id", "server", "leaf", "state", "job")  # every field of a GPU view
 
 OrderKey = tuple[int, float, float, str]
 
@@ -128,6 +135,7 @@ class RestoredCore:
         self.order: list[tuple[OrderKey, int]] = []  # (view order key, idx), sorted
         self.clocked: set[str] = set()  # running low-class jobs whose class moves with time
         self.gpus = GpuBooks()
+        self.retired: set[int] = set()  # idx of removed running jobs, until swept
 
     # -- bringing the restored core to a snapshot -----------------------------------
     def update(self, snapshot: Snapshot, speeds: SpeedTables | None) -> None:
@@ -143,15 +151,17 @@ class RestoredCore:
             fresh = [view for view in fresh if old.get(view.id) != view]
         fresh += [new[job] for job in self.clocked if job in new and _same(old[job], new[job])]
         gone = sorted(old.keys() - new.keys())
-        if self._remove([*gone, *(v.id for v in fresh if v.id in old)], now):
-            # before the inserts: no entry of a removed job meets a new job's (same idx)
-            core.restored_books(removed=True, rekey=None)
+        self._remove([*gone, *(v.id for v in fresh if v.id in old)], now)
+        if len(self.retired) > len(self.records) // 4 + 64:
+            core.restored_books(removed=True, rekey=None)  # the removed jobs' entries go
+            self.retired.clear()
         self.views = new
         renumbered = self._insert(fresh, now, speeds)
         self._age(now)
         running = None
         if rekey or renumbered:
             running = [rec for rec in self.records.values() if rec.running]
+            self.retired.clear()  # every entry made again
         core.restored_books(removed=False, rekey=running)
 
     def _fair_share(self, tenants: Mapping[str, TenantShare], now: float) -> bool:
@@ -171,19 +181,23 @@ class RestoredCore:
         )
         return True
 
-    def _remove(self, jobs: Iterable[str], now: float) -> bool:
-        """Take these jobs out of the core; True when one of them ran."""
-        ran = False
+    def _remove(self, jobs: Iterable[str], now: float) -> None:
+        """Take these jobs out of the core.
+
+        Their records are made dead to every heap entry still naming them
+        (ageing, scale-out candidates: a core skips an entry whose job neither
+        runs nor waits); a running one's idx is retired until its entries are
+        swept, so that no new job's entry ever ties with one of them.
+        """
         for job in jobs:
             rec = self.records.pop(job)
             self.core.remove(rec, now)
             key = view_order(self.views[job])
             del self.order[bisect.bisect_left(self.order, (key,))]
             self.clocked.discard(job)
-            ran = ran or rec.running
-            # Dead to every heap entry still naming it (ageing, scale-out candidates).
+            if rec.running:
+                self.retired.add(rec.idx)
             rec.running, rec.alloc, rec.end_time = False, 0, now
-        return ran
 
     def _insert(self, views: list[JobView], now: float, speeds: SpeedTables | None) -> bool:
         """Records for these views, restored or added; True when every idx was renumbered."""
@@ -227,20 +241,27 @@ class RestoredCore:
         at = bisect.bisect_left(order, (key,))
         below = order[at - 1][1] if at > 0 else None
         above = order[at][1] if at < len(order) else None
-        if below is None:
-            idx = 0 if above is None else above - IDX_GAP
-            order.insert(at, (key, idx))
-            return idx, False
+        if below is None:  # the first: a gap's width below the next (0 for the very first)
+            below = (above if above is not None else IDX_GAP) - 2 * IDX_GAP
         if above is None:
-            order.insert(at, (key, below + IDX_GAP))
-            return below + IDX_GAP, False
-        if above - below >= 2:
-            idx = (below + above) // 2
+            above = below + 2 * IDX_GAP
+        idx = self._unused(below, above)
+        if idx is not None:
             order.insert(at, (key, idx))
             return idx, False
         order.insert(at, (key, 0))
         self.order = order = [(k, i * IDX_GAP) for i, (k, _) in enumerate(order)]
+        self.retired.clear()  # the caller sweeps every entry: the old numbering is gone
         return order[at][1], True
+
+    def _unused(self, below: int, above: int) -> int | None:
+        """The integer nearest the middle of (below, above) that no removed job still holds."""
+        middle = (below + above) // 2
+        for step in range(len(self.retired) + 1):
+            for idx in (middle + step, middle - step):
+                if below < idx < above and idx not in self.retired:
+                    return idx
+        return None
 
     def _age(self, now: float) -> None:
         """Re-add the queued jobs whose wait earned a higher class since they were added.
@@ -304,7 +325,12 @@ class GpuBooks:
             self.views = ()
             self._apply(views, range(len(views)))
         else:
-            self._apply(views, compress(range(len(views)), map(is_not, old, views)))
+            # Another object where the view changed, or an equal one made again (the GPUs
+            # a snapshot sets aside are new views each pass): compare the fields in C.
+            other = list(compress(range(len(views)), map(is_not, old, views)))
+            if other:
+                was, now = _pick(old, other), _pick(views, other)
+                self._apply(views, compress(other, map(ne, map(_GPU, was), map(_GPU, now))))
         self.views = views
         return len(views) - self.down
 
@@ -315,7 +341,8 @@ class GpuBooks:
             gone = old[at]
             self.down -= gone.state is GpuState.DOWN
             free.discard(gone.id)
-            if info.get(gone.id) is gone:
+            held = info.get(gone.id)
+            if held is not None and (held is gone or held == gone):  # equal: kept, not taken
                 del info[gone.id]
         for at in positions:
             gpu = views[at]
@@ -323,6 +350,12 @@ class GpuBooks:
             if gpu.state is GpuState.FREE:
                 free.add(gpu.id)
             info[gpu.id] = gpu
+
+
+def _pick(items: tuple[Gpu, ...], positions: list[int]) -> tuple[Gpu, ...]:
+    """``items`` at ``positions``, picked in C."""
+    picked = itemgetter(*positions)(items)
+    return picked if len(positions) > 1 else (picked,)
 
 
 def _same(old: JobView | None, new: JobView) -> bool:
