@@ -30,10 +30,14 @@ sequences for every policy, ``scheduler/tests/test_kept_core.py``):
 * A record depends on its view, the pass's time and the ageing period.  The
   time enters as ``last``/``resume_at`` (a fresh record's are the pass's time,
   so its pass's ``settle`` changes nothing; a kept record's are +inf, so none
-  ever does), as the aged class of a
-  queued job (re-added when the class its wait earns moves: the core's own
-  ageing heap says when), and as the class of a running low-class job whose
-  view has no ``queue_since`` (remade every pass: rare).
+  ever does), as the aged class of a queued job (re-added when the class its
+  wait earns moves: the core's own ageing heap says when), and as the class
+  of a running low-class job whose view has no ``queue_since`` (remade every
+  pass: rare).
+* Books beyond the queues are a fresh restore's (``restored_books``): no
+  threshold crossings (a fresh restore's never demote in its first pass), one
+  scale-out candidate per running job (a removed job's are skipped as dead,
+  and swept when many; its idx is not given out again until then).
 * What the pass changes is undone: :meth:`PolicyCore.checkpoint` copies the
   core's containers, and the records' fields a core writes (``_DECIDED_FIELDS``)
   are saved before and put back where they moved.
