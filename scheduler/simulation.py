@@ -587,11 +587,10 @@ class Simulation:
     def _schedule(self, now: float) -> bool:
         """The scheduling pass at ``now`` (``scheduler.pipeline`` with the simulator's steps,
         :class:`SimSteps`), placed; whether anything moved."""
-        result = self.scheduling.run(now)
-        fresh = result.candidates.fresh
-        if fresh:
-            self._start_ups(now, fresh)
-        return any(outcome.moved for outcome in result.bound)
+        turn = self.scheduling.run(now).candidates
+        if turn.fresh:
+            self._start_ups(now, turn.fresh)
+        return turn.moved
 
     def _run_pass(self, plan: Plan, now: float, fresh: list[JobRecord]) -> tuple[Plan, bool]:
         """Place each decision of ``plan`` (a pass begun); the refused ones, and whether
@@ -901,12 +900,13 @@ class SimTurn:
     """One pass of the simulator as its steps share it: the time, the sizes pinned for the
     policy's eyes only (restored once it has decided), the jobs that start for the first time."""
 
-    __slots__ = ("fresh", "now", "pinned")
+    __slots__ = ("fresh", "moved", "now", "pinned")
 
     def __init__(self, now: float, pinned: Sequence[tuple[JobRecord, int, int]]) -> None:
         self.now = now
         self.pinned = pinned
         self.fresh: list[JobRecord] = []  # first starts: their start-up is charged after the pass
+        self.moved = False  # whether any round changed a job's GPUs
 
 
 class SimBound:
@@ -964,6 +964,8 @@ class SimSteps:
         if not plan:
             return _NOTHING_BOUND, NO_WAITS
         refused, moved = sim._run_pass(plan, turn.now, turn.fresh)
+        if moved:
+            turn.moved = True
         if refused:
             sim.core.unplaced(refused, turn.now)
             sim.core.note_refused(refused, turn.now)
