@@ -9,7 +9,8 @@ One event loop for every policy and every placement::
          deadlines        a queued job past its run-time limit leaves the queue, failed
       2. arrivals         in trace order: core.add (a job no placement could ever
                           hold, e.g. no vClos shape of its size, is skipped)
-      3. one pass         core.decide(now) -> [(job, n GPUs)], 0 = preempt
+      3. one pass         scheduler.pipeline's SchedulingPass with the simulator's steps:
+                          core.decide(now) -> [(job, n GPUs)], 0 = preempt
                           each change: placement.place(job, n) -> GPU ids | None
                             placed:   accounting.started / resized / preempted,
                                       new completion time on the heap
