@@ -296,36 +296,21 @@ def _profile(bench: Bench, tick: Callable[[], Any], path: str) -> dict[str, Any]
 
 
 def _policy_from_source(core: str) -> str:
-    """Have the tick take its policy from its source (the kept core when incremental).
-
-    A tick that asks ``source.policy(name)`` itself needs nothing; one that still
-    calls ``live_policy(name)`` gets that name pointed at the source the tick
-    uses (``source_for_tick``: the kept state, or the full rebuild's fresh
-    policy).  ``core="fresh"``: ``live_policy`` everywhere (the figures from
-    before the core was kept).  Says which.
-    """
-    import inspect
-
-    from jobs.control import incremental, tick
+    """Which policy the tick gets from its source (``source.policy(name)``): the kept core
+    (the default), or with ``core="fresh"`` a fresh one every tick, as before the core was
+    kept (the kept state then hands out ``live_policy``, as the full rebuild does).
+    Says which."""
+    from jobs.control import incremental
     from jobs.control.policy import live_policy
 
-    asks_source = "source.policy(" in inspect.getsource(tick)
-    if core == "fresh":
-        if asks_source:  # the kept state hands out the fresh policy, as the full rebuild does
-
-            def fresh(self: incremental.KeptState, name: str | None = None) -> Any:
-                return live_policy(name)
-
-            incremental.KeptState.policy = fresh  # type: ignore[method-assign]
-        return "fresh core every tick (live_policy)"
-    if asks_source:
+    if core != "fresh":
         return "kept core (the tick's source.policy)"
 
-    def from_source(name: str | None = None) -> Any:
-        return incremental.source_for_tick().policy(name)
+    def fresh(self: incremental.KeptState, name: str | None = None) -> Any:
+        return live_policy(name)
 
-    tick.live_policy = from_source  # type: ignore[attr-defined]
-    return "kept core (bench: the tick's live_policy -> source_for_tick().policy)"
+    incremental.KeptState.policy = fresh  # type: ignore[method-assign]
+    return "fresh core every tick (live_policy)"
 
 
 def run_one(options: argparse.Namespace) -> dict[str, Any]:

@@ -56,7 +56,6 @@ from jobs.control import agent_users
 from jobs.control.apply import apply_bound, note_waiting
 from jobs.control.incremental import ClusterSource, forget, source_for_tick
 from jobs.control.limits import stop_jobs_at_limit
-from jobs.control.policy import live_policy
 from jobs.control.reconcile import reconcile
 from jobs.control.state import AssembledHoldBack, ClusterState
 from jobs.control.suspect_notes import suspect_notes
@@ -219,7 +218,7 @@ def _tick(source: ClusterSource, policy_name: str, now: datetime) -> TickResult:
     prepared = source.prepared(cluster, now)
     cluster, view = prepared.cluster, prepared.view
     snapshot, ids = view.snapshot, view.ids
-    policy = live_policy(policy_name)
+    policy = source.policy(policy_name)
     scheduled = snapshot_pass(
         AssembledHoldBack(),
         PolicyDecide(policy, CountPlacement(), source.speed_tables()),
