@@ -349,22 +349,26 @@ def ensure_agent_users(
     agents' secret, so every control-plane process gives the same one.  The
     rules' digest is kept beside the secret: a user the server lost (a
     restart), or rules that changed, are set again; otherwise nothing is
-    written (four round trips read everything, one pipeline writes).
+    written (two round trips read these nodes' users and digests, one pipeline
+    writes: a start's cost does not grow with the number of jobs' users).
     Changing a user's rules keeps its connections (the agent's consumer).
     """
     nodes = sorted(hosted)
     if not nodes:
         return []
     secret = agents_secret(client)
-    users = acl_users(client)
-    kept: list[Any] = client.mget([_rules_digest_key(node) for node in nodes])
+    reads = client.pipeline(transaction=False)
+    for node in nodes:  # these nodes' users only: ACL USERS lists every job's user too
+        reads.execute_command("ACL", "GETUSER", agent_user(node))  # type: ignore[no-untyped-call]
+    reads.mget([_rules_digest_key(node) for node in nodes])
+    *found, kept = reads.execute()
     writes = client.pipeline(transaction=False)
     changed = []
-    for node, digest_kept in zip(nodes, kept, strict=True):
+    for node, user, digest_kept in zip(nodes, found, kept, strict=True):
         jobs = tuple(sorted(set(hosted[node])))
         rules = agent_rules(node, agent_password(secret, node), jobs, send_to)
         digest = hashlib.sha256("\n".join(rules).encode()).hexdigest()
-        if agent_user(node) in users and digest_kept is not None and _text(digest_kept) == digest:
+        if user is not None and digest_kept is not None and _text(digest_kept) == digest:
             continue
         writes.execute_command("ACL", "SETUSER", agent_user(node), *rules)  # type: ignore[no-untyped-call]
         writes.set(_rules_digest_key(node), digest)
