@@ -46,6 +46,7 @@ from workers.agent.redis_acl import (
     switch_on_agent,
     switched_off,
     url_for,
+    users_exist,
 )
 from workers.protocol import Migrate, StartWorkers, StopJob, WorkerSlot
 
@@ -295,3 +296,19 @@ def test_an_agent_over_its_share_of_a_full_redis_is_switched_off_and_its_server_
     assert server.state == "down"
     assert f"the agent of {cluster.node} holds" in server.state_reason
     assert Server.objects.get(node=cluster.other).state == "up"
+
+
+def test_users_exist_tells_known_users_without_reading_their_rules(cluster: Cluster) -> None:
+    stranger = f"nobody-{uuid.uuid4().hex[:8]}"
+    agent_users.sync_nodes([cluster.node])
+    switched = agent_user(cluster.other)
+    cluster.admin.acl_setuser(switched, enabled=False)
+    try:
+        assert users_exist(cluster.admin, [agent_user(cluster.node), stranger, switched]) == [
+            True,
+            False,
+            True,  # off, still known: a lost user is the one to make again
+        ]
+        assert users_exist(cluster.admin, []) == []
+    finally:
+        delete_agent_user(cluster.admin, cluster.other)

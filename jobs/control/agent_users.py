@@ -59,7 +59,7 @@ from workers.agent.redis_acl import (
     delete_job_user,
     derive_password,
     ensure_agent_users,
-    ensure_job_user,
+    ensure_job_users,
     memory_pressure,
     restore_job_users,
     supports_agent_users,
@@ -163,8 +163,7 @@ def dispatched(commands: Sequence[tuple[str, Command]], now: float | None = None
             writes.zadd(SENT_KEY.format(node=node), {job: at})
             writes.sadd(JOBS_KEY, job)
         writes.execute()
-        for job in sorted({job for _, job in starts}):
-            ensure_job_user(client, job)
+        ensure_job_users(client, {job for _, job in starts})
         sync_nodes({node for node, _ in starts}, now=at)
     except redis.RedisError:
         log.exception("could not make the Redis users of %d started jobs", len(starts))

@@ -349,26 +349,23 @@ def ensure_agent_users(
     agents' secret, so every control-plane process gives the same one.  The
     rules' digest is kept beside the secret: a user the server lost (a
     restart), or rules that changed, are set again; otherwise nothing is
-    written (two round trips read these nodes' users and digests, one pipeline
-    writes: a start's cost does not grow with the number of jobs' users).
+    written (``users_exist`` and the digests: a start's cost does not grow with
+    the number of users on the server).
     Changing a user's rules keeps its connections (the agent's consumer).
     """
     nodes = sorted(hosted)
     if not nodes:
         return []
     secret = agents_secret(client)
-    reads = client.pipeline(transaction=False)
-    for node in nodes:  # these nodes' users only: ACL USERS lists every job's user too
-        reads.execute_command("ACL", "GETUSER", agent_user(node))  # type: ignore[no-untyped-call]
-    reads.mget([_rules_digest_key(node) for node in nodes])
-    *found, kept = reads.execute()
+    found = users_exist(client, [agent_user(node) for node in nodes])
+    kept: list[Any] = client.mget([_rules_digest_key(node) for node in nodes])
     writes = client.pipeline(transaction=False)
     changed = []
-    for node, user, digest_kept in zip(nodes, found, kept, strict=True):
+    for node, exists, digest_kept in zip(nodes, found, kept, strict=True):
         jobs = tuple(sorted(set(hosted[node])))
         rules = agent_rules(node, agent_password(secret, node), jobs, send_to)
         digest = hashlib.sha256("\n".join(rules).encode()).hexdigest()
-        if user is not None and digest_kept is not None and _text(digest_kept) == digest:
+        if exists and digest_kept is not None and _text(digest_kept) == digest:
             continue
         writes.execute_command("ACL", "SETUSER", agent_user(node), *rules)  # type: ignore[no-untyped-call]
         writes.set(_rules_digest_key(node), digest)
@@ -383,6 +380,35 @@ def ensure_agent_user(
 ) -> bool:
     """``ensure_agent_users`` for one node; True when its user was set."""
     return bool(ensure_agent_users(client, {node: jobs}, send_to))
+
+
+def users_exist(client: redis.Redis, users: list[str]) -> list[bool]:
+    """Whether the server knows each of ``users``, in one round trip and without reading
+    their rules (``ACL DRYRUN``, Redis 7: "not found" for an unknown user; ``ACL GETUSER``
+    would send back every key pattern, ``ACL USERS`` every job's user)."""
+    if not users:
+        return []
+    reads = client.pipeline(transaction=False)
+    for user in users:
+        reads.execute_command("ACL", "DRYRUN", user, "PING")  # type: ignore[no-untyped-call]
+    answers = reads.execute(raise_on_error=False)
+    return [
+        not (isinstance(answer, redis.ResponseError) and "not found" in str(answer))
+        for answer in answers
+    ]
+
+
+def ensure_job_users(client: redis.Redis, jobs: Iterable[str]) -> None:
+    """``ensure_job_user`` for many jobs: one read of the secret, one pipeline."""
+    jobs = sorted(set(jobs))
+    if not jobs:
+        return
+    secret = agents_secret(client)
+    writes = client.pipeline(transaction=False)
+    for job in jobs:
+        rules = job_rules(job, derive_password(secret, job))
+        writes.execute_command("ACL", "SETUSER", job_user(job), *rules)  # type: ignore[no-untyped-call]
+    writes.execute()
 
 
 def acl_users(client: redis.Redis) -> set[str]:
