@@ -57,7 +57,8 @@ def test_whatif_is_routed_to_its_own_queue_and_control_tasks_stay_on_portal() ->
     router = app.amqp.router
     assert router.route({}, "portal.whatif.run")["queue"].name == "whatif"
     assert router.route({}, "control.scheduler_tick")["queue"].name == "portal"
-    assert router.route({}, "control.agent_report")["queue"].name == "portal"
+    # Reports alone on the agents' queue (portal.broker runs nothing else from it).
+    assert router.route({}, "control.agent_report")["queue"].name == "reports"
 
 
 @override_settings(WHATIF_SOFT_TIME_LIMIT_SECONDS=42)
