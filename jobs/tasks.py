@@ -12,6 +12,7 @@ from celery import Task, shared_task
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
+from jobs.control import agent_users
 from jobs.control.reports import handle_signed_report
 from jobs.control.tick import TICK_TASK, run_tick
 from jobs.expiry import expire_outputs as run_expiry
@@ -87,6 +88,16 @@ def scheduler_tick() -> dict[str, Any]:
         "duration_s": result.duration_s,
         "changed": list(result.changed_jobs),
     }
+
+
+AGENT_USERS_TASK = "control.agent_users"
+
+
+@shared_task(name=AGENT_USERS_TASK, ignore_result=True)
+def keep_agent_users() -> None:
+    """The agents' and jobs' Redis users kept (``agent_users.maintain``; beat runs it every
+    ``AGENT_USERS_SYNC_SECONDS`` on the portal queue, off the tick's worker and time)."""
+    agent_users.maintain(force=True)
 
 
 EXPIRE_TASK = "jobs.tasks.expire_outputs"

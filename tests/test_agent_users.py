@@ -312,3 +312,14 @@ def test_users_exist_tells_known_users_without_reading_their_rules(cluster: Clus
         assert users_exist(cluster.admin, []) == []
     finally:
         delete_agent_user(cluster.admin, cluster.other)
+
+
+def test_beat_keeps_the_users_on_the_portal_queue_off_the_ticks_worker() -> None:
+    from django.conf import settings
+
+    from jobs.tasks import AGENT_USERS_TASK, keep_agent_users
+
+    entry = settings.CELERY_BEAT_SCHEDULE["agent-users"]
+    assert entry["task"] == AGENT_USERS_TASK == keep_agent_users.name
+    assert entry["options"]["queue"] == "portal"
+    assert entry["schedule"] == settings.AGENT_USERS_SYNC_SECONDS

@@ -12,7 +12,7 @@ reads the secret, so it makes every user::
       ├─ every StartWorkers carries its job's password ............ with_job_passwords
       └─ on commit, before the commands are published ............. dispatched
            the jobs' users made; each target node's user given the jobs' keys
-    tick (jobs.control.tick.run_tick, after its transaction,
+    beat's control.agent_users task (jobs.tasks.keep_agent_users, on the portal queue,
           every AGENT_USERS_SYNC_SECONDS) ......................... maintain
       ├─ each node's user: the jobs it hosts now (ACL SETUSER only where they changed)
       ├─ users of jobs holding GPUs that a restarted server lost: made again
@@ -150,7 +150,7 @@ def dispatched_on_commit(commands: Sequence[tuple[str, Command]]) -> None:
 
 def dispatched(commands: Sequence[tuple[str, Command]], now: float | None = None) -> None:
     """Committed starts, before they are published: each job's user made, each target
-    node's user given the job's keys.  Redis away: logged; the tick's ``maintain`` does it."""
+    node's user given the job's keys.  Redis away: logged; ``maintain`` does it later."""
     starts = sorted(
         {(node, start.job) for node, c in commands if (start := _start_of(c)) is not None}
     )
@@ -219,7 +219,7 @@ def _sync(client: redis.Redis, hosted: dict[str, set[str]]) -> list[str]:
 
 
 def maintain(now: float | None = None, *, force: bool = False) -> None:
-    """The tick's care of Redis users (see the module docstring), at most every
+    """The control plane's care of Redis users (see the module docstring), at most every
     ``AGENT_USERS_SYNC_SECONDS`` unless ``force``; Redis away: logged, tried next time."""
     if not enabled():
         return
@@ -238,7 +238,7 @@ def maintain(now: float | None = None, *, force: bool = False) -> None:
         _delete_unhosted_job_users(client, set().union(set(running), *hosted.values()))
         guard_memory(client, running)
         guard_agents(client, sorted(hosted))
-    except Exception:  # Redis or the database away: the tick goes on, the next one tries
+    except Exception:  # Redis or the database away: logged, the next run tries
         log.warning("could not look after the agents' and jobs' Redis users", exc_info=True)
 
 

@@ -52,7 +52,6 @@ from inventory.services import do_mark_silent_servers_down
 from jobs import holdings
 from jobs.agent_commands import job_id_from_name, runtime_job_name
 from jobs.choices import EventKind, JobState
-from jobs.control import agent_users
 from jobs.control.apply import apply_bound, note_waiting
 from jobs.control.incremental import ClusterSource, forget, source_for_tick
 from jobs.control.limits import stop_jobs_at_limit
@@ -172,7 +171,6 @@ def run_tick(
             log.warning("the tick outlived its lock (%.0f s)", lock_timeout_s)
     duration = time.perf_counter() - started
     record_tick(duration)
-    agent_users.maintain()  # the agents' and jobs' Redis users, every few seconds
     return dataclasses.replace(result, duration_s=duration)
 
 

@@ -293,6 +293,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": TICK_SECONDS,
         "options": {"queue": "tick", "expires": TICK_SECONDS},  # jobs.lifecycle.TICK_QUEUE
     },
+    # The agents' and jobs' Redis users (jobs.control.agent_users.maintain), off the tick.
+    "agent-users": {
+        "task": "control.agent_users",
+        "schedule": AGENT_USERS_SYNC_SECONDS,
+        "options": {"queue": "portal", "expires": AGENT_USERS_SYNC_SECONDS},
+    },
     # Expired outputs and finished jobs' coordination keys, in bounded batches.
     "expire-outputs": {
         "task": "jobs.tasks.expire_outputs",
