@@ -53,20 +53,18 @@ from jobs.models import Job, JobGpu
 from utilities.redis_clients import shared_redis
 from workers.agent.redis_acl import (
     RESERVED_NODES,
-    JobBudget,
     agent_footprint,
     agents_secret,
     delete_job_user,
     derive_password,
     ensure_agent_users,
     ensure_job_users,
-    memory_pressure,
     restore_job_users,
     supports_agent_users,
     switch_off_agent,
     switched_off,
 )
-from workers.agent.redis_guard import PRESSURE_TO_MEASURE, guard
+from workers.agent.redis_guard import guard, over_share
 from workers.protocol import Command, Migrate, StartWorkers
 
 log = logging.getLogger(__name__)
@@ -276,17 +274,8 @@ def guard_agents(client: redis.Redis, nodes: Sequence[str]) -> list[str]:
     runs ``manage.py agent_credentials NODE --switch-on``.  Its jobs are requeued as a
     down server's are.
     """
-    if not nodes or memory_pressure(client) <= PRESSURE_TO_MEASURE:
-        return []
-    try:
-        budget = JobBudget.of_server(client)
-    except ValueError:  # no maxmemory: unbounded, nothing to share out
-        return []
     off = []
-    for node in nodes:
-        refusal = budget.refusal(agent_footprint(client, node))
-        if refusal is None:
-            continue
+    for node, refusal in over_share(client, nodes, agent_footprint):
         switch_off_agent(client, node)
         reason = f"{refusal}: its Redis user is off until an admin switches it on"
         log.error("agent of %s switched off: %s", node, reason)

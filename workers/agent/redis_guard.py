@@ -13,12 +13,18 @@ and never makes its user again on this node.  A server without a
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import redis
 
-from workers.agent.redis_acl import JobBudget, job_footprint, memory_pressure, stop_job_user
+from workers.agent.redis_acl import (
+    JobBudget,
+    JobFootprint,
+    job_footprint,
+    memory_pressure,
+    stop_job_user,
+)
 
 PRESSURE_TO_MEASURE = 0.5
 """How full the server must be before jobs are measured (a SCAN of the keyspace each)."""
@@ -32,22 +38,38 @@ class Stopped:
     reason: str
 
 
-def guard(
-    client: redis.Redis, jobs: Iterable[str], pressure_to_measure: float = PRESSURE_TO_MEASURE
-) -> list[Stopped]:
-    """Stop those of ``jobs`` that hold more than their share of a server under pressure."""
-    jobs = sorted(jobs)
-    if not jobs or memory_pressure(client) <= pressure_to_measure:
+def over_share(
+    client: redis.Redis,
+    owners: Iterable[str],
+    measure: Callable[[redis.Redis, str], JobFootprint],
+    pressure_to_measure: float = PRESSURE_TO_MEASURE,
+) -> list[tuple[str, str]]:
+    """Those of ``owners`` (jobs, or nodes' agents) that hold more than a job's share of a
+    server under pressure, each with why (``JobBudget.refusal``); ``measure`` is
+    ``job_footprint`` or ``agent_footprint``.  Nothing when the server is not under
+    pressure or has no ``maxmemory`` (nothing to share out)."""
+    owners = sorted(owners)
+    if not owners or memory_pressure(client) <= pressure_to_measure:
         return []
     try:
         budget = JobBudget.of_server(client)
     except ValueError:  # no maxmemory: unbounded, nothing to share out
         return []
-    stopped = []
-    for job in jobs:
-        refusal = budget.refusal(job_footprint(client, job))
+    found = []
+    for owner in owners:
+        refusal = budget.refusal(measure(client, owner))
         if refusal is not None:
-            stop_job_user(client, job)
-            reason = f"{refusal}: stopped to keep the shared Redis writable for everyone"
-            stopped.append(Stopped(job, reason))
+            found.append((owner, refusal))
+    return found
+
+
+def guard(
+    client: redis.Redis, jobs: Iterable[str], pressure_to_measure: float = PRESSURE_TO_MEASURE
+) -> list[Stopped]:
+    """Stop those of ``jobs`` that hold more than their share of a server under pressure."""
+    stopped = []
+    for job, refusal in over_share(client, jobs, job_footprint, pressure_to_measure):
+        stop_job_user(client, job)
+        reason = f"{refusal}: stopped to keep the shared Redis writable for everyone"
+        stopped.append(Stopped(job, reason))
     return stopped
