@@ -32,14 +32,6 @@ from workers.protocol import REPORT_TASK
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def redis_url() -> str:
-    url = os.environ.get("REDIS_URL")
-    if not url:
-        pytest.skip("needs REDIS_URL (a real broker)")
-    return url
-
-
 def raw_message(queue: str, task: str, key: str) -> dict[str, Any]:
     """The bytes the portal's app would push for ``task(key)`` onto ``queue``, decoded
     (sent to a queue nobody reads, then given ``queue``'s routing)."""

@@ -18,7 +18,6 @@ import time
 import uuid
 from pathlib import Path
 
-import pytest
 import redis
 
 from portal.management.commands.runstack import REPORT_WORKER_QUEUES
@@ -26,14 +25,6 @@ from tests.processes import stop_group
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKLOG = 300
-
-
-@pytest.fixture
-def redis_url() -> str:
-    url = os.environ.get("REDIS_URL")
-    if not url:
-        pytest.skip("needs REDIS_URL (a real broker)")
-    return url
 
 
 def test_a_heartbeat_is_served_beside_a_backlog_of_reports(redis_url: str) -> None:
