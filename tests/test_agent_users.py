@@ -35,6 +35,7 @@ from tests.jobs.control_helpers import drain_queue
 from tests.own_redis import own_embedded_redis
 from tests.redis_clients import one_try
 from workers.agent.redis_acl import (
+    GRANTED,
     agent_rules,
     agent_user,
     agents_secret,
@@ -319,7 +320,27 @@ def test_beat_keeps_the_users_on_the_portal_queue_off_the_ticks_worker() -> None
 
     from jobs.tasks import AGENT_USERS_TASK, keep_agent_users
 
-    entry = settings.CELERY_BEAT_SCHEDULE["agent-users"]
+    entry: Any = settings.CELERY_BEAT_SCHEDULE["agent-users"]
     assert entry["task"] == AGENT_USERS_TASK == keep_agent_users.name
     assert entry["options"]["queue"] == "portal"
     assert entry["schedule"] == settings.AGENT_USERS_SYNC_SECONDS
+
+
+def test_a_start_adds_the_jobs_keys_to_a_kept_user_and_the_sync_sets_exact_rules_again(
+    cluster: Cluster, alice: Any, acme: Any
+) -> None:
+    """On a node whose user the control plane keeps, a start only adds the job's keys (no
+    read of every node's jobs); the next sync sets the exact rules again."""
+    urls = {node: credentials(node) for node in (cluster.node, cluster.other)}  # users kept
+    job = place(alice, acme, gpus=4)  # both nodes
+    name = f"job-{job.pk}"
+    digests = cluster.admin.mget([f"agent:acl:rules:{n}" for n in (cluster.node, cluster.other)])
+    assert digests == [GRANTED.encode(), GRANTED.encode()]
+    for url in urls.values():
+        assert redis.Redis.from_url(url).set(f"edl:{name}:k", "v")  # reached at once
+    assert sorted(agent_users.sync_nodes([cluster.node, cluster.other])) == sorted(urls)
+    assert GRANTED.encode() not in cluster.admin.mget(
+        [f"agent:acl:rules:{n}" for n in (cluster.node, cluster.other)]
+    )
+    for url in urls.values():
+        assert redis.Redis.from_url(url).get(f"edl:{name}:k") == b"v"  # it still runs there

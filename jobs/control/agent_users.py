@@ -59,6 +59,7 @@ from workers.agent.redis_acl import (
     derive_password,
     ensure_agent_users,
     ensure_job_users,
+    grant_jobs,
     restore_job_users,
     supports_agent_users,
     switch_off_agent,
@@ -162,7 +163,12 @@ def dispatched(commands: Sequence[tuple[str, Command]], now: float | None = None
             writes.sadd(JOBS_KEY, job)
         writes.execute()
         ensure_job_users(client, {job for _, job in starts})
-        sync_nodes({node for node, _ in starts}, now=at)
+        grants: dict[str, set[str]] = {}
+        for node, job in starts:
+            grants.setdefault(node, set()).add(job)
+        unset = grant_jobs(client, grants)  # a start adds; maintain also takes away
+        if unset:
+            sync_nodes(unset, now=at)
     except redis.RedisError:
         log.exception("could not make the Redis users of %d started jobs", len(starts))
 

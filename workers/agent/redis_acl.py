@@ -375,6 +375,38 @@ def ensure_agent_users(
     return changed
 
 
+GRANTED = "granted"
+"""The rules digest of an agent user a start added to (``grant_jobs``): never a digest."""
+
+
+def grant_jobs(client: redis.Redis, grants: Mapping[str, Iterable[str]]) -> list[str]:
+    """Add the keys of newly started jobs to their nodes' agent users (``ACL SETUSER``
+    without ``reset`` adds patterns), in one pipeline and with nothing read back but the
+    users' digests; the nodes whose user the control plane has not set yet (no digest),
+    for the caller to set in full (``ensure_agent_users``).
+
+    The stored digest becomes ``GRANTED``, which no rules hash to, so the next
+    ``ensure_agent_users`` sets the exact rules again: a start only adds, the control
+    plane's sync also takes away (an ended job's keys).
+    """
+    nodes = sorted(grants)
+    if not nodes:
+        return []
+    kept: list[Any] = client.mget([_rules_digest_key(node) for node in nodes])
+    writes = client.pipeline(transaction=False)
+    unset = []
+    for node, digest in zip(nodes, kept, strict=True):
+        if digest is None:
+            unset.append(node)
+            continue
+        patterns = [p for job in sorted(set(grants[node])) for p in hosted_job_keys(job)]
+        writes.execute_command("ACL", "SETUSER", agent_user(node), *patterns)  # type: ignore[no-untyped-call]
+        writes.set(_rules_digest_key(node), GRANTED)  # matches no rules: the sync sets them
+    if len(unset) < len(nodes):
+        writes.execute()
+    return unset
+
+
 def ensure_agent_user(
     client: redis.Redis, node: str, jobs: Iterable[str] = (), send_to: tuple[str, ...] = ()
 ) -> bool:
