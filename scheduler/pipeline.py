@@ -21,7 +21,8 @@ The steps, each a small class behind a Protocol, composed in one place
  │  │                        (forecast), the simulator's placement; refusals said
  │  ▼
  └─ 6. Retry                 go around the refused jobs once more? (the simulator's
-    │                        second pass; the tick and the forecast never do)
+    │                        second pass; the tick and the forecast never do; asked
+    │                        only when binding refused)
     ▼
     PassResult               what was bound, waits by job with why, preemptions with why
 
@@ -123,7 +124,8 @@ class Bind(Protocol[Candidates_contra, Decisions_contra, Outcome_co]):
 
 
 class Retry(Protocol[Candidates_contra, Outcome_contra]):
-    """Step 6: whether the pass decides once more around what binding refused."""
+    """Step 6: whether the pass decides once more around what binding refused (asked only
+    when binding refused something: said why a job waits)."""
 
     def again(self, candidates: Candidates_contra, outcome: Outcome_contra, rounds: int) -> bool:
         """True to decide and bind once more (``rounds``: the rounds already retried)."""
@@ -147,41 +149,60 @@ class PassResult(NamedTuple, Generic[Candidates_, Decisions, Outcome]):
 
 @dataclass(frozen=True, slots=True)
 class SchedulingPass(Generic[State, Candidates_, Decisions, Outcome]):
-    """The steps of one pass, composed by :meth:`run` (the only place they are)."""
+    """The steps of one pass, composed by :meth:`run` (the only place they are).
+
+    A caller without a step leaves it out (None) rather than composing a no-op: the
+    simulator has no quotas (``quota_check``, ``within_quota``), and ``retry`` None
+    binds once, as the tick and the forecast do.
+    """
 
     hold_back: HoldBack[State, Candidates_]
     decide: Decide[Candidates_, Decisions]
-    quota_check: QuotaCheck[Candidates_, Decisions]
-    within_quota: WithinQuota[Candidates_, Decisions]
+    quota_check: QuotaCheck[Candidates_, Decisions] | None
+    within_quota: WithinQuota[Candidates_, Decisions] | None
     bind: Bind[Candidates_, Decisions, Outcome]
-    retry: Retry[Candidates_, Outcome]
+    retry: Retry[Candidates_, Outcome] | None = None
 
     def run(self, state: State) -> PassResult[Candidates_, Decisions, Outcome]:
         """One pass over ``state``: hold back, then decide, check, make room and bind,
         once more while the retry step asks for it."""
+        # The simulator runs this at every event: steps left out cost a test, not a call,
+        # and a pass of one round builds nothing but its result.
         candidates, held = self.hold_back.hold_back(state)
-        rounds = 0
+        over_quota = making_room = stopped = NO_WAITS
         outcomes: tuple[Outcome, ...] = ()
         while True:
             decisions = self.decide.decide(candidates)
-            decisions, over_quota = self.quota_check.check(candidates, decisions)
-            decisions, making_room, stopped = self.within_quota.make_room(candidates, decisions)
+            if self.quota_check is not None:
+                decisions, over_quota = self.quota_check.check(candidates, decisions)
+            if self.within_quota is not None:
+                decisions, making_room, stopped = self.within_quota.make_room(candidates, decisions)
             outcome, refused = self.bind.bind(candidates, decisions)
-            outcomes = (*outcomes, outcome)
-            if not self.retry.again(candidates, outcome, rounds):
+            if (
+                not refused
+                or self.retry is None
+                or not self.retry.again(candidates, outcome, len(outcomes))
+            ):
                 break
-            rounds += 1
+            outcomes = (*outcomes, outcome)
         waits = held
         if over_quota or making_room or refused:  # a later step's reason wins
             waits = {**held, **over_quota, **making_room, **refused}
-        return PassResult(candidates, decisions, outcomes, waits, stopped)
+        outcomes = (*outcomes, outcome) if outcomes else (outcome,)
+        # tuple.__new__ skips the named tuple's own __new__ (a Python frame, about half
+        # the cost of a result), as the simulator makes one at every event.
+        return _new_result(PassResult, (candidates, decisions, outcomes, waits, stopped))
+
+
+_new_result = tuple.__new__
 
 
 # -- steps any caller may use ----------------------------------------------------------------
 
 
 class NoQuotaCheck(Generic[Decisions]):
-    """Step 3 where there are no quotas (the simulator): every decision stands."""
+    """Step 3 as an object where there are no quotas: every decision stands (the same as
+    leaving ``quota_check`` out, which the simulator does)."""
 
     __slots__ = ()
 
@@ -191,7 +212,8 @@ class NoQuotaCheck(Generic[Decisions]):
 
 
 class NoWithinQuota(Generic[Decisions]):
-    """Step 4 where there are no quotas (the simulator): nothing is stopped for one."""
+    """Step 4 as an object where there are no quotas: nothing is stopped for one (the same
+    as leaving ``within_quota`` out, which the simulator does)."""
 
     __slots__ = ()
 
@@ -201,7 +223,8 @@ class NoWithinQuota(Generic[Decisions]):
 
 
 class NoRetry:
-    """Step 6 of the tick and the forecast: one round; a refused job waits for the next pass."""
+    """Step 6 as an object where a caller wants one: one round; a refused job waits for the
+    next pass (the same as leaving ``retry`` out)."""
 
     __slots__ = ()
 
@@ -363,7 +386,6 @@ def snapshot_pass(
         quota_check=EnforceQuotas(),
         within_quota=PreemptWithinQuota(),
         bind=bind,
-        retry=NoRetry(),
     )
 
 

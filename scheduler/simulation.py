@@ -46,14 +46,7 @@ from typing import Any
 from fabric.allocator import VClosAllocator
 from scheduler.fabric_placement import Contention, collective_for, sim_placement
 from scheduler.fairshare import FairShare
-from scheduler.pipeline import (
-    NO_WAITS,
-    NoQuotaCheck,
-    NoRetry,
-    NoWithinQuota,
-    SchedulingPass,
-    Waits,
-)
+from scheduler.pipeline import NO_WAITS, SchedulingPass, Waits
 from scheduler.placement import CountOnly, SimPlacement
 from scheduler.policies.base import Plan, Policy
 from scheduler.policies.elastic import curve_limit
@@ -190,6 +183,7 @@ class Simulation:
         "tails",
         "tick",
         "tracked",
+        "turn",
     )
 
     def __init__(
@@ -268,13 +262,14 @@ class Simulation:
         self.caps_ending = cfg.ending_caps_policy and self.near_end > 0
         self.pins_switching = cfg.switching_pins_policy
         steps = SimSteps(self)
+        self.turn = steps.turn
         self.scheduling: SimPass = SchedulingPass(
             hold_back=steps,
             decide=steps,
-            quota_check=NoQuotaCheck(),  # the simulator has no quotas
-            within_quota=NoWithinQuota(),
+            quota_check=None,  # the simulator has no quotas
+            within_quota=None,
             bind=steps,
-            retry=steps if cfg.second_pass else NoRetry(),
+            retry=steps if cfg.second_pass else None,
         )
         self.own_max: dict[JobRecord, int] = {}  # cfg.ending_caps_policy: capped jobs' own max
         self.comp: list[tuple[float, int, JobRecord, int]] = []
@@ -587,7 +582,8 @@ class Simulation:
     def _schedule(self, now: float) -> bool:
         """The scheduling pass at ``now`` (``scheduler.pipeline`` with the simulator's steps,
         :class:`SimSteps`), placed; whether anything moved."""
-        turn = self.scheduling.run(now).candidates
+        self.scheduling.run(now)
+        turn = self.turn  # the pass's candidates: the one turn its steps share
         if turn.fresh:
             self._start_ups(now, turn.fresh)
         return turn.moved
@@ -898,13 +894,17 @@ class Simulation:
 
 class SimTurn:
     """One pass of the simulator as its steps share it: the time, the sizes pinned for the
-    policy's eyes only (restored once it has decided), the jobs that start for the first time."""
+    policy's eyes only (restored once it has decided), the jobs that start for the first time.
+
+    One per run, made anew by each pass's hold-back (:meth:`SimSteps.hold_back`): a pass
+    at every event allocates nothing when nothing is decided.
+    """
 
     __slots__ = ("fresh", "moved", "now", "pinned")
 
-    def __init__(self, now: float, pinned: Sequence[tuple[JobRecord, int, int]]) -> None:
-        self.now = now
-        self.pinned = pinned
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.pinned: Sequence[tuple[JobRecord, int, int]] = ()
         self.fresh: list[JobRecord] = []  # first starts: their start-up is charged after the pass
         self.moved = False  # whether any round changed a job's GPUs
 
@@ -919,7 +919,11 @@ class SimBound:
         self.moved = moved
 
 
-_NOTHING_BOUND = SimBound([], False)
+REFUSED = "refused on this pass: no shape free for it, or the runtime owns its size now"
+"""Why a job the simulator's binding refused waits (the pipeline retries only then)."""
+
+_NOTHING_BOUND: tuple[SimBound, Waits] = (SimBound([], False), NO_WAITS)
+"""A round with an empty plan (most events): one shared outcome."""
 
 
 class SimSteps:
@@ -935,18 +939,27 @@ class SimSteps:
       is strictly ordered (FIFO's head-of-line blocking).
     """
 
-    __slots__ = ("sim",)
+    __slots__ = ("caps_ending", "held", "pins_switching", "sim", "turn")
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
+        self.caps_ending = sim.caps_ending
+        self.pins_switching = sim.pins_switching
+        self.turn = SimTurn()
+        self.held: tuple[SimTurn, Waits] = (self.turn, NO_WAITS)
 
     def hold_back(self, now: float) -> tuple[SimTurn, Waits]:
-        """Show the policy what the runtime owns now; the pass's shared turn."""
-        sim = self.sim
-        if sim.caps_ending:
-            sim._cap_ending(now)
-        pinned = sim._pin_switching(now) if sim.pins_switching and sim.switching else ()
-        return SimTurn(now, pinned), NO_WAITS
+        """Show the policy what the runtime owns now; the pass's shared turn, made anew."""
+        turn = self.turn
+        if self.caps_ending:
+            self.sim._cap_ending(now)
+        if self.pins_switching and self.sim.switching:
+            turn.pinned = self.sim._pin_switching(now)
+        turn.now = now
+        if turn.fresh:
+            turn.fresh = []  # the last pass's start-ups are charged
+        turn.moved = False
+        return self.held
 
     def decide(self, turn: SimTurn) -> Plan:
         """The core's pass at the turn's time (the pinned sizes restored after it)."""
@@ -962,18 +975,20 @@ class SimSteps:
         sim = self.sim
         sim.placement.begin_pass()
         if not plan:
-            return _NOTHING_BOUND, NO_WAITS
+            return _NOTHING_BOUND
         refused, moved = sim._run_pass(plan, turn.now, turn.fresh)
         if moved:
             turn.moved = True
-        if refused:
-            sim.core.unplaced(refused, turn.now)
-            sim.core.note_refused(refused, turn.now)
-        return SimBound(refused, moved), NO_WAITS
+        if not refused:
+            return SimBound(refused, moved), NO_WAITS
+        sim.core.unplaced(refused, turn.now)
+        sim.core.note_refused(refused, turn.now)
+        return SimBound(refused, moved), dict.fromkeys([job.id for job, _ in refused], REFUSED)
 
     def again(self, turn: SimTurn, outcome: SimBound, rounds: int) -> bool:
-        """Once more after refusals, around the refused jobs, unless the queue is strict."""
-        return bool(outcome.refused) and rounds == 0 and not self.sim.core.blocking
+        """Once more after refusals (the pipeline asks only then), around the refused jobs,
+        unless the queue is strict."""
+        return rounds == 0 and not self.sim.core.blocking
 
 
 SimPass = SchedulingPass[float, SimTurn, Plan, SimBound]

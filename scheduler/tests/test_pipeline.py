@@ -158,8 +158,38 @@ def test_the_simulators_retry_step_follows_its_second_pass_setting() -> None:
     on = Simulation(trace, get_policy("tiresias"), SimConfig(total_gpus=8))
     off = Simulation(trace, get_policy("tiresias"), SimConfig(total_gpus=8, second_pass=False))
     assert isinstance(on.scheduling.retry, SimSteps)  # the simulator's own steps
-    assert isinstance(off.scheduling.retry, NoRetry)
-    assert isinstance(on.scheduling.quota_check, NoQuotaCheck)  # no quotas in the simulator
+    assert off.scheduling.retry is None  # left out: one round
+    assert on.scheduling.quota_check is None  # no quotas in the simulator: no step to call
+    assert on.scheduling.within_quota is None
+
+
+def test_a_pass_without_quota_steps_binds_the_policys_decisions_as_they_are() -> None:
+    # The hold-back still holds a's high job; with no within-quota step left in the pass,
+    # nothing of a's is stopped for it and its hold-back reason stands.
+    scheduling: SchedulingPass[Snapshot, Candidates, list[Decision], list[Decision]] = (
+        SchedulingPass(
+            hold_back=QuotaHoldBack(QUOTAS),
+            decide=PolicyDecide(get_policy("tiresias")),
+            quota_check=None,
+            within_quota=None,
+            bind=CountBind(),
+        )
+    )
+    result = scheduling.run(tenants_scenario())
+    assert result.decisions == [Start("b-job", (4, 5, 6, 7))]
+    assert result.bound == (result.decisions,)
+    assert result.waits == {"a-high": "tenant a holds 4 of its 4-GPU quota"}
+    assert result.stopped == {}
+
+
+def test_the_simulators_turn_is_one_object_made_anew_by_each_pass() -> None:
+    trace = [TraceJob("a", 0.0, 2, 10.0), TraceJob("b", 5.0, 2, 10.0)]
+    sim = Simulation(trace, get_policy("tiresias"), SimConfig(total_gpus=8))
+    turn = sim.turn
+    sim._handle(0.0)
+    assert [job.id for job in turn.fresh] == [] and turn.moved  # a started (no start-up cost)
+    assert sim.scheduling.run(1.0).candidates is turn
+    assert (turn.now, turn.moved, turn.fresh, turn.pinned) == (1.0, False, [], ())
 
 
 # -- the composition -------------------------------------------------------------------------
