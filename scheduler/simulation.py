@@ -939,12 +939,14 @@ class SimSteps:
       is strictly ordered (FIFO's head-of-line blocking).
     """
 
-    __slots__ = ("caps_ending", "held", "pins_switching", "sim", "turn")
+    __slots__ = ("caps_ending", "held", "pins_switching", "settles", "sim", "turn")
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
         self.caps_ending = sim.caps_ending
         self.pins_switching = sim.pins_switching
+        # Count placement has nothing to settle between passes: no call at every event.
+        self.settles = type(sim.placement) is not CountOnly
         self.turn = SimTurn()
         self.held: tuple[SimTurn, Waits] = (self.turn, NO_WAITS)
 
@@ -973,7 +975,8 @@ class SimSteps:
     def bind(self, turn: SimTurn, plan: Plan) -> tuple[SimBound, Waits]:
         """Place the plan (a placement pass begun); refusals undone in the core."""
         sim = self.sim
-        sim.placement.begin_pass()
+        if self.settles:
+            sim.placement.begin_pass()
         if not plan:
             return _NOTHING_BOUND
         refused, moved = sim._run_pass(plan, turn.now, turn.fresh)
