@@ -355,7 +355,12 @@ def straggler_loop(
     try:
 
         def straggler_event() -> dict[str, Any] | None:
-            return next((e for e in api.events(job) if e["kind"] == "straggler"), None)
+            # Only what follows the slowdown: on a loaded machine the detector may remove a
+            # worker that really was slow before it (CI once saw w0 go 25 s earlier).
+            return next(
+                (e for e in api.events(job) if e["kind"] == "straggler" and _at(e) >= started),
+                None,
+            )
 
         event = wait_until("the straggler event", straggler_event, timeout_s, 0.2)
         seen = time.time()
