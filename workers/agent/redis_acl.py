@@ -456,13 +456,7 @@ def restore_job_users(client: redis.Redis, jobs: Iterable[str]) -> list[str]:
         return []
     users = acl_users(client)
     lost = [job for job in jobs if job_user(job) not in users]
-    if lost:
-        secret = agents_secret(client)
-        writes = client.pipeline(transaction=False)
-        for job in lost:
-            rules = job_rules(job, derive_password(secret, job))
-            writes.execute_command("ACL", "SETUSER", job_user(job), *rules)  # type: ignore[no-untyped-call]
-        writes.execute()
+    ensure_job_users(client, lost)
     return lost
 
 
