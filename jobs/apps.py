@@ -13,8 +13,8 @@ class JobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        """Send every new history row to its job's page (``jobs.live_patches.history_saved``)."""
-        from jobs.live_patches import history_saved
+        """Send every new history row to its job's page (``jobs.live.patches.history_saved``)."""
+        from jobs.live.patches import history_saved
         from jobs.models import JobEvent
 
         post_save.connect(history_saved, sender=JobEvent, dispatch_uid=LIVE_HISTORY_UID)

@@ -5,7 +5,7 @@
     tenants/<slug>/jobs/<pk>/          job_prefix(slug, pk): everything the job stores
         checkpoints/step-N.pt (+ .json manifest)   kind checkpoint, or final
         artifacts/<name>                           kind user
-        logs/job.log                               kind log (jobs.log_export)
+        logs/job.log                               kind log (jobs.logs.export)
 
 The only writer of :class:`~jobs.models.Artifact` rows.  A row's ``path`` is
 always ``job_prefix(...) + "/" + <job-relative path>``, the prefix taken from

@@ -36,7 +36,7 @@ from jobs.artifacts import artifact_store, forget_artifact, manifest_path, prefi
 from jobs.choices import TERMINAL_STATES, ArtifactKind, EventKind
 from jobs.coordination import forget_coordination
 from jobs.lifecycle import record, save_fields
-from jobs.logs import drop_output
+from jobs.logs.store import drop_output
 from jobs.models import Artifact, Job, LogChunk
 from jobs.retention import (
     RetentionPolicy,

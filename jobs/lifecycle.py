@@ -29,8 +29,8 @@ from django.utils import timezone
 
 from jobs.choices import TERMINAL_STATES, EventKind, JobState, can_transition
 from jobs.errors import JobConflictError, JobValidationError
-from jobs.live_patches import cluster_fields, page_fields, sample_row
-from jobs.live_summary import note_job_event
+from jobs.live.patches import cluster_fields, page_fields, sample_row
+from jobs.live.summary import note_job_event
 from jobs.models import Job, JobEvent, JobMetric
 from utilities import bulk_rows
 from utilities.realtime import (
@@ -88,9 +88,9 @@ def broadcast(job: Job, kind: str) -> None:
     """Tell the job's tenant, its page and the cluster view about ``job``, after commit.
 
     The page and the cluster view get what they show besides the row
-    (``jobs.live_patches``), so they patch instead of reloading.  The tenant's new
+    (``jobs.live.patches``), so they patch instead of reloading.  The tenant's new
     counts and queue positions follow in the same batch, built once per
-    transaction (``jobs.live_summary``).
+    transaction (``jobs.live.summary``).
     """
     # The patches are built after commit (in the finisher thread) from a copy: the
     # caller may go on changing its object, the copy keeps the values committed.

@@ -18,7 +18,7 @@ from jobs.control.tick import TICK_TASK, run_tick
 from jobs.expiry import expire_outputs as run_expiry
 from jobs.forecast import FORECAST_TASK, refresh_forecast
 from jobs.lifecycle import EXPORT_LOG_TASK
-from jobs.log_export import export_log
+from jobs.logs.export import export_log
 from workers.protocol import REPORT_TASK
 
 log = logging.getLogger(__name__)

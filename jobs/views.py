@@ -10,8 +10,8 @@ from django.views.decorators.http import require_POST
 
 from jobs.choices import TERMINAL_STATES, ArtifactKind
 from jobs.forms import JobForm
-from jobs.live import job_snapshot
-from jobs.logs import log_workers, tail_lines
+from jobs.live.snapshots import job_snapshot
+from jobs.logs.store import log_workers, tail_lines
 from jobs.models import Job
 from jobs.services import JobError, do_cancel_job, do_submit_job
 from tenancy.models import Tenant

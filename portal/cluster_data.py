@@ -3,7 +3,7 @@
 Built with a fixed number of queries; the page loads it on open, after every
 reconnect, after a seq gap and when the topology itself changed.  Otherwise it
 patches this data from the cluster group's events (each job's GPUs, cables and
-efficiency, the queue length, a server's state: ``jobs.live_patches``), and
+efficiency, the queue length, a server's state: ``jobs.live.patches``), and
 the snapshot carries the ``seq`` it reflects, read before its queries.
 
 Timeline: replayed from the jobs' events and kept between requests

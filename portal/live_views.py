@@ -6,7 +6,7 @@ from django.http import HttpRequest, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET
 
-from jobs.live import job_snapshot, tenant_snapshot
+from jobs.live.snapshots import job_snapshot, tenant_snapshot
 from jobs.models import Job
 from tenancy.authentication import token_or_login_required
 from tenancy.models import Tenant

@@ -10,7 +10,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
-from jobs.live import tenant_snapshot
+from jobs.live.snapshots import tenant_snapshot
 from jobs.models import Job
 from tenancy.forms import RATE_LIMITED, NewTokenForm, RateLimitedAuthenticationForm
 from tenancy.login_limits import Limits

@@ -29,7 +29,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.renderers import BaseRenderer
 
 from jobs.choices import TERMINAL_STATES
-from jobs.logs import LogLine, format_cursor, lines_after, parse_cursor, tail_lines
+from jobs.logs.store import LogLine, format_cursor, lines_after, parse_cursor, tail_lines
 from jobs.models import Job
 
 DEFAULT_TAIL = 1000

@@ -7,7 +7,7 @@ without a rank, one lookup of the worker's GPU).
 
 from __future__ import annotations
 
-from jobs.logs import LogTags, append_output
+from jobs.logs.store import LogTags, append_output
 from jobs.models import Job, JobGpu
 from workers.protocol import LogLines
 

@@ -204,7 +204,7 @@
   }
 
   // The page's model: the snapshot, patched by the cluster group's events, which say
-  // what changed (jobs.live_patches): a job's GPUs, cables, name and efficiency; the
+  // what changed (jobs.live.patches): a job's GPUs, cables, name and efficiency; the
   // queue length; a server's state.  The page redraws from the model; it reloads the
   // snapshot on open, on a reconnect or seq gap (live.js), when the topology itself
   // changed (an event cannot carry a whole topology) and for any event it cannot patch.

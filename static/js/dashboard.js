@@ -87,7 +87,7 @@
     showJct(snap.jct);
   }
 
-  const ROW_LIMIT = 200;  // the snapshot's newest jobs (jobs/live.py)
+  const ROW_LIMIT = 200;  // the snapshot's newest jobs (jobs/live/snapshots.py)
   const showPosition = (tr, position) => {
     tr.querySelector('[data-field="queue_position"]').textContent = position == null ? "—" : "#" + position;
   };

@@ -269,7 +269,7 @@
   }
 
   // The page's model: the snapshot it opened with (or reloaded), patched by every event.
-  // Events carry what the page shows (jobs.live_patches): the job's fields, each new
+  // Events carry what the page shows (jobs.live.patches): the job's fields, each new
   // history row (job.event) and progress sample (job.sample); the page redraws from the
   // model and reloads the snapshot only on a seq gap or a reconnect (live.js).
   let current = JSON.parse(document.getElementById("job-snapshot").textContent);
@@ -296,7 +296,7 @@
     }
   }
 
-  const METRIC_LIMIT = 2000;  // the snapshot's newest samples (jobs/live.py)
+  const METRIC_LIMIT = 2000;  // the snapshot's newest samples (jobs/live/snapshots.py)
   function patchSample(sample) {
     const series = current.throughput_series;
     series.t.push(sample.at);

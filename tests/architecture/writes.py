@@ -1,5 +1,5 @@
 """Who may write a job: ``jobs.lifecycle``, ``jobs.holdings``, ``jobs.services`` and the
-writers of its outputs (``jobs.logs``, ``jobs.artifacts``, ``jobs.training_metrics``) only.
+writers of its outputs (``jobs.logs.store``, ``jobs.artifacts``, ``jobs.training_metrics``) only.
 
 Two checks, because Django offers two kinds of writes:
 
@@ -25,7 +25,7 @@ WRITERS = frozenset(
         "jobs.lifecycle",
         "jobs.holdings",
         "jobs.services",
-        "jobs.logs",
+        "jobs.logs.store",
         "jobs.artifacts",
         "jobs.training_metrics",
     }

@@ -23,7 +23,7 @@ from jobs.forecast import (
     refresh_forecast,
     remaining_work,
 )
-from jobs.live import queue_positions, tenant_snapshot
+from jobs.live.snapshots import queue_positions, tenant_snapshot
 from jobs.models import Job
 from jobs.progress import total_steps
 from jobs.services import check_job_spec, do_submit_job

@@ -11,8 +11,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from devtools.job_steps import move
-from jobs.live import job_snapshot, tenant_snapshot
-from jobs.live_summary import queue_state
+from jobs.live.snapshots import job_snapshot, tenant_snapshot
+from jobs.live.summary import queue_state
 from jobs.models import Job, JobMetric
 from jobs.services import check_job_spec, do_set_parallelism, do_submit_job
 from tenancy.models import Tenant

@@ -12,7 +12,7 @@ from devtools.job_steps import move
 from jobs.artifacts import record_artifact
 from jobs.choices import ArtifactKind, EventKind
 from jobs.lifecycle import record
-from jobs.live import job_snapshot
+from jobs.live.snapshots import job_snapshot
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
 from tenancy.models import Tenant

@@ -11,7 +11,7 @@ import pytest
 from devtools.job_steps import move
 from jobs import lifecycle
 from jobs.control.reports import handle_report
-from jobs.log_export import export_log
+from jobs.logs.export import export_log
 from jobs.models import Artifact, Job
 from jobs.services import do_cancel_job
 from jobs.tasks import export_job_log

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from jobs.control.reports import handle_report
-from jobs.logs import lines_after, parse_cursor, tail_lines
+from jobs.logs.store import lines_after, parse_cursor, tail_lines
 from jobs.models import Job, LogChunk, LogStream
 from jobs.services import check_job_spec, do_submit_job
 from workers.protocol import LogLines
@@ -140,7 +140,8 @@ def test_unknown_job_and_bad_report() -> None:
 def test_new_lines_are_broadcast_to_the_job_page(job: Job, monkeypatch: Any) -> None:
     sent: list[tuple[tuple[str, ...], dict[str, Any]]] = []
     monkeypatch.setattr(
-        "jobs.logs.broadcast_on_commit", lambda groups, payload: sent.append((groups, payload))
+        "jobs.logs.store.broadcast_on_commit",
+        lambda groups, payload: sent.append((groups, payload)),
     )
     output(job, 0, "hello <script>alert(1)</script>\n")
     output(job, 0, "hello <script>alert(1)</script>\n")  # a replay broadcasts nothing

@@ -18,7 +18,7 @@ from inventory.models import Server
 from jobs.api.logs import follow_events
 from jobs.control.reports import handle_report
 from jobs.control.tick import run_tick
-from jobs.logs import LogLine
+from jobs.logs.store import LogLine
 from jobs.models import Job, JobGpu
 from jobs.services import check_job_spec, do_cancel_job, do_submit_job
 from tests.jobs.control_helpers import demo_cluster, drain_all

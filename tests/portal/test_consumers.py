@@ -165,7 +165,7 @@ def test_events_arrive_after_commit_only(alice: Any, acme: Tenant) -> None:
             "attained_gpu_seconds": 0.0,
         }
         assert {k: event[k] for k in row} == row
-        # the job's page also gets what it shows besides the row (jobs.live_patches)
+        # the job's page also gets what it shows besides the row (jobs.live.patches)
         assert event["started_at"] is not None and event["finished_at"] is None
         assert (event["min_gpus"], event["max_gpus"], event["restarts"]) == (1, 1, 0)
         await comm.disconnect()

@@ -6,7 +6,7 @@
         └── on commit: enqueue jobs.tasks.export_job_log(job id), a little later
                        (the agents' last lines may still be on their way)
     export_log(job_id)
-        ├── every stored line, in order, "[worker] text"  (jobs.logs.all_lines)
+        ├── every stored line, in order, "[worker] text"  (jobs.logs.store.all_lines)
         ├── streamed into the store at <job prefix>/logs/job.log (atomic, hashed as written)
         └── the Artifact(kind=log) row, created or updated
 
@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from jobs.artifacts import LOG_PATH, artifact_store, prefix_of, record_artifact
 from jobs.choices import TERMINAL_STATES, ArtifactKind
-from jobs.logs import all_lines
+from jobs.logs.store import all_lines
 from jobs.models import Artifact, Job
 
 log = logging.getLogger(__name__)

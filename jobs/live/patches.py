@@ -13,7 +13,7 @@ more than a dashboard row, and patch it from the events instead of reloading::
                                       its name, thr(n)/thr(1), per-GPU efficiency, JCT
 
 Everything here is read from the job in memory: no query, so a tick that changes
-1,000 jobs pays for none.  History rows are the snapshot's rows (``jobs.live``).
+1,000 jobs pays for none.  History rows are the snapshot's rows (``jobs.live.snapshots``).
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ from django.db.models import Count, QuerySet, Sum
 
 from jobs.choices import ACTIVE_STATES, ArtifactKind, JobState
 from jobs.forecast import FORECAST_STATES, estimate_fields
-from jobs.live_patches import history_row, profile_curve
-from jobs.live_summary import queue_ranks
+from jobs.live.patches import history_row, profile_curve
+from jobs.live.summary import queue_ranks
 from jobs.models import Job
 from jobs.services import tenant_jct_stats
 from tenancy.models import Tenant
@@ -53,7 +53,7 @@ def queue_positions() -> dict[int, int]:
     """Position (1-based) of every queued job in the policy's order, as the forecast stored it.
 
     Cluster-wide ranks (``jobs.forecast``) with the jobs that left the queue since
-    taken out (``jobs.live_summary.queue_ranks``, the numbers events carry too); a
+    taken out (``jobs.live.summary.queue_ranks``, the numbers events carry too); a
     job queued since the last refresh has none yet (at most ``FORECAST_SECONDS``).
     """
     return {pk: rank for pk, (rank, _) in queue_ranks().items()}
