@@ -19,10 +19,11 @@ ageing), failing programs (retries), run-time limits, a tick and a scaling cost
 mode each; collective traffic mixes on the fabric placements; EDL's synthetic
 trace elastic with stop-free costs; every saved live run in
 ``bench/sim_vs_real_runs/`` replayed as ``bench/sim_vs_real.py --replay`` does,
-under every model of its ablation (each fidelity flag on and off, the control
+under every model of its ablation (each fidelity rule either way, the control
 plane's delays, suspect GPUs, fixed costs, measured curves) and with its traced
 placement (``--timeline``); the latest run's full model again with each boolean
-``SimConfig`` flag flipped, on the count placement, and with a progress bar;
+``SimConfig`` knob flipped and each ``Fidelity`` rule turned (cases named by the
+flag each rule once was), on the count placement, and with a progress bar;
 ``bench/forecast_accuracy.py``'s replay; and
 ``portal.whatif.compare`` (with Django's test settings; skipped with
 ``--no-django``).  ``scheduler.forecast`` itself does not call the simulator.
@@ -51,6 +52,12 @@ import scheduler.simulator as simulator_module  # noqa: E402
 from fabric.topology import FabricSpec  # noqa: E402
 from scheduler.fabric_placement import fabric_spec_for  # noqa: E402
 from scheduler.policies import REGISTRY, get_policy  # noqa: E402
+from scheduler.sim_config import (  # noqa: E402
+    BindingRounds,
+    Fidelity,
+    LeaversSlots,
+    StartUpScaleIn,
+)
 from scheduler.simulator import Outage, ScalingCost, SimConfig, SimResult  # noqa: E402
 from scheduler.traces import (  # noqa: E402
     TraceJob,
@@ -181,8 +188,10 @@ def rich_cases() -> Iterator[Case]:
             grow_min_left_s=120.0,
             arrival_s=1.5,
             release_s=3.0,
-            leavers_busy=True,
-            leave_follows_start=True,
+            fidelity=Fidelity(
+                leavers=LeaversSlots.BUSY_UNTIL_GONE,
+                start_up_scale_in=StartUpScaleIn.AFTER_START_UP,
+            ),
         )
         yield f"rich/{name}/fixed-costs", _aged(trace, name, fixed, None)
         outages = (Outage(100.0, 5000.0, 3), Outage(2000.0, 9000.0, -1, trace[5].id))
@@ -283,7 +292,8 @@ class _recording:
 
 
 def flag_cases() -> Iterator[Case]:
-    """The latest saved run's full model with each boolean ``SimConfig`` flag flipped."""
+    """The latest saved run's full model with each boolean ``SimConfig`` knob flipped and each
+    fidelity rule turned the other way."""
     from bench import sim_vs_real as svr
 
     path = sorted(RUNS.glob("*.json"))[-1]
@@ -301,16 +311,55 @@ def flag_cases() -> Iterator[Case]:
     finally:
         simulator_module.simulate = SIMULATE
     rows, policy, base = captured[0]
-    flags = [
-        f.name for f in dataclasses.fields(SimConfig) if isinstance(getattr(base, f.name), bool)
-    ]
     variants: list[tuple[str, SimConfig]] = [("base", base)]
-    variants += [(f"flip-{n}", replace(base, **{n: not getattr(base, n)})) for n in flags]
+    variants += [(f"flip-{n}", replace(base, **{n: not getattr(base, n)})) for n in FLAGS]
+    variants += [(f"flip-{n}", replace(base, fidelity=f)) for n, f in _turned(svr, base.fidelity)]
     variants.append(("count", replace(base, placement="count", fabric=None)))
     variants.append(("count-no-outages", replace(base, placement="count", outages=())))
-    variants.append(("one-pass-whole", replace(base, second_pass=False, refuse_whole_start=True)))
+    whole = svr.binder_with(starts_on_base=False, reshapes=base.fidelity.binder.reshapes)
+    one_pass = replace(base.fidelity, rounds=BindingRounds.ONCE_PER_TICK, binder=whole)
+    variants.append(("one-pass-whole", replace(base, fidelity=one_pass)))
     for name, cfg in variants:
         yield f"flags/{path.stem}/{name}", _same(rows, policy, cfg)
+
+
+FLAGS = ("elastic", "progress")
+"""``SimConfig``'s boolean knobs, each flipped in a case of its own."""
+
+
+def _turned(svr: Any, fid: Fidelity) -> list[tuple[str, Fidelity]]:
+    """``fid`` with each rule turned the other way, named by the ``SimConfig`` flag each
+    rule once was (the golden file keeps those names)."""
+
+    def other(rule: Any) -> Any:
+        return next(r for r in type(rule) if r is not rule)
+
+    binder = fid.binder
+    return [
+        ("second_pass", replace(fid, rounds=other(fid.rounds))),
+        ("leavers_busy", replace(fid, leavers=other(fid.leavers))),
+        ("leave_follows_start", replace(fid, start_up_scale_in=other(fid.start_up_scale_in))),
+        ("ending_caps_policy", replace(fid, ending=other(fid.ending))),
+        ("switching_pins_policy", replace(fid, switching=other(fid.switching))),
+        (
+            "refuse_whole_start",
+            replace(
+                fid,
+                binder=svr.binder_with(
+                    starts_on_base=not binder.starts_on_base, reshapes=binder.reshapes
+                ),
+            ),
+        ),
+        (
+            "reshape_reclaims",
+            replace(
+                fid,
+                binder=svr.binder_with(
+                    starts_on_base=binder.starts_on_base, reshapes=not binder.reshapes
+                ),
+            ),
+        ),
+    ]
 
 
 def _same(rows: Any, policy: Any, cfg: SimConfig) -> Callable[[], Any]:

@@ -40,12 +40,17 @@ policy ranking a job's sizes by the samples/s it reported (the live curve,
 ``live_curve``) rather than the free-core rates its progress follows, and a
 fresh policy core every pass, as the live tick builds one from its snapshot
 (``TickCore``), the GPUs the run marked suspect (a straggler report: out of
-service for the cool-down, ``Outage``), and one pass per tick (a start the
-vClos binder refuses waits for the next tick, ``second_pass=False``).  An
-elastic start whose extras fit no shape still starts on its base size, as the
-simulator's default does and the live binder now does; every saved run (to
-2026-12-03 21:35) was made with a binder that refused it whole (``Model.whole``,
-``refuse_whole_start``: an ``--ablation`` row, off in the comparison).
+service for the cool-down, ``Outage``), and the live tick's rules where the
+simulator's own differ (``scheduler.sim_config.LIVE_TICK``: one binding round
+per tick, a job about to end or switching shown to the policy at its size, the
+leavers' slots busy until they are gone).
+
+Each saved run records the live binder it was made with (``_meta.binder``, a
+name of ``scheduler.sim_config.BINDERS``), and its replay binds as that binder
+placed shrinks (``run_binder``).  An elastic start whose extras fit no shape
+starts on its base size in the comparison, as the live binder does since
+2026-12-03 21:52, even for a run made before, whose binder refused it whole
+(``Model.whole``: an ``--ablation`` row).
 
 Output: a job-by-job table (JCT real vs simulated) and, last, one JSON line.
 """
@@ -96,6 +101,18 @@ from devtools.measured import (  # noqa: E402
     step_totals,
 )
 from scheduler.policies.base import Plan, Policy, PolicyCore  # noqa: E402
+from scheduler.sim_config import (  # noqa: E402
+    BASE_THEN_EXTRAS,
+    BINDERS,
+    BindingRounds,
+    EndingJobs,
+    Fidelity,
+    LeaversSlots,
+    StartBinder,
+    StartUpScaleIn,
+    SwitchingJobs,
+    binder_named,
+)
 
 log = logging.getLogger("sim_vs_real")
 TRACE = ROOT / "bench" / "sim_vs_real_trace.json"
@@ -117,9 +134,8 @@ STEPS_PER_S = 0.8  # resnet18-synthetic on 8x8 images
 # its jobs, which no simulator run of this trace models.  Give them two minutes.
 AGENT_DOWN_AFTER_S = "120"
 MARK_KEY = "bench:sim_vs_real:owner"
-# The live binder places a start before the jobs shrunk for it (reshape_around) from this
-# commit on; a saved run without ``binder_reshapes`` in its _meta tells by when it began.
-RESHAPE_SINCE = "2026-12-04T03:54"
+# The live binder a run made now is bound by (recorded in its _meta, read by run_binder).
+LIVE_BINDER = BASE_THEN_EXTRAS
 
 
 # ----------------------------------------------------------------------------- the trace
@@ -219,7 +235,7 @@ def run_real(trace: list[dict[str, Any]], policy: str, redis_db: int) -> dict[st
         log.error("redis db %d was emptied or used by someone else during the run", redis_db)
     records[META] = {
         "began": began,
-        "binder_reshapes": True,
+        "binder": LIVE_BINDER.name,
         "cores": os.cpu_count() or 1,
         "load": loads,
         "clean": clean,
@@ -491,21 +507,57 @@ class Model:
     follow: bool = True  # a scale-in during a start-up is done after it, as it is stretched
     cap: bool = True  # a job about to end is shown to the policy capped at its size
     pin: bool = True  # a job with a switch in flight is pinned at its size for the policy
-    # A start whose extras fit no shape waits whole, as the live binder refused it when the
-    # saved runs were made (else it starts on its base, as bind() now does too).  Their rule,
+    # A start whose extras fit no shape waits whole, as the live binder refused it before
+    # 2026-12-03 21:52 (else it starts on its base, as bind() does since).  Those runs' rule,
     # but off in the comparison: on, the 19:12 run loses a sub-second race its fallback won
     # (docs/benchmarks.md, "The busy window of 19:40").
     whole: bool = False
     # A start that fits no shape goes before the jobs shrunk for it (True), or the shrinks
-    # keep their GPUs in place (False); None: as the live binder did in the run.
+    # keep their GPUs in place (False); None: as the run's recorded binder did.
     reshape: bool | None = None
 
 
-def binder_reshapes(meta: dict[str, Any]) -> bool:
-    """Whether the run's live binder placed a start before the jobs shrunk for it."""
-    if "binder_reshapes" in meta:
-        return bool(meta["binder_reshapes"])
-    return str(meta.get("began", "")) >= RESHAPE_SINCE
+def run_binder(meta: dict[str, Any]) -> StartBinder:
+    """The live binder the run was made with, as its record names it (``_meta.binder``)."""
+    if "binder" not in meta:
+        raise ValueError(
+            "the run records no binder: add _meta.binder, one of " + ", ".join(BINDERS)
+        )
+    return binder_named(str(meta["binder"]))
+
+
+def replay_binder(model: Model, recorded: StartBinder) -> StartBinder:
+    """The binder a replay under ``model`` binds with: the run's way with shrinks (unless the
+    model names one), an elastic start on its base unless the model refuses it whole."""
+    reshapes = recorded.reshapes if model.reshape is None else model.reshape
+    return binder_with(starts_on_base=not model.whole, reshapes=reshapes)
+
+
+def binder_with(*, starts_on_base: bool, reshapes: bool) -> StartBinder:
+    """The named binder with these two rules (an ablation turns one of them)."""
+    for binder in BINDERS.values():
+        if binder.starts_on_base == starts_on_base and binder.reshapes == reshapes:
+            return binder
+    raise AssertionError("every pair of binder rules has a name")  # pragma: no cover
+
+
+def fidelity(model: Model, recorded: StartBinder) -> Fidelity:
+    """The live tick's rules (``LIVE_TICK``) less those ``model`` leaves out."""
+    shared_cpu = model.contention  # the leavers' rules are about CPUs the slots share
+    return Fidelity(
+        ending=EndingJobs.SHOWN_CAPPED if model.cap else EndingJobs.GROWTH_REFUSED,
+        switching=SwitchingJobs.SHOWN_PINNED if model.pin else SwitchingJobs.RESIZE_REFUSED,
+        rounds=BindingRounds.ONCE_PER_TICK
+        if model.one_pass
+        else BindingRounds.RETRY_AROUND_REFUSALS,
+        binder=replay_binder(model, recorded),
+        leavers=LeaversSlots.BUSY_UNTIL_GONE
+        if model.leavers and shared_cpu
+        else LeaversSlots.FREE_AT_DECISION,
+        start_up_scale_in=StartUpScaleIn.AFTER_START_UP
+        if model.follow and shared_cpu
+        else StartUpScaleIn.DUE_AS_DECIDED,
+    )
 
 
 # The model of the section "with the fixed costs" (docs/benchmarks.md), before the parts
@@ -710,15 +762,7 @@ def simulate_trace(
         )
         if model.suspects
         else (),
-        second_pass=not model.one_pass,
-        leavers_busy=model.leavers and model.contention,
-        leave_follows_start=model.follow and model.contention,
-        ending_caps_policy=model.cap,
-        switching_pins_policy=model.pin,
-        refuse_whole_start=model.whole,
-        reshape_reclaims=binder_reshapes(measured["meta"])
-        if model.reshape is None
-        else model.reshape,
+        fidelity=fidelity(model, run_binder(measured["meta"])),
     )
     policy: Policy = MeasuredPolicy(inner, table, learn=model.learn, per_tick=model.per_tick)
     if trail is None:
@@ -726,7 +770,7 @@ def simulate_trace(
     else:
         clock = Clock()
         placement, _ = sim_placement(
-            "vclos", GPUS, GPUS_PER_SERVER, cfg.fabric, reshape=cfg.reshape_reclaims
+            "vclos", GPUS, GPUS_PER_SERVER, cfg.fabric, reshape=cfg.fidelity.binder.reshapes
         )
         result = simulate(
             rows,

@@ -33,6 +33,15 @@ from scheduler.priority import (
     parse_ageing,
     parse_shares,
 )
+from scheduler.sim_config import (
+    BINDERS,
+    FIDELITIES,
+    IDEAL,
+    Fidelity,
+    StartBinder,
+    binder_named,
+    fidelity_named,
+)
 from scheduler.simulator import ScalingCost, SimConfig, SimResult, simulate
 from scheduler.traces import (
     LoadedTrace,
@@ -126,6 +135,22 @@ def _max_scale(text: str) -> float:
             f"--max-scale must be curve (or 0), or a multiple >= 1: {text!r}"
         )
     return v
+
+
+def _fidelity(text: str) -> Fidelity:
+    """``--fidelity``: a bundle of rules by name (:data:`scheduler.sim_config.FIDELITIES`)."""
+    try:
+        return fidelity_named(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _binder(text: str) -> StartBinder:
+    """``--binder``: a start binder by name (:data:`scheduler.sim_config.BINDERS`)."""
+    try:
+        return binder_named(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _priority_share(text: str) -> dict[str, float]:
@@ -287,11 +312,22 @@ def _fabric_arguments(p: argparse.ArgumentParser) -> None:
         "then also draws the moe model)",
     )
     p.add_argument(
-        "--shrinks-in-place",
-        action="store_true",
-        help="vclos: a shrink keeps its GPUs in place even when the start it makes room for "
-        "then fits no shape (the binding before 2026-12-04); by default that start is placed "
-        "first and the shrunk jobs go back around it",
+        "--fidelity",
+        type=_fidelity,
+        default=IDEAL,
+        metavar="|".join(FIDELITIES),
+        help="which rules the loop follows where the simulator and the live tick differ: "
+        "ideal (the simulator's own: refusals after the pass, a second round around them) or "
+        "live-tick (what the runtime owns shown to the policy, one binding round per tick)",
+    )
+    p.add_argument(
+        "--binder",
+        type=_binder,
+        metavar="|".join(BINDERS),
+        help="vclos: how a start that fits no shape is bound (default: the fidelity's, "
+        "base-then-extras: base first, placed before the jobs shrunk for it); "
+        "base-then-extras-shrinks-kept is the binder of 2026-12-03 21:52 to 2026-12-04 03:55, "
+        "whole-start-shrinks-kept the one before",
     )
 
 
@@ -441,7 +477,9 @@ def run_one(name: str, trace: LoadedTrace, args: argparse.Namespace, total: int)
         traffic=args.traffic,
         tenant_weights=args.tenant_weights,
         half_life=args.half_life,
-        reshape_reclaims=not args.shrinks_in_place,
+        fidelity=args.fidelity
+        if args.binder is None
+        else replace(args.fidelity, binder=args.binder),
     )
     return simulate(trace.jobs, make_policy(name, args), cfg)
 

@@ -2,7 +2,11 @@
 
 :class:`SimConfig` is everything :func:`scheduler.simulator.simulate` is told
 besides the trace and the policy; :class:`ScalingCost` what an allocation
-change and a job's fixed costs take; :class:`Outage` one GPU out of service.
+change and a job's fixed costs take; :class:`Outage` one GPU out of service;
+:class:`Fidelity` which of the live tick's rules the loop follows (one named
+strategy per rule: :class:`EndingJobs`, :class:`SwitchingJobs`,
+:class:`BindingRounds`, :class:`StartBinder`, :class:`LeaversSlots`,
+:class:`StartUpScaleIn`; bundles :data:`IDEAL` and :data:`LIVE_TICK`).
 Plain frozen values: the loop (:mod:`scheduler.simulation`) only reads them.
 """
 
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 
 from fabric.topology import FabricSpec
 from scheduler.fairshare import FAIR_SHARE_HALF_LIFE
@@ -129,6 +134,181 @@ class Outage:
     holder: str = ""
 
 
+# -- fidelity: where the simulator may follow the live control plane's tick ---------------
+#
+# Each difference between the simulator's own rules and the live tick's is one strategy,
+# named for what it models; :class:`Fidelity` bundles one of each.  The loop
+# (:mod:`scheduler.simulation`) reads them once, when it composes its steps.
+
+
+class EndingJobs(Enum):
+    """How a running job about to end (``SimConfig.grow_min_left_s``) meets a growth.
+
+    A newcomer would join a job that is finishing, so neither side grows it; they
+    differ in who else gets the GPUs in the same pass.
+    """
+
+    GROWTH_REFUSED = "growth-refused"
+    """The policy grows it; the runtime refuses the growth after the pass, and the GPUs the
+    policy gave it stay idle until the next pass."""
+
+    SHOWN_CAPPED = "shown-capped"
+    """As the live tick: the policy sees it capped at its size (``max_gpus``), so the idle
+    GPUs go to the next job in the same pass (a core that reads ``max_gpus`` at each pass,
+    such as ``TickCore``)."""
+
+
+class SwitchingJobs(Enum):
+    """How a job with a switch in flight (``ScalingCost.join_s``/``leave_s``) is shown."""
+
+    RESIZE_REFUSED = "resize-refused"
+    """The policy may resize it; the runtime refuses the resize after the pass, and with one
+    binding round per tick nothing else gets those GPUs in that pass."""
+
+    SHOWN_PINNED = "shown-pinned"
+    """As the live tick, which leaves a job in ``scaling`` out of its snapshot: the policy
+    sees it pinned at its size (``min_gpus = max_gpus``) and gives the idle GPUs to the
+    others.  An ended job not handed over yet is not pinned: the live snapshot still shows
+    it running."""
+
+
+class BindingRounds(Enum):
+    """What a pass does after binding refused part of it (no shape free, the runtime's say)."""
+
+    RETRY_AROUND_REFUSALS = "retry-around-refusals"
+    """A second round at the same time decides around the refused jobs (not for a strictly
+    ordered queue: FIFO's head-of-line blocking)."""
+
+    ONCE_PER_TICK = "once-per-tick"
+    """As the live tick, which binds once: a refused start waits for the next pass, which
+    plans it again, while the GPUs it was given stay idle."""
+
+
+class LeaversSlots(Enum):
+    """With shared CPUs (``slot_slowdown``, ``start_slowdown``): when a scale-in's leavers
+    stop counting as busy slots.  Their GPUs go to other jobs at once either way."""
+
+    FREE_AT_DECISION = "free-at-decision"
+    """The slots stop counting when the scale-in is decided."""
+
+    BUSY_UNTIL_GONE = "busy-until-gone"
+    """As on the live cluster: the leavers train until their switch is done
+    (``ScalingCost.leave_s`` after the job trains), and the busy count the sharing law was
+    fitted from counts them."""
+
+
+class StartUpScaleIn(Enum):
+    """When a scale-in decided during a job's first start is done (``ScalingCost.leave_s``)."""
+
+    DUE_AS_DECIDED = "due-as-decided"
+    """``leave_s`` after the start-up's end as it was due at the decision."""
+
+    AFTER_START_UP = "after-start-up"
+    """As live, where the leavers stop once the job trains: ``leave_s`` after the start-up's
+    end as ``start_slowdown`` stretches it later."""
+
+
+@dataclass(frozen=True, slots=True)
+class StartBinder:
+    """How binding treats a start that fits no vClos shape at the size the policy chose.
+
+    The live binder's rule changed twice, so a replay of a live run names the one the
+    run was made with (``bench/sim_vs_real_runs/*.json``, ``_meta.binder``): see
+    :data:`BINDERS`.  ``starts_on_base``: an elastic start whose extras no shape fits
+    starts on its base size (``Start.base``), the extras refused; else it waits whole for
+    the next pass.  ``reshapes``: such a start is placed before the jobs the same pass
+    shrank, which then go back on their own GPUs or a fresh shape
+    (``scheduler.binding.reshape_around``); else a shrink keeps its GPUs in place.
+    """
+
+    name: str
+    starts_on_base: bool
+    reshapes: bool
+
+
+BASE_THEN_EXTRAS = StartBinder("base-then-extras", starts_on_base=True, reshapes=True)
+"""The live binder since 2026-12-04 03:55 (and the simulator's default): base, then the
+extras that fit; a start goes before the shrinks made for it."""
+
+BASE_THEN_EXTRAS_SHRINKS_KEPT = StartBinder(
+    "base-then-extras-shrinks-kept", starts_on_base=True, reshapes=False
+)
+"""The live binder from 2026-12-03 21:52 to 2026-12-04 03:55: base, then the extras that
+fit; a shrink keeps its GPUs in place."""
+
+WHOLE_START_SHRINKS_KEPT = StartBinder(
+    "whole-start-shrinks-kept", starts_on_base=False, reshapes=False
+)
+"""The live binder before 2026-12-03 21:52: the size the policy chose or nothing; a shrink
+keeps its GPUs in place."""
+
+WHOLE_START = StartBinder("whole-start", starts_on_base=False, reshapes=True)
+"""Never live: the whole-start rule alone on today's binder (an ablation's row)."""
+
+BINDERS: Mapping[str, StartBinder] = {
+    b.name: b
+    for b in (
+        BASE_THEN_EXTRAS,
+        BASE_THEN_EXTRAS_SHRINKS_KEPT,
+        WHOLE_START_SHRINKS_KEPT,
+        WHOLE_START,
+    )
+}
+"""Every binder by name (a saved run's record, the command line's ``--binder``)."""
+
+
+def binder_named(name: str) -> StartBinder:
+    """The binder called ``name`` (:data:`BINDERS`); ValueError naming the known ones."""
+    try:
+        return BINDERS[name]
+    except KeyError:
+        raise ValueError(f"unknown binder {name!r}; known: {', '.join(BINDERS)}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Fidelity:
+    """How closely the simulator follows the live tick: one strategy per difference.
+
+    What differs between the simulator and the tick that is a quantity (the clock, the
+    control plane's delays ``arrival_s``/``release_s``, switch times, rates) is an input
+    of :class:`SimConfig`; these are the rules.  The default is :data:`IDEAL`.
+    """
+
+    ending: EndingJobs = EndingJobs.GROWTH_REFUSED
+    switching: SwitchingJobs = SwitchingJobs.RESIZE_REFUSED
+    rounds: BindingRounds = BindingRounds.RETRY_AROUND_REFUSALS
+    binder: StartBinder = BASE_THEN_EXTRAS
+    leavers: LeaversSlots = LeaversSlots.FREE_AT_DECISION
+    start_up_scale_in: StartUpScaleIn = StartUpScaleIn.DUE_AS_DECIDED
+
+
+IDEAL = Fidelity()
+"""The simulator's own rules: the runtime refuses after the pass what it owns, a second
+round goes around refusals, the live binder of today, leavers' slots free at once."""
+
+LIVE_TICK = Fidelity(
+    ending=EndingJobs.SHOWN_CAPPED,
+    switching=SwitchingJobs.SHOWN_PINNED,
+    rounds=BindingRounds.ONCE_PER_TICK,
+    binder=BASE_THEN_EXTRAS,
+    leavers=LeaversSlots.BUSY_UNTIL_GONE,
+    start_up_scale_in=StartUpScaleIn.AFTER_START_UP,
+)
+"""The live control plane's tick as it is: what the runtime owns shown to the policy,
+one binding round per tick, today's binder, leavers busy until gone."""
+
+FIDELITIES: Mapping[str, Fidelity] = {"ideal": IDEAL, "live-tick": LIVE_TICK}
+"""The named bundles (the command line's ``--fidelity``)."""
+
+
+def fidelity_named(name: str) -> Fidelity:
+    """The bundle called ``name`` (:data:`FIDELITIES`); ValueError naming the known ones."""
+    try:
+        return FIDELITIES[name]
+    except KeyError:
+        raise ValueError(f"unknown fidelity {name!r}; known: {', '.join(FIDELITIES)}") from None
+
+
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     """Simulation knobs.
@@ -156,18 +336,7 @@ class SimConfig:
     ``SCALE_OUT_MIN_SECONDS_LEFT``: a newcomer would join a finished job);
     0: off.  It and a switch in flight (``ScalingCost.join_s``/``leave_s``)
     refuse resizes, so they need a policy core that takes refusals
-    (``PolicyCore.unplaced``).  ``ending_caps_policy``: the live tick does
-    not refuse such a growth, it shows the policy the job capped at its size
-    (``max_gpus``), so the idle GPUs go to the next job; on, each pass caps
-    ``max_gpus`` so (a core that reads it at each pass: ``TickCore``).
-    ``switching_pins_policy``: the live tick leaves a job in ``scaling`` out
-    of its snapshot, so the policy gives the idle GPUs to the others; on, each
-    pass shows the policy every job with a switch in flight pinned at its size
-    (``min_gpus = max_gpus`` = its GPUs) instead of refusing its resize after
-    the pass, where with one bind per tick nothing else got those GPUs in that
-    pass (the 2026-12-04 13:24 live run grew a job the simulator held back).
-    An ended job not handed over yet is not pinned: the live snapshot still
-    shows it running.
+    (``PolicyCore.unplaced``).
 
     The live control plane hears of a change some time after it happens; two
     delays model that (0: off, the policy sees every change at once):
@@ -185,33 +354,10 @@ class SimConfig:
     policy's core counts them as gone and placement never gives them out.
     ``count`` and ``vclos`` placements only.  Empty: every GPU always serves.
 
-    ``leavers_busy``: with shared CPUs, the leavers of a scale-in count as
-    busy slots for ``slot_slowdown`` and ``start_slowdown`` until their
-    switch is done (``ScalingCost.leave_s`` after the job trains), as they do
-    on the live cluster: they train until then, and the run's busy count, from
-    which the law was fitted, counts them.  Their GPUs still go to other jobs
-    at once.  Off: the slots stop counting at the decision.
-    ``leave_follows_start``: a scale-in decided during a job's first start
-    is done ``leave_s`` after the start-up's end as ``start_slowdown``
-    stretches it later (the live leavers stop once the job trains); off: the
-    end as it was due at the decision.
-
-    ``second_pass``: after placement refuses part of a pass, a second pass at
-    the same time goes around the refused jobs (the default).  The live tick
-    binds once: a refused start waits for the next tick, which plans it again
-    (the policy keeps nothing between ticks), while the GPUs it was given
-    stay idle; ``False`` models that.
-    ``refuse_whole_start``: an elastic start whose extras no shape fits is
-    refused whole and waits for the next pass, as the live binder did when
-    every saved run (``bench/sim_vs_real_runs``, to 2026-12-03 21:35) was
-    made: it placed the size the policy chose or nothing.  Off: it starts on
-    its base size alone, as the simulator always did and
-    ``scheduler.binding.bind`` now does with ``Start.base``.
-    ``reshape_reclaims``: a start that fits no shape is placed before the jobs
-    the same pass shrank, which then go back on their own GPUs or a fresh
-    shape (``scheduler.binding.reshape_around``), as the live binder does
-    since 2026-12-04.  Off: a shrink keeps its GPUs in place whatever the
-    start needs, as the live binder did for the runs saved before.
+    ``fidelity``: how closely the loop follows the live control plane's tick
+    where the two differ (:class:`Fidelity`: one named strategy per difference;
+    :data:`IDEAL`, the default, is the simulator's own rules, :data:`LIVE_TICK`
+    the tick's).
     """
 
     total_gpus: int
@@ -235,13 +381,7 @@ class SimConfig:
     arrival_s: float = 0.0
     release_s: float = 0.0
     outages: tuple[Outage, ...] = ()
-    second_pass: bool = True
-    leavers_busy: bool = False
-    leave_follows_start: bool = False
-    ending_caps_policy: bool = False
-    switching_pins_policy: bool = False
-    refuse_whole_start: bool = False
-    reshape_reclaims: bool = True
+    fidelity: Fidelity = IDEAL
 
     def slot_factor(self, busy: int) -> float:
         """``slot_slowdown`` at ``busy`` busy GPUs (1.0 when off)."""

@@ -20,7 +20,7 @@
      │    │   ├─ decide               core.decide (the pinned sizes given back after it)
      │    │   ├─ bind: _run_pass      each (job, n): _runtime_refuses / _place / _apply
      │    │   │   └─ _apply              preempt, resize (_switch) or start; completion pushed
-     │    │   ├─ again                a second round around refusals (SimConfig.second_pass)
+     │    │   ├─ again                a second round around refusals (BindingRounds)
      │    │   └─ _start_ups           first starts: no progress for their start-up
      │    ├─ _restretch / _refresh_paces   after a change: start-ups and paces follow
      │    │                           the busy slots and the links' contention
@@ -53,7 +53,15 @@ from scheduler.policies.elastic import curve_limit
 from scheduler.priority import NORMAL, priority_class
 from scheduler.records import JobRecord
 from scheduler.sim_accounting import Accounting, SimResult, distribution
-from scheduler.sim_config import Outage, SimConfig
+from scheduler.sim_config import (
+    BindingRounds,
+    EndingJobs,
+    LeaversSlots,
+    Outage,
+    SimConfig,
+    StartUpScaleIn,
+    SwitchingJobs,
+)
 from scheduler.throughput import (
     NetworkSpec,
     contention_pace,
@@ -114,7 +122,7 @@ def _placement_for(cfg: SimConfig) -> tuple[SimPlacement, Contention | None]:
         cfg.gpus_per_server,
         cfg.fabric,
         seed=cfg.seed,
-        reshape=cfg.reshape_reclaims,
+        reshape=cfg.fidelity.binder.reshapes,
     )
 
 
@@ -177,6 +185,7 @@ class Simulation:
         "slow_area",
         "slow_now",
         "starting",
+        "starts_on_base",
         "switch_times",
         "switching",
         "tail",
@@ -256,11 +265,17 @@ class Simulation:
         # Resizes in flight: job -> when its switch is done (only with switch times).
         self.switching: dict[JobRecord, float] = {}
         self.switch_times = cfg.cost.join_s > 0 or cfg.cost.leave_s > 0
-        self.leavers = cfg.leavers_busy and (self.shared_cpu or bool(cfg.start_slowdown))
-        self.follow = cfg.leave_follows_start and cfg.cost.leave_s > 0
+        fidelity = cfg.fidelity
+        self.leavers = fidelity.leavers is LeaversSlots.BUSY_UNTIL_GONE and (
+            self.shared_cpu or bool(cfg.start_slowdown)
+        )
+        self.follow = (
+            fidelity.start_up_scale_in is StartUpScaleIn.AFTER_START_UP and cfg.cost.leave_s > 0
+        )
         self.near_end = cfg.grow_min_left_s
-        self.caps_ending = cfg.ending_caps_policy and self.near_end > 0
-        self.pins_switching = cfg.switching_pins_policy
+        self.caps_ending = fidelity.ending is EndingJobs.SHOWN_CAPPED and self.near_end > 0
+        self.pins_switching = fidelity.switching is SwitchingJobs.SHOWN_PINNED
+        self.starts_on_base = fidelity.binder.starts_on_base
         steps = SimSteps(self)
         self.turn = steps.turn
         self.scheduling: SimPass = SchedulingPass(
@@ -269,9 +284,9 @@ class Simulation:
             quota_check=None,  # the simulator has no quotas
             within_quota=None,
             bind=steps,
-            retry=steps if cfg.second_pass else None,
+            retry=steps if fidelity.rounds is BindingRounds.RETRY_AROUND_REFUSALS else None,
         )
-        self.own_max: dict[JobRecord, int] = {}  # cfg.ending_caps_policy: capped jobs' own max
+        self.own_max: dict[JobRecord, int] = {}  # EndingJobs.SHOWN_CAPPED: capped jobs' own max
         self.comp: list[tuple[float, int, JobRecord, int]] = []
         # Run-time limits of started jobs (a queued job can pass its limit too).
         self.deadlines: list[tuple[float, int, JobRecord]] = []
@@ -283,9 +298,10 @@ class Simulation:
         # and elastic starts whose extras no shape fitted (started on their base size).
         self.growth = {"grow_requests": 0, "grow_refused": 0, "start_extras_refused": 0}
         self.ended: set[str] = set()  # jobs off their GPUs for good (an outage's holder)
-        # Scale-ins whose leavers still run (cfg.leavers_busy): job -> (switch done, slots).
+        # Scale-ins whose leavers still run (LeaversSlots.BUSY_UNTIL_GONE): job -> (switch
+        # done, slots).
         self.leaving: dict[JobRecord, tuple[float, int]] = {}
-        # Scale-ins decided during a start-up, done after it (cfg.leave_follows_start).
+        # Scale-ins decided during a start-up, done after it (StartUpScaleIn.AFTER_START_UP).
         self.pinned: set[JobRecord] = set()
         # Ended jobs whose GPUs the control plane has not handed over yet (release_s):
         # (when they are free, seq, job).
@@ -639,7 +655,7 @@ class Simulation:
             and not blocked
             and not job.running
             and 0 < job.base < n
-            and not self.cfg.refuse_whole_start
+            and self.starts_on_base
         ):
             # An elastic start with extras no shape fits: start on the base size alone;
             # the core hears that the extras were refused.
@@ -930,12 +946,12 @@ class SimSteps:
     """The simulator's own hold-back, decide, bind and retry steps, over its policy core.
 
     * hold-back: the runtime's say shown to the policy: a job about to end capped at
-      its size (``SimConfig.ending_caps_policy``), a job with a switch in flight pinned
-      at its size (``switching_pins_policy``); no quotas, so nothing waits for one;
+      its size (``EndingJobs.SHOWN_CAPPED``), a job with a switch in flight pinned
+      at its size (``SwitchingJobs.SHOWN_PINNED``); no quotas, so nothing waits for one;
     * decide: ``core.decide(now)``; the pinned sizes are given back right after;
     * bind: each change placed (:meth:`Simulation._run_pass`); the refused ones are
       undone in the core and remembered, so a second round goes around them;
-    * retry (``SimConfig.second_pass``): once, after refusals, unless the core's queue
+    * retry (``BindingRounds.RETRY_AROUND_REFUSALS``): once, after refusals, unless the core's queue
       is strictly ordered (FIFO's head-of-line blocking).
     """
 

@@ -35,7 +35,8 @@ ids, with ECMP link contention).  Scaling and preemption costs are parameters
 Where it lives: this module is the entry point, :func:`simulate`, and keeps
 every name callers import from it.  The loop is :class:`scheduler.simulation.Simulation`
 (one method per event kind); the knobs (:class:`SimConfig`, :class:`ScalingCost`,
-:class:`Outage`) are in :mod:`scheduler.sim_config`; the books and the figures
+:class:`Outage`, and :class:`Fidelity` with its bundles :data:`IDEAL` and
+:data:`LIVE_TICK`) are in :mod:`scheduler.sim_config`; the books and the figures
 (:class:`Accounting`, :class:`JobResult`, :class:`SimResult`, :func:`summarize`,
 :func:`jct_by`) in :mod:`scheduler.sim_accounting`.
 """
@@ -48,12 +49,15 @@ from scheduler.fabric_placement import Contention
 from scheduler.placement import SimPlacement
 from scheduler.policies.base import Policy
 from scheduler.sim_accounting import Accounting, JobResult, SimResult, jct_by, summarize
-from scheduler.sim_config import Outage, ScalingCost, SimConfig
+from scheduler.sim_config import IDEAL, LIVE_TICK, Fidelity, Outage, ScalingCost, SimConfig
 from scheduler.simulation import Simulation
 from scheduler.traces import TraceJob
 
 __all__ = [
+    "IDEAL",
+    "LIVE_TICK",
     "Accounting",
+    "Fidelity",
     "JobResult",
     "Outage",
     "ScalingCost",

@@ -3,7 +3,8 @@
 The live binder changed on 2026-12-04 (a start that fits no shape goes before the
 jobs shrunk for it, ``scheduler.binding.reshape_around``).  A run saved before
 was made by the binder that kept every shrink in place, and its replay must
-model that binder, or the figures published for it change under it.
+model that binder, or the figures published for it change under it: each saved
+run names its binder (``_meta.binder``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ from typing import Any
 
 import pytest
 
-from bench.sim_vs_real import MODELS, binder_reshapes, compare, measure, simulate_trace
+from bench.sim_vs_real import MODELS, compare, measure, run_binder, simulate_trace
+from scheduler.sim_config import (
+    BASE_THEN_EXTRAS,
+    BASE_THEN_EXTRAS_SHRINKS_KEPT,
+    WHOLE_START_SHRINKS_KEPT,
+)
 
 RUNS = Path(__file__).resolve().parent.parent / "bench" / "sim_vs_real_runs"
 TRACE = Path(__file__).resolve().parent.parent / "bench" / "sim_vs_real_trace.json"
@@ -30,12 +36,18 @@ def replay(name: str, **model: Any) -> dict[str, Any]:
 
 
 def test_the_binder_of_a_run_is_read_from_its_record() -> None:
-    assert binder_reshapes({"began": "2026-12-03T21:57:20+00:00"}) is False
-    assert binder_reshapes({"began": "2026-12-04T03:56:42+00:00"}) is True
-    assert binder_reshapes({}) is False  # the first runs kept no record of their start
-    assert (
-        binder_reshapes({"began": "2026-12-05T00:00:00+00:00", "binder_reshapes": False}) is False
-    )
+    assert run_binder({"binder": "base-then-extras-shrinks-kept"}) is BASE_THEN_EXTRAS_SHRINKS_KEPT
+    with pytest.raises(ValueError, match="records no binder"):
+        run_binder({"began": "2026-12-05T00:00:00+00:00"})  # no guess by its date
+    with pytest.raises(ValueError, match="unknown binder"):
+        run_binder({"binder": "shrinks-in-place"})
+    recorded = {
+        path.stem: run_binder(json.loads(path.read_text())["_meta"])
+        for path in sorted(RUNS.glob("*.json"))
+    }
+    assert recorded["2026-12-03T21-35"] is WHOLE_START_SHRINKS_KEPT
+    assert recorded["2026-12-03T21-57"] is BASE_THEN_EXTRAS_SHRINKS_KEPT
+    assert recorded["2026-12-04T03-56"] is BASE_THEN_EXTRAS
 
 
 @pytest.mark.parametrize(

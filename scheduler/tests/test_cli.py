@@ -91,3 +91,15 @@ def test_module_runs_without_django() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PATH": ""},
                           cwd=Path(__file__).resolve().parents[2])  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_fidelity_and_binder_are_chosen_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    vclos = ["--placement", "vclos", "--leaves", "2", "--json"]
+    for extra in (["--fidelity", "live-tick"], ["--binder", "whole-start-shrinks-kept"]):
+        assert main(["simulate", *BASE, *vclos, *extra]) == 0
+        assert json.loads(capsys.readouterr().out)["jobs"] > 0
+    for flag, name in (("--fidelity", "fast"), ("--binder", "shrinks-in-place")):
+        with pytest.raises(SystemExit) as exc:
+            main(["simulate", *BASE, flag, name])
+        assert exc.value.code == 2
+        assert f"unknown {flag[2:]} {name!r}; known:" in capsys.readouterr().err

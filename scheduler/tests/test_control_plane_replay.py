@@ -17,6 +17,7 @@ from devtools.measured import (
 from fabric.topology import FabricSpec
 from scheduler.curves import record_measurement
 from scheduler.policies import get_policy
+from scheduler.sim_config import BASE_THEN_EXTRAS, WHOLE_START, BindingRounds, Fidelity
 from scheduler.simulator import JobResult, Outage, ScalingCost, SimConfig, simulate
 from scheduler.traces import TraceJob
 
@@ -224,7 +225,8 @@ def test_without_a_second_pass_a_refused_start_keeps_its_gpus_idle_until_the_nex
     ]
     cfg = SimConfig(8, gpus_per_server=2, placement="vclos", fabric=spec, tick=1.0)
     two = results(trace, cfg, policy="tiresias")
-    one = results(trace, replace(cfg, second_pass=False), policy="tiresias")
+    once = Fidelity(rounds=BindingRounds.ONCE_PER_TICK)
+    one = results(trace, replace(cfg, fidelity=once), policy="tiresias")
     assert two["d"].start == pytest.approx(5.0)
     assert one["d"].start == pytest.approx(20.0)
     assert one["c"].start == two["c"].start == pytest.approx(20.0)
@@ -247,8 +249,9 @@ def elastic_start_beside_a_split_gap(whole: bool) -> dict[str, JobResult]:
         placement="vclos",
         fabric=spec,
         tick=1.0,
-        second_pass=False,
-        refuse_whole_start=whole,
+        fidelity=Fidelity(
+            rounds=BindingRounds.ONCE_PER_TICK, binder=WHOLE_START if whole else BASE_THEN_EXTRAS
+        ),
     )
     return {r.id: r for r in simulate(trace, policy, cfg).jobs}
 

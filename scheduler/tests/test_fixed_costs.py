@@ -6,6 +6,13 @@ import pytest
 
 from devtools.measured import MeasuredJob, MeasuredPolicy
 from scheduler.policies import get_policy
+from scheduler.sim_config import (
+    BindingRounds,
+    EndingJobs,
+    Fidelity,
+    LeaversSlots,
+    StartUpScaleIn,
+)
 from scheduler.simulator import ScalingCost, SimConfig, simulate
 from scheduler.traces import TraceJob
 
@@ -137,8 +144,13 @@ def test_a_scale_out_during_the_start_up_costs_only_what_outlasts_it() -> None:
     assert end_of_a(30.0) == pytest.approx(77.5)
 
 
+BUSY = LeaversSlots.BUSY_UNTIL_GONE
+AFTER_START_UP = StartUpScaleIn.AFTER_START_UP
+
+
 def scale_in_during_start_up(
-    leavers_busy: bool = False, leave_follows_start: bool = False
+    leavers: LeaversSlots = LeaversSlots.FREE_AT_DECISION,
+    scale_in: StartUpScaleIn = StartUpScaleIn.DUE_AS_DECIDED,
 ) -> dict[str, float]:
     """End times: "a" (1-2-4, 10 steps/s on 2, 20 on 4) starts alone on 4 with a 10 s start-up;
     "c" (2 GPUs, 100 steps, no start-up) arrives at 5 and "a" gives it 2 GPUs.
@@ -164,8 +176,7 @@ def scale_in_during_start_up(
         cost=cost,
         slot_slowdown=shared,
         start_slowdown=shared,
-        leavers_busy=leavers_busy,
-        leave_follows_start=leave_follows_start,
+        fidelity=Fidelity(leavers=leavers, start_up_scale_in=scale_in),
     )
     return {r.id: r.end for r in simulate(trace, policy, cfg).jobs}
 
@@ -177,7 +188,7 @@ def test_the_leavers_of_a_scale_in_share_the_cpus_until_their_switch_is_done() -
     # On: "a"'s 2 leavers run until 14 (its start-up's end as due at 5, plus 4 s): 6 busy
     # slots, factor 2. "c" does 45 steps by 14 and ends at 19.5; "a"'s last 5 free-core
     # seconds of start-up take 9 s at 2 and 0.5 s at 1 (it trains from 14.5).
-    assert scale_in_during_start_up(leavers_busy=True) == {
+    assert scale_in_during_start_up(BUSY) == {
         "a": pytest.approx(67.0),
         "c": pytest.approx(19.5),
     }
@@ -187,12 +198,12 @@ def test_a_scale_in_during_a_start_up_is_done_after_the_start_up_as_stretched() 
     # The leavers stretch "a"'s start-up to 15, so its scale-in is done at 19, not 14: 6
     # slots busy until 19. "c": 70 steps by 19, 30 more by 22; "a": 20 steps 15-19, 30 by
     # 22, then 950 on 4.
-    assert scale_in_during_start_up(leavers_busy=True, leave_follows_start=True) == {
+    assert scale_in_during_start_up(BUSY, AFTER_START_UP) == {
         "a": pytest.approx(69.5),
         "c": pytest.approx(22.0),
     }
     # Without busy leavers nothing stretches the start-up: the same as off.
-    assert scale_in_during_start_up(leave_follows_start=True) == {
+    assert scale_in_during_start_up(scale_in=AFTER_START_UP) == {
         "a": pytest.approx(62.5),
         "c": pytest.approx(15.0),
     }
@@ -207,7 +218,11 @@ def ending_beside_a_grower(cap: bool, left: float = 20.0) -> dict[str, float]:
     jobs = {"e": e, "g": g, "b": b}
     trace = [TraceJob(j.id, 0.0, 2, j.duration()) for j in (e, g, b)]
     policy = MeasuredPolicy(get_policy("elastic-tiresias"), jobs, learn=False, per_tick=True)
-    cfg = SimConfig(6, tick=1.0, grow_min_left_s=left, second_pass=False, ending_caps_policy=cap)
+    fidelity = Fidelity(
+        rounds=BindingRounds.ONCE_PER_TICK,
+        ending=EndingJobs.SHOWN_CAPPED if cap else EndingJobs.GROWTH_REFUSED,
+    )
+    cfg = SimConfig(6, tick=1.0, grow_min_left_s=left, fidelity=fidelity)
     return {r.id: r.end for r in simulate(trace, policy, cfg).jobs}
 
 

@@ -23,6 +23,7 @@ from scheduler.pipeline import (
 from scheduler.placement import CountPlacement
 from scheduler.policies import get_policy
 from scheduler.quota import Blocked, QuotaBook
+from scheduler.sim_config import BindingRounds, Fidelity
 from scheduler.simulation import SimSteps
 from scheduler.simulator import SimConfig, Simulation
 from scheduler.tests.builders import cluster, queued, running, snapshot
@@ -153,10 +154,11 @@ def test_the_tick_and_the_forecast_never_retry() -> None:
     assert NoRetry().again(None, None, 0) is False
 
 
-def test_the_simulators_retry_step_follows_its_second_pass_setting() -> None:
+def test_the_simulators_retry_step_follows_its_binding_rounds() -> None:
     trace = [TraceJob("j", 0.0, 2, 10.0)]
     on = Simulation(trace, get_policy("tiresias"), SimConfig(total_gpus=8))
-    off = Simulation(trace, get_policy("tiresias"), SimConfig(total_gpus=8, second_pass=False))
+    once = Fidelity(rounds=BindingRounds.ONCE_PER_TICK)
+    off = Simulation(trace, get_policy("tiresias"), SimConfig(total_gpus=8, fidelity=once))
     assert isinstance(on.scheduling.retry, SimSteps)  # the simulator's own steps
     assert off.scheduling.retry is None  # left out: one round
     assert on.scheduling.quota_check is None  # no quotas in the simulator: no step to call
