@@ -1,7 +1,8 @@
 """``/audit/``: the audit log as a filtered, paginated table, and its CSV export.
 
-Who sees what and the filters are ``portal.audit_query``'s (the API's too):
-cluster admins every row, tenant owners their tenants' rows, anybody else 403.
+Who sees what is ``tenancy.audit_access``'s and the filters ``audit.query``'s (the
+API's too): cluster admins every row, tenant owners their tenants' rows, anybody
+else 403.
 The export streams at most ``EXPORT_MAX_ROWS`` rows, newest first.
 """
 
@@ -22,7 +23,8 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET
 
 from audit.models import AuditEntry, AuditQuerySet
-from portal.audit_query import FILTERS, AuditFilterForm, AuditFilters, changes, readable_audit
+from audit.query import FILTERS, AuditFilterForm, AuditFilters, changes
+from tenancy.audit_access import readable_audit
 
 PAGE_SIZE = 50
 EXPORT_MAX_ROWS = 50_000

@@ -1,7 +1,7 @@
 """``/api/v1/audit/``: the audit log, newest first (admins: all; tenant owners: their tenants).
 
-Who sees what and the filters are ``portal.audit_query``'s, shared with the
-``/audit/`` page and its CSV export.  Anybody else gets 403.
+Who sees what is ``tenancy.audit_access``'s and the filters ``audit.query``'s,
+shared with the ``/audit/`` page and its CSV export.  Anybody else gets 403.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from rest_framework import mixins, serializers, viewsets
 from rest_framework.exceptions import PermissionDenied, ValidationError
 
 from audit.models import AuditEntry
-from portal.audit_query import AuditFilterForm, AuditFilters, readable_audit
+from audit.query import AuditFilterForm, AuditFilters
+from tenancy.audit_access import readable_audit
 
 
 class AuditEntrySerializer(serializers.ModelSerializer[AuditEntry]):

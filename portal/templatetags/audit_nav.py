@@ -6,12 +6,12 @@ from typing import Any
 
 from django import template
 
-from portal.audit_query import may_read_audit
+from tenancy.audit_access import may_read_audit
 
 register = template.Library()
 
 
 @register.filter
 def reads_audit(user: Any) -> bool:
-    """Cluster admins and tenant owners read the audit log (``portal.audit_query``)."""
+    """Cluster admins and tenant owners read the audit log (``tenancy.audit_access``)."""
     return may_read_audit(user)

@@ -1,12 +1,11 @@
-"""Who may read the audit log, and its filters: shared by ``/api/v1/audit/``, ``/audit/`` and CSV.
-
-    cluster admin (staff)  every row
-    tenant owner           rows of the tenants they own (not rows without a tenant)
-    anybody else           nothing: 403
+"""The audit log's filters: shared by ``/api/v1/audit/``, ``/audit/`` and its CSV export.
 
 The filters, all optional: ``tenant`` (slug), ``actor`` (user name), ``action``
 (``job.cancel``, or a prefix ending in a dot: ``job.``), ``since`` and ``until``
 (ISO 8601 times or dates, inclusive; a time without a zone is the portal's).
+
+Who may read which rows is ``tenancy.audit_access``'s: it depends on who owns
+which tenant, and ``tenancy`` sits above ``audit``.
 """
 
 from __future__ import annotations
@@ -19,33 +18,8 @@ from django import forms
 from django.utils import timezone
 
 from audit.models import AuditEntry, AuditQuerySet
-from tenancy.models import Membership, Role
 
 FILTERS = ("tenant", "actor", "action", "since", "until")
-
-
-def readable_audit(user: Any) -> AuditQuerySet | None:
-    """The audit rows ``user`` may read, or None when they may read none (a 403)."""
-    if user is None or not user.is_authenticated:
-        return None
-    rows: AuditQuerySet = AuditEntry.objects.all()
-    if user.is_staff:
-        return rows
-    owned = list(
-        Membership.objects.filter(user_id=user.pk, role=Role.OWNER).values_list(
-            "tenant_id", flat=True
-        )
-    )
-    return rows.for_tenants(owned) if owned else None
-
-
-def may_read_audit(user: Any) -> bool:
-    """Whether ``user`` sees the audit log at all (the navigation's link)."""
-    if user is None or not user.is_authenticated:
-        return False
-    return bool(
-        user.is_staff or Membership.objects.filter(user_id=user.pk, role=Role.OWNER).exists()
-    )
 
 
 def _plain(value: str) -> str:
