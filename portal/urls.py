@@ -57,6 +57,7 @@ urlpatterns = [
     path("whatif/<str:run_id>.json", whatif_views.whatif_run_json, name="whatif-run-json"),
     path("", include("notifications.urls")),  # /account/notifications/
     path("", include("bundles.urls")),  # the Code page and /api/v1/code/
+    path("", include("inventory.urls")),  # /api/v1/gpus/
     path("api/v1/", include("portal.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view serves Swagger UI's start-up script as a file: no inline script (CSP).

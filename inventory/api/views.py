@@ -12,7 +12,6 @@ Cluster admins only: anybody else signed in gets a 403, as for the audit log
 
 from __future__ import annotations
 
-from django.urls import path
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, PermissionDenied
@@ -20,23 +19,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from inventory.api.serializers import SuspectGpuSerializer
 from inventory.models import Gpu
 from inventory.services import InventoryError, do_clear_gpu_suspect, suspect_gpus
 
 ADMINS_ONLY = "only a cluster admin may read or clear suspect GPUs"
-
-
-class SuspectGpuSerializer(serializers.Serializer[object]):
-    """One GPU in its cool-down: where, since and until when, why, who marked it, whose job."""
-
-    gpu = serializers.IntegerField(help_text="Global GPU id in the fabric.")
-    node = serializers.CharField(help_text="The agent node of its server.")
-    local = serializers.IntegerField(help_text="Device index on its server.")
-    since = serializers.DateTimeField(allow_null=True)
-    until = serializers.DateTimeField(help_text="No new placement lands on it before then.")
-    reason = serializers.CharField()
-    by = serializers.CharField(help_text="Who marked it.")
-    job = serializers.IntegerField(allow_null=True, help_text="The job whose worker was slow.")
 
 
 class Conflict(serializers.ValidationError):
@@ -75,10 +62,3 @@ class SuspectGpuMark(APIView):
         except InventoryError as exc:
             raise Conflict({"gpu": [str(exc)]}) from None
         return Response(status=status.HTTP_204_NO_CONTENT)
-
-
-urlpatterns = [
-    path("gpus/suspect/", SuspectGpuList.as_view(), name="gpu-suspect-list"),
-    path("gpus/<int:index>/suspect/", SuspectGpuMark.as_view(), name="gpu-suspect"),
-]
-"""Included by ``portal.api.urls`` (one line there)."""
