@@ -58,6 +58,7 @@ urlpatterns = [
     path("", include("notifications.urls")),  # /account/notifications/
     path("", include("bundles.urls")),  # the Code page and /api/v1/code/
     path("", include("inventory.urls")),  # /api/v1/gpus/
+    path("api/v1/", include("jobs.api.urls")),  # environments
     path("api/v1/", include("portal.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view serves Swagger UI's start-up script as a file: no inline script (CSP).

@@ -21,7 +21,6 @@ urlpatterns = [
     path("tenants/<slug:slug>/members/", members.members, name="tenant-member-list"),
     path("tenants/<slug:slug>/members/<int:user_id>/", members.member, name="tenant-member-detail"),
     path("", include("portal.api.audit")),  # audit/
-    path("", include("portal.api.environments")),  # environments/
     path("", include("notifications.api")),  # /api/v1/subscriptions/
     path("", include(router.urls)),
 ]

@@ -10,13 +10,14 @@ Cluster admins only: anybody else signed in gets a 403, as for the suspect
 GPUs (the caches are the cluster's, no tenant's).  An unknown node is a 404,
 a malformed key a 400; neither sends or records anything.  The agent answers
 an eviction later: ``outcome`` stays ``pending`` until it does.
+
+It is jobs' API: the caches and evictions are ``jobs.environment_caches``'s.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.urls import path
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
@@ -132,15 +133,3 @@ class EvictionList(APIView):
         """The latest evictions, latest first."""
         _admins_only(request)
         return Response(EvictionSerializer(recent_evictions(), many=True).data)
-
-
-urlpatterns = [
-    path("environments/", EnvironmentCacheList.as_view(), name="environment-cache-list"),
-    path("environments/evictions/", EvictionList.as_view(), name="environment-eviction-list"),
-    path(
-        "environments/<str:node>/<str:key>/evict/",
-        EnvironmentEvict.as_view(),
-        name="environment-evict-api",
-    ),
-]
-"""Included by ``portal.api.urls`` (one line there)."""
