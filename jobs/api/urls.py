@@ -1,10 +1,22 @@
-"""Routes of jobs' API, mounted under ``/api/v1/`` (by ``portal.urls``): the nodes' environments."""
+"""Routes of jobs' API, mounted under ``/api/v1/`` (by ``portal.urls``): jobs, their
+statistics and usage, the tenants with their GPUs in use, the nodes' environments."""
 
 from django.urls import path
+from rest_framework.routers import SimpleRouter
+from rest_framework.urlpatterns import format_suffix_patterns
 
 from jobs.api.environments import EnvironmentCacheList, EnvironmentEvict, EvictionList
+from jobs.api.tenants import TenantViewSet
+from jobs.api.usage import UsageView
+from jobs.api.views import JctStatsView, JobViewSet
+
+router = SimpleRouter()
+router.register("jobs", JobViewSet, basename="job")
+router.register("tenants", TenantViewSet, basename="tenant")
 
 urlpatterns = [
+    path("stats/jct/", JctStatsView.as_view(), name="jct-stats"),
+    path("usage/", UsageView.as_view(), name="api-usage"),
     path("environments/", EnvironmentCacheList.as_view(), name="environment-cache-list"),
     path("environments/evictions/", EvictionList.as_view(), name="environment-eviction-list"),
     path(
@@ -12,4 +24,6 @@ urlpatterns = [
         EnvironmentEvict.as_view(),
         name="environment-evict-api",
     ),
+    # The router's routes answer with a format suffix too (jobs.json), as they always have.
+    *format_suffix_patterns(router.urls),
 ]

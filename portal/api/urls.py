@@ -1,26 +1,22 @@
-"""Routes of ``/api/v1/``."""
+"""The API's root page (``/api/v1/``) and notifications' routes.
+
+Every app routes its own API under ``/api/v1/`` (``tenancy.urls``,
+``inventory.urls``, ``bundles.urls``, ``jobs.api.urls``: see ``portal.urls``);
+what is left here is the project's: the root page, which lists the routers'
+resources as one ``DefaultRouter`` once did (and answers ``.json`` too), and
+notifications' API, which has no ``urls`` module of its own for it yet.
+"""
 
 from django.urls import include, path
-from rest_framework.routers import DefaultRouter
+from rest_framework.routers import APIRootView
+from rest_framework.urlpatterns import format_suffix_patterns
 
-from jobs.api.usage import UsageView
-from jobs.api.views import JctStatsView, JobViewSet
-from portal.api import members
-from portal.api.tokens import ApiTokenViewSet
-from portal.api.views import MeView, TenantViewSet
-
-router = DefaultRouter()
-router.register("jobs", JobViewSet, basename="job")
-router.register("tenants", TenantViewSet, basename="tenant")
-router.register("tokens", ApiTokenViewSet, basename="token")
+#: What the root page lists: each resource's name and the name of its list route.
+ROOT_RESOURCES = {"jobs": "job-list", "tenants": "tenant-list", "tokens": "token-list"}
 
 urlpatterns = [
-    path("me/", MeView.as_view(), name="me"),
-    path("stats/jct/", JctStatsView.as_view(), name="jct-stats"),
-    path("usage/", UsageView.as_view(), name="api-usage"),
-    path("tenants/<slug:slug>/members/", members.members, name="tenant-member-list"),
-    path("tenants/<slug:slug>/members/<int:user_id>/", members.member, name="tenant-member-detail"),
-    path("", include("portal.api.audit")),  # audit/
-    path("", include("notifications.api")),  # /api/v1/subscriptions/
-    path("", include(router.urls)),
+    path("", include("notifications.api")),  # subscriptions/
+    *format_suffix_patterns(
+        [path("", APIRootView.as_view(api_root_dict=ROOT_RESOURCES), name="api-root")]
+    ),
 ]

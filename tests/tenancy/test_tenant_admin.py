@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditEntry
 from jobs.services import check_job_spec, do_submit_job
-from portal.api.serializers import TenantSettingsSerializer
+from tenancy.api.serializers import TenantSettingsSerializer
 from tenancy.models import Membership, Role, Tenant
 from tenancy.tenant_settings import SETTINGS
 from tests.conftest import job_body

@@ -1,4 +1,11 @@
-"""Tenancy endpoints: who am I, which tenants can I see; admins create and configure tenants."""
+"""``/api/v1/tenants/``: which tenants can I see, with their GPUs in use; admins create and
+configure tenants.
+
+A tenant is tenancy's, and so are this endpoint's serializers
+(``tenancy.api.serializers``) and services; the viewset lives in ``jobs``
+because each tenant's ``gpus_in_use`` sums its active jobs, and ``tenancy``
+sits below ``jobs`` (it may not import ``jobs.choices``).
+"""
 
 from __future__ import annotations
 
@@ -8,11 +15,9 @@ from rest_framework import mixins, status, viewsets
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from jobs.choices import ACTIVE_STATES
-from portal.api.serializers import (
-    MeSerializer,
+from tenancy.api.serializers import (
     TenantCreateSerializer,
     TenantSerializer,
     TenantSettingsSerializer,
@@ -21,15 +26,6 @@ from tenancy.models import Membership, Tenant
 from tenancy.services import do_create_tenant, do_update_tenant
 
 ADMINS_ONLY = "only a cluster admin may create or configure tenants"
-
-
-class MeView(APIView):
-    """The authenticated user, with their tenants and roles."""
-
-    @extend_schema(responses=MeSerializer)
-    def get(self, request: Request) -> Response:
-        """Return the current user."""
-        return Response(MeSerializer(request.user).data)
 
 
 class TenantViewSet(

@@ -20,7 +20,7 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from portal.api.serializers import MemberInviteSerializer, MemberRoleSerializer, MemberSerializer
+from tenancy.api.serializers import MemberInviteSerializer, MemberRoleSerializer, MemberSerializer
 from tenancy.models import Membership, Tenant
 from tenancy.services import (
     can_manage_members,

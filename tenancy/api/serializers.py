@@ -10,6 +10,7 @@ from rest_framework import serializers
 from tenancy.models import Membership, Role, Tenant
 from tenancy.services import IDENTIFIER_MAX
 from tenancy.tenant_settings import INT_MAX, NAME_MAX
+from utilities.api.serializers import StrictSerializer
 
 
 class TenantSerializer(serializers.ModelSerializer[Tenant]):
@@ -66,18 +67,6 @@ class MeSerializer(serializers.ModelSerializer[Any]):
     class Meta:
         model = get_user_model()
         fields = ["id", "username", "email", "is_admin", "memberships"]
-
-
-class StrictSerializer(serializers.Serializer[Any]):
-    """A request body whose unknown keys are refused (a typo must not pass as "no change")."""
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        """Refuse keys that are not fields of this body."""
-        unknown = sorted(set(self.initial_data) - set(self.fields)) if self.initial_data else []
-        if unknown:
-            names = ", ".join(str(k)[:50] for k in unknown[:5])
-            raise serializers.ValidationError({"non_field_errors": [f"unknown field(s): {names}"]})
-        return attrs
 
 
 def _count(**kwargs: Any) -> serializers.IntegerField:

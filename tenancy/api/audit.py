@@ -2,6 +2,11 @@
 
 Who sees what is ``tenancy.audit_access``'s and the filters ``audit.query``'s,
 shared with the ``/audit/`` page and its CSV export.  Anybody else gets 403.
+
+The endpoint lives in ``tenancy`` rather than ``audit``: a tenant owner reads
+their tenants' rows, and memberships are tenancy's, one ring above ``audit``
+(which may not import it).  The row's shape is still audit's own
+(``audit.api.serializers``).
 """
 
 from __future__ import annotations
@@ -9,43 +14,15 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
-from django.urls import path
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
-from rest_framework import mixins, serializers, viewsets
+from rest_framework import mixins, viewsets
 from rest_framework.exceptions import PermissionDenied, ValidationError
 
+from audit.api.serializers import AuditEntrySerializer
 from audit.models import AuditEntry
 from audit.query import AuditFilterForm, AuditFilters
 from tenancy.audit_access import readable_audit
-
-
-class AuditEntrySerializer(serializers.ModelSerializer[AuditEntry]):
-    """One audit row: who, how, where from, which tenant, what, and the fields before/after."""
-
-    tenant = serializers.CharField(source="tenant_slug", help_text="Tenant slug ('' if none).")
-    before = serializers.JSONField(help_text="The changed fields before the change.")
-    after = serializers.JSONField(help_text="The changed fields after the change.")
-
-    class Meta:
-        model = AuditEntry
-        fields = [
-            "id",
-            "at",
-            "actor_id",
-            "actor_name",
-            "via",
-            "client_address",
-            "tenant_id",
-            "tenant",
-            "action",
-            "object_type",
-            "object_id",
-            "object_repr",
-            "before",
-            "after",
-        ]
-        read_only_fields = fields
 
 
 def _filter_parameters() -> list[OpenApiParameter]:
@@ -71,7 +48,3 @@ class AuditViewSet(mixins.ListModelMixin, viewsets.GenericViewSet[AuditEntry]):
             errors: dict[str, Any] = {k: list(v) for k, v in form.errors.items()}
             raise ValidationError(errors)
         return AuditFilters.from_form(form).apply(rows)
-
-
-urlpatterns = [path("audit/", AuditViewSet.as_view({"get": "list"}), name="audit-list")]
-"""Included by ``portal.api.urls`` (one line there)."""
