@@ -14,9 +14,7 @@ class TenancyConfig(AppConfig):
 
         Both need the app registry, so they are imported here, when it is ready.
         """
-        from tenancy import (
-            api_schema,  # noqa: F401  (a drf-spectacular extension)
-            signals,
-        )
+        from tenancy import signals
+        from tenancy.api import schema  # noqa: F401  (a drf-spectacular extension)
 
         signals.connect()
