@@ -200,6 +200,17 @@ _new_result = tuple.__new__
 # -- steps any caller may use ----------------------------------------------------------------
 
 
+class NothingHeldBack(Generic[State]):
+    """Step 1 where nothing is held back: the state itself is the candidates (the
+    simulator's, unless the runtime's say is shown to the policy)."""
+
+    __slots__ = ()
+
+    def hold_back(self, state: State) -> tuple[State, Waits]:
+        """``state``, and no waits."""
+        return state, NO_WAITS
+
+
 class NoQuotaCheck(Generic[Decisions]):
     """Step 3 as an object where there are no quotas: every decision stands (the same as
     leaving ``quota_check`` out, which the simulator does)."""
@@ -252,7 +263,7 @@ class QuotaHoldBack:
     left out (:meth:`scheduler.quota.QuotaBook.hold_reason`); ``quota`` None: no quotas.
 
     The live tick applies the same rule while it assembles its snapshot
-    (``jobs.control.state``), where the rows are at hand.
+    (``control.state``), where the rows are at hand.
     """
 
     quota: Mapping[str, int] | None
@@ -402,6 +413,7 @@ __all__ = [
     "NoQuotaCheck",
     "NoRetry",
     "NoWithinQuota",
+    "NothingHeldBack",
     "PassResult",
     "PolicyDecide",
     "PreemptWithinQuota",

@@ -14,14 +14,15 @@
      │    ├─ _take_out             outages start on free GPUs and end
      │    ├─ _deadlines            queued jobs past their run-time limit: failed
      │    ├─ _arrivals             trace jobs the policy sees now: core.add (or skipped)
-     │    ├─ _schedule             the scheduling pass (scheduler.pipeline) with the
-     │    │   │                        simulator's steps (SimSteps; no quota steps):
-     │    │   ├─ hold_back            _cap_ending / _pin_switching: the runtime's say shown
-     │    │   ├─ decide               core.decide (the pinned sizes given back after it)
-     │    │   ├─ bind: _run_pass      each (job, n): _runtime_refuses / _place / _apply
+     │    ├─ scheduling.run        the scheduling pass (scheduler.pipeline), its steps
+     │    │   │                        composed by _compose from the run's Fidelity:
+     │    │   ├─ hold_back            NothingHeldBack, or ShownAsOwned: _cap_ending /
+     │    │   │                          _pin_switching (the runtime's say shown)
+     │    │   ├─ decide               the policy core itself (PinsRestored around it)
+     │    │   ├─ bind: SimBind        _run_pass: each (job, n): _runtime_refuses / _place
      │    │   │   └─ _apply              preempt, resize (_switch) or start; completion pushed
-     │    │   ├─ again                a second round around refusals (BindingRounds)
-     │    │   └─ _start_ups           first starts: no progress for their start-up
+     │    │   └─ again                AroundRefusals: a second round (BindingRounds)
+     │    ├─ _start_ups            first starts: no progress for their start-up
      │    ├─ _restretch / _refresh_paces   after a change: start-ups and paces follow
      │    │                           the busy slots and the links' contention
      │    └─ sample                the time series
@@ -46,9 +47,9 @@ from typing import Any
 from fabric.allocator import VClosAllocator
 from scheduler.fabric_placement import Contention, collective_for, sim_placement
 from scheduler.fairshare import FairShare
-from scheduler.pipeline import NO_WAITS, SchedulingPass, Waits
+from scheduler.pipeline import NO_WAITS, HoldBack, NothingHeldBack, SchedulingPass, Waits
 from scheduler.placement import CountOnly, SimPlacement
-from scheduler.policies.base import Plan, Policy
+from scheduler.policies.base import Plan, Policy, PolicyCore
 from scheduler.policies.elastic import curve_limit
 from scheduler.priority import NORMAL, priority_class
 from scheduler.records import JobRecord
@@ -56,6 +57,7 @@ from scheduler.sim_accounting import Accounting, SimResult, distribution
 from scheduler.sim_config import (
     BindingRounds,
     EndingJobs,
+    Fidelity,
     LeaversSlots,
     Outage,
     SimConfig,
@@ -140,6 +142,7 @@ class Simulation:
         "ageing",
         "ai",
         "arrival_s",
+        "binding",
         "blocker",
         "by_count",
         "caps_ending",
@@ -171,7 +174,6 @@ class Simulation:
         "outages",
         "own_max",
         "pinned",
-        "pins_switching",
         "placement",
         "policy",
         "records",
@@ -192,7 +194,6 @@ class Simulation:
         "tails",
         "tick",
         "tracked",
-        "turn",
     )
 
     def __init__(
@@ -274,18 +275,9 @@ class Simulation:
         )
         self.near_end = cfg.grow_min_left_s
         self.caps_ending = fidelity.ending is EndingJobs.SHOWN_CAPPED and self.near_end > 0
-        self.pins_switching = fidelity.switching is SwitchingJobs.SHOWN_PINNED
         self.starts_on_base = fidelity.binder.starts_on_base
-        steps = SimSteps(self)
-        self.turn = steps.turn
-        self.scheduling: SimPass = SchedulingPass(
-            hold_back=steps,
-            decide=steps,
-            quota_check=None,  # the simulator has no quotas
-            within_quota=None,
-            bind=steps,
-            retry=steps if fidelity.rounds is BindingRounds.RETRY_AROUND_REFUSALS else None,
-        )
+        self.binding = SimBind(self)
+        self.scheduling = self._compose(fidelity)
         self.own_max: dict[JobRecord, int] = {}  # EndingJobs.SHOWN_CAPPED: capped jobs' own max
         self.comp: list[tuple[float, int, JobRecord, int]] = []
         # Run-time limits of started jobs (a queued job can pass its limit too).
@@ -316,6 +308,23 @@ class Simulation:
         # Jobs in their first start -> the stretch its rest runs at (shared CPUs only).
         self.starting: dict[JobRecord, float] = {}
         self.shared_start = bool(cfg.start_slowdown)
+
+    def _compose(self, fidelity: Fidelity) -> SimPass:
+        """The scheduling pass with the steps ``fidelity`` asks for (none for a rule off)."""
+        core = self.core
+        pins = PinsRestored(core) if fidelity.switching is SwitchingJobs.SHOWN_PINNED else None
+        hold_back: HoldBack[float, float] = NothingHeldBack()
+        if self.caps_ending or pins is not None:
+            hold_back = ShownAsOwned(self, self.caps_ending, pins)
+        retries = fidelity.rounds is BindingRounds.RETRY_AROUND_REFUSALS
+        return SchedulingPass(
+            hold_back=hold_back,
+            decide=core if pins is None else pins,  # the core itself is the Decide step
+            quota_check=None,  # the simulator has no quotas
+            within_quota=None,
+            bind=self.binding,
+            retry=AroundRefusals(core) if retries else None,
+        )
 
     def _init_outages(self, cfg: SimConfig) -> None:
         """GPUs out of service (cfg.outages): due ones wait for a free GPU (and their holder's
@@ -368,7 +377,14 @@ class Simulation:
             changed = self._deadlines(now) or changed
         if self.ai < self.n_jobs and self.records[self.ai].submit + self.arrival_s <= now:
             self._arrivals(now)
-        changed = self._schedule(now) or changed
+        self.scheduling.run(now)  # the pass (scheduler.pipeline); what it moved is here:
+        binding = self.binding
+        if binding.moved:
+            binding.moved = False
+            changed = True
+        if binding.fresh:  # first starts: no progress for their start-up
+            self._start_ups(now, binding.fresh)
+            binding.fresh = []
         if changed and self.starting:
             self._restretch(now)
         if changed and self.tracked:
@@ -594,15 +610,6 @@ class Simulation:
         self.ai = ai
 
     # -- 3. one pass (and, after refusals, one more that goes around the refused jobs) -----
-
-    def _schedule(self, now: float) -> bool:
-        """The scheduling pass at ``now`` (``scheduler.pipeline`` with the simulator's steps,
-        :class:`SimSteps`), placed; whether anything moved."""
-        self.scheduling.run(now)
-        turn = self.turn  # the pass's candidates: the one turn its steps share
-        if turn.fresh:
-            self._start_ups(now, turn.fresh)
-        return turn.moved
 
     def _run_pass(self, plan: Plan, now: float, fresh: list[JobRecord]) -> tuple[Plan, bool]:
         """Place each decision of ``plan`` (a pass begun); the refused ones, and whether
@@ -906,109 +913,112 @@ class Simulation:
 
 
 # -- the simulator's steps of the scheduling pass (scheduler.pipeline) -----------------------
+#
+# The pass's candidates are the time of the event: the policy core holds the jobs, and each
+# step works on it at that time.  Which steps a run composes follows its Fidelity
+# (Simulation._compose): a rule the run does not follow costs no call at each event.
 
 
-class SimTurn:
-    """One pass of the simulator as its steps share it: the time, the sizes pinned for the
-    policy's eyes only (restored once it has decided), the jobs that start for the first time.
+class ShownAsOwned:
+    """Step 1 where the runtime, not the policy, owns some sizes: each job about to end shown
+    capped at its size (``EndingJobs.SHOWN_CAPPED``), each job with a switch in flight
+    pinned at its size (``SwitchingJobs.SHOWN_PINNED``, given back by :class:`PinsRestored`
+    once the policy has decided).  No quotas, so nothing waits for one."""
 
-    One per run, made anew by each pass's hold-back (:meth:`SimSteps.hold_back`): a pass
-    at every event allocates nothing when nothing is decided.
-    """
+    __slots__ = ("caps", "pins", "sim")
 
-    __slots__ = ("fresh", "moved", "now", "pinned")
+    def __init__(self, sim: Simulation, caps: bool, pins: PinsRestored | None) -> None:
+        self.sim = sim
+        self.caps = caps
+        self.pins = pins
 
-    def __init__(self) -> None:
-        self.now = 0.0
+    def hold_back(self, now: float) -> tuple[float, Waits]:
+        """Cap and pin for the policy's eyes; the candidates are the time."""
+        sim = self.sim
+        if self.caps:
+            sim._cap_ending(now)
+        if self.pins is not None and sim.switching:
+            self.pins.pinned = sim._pin_switching(now)
+        return now, NO_WAITS
+
+
+class PinsRestored:
+    """Step 2 with pinned jobs: the core's decision, then each pinned job's own bounds back."""
+
+    __slots__ = ("core", "pinned")
+
+    def __init__(self, core: PolicyCore) -> None:
+        self.core = core
         self.pinned: Sequence[tuple[JobRecord, int, int]] = ()
-        self.fresh: list[JobRecord] = []  # first starts: their start-up is charged after the pass
-        self.moved = False  # whether any round changed a job's GPUs
 
-
-class SimBound:
-    """One round's binding in the simulator: the changes placement refused, whether any moved."""
-
-    __slots__ = ("moved", "refused")
-
-    def __init__(self, refused: Plan, moved: bool) -> None:
-        self.refused = refused
-        self.moved = moved
+    def decide(self, now: float) -> Plan:
+        """``core.decide(now)``, the pinned sizes restored after it."""
+        plan = self.core.decide(now)
+        if self.pinned:
+            for job, lo, hi in self.pinned:
+                job.min_gpus, job.max_gpus = lo, hi
+            self.pinned = ()
+        return plan
 
 
 REFUSED = "refused on this pass: no shape free for it, or the runtime owns its size now"
 """Why a job the simulator's binding refused waits (the pipeline retries only then)."""
 
-_NOTHING_BOUND: tuple[SimBound, Waits] = (SimBound([], False), NO_WAITS)
-"""A round with an empty plan (most events): one shared outcome."""
+Refusals = Sequence[tuple[JobRecord, int]]
+"""The outcome of the simulator's binding: the changes it refused, as the plan had them."""
+
+_NOTHING_REFUSED: tuple[Refusals, Waits] = ((), NO_WAITS)
+"""The outcome of binding an empty plan (most events): one, shared."""
 
 
-class SimSteps:
-    """The simulator's own hold-back, decide, bind and retry steps, over its policy core.
+class SimBind:
+    """Step 5: each change placed (:meth:`Simulation._run_pass`), a placement pass begun; the
+    refused ones undone in the core, which goes around them if the pass retries.
 
-    * hold-back: the runtime's say shown to the policy: a job about to end capped at
-      its size (``EndingJobs.SHOWN_CAPPED``), a job with a switch in flight pinned
-      at its size (``SwitchingJobs.SHOWN_PINNED``); no quotas, so nothing waits for one;
-    * decide: ``core.decide(now)``; the pinned sizes are given back right after;
-    * bind: each change placed (:meth:`Simulation._run_pass`); the refused ones are
-      undone in the core and remembered, so a second round goes around them;
-    * retry (``BindingRounds.RETRY_AROUND_REFUSALS``): once, after refusals, unless the core's queue
-      is strictly ordered (FIFO's head-of-line blocking).
+    Its outcome is the refused changes.  What the pass moved and the jobs that started
+    for the first time stay here for the loop (:meth:`Simulation._handle`) to read and
+    clear after the pass.
     """
 
-    __slots__ = ("caps_ending", "held", "pins_switching", "settles", "sim", "turn")
+    __slots__ = ("fresh", "moved", "settles", "sim")
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
-        self.caps_ending = sim.caps_ending
-        self.pins_switching = sim.pins_switching
         # Count placement has nothing to settle between passes: no call at every event.
         self.settles = type(sim.placement) is not CountOnly
-        self.turn = SimTurn()
-        self.held: tuple[SimTurn, Waits] = (self.turn, NO_WAITS)
+        self.fresh: list[JobRecord] = []  # first starts: their start-up is charged after it
+        self.moved = False  # whether any round changed a job's GPUs
 
-    def hold_back(self, now: float) -> tuple[SimTurn, Waits]:
-        """Show the policy what the runtime owns now; the pass's shared turn, made anew."""
-        turn = self.turn
-        if self.caps_ending:
-            self.sim._cap_ending(now)
-        if self.pins_switching and self.sim.switching:
-            turn.pinned = self.sim._pin_switching(now)
-        turn.now = now
-        if turn.fresh:
-            turn.fresh = []  # the last pass's start-ups are charged
-        turn.moved = False
-        return self.held
-
-    def decide(self, turn: SimTurn) -> Plan:
-        """The core's pass at the turn's time (the pinned sizes restored after it)."""
-        plan = self.sim.core.decide(turn.now)
-        if turn.pinned:
-            for job, lo, hi in turn.pinned:
-                job.min_gpus, job.max_gpus = lo, hi
-            turn.pinned = ()
-        return plan
-
-    def bind(self, turn: SimTurn, plan: Plan) -> tuple[SimBound, Waits]:
-        """Place the plan (a placement pass begun); refusals undone in the core."""
+    def bind(self, now: float, plan: Plan) -> tuple[Refusals, Waits]:
+        """Place the plan; the refused changes and why each waits."""
         sim = self.sim
         if self.settles:
             sim.placement.begin_pass()
         if not plan:
-            return _NOTHING_BOUND
-        refused, moved = sim._run_pass(plan, turn.now, turn.fresh)
+            return _NOTHING_REFUSED
+        refused, moved = sim._run_pass(plan, now, self.fresh)
         if moved:
-            turn.moved = True
+            self.moved = True
         if not refused:
-            return SimBound(refused, moved), NO_WAITS
-        sim.core.unplaced(refused, turn.now)
-        sim.core.note_refused(refused, turn.now)
-        return SimBound(refused, moved), dict.fromkeys([job.id for job, _ in refused], REFUSED)
-
-    def again(self, turn: SimTurn, outcome: SimBound, rounds: int) -> bool:
-        """Once more after refusals (the pipeline asks only then), around the refused jobs,
-        unless the queue is strict."""
-        return rounds == 0 and not self.sim.core.blocking
+            return refused, NO_WAITS
+        sim.core.unplaced(refused, now)
+        sim.core.note_refused(refused, now)
+        return refused, dict.fromkeys([job.id for job, _ in refused], REFUSED)
 
 
-SimPass = SchedulingPass[float, SimTurn, Plan, SimBound]
-"""The simulator's scheduling pass: from the time of an event to what it bound."""
+class AroundRefusals:
+    """Step 6 with ``BindingRounds.RETRY_AROUND_REFUSALS``: once more after refusals (the
+    pipeline asks only then), around the refused jobs, unless the queue is strict."""
+
+    __slots__ = ("core",)
+
+    def __init__(self, core: PolicyCore) -> None:
+        self.core = core
+
+    def again(self, now: float, refused: Refusals, rounds: int) -> bool:
+        """True on the first refusal of a pass, unless the core blocks behind a refused job."""
+        return rounds == 0 and not self.core.blocking
+
+
+SimPass = SchedulingPass[float, float, Plan, Refusals]
+"""The simulator's scheduling pass: from the time of an event to the changes it refused."""

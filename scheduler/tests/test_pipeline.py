@@ -12,6 +12,7 @@ from scheduler.pipeline import (
     EnforceQuotas,
     NoQuotaCheck,
     NoRetry,
+    NothingHeldBack,
     NoWithinQuota,
     PolicyDecide,
     PreemptWithinQuota,
@@ -24,8 +25,8 @@ from scheduler.placement import CountPlacement
 from scheduler.policies import get_policy
 from scheduler.quota import Blocked, QuotaBook
 from scheduler.sim_config import BindingRounds, Fidelity
-from scheduler.simulation import SimSteps
-from scheduler.simulator import SimConfig, Simulation
+from scheduler.simulation import AroundRefusals, PinsRestored, ShownAsOwned
+from scheduler.simulator import LIVE_TICK, SimConfig, Simulation
 from scheduler.tests.builders import cluster, queued, running, snapshot
 from scheduler.traces import TraceJob
 from scheduler.types import Decision, Migrate, Preempt, Scale, Snapshot, Start
@@ -154,15 +155,24 @@ def test_the_tick_and_the_forecast_never_retry() -> None:
     assert NoRetry().again(None, None, 0) is False
 
 
-def test_the_simulators_retry_step_follows_its_binding_rounds() -> None:
+def test_the_simulators_steps_follow_its_fidelity() -> None:
     trace = [TraceJob("j", 0.0, 2, 10.0)]
-    on = Simulation(trace, get_policy("tiresias"), SimConfig(total_gpus=8))
+    ideal = Simulation(trace, get_policy("tiresias"), SimConfig(total_gpus=8))
+    live = SimConfig(total_gpus=8, grow_min_left_s=30.0, fidelity=LIVE_TICK)
+    tick = Simulation(trace, get_policy("tiresias"), live)
+    # The simulator's own rules: nothing shown otherwise, the core decides, a second round.
+    assert isinstance(ideal.scheduling.hold_back, NothingHeldBack)
+    assert ideal.scheduling.decide is ideal.core
+    assert isinstance(ideal.scheduling.retry, AroundRefusals)
+    assert ideal.scheduling.quota_check is None  # no quotas in the simulator: no step to call
+    assert ideal.scheduling.within_quota is None
+    # The live tick's: what the runtime owns shown, the pins given back, one round.
+    assert isinstance(tick.scheduling.hold_back, ShownAsOwned)
+    assert isinstance(tick.scheduling.decide, PinsRestored)
+    assert tick.scheduling.retry is None
     once = Fidelity(rounds=BindingRounds.ONCE_PER_TICK)
-    off = Simulation(trace, get_policy("tiresias"), SimConfig(total_gpus=8, fidelity=once))
-    assert isinstance(on.scheduling.retry, SimSteps)  # the simulator's own steps
-    assert off.scheduling.retry is None  # left out: one round
-    assert on.scheduling.quota_check is None  # no quotas in the simulator: no step to call
-    assert on.scheduling.within_quota is None
+    one = Simulation(trace, get_policy("tiresias"), SimConfig(total_gpus=8, fidelity=once))
+    assert one.scheduling.retry is None and one.scheduling.decide is one.core
 
 
 def test_a_pass_without_quota_steps_binds_the_policys_decisions_as_they_are() -> None:
@@ -184,14 +194,17 @@ def test_a_pass_without_quota_steps_binds_the_policys_decisions_as_they_are() ->
     assert result.stopped == {}
 
 
-def test_the_simulators_turn_is_one_object_made_anew_by_each_pass() -> None:
+def test_the_simulators_pass_works_on_the_time_and_leaves_what_moved_to_the_loop() -> None:
     trace = [TraceJob("a", 0.0, 2, 10.0), TraceJob("b", 5.0, 2, 10.0)]
     sim = Simulation(trace, get_policy("tiresias"), SimConfig(total_gpus=8))
-    turn = sim.turn
-    sim._handle(0.0)
-    assert [job.id for job in turn.fresh] == [] and turn.moved  # a started (no start-up cost)
-    assert sim.scheduling.run(1.0).candidates is turn
-    assert (turn.now, turn.moved, turn.fresh, turn.pinned) == (1.0, False, [], ())
+    sim._arrivals(0.0)
+    first = sim.scheduling.run(0.0)
+    assert first.candidates == 0.0 and first.bound == ([],)  # "a" placed, nothing refused
+    assert sim.binding.moved and sim.binding.fresh == []  # no start-up cost: none to charge
+    sim.binding.moved = False
+    empty = sim.scheduling.run(1.0)  # nothing to decide: the shared empty outcome
+    assert (empty.decisions, empty.bound, empty.waits) == ([], ((),), {})
+    assert not sim.binding.moved
 
 
 # -- the composition -------------------------------------------------------------------------
