@@ -14,6 +14,7 @@ COPY tenancy ./tenancy
 COPY inventory ./inventory
 COPY bundles ./bundles
 COPY jobs ./jobs
+COPY control ./control
 COPY notifications ./notifications
 COPY portal ./portal
 COPY portalctl ./portalctl

@@ -167,9 +167,9 @@ def main() -> int:
     from django.db import connection
     from django.utils import timezone
 
+    from control.tick import run_tick
     from inventory.models import Server
     from inventory.services import do_load_topology
-    from jobs.control.tick import run_tick
     from jobs.models import Job
     from jobs.services import check_job_spec, do_submit_job
     from tenancy.models import Tenant

@@ -219,7 +219,7 @@ class Bench:
 
     def churn(self) -> None:
         """``--churn`` running jobs finish (report handler), as many arrive (service)."""
-        from jobs.control.reports import handle_report
+        from control.reports import handle_report
         from jobs.models import Job
 
         running = list(Job.objects.filter(state="running").values_list("id", flat=True))
@@ -300,8 +300,8 @@ def _policy_from_source(core: str) -> str:
     (the default), or with ``core="fresh"`` a fresh one every tick, as before the core was
     kept (the kept state then hands out ``live_policy``, as the full rebuild does).
     Says which."""
-    from jobs.control import incremental
-    from jobs.control.policy import live_policy
+    from control import incremental
+    from control.policy import live_policy
 
     if core != "fresh":
         return "kept core (the tick's source.policy)"
@@ -341,8 +341,8 @@ def run_one(options: argparse.Namespace) -> dict[str, Any]:
     from django.core.management import call_command
     from django.db import connection
 
-    from jobs.control import incremental
-    from jobs.control.tick import run_tick
+    from control import incremental
+    from control.tick import run_tick
     from jobs.models import Job
 
     call_command("migrate", verbosity=0)

@@ -69,8 +69,8 @@ _EVENT_SEQ = [0]
 
 def report(kind: str, job: int, **fields: Any) -> str:
     """Feed the control plane an agent report about ``job``, as an agent would send it."""
+    from control.reports import handle_report
     from jobs.agent_commands import runtime_job_name
-    from jobs.control.reports import handle_report
     from workers import protocol
 
     _EVENT_SEQ[0] += 1
@@ -160,7 +160,7 @@ def handle(request: dict[str, Any]) -> Any:
             do_heartbeat(node=node, info={"slots": 1})
         return {"nodes": nodes}
     if op == "tick":
-        from jobs.control.tick import run_tick
+        from control.tick import run_tick
 
         result = run_tick(policy=request.get("policy", "fifo"))
         return {"changed": list(result.changed_jobs), "refused": len(result.refused)}

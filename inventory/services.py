@@ -435,7 +435,7 @@ def do_heartbeat(*, node: str, info: Mapping[str, Any], at: datetime | None = No
     Besides the heartbeat itself, remembers when each job was last listed with
     running workers (``jobs_seen``) and when the newest heartbeat was sent
     (``beat_at``), both in the agent's own sending time (``sent_at``), so the
-    tick can tell a job with no process (``jobs.control.reconcile``).
+    tick can tell a job with no process (``control.reconcile``).
     Returns False for an unknown node (the report is ignored, nothing changes).
     """
     server = Server.objects.select_for_update().filter(node=node).first()

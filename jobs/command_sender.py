@@ -11,7 +11,7 @@ overtake each other), over one broker connection.
 What a process loses if it dies between the hand-over and the publishing (a
 window of milliseconds) is what it lost before when it died between the
 commit and a synchronous send, and it recovers the same way (reconcile
-requeues a job whose start never arrived: ``jobs.control.reconcile``).  At
+requeues a job whose start never arrived: ``control.reconcile``).  At
 exit the sender is drained (``atexit``); tests wait with :func:`wait_sent`.
 
 ``AGENT_SEND_IN_BACKGROUND=0`` sends in the committing thread instead.

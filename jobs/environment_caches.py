@@ -9,7 +9,7 @@
                                                            an evicted entry leaves the listing
 
 Agents are trusted with their own node only: a report is applied only when
-its envelope was signed by the node it names (``jobs.control.reports``), and
+its envelope was signed by the node it names (``control.reports``), and
 an answer only for a command that was sent to that node.  The reports hold
 no tenant's name: keys, packages and sizes, for cluster admins alone.
 """

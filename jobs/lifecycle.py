@@ -321,8 +321,22 @@ ESTIMATE_FIELDS = (
 )
 
 
+FORECAST_STATES = (JobState.QUEUED, JobState.RUNNING, JobState.SCALING)
+"""The states of the jobs a forecast predicts (``control.forecast``)."""
+
+
+def estimate_fields(job: Job) -> dict[str, Any]:
+    """A job's estimates as live pages and events carry them (ISO times or None)."""
+    return {
+        "estimated_start": job.estimated_start.isoformat() if job.estimated_start else None,
+        "estimated_finish": job.estimated_finish.isoformat() if job.estimated_finish else None,
+        "queue_position": job.queue_position,
+        "estimate_reason": job.estimate_reason,
+    }
+
+
 def save_estimates(jobs: list[Job]) -> None:
-    """Persist the forecast's fields of many jobs in one bulk update (jobs.forecast).
+    """Persist the forecast's fields of many jobs in one bulk update (control.forecast).
 
     Only :data:`ESTIMATE_FIELDS`: a tick that changed a job's state or
     parallelism meanwhile is never undone by a forecast made before it.

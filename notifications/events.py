@@ -21,8 +21,8 @@ from typing import Any
 
 from django.conf import settings
 
+from control.limits import RUNTIME_LIMIT_REASON
 from jobs.choices import EventKind, JobState
-from jobs.control.limits import RUNTIME_LIMIT_REASON
 from jobs.models import Job, JobEvent
 from notifications.choices import EventType
 
@@ -40,7 +40,7 @@ def classify(*, kind: str, to_state: str, reason: str) -> EventType | None:
     if to_state == JobState.COMPLETED:
         return EventType.COMPLETED
     if to_state == JobState.FAILED:
-        # jobs.control.limits fails the job with a reason that starts "failed: run-time limit reached".
+        # control.limits fails the job with a reason that starts "failed: run-time limit reached".
         if RUNTIME_LIMIT_REASON in reason:
             return EventType.RUNTIME_LIMIT
         return EventType.FAILED

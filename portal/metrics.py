@@ -28,10 +28,10 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily
 
+from control.incremental import MISMATCH_FIELD
+from control.tick_stats import read_tick_stats
 from inventory.models import Gpu, ServerState
 from jobs.choices import ACTIVE_STATES, EventKind, JobState
-from jobs.control.incremental import MISMATCH_FIELD
-from jobs.control.tick_stats import read_tick_stats
 from jobs.models import Job, JobEvent, JobGpu
 from jobs.usage import gpu_seconds_by_tenant
 

@@ -10,7 +10,7 @@ quotas):
 * the hold-back (:meth:`QuotaBook.hold_reason`): a queued job whose tenant's
   use plus its need (:func:`quota_need`: its minimum) is over the quota is no
   candidate of the pass; the tick applies it while assembling its snapshot
-  (``jobs.control.state``), the forecast with ``scheduler.pipeline.QuotaHoldBack``;
+  (``control.state``), the forecast with ``scheduler.pipeline.QuotaHoldBack``;
 * the check (:func:`enforce_quotas`): the policy does not know quotas, so its
   starts are checked here, in its order, before binding;
 * preemption within a tenant (:func:`within_quota_preemptions`).

@@ -5,9 +5,9 @@
 Runs ``celery -A portal <arguments>`` unchanged, except that two functions of the
 real tick are wrapped before the worker forks its pool:
 
-    jobs.control.tick._tick   the body that runs under both tick locks: its
+    control.tick._tick   the body that runs under both tick locks: its
                               [start, end] is pushed to the Redis list TICKS_KEY
-    jobs.tasks.run_tick       every attempt, and whether it ran or found the
+    control.tasks.run_tick       every attempt, and whether it ran or found the
                               lock taken, pushed to ATTEMPTS_KEY
 
 Each record names the replica (``REPLICA_NAME``) and the process. Nothing else
@@ -63,8 +63,8 @@ def install() -> None:
     import django
 
     django.setup()
-    import jobs.control.tick as tick
-    import jobs.tasks as tasks
+    import control.tasks as tasks
+    import control.tick as tick
 
     # Named explicitly: if the tick's structure changes, this fails loudly instead of
     # silently tracing nothing.

@@ -1,4 +1,4 @@
-"""Agents' own Redis users, made and kept by the control plane (``jobs.control.agent_users``).
+"""Agents' own Redis users, made and kept by the control plane (``control.agent_users``).
 
 On the real Redis 7 of ``REDIS_URL`` (key selectors; skipped without it) and
 the real database: a tick places a job on a node of the test's own, and what
@@ -25,10 +25,10 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 from django.utils import timezone
 
+from control import agent_users
+from control.tick import run_tick
 from inventory.models import Server
 from inventory.services import do_heartbeat, do_load_topology
-from jobs.control import agent_users
-from jobs.control.tick import run_tick
 from jobs.models import Job
 from jobs.services import check_job_spec, do_cancel_job, do_submit_job
 from tests.jobs.control_helpers import drain_queue
@@ -318,7 +318,7 @@ def test_users_exist_tells_known_users_without_reading_their_rules(cluster: Clus
 def test_beat_keeps_the_users_on_the_portal_queue_off_the_ticks_worker() -> None:
     from django.conf import settings
 
-    from jobs.tasks import AGENT_USERS_TASK, keep_agent_users
+    from control.tasks import AGENT_USERS_TASK, keep_agent_users
 
     entry: Any = settings.CELERY_BEAT_SCHEDULE["agent-users"]
     assert entry["task"] == AGENT_USERS_TASK == keep_agent_users.name

@@ -32,12 +32,12 @@ from django.core.management import call_command
 from django.test import override_settings
 from django.utils import timezone
 
+from control import agent_users
+from control.reports import handle_signed_report
+from control.tick import run_tick
 from inventory.models import Server
 from inventory.services import do_heartbeat, do_load_topology
 from jobs.agent_trust import key_text
-from jobs.control import agent_users
-from jobs.control.reports import handle_signed_report
-from jobs.control.tick import run_tick
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
 from workers.agent.redis_acl import agent_user, delete_agent_user, job_user

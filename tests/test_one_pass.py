@@ -21,11 +21,8 @@ from pathlib import Path
 import pytest
 from django.test import override_settings
 
-from fabric.allocator import VClosAllocator
-from fabric.topology import FabricSpec
-from jobs.agent_commands import GpuHome, runtime_job_name
-from jobs.control.policy import live_policy
-from jobs.control.state import (
+from control.policy import live_policy
+from control.state import (
     AssembledHoldBack,
     ClusterState,
     JobRow,
@@ -35,6 +32,9 @@ from jobs.control.state import (
     gpu_view,
     held_allocation,
 )
+from fabric.allocator import VClosAllocator
+from fabric.topology import FabricSpec
+from jobs.agent_commands import GpuHome, runtime_job_name
 from scheduler.forecast import forecast, forecast_pass
 from scheduler.pipeline import AllocatorBind, PolicyDecide, snapshot_pass
 from scheduler.placement import CountPlacement
@@ -44,10 +44,10 @@ from scheduler.traces import TraceJob
 from scheduler.types import Decision, Preempt, Start
 
 ROOT = Path(__file__).resolve().parents[1]
-CHECKED = ("jobs", "scheduler/forecast.py", "scheduler/simulation.py")
+CHECKED = ("jobs", "control", "scheduler/forecast.py", "scheduler/simulation.py")
 """Where no step of the pass may be written again (the callers of the pipeline)."""
 
-CALLERS = ("jobs/control/tick.py", "scheduler/forecast.py", "scheduler/simulation.py")
+CALLERS = ("control/tick.py", "scheduler/forecast.py", "scheduler/simulation.py")
 """The three passes: each composes ``scheduler.pipeline``."""
 
 STEP_FUNCTIONS = {
@@ -56,7 +56,7 @@ STEP_FUNCTIONS = {
     "(scheduler.pipeline.PreemptWithinQuota)",
     "schedule": "calls a policy's schedule itself (scheduler.pipeline.PolicyDecide)",
 }
-VERIFIERS = {("jobs/control/incremental.py", "compare_policies")}
+VERIFIERS = {("control/incremental.py", "compare_policies")}
 """Functions that call a step only to check kept state against a fresh pass's answer."""
 
 STEP_METHODS = frozenset({"hold_back", "decide", "check", "make_room", "bind", "again"})
@@ -167,7 +167,7 @@ def test_no_caller_of_the_pass_writes_one_of_its_steps_again() -> None:
         for where in reimplemented_steps(path.read_text(), str(path.relative_to(ROOT)))
     ]
     assert found == []
-    assert len(checked_files()) > 50  # jobs/ was walked, not an empty folder
+    assert len(checked_files()) > 50  # jobs/ and control/ were walked, not an empty folder
 
 
 @pytest.mark.parametrize("caller", CALLERS)
@@ -257,13 +257,13 @@ def _cluster(holdings: dict[int, list[int]]) -> ClusterState:
 def _tick_input(
     rows: list[JobRow], cluster: ClusterState, tenants: dict[int, TenantRow] = TENANTS
 ) -> PolicyInput:
-    """The policy's input as the tick assembles it (``jobs.control.state``)."""
+    """The policy's input as the tick assembles it (``control.state``)."""
     gpus = tuple(gpu_view(cluster, g) for g in range(8))
     return assemble_snapshot(cluster, gpus, rows, tenants, set(), {}, NOW)
 
 
 def _tick_pass(policy: Policy, view: PolicyInput, cluster: ClusterState) -> list[Decision]:
-    """The pass as ``jobs.control.tick`` runs it: its hold-back, decide and fabric binding."""
+    """The pass as ``control.tick`` runs it: its hold-back, decide and fabric binding."""
     allocator = VClosAllocator(SPEC)
     held = (held_allocation(job, None, cluster) for job in cluster.holdings)
     allocator.restore([a for a in held if a is not None])
@@ -329,7 +329,7 @@ def test_with_a_quota_that_binds_the_tick_and_the_forecast_stop_the_same_job(
     view = _tick_input(rows, cluster, tenants)
     assert view.held_back == {2: "tenant acme holds 4 of its 6-GPU quota"}
     tick = _tick_pass(policy, view, cluster)
-    # The forecast starts from every job (jobs.forecast adds those the tick held back)
+    # The forecast starts from every job (control.forecast adds those the tick held back)
     # and holds back with the same rule.
     unlimited = {key: dataclasses.replace(t, gpu_quota=100) for key, t in tenants.items()}
     everything = _tick_input(rows, cluster, unlimited).snapshot

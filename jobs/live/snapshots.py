@@ -14,7 +14,7 @@ from typing import Any
 from django.db.models import Count, QuerySet, Sum
 
 from jobs.choices import ACTIVE_STATES, ArtifactKind, JobState
-from jobs.forecast import FORECAST_STATES, estimate_fields
+from jobs.lifecycle import FORECAST_STATES, estimate_fields
 from jobs.live.patches import history_row, profile_curve
 from jobs.live.summary import queue_ranks
 from jobs.models import Job
@@ -52,7 +52,7 @@ LOG_LINES = 40
 def queue_positions() -> dict[int, int]:
     """Position (1-based) of every queued job in the policy's order, as the forecast stored it.
 
-    Cluster-wide ranks (``jobs.forecast``) with the jobs that left the queue since
+    Cluster-wide ranks (``control.forecast``) with the jobs that left the queue since
     taken out (``jobs.live.summary.queue_ranks``, the numbers events carry too); a
     job queued since the last refresh has none yet (at most ``FORECAST_SECONDS``).
     """

@@ -15,7 +15,7 @@
     drop_output                  every chunk and stream of the job (log retention)
 
 The only writer of ``LogStream`` and ``LogChunk``.  The caller holds the
-job's row lock (``jobs.control.reports.handle_report``), so two reports of
+job's row lock (``control.reports.handle_report``), so two reports of
 one job never interleave here.
 """
 

@@ -76,6 +76,7 @@ INSTALLED_APPS = [
     "inventory",
     "bundles",
     "jobs",
+    "control",
     "notifications",
     "portal",
 ]
@@ -174,7 +175,7 @@ if not 0 < BROKER_VISIBILITY_TIMEOUT_SECONDS < AGENT_MESSAGE_MAX_AGE_SECONDS:
         "AGENT_MESSAGE_MAX_AGE_SECONDS: a redelivered message must still be fresh"
     )
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": BROKER_VISIBILITY_TIMEOUT_SECONDS}
-# Each node's agent logs into Redis as its own user (agent-<node>, jobs.control.agent_users): "on",
+# Each node's agent logs into Redis as its own user (agent-<node>, control.agent_users): "on",
 # "off", or "auto" (on where the server has key selectors, Redis 7; the embedded server is
 # 6.2). The control plane keeps the users' rules every AGENT_USERS_SYNC_SECONDS; agents may
 # push to AGENT_REPORT_QUEUES (the queues of their --reports-queue and --heartbeats-queue).
@@ -214,7 +215,7 @@ TICK_SECONDS = env_float("TICK_SECONDS", 3.0)
 TICK_LOCK_SECONDS = env_float("TICK_LOCK_SECONDS", max(10.0, 4 * TICK_SECONDS))
 SCHEDULER_POLICY = env_str("SCHEDULER_POLICY", "elastic-tiresias")
 # The tick keeps its view of the cluster between ticks and reads only what changed
-# (jobs.control.incremental); every TICK_VERIFY_EVERY ticks it also rebuilds it in full
+# (control.incremental); every TICK_VERIFY_EVERY ticks it also rebuilds it in full
 # and compares. TICK_INCREMENTAL=0: a full rebuild on every tick.
 TICK_INCREMENTAL = env_bool("TICK_INCREMENTAL", True)
 TICK_VERIFY_EVERY = env_int("TICK_VERIFY_EVERY", 50)
@@ -234,16 +235,16 @@ if not FAIR_SHARE_HALF_LIFE > 0:
 AGENT_HEARTBEAT_SECONDS = env_float("AGENT_HEARTBEAT_SECONDS", 5.0)
 AGENT_DOWN_AFTER_SECONDS = env_float("AGENT_DOWN_AFTER_SECONDS", 20.0)
 # A running job whose workers the heartbeats of its (live) servers stopped listing this
-# long ago has no process: the tick requeues it (jobs.control.reconcile). One never
+# long ago has no process: the tick requeues it (control.reconcile). One never
 # listed since its placement gets the start limit: an agent may hold a start back while
 # the slots' previous workers finish (its slot wait, 60 s).
 RECONCILE_SECONDS = env_float("RECONCILE_SECONDS", 3 * AGENT_HEARTBEAT_SECONDS)
 RECONCILE_START_SECONDS = env_float("RECONCILE_START_SECONDS", 60 + RECONCILE_SECONDS)
 # How many times reconcile (or a refused start) may requeue a job at the same resume step
-# before the job fails with the reason (jobs/control/requeues.py).
+# before the job fails with the reason (control/requeues.py).
 RECONCILE_MAX_REQUEUES = env_int("RECONCILE_MAX_REQUEUES", 3)
 # A job in "scaling" (a resize, a migration, a torchrun restart) whose switch no report has
-# confirmed this long after it began is stopped and requeued (jobs.control.switch_watchdog).
+# confirmed this long after it began is stopped and requeued (control.switch_watchdog).
 # A switch takes seconds; a joiner may wait for its slots (60 s) and a torchrun stop for
 # its grace: five minutes leaves room for both on a loaded server.
 SCALING_TIMEOUT_SECONDS = env_float("SCALING_TIMEOUT_SECONDS", 300.0)
@@ -256,7 +257,7 @@ TORCHRUN_PORT_BASE = env_int("TORCHRUN_PORT_BASE", 29500)
 TORCHRUN_PORT_SPAN = env_int("TORCHRUN_PORT_SPAN", 10000)
 DEFAULT_TENANT_GPU_QUOTA = env_int("DEFAULT_TENANT_GPU_QUOTA", 8)
 # A straggler report marks its GPU suspect this long: new placements and scale-outs avoid
-# it (jobs.control.stragglers); 0 never marks.
+# it (control.stragglers); 0 never marks.
 STRAGGLER_COOLDOWN_SECONDS = env_float("STRAGGLER_COOLDOWN_SECONDS", 600.0)
 if not STRAGGLER_COOLDOWN_SECONDS >= 0:
     raise ImproperlyConfigured("STRAGGLER_COOLDOWN_SECONDS must be 0 or a positive number")
@@ -293,7 +294,7 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": TICK_SECONDS,
         "options": {"queue": "tick", "expires": TICK_SECONDS},  # jobs.lifecycle.TICK_QUEUE
     },
-    # The agents' and jobs' Redis users (jobs.control.agent_users.maintain), off the tick.
+    # The agents' and jobs' Redis users (control.agent_users.maintain), off the tick.
     "agent-users": {
         "task": "control.agent_users",
         "schedule": AGENT_USERS_SYNC_SECONDS,
@@ -493,7 +494,7 @@ WHATIF_SOFT_TIME_LIMIT_SECONDS = env_int("WHATIF_SOFT_TIME_LIMIT_SECONDS", 600)
 WHATIF_MAX_TRACE_JOBS = env_int("WHATIF_MAX_TRACE_JOBS", 5000)
 WHATIF_MAX_GPUS = env_int("WHATIF_MAX_GPUS", 16_384)
 WHATIF_MAX_LEAVES = env_int("WHATIF_MAX_LEAVES", 512)
-# Predicted start/finish (jobs.forecast), on the whatif queue: refreshed at most this often.
+# Predicted start/finish (control.forecast), on the whatif queue: refreshed at most this often.
 FORECAST_SECONDS = env_float("FORECAST_SECONDS", 10.0)
 # --- Notifications (docs/notifications.md): webhooks and email about jobs' events.
 # Links in notifications point here (the address people reach the portal at).

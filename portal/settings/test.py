@@ -28,7 +28,7 @@ os.environ.setdefault("SECRET_KEY", "test-only-key-signs-nothing-outside-the-tes
 from portal.settings.base import *  # noqa: E402, F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-# Agents' own Redis users (jobs.control.agent_users) where a test turns them on
+# Agents' own Redis users (control.agent_users) where a test turns them on
 # (tests/test_agent_users.py): elsewhere a tick would make users on the shared server and
 # add its queries to the counts that tests assert.
 AGENT_REDIS_USERS = os.environ.get("AGENT_REDIS_USERS", "off")

@@ -7,7 +7,7 @@ importing late is still a cycle.  Two rules follow from the rings of
 
     client       portalctl                            (no Django; speaks HTTP only)
     cores        fabric ← scheduler ← workers         (no Django)
-    Django apps  utilities ← audit ← tenancy ← inventory ← jobs ← notifications ← portal
+    Django apps  utilities ← audit ← tenancy ← inventory ← jobs ← control ← notifications ← portal
 
 1. a package imports only packages at its own ring position or below
    (no upward import);
@@ -39,6 +39,7 @@ LAYERS: tuple[str, ...] = (
     "inventory",
     "bundles",
     "jobs",
+    "control",
     "notifications",
     "portal",
     "devtools",  # harnesses of the tests and bench/: nothing of ours imports it

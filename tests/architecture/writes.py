@@ -62,6 +62,7 @@ APP_PACKAGES = (
     "inventory",
     "bundles",
     "jobs",
+    "control",
     "notifications",
     "portal",
 )

@@ -21,9 +21,9 @@ def store_final(job: int, local: str, step: int) -> str:
     The object goes where the runtime writes it and the row comes from an
     ``artifact_stored`` report through the control plane, as in production.
     """
+    from control.reports import handle_report
     from jobs.agent_commands import runtime_job_name
     from jobs.artifacts import artifact_store, job_prefix
-    from jobs.control.reports import handle_report
     from jobs.models import Job
     from workers.protocol import ArtifactStored
 
@@ -45,8 +45,8 @@ def store_final(job: int, local: str, step: int) -> str:
 
 def log_metrics(job: int, points: list[tuple[int, dict[str, float]]]) -> str:
     """(Run in the driver.) A ``metrics`` report of the job's program, through the control plane."""
+    from control.reports import handle_report
     from jobs.agent_commands import runtime_job_name
-    from jobs.control.reports import handle_report
     from workers.protocol import MetricPoint, Metrics
 
     report = Metrics(

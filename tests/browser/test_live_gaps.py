@@ -53,7 +53,7 @@ def test_queue_positions_move_without_a_snapshot_reload_and_a_gap_reloads(
         path="inventory.services:do_load_topology",
         kwargs={"data": {"leaves": 1, "spines": 1, "servers_per_leaf": 1, "gpus_per_server": 2}},
     )
-    driver("call", path="jobs.forecast:refresh_forecast")
+    driver("call", path="control.forecast:refresh_forecast")
     for job in jobs:
         page.wait_for_function(
             f"() => document.querySelector('#job-{job} [data-field=queue_position]')"

@@ -51,7 +51,7 @@ def test_a_straggler_is_removed_marked_shown_and_cleared(
             "worker_id": f"w{slow}",
             "ratio": 1.5,
         }
-        outcome = driver("call", path="jobs.control.reports:handle_report",
+        outcome = driver("call", path="control.reports:handle_report",
                          kwargs={"payload": report})  # fmt: skip
         assert outcome["repr"] == "'straggler removed'"
 

@@ -54,7 +54,7 @@ def test_tenant_sees_job_appear_and_change_without_reload(
         path="inventory.services:do_load_topology",
         kwargs={"data": {"leaves": 1, "spines": 1, "servers_per_leaf": 1, "gpus_per_server": 2}},
     )
-    driver("call", path="jobs.forecast:refresh_forecast")
+    driver("call", path="control.forecast:refresh_forecast")
     watcher.wait_for_function(
         f"() => document.querySelector('#job-{job} [data-field=queue_position]')"
         ".textContent.startsWith('#')"

@@ -41,7 +41,7 @@ from tests.faults.steplog import attempts_after, read_step_logs
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
 LONG_EPOCHS = 150
 TICK_RECOVERY_S = 30  # a restarted Celery worker boots, then ticks within a second
-TICK_LOCK_KEY = "portal:scheduler-tick"  # jobs.control.tick.LOCK_KEY, held while a tick runs
+TICK_LOCK_KEY = "portal:scheduler-tick"  # control.tick.LOCK_KEY, held while a tick runs
 
 
 @pytest.fixture(scope="module")

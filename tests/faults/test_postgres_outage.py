@@ -1,6 +1,6 @@
 """PostgreSQL down for "20 minutes" while a job finishes: no report is lost.
 
-The promise (``docs/security.md``, ``jobs.tasks.agent_report``): a report
+The promise (``docs/security.md``, ``control.tasks.agent_report``): a report
 that meets a database outage is retried for ``AGENT_REPORT_RETRY_FOR_SECONDS``
 (30 min), and its envelope's age is judged at its first receipt, so an outage
 longer than the signing window (15 min) still loses no final checkpoint row

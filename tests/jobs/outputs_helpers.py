@@ -9,9 +9,9 @@ from typing import Any
 
 from django.test import override_settings
 
+from control.reports import handle_report
 from jobs.agent_commands import runtime_job_name
 from jobs.artifacts import prefix_of
-from jobs.control.reports import handle_report
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
 from workers.artifacts import ArtifactStore

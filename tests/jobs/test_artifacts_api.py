@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+from control.reports import handle_report
 from devtools.job_steps import move
 from jobs.api.downloads import (
     ByteRange,
@@ -18,7 +19,6 @@ from jobs.api.downloads import (
     etag_matches,
     parse_range,
 )
-from jobs.control.reports import handle_report
 from jobs.models import Artifact, Job
 from tests.jobs.outputs_helpers import (
     event_id,

@@ -9,11 +9,11 @@ import pytest
 import redis
 from django.db import transaction
 
+from control.reports import handle_report
+from control.tick import run_tick
 from inventory.models import Server
 from inventory.services import do_set_server_state
 from jobs.agent_trust import key_of
-from jobs.control.reports import handle_report
-from jobs.control.tick import run_tick
 from jobs.models import Job, JobCable, JobGpu
 from jobs.services import check_job_spec, do_cancel_job, do_submit_job
 from portal.celery import app
@@ -233,7 +233,7 @@ def test_a_tick_that_dies_midway_leaves_nothing_behind(
 ) -> None:
     demo_cluster()
     job = submit(alice, acme, gpus=2)
-    from jobs.control import tick
+    from control import tick
 
     def explode(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("worker killed mid-tick")

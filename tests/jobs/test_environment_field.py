@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from control.tick import run_tick
 from jobs.agent_commands import GpuHome, membership_commands
-from jobs.control.tick import run_tick
 from jobs.forms import PROGRAM, JobForm
 from jobs.models import Job
 from jobs.outbox import launch_of

@@ -8,7 +8,7 @@ here, not in production.
 
 from __future__ import annotations
 
-from jobs.control.reports import _HANDLERS
+from control.reports import _HANDLERS
 from workers.protocol import EVENT_REPORTS
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from jobs.control.tick import run_tick
+from control.tick import run_tick
 from jobs.models import Job
 from jobs.progress import seconds_left, total_steps
 from jobs.services import check_job_spec, do_cancel_job, do_submit_job

@@ -14,8 +14,7 @@ from django.test import Client, override_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from jobs.control.tick import run_tick
-from jobs.forecast import (
+from control.forecast import (
     DUE_KEY,
     FORECAST_TASK,
     LOCK_KEY,
@@ -23,11 +22,12 @@ from jobs.forecast import (
     refresh_forecast,
     remaining_work,
 )
+from control.tasks import forecast_estimates
+from control.tick import run_tick
 from jobs.live.snapshots import queue_positions, tenant_snapshot
 from jobs.models import Job
 from jobs.progress import total_steps
 from jobs.services import check_job_spec, do_submit_job
-from jobs.tasks import forecast_estimates
 from portal.celery import app
 from scheduler.curves import record_measurement
 from scheduler.forecast import UNKNOWN_WORK
@@ -324,7 +324,7 @@ def test_changed_estimates_are_announced_to_their_own_tenant_and_page_only(
 ) -> None:
     sent: list[tuple[tuple[str, ...], dict[str, Any]]] = []
     monkeypatch.setattr(
-        "jobs.forecast.broadcast_on_commit",
+        "control.forecast.broadcast_on_commit",
         lambda groups, payload: sent.append((tuple(groups), payload)),
     )
     demo_cluster()

@@ -16,10 +16,10 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from jobs.control import incremental
-from jobs.control.incremental import FullRebuild, KeptState, compare_policies
-from jobs.control.policy import live_policy
-from jobs.control.tick import run_tick
+from control import incremental
+from control.incremental import FullRebuild, KeptState, compare_policies
+from control.policy import live_policy
+from control.tick import run_tick
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
 from scheduler.placement import CountPlacement
@@ -103,7 +103,7 @@ def test_the_kept_core_follows_ticks_and_a_diverged_one_is_caught_and_rebuilt(
     restored.core.remove(running, snapshot.now)
     assert compare_policies([kept], snapshot) == [f"policy {POLICY}"]
     settings.TICK_VERIFY_EVERY = 1
-    with caplog.at_level(logging.WARNING, logger="jobs.control.incremental"):
+    with caplog.at_level(logging.WARNING, logger="control.incremental"):
         assert run_tick(policy=POLICY).ran
     assert f"differs from the database in policy {POLICY}" in caplog.text
     assert state.mismatches == 1
@@ -111,7 +111,7 @@ def test_the_kept_core_follows_ticks_and_a_diverged_one_is_caught_and_rebuilt(
     assert kept not in state.policies.values()
     assert all(p.rebuilds <= 1 for p in state.policies.values())
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="jobs.control.incremental"):
+    with caplog.at_level(logging.WARNING, logger="control.incremental"):
         assert run_tick(policy=POLICY).ran  # verified again: now the same
     assert "differs" not in caplog.text
     assert state.mismatches == 1

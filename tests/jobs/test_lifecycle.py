@@ -10,9 +10,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from control.endings import accrue_service
 from devtools.job_steps import move
 from jobs.choices import ALLOWED_TRANSITIONS, EventKind, JobState, can_transition
-from jobs.control.endings import accrue_service
 from jobs.lifecycle import Batch, record, save_fields, transition, update_jobs
 from jobs.models import Job
 from jobs.services import (

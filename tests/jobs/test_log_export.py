@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from control.reports import handle_report
 from devtools.job_steps import move
 from jobs import lifecycle
-from jobs.control.reports import handle_report
 from jobs.logs.export import export_log
 from jobs.models import Artifact, Job
 from jobs.services import do_cancel_job

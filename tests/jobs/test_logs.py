@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from jobs.control.reports import handle_report
+from control.reports import handle_report
 from jobs.logs.store import lines_after, parse_cursor, tail_lines
 from jobs.models import Job, LogChunk, LogStream
 from jobs.services import check_job_spec, do_submit_job

@@ -13,11 +13,11 @@ from channels.db import database_sync_to_async
 from django.test import Client
 from rest_framework.test import APIClient
 
+from control.reports import handle_report
+from control.tick import run_tick
 from devtools.job_steps import move
 from inventory.models import Server
 from jobs.api.logs import follow_events
-from jobs.control.reports import handle_report
-from jobs.control.tick import run_tick
 from jobs.logs.store import LogLine
 from jobs.models import Job, JobGpu
 from jobs.services import check_job_spec, do_cancel_job, do_submit_job

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from jobs.control.reports import handle_report
+from control.reports import handle_report
 from jobs.services import check_job_spec, do_submit_job
 from workers.elastic.control import JobControl
 from workers.protocol import LogLines, WorkerExited

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from control.reports import handle_report
 from inventory.models import Gpu
 from inventory.services import do_heartbeat
-from jobs.control.reports import handle_report
 from jobs.models import Job
 from tests.jobs.test_recovered_holdings import held, recovered, running
 from workers.protocol import Heartbeat, RunningWorker

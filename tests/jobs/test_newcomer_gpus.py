@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from control.endings import newcomer_gpus
 from jobs.agent_commands import GpuHome
-from jobs.control.endings import newcomer_gpus
 
 HOMES = {g: GpuHome(node=f"node-{g // 2}", local=g % 2, address="127.0.0.1") for g in range(8)}
 

@@ -2,7 +2,7 @@
 
 The rules live in the policy cores (``scheduler/policies``); these tests check
 that the tick feeds them what they need: each job's priority, each tenant's
-weight and its decayed GPU-seconds held (``jobs.control.fair_share``).
+weight and its decayed GPU-seconds held (``control.fair_share``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from jobs.control import fair_share
-from jobs.control.tick import run_tick
+from control import fair_share
+from control.tick import run_tick
 from jobs.models import Job
 from jobs.services import check_job_spec, do_cancel_job, do_submit_job
 from tenancy.models import Tenant

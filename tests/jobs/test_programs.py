@@ -16,8 +16,8 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from bundles.models import CodeBundle
 from bundles.services import do_upload
-from jobs.control.reports import handle_report
-from jobs.control.tick import run_tick
+from control.reports import handle_report
+from control.tick import run_tick
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
 from tests.conftest import job_body

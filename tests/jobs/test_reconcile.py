@@ -16,14 +16,14 @@ from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
+from control.reconcile import HeldJob, Limits, ServerBeats, find_orphans, reconcile
+from control.reports import handle_report
+from control.state import read_cluster
+from control.tick import run_tick
 from inventory.models import Server
 from inventory.services import do_heartbeat, jobs_seen, sent_at
 from jobs.agent_commands import runtime_job_name
 from jobs.artifacts import prefix_of
-from jobs.control.reconcile import HeldJob, Limits, ServerBeats, find_orphans, reconcile
-from jobs.control.reports import handle_report
-from jobs.control.state import read_cluster
-from jobs.control.tick import run_tick
 from jobs.models import Job, JobEvent, JobGpu
 from jobs.services import check_job_spec, do_submit_job
 from tests.jobs.control_helpers import demo_cluster, drain_all

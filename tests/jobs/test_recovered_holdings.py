@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from jobs.control.reports import handle_report
-from jobs.control.tick import run_tick
+from control.reports import handle_report
+from control.tick import run_tick
 from jobs.models import Job, JobGpu
 from jobs.services import check_job_spec, do_submit_job
 from tests.jobs.control_helpers import demo_cluster, drain_all

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from django.conf import settings
 
+from control.reports import handle_signed_report
+from control.tasks import agent_report, report_retry_schedule
 from jobs import agent_trust
-from jobs.control.reports import handle_signed_report
 from jobs.models import Job, JobEvent
-from jobs.tasks import agent_report, report_retry_schedule
 from tests.jobs.test_report_trust import envelope, finished, gpus_by_node, running, snapshot
 from workers.protocol import Heartbeat
 from workers.signing import SignatureError

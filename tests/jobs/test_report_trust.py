@@ -1,6 +1,6 @@
 """Reports reach the control plane signed, from a node that hosts the job, or change nothing.
 
-Through the real report task (``jobs.tasks.agent_report``, called directly as
+Through the real report task (``control.tasks.agent_report``, called directly as
 its Celery worker would), the real database, Redis and cache.
 """
 
@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
+from control.tasks import agent_report
+from control.tick import run_tick
 from inventory.models import Server
 from jobs import agent_trust, holdings
 from jobs.agent_commands import worker_id
-from jobs.control.tick import run_tick
 from jobs.models import Job, JobEvent
 from jobs.outbox import send_commands
 from jobs.services import check_job_spec, do_submit_job
-from jobs.tasks import agent_report
 from tests.jobs.control_helpers import demo_cluster, drain_all, drain_envelopes
 from workers.protocol import Finished, Heartbeat, Report, RunningWorker, ScaleIn, WorkerExited
 from workers.signing import SignatureError, node_key, open_envelope, seal

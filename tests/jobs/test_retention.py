@@ -17,9 +17,9 @@ import redis
 from django.conf import settings
 from django.test import override_settings
 
+from control.reports import handle_report
 from devtools.job_steps import move
 from jobs.choices import EventKind
-from jobs.control.reports import handle_report
 from jobs.expiry import expire_outputs
 from jobs.models import Artifact, Job, LogChunk, LogStream
 from jobs.retention import RetentionPolicy, StoredOutput, policy_for, select_expired

@@ -21,13 +21,13 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from control.limits import limit_reached
+from control.reports import handle_report
+from control.tick import run_tick
 from inventory.models import Server
 from inventory.services import do_set_server_state
 from jobs.agent_commands import runtime_job_name
 from jobs.artifacts import prefix_of
-from jobs.control.limits import limit_reached
-from jobs.control.reports import handle_report
-from jobs.control.tick import run_tick
 from jobs.models import Job, JobEvent, JobGpu
 from jobs.services import check_job_spec, do_submit_job
 from tenancy.models import Tenant

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from control import incremental
+from control.state import read_cluster
+from control.tick import run_tick
 from inventory.models import Server
 from jobs.choices import JobState
-from jobs.control import incremental
-from jobs.control.state import read_cluster
-from jobs.control.tick import run_tick
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
 from scheduler.types import GpuState

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.control.state import set_aside
+from control.state import set_aside
 from scheduler.types import Gpu, GpuState
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from jobs.control.reports import handle_report
+from control.reports import handle_report
 from tests.jobs.test_recovered_holdings import held, running
 from tests.jobs.test_stragglers import scale_done, sent, straggler, suspect_until
 

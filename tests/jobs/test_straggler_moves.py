@@ -1,4 +1,4 @@
-"""Where a straggling worker may go (``jobs.control.straggler_moves``): pure, on the allocator.
+"""Where a straggling worker may go (``control.straggler_moves``): pure, on the allocator.
 
 The demo fabric: 2 leaves of 4 GPUs (2 servers of 2), 2 spines::
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+from control.straggler_moves import one_worker_move
 from fabric.allocator import Allocation, VClosAllocator
 from fabric.topology import FabricSpec
-from jobs.control.straggler_moves import one_worker_move
 
 SPEC = FabricSpec(leaves=2, spines=2, servers_per_leaf=2, gpus_per_server=2)
 

@@ -17,12 +17,12 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
+from control.reports import handle_report
+from control.stragglers import verdict
+from control.tick import ADVISORY_LOCK_ID, run_tick
 from inventory.models import Gpu, Server
 from inventory.services import suspect_gpus
 from jobs.choices import JobState, Launcher
-from jobs.control.reports import handle_report
-from jobs.control.stragglers import verdict
-from jobs.control.tick import ADVISORY_LOCK_ID, run_tick
 from jobs.models import Job
 from tests.jobs.control_helpers import drain_all
 from tests.jobs.test_recovered_holdings import held, running, submit

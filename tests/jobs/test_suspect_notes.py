@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jobs.control.suspect_notes import suspect_waits
+from control.suspect_notes import suspect_waits
 
 
 def test_only_the_jobs_the_suspect_gpus_would_let_in_get_the_note() -> None:

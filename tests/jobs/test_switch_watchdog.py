@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
+from control.reports import handle_report
+from control.switch_watchdog import overdue_switches
+from control.tick import run_tick
 from jobs.agent_commands import runtime_job_name
-from jobs.control.reports import handle_report
-from jobs.control.switch_watchdog import overdue_switches
-from jobs.control.tick import run_tick
 from jobs.lifecycle import transition
 from jobs.models import JobGpu
 from tests.jobs.control_helpers import drain_all

@@ -1,7 +1,7 @@
 """The incremental tick: its kept state equals a full rebuild, mismatches are caught, restarts rebuild.
 
-Every check compares the state kept in the process (``jobs.control.incremental``)
-with a full rebuild from the database (``jobs.control.state``, the reference),
+Every check compares the state kept in the process (``control.incremental``)
+with a full rebuild from the database (``control.state``, the reference),
 and the policy's decisions and their bindings on both.
 """
 
@@ -21,15 +21,15 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from prometheus_client import generate_latest
 
+from control import incremental
+from control.incremental import FullRebuild, KeptState, Prepared, compare, rebuild
+from control.policy import live_policy
+from control.reports import handle_report
+from control.state import read_servers
+from control.tick import run_tick
+from control.tick_stats import TICK_STATS_KEY
 from inventory.models import Gpu, Server
 from inventory.services import do_mark_gpu_suspect, do_set_server_state
-from jobs.control import incremental
-from jobs.control.incremental import FullRebuild, KeptState, Prepared, compare, rebuild
-from jobs.control.policy import live_policy
-from jobs.control.reports import handle_report
-from jobs.control.state import read_servers
-from jobs.control.tick import run_tick
-from jobs.control.tick_stats import TICK_STATS_KEY
 from jobs.models import Job, JobGpu
 from jobs.services import check_job_spec, do_cancel_job, do_submit_job
 from portal.metrics import build_registry
@@ -184,7 +184,7 @@ def test_a_planted_divergence_is_caught_counted_and_repaired(
     assert reference is not None
     assert {"holders", "holdings", "snapshot"} <= set(compare(mine, reference))
     settings.TICK_VERIFY_EVERY = 1
-    with caplog.at_level(logging.WARNING, logger="jobs.control.incremental"):
+    with caplog.at_level(logging.WARNING, logger="control.incremental"):
         assert run_tick(policy=POLICY).ran
     assert "differs from the database in holders, holdings" in caplog.text
     assert incremental.kept_state().mismatches == 1
@@ -193,7 +193,7 @@ def test_a_planted_divergence_is_caught_counted_and_repaired(
     assert f"portal_tick_state_mismatches_total {before + 1}" in exposed
     kept_equals_rebuild()  # repaired
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="jobs.control.incremental"):
+    with caplog.at_level(logging.WARNING, logger="control.incremental"):
         run_tick(policy=POLICY)  # verified again: now the same
     assert "differs" not in caplog.text
     assert incremental.kept_state().verifications >= 2
@@ -234,7 +234,7 @@ def test_writes_committed_while_the_verify_reads_are_no_mismatch(
 
     monkeypatch.setattr(incremental, "rebuild", writes_then_rebuild)
     settings.TICK_VERIFY_EVERY = 1
-    with caplog.at_level(logging.WARNING, logger="jobs.control.incremental"):
+    with caplog.at_level(logging.WARNING, logger="control.incremental"):
         assert run_tick(policy=POLICY).ran
     assert written and Job.objects.filter(pk=written[0]).exists()  # the writes did commit
     assert "differs" not in caplog.text
@@ -267,7 +267,7 @@ def test_a_new_process_and_a_failed_tick_start_from_a_full_read(
     def broken(*args: Any, **kwargs: Any) -> list[int]:
         raise RuntimeError("killed mid-apply")
 
-    monkeypatch.setattr("jobs.control.tick.apply_bound", broken)
+    monkeypatch.setattr("control.tick.apply_bound", broken)
     with pytest.raises(RuntimeError):
         run_tick(policy=POLICY)
     assert not incremental.has_kept_state()

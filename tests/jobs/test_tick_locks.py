@@ -17,7 +17,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from jobs.control.tick import ADVISORY_LOCK_ID, run_tick
+from control.tick import ADVISORY_LOCK_ID, run_tick
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
 from tests.jobs.control_helpers import demo_cluster

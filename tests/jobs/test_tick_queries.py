@@ -19,11 +19,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from control import fair_share, incremental
+from control.reports import handle_report
+from control.tick import TickResult, run_tick
 from inventory.models import Server
 from jobs.choices import EventKind, JobState
-from jobs.control import fair_share, incremental
-from jobs.control.reports import handle_report
-from jobs.control.tick import TickResult, run_tick
 from jobs.models import Job, JobEvent
 from jobs.services import check_job_spec, do_submit_job
 from tests.jobs.control_helpers import demo_cluster

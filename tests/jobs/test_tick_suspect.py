@@ -19,10 +19,10 @@ import pytest
 from django.utils import timezone
 from prometheus_client import generate_latest
 
+from control import incremental
+from control.tick import run_tick
 from inventory.models import Gpu
 from inventory.services import do_clear_gpu_suspect, do_mark_gpu_suspect
-from jobs.control import incremental
-from jobs.control.tick import run_tick
 from jobs.models import Job
 from portal.metrics import build_registry
 from tests.jobs.control_helpers import demo_cluster, drain_all

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
+from control.reports import handle_report
+from control.tick import run_tick
 from inventory.models import Gpu
 from jobs.agent_trust import forget_hosted
-from jobs.control.reports import handle_report
-from jobs.control.tick import run_tick
 from jobs.models import Job, JobGpu
 from tests.jobs.control_helpers import drain_all
 from tests.jobs.test_reconcile import at, heartbeat, placed, reconcile_now, submit

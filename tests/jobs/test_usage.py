@@ -30,11 +30,11 @@ import pytest
 from django.test import Client, override_settings
 from django.utils import timezone
 
+from control.reports import handle_report
+from control.tick import run_tick
 from devtools.job_steps import move
 from inventory.models import Server
 from inventory.services import do_heartbeat
-from jobs.control.reports import handle_report
-from jobs.control.tick import run_tick
 from jobs.lifecycle import record
 from jobs.models import Job, JobGpu
 from jobs.services import check_job_spec, do_cancel_job, do_set_parallelism, do_submit_job

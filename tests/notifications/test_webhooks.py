@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from control.limits import stop_jobs_at_limit
 from devtools.job_steps import move
 from jobs.choices import JobState
-from jobs.control.limits import stop_jobs_at_limit
 from jobs.models import Job, JobEvent
 from jobs.outbox import Outbox
 from notifications.choices import DeliveryState

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from control.tick import run_tick
 from inventory.models import Server
 from inventory.services import do_heartbeat
-from jobs.control.tick import run_tick
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
 from scheduler.curves import gpu_efficiency, speedup

@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.utils import timezone
 
+from control.tick import run_tick
 from inventory.models import Server
 from inventory.services import do_heartbeat, do_load_topology
-from jobs.control.tick import run_tick
 from jobs.lifecycle import transition
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job

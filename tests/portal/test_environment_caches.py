@@ -16,8 +16,8 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from audit.models import AuditEntry
+from control.reports import handle_signed_report
 from jobs import agent_trust
-from jobs.control.reports import handle_signed_report
 from jobs.environment_caches import do_request_eviction
 from jobs.models import CachedEnvironment, EnvironmentEviction, NodeEnvironmentCache
 from tests.jobs.control_helpers import demo_cluster, drain_queue

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from django.test import Client, override_settings
 
-from jobs.control.tick import run_tick
+from control.tick import run_tick
 from jobs.services import check_job_spec, do_submit_job
 from tests.jobs.control_helpers import demo_cluster
 
@@ -56,8 +56,8 @@ def test_environment_starts_by_hit_or_build_and_the_seconds_spent_building(
     alice: Any, acme: Any
 ) -> None:
     """Issue 36: counted from the starts' history notes, whatever else the history holds."""
+    from control.reports import handle_report
     from jobs.agent_commands import runtime_job_name
-    from jobs.control.reports import handle_report
 
     demo_cluster()
     job = do_submit_job(

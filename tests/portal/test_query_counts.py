@@ -16,9 +16,9 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from control.tick import run_tick
 from inventory.models import Server
 from inventory.services import do_heartbeat, do_load_topology
-from jobs.control.tick import run_tick
 from jobs.lifecycle import broadcast, transition
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job

@@ -383,7 +383,7 @@ class Agent:
         """Whether this agent logs into Redis as its own user (``agent-<node>``), which may
         not read the agents' secret, manage users or measure the server: the control plane
         makes, restores and deletes job users and guards the server's memory
-        (``jobs.control.agent_users``)."""
+        (``control.agent_users``)."""
         return node_of_url(self.config.redis_url) is not None
 
     def _guard_redis(self) -> None:

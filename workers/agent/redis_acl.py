@@ -58,7 +58,7 @@ Agents' own users (below, ``agent_rules``): on Redis 7 each node's agent
 logs in as ``agent-<node>``, whose password derives from the same secret
 under another label (``agent_password``).  Only the control plane, on the
 portal's user, reads the secret: it makes job users and agent users
-(``ensure_agent_users``, ``jobs.control.agent_users``) and hands a job's password to
+(``ensure_agent_users``, ``control.agent_users``) and hands a job's password to
 its agents in the signed ``StartWorkers``.
 """
 

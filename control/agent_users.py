@@ -8,11 +8,11 @@ queue, the keys of the jobs it hosts, a push onto the report queues
 (``AGENT_REPORT_QUEUES``).  Only the control plane, on the portal's user,
 reads the secret, so it makes every user::
 
-    dispatch (jobs.control.apply.apply_bound, inside the tick's or a move's transaction)
+    dispatch (control.apply.apply_bound, inside the tick's or a move's transaction)
       ├─ every StartWorkers carries its job's password ............ with_job_passwords
       └─ on commit, before the commands are published ............. dispatched
            the jobs' users made; each target node's user given the jobs' keys
-    beat's control.agent_users task (jobs.tasks.keep_agent_users, on the portal queue,
+    beat's control.agent_users task (control.tasks.keep_agent_users, on the portal queue,
           every AGENT_USERS_SYNC_SECONDS) ......................... maintain
       ├─ each node's user: the jobs it hosts now (ACL SETUSER only where they changed)
       ├─ users of jobs holding GPUs that a restarted server lost: made again
@@ -45,10 +45,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from control.endings import fail_or_retry
 from inventory.models import Server, ServerState
 from inventory.services import do_set_server_state, listed_jobs
 from jobs.agent_commands import job_id_from_name, runtime_job_name
-from jobs.control.endings import fail_or_retry
 from jobs.models import Job, JobGpu
 from utilities.redis_clients import shared_redis
 from workers.agent.redis_acl import (

@@ -9,8 +9,8 @@ that writes its stream by hand learns why the portal ignored it.
 
 from __future__ import annotations
 
+from control.report_time import report_time
 from jobs.choices import EventKind
-from jobs.control.report_time import report_time
 from jobs.lifecycle import record
 from jobs.models import Job
 from workers.protocol import EventsDropped

@@ -27,13 +27,13 @@ from datetime import datetime
 
 from django.db import transaction
 
+from control.report_time import report_time
+from control.requeues import requeue_or_fail
+from control.resume import rewind_to_checkpoint, stored_checkpoints
 from inventory.services import do_mark_gpu_suspect
 from jobs import agent_trust, holdings
 from jobs.agent_commands import gpu_of_worker, job_id_from_name
 from jobs.choices import ACTIVE_STATES, EventKind, JobState
-from jobs.control.report_time import report_time
-from jobs.control.requeues import requeue_or_fail
-from jobs.control.resume import rewind_to_checkpoint, stored_checkpoints
 from jobs.lifecycle import record, request_tick
 from jobs.models import Job
 from jobs.outbox import Outbox

@@ -25,12 +25,12 @@ from datetime import UTC, datetime
 
 from django.core.cache import cache
 
+from control.endings import accrue_service
 from inventory.models import Server
 from inventory.services import beat_at
 from jobs import holdings
 from jobs.agent_commands import gpu_of_worker, runtime_job_name, worker_id
 from jobs.choices import EventKind, JobState
-from jobs.control.endings import accrue_service
 from jobs.lifecycle import record, request_tick, save_fields
 from jobs.models import Job
 from jobs.services import do_set_parallelism

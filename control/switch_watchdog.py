@@ -25,9 +25,9 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 
+from control.endings import accrue_service
 from jobs import holdings
 from jobs.choices import JobState
-from jobs.control.endings import accrue_service
 from jobs.lifecycle import broadcast, transition
 from jobs.models import Job
 from jobs.outbox import Outbox

@@ -1,7 +1,7 @@
 """How a running job ends, whoever noticed: completed, failed, or retried.
 
 Shared by the runtime's reports (``finished``/``failed`` events) and by the
-exits of a torchrun program's processes (``jobs.control.program_exits``), so a
+exits of a torchrun program's processes (``control.program_exits``), so a
 job ends one way: service accounted, GPUs released (and workers stopped when
 some may still run), state and reason recorded, the next tick asked for.
 
@@ -15,7 +15,7 @@ A program that fails is retried while the job has restarts left
 
 Only a failure of the program counts: losing a server, reconcile's requeue
 and preemption requeue a job without touching ``restarts``, and a job stopped
-at its run-time limit (``jobs.control.limits``) fails without a retry.
+at its run-time limit (``control.limits``) fails without a retry.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from datetime import datetime, timedelta
 
 from django.db import transaction
 
+from control.resume import rewind_to_checkpoint, stored_checkpoints
 from jobs import holdings
 from jobs.agent_commands import GpuHome
 from jobs.choices import ACTIVE_STATES, EventKind, JobState
-from jobs.control.resume import rewind_to_checkpoint, stored_checkpoints
 from jobs.coordination import forget_coordination
 from jobs.lifecycle import broadcast, request_tick, transition
 from jobs.models import Job

@@ -1,6 +1,6 @@
 """The tick's view of the cluster, kept in the scheduler process and brought up to date.
 
-A full rebuild (``jobs.control.state``: ``read_cluster`` → ``load_allocator`` →
+A full rebuild (``control.state``: ``read_cluster`` → ``load_allocator`` →
 ``build_snapshot``) reads every job, every held GPU and every allocation on every
 tick; at 1,000 jobs that is most of a tick.  The kept state reads only what changed::
 
@@ -58,13 +58,8 @@ from django.db import connection, transaction
 from django.db.models import Model
 from django.db.models.expressions import RawSQL
 
-from fabric.allocator import Allocation, VClosAllocator
-from fabric.topology import FabricSpec
-from inventory.models import Fabric, Gpu, Server
-from jobs.agent_commands import GpuHome, runtime_job_name
-from jobs.choices import ACTIVE_STATES
-from jobs.control.policy import live_policy
-from jobs.control.state import (
+from control.policy import live_policy
+from control.state import (
     JOB_ROW_FIELDS,
     SNAPSHOT_STATES,
     TENANT_ROW_FIELDS,
@@ -87,7 +82,12 @@ from jobs.control.state import (
     server_layout,
     timed_jobs,
 )
-from jobs.control.tick_stats import TICK_STATS_KEY
+from control.tick_stats import TICK_STATS_KEY
+from fabric.allocator import Allocation, VClosAllocator
+from fabric.topology import FabricSpec
+from inventory.models import Fabric, Gpu, Server
+from jobs.agent_commands import GpuHome, runtime_job_name
+from jobs.choices import ACTIVE_STATES
 from jobs.models import Job, JobGpu
 from scheduler.curves import SpeedTables
 from scheduler.placement import CountPlacement
@@ -170,15 +170,15 @@ class FullRebuild:
     """Everything read from the database each time: the reference path."""
 
     def cluster(self) -> ClusterState | None:
-        """:func:`jobs.control.state.read_cluster`."""
+        """:func:`control.state.read_cluster`."""
         return read_cluster()
 
     def allocator(self, cluster: ClusterState) -> VClosAllocator:
-        """:func:`jobs.control.state.load_allocator`."""
+        """:func:`control.state.load_allocator`."""
         return load_allocator(cluster)
 
     def policy_input(self, cluster: ClusterState, now: datetime) -> PolicyInput:
-        """:func:`jobs.control.state.build_snapshot`."""
+        """:func:`control.state.build_snapshot`."""
         return build_snapshot(cluster, now)
 
     def touched(self, job_ids: Iterable[int]) -> None:
@@ -196,7 +196,7 @@ class FullRebuild:
         return None
 
     def policy(self, name: str | None = None) -> Policy:
-        """:func:`jobs.control.policy.live_policy`: a fresh core every pass."""
+        """:func:`control.policy.live_policy`: a fresh core every pass."""
         return live_policy(name)
 
 

@@ -2,8 +2,8 @@
 
 Two paths put a placed job back in the queue without blaming its program
 (no restart is counted): reconcile, when no agent runs any of its processes
-(``jobs.control.reconcile``), and an agent's refusal to start it
-(``jobs.control.rejections``).  Either may repeat for ever — a program that
+(``control.reconcile``), and an agent's refusal to start it
+(``control.rejections``).  Either may repeat for ever — a program that
 exits at once, a slot some other process never lets go — so each requeue
 leaves a note marked with the step the job would resume from, and once
 ``RECONCILE_MAX_REQUEUES`` of them sit at that same step, the job fails
@@ -20,9 +20,9 @@ from datetime import datetime
 
 from django.conf import settings
 
+from control.endings import fail_job
 from jobs import holdings
 from jobs.choices import EventKind, JobState
-from jobs.control.endings import fail_job
 from jobs.lifecycle import broadcast, record, transition
 from jobs.models import Job
 from jobs.outbox import Outbox

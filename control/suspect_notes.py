@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from jobs.control.state import ClusterState
+from control.state import ClusterState
 from scheduler.binding import Bound
 from scheduler.types import Snapshot
 

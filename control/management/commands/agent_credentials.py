@@ -1,7 +1,7 @@
 """``python manage.py agent_credentials NODE``: make NODE's agent Redis user, print its URL.
 
 Where agents log into Redis as their own users (``AGENT_REDIS_USERS``,
-``jobs.control.agent_users``), give the printed URL to that node's agent as
+``control.agent_users``), give the printed URL to that node's agent as
 its ``REDIS_URL`` (in place of the portal's), beside its ``AGENT_KEY``
 (``manage.py agentkey NODE``).  The password derives from the agents'
 secret in Redis, so running the command again prints the same URL; the
@@ -23,7 +23,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from jobs.control import agent_users
+from control import agent_users
 from utilities.redis_clients import shared_redis
 from workers.agent.redis_acl import RESERVED_NODES, agent_url, switch_on_agent
 from workers.protocol import ProtocolError, check_name

@@ -10,13 +10,13 @@ from typing import Any
 from django.conf import settings
 from django.db.models import BooleanField, ExpressionWrapper, Max, Q
 
+from control.fair_share import tenant_shares
 from fabric.allocator import Allocation, VClosAllocator
 from fabric.topology import FabricSpec
 from inventory.models import Fabric, Server, ServerState
 from inventory.services import suspect_in_effect
 from jobs.agent_commands import GpuHome, runtime_job_name
 from jobs.choices import ACTIVE_STATES, JobState
-from jobs.control.fair_share import tenant_shares
 from jobs.models import Job, JobEvent, JobGpu
 from jobs.progress import seconds_left, total_steps
 from scheduler.curves import policy_curve
@@ -376,7 +376,7 @@ def timed_jobs(rows: Iterable[JobRow]) -> set[int]:
     """The jobs whose last state change the tick needs, asked for in one query.
 
     Jobs of the low class, which age (their wait counts from there), and jobs in
-    ``scaling``, whose switch the watchdog times (``jobs.control.switch_watchdog``).
+    ``scaling``, whose switch the watchdog times (``control.switch_watchdog``).
     """
     return {
         row.id
@@ -394,7 +394,7 @@ def build_snapshot(
     policy decides on them again once the switch is done.  A queued job whose
     tenant has no quota left for its request is held back (quota rule).
     Returns the snapshot with what the tick needs next to it (``PolicyInput``).
-    The incremental tick (``jobs.control.incremental``) keeps the same inputs
+    The incremental tick (``control.incremental``) keeps the same inputs
     between ticks and assembles them with the same :func:`assemble_snapshot`;
     ``epoch`` is the time base (:func:`assemble_snapshot`).
     """

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from control.endings import complete_job, fail_or_retry
 from jobs import holdings
 from jobs.agent_commands import worker_id
 from jobs.choices import ACTIVE_STATES, EventKind, JobState
-from jobs.control.endings import complete_job, fail_or_retry
 from jobs.lifecycle import broadcast, record, save_fields, transition
 from jobs.models import Job
 from workers.protocol import Started, WorkerExited

@@ -30,11 +30,11 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from control.policy import live_policy
+from control.state import build_snapshot, read_cluster
 from jobs.agent_commands import runtime_job_name
 from jobs.choices import JobState
-from jobs.control.policy import live_policy
-from jobs.control.state import build_snapshot, read_cluster
-from jobs.lifecycle import ESTIMATE_FIELDS, save_estimates
+from jobs.lifecycle import ESTIMATE_FIELDS, FORECAST_STATES, estimate_fields, save_estimates
 from jobs.models import Job
 from jobs.progress import seconds_left, total_steps
 from scheduler.curves import policy_curve, relative_speeds
@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 FORECAST_TASK = "jobs.tasks.refresh_forecast"
 DUE_KEY = "portal:forecast-due"
 LOCK_KEY = "portal:forecast"
-FORECAST_STATES = (JobState.QUEUED, JobState.RUNNING, JobState.SCALING)
 
 
 def remaining_work(
@@ -262,16 +261,6 @@ def _steady(job: Job, values: dict[str, Any], now: datetime) -> dict[str, Any]:
         if kept != new.timestamp() - epoch:
             out[key] = stored
     return out
-
-
-def estimate_fields(job: Job) -> dict[str, Any]:
-    """A job's estimates as live pages and events carry them (ISO times or None)."""
-    return {
-        "estimated_start": job.estimated_start.isoformat() if job.estimated_start else None,
-        "estimated_finish": job.estimated_finish.isoformat() if job.estimated_finish else None,
-        "queue_position": job.queue_position,
-        "estimate_reason": job.estimate_reason,
-    }
 
 
 def _announce(changed: list[Job]) -> None:

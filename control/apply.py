@@ -4,7 +4,7 @@ Runs inside the tick's transaction: holdings (``jobs.holdings``), job state,
 parallelism and events (``jobs.lifecycle``) change together or not at all; the
 agents hear about it only once the transaction has committed
 (``Outbox.send_on_commit``), after their Redis users know the jobs they start
-(``jobs.control.agent_users``).
+(``control.agent_users``).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from datetime import datetime
 
 from django.conf import settings
 
+from control import agent_users
 from fabric.allocator import Allocation
 from fabric.topology import FabricSpec
 from jobs import holdings
 from jobs.agent_commands import GpuHome, membership_commands
 from jobs.choices import EventKind, JobState
-from jobs.control import agent_users
 from jobs.lifecycle import Batch, broadcast
 from jobs.models import Job
 from jobs.outbox import Outbox, launch_of

@@ -15,7 +15,7 @@ frees are placed in the same tick)::
 The job ends ``failed`` at once, as a cancel ends ``cancelled``: its last
 checkpoint arrives afterwards (an ``artifact_stored`` report, recorded for
 any job) and later reports of the stopping run find a terminal job, so the
-retry rule (``jobs.control.endings.fail_or_retry``) never requeues it.
+retry rule (``control.endings.fail_or_retry``) never requeues it.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 
+from control.endings import accrue_service
 from jobs import holdings
 from jobs.choices import ACTIVE_STATES, JobState
-from jobs.control.endings import accrue_service
 from jobs.lifecycle import broadcast, transition
 from jobs.models import Job
 from jobs.outbox import Outbox

@@ -20,17 +20,17 @@ from typing import Any
 
 from django.db import transaction
 
+from control import membership_claims, outputs, program_exits
+from control.dropped_events import events_dropped
+from control.endings import accrue_service, complete_job, fail_or_retry
+from control.logs import log_lines
+from control.rejections import on_rejected
+from control.report_time import report_time as _at
+from control.stragglers import shrink_around_straggler
 from inventory.services import do_heartbeat
 from jobs import agent_trust, holdings
 from jobs.agent_commands import job_id_from_name, worker_id
 from jobs.choices import ACTIVE_STATES, TERMINAL_STATES, EventKind, JobState
-from jobs.control import membership_claims, outputs, program_exits
-from jobs.control.dropped_events import events_dropped
-from jobs.control.endings import accrue_service, complete_job, fail_or_retry
-from jobs.control.logs import log_lines
-from jobs.control.rejections import on_rejected
-from jobs.control.report_time import report_time as _at
-from jobs.control.stragglers import shrink_around_straggler
 from jobs.environment_caches import do_record_cache_report, do_record_eviction_result
 from jobs.lifecycle import broadcast, record, record_metric, request_tick, save_fields, transition
 from jobs.models import Job

@@ -37,16 +37,16 @@ from datetime import datetime
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
+from control.apply import apply_bound
+from control.state import load_allocator, read_cluster
+from control.straggler_moves import one_worker_move
+from control.tick import ADVISORY_LOCK_ID
 from fabric.topology import FabricSpec
 from inventory.models import Gpu
 from inventory.services import do_mark_gpu_suspect
 from jobs import holdings
 from jobs.agent_commands import gpu_of_worker, membership_commands, runtime_job_name
 from jobs.choices import EventKind, JobState
-from jobs.control.apply import apply_bound
-from jobs.control.state import load_allocator, read_cluster
-from jobs.control.straggler_moves import one_worker_move
-from jobs.control.tick import ADVISORY_LOCK_ID
 from jobs.lifecycle import broadcast, record, transition
 from jobs.models import Job
 from jobs.outbox import Outbox, launch_of

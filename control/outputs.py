@@ -8,7 +8,7 @@
     checkpoint_skipped  a warning in the job's history: which step, why, what was used
     metrics             TrainingMetric rows, capped per job (jobs.training_metrics)
 
-Called by ``jobs.control.reports.handle_report`` with the job row locked and
+Called by ``control.reports.handle_report`` with the job row locked and
 the report already deduplicated (its ``event_id``).  A report is untrusted:
 its path is only ever appended to the prefix of the job it names, and only a
 path under the folder its kind belongs to is recorded.
@@ -20,9 +20,9 @@ import logging
 
 from django.conf import settings
 
+from control.report_time import report_time
 from jobs.artifacts import FOLDER_OF_KIND, forget_old_checkpoints, forget_paths, record_artifact
 from jobs.choices import ArtifactKind, EventKind
-from jobs.control.report_time import report_time
 from jobs.lifecycle import record
 from jobs.models import Job
 from jobs.training_metrics import add_points

@@ -6,19 +6,19 @@
            (survivors keep training: the runtime recovers in place) or requeue
         1b. reconcile: running jobs that no heartbeat of their live servers has listed
            for RECONCILE_SECONDS have no process → requeued (resume from their latest
-           checkpoint) or, with a final checkpoint stored, completed (jobs.control.reconcile)
+           checkpoint) or, with a final checkpoint stored, completed (control.reconcile)
         1c. jobs past their run-time limit → stopped after a final checkpoint, failed
-           (jobs.control.limits)
+           (control.limits)
         2. jobs on draining servers → migrate (same size, other GPUs, one switch)
         3. snapshot → one scheduling pass (scheduler.pipeline: hold-back, the policy,
            quota check, preemption within a tenant's quota, bind on the vClos
            allocator of fabric/) → GPU/cable rows, states, events
     └─ on commit: agent commands to ``agent.<node>``, live updates to browsers
     then, every AGENT_USERS_SYNC_SECONDS: the agents' and jobs' Redis users
-    (jobs.control.agent_users: rules, restores, deletions, the memory guard)
+    (control.agent_users: rules, restores, deletions, the memory guard)
 
 The cluster, the allocator and the snapshot come from a ``ClusterSource``
-(``jobs.control.incremental``): by default the state kept in this process
+(``control.incremental``): by default the state kept in this process
 between ticks, brought up to date with the rows that changed since the last
 tick and compared with a full rebuild every ``TICK_VERIFY_EVERY`` ticks (both
 read in one snapshot, in a read-only transaction before the tick's own);
@@ -47,21 +47,21 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from control.apply import apply_bound, note_waiting
+from control.forecast import maybe_refresh
+from control.incremental import ClusterSource, forget, source_for_tick
+from control.limits import stop_jobs_at_limit
+from control.reconcile import reconcile
+from control.state import AssembledHoldBack, ClusterState
+from control.suspect_notes import suspect_notes
+from control.switch_watchdog import stop_stuck_switches
+from control.tick_stats import record_tick
 from fabric.allocator import Allocation
 from inventory.services import do_mark_silent_servers_down
 from jobs import holdings
 from jobs.agent_commands import job_id_from_name, runtime_job_name
 from jobs.choices import EventKind, JobState
-from jobs.control.apply import apply_bound, note_waiting
-from jobs.control.incremental import ClusterSource, forget, source_for_tick
-from jobs.control.limits import stop_jobs_at_limit
-from jobs.control.reconcile import reconcile
-from jobs.control.state import AssembledHoldBack, ClusterState
-from jobs.control.suspect_notes import suspect_notes
-from jobs.control.switch_watchdog import stop_stuck_switches
-from jobs.control.tick_stats import record_tick
 from jobs.coordination import forget_coordination
-from jobs.forecast import maybe_refresh
 from jobs.lifecycle import TICK_TASK, Batch, broadcast, record, save_fields, transition
 from jobs.models import Job
 from jobs.outbox import Outbox

@@ -52,14 +52,14 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Max, Q
 
+from control.endings import complete_job
+from control.requeues import requeue_or_fail
+from control.resume import rewind_to_checkpoint, stored_checkpoints
+from control.state import ClusterState
 from inventory.models import Server, ServerState
 from inventory.services import beat_at, jobs_seen, newest_beat
 from jobs.agent_commands import runtime_job_name
 from jobs.choices import EventKind, JobState
-from jobs.control.endings import complete_job
-from jobs.control.requeues import requeue_or_fail
-from jobs.control.resume import rewind_to_checkpoint, stored_checkpoints
-from jobs.control.state import ClusterState
 from jobs.coordination import forget_coordination
 from jobs.models import Job
 
