@@ -1,10 +1,12 @@
-"""Routes of the notifications pages (one include in portal.urls)."""
+"""Routes of the notifications pages and their API, ``/api/v1/subscriptions/`` (one include in
+portal.urls)."""
 
-from django.urls import path
+from django.urls import include, path
 
 from notifications import views
 
 urlpatterns = [
+    path("api/v1/", include("notifications.api")),  # subscriptions/
     path("account/notifications/", views.subscriptions_page, name="notifications"),
     path(
         "account/notifications/<int:subscription_id>/",

@@ -55,12 +55,12 @@ urlpatterns = [
     path("whatif/", whatif_views.whatif, name="whatif"),
     path("whatif/<str:run_id>/", whatif_views.whatif_run, name="whatif-run"),
     path("whatif/<str:run_id>.json", whatif_views.whatif_run_json, name="whatif-run-json"),
-    path("", include("notifications.urls")),  # /account/notifications/
+    path("", include("notifications.urls")),  # /account/notifications/, /api/v1/subscriptions/
     path("", include("bundles.urls")),  # the Code page and /api/v1/code/
     path("", include("tenancy.urls")),  # /api/v1/: me, tenants' members, tokens, audit
     path("", include("inventory.urls")),  # /api/v1/gpus/
     path("api/v1/", include("jobs.api.urls")),  # jobs, stats, usage, tenants, environments
-    path("api/v1/", include("portal.api.urls")),  # subscriptions, the API's root page
+    path("api/v1/", include("portal.api.urls")),  # the API's root page
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view serves Swagger UI's start-up script as a file: no inline script (CSP).
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="swagger-ui"),

@@ -1,13 +1,12 @@
-"""The API's root page (``/api/v1/``) and notifications' routes.
+"""The API's root page (``/api/v1/``).
 
 Every app routes its own API under ``/api/v1/`` (``tenancy.urls``,
-``inventory.urls``, ``bundles.urls``, ``jobs.api.urls``: see ``portal.urls``);
-what is left here is the project's: the root page, which lists the routers'
-resources as one ``DefaultRouter`` once did (and answers ``.json`` too), and
-notifications' API, which has no ``urls`` module of its own for it yet.
+``inventory.urls``, ``bundles.urls``, ``jobs.api.urls``, ``notifications.urls``: see
+``portal.urls``); what is left here is the project's: the root page, which lists the
+routers' resources as one ``DefaultRouter`` once did (and answers ``.json`` too).
 """
 
-from django.urls import include, path
+from django.urls import path
 from rest_framework.routers import APIRootView
 from rest_framework.urlpatterns import format_suffix_patterns
 
@@ -15,7 +14,6 @@ from rest_framework.urlpatterns import format_suffix_patterns
 ROOT_RESOURCES = {"jobs": "job-list", "tenants": "tenant-list", "tokens": "token-list"}
 
 urlpatterns = [
-    path("", include("notifications.api")),  # subscriptions/
     *format_suffix_patterns(
         [path("", APIRootView.as_view(api_root_dict=ROOT_RESOURCES), name="api-root")]
     ),
