@@ -65,6 +65,7 @@ from control.state import (
     TENANT_ROW_FIELDS,
     ClusterState,
     JobRow,
+    KeptAside,
     PolicyInput,
     ServerRow,
     TenantRow,
@@ -286,6 +287,7 @@ class KeptState:
         self.tokens: dict[int, str] = {}
         self.rows: dict[int, JobRow] = {}
         self.order: list[tuple[datetime, int]] = []  # (submitted_at, id), sorted
+        self.ordered: list[JobRow] = []  # the rows in that order (the snapshot's)
         self.ends_soon: dict[int, bool] = {}  # from the row: changes only with it
         self.marks: dict[int, datetime | None] = {}  # later of start and last report (rows)
         self.deadlines: dict[int, datetime] = {}  # first start + run-time limit (rows)
@@ -295,6 +297,7 @@ class KeptState:
         # The snapshots' time base, fixed while the views are kept (set by the first snapshot).
         self.epoch: float | None = None
         self.gpu_views: list[GpuView] = []
+        self.aside = KeptAside()  # the snapshot's GPU views with the left-out jobs' set aside
         self.positions: dict[int, int] = {}
         self._allocator: VClosAllocator | None = VClosAllocator(spec) if spec else None
         self._speeds = SpeedTables()
@@ -349,7 +352,7 @@ class KeptState:
 
     def policy_input(self, cluster: ClusterState, now: datetime) -> PolicyInput:
         """The snapshot from the kept rows (no job query; tenants are read, a few rows)."""
-        rows = [self.rows[job] for _, job in self.order]
+        rows = self.ordered
         tenant_ids = {row.tenant_id for row in rows}
         tenants = {
             pk: TenantRow(*values)
@@ -372,6 +375,7 @@ class KeptState:
             curves=self.curves,
             epoch=self.epoch,
             views=self.views,
+            aside=self.aside,
         )
 
     def touched(self, job_ids: Iterable[int]) -> None:
@@ -497,7 +501,8 @@ class KeptState:
                 self._allocator.release(name)
             old = self.rows.pop(job_id, None)
             if old is not None:
-                self.order.pop(bisect.bisect_left(self.order, (old.submitted_at, job_id)))
+                at = bisect.bisect_left(self.order, (old.submitted_at, job_id))
+                del self.order[at], self.ordered[at]
             self.tokens.pop(job_id, None)
             self.ends_soon.pop(job_id, None)
             self.marks.pop(job_id, None)
@@ -510,7 +515,9 @@ class KeptState:
             row = job_row(value)
             self.rows[job_id] = row
             self.tokens[job_id] = value["token"]
-            bisect.insort(self.order, (row.submitted_at, job_id))
+            at = bisect.bisect(self.order, (row.submitted_at, job_id))
+            self.order.insert(at, (row.submitted_at, job_id))
+            self.ordered.insert(at, row)
             progress = (value[name] for name in _PROGRESS_FIELDS)
             self.ends_soon[job_id] = finishing(*progress)
             started, served, limit = (value[name] for name in _CLOCK_FIELDS)

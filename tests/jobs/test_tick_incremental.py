@@ -8,6 +8,7 @@ and the policy's decisions and their bindings on both.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -25,7 +26,7 @@ from control import incremental
 from control.incremental import FullRebuild, KeptState, Prepared, compare, rebuild
 from control.policy import live_policy
 from control.reports import handle_report
-from control.state import read_servers
+from control.state import KeptAside, read_servers, set_aside
 from control.tick import run_tick
 from control.tick_stats import TICK_STATS_KEY
 from inventory.models import Gpu, Server
@@ -35,6 +36,8 @@ from jobs.services import check_job_spec, do_cancel_job, do_submit_job
 from portal.metrics import build_registry
 from scheduler.binding import bind
 from scheduler.placement import CountPlacement
+from scheduler.types import Gpu as GpuView
+from scheduler.types import GpuState
 from tenancy.models import Tenant
 from tests.jobs.control_helpers import demo_cluster, drain_all
 
@@ -348,3 +351,30 @@ def test_the_kept_states_one_query_reads_the_servers_the_rebuild_reads() -> None
     assert servers == read_servers()
     assert [s.suspect for s in servers if s.suspect] == [(4, 5)]
     assert any(s.state == "draining" for s in servers) and any(not s.beating for s in servers)
+
+
+def test_kept_aside_shows_what_set_aside_shows_and_keeps_unchanged_views() -> None:
+    """``KeptAside`` answers as ``set_aside`` over a random sequence of GPU views and
+    set-aside GPUs, and a GPU whose view and setting aside did not change keeps its
+    shown view (the object the policy's GPU books compare by identity)."""
+    rng = random.Random(5)
+    base = [GpuView(i, i // 4, i // 8, GpuState.FREE) for i in range(32)]
+    kept = KeptAside()
+    shown_before: tuple[GpuView, ...] = ()
+    held_before: frozenset[int] = frozenset()
+    views_before: tuple[GpuView, ...] = ()
+    for _ in range(200):
+        for index in rng.sample(range(32), rng.randint(0, 4)):  # some GPUs change hands
+            job = rng.choice([None, "job-1", "job-2"])
+            state = GpuState.BUSY if job else rng.choice([GpuState.FREE, GpuState.DOWN])
+            base[index] = GpuView(index, index // 4, index // 8, state, job)
+        held = frozenset(rng.sample(range(32), rng.randint(0, 8)))
+        views = tuple(base)
+        shown = kept(views, held)
+        assert shown == set_aside(views, held)
+        for index in range(32) if views_before else ():
+            if views[index] is views_before[index] and (index in held) == (index in held_before):
+                assert shown[index] is shown_before[index]
+        shown_before, held_before, views_before = shown, held, views
+    gaps = tuple(GpuView(i, 0, 0, GpuState.FREE) for i in (0, 2, 4))  # not at their index
+    assert kept(gaps, {2}) == set_aside(gaps, {2})
