@@ -347,10 +347,16 @@ def test_the_kept_states_one_query_reads_the_servers_the_rebuild_reads() -> None
     Gpu.objects.filter(index=9).update(suspect_until=now - timedelta(seconds=1))  # lapsed
     do_set_server_state(node=nodes[2], state="draining")
     Server.objects.filter(node=nodes[3]).update(last_heartbeat=None)
-    servers = incremental._read_servers()
+    digest, servers = incremental._read_servers()
     assert servers == read_servers()
     assert [s.suspect for s in servers if s.suspect] == [(4, 5)]
     assert any(s.state == "draining" for s in servers) and any(not s.beating for s in servers)
+    assert incremental._read_servers(unless=digest) == (digest, None)  # unchanged: no rows
+    Server.objects.filter(node=nodes[3]).update(last_heartbeat=now)  # it beats now
+    again, servers = incremental._read_servers(unless=digest)
+    assert again != digest and servers == read_servers()
+    do_mark_gpu_suspect(gpu=9, at=now, seconds=600, reason="slow", job_id=None, by="test")
+    assert incremental._read_servers(unless=again)[1] == read_servers()  # a new mark
 
 
 def test_kept_aside_shows_what_set_aside_shows_and_keeps_unchanged_views() -> None:
