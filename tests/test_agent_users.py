@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,6 +30,8 @@ from control import agent_users
 from control.tick import run_tick
 from inventory.models import Server
 from inventory.services import do_heartbeat, do_load_topology
+from jobs import outbox
+from jobs.command_sender import wait_sent
 from jobs.models import Job
 from jobs.services import check_job_spec, do_cancel_job, do_submit_job
 from tests.jobs.control_helpers import drain_queue
@@ -344,3 +347,32 @@ def test_a_start_adds_the_jobs_keys_to_a_kept_user_and_the_sync_sets_exact_rules
     )
     for url in urls.values():
         assert redis.Redis.from_url(url).get(f"edl:{name}:k") == b"v"  # it still runs there
+
+
+def test_sending_in_the_background_the_users_are_made_in_the_sender_before_the_commands_go(
+    cluster: Cluster, alice: Any, acme: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Off the tick's thread, and still before the start is on the agent's queue."""
+    calls: list[tuple[str, str]] = []
+    make_users, publish = agent_users.dispatched, outbox.publish
+
+    def users(starts: Any, now: float | None = None) -> None:
+        calls.append(("users", threading.current_thread().name))
+        make_users(starts, now)
+
+    def send(commands: Any, app: Any = None) -> None:
+        calls.append(("publish", threading.current_thread().name))
+        publish(commands, app)
+
+    monkeypatch.setattr(agent_users, "dispatched", users)
+    monkeypatch.setattr(outbox, "publish", send)
+    with override_settings(AGENT_SEND_IN_BACKGROUND=True):
+        job = place(alice, acme)
+        assert wait_sent()
+    assert calls == [("users", "agent-command-sender"), ("publish", "agent-command-sender")]
+    name = f"job-{job.pk}"
+    [start] = [c for n in (cluster.node, cluster.other) for c in drain_queue(n)]
+    assert start["type"] == "start_workers"
+    password = derive_password(agents_secret(cluster.admin), name)
+    as_job = redis.Redis.from_url(url_for(cluster.url, job_user(name), password))
+    assert as_job.set(f"edl:{name}:k", "v")  # the user was made
