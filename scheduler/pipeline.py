@@ -147,16 +147,22 @@ class PassResult(NamedTuple, Generic[Candidates_, Decisions, Outcome]):
     stopped: Waits
 
 
+PassParts = tuple[Candidates_, Decisions, tuple[Outcome, ...], Waits, Waits]
+"""What one pass did as a plain tuple, in :class:`PassResult`'s order."""
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulingPass(Generic[State, Candidates_, Decisions, Outcome]):
-    """The steps of one pass, composed by :meth:`run` (the only place they are).
+    """The steps of one pass, composed by :meth:`run` (in :meth:`run_parts`, the only
+    place they are).
 
-    A caller without a step leaves it out (None) rather than composing a no-op: the
-    simulator has no quotas (``quota_check``, ``within_quota``), and ``retry`` None
-    binds once, as the tick and the forecast do.
+    A caller without a step leaves it out (None) rather than composing a no-op:
+    ``hold_back`` None takes the state as the candidates and holds nothing back (State
+    is then Candidates_), the simulator has no quotas (``quota_check``,
+    ``within_quota``), and ``retry`` None binds once, as the tick and the forecast do.
     """
 
-    hold_back: HoldBack[State, Candidates_]
+    hold_back: HoldBack[State, Candidates_] | None
     decide: Decide[Candidates_, Decisions]
     quota_check: QuotaCheck[Candidates_, Decisions] | None
     within_quota: WithinQuota[Candidates_, Decisions] | None
@@ -165,10 +171,23 @@ class SchedulingPass(Generic[State, Candidates_, Decisions, Outcome]):
 
     def run(self, state: State) -> PassResult[Candidates_, Decisions, Outcome]:
         """One pass over ``state``: hold back, then decide, check, make room and bind,
-        once more while the retry step asks for it."""
-        # The simulator runs this at every event: steps left out cost a test, not a call,
-        # and a pass of one round builds nothing but its result.
-        candidates, held = self.hold_back.hold_back(state)
+        once more while the retry step asks for it; what it did."""
+        # tuple.__new__ skips the named tuple's own __new__ (a Python frame).
+        return _new_result(PassResult, self.run_parts(state))
+
+    def run_parts(self, state: State) -> PassParts[Candidates_, Decisions, Outcome]:
+        """:meth:`run`, its result as a plain tuple in :class:`PassResult`'s order.
+
+        For a caller whose steps keep what it needs and that runs a pass at every
+        event (the simulator): a named result costs more to build than an empty pass.
+        """
+        # Steps left out cost a test, not a call, and a pass of one round builds
+        # nothing but its result.
+        candidates: Candidates_
+        if self.hold_back is None:  # State is Candidates_ (see the class)
+            candidates, held = state, NO_WAITS  # type: ignore[assignment]
+        else:
+            candidates, held = self.hold_back.hold_back(state)
         over_quota = making_room = stopped = NO_WAITS
         outcomes: tuple[Outcome, ...] = ()
         while True:
@@ -179,19 +198,20 @@ class SchedulingPass(Generic[State, Candidates_, Decisions, Outcome]):
                 decisions, making_room, stopped = self.within_quota.make_room(candidates, decisions)
             outcome, refused = self.bind.bind(candidates, decisions)
             if (
-                not refused
+                refused is NO_WAITS
+                or not refused
                 or self.retry is None
                 or not self.retry.again(candidates, outcome, len(outcomes))
             ):
                 break
             outcomes = (*outcomes, outcome)
         waits = held
-        if over_quota or making_room or refused:  # a later step's reason wins
+        if not (over_quota is making_room is refused is NO_WAITS) and (
+            over_quota or making_room or refused  # a later step's reason wins
+        ):
             waits = {**held, **over_quota, **making_room, **refused}
         outcomes = (*outcomes, outcome) if outcomes else (outcome,)
-        # tuple.__new__ skips the named tuple's own __new__ (a Python frame, about half
-        # the cost of a result), as the simulator makes one at every event.
-        return _new_result(PassResult, (candidates, decisions, outcomes, waits, stopped))
+        return candidates, decisions, outcomes, waits, stopped
 
 
 _new_result = tuple.__new__
@@ -201,8 +221,9 @@ _new_result = tuple.__new__
 
 
 class NothingHeldBack(Generic[State]):
-    """Step 1 where nothing is held back: the state itself is the candidates (the
-    simulator's, unless the runtime's say is shown to the policy)."""
+    """Step 1 as an object where nothing is held back: the state itself is the candidates
+    (the same as leaving ``hold_back`` out, which the simulator does unless the runtime's
+    say is shown to the policy)."""
 
     __slots__ = ()
 

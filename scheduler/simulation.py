@@ -14,9 +14,9 @@
      │    ├─ _take_out             outages start on free GPUs and end
      │    ├─ _deadlines            queued jobs past their run-time limit: failed
      │    ├─ _arrivals             trace jobs the policy sees now: core.add (or skipped)
-     │    ├─ scheduling.run        the scheduling pass (scheduler.pipeline), its steps
+     │    ├─ scheduling.run_parts  the scheduling pass (scheduler.pipeline), its steps
      │    │   │                        composed by _compose from the run's Fidelity:
-     │    │   ├─ hold_back            NothingHeldBack, or ShownAsOwned: _cap_ending /
+     │    │   ├─ hold_back            none, or ShownAsOwned: _cap_ending /
      │    │   │                          _pin_switching (the runtime's say shown)
      │    │   ├─ decide               the policy core itself (PinsRestored around it)
      │    │   ├─ bind: SimBind        _run_pass: each (job, n): _runtime_refuses / _place
@@ -47,7 +47,7 @@ from typing import Any
 from fabric.allocator import VClosAllocator
 from scheduler.fabric_placement import Contention, collective_for, sim_placement
 from scheduler.fairshare import FairShare
-from scheduler.pipeline import NO_WAITS, HoldBack, NothingHeldBack, SchedulingPass, Waits
+from scheduler.pipeline import NO_WAITS, SchedulingPass, Waits
 from scheduler.placement import CountOnly, SimPlacement
 from scheduler.policies.base import Plan, Policy, PolicyCore
 from scheduler.policies.elastic import curve_limit
@@ -313,7 +313,7 @@ class Simulation:
         """The scheduling pass with the steps ``fidelity`` asks for (none for a rule off)."""
         core = self.core
         pins = PinsRestored(core) if fidelity.switching is SwitchingJobs.SHOWN_PINNED else None
-        hold_back: HoldBack[float, float] = NothingHeldBack()
+        hold_back = None  # nothing held back: the candidates are the time
         if self.caps_ending or pins is not None:
             hold_back = ShownAsOwned(self, self.caps_ending, pins)
         retries = fidelity.rounds is BindingRounds.RETRY_AROUND_REFUSALS
@@ -377,7 +377,8 @@ class Simulation:
             changed = self._deadlines(now) or changed
         if self.ai < self.n_jobs and self.records[self.ai].submit + self.arrival_s <= now:
             self._arrivals(now)
-        self.scheduling.run(now)  # the pass (scheduler.pipeline); what it moved is here:
+        # The pass (scheduler.pipeline); its binding keeps what moved, so no result is named.
+        self.scheduling.run_parts(now)
         binding = self.binding
         if binding.moved:
             binding.moved = False
@@ -421,7 +422,11 @@ class Simulation:
             aged = core.next_ageing()
             if aged is not None and aged < t_wake:
                 t_wake = aged
-        now = min(t_comp, t_arr, t_wake, self.next_tick)
+        now = t_comp if t_comp < t_arr else t_arr  # min() of four, without its call
+        if t_wake < now:
+            now = t_wake
+        if self.next_tick < now:
+            now = self.next_tick
         releases = self.releases
         if releases and releases[0][0] < now:
             now = releases[0][0]

@@ -12,7 +12,6 @@ from scheduler.pipeline import (
     EnforceQuotas,
     NoQuotaCheck,
     NoRetry,
-    NothingHeldBack,
     NoWithinQuota,
     PolicyDecide,
     PreemptWithinQuota,
@@ -161,7 +160,7 @@ def test_the_simulators_steps_follow_its_fidelity() -> None:
     live = SimConfig(total_gpus=8, grow_min_left_s=30.0, fidelity=LIVE_TICK)
     tick = Simulation(trace, get_policy("tiresias"), live)
     # The simulator's own rules: nothing shown otherwise, the core decides, a second round.
-    assert isinstance(ideal.scheduling.hold_back, NothingHeldBack)
+    assert ideal.scheduling.hold_back is None
     assert ideal.scheduling.decide is ideal.core
     assert isinstance(ideal.scheduling.retry, AroundRefusals)
     assert ideal.scheduling.quota_check is None  # no quotas in the simulator: no step to call
