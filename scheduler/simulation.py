@@ -168,6 +168,7 @@ class Simulation:
         "n_jobs",
         "near_end",
         "net",
+        "next_arrival",
         "next_tick",
         "oi",
         "out_now",
@@ -300,6 +301,7 @@ class Simulation:
         self.releases: list[tuple[float, int, JobRecord]] = []
         self.release_s = cfg.release_s
         self.arrival_s = cfg.arrival_s
+        self.next_arrival = self._arrival_time(0)  # when the policy sees trace job ``ai``
         self.handing = 0  # GPUs of those jobs: the count placement's books no longer hold them
         # Per job, its communication slowdown integrated over the time it ran (contention
         # models only): job id -> [slowdown x seconds, seconds]; running job -> (since, factor).
@@ -375,7 +377,7 @@ class Simulation:
             changed = self._take_out(now) or changed
         if self.deadlines:
             changed = self._deadlines(now) or changed
-        if self.ai < self.n_jobs and self.records[self.ai].submit + self.arrival_s <= now:
+        if self.next_arrival <= now:
             self._arrivals(now)
         # The pass (scheduler.pipeline); its binding keeps what moved, so no result is named.
         self.scheduling.run_parts(now)
@@ -413,8 +415,7 @@ class Simulation:
             while deadlines and (deadlines[0][2].end_time is not None or deadlines[0][2].running):
                 heappop(deadlines)  # done, or running: its completion entry holds the limit
         t_comp = comp[0][0] if comp else math.inf
-        ai = self.ai
-        t_arr = self.records[ai].submit + self.arrival_s if ai < self.n_jobs else math.inf
+        t_arr = self.next_arrival
         core = self.core
         wake = core.next_wakeup()
         t_wake = wake if wake is not None else math.inf
@@ -613,6 +614,11 @@ class Simulation:
                 self.skipped += 1
             ai += 1
         self.ai = ai
+        self.next_arrival = self._arrival_time(ai)
+
+    def _arrival_time(self, ai: int) -> float:
+        """When the policy sees trace job ``ai`` (inf: none is left)."""
+        return self.records[ai].submit + self.arrival_s if ai < self.n_jobs else math.inf
 
     # -- 3. one pass (and, after refusals, one more that goes around the refused jobs) -----
 
@@ -996,11 +1002,11 @@ class SimBind:
 
     def bind(self, now: float, plan: Plan) -> tuple[Refusals, Waits]:
         """Place the plan; the refused changes and why each waits."""
-        sim = self.sim
         if self.settles:
-            sim.placement.begin_pass()
+            self.sim.placement.begin_pass()
         if not plan:
             return _NOTHING_REFUSED
+        sim = self.sim
         refused, moved = sim._run_pass(plan, now, self.fresh)
         if moved:
             self.moved = True
