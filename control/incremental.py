@@ -56,6 +56,7 @@ import redis
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
+from django.db.models import Field
 
 from control.policy import live_policy
 from control.state import (
@@ -228,7 +229,9 @@ def _job_values(ids: list[int] | None) -> list[dict[str, Any]]:
     table = connection.ops.quote_name(Job._meta.db_table)
     columns = []
     for name in _KEPT_FIELDS:
-        column = connection.ops.quote_name(Job._meta.get_field(name).column)
+        field = Job._meta.get_field(name)
+        assert isinstance(field, Field) and field.column  # every kept field is a column
+        column = connection.ops.quote_name(field.column)
         columns.append(f"{column}::text" if name in _JSON_FIELDS else column)
     sql = (
         f"SELECT {', '.join(columns)}, xmin::text || ':' || ctid::text FROM {table} "

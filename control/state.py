@@ -541,7 +541,8 @@ def assemble_snapshot(
     switching: dict[int, datetime] = {}
     # Every row passes here each tick (10,000 at 10,000 jobs): what the loop reads is
     # looked up once, and a job whose kept view stands costs a few dictionary look-ups.
-    kept_view = views.get if views is not None else {}.get
+    kept: dict[int, JobView] = views if views is not None else {}
+    kept_view = kept.get
     add_job, quotas, uses = jobs.append, book.quota, book.in_use
     for row in rows:
         job_id, state, lo, hi = row.id, row.state, row.min_gpus, row.max_gpus
