@@ -198,17 +198,14 @@ class SchedulingPass(Generic[State, Candidates_, Decisions, Outcome]):
                 decisions, making_room, stopped = self.within_quota.make_room(candidates, decisions)
             outcome, refused = self.bind.bind(candidates, decisions)
             if (
-                refused is NO_WAITS
-                or not refused
+                not refused
                 or self.retry is None
                 or not self.retry.again(candidates, outcome, len(outcomes))
             ):
                 break
             outcomes = (*outcomes, outcome)
         waits = held
-        if not (over_quota is making_room is refused is NO_WAITS) and (
-            over_quota or making_room or refused  # a later step's reason wins
-        ):
+        if over_quota or making_room or refused:  # a later step's reason wins
             waits = {**held, **over_quota, **making_room, **refused}
         outcomes = (*outcomes, outcome) if outcomes else (outcome,)
         return candidates, decisions, outcomes, waits, stopped
