@@ -7,7 +7,6 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from jobs import views as job_views
 from portal import cluster_views, environment_views, live_views, usage_views, whatif_views
 from portal import views as portal_views
 from portal.metrics import metrics_view
@@ -23,9 +22,6 @@ urlpatterns = [
         portal_views.revoke_api_token,
         name="api-token-revoke",
     ),
-    path("jobs/new/", job_views.submit_job, name="job-new"),
-    path("jobs/<int:job_id>/", job_views.job_detail, name="job-detail"),
-    path("jobs/<int:job_id>/cancel/", job_views.cancel_job, name="job-cancel"),
     path("live/tenants/<int:tenant_id>/jobs.json", live_views.tenant_jobs, name="live-tenant"),
     path("live/jobs/<int:job_id>.json", live_views.job, name="live-job"),
     path("live/cluster.json", cluster_views.cluster_json, name="live-cluster"),
@@ -59,7 +55,7 @@ urlpatterns = [
     path("", include("bundles.urls")),  # the Code page and /api/v1/code/
     path("", include("tenancy.urls")),  # /api/v1/: me, tenants' members, tokens, audit
     path("", include("inventory.urls")),  # /api/v1/gpus/
-    path("api/v1/", include("jobs.api.urls")),  # jobs, stats, usage, tenants, environments
+    path("", include("jobs.urls")),  # job pages; /api/v1/ jobs, stats, usage, tenants
     path("api/v1/", include("portal.api.urls")),  # the API's root page
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view serves Swagger UI's start-up script as a file: no inline script (CSP).

@@ -1,4 +1,4 @@
-"""Routes of jobs' API, mounted under ``/api/v1/`` (by ``portal.urls``): jobs, their
+"""Routes of jobs' API, mounted under ``/api/v1/`` (by ``jobs.urls``): jobs, their
 statistics and usage, the tenants with their GPUs in use, the nodes' environments."""
 
 from django.urls import path

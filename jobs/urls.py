@@ -1,0 +1,13 @@
+"""Routes of the jobs app: the submit and job pages and ``/api/v1/`` for jobs, their
+statistics and usage, tenants and the nodes' environments (one include in portal.urls)."""
+
+from django.urls import include, path
+
+from jobs import views
+
+urlpatterns = [
+    path("jobs/new/", views.submit_job, name="job-new"),
+    path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
+    path("jobs/<int:job_id>/cancel/", views.cancel_job, name="job-cancel"),
+    path("api/v1/", include("jobs.api.urls")),
+]
