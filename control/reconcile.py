@@ -57,7 +57,7 @@ from control.requeues import requeue_or_fail
 from control.resume import rewind_to_checkpoint, stored_checkpoints
 from control.state import ClusterState
 from inventory.models import Server, ServerState
-from inventory.services import beat_at, jobs_seen, newest_beat
+from inventory.services import Beats, beat_at, jobs_seen, read_beats
 from jobs.agent_commands import runtime_job_name
 from jobs.choices import EventKind, JobState
 from jobs.coordination import forget_coordination
@@ -161,15 +161,23 @@ def find_orphans(
 # --------------------------------------------------------------------------- adapter
 
 
-def reconcile(cluster: ClusterState, now: datetime, limits: Limits | None = None) -> list[int]:
+def reconcile(
+    cluster: ClusterState,
+    now: datetime,
+    limits: Limits | None = None,
+    *,
+    beats: Beats | None = None,
+) -> list[int]:
     """Requeue (or complete) every running job with no process; return their ids.
 
-    Runs inside the tick's transaction, after the server-down step.
+    Runs inside the tick's transaction, after the server-down step.  ``beats``:
+    the servers' heartbeats as that step read them (``read_beats``; read here
+    when not given): the server-down step changes states, not heartbeats.
     """
     limit = limits or Limits(settings.RECONCILE_SECONDS, settings.RECONCILE_START_SECONDS)
     if not cluster.holdings:
         return []
-    held = _held_jobs(cluster, _possible_orphans(cluster, limit))
+    held = _held_jobs(cluster, _possible_orphans(cluster, limit, beats or read_beats()))
     if not held:
         return []
     nodes = {node for job in held for node in job.nodes}
@@ -184,7 +192,7 @@ def reconcile(cluster: ClusterState, now: datetime, limits: Limits | None = None
     return changed
 
 
-def _possible_orphans(cluster: ClusterState, limits: Limits) -> list[int]:
+def _possible_orphans(cluster: ClusterState, limits: Limits, beats: Beats) -> list[int]:
     """The running jobs that can be orphans at all: a cheap bound, so few are judged in full.
 
     A job's every gap is at most the newest heartbeat of any server minus its
@@ -197,7 +205,7 @@ def _possible_orphans(cluster: ClusterState, limits: Limits) -> list[int]:
     test, events and heartbeat listings included.
     """
     # An upper bound of every server's beat (its ``beat_at``, else its last heartbeat).
-    newest = newest_beat()
+    newest = beats.newest
     if newest is None:
         return []  # no server ever beat: none can be judged
     cutoff = newest - timedelta(seconds=min(limits.vanished_s, limits.never_started_s))

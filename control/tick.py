@@ -57,7 +57,7 @@ from control.suspect_notes import suspect_notes
 from control.switch_watchdog import stop_stuck_switches
 from control.tick_stats import record_tick
 from fabric.allocator import Allocation
-from inventory.services import do_mark_silent_servers_down
+from inventory.services import do_mark_silent_servers_down, read_beats
 from jobs import holdings
 from jobs.agent_commands import job_id_from_name, runtime_job_name
 from jobs.choices import EventKind, JobState
@@ -176,8 +176,11 @@ def run_tick(
 
 def _tick(source: ClusterSource, policy_name: str, now: datetime) -> TickResult:
     outbox = Outbox()
+    beats = read_beats()  # one aggregate for the silence check and reconcile
     down = tuple(
-        do_mark_silent_servers_down(now=now, after_seconds=settings.AGENT_DOWN_AFTER_SECONDS)
+        do_mark_silent_servers_down(
+            now=now, after_seconds=settings.AGENT_DOWN_AFTER_SECONDS, beats=beats
+        )
     )
     cluster = source.cluster()
     if cluster is None:
@@ -186,7 +189,7 @@ def _tick(source: ClusterSource, policy_name: str, now: datetime) -> TickResult:
     changed = _recover_lost_gpus(cluster, now)
     if changed:
         cluster = source.cluster() or cluster
-    orphaned = reconcile(cluster, now)
+    orphaned = reconcile(cluster, now, beats=beats)
     if orphaned:
         changed += orphaned
         cluster = source.cluster() or cluster

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Count, Max, Q
+from django.db.models import Count, Max, Min, Q
 from django.db.models.fields.json import KT
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -355,26 +355,54 @@ Strings of this one form sort as the times they name, so the database's
 ``MAX`` of them is the latest time."""
 
 
-def newest_beat() -> datetime | None:
-    """The latest of every server's heartbeat arrival and newest sent time (None: none ever beat).
+@dataclass(frozen=True)
+class Beats:
+    """What one aggregate of every server's heartbeat says (read once by the tick).
 
-    An upper bound of every server's beat, in one aggregate query instead of a
-    read of every row.  The sent times are compared as text, which is exact
-    for the form ``do_heartbeat`` writes (``UTC_STAMP``); should any row hold
-    another (a hand edit, a row from before), or the greatest not parse, every
-    row is read and parsed instead, as :func:`beat_at` would.
+    ``heard``: the newest arrival (``last_heartbeat``); ``newest``: the latest of every
+    arrival and sent time (:func:`newest_beat`); ``oldest_live``: the oldest arrival of
+    an up or draining server (None: none has beaten), with which the silence check
+    knows without another query that no server is silent.
+    """
+
+    heard: datetime | None
+    newest: datetime | None
+    oldest_live: datetime | None
+
+
+def read_beats() -> Beats:
+    """Every server's heartbeats in one aggregate query (:class:`Beats`).
+
+    The sent times are compared as text, which is exact for the form
+    ``do_heartbeat`` writes (``UTC_STAMP``); should any row hold another (a hand
+    edit, a row from before), or the greatest not parse, every row is read and
+    parsed instead, as :func:`beat_at` would.
     """
     found = Server.objects.annotate(beat=KT(f"agent_info__{BEAT_AT}")).aggregate(
         heard=Max("last_heartbeat"),
         sent=Max("beat"),
         odd=Count("pk", filter=Q(beat__isnull=False) & ~Q(beat__regex=UTC_STAMP)),
+        oldest_live=Min(
+            "last_heartbeat", filter=Q(state__in=(ServerState.UP, ServerState.DRAINING))
+        ),
     )
-    latest = _parse_time(found["sent"])
+    heard, latest = found["heard"], _parse_time(found["sent"])
     if found["odd"] or (found["sent"] is not None and latest is None):
         beats = Server.objects.values_list("last_heartbeat", "agent_info")
         times = [t for heard, info in beats for t in (heard, beat_at(info)) if t is not None]
-        return max(times, default=None)
-    return max((t for t in (found["heard"], latest) if t is not None), default=None)
+        newest = max(times, default=None)
+    else:
+        newest = max((t for t in (heard, latest) if t is not None), default=None)
+    return Beats(heard=heard, newest=newest, oldest_live=found["oldest_live"])
+
+
+def newest_beat() -> datetime | None:
+    """The latest of every server's heartbeat arrival and newest sent time (None: none ever beat).
+
+    An upper bound of every server's beat, in one aggregate query instead of a
+    read of every row (:func:`read_beats`).
+    """
+    return read_beats().newest
 
 
 def sent_at(info: Mapping[str, Any], received: datetime) -> datetime:
@@ -524,7 +552,11 @@ def still_queued(
 
 @transaction.atomic
 def do_mark_silent_servers_down(
-    *, now: datetime, after_seconds: float, stall_factor: float = STALL_FACTOR
+    *,
+    now: datetime,
+    after_seconds: float,
+    stall_factor: float = STALL_FACTOR,
+    beats: Beats | None = None,
 ) -> list[str]:
     """Mark down every up/draining server whose agent has been silent too long.
 
@@ -532,11 +564,19 @@ def do_mark_silent_servers_down(
     so a stalled report pipeline does not look like every agent dying, and, while
     heartbeats arrive, by when they were sent (``still_queued``), so a backlog being
     drained does not either.
+
+    ``beats``: the servers' heartbeats as :func:`read_beats` read them in this
+    transaction (the tick reads them once for this and its reconcile); read here
+    when not given.  When they show every up or draining server heard from since
+    the cutoff, no server is silent and none is read (heartbeats only move forward).
     """
-    newest = Server.objects.aggregate(newest=Max("last_heartbeat"))["newest"]
+    beats = beats or read_beats()
+    newest = beats.heard
     cutoff = silence_cutoff(
         now=now, newest=newest, after_seconds=after_seconds, stall_factor=stall_factor
     )
+    if beats.oldest_live is None or beats.oldest_live >= cutoff:
+        return []  # every up or draining server beat since the cutoff, or none ever did
     silent = Server.objects.select_for_update().filter(
         state__in=(ServerState.UP, ServerState.DRAINING), last_heartbeat__lt=cutoff
     )
