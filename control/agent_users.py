@@ -36,11 +36,12 @@ on the portal's user make their jobs' users themselves, as before.
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import functools
 import logging
 import time
 from collections.abc import Collection, Iterable, Sequence
+from typing import TypeVar
 
 import redis
 from django.conf import settings
@@ -70,6 +71,8 @@ from workers.agent.redis_acl import (
 )
 from workers.agent.redis_guard import guard, over_share
 from workers.protocol import Command, Migrate, StartWorkers
+
+M = TypeVar("M")
 
 log = logging.getLogger(__name__)
 
@@ -123,13 +126,26 @@ def _start_of(command: Command) -> StartWorkers | None:
 
 def _with_password(command: Command, secret: bytes) -> Command:
     if isinstance(command, StartWorkers):
-        return dataclasses.replace(command, redis_password=derive_password(secret, command.job))
+        return _with_field(command, "redis_password", derive_password(secret, command.job))
     if isinstance(command, Migrate):
-        joining = dataclasses.replace(
-            command.joining, redis_password=derive_password(secret, command.job)
+        joining = _with_field(
+            command.joining, "redis_password", derive_password(secret, command.job)
         )
-        return dataclasses.replace(command, joining=joining)
+        return _with_field(command, "joining", joining)
     return command
+
+
+def _with_field(message: M, name: str, value: object) -> M:
+    """A copy of a checked ``message`` with one field set, without checking it all again.
+
+    ``dataclasses.replace`` would run the protocol's checks on every field again
+    (a start's workload and arguments among them: most of building a start); the
+    values set here pass them by construction (an HMAC-SHA256 hex digest, 64
+    hexadecimal digits; a start already checked).
+    """
+    made = copy.copy(message)
+    object.__setattr__(made, name, value)
+    return made
 
 
 def with_job_passwords(commands: Sequence[tuple[str, Command]]) -> list[tuple[str, Command]]:
@@ -175,11 +191,12 @@ def _dispatched_in_sender(starts: Sequence[tuple[str, Command]]) -> None:
 def dispatched(commands: Sequence[tuple[str, Command]], now: float | None = None) -> None:
     """Committed starts, before they are published: each job's user made, each target
     node's user given the job's keys.  Redis away: logged; ``maintain`` does it later."""
-    starts = sorted(
-        {(node, start.job) for node, c in commands if (start := _start_of(c)) is not None}
-    )
+    started = [(node, start) for node, c in commands if (start := _start_of(c)) is not None]
+    starts = sorted({(node, start.job) for node, start in started})
     if not starts:
         return
+    # The passwords the starts carry (``with_job_passwords``): the secret is not read again.
+    passwords = {s.job: s.redis_password for _, s in started if s.redis_password is not None}
     client, at = _client(), time.time() if now is None else now
     try:
         writes = client.pipeline(transaction=False)
@@ -187,7 +204,7 @@ def dispatched(commands: Sequence[tuple[str, Command]], now: float | None = None
             writes.zadd(SENT_KEY.format(node=node), {job: at})
             writes.sadd(JOBS_KEY, job)
         writes.execute()
-        ensure_job_users(client, {job for _, job in starts})
+        ensure_job_users(client, {job for _, job in starts}, passwords=passwords)
         grants: dict[str, set[str]] = {}
         for node, job in starts:
             grants.setdefault(node, set()).add(job)

@@ -127,11 +127,32 @@ def derive_password(secret: bytes, job: str) -> str:
 
 
 def agents_secret(client: redis.Redis) -> bytes:
-    """The secret all agents share, created on first use (SET NX, so two agents agree)."""
+    """The secret all agents share, created on first use (SET NX, so two agents agree).
+
+    One round trip, ``SET ... NX GET`` (the value there, or nothing when this call
+    set it), on a server that has it (Redis 7); two, ``SET NX`` then ``GET``, on
+    one that refuses it (6.2 allows no ``GET`` with ``NX``).
+    """
     fresh = secrets.token_hex(32)
+    if _set_nx_get.get(_server_of(client), True):
+        try:
+            raw: Any = client.set(SECRET_KEY, fresh, nx=True, get=True)
+        except redis.ResponseError:
+            _set_nx_get[_server_of(client)] = False
+        else:
+            return fresh.encode() if raw is None else _text(raw).encode()
     client.set(SECRET_KEY, fresh, nx=True)
-    raw: Any = client.get(SECRET_KEY)
+    raw = client.get(SECRET_KEY)
     return _text(raw).encode()
+
+
+_set_nx_get: dict[object, bool] = {}
+"""Servers known to refuse ``SET ... NX GET``, by connection address (asked once each)."""
+
+
+def _server_of(client: redis.Redis) -> object:
+    kwargs = client.connection_pool.connection_kwargs
+    return (kwargs.get("host"), kwargs.get("port"), kwargs.get("path"))
 
 
 def ensure_job_user(client: redis.Redis, job: str) -> str:
@@ -430,15 +451,23 @@ def users_exist(client: redis.Redis, users: list[str]) -> list[bool]:
     ]
 
 
-def ensure_job_users(client: redis.Redis, jobs: Iterable[str]) -> None:
-    """``ensure_job_user`` for many jobs: one read of the secret, one pipeline."""
+def ensure_job_users(
+    client: redis.Redis, jobs: Iterable[str], *, passwords: Mapping[str, str] | None = None
+) -> None:
+    """``ensure_job_user`` for many jobs: at most one read of the secret, one pipeline.
+
+    ``passwords``: those the caller already derived from the secret (the control
+    plane's start commands carry them); the secret is read only for the other jobs.
+    """
     jobs = sorted(set(jobs))
     if not jobs:
         return
-    secret = agents_secret(client)
+    known = passwords or {}
+    secret = b"" if all(job in known for job in jobs) else agents_secret(client)
     writes = client.pipeline(transaction=False)
     for job in jobs:
-        rules = job_rules(job, derive_password(secret, job))
+        password = known.get(job) or derive_password(secret, job)
+        rules = job_rules(job, password)
         writes.execute_command("ACL", "SETUSER", job_user(job), *rules)  # type: ignore[no-untyped-call]
     writes.execute()
 
