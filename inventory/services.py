@@ -550,7 +550,6 @@ def still_queued(
     return {node for node, sent in candidates.items() if sent is not None and sent >= horizon}
 
 
-@transaction.atomic
 def do_mark_silent_servers_down(
     *,
     now: datetime,
@@ -577,30 +576,33 @@ def do_mark_silent_servers_down(
     )
     if beats.oldest_live is None or beats.oldest_live >= cutoff:
         return []  # every up or draining server beat since the cutoff, or none ever did
-    silent = Server.objects.select_for_update().filter(
-        state__in=(ServerState.UP, ServerState.DRAINING), last_heartbeat__lt=cutoff
-    )
-    candidates = {node: beat_at(info) for node, info in silent.values_list("node", "agent_info")}
-    if candidates and not pipeline_stalled(
-        now=now, newest=newest, after_seconds=after_seconds, stall_factor=stall_factor
-    ):
-        sent = [
-            _parse_time(raw)
-            for raw in Server.objects.values_list(f"agent_info__{BEAT_AT}", flat=True)
-        ]
-        newest_sent = max((at for at in sent if at is not None), default=None)
-        for node in still_queued(candidates, newest_sent, after_seconds):
-            del candidates[node]
-    nodes = sorted(candidates)
-    if nodes:
-        Server.objects.filter(node__in=nodes).update(
-            state=ServerState.DOWN, state_reason=MISSED_HEARTBEATS
+    with transaction.atomic():  # only now: a savepoint is two round trips in the tick
+        silent = Server.objects.select_for_update().filter(
+            state__in=(ServerState.UP, ServerState.DRAINING), last_heartbeat__lt=cutoff
         )
-        for node in nodes:
-            broadcast_on_commit(
-                (CLUSTER_GROUP,), {"type": "server.state", "node": node, "state": "down"}
+        candidates = {
+            node: beat_at(info) for node, info in silent.values_list("node", "agent_info")
+        }
+        if candidates and not pipeline_stalled(
+            now=now, newest=newest, after_seconds=after_seconds, stall_factor=stall_factor
+        ):
+            sent = [
+                _parse_time(raw)
+                for raw in Server.objects.values_list(f"agent_info__{BEAT_AT}", flat=True)
+            ]
+            newest_sent = max((at for at in sent if at is not None), default=None)
+            for node in still_queued(candidates, newest_sent, after_seconds):
+                del candidates[node]
+        nodes = sorted(candidates)
+        if nodes:
+            Server.objects.filter(node__in=nodes).update(
+                state=ServerState.DOWN, state_reason=MISSED_HEARTBEATS
             )
-    return nodes
+            for node in nodes:
+                broadcast_on_commit(
+                    (CLUSTER_GROUP,), {"type": "server.state", "node": node, "state": "down"}
+                )
+        return nodes
 
 
 SUSPECT_AUDIT_FIELDS = (
