@@ -268,6 +268,21 @@ def _held_gpus(ids: list[int] | None) -> dict[int, list[int]]:
     return held
 
 
+def _tenant_rows(ids: list[int]) -> dict[int, TenantRow]:
+    """What the snapshot needs of these tenants, by id: one constant statement through a
+    plain cursor (the values ``values_list`` gives; the ORM compiled the query each tick)."""
+    quote = connection.ops.quote_name
+    columns = []
+    for name in ("id", *TENANT_ROW_FIELDS):
+        field = Tenant._meta.get_field(name)
+        assert isinstance(field, Field) and field.column  # every one a column
+        columns.append(quote(field.column))
+    sql = f"SELECT {', '.join(columns)} FROM {quote(Tenant._meta.db_table)} WHERE id = ANY(%s)"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [ids])
+        return {pk: TenantRow(*values) for pk, *values in cursor.fetchall()}
+
+
 def _fabric_token() -> str | None:
     """The fabric row's version, without loading the row; None when no topology is loaded."""
     table = connection.ops.quote_name(Fabric._meta.db_table)
@@ -350,7 +365,8 @@ class KeptState:
         self.rows: dict[int, JobRow] = {}
         self.order: list[tuple[datetime, int]] = []  # (submitted_at, id), sorted
         self.ordered: list[JobRow] = []  # the rows in that order (the snapshot's)
-        self.ends_soon: dict[int, bool] = {}  # from the row: changes only with it
+        self.ending: set[int] = set()  # jobs whose row says they end soon (changes with it)
+        self.tenant_jobs: dict[int, int] = {}  # kept rows by tenant id (the tenants read)
         self.marks: dict[int, datetime | None] = {}  # later of start and last report (rows)
         self.deadlines: dict[int, datetime] = {}  # first start + run-time limit (rows)
         self.since: dict[int, datetime] = {}
@@ -418,15 +434,10 @@ class KeptState:
     def policy_input(self, cluster: ClusterState, now: datetime) -> PolicyInput:
         """The snapshot from the kept rows (no job query; tenants are read, a few rows)."""
         rows = self.ordered
-        tenant_ids = {row.tenant_id for row in rows}
-        tenants = {
-            pk: TenantRow(*values)
-            for pk, *values in Tenant.objects.filter(pk__in=tenant_ids).values_list(
-                "pk", *TENANT_ROW_FIELDS
-            )
-        }
-        growing = growing_jobs(rows, cluster.holdings)
-        about_to_end = {job for job in growing if self.ends_soon[job]}
+        tenants = _tenant_rows(list(self.tenant_jobs))
+        # The growing jobs among those whose row says they end soon (a few), not the
+        # ending ones among every growing job (a pass over every row).
+        about_to_end = growing_jobs((self.rows[job] for job in self.ending), cluster.holdings)
         if self.epoch is None:
             self.epoch = now.timestamp()
         return assemble_snapshot(
@@ -556,8 +567,11 @@ class KeptState:
             if old is not None:
                 at = bisect.bisect_left(self.order, (old.submitted_at, job_id))
                 del self.order[at], self.ordered[at]
+                left = self.tenant_jobs.pop(old.tenant_id) - 1
+                if left:
+                    self.tenant_jobs[old.tenant_id] = left
             self.tokens.pop(job_id, None)
-            self.ends_soon.pop(job_id, None)
+            self.ending.discard(job_id)
             self.marks.pop(job_id, None)
             self.deadlines.pop(job_id, None)
             self.since.pop(job_id, None)
@@ -572,7 +586,9 @@ class KeptState:
             self.order.insert(at, (row.submitted_at, job_id))
             self.ordered.insert(at, row)
             progress = (value[name] for name in _PROGRESS_FIELDS)
-            self.ends_soon[job_id] = finishing(*progress)
+            if finishing(*progress):
+                self.ending.add(job_id)
+            self.tenant_jobs[row.tenant_id] = self.tenant_jobs.get(row.tenant_id, 0) + 1
             started, served, limit = (value[name] for name in _CLOCK_FIELDS)
             self.marks[job_id] = max((t for t in (started, served) if t is not None), default=None)
             if started is not None and limit is not None:
