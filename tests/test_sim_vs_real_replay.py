@@ -52,7 +52,11 @@ def test_the_binder_of_a_run_is_read_from_its_record() -> None:
 
 @pytest.mark.parametrize(
     ("run", "error", "worst"),
-    [("2026-12-03T17-53.json", 0.0214, 0.2419), ("2026-12-04T03-56.json", -0.0068, 0.0447)],
+    [
+        ("2026-12-03T17-53.json", 0.0214, 0.2419),
+        ("2026-12-04T03-56.json", -0.0068, 0.0447),
+        ("2026-12-06T03-21.json", 0.0035, 0.1662),  # the first live run through one pass
+    ],
 )
 def test_a_replay_gives_the_published_figures(run: str, error: float, worst: float) -> None:
     summary = replay(run)
