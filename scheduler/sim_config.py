@@ -15,9 +15,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TypeVar
 
 from fabric.topology import FabricSpec
 from scheduler.fairshare import FAIR_SHARE_HALF_LIFE
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,12 +260,17 @@ BINDERS: Mapping[str, StartBinder] = {
 """Every binder by name (a saved run's record, the command line's ``--binder``)."""
 
 
+def _named(what: str, table: Mapping[str, _T], name: str) -> _T:
+    """``table[name]``, or a ValueError naming the known ones."""
+    try:
+        return table[name]
+    except KeyError:
+        raise ValueError(f"unknown {what} {name!r}; known: {', '.join(table)}") from None
+
+
 def binder_named(name: str) -> StartBinder:
     """The binder called ``name`` (:data:`BINDERS`); ValueError naming the known ones."""
-    try:
-        return BINDERS[name]
-    except KeyError:
-        raise ValueError(f"unknown binder {name!r}; known: {', '.join(BINDERS)}") from None
+    return _named("binder", BINDERS, name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,10 +311,7 @@ FIDELITIES: Mapping[str, Fidelity] = {"ideal": IDEAL, "live-tick": LIVE_TICK}
 
 def fidelity_named(name: str) -> Fidelity:
     """The bundle called ``name`` (:data:`FIDELITIES`); ValueError naming the known ones."""
-    try:
-        return FIDELITIES[name]
-    except KeyError:
-        raise ValueError(f"unknown fidelity {name!r}; known: {', '.join(FIDELITIES)}") from None
+    return _named("fidelity", FIDELITIES, name)
 
 
 @dataclass(frozen=True, slots=True)
