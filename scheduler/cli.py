@@ -33,6 +33,7 @@ from scheduler.priority import (
     parse_ageing,
     parse_shares,
 )
+from scheduler.quota import parse_quota
 from scheduler.sim_config import (
     BINDERS,
     FIDELITIES,
@@ -174,6 +175,13 @@ def _tenant_weights(text: str) -> dict[str, float]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _quota(text: str) -> dict[str, int]:
+    try:
+        return parse_quota(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _trace_arguments(p: argparse.ArgumentParser) -> None:
     """The trace to replay: its file and format, and which of its jobs to keep."""
     p.add_argument("--trace", type=Path, help="trace file (not needed for synthetic formats)")
@@ -276,6 +284,13 @@ def _class_and_share_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=FAIR_SHARE_HALF_LIFE,
         help="fair share: usage half-life in seconds (default 7 days)",
+    )
+    p.add_argument(
+        "--quota",
+        type=_quota,
+        help="tenant GPU quotas, e.g. a=8,b=16: a queued job waits while its tenant's jobs "
+        "hold its quota, and a higher class may stop its own tenant's lower classes to fit "
+        "(tenants not named: no quota)",
     )
 
 
@@ -477,6 +492,7 @@ def run_one(name: str, trace: LoadedTrace, args: argparse.Namespace, total: int)
         traffic=args.traffic,
         tenant_weights=args.tenant_weights,
         half_life=args.half_life,
+        quota=args.quota,
         fidelity=args.fidelity
         if args.binder is None
         else replace(args.fidelity, binder=args.binder),

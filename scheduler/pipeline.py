@@ -33,7 +33,8 @@ effects (the allocator, the simulator's books), and it undoes what it refuses.
 
 The steps over a :class:`~scheduler.types.Snapshot` that the tick and the
 forecast share are here too; the simulator's steps work on its policy core
-(:mod:`scheduler.simulation`).
+(:mod:`scheduler.simulation`), its quota steps through these, with its records
+shown as job views.
 """
 
 from __future__ import annotations
@@ -158,8 +159,8 @@ class SchedulingPass(Generic[State, Candidates_, Decisions, Outcome]):
 
     A caller without a step leaves it out (None) rather than composing a no-op:
     ``hold_back`` None takes the state as the candidates and holds nothing back (State
-    is then Candidates_), the simulator has no quotas (``quota_check``,
-    ``within_quota``), and ``retry`` None binds once, as the tick and the forecast do.
+    is then Candidates_), the simulator without quotas (``SimConfig.quota`` None)
+    leaves ``quota_check`` and ``within_quota`` out, and ``retry`` None binds once, as the tick and the forecast do.
     """
 
     hold_back: HoldBack[State, Candidates_] | None
@@ -231,7 +232,7 @@ class NothingHeldBack(Generic[State]):
 
 class NoQuotaCheck(Generic[Decisions]):
     """Step 3 as an object where there are no quotas: every decision stands (the same as
-    leaving ``quota_check`` out, which the simulator does)."""
+    leaving ``quota_check`` out, which the simulator without quotas does)."""
 
     __slots__ = ()
 
@@ -242,7 +243,7 @@ class NoQuotaCheck(Generic[Decisions]):
 
 class NoWithinQuota(Generic[Decisions]):
     """Step 4 as an object where there are no quotas: nothing is stopped for one (the same
-    as leaving ``within_quota`` out, which the simulator does)."""
+    as leaving ``within_quota`` out, which the simulator without quotas does)."""
 
     __slots__ = ()
 

@@ -4,8 +4,8 @@ A tenant's jobs may hold at most its quota of GPUs at once, counting each
 job's requested share (:func:`quota_share`: the GPUs it holds, at most its
 request); GPUs a job holds above its request are idle extras the policy
 reclaims first, so they do not count.  Three rules, used by every pass
-(``scheduler.pipeline``: the live tick, the forecast; the simulator has no
-quotas):
+(``scheduler.pipeline``: the live tick, the forecast, and the simulator when
+its ``SimConfig.quota`` is set):
 
 * the hold-back (:meth:`QuotaBook.hold_reason`): a queued job whose tenant's
   use plus its need (:func:`quota_need`: its minimum) is over the quota is no
@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from scheduler.named_numbers import named_numbers
 from scheduler.priority import HIGH, LOW, priority_class
 from scheduler.types import Decision, JobView, Preempt, Start
 
@@ -33,6 +34,18 @@ def quota_share(holds: int, requested: int) -> int:
 def quota_need(min_gpus: int, requested: int) -> int:
     """GPUs of quota a queued job needs to start: its minimum (its request without one)."""
     return min_gpus or requested
+
+
+def parse_quota(text: str) -> dict[str, int]:
+    """``"a=8,b=16"`` -> GPU quota per tenant; ValueError (one line) on bad input."""
+    quota: dict[str, int] = {}
+    for part, name, gpus in named_numbers(text, "tenant quota", "a=8,b=16"):
+        if not gpus >= 0 or gpus != int(gpus):
+            raise ValueError(f"tenant quota {part!r} must be a whole number of GPUs >= 0")
+        quota[name] = int(gpus)
+    if not quota:
+        raise ValueError("no tenant quotas given (use e.g. a=8,b=16)")
+    return quota
 
 
 def over_quota(tenant: str, used: int, quota: int) -> str:
@@ -50,6 +63,12 @@ class QuotaBook:
     def count(self, tenant: str, holds: int, requested: int) -> None:
         """Add a job holding ``holds`` GPUs of a ``requested`` size to its tenant's use."""
         self.in_use[tenant] = self.in_use.get(tenant, 0) + quota_share(holds, requested)
+
+    def admits(self, tenant: str, requested: int) -> bool:
+        """Whether a job of ``tenant`` asking for ``requested`` GPUs may be submitted at all:
+        the submission's rule (``jobs.services``) refuses a request above the quota."""
+        quota = self.quota.get(tenant)
+        return quota is None or requested <= quota
 
     def hold_reason(self, tenant: str, need: int) -> str | None:
         """The hold-back rule: why a queued job of ``tenant`` that needs ``need`` GPUs

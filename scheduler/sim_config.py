@@ -359,6 +359,12 @@ class SimConfig:
     policy's core counts them as gone and placement never gives them out.
     ``count`` and ``vclos`` placements only.  Empty: every GPU always serves.
 
+    ``quota``: each named tenant's GPU quota (``scheduler.quota``: a tenant's
+    jobs hold at most that many GPUs of their requests at once); the pass then
+    holds back a queued job over its tenant's quota, drops starts that do not
+    fit, and lets a higher class stop its own tenant's lower classes to fit, as
+    the live tick does.  Tenants not named have no quota.  None: no quotas.
+
     ``fidelity``: how closely the loop follows the live control plane's tick
     where the two differ (:class:`Fidelity`: one named strategy per difference;
     :data:`IDEAL`, the default, is the simulator's own rules, :data:`LIVE_TICK`
@@ -387,6 +393,7 @@ class SimConfig:
     release_s: float = 0.0
     outages: tuple[Outage, ...] = ()
     fidelity: Fidelity = IDEAL
+    quota: Mapping[str, int] | None = None
 
     def slot_factor(self, busy: int) -> float:
         """``slot_slowdown`` at ``busy`` busy GPUs (1.0 when off)."""

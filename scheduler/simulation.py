@@ -17,8 +17,12 @@
      │    ├─ scheduling.run_parts  the scheduling pass (scheduler.pipeline), its steps
      │    │   │                        composed by _compose from the run's Fidelity:
      │    │   ├─ hold_back            none, or ShownAsOwned: _cap_ending /
-     │    │   │                          _pin_switching (the runtime's say shown)
+     │    │   │                          _pin_switching (the runtime's say shown); with
+     │    │   │                          quotas QuotaHeld around it (over quota: refused)
      │    │   ├─ decide               the policy core itself (PinsRestored around it)
+     │    │   ├─ check, make_room     with quotas (SimConfig.quota): QuotaDropped,
+     │    │   │                          QuotaRoomMade (the pipeline's steps on views of
+     │    │   │                          the records); a change asks for a follow-up pass
      │    │   ├─ bind: SimBind        _run_pass: each (job, n): _runtime_refuses / _place
      │    │   │   └─ _apply              preempt, resize (_switch) or start; completion pushed
      │    │   └─ again                AroundRefusals: a second round (BindingRounds)
@@ -47,11 +51,19 @@ from typing import Any
 from fabric.allocator import VClosAllocator
 from scheduler.fabric_placement import Contention, collective_for, sim_placement
 from scheduler.fairshare import FairShare
-from scheduler.pipeline import NO_WAITS, SchedulingPass, Waits
+from scheduler.pipeline import (
+    NO_WAITS,
+    Candidates,
+    EnforceQuotas,
+    PreemptWithinQuota,
+    SchedulingPass,
+    Waits,
+)
 from scheduler.placement import CountOnly, SimPlacement
 from scheduler.policies.base import Plan, Policy, PolicyCore
 from scheduler.policies.elastic import curve_limit
-from scheduler.priority import NORMAL, priority_class
+from scheduler.priority import HIGH, HIGH_FROM, LOW, LOW_BELOW, NORMAL, priority_class
+from scheduler.quota import Blocked, QuotaBook, quota_need
 from scheduler.records import JobRecord
 from scheduler.sim_accounting import Accounting, SimResult, distribution
 from scheduler.sim_config import (
@@ -72,6 +84,7 @@ from scheduler.throughput import (
     speedup_over_one,
 )
 from scheduler.traces import TraceJob
+from scheduler.types import Cluster, Decision, JobState, JobView, Preempt, Scale, Snapshot, Start
 
 
 def make_record(idx: int, job: TraceJob, cfg: SimConfig, elastic: bool) -> JobRecord:
@@ -315,15 +328,22 @@ class Simulation:
         """The scheduling pass with the steps ``fidelity`` asks for (none for a rule off)."""
         core = self.core
         pins = PinsRestored(core) if fidelity.switching is SwitchingJobs.SHOWN_PINNED else None
-        hold_back = None  # nothing held back: the candidates are the time
+        shown = None  # nothing held back: the candidates are the time
         if self.caps_ending or pins is not None:
-            hold_back = ShownAsOwned(self, self.caps_ending, pins)
+            shown = ShownAsOwned(self, self.caps_ending, pins)
+        hold_back: ShownAsOwned | QuotaHeld | None = shown
         retries = fidelity.rounds is BindingRounds.RETRY_AROUND_REFUSALS
+        quota_check: QuotaDropped | None = None
+        within_quota: QuotaRoomMade | None = None
+        if self.cfg.quota is not None:  # the quota steps see the core's records
+            books = QuotaTurn(self, self.cfg.quota)
+            hold_back = QuotaHeld(books, shown)
+            quota_check, within_quota = QuotaDropped(books), QuotaRoomMade(books)
         return SchedulingPass(
             hold_back=hold_back,
             decide=core if pins is None else pins,  # the core itself is the Decide step
-            quota_check=None,  # the simulator has no quotas
-            within_quota=None,
+            quota_check=quota_check,  # None: no quotas (SimConfig.quota)
+            within_quota=within_quota,
             bind=self.binding,
             retry=AroundRefusals(core) if retries else None,
         )
@@ -910,6 +930,8 @@ class Simulation:
         policy, placement = self.policy, self.placement
         name = policy.name if not self.fabric_aware else f"{policy.name}+{placement.name}"
         summary["policy"] = name
+        if self.cfg.quota is not None:  # requests over their tenant's quota are skipped
+            summary["skipped"] = self.skipped
         if self.fabric_aware:
             summary["skipped"] = self.skipped
             slow = acct.series["slowdown"]
@@ -934,7 +956,8 @@ class ShownAsOwned:
     """Step 1 where the runtime, not the policy, owns some sizes: each job about to end shown
     capped at its size (``EndingJobs.SHOWN_CAPPED``), each job with a switch in flight
     pinned at its size (``SwitchingJobs.SHOWN_PINNED``, given back by :class:`PinsRestored`
-    once the policy has decided).  No quotas, so nothing waits for one."""
+    once the policy has decided).  Nothing waits here: with quotas, :class:`QuotaHeld`
+    runs it first."""
 
     __slots__ = ("caps", "pins", "sim")
 
@@ -1029,6 +1052,223 @@ class AroundRefusals:
     def again(self, now: float, refused: Refusals, rounds: int) -> bool:
         """True on the first refusal of a pass, unless the core blocks behind a refused job."""
         return rounds == 0 and not self.core.blocking
+
+
+# -- the quota steps (SimConfig.quota): scheduler.pipeline's, on the core's records ---------
+#
+# The pipeline's quota steps read a snapshot's job views and decisions; these adapters show
+# them the core's records as views (GPUs by count) and its plan as decisions, and carry
+# what the steps keep back into the core: a held-back job is refused at the time (the core
+# goes around it, as around a refused placement), a dropped start is undone, a job stopped
+# to make room is filed as queued.
+
+
+_CLASS_PRIORITY = {HIGH: HIGH_FROM, NORMAL: LOW_BELOW, LOW: 0}
+"""A priority of each class: the quota steps read a job's class through its priority."""
+
+_NO_GPUS = Cluster(gpus=())
+"""The quota steps read a snapshot's jobs only."""
+
+
+def _view(job: JobRecord) -> JobView:
+    """``job`` as the quota steps read it: its tenant, request and minimum, the GPUs it
+    holds (by count: their ids are the placement's), its class (the one the core orders it
+    by) and when it last started."""
+    running = job.running
+    return JobView(
+        job.id, job.submit, job.requested, tenant=job.tenant, min_gpus=job.min_gpus,
+        max_gpus=job.max_gpus, gpus=tuple(range(job.alloc)) if running else (),
+        state=JobState.RUNNING if running else JobState.QUEUED,
+        priority=_CLASS_PRIORITY[job.klass], queue_since=job.attempt_start,
+    )  # fmt: skip
+
+
+def _decisions(plan: Plan) -> list[Decision]:
+    """The plan as decisions (GPUs by count): 0 preempts, a queued job starts, a running
+    one scales."""
+    out: list[Decision] = []
+    for job, n in plan:
+        if n <= 0:
+            out.append(Preempt(job.id))
+        else:
+            out.append(
+                Scale(job.id, tuple(range(n))) if job.running else Start(job.id, tuple(range(n)))
+            )
+    return out
+
+
+class QuotaTurn:
+    """What the quota steps share in a pass: the jobs the policy has seen and that have
+    not ended (or still hold GPUs), the quota book at the pass's start, and the jobs its
+    hold-back kept out (what the tick's snapshot holds, from the core's records)."""
+
+    __slots__ = ("blocked", "book", "followed", "live", "quota", "seen", "sim")
+
+    def __init__(self, sim: Simulation, quota: Mapping[str, int]) -> None:
+        self.sim = sim
+        self.quota = dict(quota)
+        self.live: list[JobRecord] = []
+        self.seen = 0  # trace jobs looked at, in arrival order
+        self.book = QuotaBook(quota=self.quota)
+        self.blocked: tuple[Blocked, ...] = ()
+        self.followed = -math.inf  # when the last follow-up pass was due
+
+    def follow_up(self, now: float) -> None:
+        """A quota step changed the plan at ``now``: the next pass runs at once (the next
+        time there is, so this pass's refusals lapse), as the tick's next tick would; a
+        follow-up pass asks for none (a start dropped again waits for the next event)."""
+        if now == self.followed:
+            return
+        self.followed = math.nextafter(now, math.inf)
+        if self.followed < self.sim.next_tick:
+            self.sim.next_tick = self.followed
+
+    def refresh(self, now: float) -> list[JobRecord]:
+        """The live jobs now: those arrived since the last pass in, those ended out.
+
+        A job asking for more than its tenant's quota leaves the core at once and counts
+        as skipped: the live API refuses its submission."""
+        sim = self.sim
+        records, admits = sim.records, sim.placement.admits
+        while self.seen < sim.ai:
+            job = records[self.seen]
+            self.seen += 1
+            if not admits(job.requested):  # a skipped job never joined the core
+                continue
+            if self.book.admits(job.tenant, job.requested):
+                self.live.append(job)
+            else:
+                sim.core.remove(job, now)
+                sim.skipped += 1
+        self.live = [job for job in self.live if job.running or job.end_time is None]
+        return self.live
+
+
+class QuotaHeld:
+    """Step 1 with quotas: the run's own hold-back (:class:`ShownAsOwned`, if composed),
+    then :meth:`scheduler.quota.QuotaBook.hold_reason` over the queued jobs; each job held
+    back is refused at the time, so the core's pass goes around it."""
+
+    __slots__ = ("inner", "turn")
+
+    def __init__(self, turn: QuotaTurn, inner: ShownAsOwned | None) -> None:
+        self.turn = turn
+        self.inner = inner
+
+    def hold_back(self, now: float) -> tuple[float, Waits]:
+        """The book from the running jobs; why each queued job over its quota waits."""
+        if self.inner is not None:
+            self.inner.hold_back(now)
+        turn = self.turn
+        live = turn.refresh(now)
+        book = turn.book = QuotaBook(quota=turn.quota)
+        for job in live:
+            if job.running:
+                book.count(job.tenant, job.alloc, job.requested)
+        waits: dict[str, str] = {}
+        held: Plan = []
+        blocked: list[Blocked] = []
+        for job in live:
+            if job.running or job.tenant not in turn.quota:
+                continue
+            need = quota_need(job.min_gpus, job.requested)
+            reason = book.hold_reason(job.tenant, need)
+            if reason is not None:
+                waits[job.id] = reason
+                held.append((job, 0))
+                blocked.append(Blocked(job.id, job.tenant, _CLASS_PRIORITY[job.klass], need))
+        turn.blocked = tuple(blocked)
+        if not held:
+            return now, NO_WAITS
+        turn.sim.core.note_refused(held, now)
+        return now, waits
+
+
+class QuotaDropped:
+    """Step 3 with quotas: :class:`scheduler.pipeline.EnforceQuotas` on the plan, in its
+    order; each dropped start is undone in the core and refused at the time, and the next
+    pass follows at once, where the hold-back keeps the job out and the policy may give
+    its GPUs to another."""
+
+    __slots__ = ("enforce", "turn")
+
+    def __init__(self, turn: QuotaTurn) -> None:
+        self.turn = turn
+        self.enforce = EnforceQuotas()
+
+    def check(self, now: float, plan: Plan) -> tuple[Plan, Waits]:
+        """The plan without the starts over their tenant's quota; why each waits."""
+        quota = self.turn.quota
+        if not any(n > 0 and not job.running and job.tenant in quota for job, n in plan):
+            return plan, NO_WAITS  # no start to check
+        # Only jobs of a tenant with a quota are shown: the others are never dropped.
+        views = tuple(_view(job) for job, _ in plan if job.tenant in quota)
+        shown = Candidates(Snapshot(now, _NO_GPUS, views), self.turn.book)
+        _, waits = self.enforce.check(shown, _decisions(plan))
+        if not waits:
+            return plan, NO_WAITS
+        dropped = [(job, n) for job, n in plan if job.id in waits]
+        core = self.turn.sim.core
+        core.unplaced(dropped, now)
+        core.note_refused(dropped, now)
+        self.turn.follow_up(now)
+        return [(job, n) for job, n in plan if job.id not in waits], waits
+
+
+class QuotaRoomMade:
+    """Step 4 with quotas: :class:`scheduler.pipeline.PreemptWithinQuota` for the jobs held
+    back, once a pass.  Each job stopped to make room leaves the core's running books and
+    joins its queue (as a requeued job does), its own change of the plan undone; the next
+    pass follows at once (:meth:`QuotaTurn.follow_up`), where the job it was stopped for
+    may start.
+
+    A job whose size the runtime owns now (a switch in flight, GPUs not handed over yet)
+    is nobody's victim, as the tick leaves switching jobs out of its snapshot."""
+
+    __slots__ = ("room", "turn")
+
+    def __init__(self, turn: QuotaTurn) -> None:
+        self.turn = turn
+        self.room = PreemptWithinQuota()
+
+    def make_room(self, now: float, plan: Plan) -> tuple[Plan, Waits, Waits]:
+        """The plan with the preemptions in; the served jobs' waits; the victims' reasons."""
+        turn = self.turn
+        if not turn.blocked:
+            return plan, NO_WAITS, NO_WAITS
+        sim = turn.sim
+        tenants = {b.tenant for b in turn.blocked}
+        running = {
+            job.id: job
+            for job in turn.live
+            if job.running
+            and job.end_time is None
+            and job.tenant in tenants
+            and sim.switching.get(job, -math.inf) <= now
+        }
+        shown = Candidates(
+            Snapshot(now, _NO_GPUS, tuple(map(_view, running.values()))), turn.book, turn.blocked
+        )
+        _, waits, stopped = self.room.make_room(shown, _decisions(plan))
+        turn.blocked = ()  # a retry round of this pass makes no more room
+        if not stopped:
+            return plan, NO_WAITS, NO_WAITS
+        core = sim.core
+        own = {job.id: n for job, n in plan if job.id in stopped}
+        undo = [(job, n) for job, n in plan if own.get(job.id, 0) > 0]
+        if undo:
+            core.unplaced(undo, now)  # the core's own change for a victim
+        kept = [(job, n) for job, n in plan if job.id not in own or own[job.id] <= 0]
+        for victim in stopped:
+            if own.get(victim, 1) <= 0:
+                continue  # the core stops it itself
+            job = running[victim]
+            core.remove(job, now)
+            core.add(job, now)
+            core.requeued(job, now)
+            kept.append((job, 0))
+        turn.follow_up(now)
+        return kept, waits, stopped
 
 
 SimPass = SchedulingPass[float, float, Plan, Refusals]
