@@ -7,7 +7,8 @@
     Planted violations prove the checker fires.
 (b) One scenario through the pass as the tick runs it (its snapshot assembly and
     binding on the fabric), as the forecast's first pass runs it, and as the
-    simulator's first pass runs it: the same decisions.
+    simulator's first pass runs it: the same decisions; with quotas that bind, the same
+    decisions and the same reasons from the three.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import dataclasses
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.test import override_settings
@@ -39,6 +41,7 @@ from scheduler.forecast import forecast, forecast_pass
 from scheduler.pipeline import AllocatorBind, PolicyDecide, snapshot_pass
 from scheduler.placement import CountPlacement
 from scheduler.policies.base import Policy
+from scheduler.simulation import Simulation
 from scheduler.simulator import SimConfig, simulate
 from scheduler.traces import TraceJob
 from scheduler.types import Decision, Preempt, Start
@@ -318,11 +321,38 @@ def test_one_scenario_decides_the_same_in_the_tick_the_forecast_and_the_simulato
     assert {job for job, e in estimates.items() if e.start == 0.0} == {"job-2", "job-3"}
 
 
-def test_with_a_quota_that_binds_the_tick_and_the_forecast_stop_the_same_job(
+def _simulated_pass(policy: Policy, rows: list[JobRow], tenants: dict[int, TenantRow]) -> Any:
+    """The simulator's pass when the queued rows arrive (time 1) after the running ones
+    started (time 0), with the tenants' quotas: what it decided, why each job waits, why
+    each job was stopped."""
+    trace = [
+        TraceJob(runtime_job_name(row.id), 0.0 if row.parallelism else 1.0, row.gpus, 3600.0,
+                 tenant=tenants[row.tenant_id].slug, priority=row.priority)
+        for row in rows
+    ]  # fmt: skip
+    quota = {t.slug: t.gpu_quota for t in tenants.values()}
+    sim = Simulation(trace, policy, SimConfig(total_gpus=8, quota=quota))
+    passes: dict[float, Any] = {}
+    scheduling = sim.scheduling
+
+    class Recorded:
+        def run_parts(self, now: float) -> Any:
+            passes.setdefault(now, scheduling.run_parts(now))
+            return passes[now]
+
+    sim.scheduling = Recorded()  # type: ignore[assignment]
+    sim.run()
+    assert [(job.id, n) for job, n in passes[0.0][1]] == [
+        (runtime_job_name(r.id), r.parallelism) for r in rows if r.parallelism
+    ]
+    return passes[1.0]
+
+
+def test_with_a_quota_that_binds_the_tick_the_forecast_and_the_simulator_stop_the_same_job(
     policy: Policy,
 ) -> None:
-    """acme (quota 6) runs its low job on 4; its high job of 4 is over the quota: both
-    passes stop the low job for it and start beta's (the simulator has no quotas)."""
+    """acme (quota 6) runs its low job on 4; its high job of 4 is over the quota: the three
+    passes stop the low job for it and start beta's, and say why alike."""
     tenants = {1: TenantRow("acme", 6, False, 1.0), 2: TenantRow("beta", 4, False, 1.0)}
     rows = [_row(1, 1, 4, LOW, holds=4), _row(2, 1, 4, HIGH), _row(3, 2, 4, NORMAL)]
     cluster = _cluster({1: [0, 1, 2, 3]})
@@ -335,5 +365,35 @@ def test_with_a_quota_that_binds_the_tick_and_the_forecast_stop_the_same_job(
     everything = _tick_input(rows, cluster, unlimited).snapshot
     first = forecast_pass(policy, {"acme": 6, "beta": 4}).run(everything)
 
+    simulated = _simulated_pass(policy, rows, tenants)
+
     assert tick == first.decisions == [Start("job-3", (4, 5, 6, 7)), Preempt("job-1")]
     assert first.waits["job-2"].startswith("stopping job-1")
+    # The simulator's plan is by count (its placement picks the GPUs at binding).
+    assert [(job.id, n) for job, n in simulated[1]] == [("job-3", 4), ("job-1", 0)]
+    assert _counts(tick) == {job.id: n for job, n in simulated[1]}
+    assert simulated[3] == {"job-2": first.waits["job-2"]}
+    assert simulated[4] == first.stopped
+
+
+def test_a_job_over_its_quota_waits_with_the_same_words_in_the_three_passes(
+    policy: Policy,
+) -> None:
+    """acme (quota 4) runs a job on 4; its next normal job waits (nobody of a lower class
+    to stop), with the tick's words, while beta's starts."""
+    tenants = {1: TenantRow("acme", 4, False, 1.0), 2: TenantRow("beta", 4, False, 1.0)}
+    rows = [_row(1, 1, 4, NORMAL, holds=4), _row(2, 1, 2, NORMAL), _row(3, 2, 4, NORMAL)]
+    cluster = _cluster({1: [0, 1, 2, 3]})
+    view = _tick_input(rows, cluster, tenants)
+    tick = _tick_pass(policy, view, cluster)
+    unlimited = {key: dataclasses.replace(t, gpu_quota=100) for key, t in tenants.items()}
+    first = forecast_pass(policy, {"acme": 4, "beta": 4}).run(
+        _tick_input(rows, cluster, unlimited).snapshot
+    )
+    simulated = _simulated_pass(policy, rows, tenants)
+
+    reason = "tenant acme holds 4 of its 4-GPU quota"
+    assert view.held_back == {2: reason}
+    assert tick == first.decisions == [Start("job-3", (4, 5, 6, 7))]
+    assert {job.id: n for job, n in simulated[1]} == _counts(tick)
+    assert simulated[3] == first.waits == {"job-2": reason}
