@@ -360,7 +360,7 @@ class Beats:
     """What one aggregate of every server's heartbeat says (read once by the tick).
 
     ``heard``: the newest arrival (``last_heartbeat``); ``newest``: the latest of every
-    arrival and sent time (:func:`newest_beat`); ``oldest_live``: the oldest arrival of
+    arrival and sent time (an upper bound of every server's beat); ``oldest_live``: the oldest arrival of
     an up or draining server (None: none has beaten), with which the silence check
     knows without another query that no server is silent.
     """
@@ -394,15 +394,6 @@ def read_beats() -> Beats:
     else:
         newest = max((t for t in (heard, latest) if t is not None), default=None)
     return Beats(heard=heard, newest=newest, oldest_live=found["oldest_live"])
-
-
-def newest_beat() -> datetime | None:
-    """The latest of every server's heartbeat arrival and newest sent time (None: none ever beat).
-
-    An upper bound of every server's beat, in one aggregate query instead of a
-    read of every row (:func:`read_beats`).
-    """
-    return read_beats().newest
 
 
 def sent_at(info: Mapping[str, Any], received: datetime) -> datetime:

@@ -19,7 +19,7 @@ from inventory.services import (
     do_heartbeat,
     do_load_topology,
     do_mark_silent_servers_down,
-    newest_beat,
+    read_beats,
     silence_cutoff,
 )
 
@@ -108,27 +108,27 @@ def test_an_agent_clock_cannot_keep_a_dead_server_up_or_mark_a_live_one_down() -
 def test_the_newest_beat_is_read_in_one_query_and_exactly_whatever_the_rows_hold(
     django_assert_num_queries: Any,
 ) -> None:
-    """``newest_beat`` compares the sent times as text: exact for what heartbeats write,
+    """``read_beats`` compares the sent times as text: exact for what heartbeats write,
     and a row of another form (a hand edit) makes it parse every row instead."""
-    assert newest_beat() is None  # no server
+    assert read_beats().newest is None  # no server
     do_load_topology(DEMO)
-    assert newest_beat() is None  # servers that never beat
+    assert read_beats().newest is None  # servers that never beat
     nodes = list(Server.objects.order_by("node").values_list("node", flat=True))
     for offset, node in enumerate(nodes):
         # Sent times a second before arrival, some with microseconds, some without.
         info = {"at": (s(30 - offset) - timedelta(seconds=1, microseconds=offset)).timestamp()}
         do_heartbeat(node=node, info=info, at=s(30 - offset))
     with django_assert_num_queries(1):
-        assert newest_beat() == s(30 - len(nodes) + 1)  # the latest arrival
+        assert read_beats().newest == s(30 - len(nodes) + 1)  # the latest arrival
     # Sent times are clamped to arrival, so none is later; a hand edit can make one so.
     later = s(5)
     Server.objects.filter(node=nodes[0]).update(agent_info={"beat_at": later.isoformat()})
     with django_assert_num_queries(1):
-        assert newest_beat() == later
+        assert read_beats().newest == later
     # The latest sent time written in another offset: text order would miss it.
     other_offset = (NOW + timedelta(seconds=60)).astimezone(timezone.get_fixed_timezone(-120))
     Server.objects.filter(node=nodes[1]).update(agent_info={"beat_at": other_offset.isoformat()})
-    assert newest_beat() == NOW + timedelta(seconds=60)
+    assert read_beats().newest == NOW + timedelta(seconds=60)
     # Garbage that sorts last as text is skipped, as beat_at skips it.
     Server.objects.filter(node=nodes[1]).update(agent_info={"beat_at": "zzz"})
-    assert newest_beat() == later
+    assert read_beats().newest == later
