@@ -45,6 +45,7 @@ other than PostgreSQL uses the full rebuild on every tick.
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import logging
 from collections.abc import Iterable, Mapping
@@ -56,7 +57,7 @@ import redis
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
-from django.db.models import Field
+from django.db.models import Field, Model
 
 from control.policy import live_policy
 from control.state import (
@@ -201,6 +202,25 @@ class FullRebuild:
         return live_policy(name)
 
 
+_ROW_VERSION = "xmin::text || ':' || ctid::text"
+"""A row's version in PostgreSQL's system columns, as text (the kept state's token)."""
+
+
+@functools.cache
+def _columns(
+    model: type[Model], names: tuple[str, ...], as_text: frozenset[str] = frozenset()
+) -> str:
+    """The select list of ``model``'s fields ``names``, quoted (those in ``as_text`` cast to
+    text, for JSON the caller parses): made once, each statement is then a constant."""
+    columns = []
+    for name in names:
+        field = model._meta.get_field(name)
+        assert isinstance(field, Field) and field.column  # every one a column
+        column = connection.ops.quote_name(field.column)
+        columns.append(f"{column}::text" if name in as_text else column)
+    return ", ".join(columns)
+
+
 def _tokens() -> dict[int, str]:
     """Each queued/running/scaling job's row version (``xmin:ctid``).
 
@@ -210,7 +230,7 @@ def _tokens() -> dict[int, str]:
     table = connection.ops.quote_name(Job._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT id, xmin::text || ':' || ctid::text FROM {table} WHERE state = ANY(%s)",
+            f"SELECT id, {_ROW_VERSION} FROM {table} WHERE state = ANY(%s)",
             [list(SNAPSHOT_STATES)],
         )
         return dict(cursor.fetchall())
@@ -227,14 +247,8 @@ def _job_values(ids: list[int] | None) -> list[dict[str, Any]]:
     and converted each value again, every tick).
     """
     table = connection.ops.quote_name(Job._meta.db_table)
-    columns = []
-    for name in _KEPT_FIELDS:
-        field = Job._meta.get_field(name)
-        assert isinstance(field, Field) and field.column  # every kept field is a column
-        column = connection.ops.quote_name(field.column)
-        columns.append(f"{column}::text" if name in _JSON_FIELDS else column)
     sql = (
-        f"SELECT {', '.join(columns)}, xmin::text || ':' || ctid::text FROM {table} "
+        f"SELECT {_columns(Job, _KEPT_FIELDS, _JSON_FIELDS)}, {_ROW_VERSION} FROM {table} "
         "WHERE state = ANY(%s)" + ("" if ids is None else " AND id = ANY(%s)")
     )
     with connection.cursor() as cursor:
@@ -271,13 +285,9 @@ def _held_gpus(ids: list[int] | None) -> dict[int, list[int]]:
 def _tenant_rows(ids: list[int]) -> dict[int, TenantRow]:
     """What the snapshot needs of these tenants, by id: one constant statement through a
     plain cursor (the values ``values_list`` gives; the ORM compiled the query each tick)."""
-    quote = connection.ops.quote_name
-    columns = []
-    for name in ("id", *TENANT_ROW_FIELDS):
-        field = Tenant._meta.get_field(name)
-        assert isinstance(field, Field) and field.column  # every one a column
-        columns.append(quote(field.column))
-    sql = f"SELECT {', '.join(columns)} FROM {quote(Tenant._meta.db_table)} WHERE id = ANY(%s)"
+    columns = _columns(Tenant, ("id", *TENANT_ROW_FIELDS))
+    table = connection.ops.quote_name(Tenant._meta.db_table)
+    sql = f"SELECT {columns} FROM {table} WHERE id = ANY(%s)"
     with connection.cursor() as cursor:
         cursor.execute(sql, [ids])
         return {pk: TenantRow(*values) for pk, *values in cursor.fetchall()}
@@ -287,7 +297,7 @@ def _fabric_token() -> str | None:
     """The fabric row's version, without loading the row; None when no topology is loaded."""
     table = connection.ops.quote_name(Fabric._meta.db_table)
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT xmin::text || ':' || ctid::text FROM {table} WHERE id = 1")
+        cursor.execute(f"SELECT {_ROW_VERSION} FROM {table} WHERE id = 1")
         row = cursor.fetchone()
     return row[0] if row else None
 
