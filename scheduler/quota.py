@@ -12,7 +12,8 @@ its ``SimConfig.quota`` is set):
   candidate of the pass; the tick applies it while assembling its snapshot
   (``control.state``), the forecast with ``scheduler.pipeline.QuotaHoldBack``;
 * the check (:func:`enforce_quotas`): the policy does not know quotas, so its
-  starts are checked here, in its order, before binding;
+  starts and its growth toward a request are checked here, in its order, before
+  binding, and cut to the size that fits where one does;
 * preemption within a tenant (:func:`within_quota_preemptions`).
 """
 
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 
 from scheduler.named_numbers import named_numbers
 from scheduler.priority import HIGH, LOW, priority_class
-from scheduler.types import Decision, JobView, Preempt, Start
+from scheduler.types import Decision, JobView, Preempt, Scale, Start
 
 
 def quota_share(holds: int, requested: int) -> int:
@@ -84,29 +85,72 @@ class QuotaBook:
 def enforce_quotas(
     decisions: Sequence[Decision], views: Mapping[str, JobView], book: QuotaBook
 ) -> tuple[list[Decision], dict[str, str]]:
-    """Keep the decisions that fit their tenant's quota; say why the others were dropped."""
+    """Keep the decisions that fit their tenant's quota, cut down to what fits where a
+    smaller size does; say why each job dropped or held back from growing waits.
+
+    Releases count first: a preemption or a shrink frees its share for the rest.  Then,
+    in the policy's order, each decision that raises its job's share (:func:`quota_share`:
+    a start, or a growth of a job held below its request) is checked for the share it
+    adds.  One that does not fit is cut to the largest size that does
+    (:func:`_cut_to_fit`): a growth to more than the job holds now, an elastic start to
+    no less than its minimum; else it is dropped.  Growth in extras (above the request)
+    adds no share and always stands.  A tenant with no quota has no rule.
+    """
     in_use = dict(book.in_use)
-    for decision in decisions:  # releases first: their shares are free for the starts
+    for decision in decisions:  # releases first: their shares are free for the rest
         view = views.get(decision.job)
-        if view is not None and view.gpus and isinstance(decision, Preempt):
-            share = quota_share(len(view.gpus), view.requested_gpus)
-            in_use[view.tenant] = in_use.get(view.tenant, 0) - share
+        if view is None or not view.gpus or not isinstance(decision, Preempt | Scale):
+            continue
+        size = 0 if isinstance(decision, Preempt) else len(decision.gpus)
+        freed = _added_share(view, size)
+        if freed < 0:
+            in_use[view.tenant] = in_use.get(view.tenant, 0) + freed
     kept: list[Decision] = []
     dropped: dict[str, str] = {}
     for decision in decisions:
         view = views.get(decision.job)
-        if view is None or not isinstance(decision, Start):
+        quota = book.quota.get(view.tenant) if view is not None else None
+        if view is None or quota is None or not isinstance(decision, Start | Scale):
             kept.append(decision)
             continue
-        share = quota_share(len(decision.gpus), view.requested_gpus)
-        quota = book.quota.get(view.tenant, 0)
-        used = in_use.get(view.tenant, 0)
-        if used + share > quota:
-            dropped[decision.job] = over_quota(view.tenant, used, quota)
+        added = _added_share(view, len(decision.gpus))
+        if added <= 0:  # a shrink (counted above), or growth in extras
+            kept.append(decision)
             continue
-        in_use[view.tenant] = used + share
-        kept.append(decision)
+        used = in_use.get(view.tenant, 0)
+        fitting = decision if used + added <= quota else _cut_to_fit(decision, view, quota - used)
+        if fitting is None or (isinstance(fitting, Scale) and fitting is not decision):
+            dropped[decision.job] = over_quota(view.tenant, used, quota)  # a cut start starts
+        if fitting is not None:
+            in_use[view.tenant] = used + _added_share(view, len(fitting.gpus))
+            kept.append(fitting)
     return kept, dropped
+
+
+def _added_share(view: JobView, size: int) -> int:
+    """Quota share a job of ``view`` adds (negative: frees) when it goes to ``size`` GPUs."""
+    requested = view.requested_gpus
+    return quota_share(size, requested) - quota_share(len(view.gpus), requested)
+
+
+def _cut_to_fit(decision: Start | Scale, view: JobView, room: int) -> Start | Scale | None:
+    """``decision`` cut to the largest size whose added share fits in ``room`` GPUs of quota
+    (its first GPUs, in rank order), or None when no size is worth keeping.
+
+    A growth is kept when it still grows the job; a start only for a job with a minimum
+    (``min_gpus``: an elastic job) and at no less than it, with its ``base`` kept only
+    while it is still a smaller size to start on.  Binders read a start's or a resize's
+    size, not its GPU ids (the fabric allocator finds a shape for the size, the forecast
+    and the simulator count), so a prefix of the GPUs is a valid decision of that size.
+    """
+    # The share it adds never reaches the request here, so each GPU more is one of quota.
+    size = quota_share(len(view.gpus), view.requested_gpus) + room
+    if isinstance(decision, Scale):
+        return Scale(decision.job, decision.gpus[:size]) if size > len(view.gpus) else None
+    if not 0 < view.min_gpus <= size:
+        return None
+    base = decision.base if 0 < decision.base < size else 0
+    return Start(decision.job, decision.gpus[:size], base)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1014,7 +1014,7 @@ class SimBind:
     clear after the pass.
     """
 
-    __slots__ = ("fresh", "moved", "settles", "sim")
+    __slots__ = ("cut", "fresh", "moved", "settles", "sim")
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
@@ -1022,6 +1022,8 @@ class SimBind:
         self.settles = type(sim.placement) is not CountOnly
         self.fresh: list[JobRecord] = []  # first starts: their start-up is charged after it
         self.moved = False  # whether any round changed a job's GPUs
+        # Jobs the quota check cut below the core's plan (QuotaDropped): refiled once placed.
+        self.cut: list[JobRecord] = []
 
     def bind(self, now: float, plan: Plan) -> tuple[Refusals, Waits]:
         """Place the plan; the refused changes and why each waits."""
@@ -1031,6 +1033,8 @@ class SimBind:
             return _NOTHING_REFUSED
         sim = self.sim
         refused, moved = sim._run_pass(plan, now, self.fresh)
+        if self.cut:
+            self._refile_cut(now)
         if moved:
             self.moved = True
         if not refused:
@@ -1038,6 +1042,16 @@ class SimBind:
         sim.core.unplaced(refused, now)
         sim.core.note_refused(refused, now)
         return refused, dict.fromkeys([job.id for job, _ in refused], REFUSED)
+
+    def _refile_cut(self, now: float) -> None:
+        """Each job the quota check cut that now runs is filed again at the size it got, as
+        a fresh core restores it from the tick's snapshot (below its request: compacted)."""
+        core = self.sim.core
+        for job in self.cut:
+            if job.running:
+                core.remove(job, now)
+                core.restore_running(job, now)
+        self.cut = []
 
 
 class AroundRefusals:
@@ -1197,22 +1211,37 @@ class QuotaDropped:
         self.enforce = EnforceQuotas()
 
     def check(self, now: float, plan: Plan) -> tuple[Plan, Waits]:
-        """The plan without the starts over their tenant's quota; why each waits."""
+        """The plan without the starts and growth over their tenant's quota, those that fit
+        smaller cut down; why each dropped or held back from growing waits."""
         quota = self.turn.quota
-        if not any(n > 0 and not job.running and job.tenant in quota for job, n in plan):
-            return plan, NO_WAITS  # no start to check
+        grows = (n > (job.alloc if job.running else 0) for job, n in plan if job.tenant in quota)
+        if not any(grows):
+            return plan, NO_WAITS  # nothing grows a share to check
         # Only jobs of a tenant with a quota are shown: the others are never dropped.
         views = tuple(_view(job) for job, _ in plan if job.tenant in quota)
         shown = Candidates(Snapshot(now, _NO_GPUS, views), self.turn.book)
-        _, waits = self.enforce.check(shown, _decisions(plan))
-        if not waits:
-            return plan, NO_WAITS
-        dropped = [(job, n) for job, n in plan if job.id in waits]
-        core = self.turn.sim.core
-        core.unplaced(dropped, now)
-        core.note_refused(dropped, now)
-        self.turn.follow_up(now)
-        return [(job, n) for job, n in plan if job.id not in waits], waits
+        kept, waits = self.enforce.check(shown, _decisions(plan))
+        sizes = {d.job: len(d.gpus) for d in kept if isinstance(d, Start | Scale)}
+        out: Plan = []
+        dropped: Plan = []
+        cut: list[JobRecord] = []
+        for job, n in plan:
+            size = sizes.get(job.id, 0) if n > 0 else n
+            if size <= 0 < n:
+                dropped.append((job, n))
+                continue
+            if size < n:
+                cut.append(job)
+            out.append((job, size))
+        if not dropped and not cut:
+            return plan, waits
+        self.turn.sim.binding.cut.extend(cut)
+        if dropped:
+            core = self.turn.sim.core
+            core.unplaced(dropped, now)
+            core.note_refused(dropped, now)
+            self.turn.follow_up(now)
+        return out, waits
 
 
 class QuotaRoomMade:

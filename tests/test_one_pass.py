@@ -267,6 +267,11 @@ def _tick_input(
 
 def _tick_pass(policy: Policy, view: PolicyInput, cluster: ClusterState) -> list[Decision]:
     """The pass as ``control.tick`` runs it: its hold-back, decide and fabric binding."""
+    return _tick_result(policy, view, cluster).decisions
+
+
+def _tick_result(policy: Policy, view: PolicyInput, cluster: ClusterState) -> Any:
+    """:func:`_tick_pass`'s whole result (its waits too)."""
     allocator = VClosAllocator(SPEC)
     held = (held_allocation(job, None, cluster) for job in cluster.holdings)
     allocator.restore([a for a in held if a is not None])
@@ -276,7 +281,7 @@ def _tick_pass(policy: Policy, view: PolicyInput, cluster: ClusterState) -> list
         AllocatorBind(SPEC, allocator),
     ).run(view)
     assert result.bound[0].refused == []
-    return result.decisions
+    return result
 
 
 @pytest.fixture
@@ -321,17 +326,19 @@ def test_one_scenario_decides_the_same_in_the_tick_the_forecast_and_the_simulato
     assert {job for job, e in estimates.items() if e.start == 0.0} == {"job-2", "job-3"}
 
 
-def _simulated_pass(policy: Policy, rows: list[JobRow], tenants: dict[int, TenantRow]) -> Any:
+def _simulated_pass(
+    policy: Policy, rows: list[JobRow], tenants: dict[int, TenantRow], **config: Any
+) -> Any:
     """The simulator's pass when the queued rows arrive (time 1) after the running ones
-    started (time 0), with the tenants' quotas: what it decided, why each job waits, why
-    each job was stopped."""
+    started (time 0), with the tenants' quotas (``config``: more of the SimConfig): what it
+    decided, why each job waits, why each job was stopped."""
     trace = [
         TraceJob(runtime_job_name(row.id), 0.0 if row.parallelism else 1.0, row.gpus, 3600.0,
                  tenant=tenants[row.tenant_id].slug, priority=row.priority)
         for row in rows
     ]  # fmt: skip
     quota = {t.slug: t.gpu_quota for t in tenants.values()}
-    sim = Simulation(trace, policy, SimConfig(total_gpus=8, quota=quota))
+    sim = Simulation(trace, policy, SimConfig(total_gpus=8, quota=quota, **config))
     passes: dict[float, Any] = {}
     scheduling = sim.scheduling
 
@@ -397,3 +404,64 @@ def test_a_job_over_its_quota_waits_with_the_same_words_in_the_three_passes(
     assert tick == first.decisions == [Start("job-3", (4, 5, 6, 7))]
     assert {job.id: n for job, n in simulated[1]} == _counts(tick)
     assert simulated[3] == first.waits == {"job-2": reason}
+
+
+# -- elastic jobs under a quota: growth is checked, a start is cut to what fits -------------
+
+ELASTIC_SIM = {"max_scale": 1.0, "min_fraction": 0.5}
+"""The simulator's elastic jobs as the rows below: no extras, a minimum of half the request."""
+
+
+def _elastic(row: JobRow) -> JobRow:
+    """``row`` as an elastic job: its minimum half its request (as :data:`ELASTIC_SIM`)."""
+    return dataclasses.replace(row, min_gpus=(row.gpus + 1) // 2)
+
+
+@pytest.fixture
+def elastic() -> Iterator[Policy]:
+    with override_settings(FAIR_SHARE=False, CLASS_AGEING_SECONDS=86400):
+        yield live_policy("elastic-tiresias")
+
+
+def test_an_elastic_start_over_the_quota_starts_on_what_fits_in_the_three_passes(
+    elastic: Policy,
+) -> None:
+    """acme (quota 6) runs a job on 2; its elastic job asks for 6 (at least 3): its minimum
+    fits, its request does not; the three passes start it on the 4 that fit."""
+    tenants = {1: TenantRow("acme", 6, False, 1.0), 2: TenantRow("beta", 4, False, 1.0)}
+    rows = [_row(1, 1, 2, NORMAL, holds=2), _elastic(_row(2, 1, 6, NORMAL))]
+    cluster = _cluster({1: [0, 1]})
+    view = _tick_input(rows, cluster, tenants)
+    tick = _tick_result(elastic, view, cluster)
+    first = forecast_pass(elastic, {"acme": 6, "beta": 4}).run(view.snapshot)
+    simulated = _simulated_pass(elastic, rows, tenants, **ELASTIC_SIM)
+
+    assert view.held_back == {}
+    assert tick.decisions == first.decisions == [Start("job-2", (2, 3, 4, 5))]
+    assert [(job.id, n) for job, n in simulated[1]] == [("job-2", 4)]
+    assert tick.waits == first.waits == simulated[3] == {}
+
+
+def test_an_elastic_job_growing_back_over_the_quota_is_held_in_the_three_passes(
+    elastic: Policy,
+) -> None:
+    """acme (quota 4) runs a job on 2 and an elastic one on 2 of the 4 it asked for; with
+    4 GPUs free the policy grows it back, which would take acme to 6: the three passes
+    keep it at 2 and say why, and start beta's job."""
+    tenants = {1: TenantRow("acme", 4, False, 1.0), 2: TenantRow("beta", 4, False, 1.0)}
+    rows = [
+        _row(4, 1, 2, NORMAL, holds=2),
+        _elastic(_row(1, 1, 4, NORMAL, holds=2)),
+        _row(3, 2, 2, NORMAL),
+    ]
+    cluster = _cluster({4: [0, 1], 1: [2, 3]})
+    view = _tick_input(rows, cluster, tenants)
+    tick = _tick_result(elastic, view, cluster)
+    first = forecast_pass(elastic, {"acme": 4, "beta": 4}).run(view.snapshot)
+    # In the simulator job-1 is on 2 of its 4 because the quota cut its start at time 0.
+    simulated = _simulated_pass(elastic, rows, tenants, **ELASTIC_SIM)
+
+    reason = "tenant acme holds 4 of its 4-GPU quota"
+    assert tick.decisions == first.decisions == [Start("job-3", (4, 5))]
+    assert [(job.id, n) for job, n in simulated[1]] == [("job-3", 2)]
+    assert tick.waits == first.waits == simulated[3] == {"job-1": reason}

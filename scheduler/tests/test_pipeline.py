@@ -91,14 +91,19 @@ def test_decide_is_the_policys_own_schedule_on_the_candidates() -> None:
 # -- 3. quota check --------------------------------------------------------------------------
 
 
-def test_the_quota_check_drops_starts_over_quota_and_says_why() -> None:
+def test_the_quota_check_cuts_or_drops_starts_over_quota_and_says_why() -> None:
     # b's job may start on 2 (its minimum fits b's quota of 3: a candidate), but the
-    # policy starts it on 4, over the quota.
+    # policy starts it on 4, over the quota: it starts on the 3 that fit.
     state = snapshot(0.0, cluster(), queued("b-job", 4, tenant="b", min_gpus=2))
     candidates, _ = QuotaHoldBack({"b": 3}).hold_back(state)
     start: list[Decision] = [Start("b-job", (4, 5, 6, 7))]
-    kept, waits = EnforceQuotas().check(candidates, start)
-    assert kept == [] and waits == {"b-job": "tenant b holds 0 of its 3-GPU quota"}
+    assert EnforceQuotas().check(candidates, start) == ([Start("b-job", (4, 5, 6))], {})
+    # A job with no minimum starts whole or not at all.
+    rigid = snapshot(0.0, cluster(), queued("b-job", 2, tenant="b"), queued("b-2", 2, tenant="b"))
+    candidates, _ = QuotaHoldBack({"b": 3}).hold_back(rigid)
+    both: list[Decision] = [Start("b-job", (4, 5)), Start("b-2", (6, 7))]
+    kept, waits = EnforceQuotas().check(candidates, both)
+    assert kept == both[:1] and waits == {"b-2": "tenant b holds 2 of its 3-GPU quota"}
 
 
 def test_without_a_book_the_quota_check_keeps_every_decision() -> None:
@@ -225,22 +230,23 @@ def test_the_pass_holds_back_decides_checks_makes_room_and_binds() -> None:
 
 def test_the_pass_says_why_every_job_left_out_waits() -> None:
     # a's high job is held back and nothing of a lower class of a runs to stop for it;
-    # b's job is a candidate (its minimum fits) but its start on 4 is over b's quota.
+    # b's two jobs are candidates (each fits alone) but the second start is over b's quota.
     state = snapshot(
         0.0,
         cluster(busy=dict.fromkeys(range(4), "a-first")),
         running("a-first", (0, 1, 2, 3), tenant="a", priority=90),
         queued("a-high", 2, tenant="a", priority=90),
-        queued("b-job", 4, tenant="b", min_gpus=2),
+        queued("b-job", 2, tenant="b"),
+        queued("b-2", 2, submit=1.0, tenant="b"),
     )
     scheduling = snapshot_pass(
         QuotaHoldBack({"a": 4, "b": 3}), PolicyDecide(get_policy("fifo")), CountBind()
     )
     result = scheduling.run(state)
-    assert result.decisions == [] and result.stopped == {}
+    assert result.decisions == [Start("b-job", (4, 5))] and result.stopped == {}
     assert result.waits == {
         "a-high": "tenant a holds 4 of its 4-GPU quota",
-        "b-job": "tenant b holds 0 of its 3-GPU quota",
+        "b-2": "tenant b holds 2 of its 3-GPU quota",
     }
 
 

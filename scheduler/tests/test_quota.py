@@ -85,3 +85,62 @@ def test_the_hold_back_rule_counts_what_a_job_holds_up_to_its_request() -> None:
     assert book.hold_reason("no-quota", 100) is None  # a tenant with no quota: no rule
     assert (quota_share(6, 2), quota_share(1, 4)) == (2, 1)
     assert (quota_need(2, 8), quota_need(0, 8)) == (2, 8)  # its minimum, else its request
+
+
+# --- growth back toward the request, and starts cut to what fits --------------------------
+
+
+def test_a_job_growing_back_toward_its_request_is_checked_for_the_share_it_adds() -> None:
+    """Shrunk to 2 of its 8, it may grow by the 2 GPUs of quota left, not back to 8."""
+    views = {"e": running("e", (0, 1), tenant="t", requested_gpus=8, min_gpus=2)}
+    book = QuotaBook(quota={"t": 6}, in_use={"t": 4})  # e's 2 and 2 of another job's
+    kept, waits = enforce_quotas([Scale("e", (0, 1, 2, 3, 4, 5, 6, 7))], views, book)
+    assert kept == [Scale("e", (0, 1, 2, 3))]
+    assert waits == {"e": "tenant t holds 4 of its 6-GPU quota"}
+    # At its quota it does not grow at all; above its request the extras do not count.
+    full = QuotaBook(quota={"t": 4}, in_use={"t": 4})
+    kept, waits = enforce_quotas([Scale("e", (0, 1, 2))], views, full)
+    assert kept == [] and waits == {"e": "tenant t holds 4 of its 4-GPU quota"}
+    small = {"s": running("s", (0, 1), tenant="t", requested_gpus=2)}
+    assert enforce_quotas([Scale("s", (0, 1, 2, 3))], small, full) == (
+        [Scale("s", (0, 1, 2, 3))],
+        {},
+    )
+
+
+def test_a_shrink_frees_its_share_for_the_growth_and_starts_after_it() -> None:
+    views = {
+        "big": running("big", (0, 1, 2, 3), tenant="t", requested_gpus=4),
+        "e": running("e", (4,), tenant="t", requested_gpus=4, min_gpus=1),
+        "q": JobView("q", 1.0, 2, tenant="t"),
+    }
+    book = QuotaBook(quota={"t": 5}, in_use={"t": 5})
+    decisions: list[Decision] = [
+        Start("q", (8, 9)), Scale("e", (4, 5, 6)), Scale("big", (0, 1)),
+    ]  # fmt: skip
+    kept, waits = enforce_quotas(decisions, views, book)
+    # 5 - 2 (big shrinks first) + 2 (q starts) = 5: e's growth, after q's start, finds none.
+    assert kept == [decisions[0], decisions[2]]
+    assert waits == {"e": "tenant t holds 5 of its 5-GPU quota"}
+    # Without the shrink, q's start does not fit either.
+    assert enforce_quotas(decisions[:2], views, book)[0] == []
+
+
+def test_an_elastic_start_over_the_quota_starts_on_what_fits_from_its_minimum() -> None:
+    views = {"e": JobView("e", 0.0, 8, tenant="t", min_gpus=2)}
+    book = QuotaBook(quota={"t": 6}, in_use={"t": 3})
+    kept, waits = enforce_quotas([Start("e", tuple(range(8)), base=0)], views, book)
+    assert kept == [Start("e", (0, 1, 2))] and waits == {}
+    # A base within the cut stays the size it may start on; one above it goes.
+    with_extras = [Start("e", tuple(range(10)), base=2)]
+    assert enforce_quotas(with_extras, views, book)[0] == [Start("e", (0, 1, 2), base=2)]
+    cut_below_base = [Start("e", tuple(range(10)), base=8)]
+    assert enforce_quotas(cut_below_base, views, book)[0] == [Start("e", (0, 1, 2))]
+    # Below its minimum, or a job with none (all or nothing): dropped, with the reason.
+    tight = QuotaBook(quota={"t": 6}, in_use={"t": 5})
+    assert enforce_quotas([Start("e", tuple(range(8)))], views, tight) == (
+        [],
+        {"e": "tenant t holds 5 of its 6-GPU quota"},
+    )
+    rigid = {"r": JobView("r", 0.0, 8, tenant="t")}
+    assert enforce_quotas([Start("r", tuple(range(8)))], rigid, book)[0] == []
