@@ -146,6 +146,15 @@ class Job(models.Model):
         null=True, blank=True, help_text="When the forecast behind the estimates ran."
     )
     updated_at = models.DateTimeField(auto_now=True)
+    row_txid = models.BigIntegerField(
+        default=0,
+        editable=False,
+        db_index=True,
+        help_text=(
+            "The transaction that last wrote this row (PostgreSQL: set by a trigger on every "
+            "insert and update, whoever writes; 0 elsewhere): the tick's change feed."
+        ),
+    )
 
     objects = JobQuerySet.as_manager()
 

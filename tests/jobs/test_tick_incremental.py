@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from prometheus_client import generate_latest
@@ -334,6 +334,46 @@ def test_kept_job_views_follow_a_renamed_tenant_and_time(alice: Any, acme: Any) 
     renamed = kept.policy_input(cluster, timezone.now()).snapshot
     assert {v.tenant for v in renamed.jobs} == {"acme-renamed"}
     assert len(renamed.jobs) == len(jobs)
+
+
+@needs_postgresql
+def test_a_write_still_open_at_one_refresh_is_read_by_the_next(alice: Any, acme: Any) -> None:
+    """The change feed's horizon: a transaction that wrote a job before a refresh and
+    commits after it is read by the next refresh, though newer writes were read before.
+
+    The refresh reads the rows written at or above the last refresh's horizon (the
+    oldest transaction open then); taking the horizon from the newest write seen
+    instead would skip this one for good (its transaction id is older).
+    """
+    demo_cluster(FABRIC)
+    slow, quick = submit(alice, acme, gpus=2, lo=1, hi=4), submit(alice, acme, gpus=1, lo=1, hi=1)
+    assert run_tick(policy=POLICY).ran
+    kept_equals_rebuild()
+    wrote, commit = threading.Event(), threading.Event()
+
+    def open_writer() -> None:  # its own connection: writes, then waits to commit
+        try:
+            with transaction.atomic():
+                Job.objects.filter(pk=slow.pk).update(priority=90)
+                wrote.set()
+                assert commit.wait(30)
+        finally:
+            connection.close()
+
+    writer = threading.Thread(target=open_writer)
+    writer.start()
+    assert wrote.wait(30)
+    Job.objects.filter(pk=quick.pk).update(priority=80)  # a newer transaction, committed
+    kept = incremental.kept_state()
+    assert kept.cluster() is not None  # reads the quick write; the slow one is not visible
+    assert kept.rows[quick.pk].priority == 80 and kept.rows[slow.pk].priority == 50
+    commit.set()
+    writer.join()
+    kept_equals_rebuild()
+    assert kept.rows[slow.pk].priority == 90
+    assert kept.horizon is not None
+    since = incremental._written_since(kept.horizon)  # nothing written since: no job rows
+    assert (since.fresh, since.left) == ([], set())
 
 
 @needs_postgresql
