@@ -11,13 +11,14 @@ fabric under it) are refused with ``InventoryError``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import transaction
-from django.db.models import Count, Max, Min, Q
+from django.db import connection, transaction
+from django.db.models import Count, Field, Max, Min, Q
 from django.db.models.fields.json import KT
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -378,22 +379,66 @@ def read_beats() -> Beats:
     edit, a row from before), or the greatest not parse, every row is read and
     parsed instead, as :func:`beat_at` would.
     """
-    found = Server.objects.annotate(beat=KT(f"agent_info__{BEAT_AT}")).aggregate(
-        heard=Max("last_heartbeat"),
-        sent=Max("beat"),
-        odd=Count("pk", filter=Q(beat__isnull=False) & ~Q(beat__regex=UTC_STAMP)),
-        oldest_live=Min(
-            "last_heartbeat", filter=Q(state__in=(ServerState.UP, ServerState.DRAINING))
-        ),
-    )
-    heard, latest = found["heard"], _parse_time(found["sent"])
-    if found["odd"] or (found["sent"] is not None and latest is None):
+    heard, sent, odd, oldest_live = _beat_aggregate()
+    latest = _parse_time(sent)
+    if odd or (sent is not None and latest is None):
         beats = Server.objects.values_list("last_heartbeat", "agent_info")
         times = [t for heard, info in beats for t in (heard, beat_at(info)) if t is not None]
         newest = max(times, default=None)
     else:
         newest = max((t for t in (heard, latest) if t is not None), default=None)
-    return Beats(heard=heard, newest=newest, oldest_live=found["oldest_live"])
+    return Beats(heard=heard, newest=newest, oldest_live=oldest_live)
+
+
+_LIVE_STATES = (ServerState.UP, ServerState.DRAINING)
+
+
+def _beat_aggregate() -> tuple[datetime | None, str | None, int, datetime | None]:
+    """The newest arrival, the greatest sent time (text), how many sent times are not
+    ``UTC_STAMP``s, and the oldest arrival of a live server: one aggregate.
+
+    On PostgreSQL (the tick's database, every few seconds) one constant statement
+    through a plain cursor (:func:`_beat_sql`): the ORM compiled the aggregate again
+    each call, most of this function's time.  Elsewhere the same aggregate by the ORM.
+    """
+    if connection.vendor != "postgresql":
+        found = Server.objects.annotate(beat=KT(f"agent_info__{BEAT_AT}")).aggregate(
+            heard=Max("last_heartbeat"),
+            sent=Max("beat"),
+            odd=Count("pk", filter=Q(beat__isnull=False) & ~Q(beat__regex=UTC_STAMP)),
+            oldest_live=Min("last_heartbeat", filter=Q(state__in=_LIVE_STATES)),
+        )
+        return found["heard"], found["sent"], found["odd"], found["oldest_live"]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _beat_sql(),
+            {"key": BEAT_AT, "stamp": UTC_STAMP, "live": [str(s) for s in _LIVE_STATES]},
+        )
+        heard, sent, odd, oldest_live = cursor.fetchone()
+    return heard, sent, odd, oldest_live
+
+
+@functools.cache
+def _beat_sql() -> str:
+    """The ORM's aggregate of :func:`_beat_aggregate`, written once (PostgreSQL).
+
+    Parameters: the key of the sent time, ``UTC_STAMP``, the live states.
+    """
+    quote = connection.ops.quote_name
+
+    def column(name: str) -> str:
+        field = Server._meta.get_field(name)
+        assert isinstance(field, Field) and field.column  # every one a column
+        return quote(field.column)
+
+    key, heard, info, state = map(column, ("id", "last_heartbeat", "agent_info", "state"))
+    beat = f"({info} ->> %(key)s)"
+    return (
+        f"SELECT MAX({heard}), MAX({beat}), "
+        f"COUNT({key}) FILTER (WHERE {beat} IS NOT NULL AND NOT ({beat} ~ %(stamp)s)), "
+        f"MIN({heard}) FILTER (WHERE {state} = ANY(%(live)s)) "
+        f"FROM {quote(Server._meta.db_table)}"
+    )
 
 
 def sent_at(info: Mapping[str, Any], received: datetime) -> datetime:
