@@ -1,6 +1,7 @@
 """Predicted start, finish and queue position of the live cluster's jobs.
 
-    maybe_refresh(now)            the tick calls it; cheap: one Redis SET NX PX after commit
+    maybe_refresh(now)            the tick calls it; cheap: one Redis SET NX PX after commit,
+                                  none while the key this process set lives
     └─ due (once every FORECAST_SECONDS) → FORECAST_TASK on the ``whatif`` queue
         refresh_forecast()        Redis lock: one refresh at a time, never inside a tick
         1. read_cluster + build_snapshot      the tick's own view of the cluster
@@ -18,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -295,20 +297,39 @@ def refresh_forecast(now: datetime | None = None) -> list[int] | None:
             log.warning("the forecast outlived its lock")
 
 
-def maybe_refresh(now: datetime) -> None:
+_asked_until: dict[str, float] = {}
+"""Per Redis URL, until when (``time.monotonic``) the ``DUE_KEY`` this process set lives."""
+
+
+def forget_asked() -> None:
+    """Forget when this process last asked for a forecast: the next tick asks Redis (a test
+    that deletes ``DUE_KEY``, or another process's clean slate)."""
+    _asked_until.clear()
+
+
+def maybe_refresh(now: datetime, *, clock: Callable[[], float] = time.monotonic) -> None:
     """Ask for a forecast in the background when one is due (the tick calls this every time).
 
     Due means none was asked for in the last ``FORECAST_SECONDS`` (a Redis key
-    with that lifetime).  The task is sent after the caller's transaction
-    commits, on the ``whatif`` queue, and expires when the next one is due.
+    with that lifetime, set by whichever process asks).  The task is sent after
+    the caller's transaction commits, on the ``whatif`` queue, and expires when
+    the next one is due.  The process that set the key remembers until when it
+    lives (``clock``, read before the ``SET``: never past the key's own end), and
+    until then asks Redis nothing: its ``SET NX`` could only fail, and the tick
+    saves a round trip every tick but one an interval.
     """
     interval = settings.FORECAST_SECONDS
     if interval <= 0:
         return
+    url = str(settings.REDIS_URL)
 
     def enqueue() -> None:
+        asked = clock()
+        if asked < _asked_until.get(url, -math.inf):
+            return  # this process's key still lives: not due
         try:
             if _redis().set(DUE_KEY, "1", nx=True, px=int(interval * 1000)):
+                _asked_until[url] = asked + interval
                 current_app.send_task(
                     FORECAST_TASK,
                     expires=interval,  # seconds from sending: the next one is due then

@@ -18,6 +18,7 @@ from control.forecast import (
     DUE_KEY,
     FORECAST_TASK,
     LOCK_KEY,
+    forget_asked,
     maybe_refresh,
     refresh_forecast,
     remaining_work,
@@ -55,8 +56,10 @@ def submit(user: Any, tenant: Tenant, gpus: int, steps: int = 1000, name: str = 
 def fresh_redis() -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(settings.REDIS_URL)
     client.delete(DUE_KEY, LOCK_KEY)
+    forget_asked()  # another test's request, remembered by this process
     yield client
     client.delete(DUE_KEY, LOCK_KEY)
+    forget_asked()
 
 
 # -- remaining work (pure) ------------------------------------------------------------
@@ -230,20 +233,44 @@ def test_estimates_of_a_job_that_left_the_queue_are_cleared(
     assert (job.queue_position, job.estimated_at, job.estimated_start) == (None, None, None)
 
 
+@override_settings(FORECAST_SECONDS=10)
 def test_maybe_refresh_sends_one_task_per_interval_on_the_whatif_queue(
     whatif_queue: Any, fresh_redis: redis.Redis
 ) -> None:
     assert app.amqp.router.route({}, FORECAST_TASK)["queue"].name == "whatif"
-    now = timezone.now()
-    maybe_refresh(now)
-    maybe_refresh(now + timedelta(seconds=1))  # not due yet: nothing more is sent
+    now, clock = timezone.now(), [100.0]
+    maybe_refresh(now, clock=lambda: clock[0])
+    clock[0] += 1
+    maybe_refresh(now + timedelta(seconds=1), clock=lambda: clock[0])  # not due yet
     message = whatif_queue.get(timeout=5)
     assert message.headers["task"] == FORECAST_TASK
     message.ack()
     with pytest.raises(whatif_queue.Empty):
         whatif_queue.get(timeout=0.5)
-    fresh_redis.delete(DUE_KEY)  # the interval has passed
-    maybe_refresh(now)
+    fresh_redis.delete(DUE_KEY)  # the interval has passed (in Redis)...
+    maybe_refresh(now, clock=lambda: clock[0])  # ...not by this process's clock: not asked
+    with pytest.raises(whatif_queue.Empty):
+        whatif_queue.get(timeout=0.5)
+    assert fresh_redis.get(DUE_KEY) is None
+    clock[0] += 9  # ...and now by its clock too
+    maybe_refresh(now, clock=lambda: clock[0])
+    assert whatif_queue.get(timeout=5).headers["task"] == FORECAST_TASK
+    assert fresh_redis.pttl(DUE_KEY) > 0
+
+
+@override_settings(FORECAST_SECONDS=10)
+def test_maybe_refresh_asks_redis_when_another_process_asked_last(
+    whatif_queue: Any, fresh_redis: redis.Redis
+) -> None:
+    """Only the process that set the key skips Redis: here another set it, and each call
+    asks Redis (which says no) until the key is gone, then this one sends."""
+    clock = [100.0]
+    fresh_redis.set(DUE_KEY, "1", px=10_000)  # another process's request
+    maybe_refresh(timezone.now(), clock=lambda: clock[0])
+    with pytest.raises(whatif_queue.Empty):
+        whatif_queue.get(timeout=0.5)
+    fresh_redis.delete(DUE_KEY)  # its interval has passed
+    maybe_refresh(timezone.now(), clock=lambda: clock[0])  # same clock: asked, and sent
     assert whatif_queue.get(timeout=5).headers["task"] == FORECAST_TASK
 
 
