@@ -36,6 +36,7 @@ import functools
 import gc
 import logging
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
+from redis.lock import Lock
 
 from control.apply import apply_bound, note_waiting
 from control.forecast import maybe_refresh
@@ -55,7 +57,7 @@ from control.reconcile import reconcile
 from control.state import AssembledHoldBack, ClusterState
 from control.suspect_notes import suspect_notes
 from control.switch_watchdog import stop_stuck_switches
-from control.tick_stats import record_tick
+from control.tick_stats import queue_tick_stats
 from fabric.allocator import Allocation
 from inventory.services import do_mark_silent_servers_down, read_beats
 from jobs import holdings
@@ -145,33 +147,58 @@ def run_tick(
     Two locks: the Redis one, which expires after ``TICK_LOCK_SECONDS`` (a few
     ticks: a worker killed mid-tick never releases it), keeps ticks from even
     starting a transaction while another runs; the database one makes sure two
-    ticks never overlap even when a slow tick outlived the Redis lock.
+    ticks never overlap even when a slow tick outlived the Redis lock.  The Redis
+    lock is redis-py's (``Lock``: ``SET NX PX`` of a token, released by a script
+    only while the key holds that token), made by hand so that a tick's release
+    and its duration (``tick_stats``) go to Redis in one round trip.
     """
     lock_timeout_s = lock_timeout_s or settings.TICK_LOCK_SECONDS
-    lock = _redis().lock(LOCK_KEY, timeout=lock_timeout_s, blocking=False)
-    if not lock.acquire(blocking=False):
+    client, token = _redis(), uuid.uuid4().hex
+    if not client.set(LOCK_KEY, token, nx=True, px=int(lock_timeout_s * 1000)):
         return TickResult(ran=False)
     started = time.perf_counter()
     now = now or timezone.now()
+    result: TickResult | None = None
     try:
         source = source_for_tick()
         with _collector_paused():
             source.verify_if_due(now)
             with transaction.atomic():
-                if not _database_lock():
-                    return TickResult(ran=False)
-                result = _tick(source, policy or settings.SCHEDULER_POLICY, now)
+                if _database_lock():
+                    result = _tick(source, policy or settings.SCHEDULER_POLICY, now)
     except BaseException:
         forget()  # it may describe writes that rolled back: the next tick reads everything
+        _release(client, token, lock_timeout_s)
         raise
-    finally:
-        try:
-            lock.release()
-        except redis.exceptions.LockError:
-            log.warning("the tick outlived its lock (%.0f s)", lock_timeout_s)
+    if result is None:  # another tick holds the database's lock
+        _release(client, token, lock_timeout_s)
+        return TickResult(ran=False)
     duration = time.perf_counter() - started
-    record_tick(duration)
-    return dataclasses.replace(result, duration_s=duration)
+    _release(client, token, lock_timeout_s, duration)
+    # The tick's time up to its lock's release, as before (the recorded one cannot include
+    # the round trip it travels in).
+    return dataclasses.replace(result, duration_s=time.perf_counter() - started)
+
+
+def _release(
+    client: redis.Redis, token: str, timeout_s: float, duration_s: float | None = None
+) -> None:
+    """Give the tick's Redis lock back, if it still holds ``token``, and record a tick that
+    ran (``duration_s``) in the same round trip.
+
+    The release is redis-py's ``Lock.release`` (its script, which deletes the key only
+    while it holds this token); its errors are raised, as that release's were, but the
+    record's are not (metrics must never break a tick).
+    """
+    pipe = client.pipeline(transaction=False)
+    pipe.eval(Lock.LUA_RELEASE_SCRIPT, 1, LOCK_KEY, token)
+    if duration_s is not None:
+        queue_tick_stats(pipe, duration_s)
+    released, *_ = pipe.execute(raise_on_error=False)
+    if isinstance(released, Exception):
+        raise released
+    if not released:
+        log.warning("the tick outlived its lock (%.0f s)", timeout_s)
 
 
 def _tick(source: ClusterSource, policy_name: str, now: datetime) -> TickResult:

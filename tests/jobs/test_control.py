@@ -263,6 +263,56 @@ def test_ticks_never_overlap(alice: Any, acme: Any) -> None:
         pass
 
 
+def test_a_tick_releases_its_lock_and_records_its_time_in_one_round_trip(
+    monkeypatch: Any,
+) -> None:
+    from django.conf import settings
+
+    from control.tick_stats import TICK_STATS_KEY
+
+    demo_cluster()
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    before = int(client.hget(TICK_STATS_KEY, "count") or 0)
+    sent: list[list[Any]] = []
+    execute = redis.client.Pipeline.execute
+
+    def spy(self: Any, raise_on_error: bool = True) -> Any:
+        sent.append([args[0] for args, _ in self.command_stack])
+        return execute(self, raise_on_error)
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", spy)
+    result = run_tick(policy="fifo")
+    assert result.ran and result.duration_s > 0
+    assert ["EVAL", "HINCRBY", "HINCRBYFLOAT", "HSET"] in sent  # one round trip
+    assert not client.exists("portal:scheduler-tick")
+    assert int(client.hget(TICK_STATS_KEY, "count") or 0) == before + 1
+    assert float(client.hget(TICK_STATS_KEY, "last") or 0) > 0
+
+
+def test_a_tick_that_outlived_its_lock_leaves_the_next_holder_s_lock_alone(
+    monkeypatch: Any, caplog: Any
+) -> None:
+    from django.conf import settings
+
+    import control.tick
+
+    demo_cluster()
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    tick = control.tick._tick
+
+    def slow_tick(*args: Any) -> Any:
+        client.set("portal:scheduler-tick", "another")  # expired; another tick took it
+        return tick(*args)
+
+    monkeypatch.setattr(control.tick, "_tick", slow_tick)
+    try:
+        assert run_tick(policy="fifo").ran
+        assert client.get("portal:scheduler-tick") == b"another"
+        assert "the tick outlived its lock" in caplog.text
+    finally:
+        client.delete("portal:scheduler-tick")
+
+
 def test_profile_at_max_then_curve_drives_the_policy(alice: Any, acme: Any) -> None:
     nodes = demo_cluster()
     job = submit(alice, acme, gpus=2, lo=1, hi=4)
