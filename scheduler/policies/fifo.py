@@ -45,11 +45,17 @@ class FifoCore(PolicyCore):
             self.queues[job.klass].remove(job)
 
     def decide(self, now: float) -> Plan:
-        """Start queued jobs from the head while each fits."""
+        """Start queued jobs from the head while each fits.
+
+        A job held back at ``now`` (:meth:`held_back`: its tenant's quota keeps it out, in
+        the simulator) is no candidate, as the tick's snapshot leaves it out: it neither
+        starts nor blocks the line behind it.
+        """
         if self._age_heap:
             self.apply_ageing(now)
         plan: Plan = []
         free = self.total - self.used
+        skip = self.held_back(now) if self.refused else None
         for i, queue in enumerate(self.queues):
             if not queue:
                 continue
@@ -57,6 +63,11 @@ class FifoCore(PolicyCore):
             if fs is not None and len(queue) > 1 and fs.active(j.tenant for j in queue):
                 key = fs.key
                 queue = self.queues[i] = deque(sorted(queue, key=lambda j: (key(j.tenant), j.idx)))
+            if skip:
+                free, blocked = self._start_around(queue, skip, free, plan)
+                if blocked:
+                    break
+                continue
             while queue and queue[0].requested <= free:
                 job = queue.popleft()
                 free -= job.requested
@@ -65,6 +76,27 @@ class FifoCore(PolicyCore):
             if queue:
                 break  # head-of-line blocking across classes too
         return plan
+
+    def _start_around(
+        self, queue: deque[JobRecord], skip: set[JobRecord], free: int, plan: Plan
+    ) -> tuple[int, bool]:
+        """Start ``queue``'s jobs in order, passing over those in ``skip``, until one does
+        not fit; the GPUs left free, and whether a job blocks the line (the rest waits)."""
+        started: list[JobRecord] = []
+        blocked = False
+        for job in queue:
+            if job in skip:
+                continue
+            if job.requested > free:
+                blocked = True
+                break
+            free -= job.requested
+            self.used += job.requested
+            started.append(job)
+            plan.append((job, job.requested))
+        for job in started:
+            queue.remove(job)
+        return free, blocked
 
     def reclass(self, job: JobRecord, klass: int, now: float) -> None:
         """Move a queued job to its new class's queue, in arrival order there."""
