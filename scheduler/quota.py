@@ -138,10 +138,12 @@ def _cut_to_fit(decision: Start | Scale, view: JobView, room: int) -> Start | Sc
     (its first GPUs, in rank order), or None when no size is worth keeping.
 
     A growth is kept when it still grows the job; a start only for a job with a minimum
-    (``min_gpus``: an elastic job) and at no less than it, with its ``base`` kept only
-    while it is still a smaller size to start on.  Binders read a start's or a resize's
-    size, not its GPU ids (the fabric allocator finds a shape for the size, the forecast
-    and the simulator count), so a prefix of the GPUs is a valid decision of that size.
+    (``min_gpus``: an elastic job) and at no less than it.  Binders read a start's or a
+    resize's size, not its GPU ids (the fabric allocator finds a shape for the size, the
+    forecast and the simulator count), so a prefix of the GPUs is a valid decision of that
+    size.  Not every size has a vClos shape, so a cut start keeps a smaller size to start
+    on (``Start.base``, the binder's fallback): its own base while that is still smaller,
+    else the job's minimum.
     """
     # The share it adds never reaches the request here, so each GPU more is one of quota.
     size = quota_share(len(view.gpus), view.requested_gpus) + room
@@ -149,8 +151,8 @@ def _cut_to_fit(decision: Start | Scale, view: JobView, room: int) -> Start | Sc
         return Scale(decision.job, decision.gpus[:size]) if size > len(view.gpus) else None
     if not 0 < view.min_gpus <= size:
         return None
-    base = decision.base if 0 < decision.base < size else 0
-    return Start(decision.job, decision.gpus[:size], base)
+    base = decision.base if 0 < decision.base < size else view.min_gpus
+    return Start(decision.job, decision.gpus[:size], base if base < size else 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -437,7 +437,7 @@ def test_an_elastic_start_over_the_quota_starts_on_what_fits_in_the_three_passes
     simulated = _simulated_pass(elastic, rows, tenants, **ELASTIC_SIM)
 
     assert view.held_back == {}
-    assert tick.decisions == first.decisions == [Start("job-2", (2, 3, 4, 5))]
+    assert tick.decisions == first.decisions == [Start("job-2", (2, 3, 4, 5), base=3)]
     assert [(job.id, n) for job, n in simulated[1]] == [("job-2", 4)]
     assert tick.waits == first.waits == simulated[3] == {}
 

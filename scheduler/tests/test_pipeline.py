@@ -93,11 +93,12 @@ def test_decide_is_the_policys_own_schedule_on_the_candidates() -> None:
 
 def test_the_quota_check_cuts_or_drops_starts_over_quota_and_says_why() -> None:
     # b's job may start on 2 (its minimum fits b's quota of 3: a candidate), but the
-    # policy starts it on 4, over the quota: it starts on the 3 that fit.
+    # policy starts it on 4, over the quota: it starts on the 3 that fit (or on 2, its
+    # minimum, where no shape has 3).
     state = snapshot(0.0, cluster(), queued("b-job", 4, tenant="b", min_gpus=2))
     candidates, _ = QuotaHoldBack({"b": 3}).hold_back(state)
     start: list[Decision] = [Start("b-job", (4, 5, 6, 7))]
-    assert EnforceQuotas().check(candidates, start) == ([Start("b-job", (4, 5, 6))], {})
+    assert EnforceQuotas().check(candidates, start) == ([Start("b-job", (4, 5, 6), 2)], {})
     # A job with no minimum starts whole or not at all.
     rigid = snapshot(0.0, cluster(), queued("b-job", 2, tenant="b"), queued("b-2", 2, tenant="b"))
     candidates, _ = QuotaHoldBack({"b": 3}).hold_back(rigid)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from fabric.allocator import VClosAllocator
+from fabric.topology import FabricSpec
+from scheduler.pipeline import AllocatorBind
 from scheduler.quota import (
     Blocked,
     QuotaBook,
@@ -130,12 +133,17 @@ def test_an_elastic_start_over_the_quota_starts_on_what_fits_from_its_minimum() 
     views = {"e": JobView("e", 0.0, 8, tenant="t", min_gpus=2)}
     book = QuotaBook(quota={"t": 6}, in_use={"t": 3})
     kept, waits = enforce_quotas([Start("e", tuple(range(8)), base=0)], views, book)
-    assert kept == [Start("e", (0, 1, 2))] and waits == {}
-    # A base within the cut stays the size it may start on; one above it goes.
-    with_extras = [Start("e", tuple(range(10)), base=2)]
-    assert enforce_quotas(with_extras, views, book)[0] == [Start("e", (0, 1, 2), base=2)]
+    assert kept == [Start("e", (0, 1, 2), base=2)] and waits == {}  # its minimum: a fallback
+    # A base within the cut stays the size it may start on; one above it gives way to the
+    # minimum, and a minimum that is the cut itself leaves none.
+    with_extras = [Start("e", tuple(range(10)), base=1)]
+    assert enforce_quotas(with_extras, views, book)[0] == [Start("e", (0, 1, 2), base=1)]
     cut_below_base = [Start("e", tuple(range(10)), base=8)]
-    assert enforce_quotas(cut_below_base, views, book)[0] == [Start("e", (0, 1, 2))]
+    assert enforce_quotas(cut_below_base, views, book)[0] == [Start("e", (0, 1, 2), base=2)]
+    at_minimum = QuotaBook(quota={"t": 6}, in_use={"t": 4})
+    assert enforce_quotas([Start("e", tuple(range(8)))], views, at_minimum)[0] == [
+        Start("e", (0, 1))
+    ]
     # Below its minimum, or a job with none (all or nothing): dropped, with the reason.
     tight = QuotaBook(quota={"t": 6}, in_use={"t": 5})
     assert enforce_quotas([Start("e", tuple(range(8)))], views, tight) == (
@@ -144,3 +152,16 @@ def test_an_elastic_start_over_the_quota_starts_on_what_fits_from_its_minimum() 
     )
     rigid = {"r": JobView("r", 0.0, 8, tenant="t")}
     assert enforce_quotas([Start("r", tuple(range(8)))], rigid, book)[0] == []
+
+
+def test_a_cut_start_with_no_vclos_shape_binds_on_its_minimum() -> None:
+    """Cut to 6 GPUs, a size no shape of this fabric has: the allocator places its base."""
+    spec = FabricSpec(leaves=2, spines=2, servers_per_leaf=2, gpus_per_server=2)
+    views = {"e": JobView("e", 0.0, 8, tenant="t", min_gpus=2)}
+    book = QuotaBook(quota={"t": 8}, in_use={"t": 2})  # 2 held on another cluster
+    kept, _ = enforce_quotas([Start("e", tuple(range(8)))], views, book)
+    assert kept == [Start("e", tuple(range(6)), base=2)]
+    binding, waits = AllocatorBind(spec, VClosAllocator(spec)).bind(None, kept)
+    assert waits == {} and binding.refused == []
+    (bound,) = binding.bound
+    assert (len(bound.new_gpus), bound.planned) == (2, 6)
