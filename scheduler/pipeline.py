@@ -12,7 +12,8 @@ The steps, each a small class behind a Protocol, composed in one place
     ▼
  ┌► 2. Decide                the policy's decisions on the candidates
  │  ▼
- │  3. QuotaCheck            starts that would put a tenant over its quota are dropped
+ │  3. QuotaCheck            starts and growth that would put a tenant over its quota
+ │  │                        are cut to the size that fits, or dropped
  │  ▼
  │  4. WithinQuota           a held-back job of a higher class stops its own tenant's
  │  │                        lower-class jobs to fit (their decisions are replaced)
@@ -96,10 +97,12 @@ class Decide(Protocol[Candidates_contra, Decisions_co]):
 
 
 class QuotaCheck(Protocol[Candidates_contra, Decisions]):
-    """Step 3: the decisions that fit their tenant's quota; why the others were dropped."""
+    """Step 3: the decisions that fit their tenant's quota (some cut down to fit); why the
+    others were dropped or held from growing."""
 
     def check(self, candidates: Candidates_contra, decisions: Decisions) -> tuple[Decisions, Waits]:
-        """The decisions kept and the waits of the jobs whose start was dropped."""
+        """The decisions kept and the waits of the jobs whose start or growth was dropped
+        or cut."""
         ...
 
 
@@ -336,7 +339,7 @@ class EnforceQuotas:
     def check(
         self, candidates: Candidates, decisions: list[Decision]
     ) -> tuple[list[Decision], Waits]:
-        """The decisions that fit; the dropped starts' waits."""
+        """The decisions that fit (cut where smaller fits); the dropped or cut jobs' waits."""
         if candidates.book is None:
             return decisions, NO_WAITS
         views = {v.id: v for v in candidates.snapshot.jobs}

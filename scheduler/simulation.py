@@ -1200,9 +1200,10 @@ class QuotaHeld:
 
 class QuotaDropped:
     """Step 3 with quotas: :class:`scheduler.pipeline.EnforceQuotas` on the plan, in its
-    order; each dropped start is undone in the core and refused at the time, and the next
-    pass follows at once, where the hold-back keeps the job out and the policy may give
-    its GPUs to another."""
+    order; each dropped start or growth is undone in the core and refused at the time, and
+    the next pass follows at once, where the hold-back keeps the job out and the policy may
+    give its GPUs to another.  A start or growth cut to what fits goes on at its cut size,
+    and its job is filed again in the core at that size once placed (:class:`SimBind`)."""
 
     __slots__ = ("enforce", "turn")
 
