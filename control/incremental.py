@@ -69,18 +69,14 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
 from django.db.models import Field, Model
 
+from control.assembly import Assembly, JobRow, KeptAside, PolicyInput, TenantRow
 from control.policy import live_policy
 from control.state import (
     JOB_ROW_FIELDS,
     SNAPSHOT_STATES,
     TENANT_ROW_FIELDS,
     ClusterState,
-    JobRow,
-    KeptAside,
-    PolicyInput,
     ServerRow,
-    TenantRow,
-    assemble_snapshot,
     blocked_gpus,
     build_snapshot,
     finishing,
@@ -447,6 +443,8 @@ class KeptState:
         self.epoch: float | None = None
         self.gpu_views: list[GpuView] = []
         self.aside = KeptAside()  # the snapshot's GPU views with the left-out jobs' set aside
+        self.assembly = Assembly()  # the snapshot's parts, made again for the changed jobs
+        self.unassembled: set[int] = set()  # jobs changed since the last snapshot
         self.positions: dict[int, int] = {}
         self._allocator: VClosAllocator | None = VClosAllocator(spec) if spec else None
         self._speeds = SpeedTables()
@@ -481,6 +479,7 @@ class KeptState:
             state = self._state()
         fresh, changed = self._changed_jobs()
         moved = self._apply_jobs(changed, fresh) if changed else set()
+        self.unassembled |= changed
         state = self._state()
         if servers_changed:
             self._apply_servers(state)
@@ -504,7 +503,8 @@ class KeptState:
         about_to_end = growing_jobs((self.rows[job] for job in self.ending), cluster.holdings)
         if self.epoch is None:
             self.epoch = now.timestamp()
-        return assemble_snapshot(
+        changed, self.unassembled = self.unassembled, set()
+        return self.assembly.assemble(
             cluster,
             tuple(self.gpu_views),
             rows,
@@ -512,6 +512,8 @@ class KeptState:
             about_to_end,
             self.since,
             now,
+            changed=changed,
+            by_id=self.rows,
             curves=self.curves,
             epoch=self.epoch,
             views=self.views,

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
-from itertools import compress
-from operator import is_not
 from typing import Any
 
 from django.conf import settings
 from django.db.models import BooleanField, ExpressionWrapper, Max, Q
 
-from control.fair_share import tenant_shares
+from control.assembly import JobRow, PolicyInput, TenantRow, assemble_snapshot
 from fabric.allocator import Allocation, VClosAllocator
 from fabric.topology import FabricSpec
 from inventory.models import Fabric, Server, ServerState
@@ -21,17 +19,14 @@ from jobs.agent_commands import GpuHome, runtime_job_name
 from jobs.choices import ACTIVE_STATES, JobState
 from jobs.models import Job, JobEvent, JobGpu
 from jobs.progress import seconds_left, total_steps
-from scheduler.curves import policy_curve
 from scheduler.pipeline import Candidates, Waits
 from scheduler.priority import AGED_CEILING, priority_class
-from scheduler.quota import Blocked, QuotaBook, quota_need, quota_share
-from scheduler.types import Cluster, GpuState, JobView, Snapshot
 from scheduler.types import Gpu as GpuView
-from scheduler.types import JobState as ViewState
+from scheduler.types import GpuState
 
 # The states the per-job loops compare with, looked up once (an enum member's look-up on
 # its class costs more than the comparison, 10,000 times a tick at 10,000 jobs).
-_QUEUED, _RUNNING, _SCALING = JobState.QUEUED, JobState.RUNNING, JobState.SCALING
+_RUNNING, _SCALING = JobState.RUNNING, JobState.SCALING
 
 
 @dataclass(frozen=True)
@@ -247,21 +242,6 @@ def finishing(
     return left is not None and left < settings.SCALE_OUT_MIN_SECONDS_LEFT
 
 
-@dataclass(frozen=True)
-class PolicyInput:
-    """What the tick hands the policy, and what it needs to act on the answer."""
-
-    snapshot: Snapshot
-    ids: dict[str, int]  # job name in the snapshot -> database id
-    held_back: dict[int, str]  # queued jobs kept out by their tenant's quota -> why
-    book: QuotaBook  # quota and use per tenant, to check the policy's starts
-    profile_candidates: tuple[int, ...]  # running at max, never profiled, tenant profiles
-    # In ``scaling`` (left out), each since its latest state change: the switch watchdog's.
-    switching: dict[int, datetime] = field(default_factory=dict)
-    # The held-back jobs as the quota step sees them (``scheduler.quota.within_quota_preemptions``).
-    blocked: tuple[Blocked, ...] = ()
-
-
 class AssembledHoldBack:
     """Step 1 of the tick's scheduling pass (``scheduler.pipeline.HoldBack``).
 
@@ -276,35 +256,6 @@ class AssembledHoldBack:
         """The assembled snapshot's candidates and the held-back jobs' waits (by name)."""
         waits = {runtime_job_name(job): reason for job, reason in state.held_back.items()}
         return Candidates(state.snapshot, state.book, state.blocked), waits
-
-
-@dataclass(frozen=True, slots=True)
-class JobRow:
-    """What the snapshot needs of one queued, running or scaling job (curves parsed)."""
-
-    id: int
-    state: str
-    parallelism: int
-    tenant_id: int
-    submitted_at: datetime
-    gpus: int
-    min_gpus: int
-    max_gpus: int
-    attained_gpu_seconds: float
-    priority: int
-    profiled: dict[int, float]
-    measured: dict[int, float]
-    profile_state: str
-
-
-@dataclass(frozen=True, slots=True)
-class TenantRow:
-    """What the snapshot needs of a tenant with jobs in it."""
-
-    slug: str
-    gpu_quota: int
-    profile_jobs: bool
-    priority_weight: float
 
 
 SNAPSHOT_STATES = (JobState.QUEUED, JobState.RUNNING, JobState.SCALING)
@@ -420,195 +371,3 @@ def build_snapshot(
     about_to_end = finishing_jobs(growing_jobs(rows, cluster.holdings))
     since = last_state_changes(timed_jobs(rows))
     return assemble_snapshot(cluster, gpus, rows, tenants, about_to_end, since, now, epoch=epoch)
-
-
-def set_aside(gpus: tuple[GpuView, ...], held: Collection[int]) -> tuple[GpuView, ...]:
-    """``gpus`` with the ``held`` ones shown as down: none of them the policy's to give.
-
-    For the GPUs of jobs the snapshot leaves out (switching, profiling): the
-    policy counts every GPU that is not down as its own, so without this it
-    would plan to start and grow jobs on GPUs those jobs hold, and placement
-    would refuse the plan, tick after tick, while the jobs it could have made
-    room for wait.
-    """
-    if not held:
-        return gpus
-    out = list(gpus)
-    for index in set(held):
-        # The views are in index order; a cluster's indices are 0..n-1, so a view is found
-        # at its index (a copy and a few look-ups, not a pass over every GPU of the cluster).
-        if not (0 <= index < len(out) and out[index].id == index):
-            aside = frozenset(held)  # indices with gaps: look at every view
-            return tuple(
-                GpuView(g.id, g.server, g.leaf, GpuState.DOWN, g.job) if g.id in aside else g
-                for g in gpus
-            )
-        g = out[index]
-        out[index] = GpuView(g.id, g.server, g.leaf, GpuState.DOWN, g.job)
-    return tuple(out)
-
-
-class KeptAside:
-    """:func:`set_aside` kept between snapshots: a GPU whose view and whose setting aside
-    did not change keeps its shown view, the same object.
-
-    The policy's GPU books (``scheduler.policies.kept.GpuBooks``) read again only
-    the positions whose view is another object; set aside afresh, every GPU of a
-    switching or profiling job was a new view each tick (thousands at 10,000 jobs),
-    made, then compared field by field.  Here only the positions whose view or whose
-    setting aside changed are made again.  Same answer as :func:`set_aside`.
-    """
-
-    __slots__ = ("gpus", "held", "shown")
-
-    def __init__(self) -> None:
-        self.gpus: tuple[GpuView, ...] = ()
-        self.held: frozenset[int] = frozenset()
-        self.shown: list[GpuView] = []
-
-    def __call__(self, gpus: tuple[GpuView, ...], held: Collection[int]) -> tuple[GpuView, ...]:
-        """``set_aside(gpus, held)``, made again only where it changed since the last call."""
-        aside = frozenset(held)
-        if len(gpus) == len(self.gpus):
-            changed = set(compress(range(len(gpus)), map(is_not, self.gpus, gpus)))
-            changed.update(aside ^ self.held)
-            shown, count = self.shown, len(gpus)
-            for index in changed:
-                # Views are in index order, a view at its index (as set_aside finds them).
-                if not (0 <= index < count and (g := gpus[index]).id == index):
-                    break
-                shown[index] = _down(g) if index in aside else g
-            else:
-                self.gpus, self.held = gpus, aside
-                return tuple(shown)
-        self.shown = list(set_aside(gpus, aside))
-        self.gpus, self.held = gpus, aside
-        return tuple(self.shown)
-
-
-def _down(g: GpuView) -> GpuView:
-    return GpuView(g.id, g.server, g.leaf, GpuState.DOWN, g.job)
-
-
-def assemble_snapshot(
-    cluster: ClusterState,
-    gpus: tuple[GpuView, ...],
-    rows: Sequence[JobRow],
-    tenants: Mapping[int, TenantRow],
-    about_to_end: Collection[int],
-    since: Mapping[int, datetime],
-    now: datetime,
-    curves: dict[int, tuple[int, Mapping[int, float]]] | None = None,
-    *,
-    epoch: float | None = None,
-    views: dict[int, JobView] | None = None,
-    aside: KeptAside | None = None,
-) -> PolicyInput:
-    """The policy's view from rows already read: pure, shared by the full and incremental tick.
-
-    ``rows`` are in submission order; ``about_to_end`` are the running jobs that
-    end within ``SCALE_OUT_MIN_SECONDS_LEFT``; ``since`` each ageing job's last
-    state change.  Times are seconds since ``epoch`` (POSIX seconds; default
-    ``now``, which makes the snapshot's own time 0).
-
-    Two memos, kept across ticks by their owner, who drops a job's entries when
-    the job changes: ``curves`` each job's policy curve (with the largest size
-    it was made for), ``views`` each job's view.  A view depends only on its
-    job's row, holdings, last state change and curve, on its tenant's name,
-    and on ``epoch``, which its owner therefore keeps fixed: an unchanged job
-    costs a look-up, not a new view.  The GPUs of the jobs left out (switching,
-    profiling) are set aside (:func:`set_aside`; ``aside``: the owner's
-    :class:`KeptAside`, which makes again only what changed).
-    """
-    # The pass's hold-back step, here where the rows are (scheduler.quota's rule, the one
-    # the forecast's pass applies too): a job's share is what it holds, at most its request.
-    in_use: dict[int, int] = {}
-    active = ACTIVE_STATES
-    for row in rows:
-        if row.state in active:
-            tenant_id = row.tenant_id
-            in_use[tenant_id] = in_use.get(tenant_id, 0) + quota_share(row.parallelism, row.gpus)
-    holdings = cluster.holdings
-    jobs: list[JobView] = []
-    ids: dict[str, int] = {}
-    held_back: dict[int, str] = {}
-    blocked: list[Blocked] = []
-    book = QuotaBook()
-    profile_candidates: list[int] = []
-    weights: dict[str, float] = {}
-    base = now.timestamp() if epoch is None else epoch
-    left_out: list[int] = []
-    switching: dict[int, datetime] = {}
-    # Every row passes here each tick (10,000 at 10,000 jobs): what the loop reads is
-    # looked up once, and a job whose kept view stands costs a few dictionary look-ups.
-    kept: dict[int, JobView] = views if views is not None else {}
-    kept_view = kept.get
-    add_job, quotas, uses = jobs.append, book.quota, book.in_use
-    for row in rows:
-        job_id, state, lo, hi = row.id, row.state, row.min_gpus, row.max_gpus
-        if state == _SCALING or row.profile_state == "requested":
-            left_out.append(job_id)
-            if state == _SCALING and job_id in since:
-                switching[job_id] = since[job_id]
-            continue  # switching or profiling: its size belongs to the runtime for now
-        tenant = tenants[row.tenant_id]
-        slug = tenant.slug
-        view = kept_view(job_id)
-        if view is not None and view.tenant != slug:
-            view = None  # the tenant was renamed
-        if view is not None:
-            held = view.gpus  # made from the same row and holdings
-        else:
-            held = tuple(holdings.get(job_id, ())) if state == _RUNNING else ()
-        if tenant.profile_jobs and not row.profile_state and lo < hi and len(held) == hi:
-            profile_candidates.append(job_id)
-        quotas[slug] = tenant.gpu_quota  # the quota check and the quota step read it
-        uses[slug] = in_use.get(row.tenant_id, 0)
-        if state == _QUEUED:
-            need = quota_need(lo, row.gpus)
-            if (reason := book.hold_reason(slug, need)) is not None:
-                held_back[job_id] = reason
-                blocked.append(Blocked(runtime_job_name(job_id), slug, row.priority, need))
-                continue
-        weights[slug] = tenant.priority_weight
-        if held and job_id in about_to_end:
-            hi = len(held)  # a newcomer would join a job about to end: no growth
-        if view is None or view.max_gpus != hi:
-            memo = curves.get(job_id) if curves is not None else None
-            if memo is not None and memo[0] == hi:
-                curve = memo[1]
-            else:
-                curve = policy_curve(row.profiled, row.measured, hi)
-                if curves is not None:
-                    curves[job_id] = (hi, curve)
-            view = JobView(
-                id=runtime_job_name(job_id),
-                submit_time=row.submitted_at.timestamp() - base,
-                requested_gpus=row.gpus,
-                tenant=slug,
-                min_gpus=lo,
-                max_gpus=hi,
-                gpus=held,
-                attained_service=row.attained_gpu_seconds,
-                state=ViewState.RUNNING if held else ViewState.QUEUED,
-                priority=row.priority,
-                queue_since=since[job_id].timestamp() - base if job_id in since else None,
-                throughput=curve,
-            )
-            if views is not None:
-                views[job_id] = view
-        add_job(view)
-        ids[view.id] = job_id
-    if aside is not None:
-        gpus = aside(gpus, [g for job in left_out for g in holdings.get(job, ())])
-    elif left_out:
-        gpus = set_aside(gpus, [g for job in left_out for g in holdings.get(job, ())])
-    snapshot = Snapshot(
-        now=now.timestamp() - base,
-        cluster=Cluster(gpus=gpus, fabric_spec=cluster.spec),
-        jobs=tuple(jobs),
-        tenants=tenant_shares(weights, now),
-    )
-    return PolicyInput(
-        snapshot, ids, held_back, book, tuple(profile_candidates), switching, tuple(blocked)
-    )

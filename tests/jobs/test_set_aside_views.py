@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from control.state import set_aside
+from control.assembly import set_aside
 from scheduler.types import Gpu, GpuState
 
 

@@ -23,10 +23,11 @@ from django.utils import timezone
 from prometheus_client import generate_latest
 
 from control import incremental
+from control.assembly import KeptAside, set_aside
 from control.incremental import FullRebuild, KeptState, Prepared, compare, rebuild
 from control.policy import live_policy
 from control.reports import handle_report
-from control.state import KeptAside, read_servers, set_aside
+from control.state import read_servers
 from control.tick import run_tick
 from control.tick_stats import TICK_STATS_KEY
 from inventory.models import Gpu, Server
