@@ -6,9 +6,9 @@ connection, each signed with its node's key (``jobs.agent_trust``), by this
 process's sender thread (``jobs.command_sender``), so that the committing
 thread does not wait for the broker; a command lost on the way is recovered
 as ``jobs.command_sender`` says (reconcile requeues a job whose start never
-came).  Before the hand-over, every node a command concerns (its
-target, and the nodes of the workers it asks to leave) is remembered as
-hosting the job, so their late reports about it are believed
+came).  Before the publishing, in the thread that publishes, every node a
+command concerns (its target, and the nodes of the workers it asks to leave)
+is remembered as hosting the job, so their late reports about it are believed
 (``agent_trust.hosts``).
 """
 
@@ -74,23 +74,40 @@ class Outbox:
 def deliver(
     commands: Sequence[tuple[str, Command]], homes: Mapping[int, GpuHome] | None = None
 ) -> None:
-    """Committed commands on their way: hosts remembered now, the publishing handed over.
+    """Committed commands on their way: hosts found now, remembered, then published.
 
-    The hosts are remembered in the committing thread, so a report answering a
-    command is believed however soon it comes; the publishing goes to this
-    process's sender thread (``jobs.command_sender``), unless
-    ``AGENT_SEND_IN_BACKGROUND`` is off.
+    The hosts are found in the committing thread (a leaver's node may need the
+    database, which that thread has) and remembered just before the publishing,
+    in the thread that publishes: always first, so a report answering a command
+    is believed however soon it comes.  With ``AGENT_SEND_IN_BACKGROUND`` both go
+    to this process's sender thread (``jobs.command_sender``), and the committing
+    thread (the tick's) does not wait for the cache either; else here.
     """
     try:
-        remember_hosts(commands, homes)
+        hosts = hosts_of(commands, homes)
     except Exception:  # as a failed send: the next tick re-derives them
         log.exception("could not send %d agent commands", len(commands))
         return
     if settings.AGENT_SEND_IN_BACKGROUND:
         app = current_app._get_current_object()  # the committing thread's, for the sender's
-        command_sender.sender().submit(functools.partial(publish, app=app), commands)
+        command_sender.sender().submit(
+            functools.partial(_remember_and_publish, hosts, app=app), commands
+        )
     else:
-        publish(commands)
+        _remember_and_publish(hosts, commands)
+
+
+def _remember_and_publish(
+    hosts: Mapping[str, set[str]],
+    commands: Sequence[tuple[str, Command]],
+    app: Celery | None = None,
+) -> None:
+    try:
+        agent_trust.mark_hosted_by(hosts)
+    except Exception:  # as a failed send: the next tick re-derives them
+        log.exception("could not send %d agent commands", len(commands))
+        return
+    publish(commands, app=app)
 
 
 def send_commands(commands: Sequence[tuple[str, Command]]) -> None:
@@ -118,7 +135,14 @@ def publish(commands: Sequence[tuple[str, Command]], app: Celery | None = None) 
 def remember_hosts(
     commands: Sequence[tuple[str, Command]], homes: Mapping[int, GpuHome] | None = None
 ) -> None:
-    """Mark every node a command concerns as hosting its job (see the module docstring).
+    """Mark every node a command concerns as hosting its job (see the module docstring)."""
+    agent_trust.mark_hosted_by(hosts_of(commands, homes))
+
+
+def hosts_of(
+    commands: Sequence[tuple[str, Command]], homes: Mapping[int, GpuHome] | None = None
+) -> dict[str, set[str]]:
+    """Every node a command concerns, with the jobs it is to be remembered as hosting.
 
     A leaving worker's node comes from ``homes`` when it names the GPU, else from the database.
     """
@@ -136,7 +160,7 @@ def remember_hosts(
     for gpu, job in leavers.items():
         if (home := homes.get(gpu) or found.get(gpu)) is not None:
             hosts.setdefault(home.node, set()).add(job)
-    agent_trust.mark_hosted_by(hosts)
+    return hosts
 
 
 def launch_of(job: Job) -> JobLaunch:

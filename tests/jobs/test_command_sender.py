@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 import redis
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.test import override_settings
 
-from jobs import command_sender
+from jobs import agent_trust, command_sender, outbox
 from jobs.command_sender import Batch, CommandSender
 from jobs.outbox import Outbox
 from tests.jobs.control_helpers import demo_cluster, drain_queue
@@ -53,6 +55,31 @@ def test_the_committing_thread_does_not_wait_for_the_broker() -> None:
     finally:
         release.set()
     assert [c["command_id"] for c in drain_queue(node)] == ["job-3-stop-0", "job-3-stop-1"]
+
+
+def test_hosts_are_remembered_by_the_sender_before_it_publishes(monkeypatch: Any) -> None:
+    """The committing thread neither publishes nor writes the cache; the sender remembers
+    the hosts first, so a report answering a command always finds its node a host."""
+    node = demo_cluster()[0]
+    agent_trust.forget_hosted(node, ["job-6"])
+    seen_at_publish: list[bool] = []
+    publish = outbox.publish
+
+    def checking(commands: Batch, app: Any = None) -> None:
+        seen_at_publish.append(cache.get(f"agent-hosted:{node}:job-6") is not None)
+        publish(commands, app=app)
+
+    monkeypatch.setattr(outbox, "publish", checking)
+    release = threading.Event()
+    command_sender.sender().submit(lambda batch: release.wait(10) and None, [])
+    try:
+        commit_commands(node, stops("job-6", 1))
+        assert cache.get(f"agent-hosted:{node}:job-6") is None  # handed over, not remembered
+    finally:
+        release.set()
+    assert [c["command_id"] for c in drain_queue(node)] == ["job-6-stop-0"]
+    assert seen_at_publish == [True]
+    agent_trust.forget_hosted(node, ["job-6"])
 
 
 @override_settings(AGENT_SEND_IN_BACKGROUND=False)
