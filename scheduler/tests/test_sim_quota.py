@@ -134,9 +134,7 @@ def test_quota_none_composes_no_quota_step_and_unbinding_quotas_change_nothing()
     assert len(tight.jobs) == len(baseline.jobs) == 30  # every job still ends
 
 
-# Not elastic-tiresias: a job shrunk below its request grows back by a resize, which the
-# quota check (scheduler.quota.enforce_quotas, the tick's too) does not check.
-@pytest.mark.parametrize("name", ["tiresias", "dlas", "srtf", "fifo"])
+@pytest.mark.parametrize("name", ["tiresias", "dlas", "srtf", "fifo", "elastic-tiresias"])
 def test_quotas_hold_in_every_pass_of_a_run(name: str) -> None:
     trace = [
         _job(f"j{i}", "ab"[i % 2], i * 5.0, gpus=1 + i % 3, priority=(LOW, 50, HIGH)[i % 3],
