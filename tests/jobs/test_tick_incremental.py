@@ -374,7 +374,7 @@ def test_a_write_still_open_at_one_refresh_is_read_by_the_next(alice: Any, acme:
     assert kept.rows[slow.pk].priority == 90
     assert kept.horizon is not None
     since = incremental._written_since(kept.horizon)  # nothing written since: no job rows
-    assert (since.fresh, since.left) == ([], set())
+    assert (since.fresh, since.left) == ([], {})
 
 
 @needs_postgresql
