@@ -17,6 +17,17 @@ class JobState(models.TextChoices):
     CANCELLED = "cancelled", "Cancelled"
 
 
+class DependencyKind(models.TextChoices):
+    """How a job's dependency must end for the job to start (``jobs.dependencies``).
+
+    The rule itself (met, waiting or never) is ``scheduler.dependencies``'s.
+    """
+
+    AFTER_OK = "after_ok", "After it completes"
+    AFTER_ANY = "after_any", "After it ends, however"
+    AFTER_FAILED = "after_failed", "After it fails"
+
+
 class Launcher(models.TextChoices):
     """How a job's processes are started (``workers.program``); built-in workloads use edl."""
 

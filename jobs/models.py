@@ -11,12 +11,55 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import models
 
-from jobs.choices import ArtifactKind, EventKind, JobState, Launcher, RecoveryMode
+from jobs.choices import (
+    ArtifactKind,
+    DependencyKind,
+    EventKind,
+    JobState,
+    Launcher,
+    RecoveryMode,
+)
 from tenancy.models import Tenant, TenantOwnedQuerySet
 
 
 class JobQuerySet(TenantOwnedQuerySet):
     """Queries over jobs; ``restrict(user)`` scopes them to the user's tenants."""
+
+
+class JobArrayQuerySet(TenantOwnedQuerySet):
+    """Queries over job arrays; ``restrict(user)`` scopes them to the user's tenants."""
+
+
+class JobArray(models.Model):
+    """N tasks of one program submitted at once (``jobs.arrays``): each task is a Job with
+    ``TASK_ID`` and ``TASK_COUNT`` in its environment; ``max_running`` caps how many of them
+    are queued or running at once (the others wait, pending, for a slot)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="job_arrays")
+    submitter = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="submitted_arrays"
+    )
+    name = models.CharField(max_length=100)
+    size = models.PositiveIntegerField(help_text="Tasks: TASK_ID runs from 0 to size - 1.")
+    max_running = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Tasks queued or running at once (null: no cap)."
+    )
+    created_at = models.DateTimeField(db_index=True)
+
+    objects = JobArrayQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(size__gte=1), name="array_size_positive"),
+            models.CheckConstraint(
+                condition=models.Q(max_running__isnull=True) | models.Q(max_running__gte=1),
+                name="array_cap_positive",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"array {self.pk} ({self.name}, {self.size} tasks)"
 
 
 class Job(models.Model):
@@ -145,6 +188,17 @@ class Job(models.Model):
     estimated_at = models.DateTimeField(
         null=True, blank=True, help_text="When the forecast behind the estimates ran."
     )
+    array = models.ForeignKey(
+        JobArray,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="tasks",
+        help_text="The array this job is a task of (null: a job of its own).",
+    )
+    array_index = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Its TASK_ID in the array (a retry keeps it)."
+    )
     updated_at = models.DateTimeField(auto_now=True)
     row_txid = models.BigIntegerField(
         default=0,
@@ -234,6 +288,34 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} of job {self.job_id} at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class JobDependency(models.Model):
+    """What a pending job waits for (``jobs.dependencies``): one job, or a whole array (met
+    when every task meets it), to end in the way ``kind`` names."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependencies")
+    kind = models.CharField(max_length=12, choices=DependencyKind.choices)
+    on_job = models.ForeignKey(
+        Job, on_delete=models.CASCADE, null=True, blank=True, related_name="dependents"
+    )
+    on_array = models.ForeignKey(
+        JobArray, on_delete=models.CASCADE, null=True, blank=True, related_name="dependents"
+    )
+
+    class Meta:
+        ordering = ["job_id", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(models.Q(on_job__isnull=False) & models.Q(on_array__isnull=True))
+                | (models.Q(on_job__isnull=True) & models.Q(on_array__isnull=False)),
+                name="dependency_on_one_thing",
+            )
+        ]
+
+    def __str__(self) -> str:
+        target = f"job {self.on_job_id}" if self.on_job_id else f"array {self.on_array_id}"
+        return f"job {self.job_id} {self.kind} {target}"
 
 
 class JobGpu(models.Model):

@@ -23,10 +23,11 @@ from audit.context import current_actor
 from fabric.allocator import clos_shapes
 from inventory.services import current_spec
 from jobs.choices import TERMINAL_STATES, EventKind, JobState, RecoveryMode
+from jobs.dependencies import After, attach, check_after, settle
 from jobs.errors import JobConflictError, JobError, JobPermissionError, JobValidationError
 from jobs.holdings import release
 from jobs.lifecycle import broadcast, record, request_tick, transition
-from jobs.models import Job
+from jobs.models import Job, JobArray
 from jobs.outbox import Outbox
 from jobs.program_spec import PROGRAM_FIELDS, ProgramSpec, check_program, wants_program
 from jobs.stats import JctStats, jct_stats
@@ -76,6 +77,8 @@ SUBMIT_AUDIT_FIELDS = (
     "max_runtime_s",
 )
 """What the audit log keeps of a submission (``env`` by its names only: values may be secrets)."""
+SPEC_EXTRAS = ("tenant", "after")
+"""Keys of a submission besides the job's own fields: where it goes, what it waits for."""
 UPDATE_AUDIT_FIELDS = ("priority", "min_gpus", "max_gpus", "max_restarts", "max_runtime_s")
 """What ``do_update_job`` may change: the audit row holds the ones that did."""
 
@@ -97,6 +100,8 @@ class JobSpec:
     program: ProgramSpec | None = None
     max_restarts: int = 0
     max_runtime_s: int | None = None
+    after: tuple[After, ...] = ()
+    """What the job waits for before it is queued (``jobs.dependencies``)."""
 
 
 class _Errors:
@@ -240,10 +245,11 @@ def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
     max_gpus``; requested GPUs within the tenant's quota; a global batch of at
     least one sample per GPU at ``max_gpus``; priority 0-100; a recovery mode;
     restarts (0-100) and a run-time limit (seconds) within the tenant's
-    ceilings, the tenant's defaults when left out (``default_limits``).
+    ceilings, the tenant's defaults when left out (``default_limits``); ``after``:
+    dependencies on the tenant's own jobs or arrays (``jobs.dependencies.check_after``).
     """
     errors = _Errors()
-    unknown = sorted(str(key) for key in data if key not in JOB_FIELDS and key != "tenant")
+    unknown = sorted(str(key) for key in data if key not in JOB_FIELDS and key not in SPEC_EXTRAS)
     if unknown:
         errors.add("non_field_errors", f"Unknown field(s): {', '.join(unknown)}.")
 
@@ -279,6 +285,8 @@ def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
     priority = _int_field(data, errors, "priority", 0, 100, 50)
     interval = _int_field(data, errors, "checkpoint_interval", 1, 1_000_000, 50)
     max_restarts, max_runtime_s = _check_limits(tenant, data, errors)
+
+    after = check_after(tenant=tenant, raw=data.get("after"), add_error=errors.add)
 
     recovery = data.get("recovery") or RecoveryMode.CONSISTENT
     if recovery not in RecoveryMode.values:
@@ -319,6 +327,7 @@ def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
         program=program,
         max_restarts=max_restarts,
         max_runtime_s=max_runtime_s,
+        after=after,
     )
 
 
@@ -337,8 +346,9 @@ def _program_fields(program: ProgramSpec | None) -> dict[str, Any]:
 WAITING_STATES = (JobState.PENDING, JobState.QUEUED)
 
 
-def check_queue_room(*, tenant_id: int) -> None:
-    """Refuse (409) a submission that would put the tenant over its cap on waiting jobs.
+def check_queue_room(*, tenant_id: int, adding: int = 1) -> None:
+    """Refuse (409) a submission of ``adding`` jobs that would put the tenant over its cap on
+    waiting jobs.
 
     Call inside the submitting transaction: the tenant row stays locked until it
     commits, so concurrent submissions are counted one after the other.
@@ -350,7 +360,7 @@ def check_queue_room(*, tenant_id: int) -> None:
         .get()
     )
     waiting = Job.objects.filter(tenant_id=tenant_id, state__in=WAITING_STATES).count()
-    if waiting >= cap:
+    if waiting + adding > cap:
         message = (
             f"Tenant {slug} already has {waiting} jobs waiting, its limit of {cap}: "
             "wait for some to start or cancel some, then submit again."
@@ -358,22 +368,27 @@ def check_queue_room(*, tenant_id: int) -> None:
         raise JobConflictError(message, {"tenant": [message]})
 
 
-@transaction.atomic
-def do_submit_job(
+def create_job(
     *,
     user: AbstractBaseUser | AnonymousUser,
     tenant: Tenant,
     spec: JobSpec,
-    at: datetime | None = None,
+    at: datetime,
+    array: JobArray | None = None,
+    index: int | None = None,
+    env: dict[str, str] | None = None,
 ) -> Job:
-    """Create a job for ``tenant`` and put it in the queue."""
-    if not can_write(user, tenant):
-        raise JobPermissionError(f"you cannot submit jobs to tenant {tenant.slug!r}")
-    check_queue_room(tenant_id=tenant.pk)
-    now = at or timezone.now()
+    """Create one pending job of ``spec`` with its dependencies and its submission event, in
+    the caller's transaction (``do_submit_job``, ``jobs.arrays``); the caller queues it.
+
+    ``array``/``index``: the task it is; ``env``: its variables instead of the spec's.
+    """
+    program = _program_fields(spec.program)
+    if env is not None:
+        program["env"] = env
     job = Job.objects.create(
         tenant=tenant,
-        submitter_id=cast(int, user.pk),  # can_write refused anonymous users
+        submitter_id=cast(int, user.pk),  # the caller's can_write refused anonymous users
         name=spec.name,
         workload=spec.workload,
         args=spec.args,
@@ -386,17 +401,88 @@ def do_submit_job(
         checkpoint_interval=spec.checkpoint_interval,
         max_restarts=spec.max_restarts,
         max_runtime_s=spec.max_runtime_s,
-        submitted_at=now,
-        **_program_fields(spec.program),
+        submitted_at=at,
+        array=array,
+        array_index=index,
+        **program,
     )
     record(
         job,
         EventKind.SUBMITTED,
-        now,
+        at,
         f"submitted by {user.get_username()}",
         to_state=JobState.PENDING,
     )
-    transition(job, JobState.QUEUED, reason="accepted: waiting for GPUs", at=now)
+    attach(job, spec.after)
+    return job
+
+
+def create_task_retry(old: Job, *, user: AbstractBaseUser | AnonymousUser, at: datetime) -> Job:
+    """A new pending attempt of array task ``old`` (``jobs.arrays.do_retry_array``): the same
+    program, settings and ``TASK_ID``, no history; in the caller's transaction."""
+    job = Job.objects.create(
+        tenant_id=old.tenant_id,
+        submitter_id=cast(int, user.pk),
+        name=old.name,
+        workload=old.workload,
+        args=old.args,
+        code_id=old.code_id,
+        entrypoint=old.entrypoint,
+        launcher=old.launcher,
+        env=old.env,
+        environment=old.environment,
+        gpus=old.gpus,
+        min_gpus=old.min_gpus,
+        max_gpus=old.max_gpus,
+        batch_size=old.batch_size,
+        priority=old.priority,
+        recovery=old.recovery,
+        checkpoint_interval=old.checkpoint_interval,
+        max_restarts=old.max_restarts,
+        max_runtime_s=old.max_runtime_s,
+        submitted_at=at,
+        array_id=old.array_id,
+        array_index=old.array_index,
+    )
+    record(
+        job,
+        EventKind.SUBMITTED,
+        at,
+        f"task {old.array_index} retried by {user.get_username()} (job {old.pk} failed)",
+        to_state=JobState.PENDING,
+    )
+    return job
+
+
+def after_field(after: tuple[After, ...]) -> list[dict[str, Any]]:
+    """Dependencies as the API and the audit log show them."""
+    return [
+        {"kind": a.kind, "job": a.job_id}
+        if a.job_id is not None
+        else {"kind": a.kind, "array": a.array_id}
+        for a in after
+    ]
+
+
+@transaction.atomic
+def do_submit_job(
+    *,
+    user: AbstractBaseUser | AnonymousUser,
+    tenant: Tenant,
+    spec: JobSpec,
+    at: datetime | None = None,
+) -> Job:
+    """Create a job for ``tenant`` and put it in the queue, or, while its dependencies are
+    not met, keep it pending with the reason (``jobs.dependencies``)."""
+    if not can_write(user, tenant):
+        raise JobPermissionError(f"you cannot submit jobs to tenant {tenant.slug!r}")
+    check_queue_room(tenant_id=tenant.pk)
+    now = at or timezone.now()
+    job = create_job(user=user, tenant=tenant, spec=spec, at=now)
+    if spec.after:
+        settle(job, at=now)
+    else:
+        transition(job, JobState.QUEUED, reason="accepted: waiting for GPUs", at=now)
     audit.record(
         "job.submit",
         obj=job,
@@ -406,6 +492,7 @@ def do_submit_job(
             **audit.snapshot(job, SUBMIT_AUDIT_FIELDS),
             "env_names": sorted(job.env),
             "state": job.state,
+            **({"after": after_field(spec.after)} if spec.after else {}),
         },
     )
     broadcast(job, "job.created")
@@ -592,9 +679,12 @@ __all__ = [
     "JobPermissionError",
     "JobSpec",
     "JobValidationError",
+    "after_field",
     "check_job_spec",
     "check_queue_room",
     "cluster_jct_stats",
+    "create_job",
+    "create_task_retry",
     "default_limits",
     "do_cancel_job",
     "do_set_parallelism",
