@@ -9,12 +9,12 @@ tick; at 1,000 jobs that is most of a tick.  The kept state reads only what chan
     KeptState (module-level, this process)     refresh():
       rows      job id -> JobRow                 1. fabric row, server rows (small)
       tokens    job id -> xmin:ctid              2. the job rows written since the last
-      horizon   where the next read starts          refresh's horizon (``row_txid`` index)
-      holdings  job id -> GPUs                      → changed = token differs, left the
-      allocator VClosAllocator (bound state)          snapshot's states, or marked by the
-      gpu views, curves, since, ends-soon             tick (its own writes)
-      job views (fixed epoch), speed tables      3. JobGpu rows and last state change
-      marks (start/last report), deadlines          of the changed jobs only
+      horizon   where the next read starts          refresh's snapshot (``row_txid`` index),
+      holdings  job id -> GPUs                      with their JobGpu rows and last state
+      allocator VClosAllocator (bound state)        change, in one statement
+      gpu views, curves, since, ends-soon           → changed = token differs, left the
+      job views (fixed epoch), speed tables           snapshot's states, or marked by the
+      marks (start/last report), deadlines            tick (its own writes)
                                                  4. allocator: release + reserve those jobs;
                                                     availability only for changed servers
                                                  5. their views and curves dropped: the
@@ -23,14 +23,14 @@ tick; at 1,000 jobs that is most of a tick.  The kept state reads only what chan
 Which rows were written: every job row carries the transaction that last wrote
 it (``Job.row_txid``, set by a PostgreSQL trigger on every insert and update,
 whoever makes it: a report, another replica's tick, an admin), so no writer has
-to remember to announce its change.  A refresh reads the rows whose
-``row_txid`` is at or above the previous refresh's horizon (the oldest
-transaction open when its snapshot was taken: every older one had ended, and
-what it wrote was read then), through an index: the rows that changed, not a
-version of every active job (at 10,000 jobs that read was about 9 ms of each
-tick).  A row's ``xmin:ctid`` (PostgreSQL's system columns: the transaction
-that wrote this version and where it lies) tells a row read again only
-because a transaction was open at the last refresh from one that changed.
+to remember to announce its change.  A refresh reads, through that column's
+index, the rows written by a transaction that was open at the previous
+refresh's snapshot or began after it (:class:`Horizon`: every other one had
+ended, and what it wrote was read then): the rows that changed, not a version
+of every active job (at 10,000 jobs that read was about 9 ms of each tick).  A
+row's ``xmin:ctid`` (PostgreSQL's system columns: the transaction that wrote
+this version and where it lies) tells a row read again only because its
+transaction was still open from one that changed.
 What the feed cannot see: a table other than the job's changed alone (a
 ``JobGpu`` row deleted without its job being saved) and a job row deleted
 (nothing deletes jobs; an admin's SQL could), which the verify pass catches.
@@ -231,21 +231,44 @@ def _columns(
     return ", ".join(columns)
 
 
-_HORIZON = "pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
-"""The oldest transaction still open when the statement's snapshot was taken (PostgreSQL).
+@dataclass(frozen=True, slots=True)
+class Horizon:
+    """Where the next read of written job rows starts: a snapshot's ``xmax`` and the
+    transactions open in it (PostgreSQL's ``pg_current_snapshot()``).
 
-Every transaction below it had ended, so every row it wrote that the statement
-could see was seen; a row written later, or by one still open then, has a
-``row_txid`` at or above it (``jobs.Job.row_txid``)."""
+    Every transaction below ``xmax`` and not open had ended when the snapshot was
+    taken, and what it wrote that the read could see was read; a row written
+    later was written by one of the ``open`` transactions or by one at or above
+    ``xmax`` (``jobs.Job.row_txid``).  ``open`` holds the reading transaction's
+    own id too (a snapshot leaves it out): what the tick writes after its read
+    comes again at the next.  A long transaction elsewhere (a report, a session
+    idle in one) costs only the rows it writes, not every row written meanwhile.
+    """
+
+    xmax: int
+    open: tuple[int, ...]
 
 
-def _horizon() -> int:
-    """The current snapshot's horizon (:data:`_HORIZON`), taken before a full read."""
+_HORIZON = (
+    "pg_snapshot_xmax(pg_current_snapshot())::text::bigint, "
+    "ARRAY(SELECT x::text::bigint FROM pg_snapshot_xip(pg_current_snapshot()) x) "
+    "|| pg_current_xact_id_if_assigned()::text::bigint"
+)
+"""The statement's snapshot as :class:`Horizon` columns (its ``xmax``, then its open
+transactions with this one's own id, NULL when it has none yet)."""
+
+
+def _horizon_of(xmax: int, open_ids: Sequence[int | None]) -> Horizon:
+    return Horizon(int(xmax), tuple(sorted({x for x in open_ids if x is not None})))
+
+
+def _horizon() -> Horizon:
+    """The current snapshot's :class:`Horizon`, taken before a full read."""
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {_HORIZON}")
         row = cursor.fetchone()
     assert row is not None
-    return int(row[0])
+    return _horizon_of(*row)
 
 
 _JSON_FIELDS = frozenset({"throughput_curve", "measured_curve", "args", "allocation"})
@@ -257,43 +280,51 @@ def _job_values(ids: list[int] | None) -> list[dict[str, Any]]:
     each as a dict of :data:`_KEPT_FIELDS` and its ``token``: the values ``values()``
     gives, JSON parsed, through one constant statement (the ORM compiled the query
     and converted each value again, every tick).  Jobs by id come with their
-    ``held`` GPUs and last state change (``changed_at``, :func:`_job_extras`); all
+    ``held`` GPUs and last state change (``changed_at``, :func:`_extras`); all
     jobs (the first read) without: read apart, as two queries, not one per job.
     """
     table = connection.ops.quote_name(Job._meta.db_table)
-    columns = _columns(Job, _KEPT_FIELDS, _JSON_FIELDS, "j")
-    extras = "" if ids is None else f", {_job_extras()}"
-    sql = (
-        f"SELECT {columns}, {_ROW_VERSION.replace('xmin', 'j.xmin').replace('ctid', 'j.ctid')}"
-        f"{extras} FROM {table} j WHERE j.state = ANY(%s)"
-        + ("" if ids is None else " AND j.id = ANY(%s)")
-    )
+    if ids is None:
+        sql = (
+            f"SELECT {_columns(Job, _KEPT_FIELDS, _JSON_FIELDS)}, {_ROW_VERSION} FROM {table} "
+            "WHERE state = ANY(%s)"
+        )
+        params: list[Any] = [list(SNAPSHOT_STATES)]
+    else:
+        sql = (
+            f"SELECT {_columns(Job, _KEPT_FIELDS, _JSON_FIELDS, 'w')}, "
+            f"w.xmin::text || ':' || w.ctid::text, {_extras()} "
+            f"FROM {table} w WHERE w.state = ANY(%s) AND w.id = ANY(%s)"
+        )
+        params = [list(SNAPSHOT_STATES), ids]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [list(SNAPSHOT_STATES)] + ([] if ids is None else [ids]))
+        cursor.execute(sql, params)
         return [_parsed(row) for row in cursor.fetchall()]
 
 
 @functools.cache
-def _job_extras() -> str:
-    """Two more columns for each job row ``j`` read by id: the GPUs it holds in rank order
-    (``held``, NULL for none) and when it last changed state (``changed_at``: its latest
-    event with a ``to_state``, as :func:`control.state.last_state_changes` reads it).
+def _extras() -> str:
+    """Two more columns for each job row ``w`` a statement reads by id: the GPUs it holds
+    in rank order (NULL for none), and when it last changed state (its latest event with
+    a ``to_state``, as :func:`control.state.last_state_changes` reads it).
 
-    Read with the rows, a tick's few changed jobs cost one statement, not three.
+    Read with the rows, a tick's few changed jobs cost one statement, not three: a
+    look-up in each table's index on the job per row read (set-based joins scanned
+    both tables every tick, whatever was written: 20 ms at 10,000 jobs).
     """
     quote = connection.ops.quote_name
     job_gpu, gpu = quote(JobGpu._meta.db_table), quote(Gpu._meta.db_table)
     event = quote(JobEvent._meta.db_table)
     return (
         f'(SELECT array_agg(g."index" ORDER BY h.rank) FROM {job_gpu} h '
-        "JOIN " + gpu + " g ON g.id = h.gpu_id WHERE h.job_id = j.id), "
-        f"(SELECT max(e.at) FROM {event} e WHERE e.job_id = j.id AND e.to_state <> '')"
+        f"JOIN {gpu} g ON g.id = h.gpu_id WHERE h.job_id = w.id), "
+        f"(SELECT max(e.at) FROM {event} e WHERE e.job_id = w.id AND e.to_state <> '')"
     )
 
 
 def _parsed(row: Sequence[Any]) -> dict[str, Any]:
     """One row of :data:`_KEPT_FIELDS`, its token, then its ``held`` GPUs and ``changed_at``
-    when read (:func:`_job_extras`), as a dict, JSON parsed."""
+    when read (:func:`_extras`), as a dict, JSON parsed."""
     value = dict(zip(_KEPT_FIELDS, row, strict=False))
     for name in _JSON_FIELDS:
         if (text := value[name]) is not None:
@@ -309,7 +340,7 @@ def _parsed(row: Sequence[Any]) -> dict[str, Any]:
 class Written:
     """The job rows written since a horizon (:func:`_written_since`)."""
 
-    horizon: int
+    horizon: Horizon
     """This read's horizon: the next read starts there."""
     fresh: list[dict[str, Any]]
     """Those in the snapshot's states, as :func:`_job_values` gives jobs by id."""
@@ -317,42 +348,43 @@ class Written:
     """Those in no snapshot state: the GPUs each still holds, by id."""
 
 
-def _written_since(horizon: int) -> Written:
-    """Every job row written at or after ``horizon`` (a previous read's), and the new horizon.
+def _written_since(horizon: Horizon) -> Written:
+    """Every job row written since ``horizon`` (a previous read's), and the new horizon.
 
     One statement through the ``row_txid`` index, so a tick reads the rows that
     changed, not a version of every active job (at 10,000 jobs that read was
     about 9 ms of a tick, most of it the database making 10,000 strings), with
     their held GPUs and last state change.  The horizon comes from the same
-    statement's snapshot: a row this read does not see was written by a
-    transaction open or begun after it, which the next read (from this horizon)
-    sees.  Rows written by a transaction that was open at the last read come
+    statement's snapshot (:class:`Horizon`): a row this read does not see was
+    written by a transaction open then or begun after it, which the next read
+    (from this horizon) sees.  Rows this transaction wrote before the read come
     again, unchanged: their tokens tell them apart.
     """
     table = connection.ops.quote_name(Job._meta.db_table)
-    columns = _columns(Job, _KEPT_FIELDS, _JSON_FIELDS, "j")
+    blanks = ", ".join(["NULL"] * (len(_KEPT_FIELDS) + 3))  # the horizon's row: no job
     sql = (
-        f"WITH h AS (SELECT {_HORIZON} AS horizon) "
-        f"SELECT h.horizon, j.state = ANY(%s), {columns}, "
-        f"j.xmin::text || ':' || j.ctid::text, {_job_extras()} "
-        f"FROM h LEFT JOIN {table} j ON j.row_txid >= %s"
+        f"SELECT {_HORIZON}, NULL, {blanks} UNION ALL "
+        f"SELECT NULL, NULL, w.state = ANY(%s), "
+        f"{_columns(Job, _KEPT_FIELDS, _JSON_FIELDS, 'w')}, "
+        f"w.xmin::text || ':' || w.ctid::text, {_extras()} "
+        f"FROM {table} w WHERE w.row_txid >= %s OR w.row_txid = ANY(%s)"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [list(SNAPSHOT_STATES), horizon])
+        cursor.execute(sql, [list(SNAPSHOT_STATES), horizon.xmax, list(horizon.open)])
         rows = cursor.fetchall()
     fresh: list[dict[str, Any]] = []
     left: dict[int, list[int]] = {}
-    for _, active, *row in rows:
+    for _, _, active, *row in rows[1:]:  # the first: the horizon (one statement, one snapshot)
         if active:
             fresh.append(_parsed(row))
-        elif active is not None:  # None: no row at all, only the horizon
+        else:
             left[row[0]] = row[-2] or []
-    return Written(int(rows[0][0]), fresh, left)
+    return Written(_horizon_of(rows[0][0], rows[0][1]), fresh, left)
 
 
 def _held_gpus() -> dict[int, list[int]]:
     """The GPUs each job holds, in rank order (the first read's; later reads take the
-    changed jobs' with their rows, :func:`_job_extras`)."""
+    changed jobs' with their rows, :func:`_extras`)."""
     quote = connection.ops.quote_name
     job_gpu, gpu = quote(JobGpu._meta.db_table), quote(Gpu._meta.db_table)
     sql = (
@@ -477,7 +509,7 @@ class KeptState:
         self._allocator: VClosAllocator | None = VClosAllocator(spec) if spec else None
         self._speeds = SpeedTables()
         self.dirty: set[int] = set()
-        self.horizon: int | None = None  # where the next read of written rows starts
+        self.horizon: Horizon | None = None  # where the next read of written rows starts
         # Kept policy cores by (name, class ageing): the views they hold are this state's.
         self.policies: dict[tuple[str, float | None], KeptPolicy] = {}
 

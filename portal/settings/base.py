@@ -121,6 +121,11 @@ TEMPLATES = [
 DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        # No JIT compilation: the portal's statements are short, and a plan the planner
+        # misjudges as costly (the tick's read of thousands of written jobs, whose joins
+        # it estimates at millions of rows) spent a second compiling for 0.2 s of work.
+        DATABASES["default"].setdefault("OPTIONS", {})["options"] = "-c jit=off"
 else:
     DATABASES = {
         "default": {

@@ -378,6 +378,83 @@ def test_a_write_still_open_at_one_refresh_is_read_by_the_next(alice: Any, acme:
 
 
 @needs_postgresql
+def test_the_portals_connections_compile_no_plans() -> None:
+    """JIT off (settings): the read of thousands of written jobs took 1.2 s, of which
+    1.0 s compiling a plan the planner thought costly, 0.2 s doing the work."""
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW jit")
+        assert cursor.fetchone() == ("off",)
+
+
+@needs_postgresql
+def test_what_the_reading_transaction_writes_after_its_read_is_read_next(
+    alice: Any, acme: Any
+) -> None:
+    """The tick writes after its read, in the transaction that read (a profile requested,
+    a wait noted): those rows come again at the next refresh, though a snapshot leaves
+    its own transaction out of those it calls open."""
+    demo_cluster(FABRIC)
+    first, second = submit(alice, acme, gpus=1, lo=1, hi=1), submit(alice, acme, gpus=1, lo=1, hi=1)
+    assert run_tick(policy=POLICY).ran
+    kept = incremental.kept_state()
+
+    def elsewhere() -> None:  # a later transaction that ends first: xmax passes ours
+        try:
+            Job.objects.filter(pk=first.pk).update(attained_gpu_seconds=1.0)
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        Job.objects.filter(pk=second.pk).update(attained_gpu_seconds=2.0)  # ours has an id
+        writer = threading.Thread(target=elsewhere)
+        writer.start()
+        writer.join()
+        Job.objects.filter(pk=first.pk).update(priority=60)
+        assert kept.cluster() is not None
+        assert kept.rows[first.pk].priority == 60  # its own write, read
+        Job.objects.filter(pk=second.pk).update(priority=65)  # after the read
+    kept_equals_rebuild()
+    assert kept.rows[second.pk].priority == 65
+
+
+@needs_postgresql
+def test_a_long_transaction_elsewhere_does_not_make_every_refresh_read_again(
+    alice: Any, acme: Any
+) -> None:
+    """A transaction left open (a report, a session idle in one) costs the feed only the
+    rows it writes: the rows written and read since are not read again at every refresh,
+    as they were while the horizon was the oldest open transaction."""
+    demo_cluster(FABRIC)
+    jobs = [submit(alice, acme, gpus=1, lo=1, hi=1) for _ in range(3)]
+    assert run_tick(policy=POLICY).ran
+    opened, done = threading.Event(), threading.Event()
+
+    def idle_in_transaction() -> None:  # holds a transaction id, writes no job
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SELECT pg_current_xact_id()")
+                opened.set()
+                assert done.wait(30)
+        finally:
+            connection.close()
+
+    idler = threading.Thread(target=idle_in_transaction)
+    idler.start()
+    try:
+        assert opened.wait(30)
+        Job.objects.filter(pk__in=[j.pk for j in jobs]).update(priority=70)
+        kept = incremental.kept_state()
+        assert kept.cluster() is not None and kept.horizon is not None
+        assert {kept.rows[j.pk].priority for j in jobs} == {70}
+        since = incremental._written_since(kept.horizon)
+        assert (since.fresh, since.left) == ([], {})  # read once, not again
+    finally:
+        done.set()
+        idler.join()
+    kept_equals_rebuild()
+
+
+@needs_postgresql
 def test_the_kept_states_one_query_reads_the_servers_the_rebuild_reads() -> None:
     """Suspect GPUs (two on one server, one lapsed), a draining server, one never heard from."""
     nodes = demo_cluster(FABRIC)
