@@ -246,11 +246,30 @@ def array_counts(arrays: Iterable[JobArray]) -> dict[int, dict[str, int]]:
     return {array: dict(Counter(latest.get(array, {}).values())) for array in ids}
 
 
+def array_tasks(array: JobArray) -> list[dict[str, Any]]:
+    """Each TASK_ID's latest attempt: ``task_id``, ``job``, ``state``, ``wait_reason``."""
+    latest: dict[int, dict[str, Any]] = {}
+    rows = (
+        Job.objects.filter(array=array)
+        .order_by("pk")
+        .values("pk", "array_index", "state", "wait_reason")
+    )
+    for row in rows:  # ordered by pk: a retry overwrites its earlier attempts
+        latest[row["array_index"]] = {
+            "task_id": row["array_index"],
+            "job": row["pk"],
+            "state": row["state"],
+            "wait_reason": row["wait_reason"],
+        }
+    return [latest[index] for index in sorted(latest)]
+
+
 __all__ = [
     "MAX_ARRAY_SIZE",
     "TASK_ENV",
     "ArraySpec",
     "array_counts",
+    "array_tasks",
     "check_array_spec",
     "do_cancel_array",
     "do_retry_array",

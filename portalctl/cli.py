@@ -4,7 +4,10 @@
 
     portalctl login --url URL            token asked for, kept in the config dir (0600)
     portalctl submit --code . --entrypoint train.py --gpus 2 --follow
+    portalctl submit ... --after ok:12,any:array:5
     portalctl ls | get | events | logs | cancel | scale | artifacts | download | top
+    portalctl array submit --code . --entrypoint train.py --size 6 --max-running 2
+    portalctl array ls | get | cancel | retry
 
 Every command takes ``-o json`` (one JSON document on stdout) and otherwise
 prints tables for people.  Errors are one line on stderr.  Exit codes:
@@ -34,7 +37,8 @@ from rich.live import Live
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
 
-from portalctl.client import BUNDLE_ID, Client, Job, PortalError
+from portalctl.after import parse_after
+from portalctl.client import BUNDLE_ID, Array, Client, Job, PortalError
 from portalctl.duration import format_duration, parse_duration
 from portalctl.jobfile import JobFileError, load_job_file
 
@@ -455,6 +459,12 @@ def _follow_and_exit(ctx: Context, job_id: int, follow: bool) -> NoReturn:
     help="An extra package index of the job's own, https:// without credentials "
     "(repeatable, at most 3; only where the portal's operator allows it).",
 )
+@click.option(
+    "--after",
+    metavar="DEPS",
+    help="Wait for other jobs or arrays first: ok:12 (job 12 completed), any:13 (ended), "
+    "failed:14 (failed), ok:array:5 (every task of array 5); comma-separated.",
+)
 @click.option("--wait", is_flag=True, help="Wait for the end; the exit code says how it ended.")
 @click.option("--follow", is_flag=True, help="Stream the logs until the job ends (implies --wait).")
 @output_option
@@ -476,6 +486,7 @@ def submit(
     env: tuple[str, ...],
     requirements: tuple[str, ...],
     indexes: tuple[str, ...],
+    after: str | None,
     wait: bool,
     follow: bool,
     output: str | None,
@@ -508,14 +519,9 @@ def submit(
     if args:
         parsed = {k: _number(v) for k, v in _parse_env(args).items()}
         fields["args"] = {**fields.get("args", {}), **parsed}
-    if "gpus" not in fields:
-        fields["gpus"] = fields.get("min_gpus") or 1
+    _finish_fields(ctx, fields, code, after)
     if not fields.get("code") and not fields.get("workload"):
         raise click.UsageError("give --code (with --entrypoint) or --workload, or a job file")
-    if fields.get("code"):
-        fields["code"] = _resolve_code(ctx, str(fields["code"]), fields.get("tenant"))
-    if not fields.get("name"):
-        fields["name"] = _default_name(code, fields)
     job = ctx.client().jobs.submit(**fields)
     if not (wait or follow):
         if ctx.json:
@@ -525,6 +531,25 @@ def submit(
         return
     err.print(f"job {job.id} submitted ({job.state})")
     _follow_and_exit(ctx, job.id, follow)
+
+
+def _finish_fields(
+    ctx: Context, fields: dict[str, Any], code: str | None, after: str | None
+) -> None:
+    """What every submission adds to its fields: GPUs, ``after`` (flag or job file text),
+    the uploaded code's id and a default name."""
+    if "gpus" not in fields:
+        fields["gpus"] = fields.get("min_gpus") or 1
+    wanted = after if after is not None else fields.get("after")
+    if isinstance(wanted, str):
+        try:
+            fields["after"] = parse_after(wanted)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+    if fields.get("code"):
+        fields["code"] = _resolve_code(ctx, str(fields["code"]), fields.get("tenant"))
+    if not fields.get("name"):
+        fields["name"] = _default_name(code, fields)
 
 
 def _number(text: str) -> int | float | str:
@@ -769,3 +794,122 @@ def top(interval: float, once: bool, output: str | None) -> None:
 
 if __name__ == "__main__":  # pragma: no cover - python -m portalctl.cli
     main()
+
+
+@main.group()
+def array() -> None:
+    """Job arrays: N tasks of one program, each with TASK_ID and TASK_COUNT in its env."""
+
+
+def show_array(found: Array) -> None:
+    """An array's summary and, when the answer has them, its tasks."""
+    counts = ", ".join(f"{n} {state}" for state, n in sorted(found.counts.items()))
+    cap = f", at most {found.max_running} at once" if found.max_running else ""
+    out.print(f"array {found.id} ({found.name}): {found.size} tasks{cap}: {counts}", markup=False)
+    if found.tasks:
+        rows = [[t["task_id"], t["job"], t["state"], t.get("wait_reason", "")] for t in found.tasks]
+        out.print(table(None, ["TASK_ID", "job", "state", "waits for"], rows))
+
+
+@array.command("submit")
+@click.option("-f", "--file", "job_file", type=click.Path(dir_okay=False), help="A job.yaml.")
+@click.option("--code", help="A directory or archive to upload, or a bundle id.")
+@click.option("--entrypoint", help='The program and its arguments: "train.py --lr 0.1".')
+@click.option("--launcher", type=click.Choice(["edl", "torchrun"]))
+@click.option("--gpus", type=click.IntRange(min=1), help="GPUs per task.")
+@click.option("--name")
+@click.option("--tenant", help="Tenant slug (needed only if you belong to several).")
+@click.option("--env", "env", multiple=True, help="An environment variable K=V (repeatable).")
+@click.option("--size", type=click.IntRange(min=1), required=True, help="How many tasks.")
+@click.option("--max-running", type=click.IntRange(min=1), help="Tasks queued or running at once.")
+@click.option("--after", metavar="DEPS", help="As submit's: ok:12,any:array:5.")
+@output_option
+def array_submit(
+    job_file: str | None,
+    code: str | None,
+    entrypoint: str | None,
+    launcher: str | None,
+    gpus: int | None,
+    name: str | None,
+    tenant: str | None,
+    env: tuple[str, ...],
+    size: int,
+    max_running: int | None,
+    after: str | None,
+    output: str | None,
+) -> None:
+    """Submit an array of SIZE tasks of one program and print its id."""
+    ctx = ctx_of(output)
+    try:
+        fields = load_job_file(job_file) if job_file else {}
+    except JobFileError as exc:
+        raise click.UsageError(str(exc)) from None
+    flags = {"code": code, "entrypoint": entrypoint, "launcher": launcher, "gpus": gpus,
+             "name": name, "tenant": tenant}  # fmt: skip
+    fields.update({k: v for k, v in flags.items() if v is not None})
+    if env:
+        fields["env"] = {**fields.get("env", {}), **_parse_env(env)}
+    if not fields.get("code"):
+        raise click.UsageError(
+            "an array runs a program: give --code and --entrypoint, or a job file"
+        )
+    _finish_fields(ctx, fields, code, after)
+    found = ctx.client().arrays.submit(**fields, size=size, max_running=max_running)
+    if ctx.json:
+        emit_json(found.raw)
+    else:
+        click.echo(found.id)
+
+
+@array.command("ls")
+@output_option
+def array_list(output: str | None) -> None:
+    """List your tenants' arrays, newest first, with their tasks' states."""
+    ctx = ctx_of(output)
+    found = ctx.client().arrays.list()
+    if ctx.json:
+        emit_json([a.raw for a in found])
+        return
+    rows = [[a.id, a.name, a.size, a.max_running or "", ", ".join(
+        f"{n} {s}" for s, n in sorted(a.counts.items()))] for a in found]  # fmt: skip
+    out.print(table(None, ["id", "name", "tasks", "at once", "states"], rows))
+
+
+@array.command("get")
+@click.argument("array_id", type=int)
+@output_option
+def array_get(array_id: int, output: str | None) -> None:
+    """Show an array: its counts per state and each task."""
+    ctx = ctx_of(output)
+    found = ctx.client().arrays.get(array_id)
+    if ctx.json:
+        emit_json(found.raw)
+    else:
+        show_array(found)
+
+
+@array.command("cancel")
+@click.argument("array_id", type=int)
+@click.option("--reason", default="", help="Why (recorded in each task's history).")
+@output_option
+def array_cancel(array_id: int, reason: str, output: str | None) -> None:
+    """Cancel every task of an array that has not ended."""
+    ctx = ctx_of(output)
+    found = ctx.client().arrays.cancel(array_id, reason)
+    if ctx.json:
+        emit_json(found.raw)
+    else:
+        show_array(found)
+
+
+@array.command("retry")
+@click.argument("array_id", type=int)
+@output_option
+def array_retry(array_id: int, output: str | None) -> None:
+    """Submit again every task of an array whose latest attempt failed."""
+    ctx = ctx_of(output)
+    found = ctx.client().arrays.retry(array_id)
+    if ctx.json:
+        emit_json(found.raw)
+    else:
+        show_array(found)

@@ -51,6 +51,11 @@ ENDPOINTS: tuple[tuple[str, str], ...] = (
     ("GET", "/api/v1/jobs/{id}/artifacts/{artifact_id}/download/"),
     ("GET", "/api/v1/code/{id}/"),
     ("POST", "/api/v1/code/"),
+    ("GET", "/api/v1/arrays/"),
+    ("POST", "/api/v1/arrays/"),
+    ("GET", "/api/v1/arrays/{id}/"),
+    ("POST", "/api/v1/arrays/{id}/cancel/"),
+    ("POST", "/api/v1/arrays/{id}/retry/"),
 )
 """Every (method, path) the client calls, in the schema's form."""
 
@@ -125,12 +130,31 @@ class Job:
     step: int = 0
     loss: float | None = None
     generation: int = 0
+    after: list[dict[str, Any]] = field(default_factory=list)
+    array: int | None = None
+    array_index: int | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def done(self) -> bool:
         """The job is over (completed, failed or cancelled)."""
         return self.state in TERMINAL_STATES
+
+
+@dataclass(frozen=True)
+class Array:
+    """A job array as the API returns it (``GET /api/v1/arrays/{id}/``): its tasks' counts per
+    state and, from a single array's answer, each task's latest attempt."""
+
+    id: int
+    name: str
+    size: int
+    tenant: str | None = None
+    max_running: int | None = None
+    created_at: str | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+    tasks: list[dict[str, Any]] = field(default_factory=list)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -270,6 +294,7 @@ class Client:
         self.jobs = JobsAPI(self)
         self.code = CodeAPI(self)
         self.artifacts = ArtifactsAPI(self)
+        self.arrays = ArraysAPI(self)
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -493,6 +518,37 @@ def _event_error(data: str) -> PortalError:
     return PortalError(400, str(message), errors)
 
 
+class ArraysAPI:
+    """``/api/v1/arrays/``."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+
+    def submit(self, **fields: Any) -> Array:
+        """Submit an array: a job's fields plus ``size`` and ``max_running``."""
+        body = {key: value for key, value in fields.items() if value is not None}
+        return _build(Array, self._client.json("POST", "/api/v1/arrays/", json=body))
+
+    def get(self, array_id: int) -> Array:
+        """One array, with its tasks."""
+        return _build(Array, self._client.json("GET", f"/api/v1/arrays/{int(array_id)}/"))
+
+    def list(self) -> builtins.list[Array]:
+        """The caller's arrays, newest first."""
+        return [_build(Array, item) for item in self._client.pages("/api/v1/arrays/")]
+
+    def cancel(self, array_id: int, reason: str = "") -> Array:
+        """Cancel every task that has not ended."""
+        body = {"reason": reason} if reason else {}
+        path = f"/api/v1/arrays/{int(array_id)}/cancel/"
+        return _build(Array, self._client.json("POST", path, json=body))
+
+    def retry(self, array_id: int) -> Array:
+        """Submit again each failed task."""
+        path = f"/api/v1/arrays/{int(array_id)}/retry/"
+        return _build(Array, self._client.json("POST", path, json={}))
+
+
 class CodeAPI:
     """``/api/v1/code/``: code bundles."""
 
@@ -612,6 +668,8 @@ class ArtifactsAPI:
 __all__ = [
     "BUNDLE_ID",
     "ENDPOINTS",
+    "Array",
+    "ArraysAPI",
     "Artifact",
     "Bundle",
     "Client",

@@ -10,6 +10,7 @@
     min_gpus: 1
     max_gpus: 4
     env: {WANDB_MODE: offline}
+    after: ok:12,any:array:5      # or the API's list: [{kind: after_ok, job: 12}]
     environment:                  # Python packages beyond the node's torch and edl
       requirements: [einops==0.8.1, "tqdm>=4"]
       indexes: [https://pypi.example.org/simple]   # where the operator allows it
@@ -45,6 +46,7 @@ JOB_FILE_FIELDS = (
     "launcher",
     "env",
     "environment",
+    "after",
     "tenant",
 )
 """The fields of a submission (the schema's ``JobCreate``; a test compares them)."""

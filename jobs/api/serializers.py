@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from bundles.models import CodeBundle
 from jobs.choices import Launcher, RecoveryMode
-from jobs.models import Artifact, Job, JobEvent
+from jobs.dependencies import MAX_DEPENDENCIES
+from jobs.models import Artifact, Job, JobArray, JobEvent
 from jobs.services import JOB_FIELDS, MAX_GPUS_PER_JOB, MAX_RESTARTS, MAX_RUNTIME_S
 from tenancy.models import Tenant
 from workers.catalog import WORKLOADS
@@ -37,12 +39,19 @@ class JobSerializer(serializers.ModelSerializer[Job]):
     code: serializers.SlugRelatedField[CodeBundle] = serializers.SlugRelatedField(
         slug_field="sha256", read_only=True, allow_null=True
     )
+    after = serializers.SerializerMethodField(
+        help_text='What the job waits for: [{"kind": "after_ok", "job": 12}, {"kind": '
+        '"after_any", "array": 3}]; while they are not met it stays pending (wait_reason).'
+    )
 
     class Meta:
         model = Job
         fields = [
             "id",
             *JOB_FIELDS,  # what a client submits, then what the system adds
+            "after",
+            "array",
+            "array_index",
             "state",
             "parallelism",
             "submitted_at",
@@ -68,6 +77,27 @@ class JobSerializer(serializers.ModelSerializer[Job]):
             "tenant",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(
+        serializers.ListField(child=serializers.DictField(child=serializers.JSONField()))
+    )
+    def get_after(self, job: Job) -> list[dict[str, Any]]:
+        """The job's dependencies (prefetched by the list: ``dependencies``)."""
+        return [
+            {"kind": d.kind, "job": d.on_job_id}
+            if d.on_job_id is not None
+            else {"kind": d.kind, "array": d.on_array_id}
+            for d in job.dependencies.all()
+        ]
+
+
+AFTER_HELP = (
+    'Jobs or arrays of the same tenant to wait for: [{"kind": "after_ok", "job": 12}, '
+    '{"kind": "after_any", "array": 3}]. Kinds: after_ok (it completed), after_any (it ended), '
+    "after_failed (it failed); an array's is met when every task's is. The job stays pending, "
+    "with wait_reason, until all are met, and is cancelled with the reason when one can no "
+    f"longer be. At most {MAX_DEPENDENCIES}."
+)
 
 
 class JobCreateSerializer(serializers.Serializer[Job]):
@@ -127,6 +157,11 @@ class JobCreateSerializer(serializers.Serializer[Job]):
         allow_null=True,
         help_text="Seconds of wall clock since the first start; then the job is stopped with a "
         "final checkpoint and fails. Default: the tenant's, at most its ceiling.",
+    )
+    after = serializers.ListField(
+        child=serializers.DictField(child=serializers.JSONField()),
+        required=False,
+        help_text=AFTER_HELP,
     )
     tenant = serializers.SlugField(
         required=False, help_text="Tenant slug; required only if you belong to several."
@@ -246,3 +281,66 @@ class JobMetricsSerializer(serializers.Serializer[Any]):
         child=serializers.ListField(child=serializers.ListField(child=serializers.FloatField())),
         help_text="Metric name: [[step, value], ...] in step order.",
     )
+
+
+class ArrayCreateSerializer(JobCreateSerializer):
+    """What a client sends to submit an array: a job's fields (a program: code, entrypoint,
+    launcher) plus how many tasks and how many at once (documents the schema; rules live in
+    ``jobs.arrays``)."""
+
+    size = serializers.IntegerField(
+        min_value=1, help_text="Tasks; each gets TASK_ID (0 to size-1) and TASK_COUNT in env."
+    )
+    max_running = serializers.IntegerField(
+        min_value=1,
+        required=False,
+        allow_null=True,
+        help_text="Tasks queued or running at once; the rest wait pending (default: no cap).",
+    )
+
+
+class ArrayTaskSerializer(serializers.Serializer[Any]):
+    """One task of an array (its latest attempt)."""
+
+    task_id = serializers.IntegerField()
+    job = serializers.IntegerField()
+    state = serializers.CharField()
+    wait_reason = serializers.CharField()
+
+
+class ArraySerializer(serializers.ModelSerializer[JobArray]):
+    """An array as the API returns it, with how many tasks are in each state."""
+
+    tenant: serializers.SlugRelatedField[Tenant] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    counts = serializers.SerializerMethodField(
+        help_text='Tasks (latest attempts) per state: {"running": 2, "pending": 4}.'
+    )
+
+    class Meta:
+        model = JobArray
+        fields = ["id", "tenant", "name", "size", "max_running", "created_at", "counts"]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.DictField(child=serializers.IntegerField()))
+    def get_counts(self, array: JobArray) -> dict[str, int]:
+        """From the view's context (one query for a whole page)."""
+        counts: dict[int, dict[str, int]] = self.context.get("counts", {})
+        return counts.get(array.pk, {})
+
+
+class ArrayDetailSerializer(ArraySerializer):
+    """One array, with its tasks."""
+
+    tasks = serializers.SerializerMethodField()
+
+    class Meta(ArraySerializer.Meta):
+        fields = [*ArraySerializer.Meta.fields, "tasks"]
+        read_only_fields = fields
+
+    @extend_schema_field(ArrayTaskSerializer(many=True))
+    def get_tasks(self, array: JobArray) -> list[dict[str, Any]]:
+        """From the view's context: each TASK_ID's latest attempt."""
+        tasks: list[dict[str, Any]] = self.context.get("tasks", [])
+        return tasks

@@ -1,10 +1,11 @@
-"""Routes of jobs' API, mounted under ``/api/v1/`` (by ``jobs.urls``): jobs, their
+"""Routes of jobs' API, mounted under ``/api/v1/`` (by ``jobs.urls``): jobs, arrays, their
 statistics and usage, the tenants with their GPUs in use, the nodes' environments."""
 
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 from rest_framework.urlpatterns import format_suffix_patterns
 
+from jobs.api.arrays import ArrayViewSet
 from jobs.api.environments import EnvironmentCacheList, EnvironmentEvict, EvictionList
 from jobs.api.tenants import TenantViewSet
 from jobs.api.usage import UsageView
@@ -13,6 +14,7 @@ from jobs.api.views import JctStatsView, JobViewSet
 router = SimpleRouter()
 router.register("jobs", JobViewSet, basename="job")
 router.register("tenants", TenantViewSet, basename="tenant")
+router.register("arrays", ArrayViewSet, basename="array")
 
 urlpatterns = [
     path("stats/jct/", JctStatsView.as_view(), name="jct-stats"),

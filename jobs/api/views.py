@@ -11,7 +11,7 @@ from django.http import HttpResponseBase
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
-from rest_framework import mixins, status, viewsets
+from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.renderers import BaseRenderer, JSONRenderer
@@ -82,7 +82,7 @@ def _since_step(params: Any) -> int | None:
     return value
 
 
-def _object_body(request: Request, allowed: set[str]) -> dict[str, Any]:
+def object_body(request: Request, allowed: set[str]) -> dict[str, Any]:
     """The JSON body as a dict, refusing non-objects and unknown fields."""
     data = request.data
     if not isinstance(data, dict):
@@ -101,9 +101,12 @@ def _plain_param(params: Any, name: str) -> str | None:
     return cast(str | None, value)
 
 
-def _submission(request: Request) -> tuple[str | None, dict[str, Any]]:
-    """A submission's tenant slug (a slug, before it reaches a query) and the rest of its body."""
-    body = _object_body(request, set(JobCreateSerializer().fields))
+def submission(
+    request: Request, shape: type[serializers.Serializer[Any]] = JobCreateSerializer
+) -> tuple[str | None, dict[str, Any]]:
+    """A submission's tenant slug (a slug, before it reaches a query) and the rest of its body
+    (only the fields of ``shape``: a job's, or an array's)."""
+    body = object_body(request, set(shape().fields))
     tenant = JobTenantSerializer(data={"tenant": body.pop("tenant")} if "tenant" in body else {})
     tenant.is_valid(raise_exception=True)
     return tenant.validated_data.get("tenant"), body
@@ -115,6 +118,7 @@ def _submission(request: Request) -> tuple[str | None, dict[str, Any]]:
             OpenApiParameter("state", OpenApiTypes.STR, description="Comma-separated states."),
             OpenApiParameter("tenant", OpenApiTypes.STR, description="Tenant slug."),
             OpenApiParameter("workload", OpenApiTypes.STR),
+            OpenApiParameter("array", OpenApiTypes.INT, description="Only this array's tasks."),
         ]
     )
 )
@@ -128,7 +132,11 @@ class JobViewSet(
     serializer_class = JobSerializer
 
     def get_queryset(self) -> QuerySet[Job]:
-        jobs = Job.objects.restrict(self.request.user).select_related("tenant")
+        jobs = (
+            Job.objects.restrict(self.request.user)
+            .select_related("tenant")
+            .prefetch_related("dependencies")
+        )
         if self.action != "list":
             return jobs
         params = self.request.query_params
@@ -142,12 +150,16 @@ class JobViewSet(
             jobs = jobs.filter(tenant__slug=tenant)
         if workload := _plain_param(params, "workload"):
             jobs = jobs.filter(workload=workload)
+        if array := _plain_param(params, "array"):
+            if not array.isdigit():
+                raise ValidationError({"array": ["Must be an array id."]})
+            jobs = jobs.filter(array_id=int(array))
         return jobs
 
     @extend_schema(request=JobCreateSerializer, responses={201: JobSerializer})
     def create(self, request: Request) -> Response:
         """Submit a job; it is queued and scheduled elastically within [min_gpus, max_gpus]."""
-        slug, body = _submission(request)
+        slug, body = submission(request)
         tenant = resolve_tenant_for_write(request.user, slug)
         spec = check_job_spec(tenant=tenant, data=body)
         job = do_submit_job(user=request.user, tenant=tenant, spec=spec)
@@ -157,7 +169,7 @@ class JobViewSet(
     def partial_update(self, request: Request, pk: str | None = None) -> Response:
         """Change a job's priority, elastic range, restarts or run-time limit (also while it runs)."""
         job = self.get_object()
-        body = _object_body(request, set(JobUpdateSerializer().fields))
+        body = object_body(request, set(JobUpdateSerializer().fields))
         fields = JobUpdateSerializer(data=body)
         fields.is_valid(raise_exception=True)
         job = do_update_job(user=request.user, job_id=job.pk, **fields.validated_data)
@@ -168,7 +180,7 @@ class JobViewSet(
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         """Cancel the job: a graceful stop that releases its GPUs."""
         job = self.get_object()
-        fields = JobCancelSerializer(data=_object_body(request, {"reason"}))
+        fields = JobCancelSerializer(data=object_body(request, {"reason"}))
         fields.is_valid(raise_exception=True)
         reason = fields.validated_data.get("reason") or ""
         job = do_cancel_job(user=request.user, job_id=job.pk, reason=reason)
