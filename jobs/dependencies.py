@@ -26,9 +26,9 @@ dependencies are read, so of two jobs ending at once in two transactions the
 second to lock it sees the first's end; an array's slots are counted under
 its row's lock, so two tasks ending at once never release more than the cap.
 Settling a job that is no longer pending does nothing: the release is
-idempotent.  Dependencies are fixed at submission and name existing jobs
-only, so no chain of them can loop back (``check_after`` still refuses a
-cycle should a chain ever reach the job itself).
+idempotent.  A waiting job's dependencies may be replaced
+(``PATCH /api/v1/jobs/{id}/`` with ``after``): ``check_no_cycle`` refuses
+a set that would lead back to the job itself.
 """
 
 from __future__ import annotations
@@ -204,6 +204,19 @@ def attach(job: Job, after: Sequence[After]) -> None:
         JobDependency(job=job, kind=a.kind, on_job_id=a.job_id, on_array_id=a.array_id)
         for a in after
     )
+
+
+def replace_dependencies(job: Job, after: Sequence[After]) -> list[dict[str, Any]]:
+    """Replace a locked pending ``job``'s dependencies; the old ones as the API shows them."""
+    old = [
+        {"kind": d.kind, "job": d.on_job_id}
+        if d.on_job_id is not None
+        else {"kind": d.kind, "array": d.on_array_id}
+        for d in JobDependency.objects.filter(job=job)
+    ]
+    JobDependency.objects.filter(job=job).delete()
+    attach(job, after)
+    return old
 
 
 def current_tasks(rows: Iterable[tuple[int, int | None, int, str]]) -> dict[int, dict[int, str]]:
@@ -382,6 +395,7 @@ __all__ = [
     "dependencies_of",
     "fill_slots",
     "on_job_ended",
+    "replace_dependencies",
     "settle",
     "slot_reason",
     "standing",

@@ -23,7 +23,14 @@ from audit.context import current_actor
 from fabric.allocator import clos_shapes
 from inventory.services import current_spec
 from jobs.choices import TERMINAL_STATES, EventKind, JobState, RecoveryMode
-from jobs.dependencies import After, attach, check_after, settle
+from jobs.dependencies import (
+    After,
+    attach,
+    check_after,
+    check_no_cycle,
+    replace_dependencies,
+    settle,
+)
 from jobs.errors import JobConflictError, JobError, JobPermissionError, JobValidationError
 from jobs.holdings import release
 from jobs.lifecycle import broadcast, record, request_tick, transition
@@ -581,13 +588,16 @@ def do_update_job(
     max_gpus: int | None = None,
     max_restarts: int | None = None,
     max_runtime_s: int | None = None,
+    after: Any = None,
 ) -> Job:
-    """Change a job's priority, elastic range, restarts or run-time limit.
+    """Change a job's priority, elastic range, restarts, run-time limit or dependencies.
 
     The requested GPUs must stay inside the range; restarts and the run-time
     limit obey the same bounds and tenant ceilings as at submission.  A
     run-time limit the running job has already passed stops it at the next
-    tick.  ``None`` leaves a setting as it is.
+    tick.  ``after`` replaces the dependencies of a job that still waits
+    (pending) by the submission's rules, and may not close a cycle; met at
+    once, the job is queued.  ``None`` leaves a setting as it is.
     """
     job: Job = Job.objects.select_for_update().select_related("tenant").get(pk=job_id)
     _check_writable(user, job)
@@ -613,6 +623,7 @@ def do_update_job(
     if max_runtime_s is not None and not 1 <= max_runtime_s <= MAX_RUNTIME_S:
         errors.add("max_runtime_s", f"Must be between 1 and {MAX_RUNTIME_S}.")
     _check_ceilings(job.tenant, max_restarts, max_runtime_s, errors)
+    new_after = _check_new_after(job, after, errors)
     errors.raise_if_any()
     before = audit.snapshot(job, UPDATE_AUDIT_FIELDS)
     now = timezone.now()
@@ -637,10 +648,30 @@ def do_update_job(
     _update_limits(job, max_restarts, max_runtime_s, now)
     job.save()
     old, new = audit.changed(before, audit.snapshot(job, UPDATE_AUDIT_FIELDS))
+    if new_after is not None:
+        old["after"], new["after"] = replace_dependencies(job, new_after), after_field(new_after)
+        record(job, EventKind.NOTE, now, "waits for: " + (", ".join(
+            f"{a.kind} {a.target}" for a in new_after) or "nothing"))  # fmt: skip
+        settle(job, at=now)
     if new:  # a request that changes nothing is no change
         audit.record("job.update", obj=job, tenant=job.tenant, user=user, before=old, after=new)
     broadcast(job, "job.updated")
     return job
+
+
+def _check_new_after(job: Job, after: Any, errors: _Errors) -> tuple[After, ...] | None:
+    """The checked new dependencies of ``job`` (None: not asked to change them)."""
+    if after is None:
+        return None
+    if job.state != JobState.PENDING or job.array_id is not None:
+        errors.add("after", f"Only a waiting job's dependencies change; job {job.pk} is {job.state}"
+                   + (" (an array task)." if job.array_id is not None else "."))  # fmt: skip
+        return None
+    checked = check_after(tenant=job.tenant, raw=after, add_error=errors.add)
+    loop = check_no_cycle(job_id=job.pk, after=checked)
+    if loop is not None:
+        errors.add("after", loop)
+    return checked
 
 
 def _update_limits(

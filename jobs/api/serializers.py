@@ -182,6 +182,12 @@ class JobUpdateSerializer(serializers.Serializer[Job]):
     max_gpus = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_JOB, required=False)
     max_restarts = serializers.IntegerField(min_value=0, max_value=MAX_RESTARTS, required=False)
     max_runtime_s = serializers.IntegerField(min_value=1, max_value=MAX_RUNTIME_S, required=False)
+    after = serializers.ListField(
+        child=serializers.DictField(child=serializers.JSONField()),
+        required=False,
+        help_text="A waiting (pending) job's new dependencies, replacing its old ones; "
+        "one that would close a cycle is refused. " + AFTER_HELP,
+    )
 
 
 CANCEL_REASON_MAX = 200

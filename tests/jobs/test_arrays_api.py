@@ -120,3 +120,33 @@ def test_after_on_the_jobs_api(
         answers.append(str(refused.json()).replace(str(target), "N"))
     assert answers[0] == answers[1]
     assert Job.objects.filter(tenant=acme).count() == 2
+
+
+def test_a_waiting_jobs_dependencies_change_but_never_into_a_cycle(
+    token_client: Any, alice: Any, acme: Any
+) -> None:
+    client = token_client(alice)
+    code = bundle_of(alice, acme).sha256
+
+    def submit(after: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        response = client.post(
+            "/api/v1/jobs/", program_body(code, gpus=1, after=after), format="json"
+        )
+        assert response.status_code == 201, response.json()
+        return dict(response.json())
+
+    first = submit()
+    a = submit([{"kind": "after_ok", "job": first["id"]}])
+    b = submit([{"kind": "after_ok", "job": a["id"]}])
+    loop = client.patch(f"/api/v1/jobs/{a['id']}/", {"after": [{"kind": "after_any", "job": b["id"]}],
+                        "priority": 90}, format="json")  # fmt: skip
+    assert loop.status_code == 400
+    assert loop.json()["errors"]["after"] == [f"A cycle: job {a['id']} → job {b['id']} → job {a['id']}."]
+    unchanged = client.get(f"/api/v1/jobs/{a['id']}/").json()
+    assert unchanged["after"] == [{"kind": "after_ok", "job": first["id"]}]
+    assert unchanged["priority"] == 50  # nothing changed
+    queued = client.patch(f"/api/v1/jobs/{first['id']}/", {"after": []}, format="json")
+    assert queued.status_code == 400 and "after" in queued.json()["errors"]  # not waiting
+    freed = client.patch(f"/api/v1/jobs/{a['id']}/", {"after": []}, format="json")
+    assert freed.status_code == 200, freed.json()
+    assert (freed.json()["state"], freed.json()["after"]) == ("queued", [])
