@@ -141,7 +141,9 @@ def test_a_waiting_jobs_dependencies_change_but_never_into_a_cycle(
     loop = client.patch(f"/api/v1/jobs/{a['id']}/", {"after": [{"kind": "after_any", "job": b["id"]}],
                         "priority": 90}, format="json")  # fmt: skip
     assert loop.status_code == 400
-    assert loop.json()["errors"]["after"] == [f"A cycle: job {a['id']} → job {b['id']} → job {a['id']}."]
+    assert loop.json()["errors"]["after"] == [
+        f"A cycle: job {a['id']} → job {b['id']} → job {a['id']}."
+    ]
     unchanged = client.get(f"/api/v1/jobs/{a['id']}/").json()
     assert unchanged["after"] == [{"kind": "after_ok", "job": first["id"]}]
     assert unchanged["priority"] == 50  # nothing changed
