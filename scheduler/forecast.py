@@ -7,8 +7,8 @@ with placement by count, on a virtual clock, with no new arrivals::
     t = snapshot.now
     loop
       1-2. the tick's scheduling pass (scheduler.pipeline) on the snapshot at t: the
-         quota hold-back, the policy, the quota check, preemption within a tenant's
-         quota; binding by GPU count
+         dependency and quota hold-backs, the policy, the quota check, preemption
+         within a tenant's quota; binding by GPU count
       3. apply them: starts (first start = predicted start), resizes, preemptions
       4. next time = the next finish of a running job with known remaining work,
          or, while jobs still wait, t + step (the step doubles from ``step_s`` up to
@@ -24,6 +24,11 @@ from its throughput curve relative to the requested size (1.0 without one, as
 in the simulator).  A job whose remaining work is unknown runs forever in the
 forecast: its finish is None with a reason, and jobs that wait on its GPUs get
 no start.  Nothing is invented.
+
+A job that waits for others (``waits_for``: job -> the jobs it waits for,
+``scheduler.dependencies``) is held back until every one of them has
+finished on the virtual clock, so its predicted start follows their
+predicted finish; the forecast assumes they succeed.
 
 Placement is by GPU count: the fabric (vClos shapes, which the tick's binding
 may refuse) is not modelled, so a start that binding would refuse is predicted
@@ -41,6 +46,7 @@ from scheduler.curves import view_speeds
 from scheduler.pipeline import (
     Candidates,
     CountBind,
+    DependencyHoldBack,
     PolicyDecide,
     QuotaHoldBack,
     SchedulingPass,
@@ -209,11 +215,17 @@ ForecastPass = SchedulingPass[Snapshot, Candidates, list[Decision], list[Decisio
 """The tick's scheduling pass as the forecast runs it: GPUs by count on a virtual cluster."""
 
 
-def forecast_pass(policy: Policy, quota: Mapping[str, int] | None) -> ForecastPass:
-    """The pass (``scheduler.pipeline``) the forecast runs at each virtual time: the quota
-    hold-back (``quota`` None: none), the policy placing by count, the quota check and
-    the preemptions within a tenant's quota, binding by count (migrations left out)."""
-    return snapshot_pass(QuotaHoldBack(quota), PolicyDecide(policy), CountBind())
+def forecast_pass(
+    policy: Policy,
+    quota: Mapping[str, int] | None,
+    waits_for: Mapping[str, frozenset[str]] | None = None,
+) -> ForecastPass:
+    """The pass (``scheduler.pipeline``) the forecast runs at each virtual time: the
+    dependency hold-back (``waits_for``), the quota hold-back (``quota`` None: none), the
+    policy placing by count, the quota check and the preemptions within a tenant's quota,
+    binding by count (migrations left out)."""
+    hold_back = DependencyHoldBack(QuotaHoldBack(quota), waits_for or {})
+    return snapshot_pass(hold_back, PolicyDecide(policy), CountBind())
 
 
 def _decide(world: _World, t: float, scheduling: ForecastPass) -> list[Decision]:
@@ -307,6 +319,7 @@ def forecast(
     policy: Policy,
     *,
     quota: Mapping[str, int] | None = None,
+    waits_for: Mapping[str, frozenset[str]] | None = None,
     step_s: float = DEFAULT_STEP_S,
     max_step_s: float = DEFAULT_MAX_STEP_S,
     horizon_s: float = DEFAULT_HORIZON_S,
@@ -316,6 +329,7 @@ def forecast(
 
     ``quota`` maps tenant to its GPU quota (None: no quota rule); queued jobs
     of the snapshot are all given, including those the tick holds back now.
+    ``waits_for`` maps a job to the jobs it waits for: held back until they finish.
     """
     if step_s <= 0 or max_step_s < step_s or horizon_s <= 0 or max_passes < 1:
         raise ValueError("forecast needs 0 < step_s <= max_step_s, horizon_s > 0, max_passes >= 1")
@@ -325,7 +339,7 @@ def forecast(
     step = step_s
     passes = 1
     horizon_reached = False
-    scheduling = forecast_pass(policy, quota)
+    scheduling = forecast_pass(policy, quota, waits_for)
     decisions = _decide(world, t, scheduling)
     while True:
         changed = _apply(world, decisions, t)

@@ -8,7 +8,8 @@ The steps, each a small class behind a Protocol, composed in one place
     ▼
     1. HoldBack              which jobs are candidates, and why the others wait: over
     │                        their tenant's quota (the rule: scheduler.quota), set aside
-    │                        (switching, profiling), shown capped (about to end)
+    │                        (switching, profiling), shown capped (about to end), waiting
+    │                        for other jobs to end (DependencyHoldBack)
     ▼
  ┌► 2. Decide                the policy's decisions on the candidates
  │  ▼
@@ -316,6 +317,38 @@ class QuotaHoldBack:
 
 
 @dataclass(frozen=True, slots=True)
+class DependencyHoldBack:
+    """Step 1 for jobs that wait for others (``scheduler.dependencies``): a job is left out
+    while any job it waits for is still in the state (not ended), then ``inner`` holds back
+    from the rest.  ``waits_for``: job -> the jobs it waits for.
+
+    The forecast composes it (a dependent job's start follows its dependencies'
+    finish on the virtual clock: a finished job leaves the snapshot).  The live
+    tick never sees such a job: it stays pending in the database, outside the
+    tick's snapshot, until ``jobs.dependencies`` queues it.
+    """
+
+    inner: HoldBack[Snapshot, Candidates]
+    waits_for: Mapping[str, frozenset[str]]
+
+    def hold_back(self, state: Snapshot) -> tuple[Candidates, Waits]:
+        """The inner step's candidates and waits, over the jobs whose dependencies ended."""
+        if not self.waits_for:
+            return self.inner.hold_back(state)
+        live = {view.id for view in state.jobs}
+        waits: dict[str, str] = {}
+        for view in state.jobs:
+            pending = self.waits_for.get(view.id, frozenset()) & live
+            if pending and not view.gpus:
+                waits[view.id] = "waits for " + ", ".join(sorted(pending)) + " to end"
+        if not waits:
+            return self.inner.hold_back(state)
+        kept = tuple(view for view in state.jobs if view.id not in waits)
+        candidates, inner_waits = self.inner.hold_back(dataclasses.replace(state, jobs=kept))
+        return candidates, {**waits, **inner_waits}
+
+
+@dataclass(frozen=True, slots=True)
 class PolicyDecide:
     """Step 2 over a snapshot: ``policy.schedule`` with its placement (by count in the
     tick and the forecast; the fabric is binding's) and the kept speed tables."""
@@ -430,6 +463,7 @@ __all__ = [
     "Candidates",
     "CountBind",
     "Decide",
+    "DependencyHoldBack",
     "EnforceQuotas",
     "HoldBack",
     "NoQuotaCheck",
