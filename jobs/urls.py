@@ -1,4 +1,4 @@
-"""Routes of the jobs app: the submit and job pages and ``/api/v1/`` for jobs, their
+"""Routes of the jobs app: the submit, job and array pages and ``/api/v1/`` for jobs, their
 statistics and usage, tenants and the nodes' environments (one include in portal.urls)."""
 
 from django.urls import include, path
@@ -9,5 +9,8 @@ urlpatterns = [
     path("jobs/new/", views.submit_job, name="job-new"),
     path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
     path("jobs/<int:job_id>/cancel/", views.cancel_job, name="job-cancel"),
+    path("arrays/<int:array_id>/", views.array_detail, name="array-page"),
+    path("arrays/<int:array_id>/cancel/", views.cancel_array, name="array-page-cancel"),
+    path("arrays/<int:array_id>/retry/", views.retry_array, name="array-page-retry"),
     path("api/v1/", include("jobs.api.urls")),
 ]

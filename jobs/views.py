@@ -1,4 +1,4 @@
-"""Job pages: submission form, detail with history, cancel."""
+"""Job pages: submission form, detail with history, cancel; an array's tasks."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from jobs.arrays import array_counts, array_tasks, do_cancel_array, do_retry_array
 from jobs.choices import TERMINAL_STATES, ArtifactKind
 from jobs.forms import JobForm
 from jobs.live.snapshots import job_snapshot
 from jobs.logs.store import log_workers, tail_lines
-from jobs.models import Job
+from jobs.models import Job, JobArray
 from jobs.services import JobError, do_cancel_job, do_submit_job
 from tenancy.models import Tenant
 from tenancy.services import can_write
@@ -90,3 +91,51 @@ def cancel_job(request: HttpRequest, job_id: int) -> HttpResponse:
     else:
         messages.success(request, f"Job {job.pk} cancelled.")
     return redirect("job-detail", job_id=job.pk)
+
+
+@login_required
+def array_detail(request: HttpRequest, array_id: int) -> HttpResponse:
+    """An array: its counts per state and each task's latest attempt, with cancel and retry."""
+    array = get_object_or_404(
+        JobArray.objects.restrict(request.user).select_related("tenant"), pk=array_id
+    )
+    counts = array_counts([array])[array.pk]
+    return render(
+        request,
+        "jobs/array.html",
+        {
+            "array": array,
+            "counts": dict(sorted(counts.items())),
+            "tasks": array_tasks(array),
+            "live": any(state not in TERMINAL_STATES for state in counts),
+            "can_write": can_write(request.user, array.tenant),
+        },
+    )
+
+
+@login_required
+@require_POST
+def cancel_array(request: HttpRequest, array_id: int) -> HttpResponse:
+    """Cancel every task of an array from its page."""
+    array = get_object_or_404(JobArray.objects.restrict(request.user), pk=array_id)
+    try:
+        do_cancel_array(user=request.user, array_id=array.pk)
+    except JobError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"Array {array.pk} cancelled.")
+    return redirect("array-page", array_id=array.pk)
+
+
+@login_required
+@require_POST
+def retry_array(request: HttpRequest, array_id: int) -> HttpResponse:
+    """Submit again an array's failed tasks from its page."""
+    array = get_object_or_404(JobArray.objects.restrict(request.user), pk=array_id)
+    try:
+        retried = do_retry_array(user=request.user, array_id=array.pk)
+    except JobError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"{len(retried)} failed task(s) of array {array.pk} retried.")
+    return redirect("array-page", array_id=array.pk)
