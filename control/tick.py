@@ -31,6 +31,7 @@ by the next one, which reads everything again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -60,7 +61,7 @@ from control.switch_watchdog import stop_stuck_switches
 from control.tick_stats import queue_tick_stats
 from fabric.allocator import Allocation
 from inventory.services import do_mark_silent_servers_down, read_beats
-from jobs import holdings
+from jobs import command_sender, holdings
 from jobs.agent_commands import job_id_from_name, runtime_job_name
 from jobs.choices import EventKind, JobState
 from jobs.coordination import forget_coordination
@@ -156,6 +157,20 @@ def run_tick(
     client, token = _redis(), uuid.uuid4().hex
     if not client.set(LOCK_KEY, token, nx=True, px=int(lock_timeout_s * 1000)):
         return TickResult(ran=False)
+    # The commands handed over at commit are published once the lock is back (held()).
+    background = settings.AGENT_SEND_IN_BACKGROUND
+    with command_sender.sender().held() if background else contextlib.nullcontext():
+        return _locked_tick(client, token, lock_timeout_s, policy, now)
+
+
+def _locked_tick(
+    client: redis.Redis,
+    token: str,
+    lock_timeout_s: float,
+    policy: str | None,
+    now: datetime | None,
+) -> TickResult:
+    """:func:`run_tick` once its Redis lock is taken: the tick, then the lock released."""
     started = time.perf_counter()
     now = now or timezone.now()
     result: TickResult | None = None

@@ -112,3 +112,26 @@ def test_a_forked_process_gets_its_own_sender() -> None:
     child = command_sender.sender()
     assert child is not parent and child.thread.is_alive()
     assert command_sender.sender() is child
+
+
+def test_work_submitted_while_held_starts_after_the_hold_in_the_order_it_came() -> None:
+    """The tick holds the sender from its commit to its lock's release: nothing is
+    published meanwhile, from any thread, and everything goes after, in order."""
+    worker = CommandSender()
+    ran: list[str] = []
+
+    def note(batch: Batch) -> None:
+        ran.append(batch[0][0])
+
+    with worker.held():
+        worker.submit(note, [("a", stops("job-1", 1)[0])])
+        other = threading.Thread(target=worker.submit, args=(note, [("b", stops("job-2", 1)[0])]))
+        other.start()
+        other.join()
+        with worker.held():  # nested: the outer block decides
+            worker.submit(note, [("c", stops("job-3", 1)[0])])
+        assert not worker.wait_idle(timeout=0.2) and ran == []
+    assert worker.wait_idle(timeout=5)
+    assert ran == ["a", "b", "c"]
+    worker.submit(note, [("d", stops("job-4", 1)[0])])  # not held: at once
+    assert worker.wait_idle(timeout=5) and ran[-1] == "d"
