@@ -376,6 +376,78 @@ def on_job_ended(*, job_id: int, array_id: int | None, at: datetime) -> None:
             settle(job, at=at)
 
 
+@dataclass(frozen=True)
+class ForecastWaits:
+    """What the forecast needs of the waiting jobs: for each, the live jobs it waits for
+    (job ids), and the waiting jobs it leaves out with why."""
+
+    waits_for: Mapping[int, frozenset[int]]
+    left_out: Mapping[int, str]
+
+
+def forecast_waits(pending: Iterable[int]) -> ForecastWaits:
+    """For the forecast (``control.forecast``): the live jobs each pending job waits for.
+
+    A dependency on a job that has not ended is a wait for it, one on an array a wait
+    for each of its unended tasks (latest attempts).  A capped array's pending task
+    waits for the task ``max_running`` places ahead of it (its running and queued
+    tasks first, then its pending ones, by TASK_ID): the slot it will take.  The
+    forecast assumes every job completes, so a job with an unmet ``after_failed`` is
+    left out, and with it whatever waits for it.  Three queries.
+    """
+    ids = set(pending)
+    waits: dict[int, set[int]] = {pk: set() for pk in ids}
+    left_out: dict[int, str] = {}
+    rows = list(
+        JobDependency.objects.filter(job_id__in=ids).values_list(
+            "job_id", "kind", "on_job_id", "on_job__state", "on_array_id"
+        )
+    )
+    arrays = {on_array for *_rest, on_array in rows if on_array is not None}
+    arrays |= set(
+        Job.objects.filter(pk__in=ids, array__max_running__isnull=False).values_list(
+            "array_id", flat=True
+        )
+    )
+    tasks = list(
+        Job.objects.filter(array_id__in=arrays)
+        .exclude(state__in=TERMINAL_STATES)
+        .values_list("array_id", "array_index", "pk", "state", "array__max_running")
+    )
+    unended: dict[int, list[int]] = {}
+    for array, _index, pk, _state, _cap in tasks:
+        unended.setdefault(array, []).append(pk)
+    for job_id, kind, on_job, on_job_state, on_array in rows:
+        targets = unended.get(on_array, []) if on_array is not None else [on_job]
+        if on_array is None and on_job_state in TERMINAL_STATES:
+            targets = []
+        if targets and kind == DependencyKind.AFTER_FAILED:
+            left_out[job_id] = "starts only if what it waits for fails"
+        waits[job_id].update(targets)
+    by_array: dict[int, list[tuple[bool, int, int]]] = {}
+    caps: dict[int, int] = {}
+    for array, index, pk, state, cap in tasks:
+        if cap is not None:
+            caps[array] = cap
+            by_array.setdefault(array, []).append((state == JobState.PENDING, index or 0, pk))
+    for array, members in by_array.items():
+        order = [pk for _pending, _index, pk in sorted(members)]
+        for place, pk in enumerate(order):
+            if pk in waits and place >= caps[array]:
+                waits[pk].add(order[place - caps[array]])
+    changed = True
+    while changed:  # what waits for a job left out is left out too
+        changed = False
+        for pk, awaited in waits.items():
+            if pk not in left_out and awaited & left_out.keys():
+                left_out[pk] = "waits for a job the forecast leaves out"
+                changed = True
+    return ForecastWaits(
+        waits_for={pk: frozenset(t) for pk, t in waits.items() if t and pk not in left_out},
+        left_out=left_out,
+    )
+
+
 def dependencies_of(jobs: Sequence[Job]) -> Mapping[int, list[JobDependency]]:
     """Each job's dependencies, in one query (the API's list)."""
     found: dict[int, list[JobDependency]] = {job.pk: [] for job in jobs}
@@ -388,12 +460,14 @@ __all__ = [
     "ACTIVE_TASK_STATES",
     "MAX_DEPENDENCIES",
     "After",
+    "ForecastWaits",
     "attach",
     "check_after",
     "check_no_cycle",
     "current_tasks",
     "dependencies_of",
     "fill_slots",
+    "forecast_waits",
     "on_job_ended",
     "replace_dependencies",
     "settle",

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from control.tick import run_tick
 from jobs.arrays import check_array_spec, do_submit_array
-from jobs.dependencies import settle
+from jobs.dependencies import forecast_waits, settle
 from jobs.errors import JobValidationError
 from jobs.models import Job, JobArray
 from jobs.services import check_job_spec, do_cancel_job, do_submit_job
@@ -196,3 +196,22 @@ def test_a_dependency_that_can_never_be_met_is_refused(alice: Any, acme: Any) ->
     data["after"] = [{"kind": "after_any", "job": first.pk}]
     job = do_submit_job(user=alice, tenant=acme, spec=check_job_spec(tenant=acme, data=data))
     assert job.state == "queued"  # already met: straight to the queue
+
+
+def test_the_forecast_is_told_what_each_waiting_job_waits_for(alice: Any, acme: Any) -> None:
+    bundle = bundle_of(alice, acme)
+    data = program_body(bundle.sha256, name="grid", gpus=1, size=4, max_running=2)
+    array = do_submit_array(user=alice, tenant=acme, spec=check_array_spec(tenant=acme, data=data))
+    t0, t1, t2, t3 = Job.objects.filter(array=array).order_by("array_index")
+    after_array = submit(alice, acme, after=[{"kind": "after_ok", "array": array.pk}])
+    first = submit(alice, acme)
+    on_failure = submit(alice, acme, after=[{"kind": "after_failed", "job": first.pk}])
+    behind = submit(alice, acme, after=[{"kind": "after_any", "job": on_failure.pk}])
+    pending = Job.objects.filter(state="pending").values_list("pk", flat=True)
+    found = forecast_waits(pending)
+    assert found.waits_for == {
+        t2.pk: frozenset({t0.pk}),  # the slot t0 frees
+        t3.pk: frozenset({t1.pk}),
+        after_array.pk: frozenset({t0.pk, t1.pk, t2.pk, t3.pk}),
+    }
+    assert set(found.left_out) == {on_failure.pk, behind.pk}
