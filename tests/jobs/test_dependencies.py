@@ -4,6 +4,7 @@ cancels what waits for it, in the same transaction."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -215,3 +216,24 @@ def test_the_forecast_is_told_what_each_waiting_job_waits_for(alice: Any, acme: 
         after_array.pk: frozenset({t0.pk, t1.pk, t2.pk, t3.pk}),
     }
     assert set(found.left_out) == {on_failure.pk, behind.pk}
+
+
+def test_an_end_by_the_tick_releases_and_cancels_too(
+    alice: Any, acme: Any, cluster: list[str]
+) -> None:
+    """The tick stops a job at its run-time limit (a failure): what waited for it follows in
+    the tick's own transaction (released before its pass: that tick may already start it)."""
+    bundle = bundle_of(alice, acme)
+    data = program_body(bundle.sha256, gpus=1, max_runtime_s=60, max_restarts=0)
+    limited = do_submit_job(user=alice, tenant=acme, spec=check_job_spec(tenant=acme, data=data))
+    on_failure = submit(alice, acme, after=[{"kind": "after_failed", "job": limited.pk}])
+    on_success = submit(alice, acme, after=[{"kind": "after_ok", "job": limited.pk}])
+    run_tick(policy="fifo")
+    assert state(limited) == "running"
+    Job.objects.filter(pk=limited.pk).update(started_at=timezone.now() - timedelta(seconds=61))
+    run_tick(policy="fifo")
+    assert (state(limited), limited.failure_reason) == ("failed", "run-time limit reached")
+    assert state(on_success) == "cancelled"
+    assert state(on_failure) in ("queued", "running")
+    run_tick(policy="fifo")
+    assert state(on_failure) == "running"
