@@ -155,3 +155,14 @@ def test_a_report_of_another_task_never_releases_past_the_cap_twice(alice: Any, 
          "slot": 0, "exit_code": 0, "outcome": "clean", "generation": 1}
     ) != "completed"  # fmt: skip
     assert [t.state for t in tasks(array)] == ["completed", "queued", "pending", "pending"]
+
+
+def test_an_array_bigger_than_the_room_for_waiting_jobs_is_refused_whole(
+    alice: Any, acme: Any
+) -> None:
+    acme.max_queued_jobs = 3
+    acme.save()
+    with pytest.raises(JobConflictError):
+        submit_array(alice, acme, size=4)
+    assert not JobArray.objects.exists() and not Job.objects.exists()
+    assert submit_array(alice, acme, size=3).size == 3
