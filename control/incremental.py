@@ -346,9 +346,11 @@ class Written:
     """Those in the snapshot's states, as :func:`_job_values` gives jobs by id."""
     left: dict[int, list[int]]
     """Those in no snapshot state: the GPUs each still holds, by id."""
+    tenants: dict[int, TenantRow]
+    """The tenants asked for, by id, as this read found them."""
 
 
-def _written_since(horizon: Horizon) -> Written:
+def _written_since(horizon: Horizon, tenants: Sequence[int] = ()) -> Written:
     """Every job row written since ``horizon`` (a previous read's), and the new horizon.
 
     One statement through the ``row_txid`` index, so a tick reads the rows that
@@ -358,28 +360,35 @@ def _written_since(horizon: Horizon) -> Written:
     statement's snapshot (:class:`Horizon`): a row this read does not see was
     written by a transaction open then or begun after it, which the next read
     (from this horizon) sees.  Rows this transaction wrote before the read come
-    again, unchanged: their tokens tell them apart.
+    again, unchanged: their tokens tell them apart.  The ``tenants`` (the kept
+    jobs') come in the same statement, one snapshot with the jobs.
     """
     table = connection.ops.quote_name(Job._meta.db_table)
+    tenant_table = connection.ops.quote_name(Tenant._meta.db_table)
+    tenant_columns = _columns(Tenant, ("id", *TENANT_ROW_FIELDS))
     blanks = ", ".join(["NULL"] * (len(_KEPT_FIELDS) + 3))  # the horizon's row: no job
     sql = (
-        f"SELECT {_HORIZON}, NULL, {blanks} UNION ALL "
-        f"SELECT NULL, NULL, w.state = ANY(%s), "
+        f"SELECT {_HORIZON}, (SELECT json_agg(json_build_array({tenant_columns})) "
+        f"FROM {tenant_table} WHERE id = ANY(%s)), NULL, {blanks} UNION ALL "
+        f"SELECT NULL, NULL, NULL, w.state = ANY(%s), "
         f"{_columns(Job, _KEPT_FIELDS, _JSON_FIELDS, 'w')}, "
         f"w.xmin::text || ':' || w.ctid::text, {_extras()} "
         f"FROM {table} w WHERE w.row_txid >= %s OR w.row_txid = ANY(%s)"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [list(SNAPSHOT_STATES), horizon.xmax, list(horizon.open)])
+        cursor.execute(
+            sql, [list(tenants), list(SNAPSHOT_STATES), horizon.xmax, list(horizon.open)]
+        )
         rows = cursor.fetchall()
     fresh: list[dict[str, Any]] = []
     left: dict[int, list[int]] = {}
-    for _, _, active, *row in rows[1:]:  # the first: the horizon (one statement, one snapshot)
+    for _, _, _, active, *row in rows[1:]:  # the first: horizon and tenants (one snapshot)
         if active:
             fresh.append(_parsed(row))
         else:
             left[row[0]] = row[-2] or []
-    return Written(_horizon_of(rows[0][0], rows[0][1]), fresh, left)
+    read_tenants = {pk: TenantRow(*values) for pk, *values in rows[0][2] or ()}
+    return Written(_horizon_of(rows[0][0], rows[0][1]), fresh, left, read_tenants)
 
 
 def _held_gpus() -> dict[int, list[int]]:
@@ -410,18 +419,20 @@ def _tenant_rows(ids: list[int]) -> dict[int, TenantRow]:
         return {pk: TenantRow(*values) for pk, *values in cursor.fetchall()}
 
 
-def _fabric_token() -> str | None:
-    """The fabric row's version, without loading the row; None when no topology is loaded."""
-    table = connection.ops.quote_name(Fabric._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {_ROW_VERSION} FROM {table} WHERE id = 1")
-        row = cursor.fetchone()
-    return row[0] if row else None
+@dataclass(frozen=True, slots=True)
+class Servers:
+    """What :func:`_read_servers` read: the fabric row's version, the servers' digest, and
+    the servers themselves when the digest was not the kept one."""
+
+    fabric: str | None
+    """The fabric row's version (``xmin:ctid``); None when no topology is loaded."""
+    digest: str
+    rows: list[ServerRow] | None
 
 
-def _read_servers(unless: str | None = None) -> tuple[str, list[ServerRow] | None]:
+def _read_servers(unless: str | None = None) -> Servers:
     """``state.read_servers`` in one statement, with a digest of the rows; the rows only
-    when the digest is not ``unless`` (the kept one).
+    when the digest is not ``unless`` (the kept one); and the fabric row's version.
 
     The same rows as that function's two queries (the verify compares them): each
     server's suspect GPUs aggregated with it.  The database hashes the rows it
@@ -432,6 +443,7 @@ def _read_servers(unless: str | None = None) -> tuple[str, list[ServerRow] | Non
     """
     quote = connection.ops.quote_name
     server, gpu = quote(Server._meta.db_table), quote(Gpu._meta.db_table)
+    fabric = quote(Fabric._meta.db_table)
     sql = f"""
         WITH r AS (
             SELECT s.node, s.leaf, s.slot, s.state, s.last_heartbeat IS NOT NULL AS beating,
@@ -443,23 +455,28 @@ def _read_servers(unless: str | None = None) -> tuple[str, list[ServerRow] | Non
         ), d AS (
             SELECT md5(coalesce(string_agg(
                 row(node, leaf, slot, state, beating, suspect)::text, ';' ORDER BY leaf, slot
-            ), '')) AS digest FROM r
+            ), '')) AS digest,
+            (SELECT {_ROW_VERSION} FROM {fabric} WHERE id = 1) AS fabric FROM r
         )
-        SELECT d.digest, r.node, r.leaf, r.slot, r.state, r.beating, r.suspect
+        SELECT d.fabric, d.digest, r.node, r.leaf, r.slot, r.state, r.beating, r.suspect
         FROM d LEFT JOIN r ON d.digest IS DISTINCT FROM %s
         ORDER BY r.leaf, r.slot
     """
     with connection.cursor() as cursor:
         cursor.execute(sql, [unless])
         rows = cursor.fetchall()
-    digest = rows[0][0]
+    fabric_token, digest = rows[0][0], rows[0][1]
     if digest == unless:
-        return digest, None
-    return digest, [
-        ServerRow(node, leaf, slot, state, beating, tuple(suspect or ()))
-        for _, node, leaf, slot, state, beating, suspect in rows
-        if node is not None
-    ]
+        return Servers(fabric_token, digest, None)
+    return Servers(
+        fabric_token,
+        digest,
+        [
+            ServerRow(node, leaf, slot, state, beating, tuple(suspect or ()))
+            for _, _, node, leaf, slot, state, beating, suspect in rows
+            if node is not None
+        ],
+    )
 
 
 class KeptState:
@@ -510,6 +527,7 @@ class KeptState:
         self._speeds = SpeedTables()
         self.dirty: set[int] = set()
         self.horizon: Horizon | None = None  # where the next read of written rows starts
+        self.tenants: dict[int, TenantRow] = {}  # the kept jobs' tenants, read with them
         # Kept policy cores by (name, class ageing): the views they hold are this state's.
         self.policies: dict[tuple[str, float | None], KeptPolicy] = {}
 
@@ -517,15 +535,17 @@ class KeptState:
 
     def cluster(self) -> ClusterState | None:
         """Apply the database's changes since the last call; the cluster as it is now."""
-        token = _fabric_token()
-        if token != self.fabric:  # a topology (re)loaded: read everything again
+        read = _read_servers(unless=self.servers_digest)
+        if (read.fabric or "") != self.fabric:  # a topology (re)loaded: read everything again
             fabric = Fabric.objects.filter(pk=1).first()
-            self.reset(fabric.spec() if fabric is not None and token is not None else None)
-            self.fabric = token or ""
+            self.reset(fabric.spec() if fabric is not None and read.fabric is not None else None)
+            self.fabric = read.fabric or ""
+            if self.spec is not None:
+                read = _read_servers()
         if self.spec is None:
             return None
         state = self._state()
-        self.servers_digest, servers = _read_servers(unless=self.servers_digest)
+        self.servers_digest, servers = read.digest, read.rows
         servers_changed = servers is not None and servers != self.servers
         if servers is not None and servers_changed:
             layout = server_layout(self.spec, servers)
@@ -540,6 +560,8 @@ class KeptState:
         fresh, changed, left = self._changed_jobs()
         moved = self._apply_jobs(changed, fresh, left) if changed else set()
         self.unassembled |= changed
+        if missing := self.tenant_jobs.keys() - self.tenants.keys():  # a first job, a first read
+            self.tenants.update(_tenant_rows(list(missing)))
         state = self._state()
         if servers_changed:
             self._apply_servers(state)
@@ -555,9 +577,9 @@ class KeptState:
         return self._allocator
 
     def policy_input(self, cluster: ClusterState, now: datetime) -> PolicyInput:
-        """The snapshot from the kept rows (no job query; tenants are read, a few rows)."""
+        """The snapshot from the kept rows and tenants (read with the job rows)."""
         rows = self.ordered
-        tenants = _tenant_rows(list(self.tenant_jobs))
+        tenants = self.tenants
         # The growing jobs among those whose row says they end soon (a few), not the
         # ending ones among every growing job (a pass over every row).
         about_to_end = growing_jobs((self.rows[job] for job in self.ending), cluster.holdings)
@@ -682,8 +704,8 @@ class KeptState:
             self.horizon = _horizon()
             fresh = {value["id"]: value for value in _job_values(None)}
             return fresh, set(fresh) | self.tokens.keys(), None
-        written = _written_since(self.horizon)
-        self.horizon = written.horizon
+        written = _written_since(self.horizon, list(self.tenant_jobs))
+        self.horizon, self.tenants = written.horizon, written.tenants
         kept = self.tokens.get
         fresh = {v["id"]: v for v in written.fresh if kept(v["id"]) != v["token"]}
         left = {job: held for job, held in written.left.items() if job in self.tokens}

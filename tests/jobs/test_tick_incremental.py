@@ -378,6 +378,25 @@ def test_a_write_still_open_at_one_refresh_is_read_by_the_next(alice: Any, acme:
 
 
 @needs_postgresql
+def test_a_tenants_first_job_and_its_tenants_change_reach_the_kept_state(
+    alice: Any, acme: Any, bob: Any, globex: Any
+) -> None:
+    """The kept jobs' tenants are read with the job rows: a tenant new to the kept state
+    (its first job) is read apart once, then with the others; its quota change is seen."""
+    demo_cluster(FABRIC)
+    submit(alice, acme, gpus=2, lo=1, hi=4)
+    assert run_tick(policy=POLICY).ran
+    kept = incremental.kept_state()
+    assert set(kept.tenants) == {acme.pk}
+    submit(bob, globex, gpus=1, lo=1, hi=1)  # globex's first job
+    kept_equals_rebuild()
+    assert set(kept.tenants) == {acme.pk, globex.pk}
+    Tenant.objects.filter(pk=globex.pk).update(gpu_quota=1)
+    kept_equals_rebuild()
+    assert kept.tenants[globex.pk].gpu_quota == 1
+
+
+@needs_postgresql
 def test_the_portals_connections_compile_no_plans() -> None:
     """JIT off (settings): the read of thousands of written jobs took 1.2 s, of which
     1.0 s compiling a plan the planner thought costly, 0.2 s doing the work."""
@@ -465,16 +484,18 @@ def test_the_kept_states_one_query_reads_the_servers_the_rebuild_reads() -> None
     Gpu.objects.filter(index=9).update(suspect_until=now - timedelta(seconds=1))  # lapsed
     do_set_server_state(node=nodes[2], state="draining")
     Server.objects.filter(node=nodes[3]).update(last_heartbeat=None)
-    digest, servers = incremental._read_servers()
+    first = incremental._read_servers()
+    digest, servers = first.digest, first.rows
     assert servers == read_servers()
+    assert first.fabric is not None  # the fabric row's version, in the same statement
     assert [s.suspect for s in servers if s.suspect] == [(4, 5)]
     assert any(s.state == "draining" for s in servers) and any(not s.beating for s in servers)
-    assert incremental._read_servers(unless=digest) == (digest, None)  # unchanged: no rows
+    assert incremental._read_servers(unless=digest).rows is None  # unchanged: no rows
     Server.objects.filter(node=nodes[3]).update(last_heartbeat=now)  # it beats now
-    again, servers = incremental._read_servers(unless=digest)
-    assert again != digest and servers == read_servers()
+    second = incremental._read_servers(unless=digest)
+    assert second.digest != digest and second.rows == read_servers()
     do_mark_gpu_suspect(gpu=9, at=now, seconds=600, reason="slow", job_id=None, by="test")
-    assert incremental._read_servers(unless=again)[1] == read_servers()  # a new mark
+    assert incremental._read_servers(unless=second.digest).rows == read_servers()  # a new mark
 
 
 def test_kept_aside_shows_what_set_aside_shows_and_keeps_unchanged_views() -> None:
