@@ -34,6 +34,7 @@ a set that would lead back to the job itself.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -250,7 +251,11 @@ def task_ends(array_ids: Iterable[int]) -> dict[int, list[str | None]]:
 
 def standing(job: Job) -> tuple[Outcome, str]:
     """Whether ``job``'s dependencies are met, awaited or never to be met, and why in words."""
-    dependencies = list(JobDependency.objects.filter(job=job).select_related("on_job"))
+    return standing_of(list(JobDependency.objects.filter(job=job).select_related("on_job")))
+
+
+def standing_of(dependencies: Sequence[JobDependency]) -> tuple[Outcome, str]:
+    """:func:`standing` of these dependencies (``on_job`` selected with them)."""
     ends = task_ends({d.on_array_id for d in dependencies if d.on_array_id is not None})
     results: list[Outcome] = []
     waiting: list[str] = []
@@ -283,13 +288,20 @@ def slot_reason(array: JobArray) -> str:
     return f"waits for a slot: array {array.pk} runs at most {array.max_running} tasks at once"
 
 
-def settle(job: Job, *, at: datetime, slot_free: bool = True) -> Outcome:
+def settle(
+    job: Job,
+    *,
+    at: datetime,
+    slot_free: bool = True,
+    known: tuple[Outcome, str] | None = None,
+) -> Outcome:
     """Move a locked pending ``job`` as its dependencies say: queue it when they are met (and
     ``slot_free``: its array's cap allows one more), cancel it with the reason when they
-    never will be, else keep it pending with the reason.  Anything but pending: nothing."""
+    never will be, else keep it pending with the reason.  Anything but pending: nothing.
+    ``known``: its :func:`standing`, when the caller has read it already."""
     if job.state != JobState.PENDING:
         return Outcome.MET
-    result, why = standing(job)
+    result, why = known or standing(job)
     if result is Outcome.NEVER:
         job.wait_reason = ""
         job.failure_reason = why[:500]
@@ -333,21 +345,28 @@ def fill_slots(array_id: int, *, at: datetime) -> None:
         if cap is not None
         else 0
     )
-    with_dependencies = set(
-        JobDependency.objects.filter(job__in=[j.pk for j in pending]).values_list(
-            "job_id", flat=True
-        )
-    )
+    # The tasks' dependencies, read once: tasks that wait for the same things (an array's
+    # own ``after``) stand the same, so each set is judged once, not once per task.
+    found: dict[int, list[JobDependency]] = {}
+    for dependency in JobDependency.objects.filter(job__in=[j.pk for j in pending]).select_related(
+        "on_job"
+    ):
+        found.setdefault(dependency.job_id, []).append(dependency)
+    judged: dict[frozenset[tuple[str, int | None, int | None]], tuple[Outcome, str]] = {}
     held: list[Job] = []
     for job in pending:
         job.array = array
         full = cap is not None and active >= cap
-        if full and job.pk not in with_dependencies:
+        mine = found.get(job.pk, [])
+        if full and not mine:
             held.append(job)  # nothing to read: it waits for a slot
             continue
+        key = frozenset((d.kind, d.on_job_id, d.on_array_id) for d in mine)
+        if key not in judged:
+            judged[key] = standing_of(mine)
         # A task with dependencies is settled even when the array is full: they may never
         # be met any more, and then it is cancelled rather than left waiting.
-        if settle(job, at=at, slot_free=not full) is Outcome.MET:
+        if settle(job, at=at, slot_free=not full, known=judged[key]) is Outcome.MET:
             active += 1
     reason = slot_reason(array)
     held = [job for job in held if job.wait_reason != reason]
@@ -356,9 +375,35 @@ def fill_slots(array_id: int, *, at: datetime) -> None:
     update_jobs(held, ["wait_reason"])
 
 
+_ENDED: ContextVar[list[tuple[int, int | None, datetime]] | None] = ContextVar(
+    "jobs_ended_to_release", default=None
+)
+"""The ends still to work off in this thread (None: none being worked off)."""
+
+
 def on_job_ended(*, job_id: int, array_id: int | None, at: datetime) -> None:
     """Release or cancel what waited for job ``job_id`` (of array ``array_id``), which has just
-    ended; fill its array's freed slot.  Runs in the transaction that ended it."""
+    ended; fill its array's freed slot.  Runs in the transaction that ended it.
+
+    A job cancelled here is itself an end that others may wait for (a chain, an array's
+    every task): such ends are queued and worked off one after the other by the outermost
+    call, so a long chain or a large array never recurses.
+    """
+    queue = _ENDED.get()
+    if queue is not None:
+        queue.append((job_id, array_id, at))
+        return
+    queue = [(job_id, array_id, at)]
+    token = _ENDED.set(queue)
+    try:
+        while queue:
+            _release_after(*queue.pop(0))
+    finally:
+        _ENDED.reset(token)
+
+
+def _release_after(job_id: int, array_id: int | None, at: datetime) -> None:
+    """What :func:`on_job_ended` does for one end."""
     where = Q(on_job_id=job_id)
     if array_id is not None:
         where |= Q(on_array_id=array_id)
@@ -473,5 +518,6 @@ __all__ = [
     "settle",
     "slot_reason",
     "standing",
+    "standing_of",
     "task_ends",
 ]

@@ -237,3 +237,26 @@ def test_an_end_by_the_tick_releases_and_cancels_too(
     assert state(on_failure) in ("queued", "running")
     run_tick(policy="fifo")
     assert state(on_failure) == "running"
+
+
+def test_a_failure_cancels_a_large_array_and_a_long_chain_without_recursing(
+    alice: Any, acme: Any
+) -> None:
+    """Each cancellation is itself an end that others may wait for: they are worked off one
+    after the other in the same transaction, not by recursion (150 tasks, a 150-job chain)."""
+    acme.max_queued_jobs = 400
+    acme.save()
+    first = submit(alice, acme)
+    bundle = bundle_of(alice, acme)
+    data = program_body(bundle.sha256, name="grid", gpus=1, size=150,
+                        after=[{"kind": "after_ok", "job": first.pk}])  # fmt: skip
+    array = do_submit_array(user=alice, tenant=acme, spec=check_array_spec(tenant=acme, data=data))
+    chain = [first]
+    for _ in range(150):
+        after = [{"kind": "after_ok", "job": chain[-1].pk}]
+        data = {"name": "link", "workload": "mlp-digits", "gpus": 1, "after": after}
+        spec = check_job_spec(tenant=acme, data=data)
+        chain.append(do_submit_job(user=alice, tenant=acme, spec=spec))
+    do_cancel_job(user=alice, job_id=first.pk)
+    assert set(Job.objects.filter(array=array).values_list("state", flat=True)) == {"cancelled"}
+    assert state(chain[-1]) == "cancelled"
