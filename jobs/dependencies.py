@@ -20,6 +20,7 @@ it needs and moves the job::
                         waiting   → pending, wait_reason updated
                         met       → queued (an array task: only while its array
                                     has a free slot under max_running)
+      (a job cancelled on the way is an end too: queued, worked off after this one)
 
 Race safety: a waiting job is locked (``select_for_update``) before its
 dependencies are read, so of two jobs ending at once in two transactions the
