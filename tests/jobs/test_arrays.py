@@ -2,12 +2,14 @@
 carry their start commands, and the reports agents send end them.
 
 A 6-task array with a cap of 2 never has more than 2 tasks queued or running
-at once, every task's program gets its own ``TASK_ID``, and each end releases
+at once, every task's process gets its own ``TASK_ID`` (the environment the node
+agent's own code builds from the start command), and each end releases
 the next task; cancel and retry act on the whole array.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,9 @@ from jobs.errors import JobConflictError, JobValidationError
 from jobs.models import Job, JobArray
 from tests.jobs.control_helpers import demo_cluster, drain_all
 from tests.jobs.test_programs import bundle_of, exited, program_body
+from workers.agent.config import AgentConfig
+from workers.agent.programs import JobDirs, torchrun_env
+from workers.protocol import Command, StartWorkers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -54,8 +59,18 @@ def finish(job: Job, outcome: str = "clean") -> str:
     return exited(job, worker, outcome, code, generation=job.generation)
 
 
+def process_env(command: dict[str, Any], tmp_path: Path) -> dict[str, str]:
+    """The environment a node agent gives the process of a start command (its own code:
+    ``workers.agent.programs.torchrun_env``, what the sandbox then sets, and nothing else)."""
+    start = Command.from_dict(command)
+    assert isinstance(start, StartWorkers)
+    config = AgentConfig(node="n", device="cpu", slots=2, redis_url="redis://:pw@127.0.0.1/0",
+                         data_dir=tmp_path / "agent", python="/usr/bin/python3")  # fmt: skip
+    return torchrun_env(config, start, start.workers[0], JobDirs(config.job_dir(start.job)))
+
+
 def test_a_capped_array_never_runs_more_than_its_cap_and_each_task_sees_its_task_id(
-    alice: Any, acme: Any
+    alice: Any, acme: Any, tmp_path: Path
 ) -> None:
     nodes = demo_cluster()
     drain_all(nodes)
@@ -75,7 +90,7 @@ def test_a_capped_array_never_runs_more_than_its_cap_and_each_task_sees_its_task
         for command in (c for cmds in drain_all(nodes).values() for c in cmds):
             if command["type"] == "start_workers":
                 job = Job.objects.get(pk=int(command["job"].removeprefix("job-")))
-                seen_task_ids[job.array_index or 0] = command["program"]["env"]
+                seen_task_ids[job.array_index or 0] = process_env(command, tmp_path)
         running = [t for t in now if t.state == "running"]
         if not running:
             break
@@ -84,7 +99,8 @@ def test_a_capped_array_never_runs_more_than_its_cap_and_each_task_sees_its_task
     assert [t.state for t in tasks(array)] == ["completed"] * 6
     assert sorted(seen_task_ids) == list(range(6))
     for index, env in seen_task_ids.items():
-        assert env == {"LR": "0.1", "TASK_ID": str(index), "TASK_COUNT": "6"}
+        assert (env["TASK_ID"], env["TASK_COUNT"], env["LR"]) == (str(index), "6", "0.1")
+        assert env["RANK"] == "0" and env["WORLD_SIZE"] == "1"  # the launcher's own, beside
 
 
 def test_cancel_stops_every_task_and_retry_resubmits_the_failed_ones(alice: Any, acme: Any) -> None:
