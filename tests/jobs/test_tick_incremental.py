@@ -484,18 +484,55 @@ def test_the_kept_states_one_query_reads_the_servers_the_rebuild_reads() -> None
     Gpu.objects.filter(index=9).update(suspect_until=now - timedelta(seconds=1))  # lapsed
     do_set_server_state(node=nodes[2], state="draining")
     Server.objects.filter(node=nodes[3]).update(last_heartbeat=None)
-    first = incremental._read_servers()
-    digest, servers = first.digest, first.rows
+    servers = incremental._read_servers()
     assert servers == read_servers()
-    assert first.fabric is not None  # the fabric row's version, in the same statement
     assert [s.suspect for s in servers if s.suspect] == [(4, 5)]
     assert any(s.state == "draining" for s in servers) and any(not s.beating for s in servers)
-    assert incremental._read_servers(unless=digest).rows is None  # unchanged: no rows
-    Server.objects.filter(node=nodes[3]).update(last_heartbeat=now)  # it beats now
-    second = incremental._read_servers(unless=digest)
-    assert second.digest != digest and second.rows == read_servers()
-    do_mark_gpu_suspect(gpu=9, at=now, seconds=600, reason="slow", job_id=None, by="test")
-    assert incremental._read_servers(unless=second.digest).rows == read_servers()  # a new mark
+
+
+def checked(
+    last: incremental.ServersCheck, at: Any = None
+) -> incremental.ServersCheck:  # the next check after ``last``, from a transaction of its own
+    with transaction.atomic():
+        return incremental._servers_changed(last.horizon, at or last.at, last.count)
+
+
+@needs_postgresql
+def test_the_servers_are_read_again_only_when_what_the_tick_reads_of_them_changed() -> None:
+    """Triggers stamp a server or GPU row when its name, place, state, first heartbeat or
+    suspect mark changes; a heartbeat does not; a lapsed mark and a deleted server are
+    found without a write."""
+    nodes = demo_cluster(FABRIC)
+    first = incremental._servers_changed(None, None, 0)
+    assert first.changed and first.fabric is not None and first.count == len(nodes)
+    steady = checked(first)
+    assert not steady.changed
+    Server.objects.filter(node=nodes[0]).update(last_heartbeat=None)  # as if it never beat
+    silent = checked(steady)
+    assert silent.changed
+    Server.objects.filter(node=nodes[0]).update(last_heartbeat=timezone.now())  # first beat
+    beat = checked(silent)
+    assert beat.changed
+    Server.objects.filter(node=nodes[0]).update(
+        last_heartbeat=timezone.now(), agent_info={"version": "x"}
+    )
+    assert not checked(beat).changed  # a later heartbeat: nothing the tick reads
+    do_set_server_state(node=nodes[1], state="draining")
+    drained = checked(beat)
+    assert drained.changed
+    quiet = checked(drained)
+    assert not quiet.changed
+    now = timezone.now()
+    do_mark_gpu_suspect(gpu=3, at=now, seconds=600, reason="slow", job_id=None, by="test")
+    marked = checked(quiet)
+    assert marked.changed and not checked(marked).changed
+    # A mark that lapsed between two checks, no write announcing it: found by its time.
+    Gpu.objects.filter(index=4).update(suspect_until=now - timedelta(seconds=60))
+    written = checked(marked)
+    assert written.changed and not checked(written).changed
+    assert checked(written, at=now - timedelta(seconds=120)).changed
+    Server.objects.filter(node=nodes[-1]).delete()
+    assert checked(quiet).changed  # a server gone: the count says so
 
 
 def test_kept_aside_shows_what_set_aside_shows_and_keeps_unchanged_views() -> None:
