@@ -83,11 +83,6 @@ def check_array_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> ArraySpec:
             "An array runs a program (code, entrypoint, launcher): a built-in workload takes "
             "no environment, so its tasks could not see their TASK_ID."
         ]
-    env = data.get("env")
-    if isinstance(env, Mapping):
-        taken = [name for name in TASK_ENV if name in env]
-        if taken:
-            errors["env"] = [f"{', '.join(taken)} is set by the array for each task."]
     job_data = {k: v for k, v in data.items() if k not in ARRAY_FIELDS}
     spec = None
     try:
@@ -97,6 +92,11 @@ def check_array_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> ArraySpec:
             errors.setdefault(field, []).extend(messages)
     if spec is not None and spec.program is None and "workload" not in errors:
         errors["workload"] = ["An array runs a program (code, entrypoint, launcher)."]
+    taken = [
+        name for name in TASK_ENV if spec is not None and spec.program and name in spec.program.env
+    ]
+    if taken:  # read from the checked env: a JSON object or NAME=value lines alike
+        errors["env"] = [f"{', '.join(taken)} is set by the array for each task."]
     if errors:
         field, messages = next(iter(errors.items()))
         raise JobValidationError(f"{field}: {messages[0]}", errors)

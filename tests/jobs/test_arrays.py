@@ -182,3 +182,10 @@ def test_an_array_bigger_than_the_room_for_waiting_jobs_is_refused_whole(
         submit_array(alice, acme, size=4)
     assert not JobArray.objects.exists() and not Job.objects.exists()
     assert submit_array(alice, acme, size=3).size == 3
+
+
+def test_task_id_is_refused_in_env_given_as_lines_too(alice: Any, acme: Any) -> None:
+    bundle = bundle_of(alice, acme)
+    with pytest.raises(JobValidationError) as refused:
+        check_array_spec(tenant=acme, data=array_body(bundle.sha256, env="A=1\nTASK_ID=3\n"))
+    assert refused.value.errors["env"] == ["TASK_ID is set by the array for each task."]
