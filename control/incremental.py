@@ -79,6 +79,7 @@ from control.state import (
     ServerRow,
     blocked_gpus,
     build_snapshot,
+    down_gpus,
     finishing,
     gpu_view,
     growing_jobs,
@@ -523,6 +524,7 @@ class KeptState:
         self.draining: frozenset[int] = frozenset()
         self.suspect: frozenset[int] = frozenset()
         self.blocked: frozenset[int] = frozenset()
+        self.down: frozenset[int] | None = None  # made with the servers (state.down_gpus)
         self.holders: dict[int, int] = {}
         self.holdings: dict[int, list[int]] = {}
         self.tokens: dict[int, str] = {}
@@ -576,6 +578,8 @@ class KeptState:
                 layout.draining,
                 layout.suspect,
             )
+            self.down = None
+            self.down = down_gpus(self._state())
             state = self._state()
         fresh, changed, left = self._changed_jobs()
         moved = self._apply_jobs(changed, fresh, left) if changed else set()
@@ -706,6 +710,7 @@ class KeptState:
             suspect=self.suspect,
             marks=self.marks,
             deadlines=self.deadlines,
+            down=self.down,
         )
 
     def _changed_jobs(
@@ -858,6 +863,8 @@ def compare(kept: Prepared, rebuilt: Prepared) -> list[str]:
         for name in ("spec", "homes", "schedulable", "holders", "holdings", "draining", "suspect")
         if getattr(cluster, name) != getattr(ref_cluster, name)
     ]
+    if down_gpus(cluster) != down_gpus(ref_cluster):
+        differences.append("down")
     allocations = {job: _allocation_key(a) for job, a in allocator.allocations().items()}
     reference = {job: _allocation_key(a) for job, a in ref_allocator.allocations().items()}
     if allocations != reference:

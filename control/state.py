@@ -47,6 +47,9 @@ class ClusterState:
     # neither), for reconcile; when its run-time limit ends, for jobs that have one.
     marks: Mapping[int, datetime | None] | None = None
     deadlines: Mapping[int, datetime] | None = None
+    # The fabric's GPUs neither schedulable nor draining (their servers down or gone), when
+    # the kept state has them (None: :func:`down_gpus` works them out).
+    down: frozenset[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +171,15 @@ def held_allocation(
         leaves = tuple(sorted({cluster.spec.leaf_of(g) for g in gpus}))
         return Allocation(runtime_job_name(job_id), gpus, leaves)
     return None
+
+
+def down_gpus(cluster: ClusterState) -> frozenset[int]:
+    """The fabric's GPUs that are neither schedulable nor draining: their servers are down,
+    or gone (the jobs holding them lost them)."""
+    if cluster.down is not None:
+        return cluster.down
+    usable = cluster.schedulable | cluster.draining
+    return frozenset(g for g in range(cluster.spec.total_gpus) if g not in usable)
 
 
 def blocked_gpus(cluster: ClusterState) -> frozenset[int]:

@@ -55,7 +55,7 @@ from control.forecast import maybe_refresh
 from control.incremental import ClusterSource, forget, source_for_tick
 from control.limits import stop_jobs_at_limit
 from control.reconcile import reconcile
-from control.state import AssembledHoldBack, ClusterState
+from control.state import AssembledHoldBack, ClusterState, down_gpus
 from control.suspect_notes import suspect_notes
 from control.switch_watchdog import stop_stuck_switches
 from control.tick_stats import queue_tick_stats
@@ -305,9 +305,10 @@ def _by_id(waits: Mapping[str, str], ids: Mapping[str, int]) -> dict[int, str]:
 def _recover_lost_gpus(cluster: ClusterState, now: datetime) -> list[int]:
     """Jobs holding GPUs of servers that are down lose them (their workers died with them)."""
     lost_by_job: dict[int, set[int]] = {}
-    # Set differences (in C) over every held GPU: usually empty, and thousands of GPUs each tick.
-    for gpu in sorted(cluster.holders.keys() - cluster.schedulable - cluster.draining):
-        lost_by_job.setdefault(cluster.holders[gpu], set()).add(gpu)
+    holders = cluster.holders
+    # The down GPUs (usually none; the kept state makes them when the servers change).
+    for gpu in sorted(g for g in down_gpus(cluster) if g in holders):
+        lost_by_job.setdefault(holders[gpu], set()).add(gpu)
     changed: list[int] = []
     for job_id, lost in lost_by_job.items():
         job = Job.objects.select_for_update().get(pk=job_id)
