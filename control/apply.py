@@ -15,6 +15,7 @@ from datetime import datetime
 from django.conf import settings
 
 from control import agent_users
+from control.locked_jobs import locked_jobs
 from fabric.allocator import Allocation
 from fabric.topology import FabricSpec
 from jobs import holdings
@@ -90,7 +91,8 @@ def apply_bound(
 
     A decision that leaves a job on the GPUs it has is no change and costs
     nothing.  The others are written together: one ``SELECT ... FOR UPDATE``
-    of their jobs (with tenant and code, which the agent commands need), their
+    of their jobs (with tenant and code, which the agent commands need:
+    :func:`control.locked_jobs.locked_jobs`), their
     holdings in one delete and one insert per table (``holdings.store_many``),
     the jobs in one ``UPDATE`` and their events in one ``INSERT``
     (``lifecycle.Batch``).
@@ -98,12 +100,7 @@ def apply_bound(
     moves = {jobs[item.job]: item for item in bound if tuple(item.old_gpus) != tuple(item.new_gpus)}
     if not moves:
         return []
-    locked = (
-        Job.objects.select_for_update(of=("self",))  # the jobs' rows, not their tenants'
-        .select_related("tenant", "code")
-        .filter(pk__in=list(moves))
-        .order_by("pk")  # one lock order for every writer: no deadlock between two of them
-    )
+    locked = locked_jobs(list(moves))  # the jobs' rows, in id order, tenant and code with
     # Cancelled or finished since the snapshot: left alone.
     live = {job.pk: job for job in locked if job.state in (JobState.QUEUED, JobState.RUNNING)}
     order = [pk for pk in moves if pk in live]  # the binding's order, as before
