@@ -207,14 +207,31 @@ def update_jobs(jobs: Sequence[Job], names: Sequence[str]) -> None:
     if connection.vendor != "postgresql":
         Job.objects.bulk_update(jobs, list(names), batch_size=500)
         return
+    fields = _job_columns(names)
+    if not bulk_rows.update_rows(Job, jobs, fields):
+        _update_from_arrays(jobs, fields)
+
+
+def _job_columns(names: Sequence[str]) -> list[Field[Any, Any]]:
+    """The job's fields ``names``; ValueError for one that is not a column."""
     fields: list[Field[Any, Any]] = []
     for name in names:
         field = Job._meta.get_field(name)
         if not isinstance(field, Field) or not field.concrete:
             raise ValueError(f"{name!r} is not a column of the job")
         fields.append(field)
-    if not bulk_rows.update_rows(Job, jobs, fields):
-        _update_from_arrays(jobs, fields)
+    return fields
+
+
+def _update_jobs_and_create(
+    jobs: Sequence[Job], names: Sequence[str], events: list[JobEvent]
+) -> bool:
+    """:func:`update_jobs` and the events' insert in one statement (PostgreSQL, values JSON
+    carries exactly); False, having written nothing, otherwise."""
+    if connection.vendor != "postgresql":
+        return False
+    update = bulk_rows.update_statement(Job, jobs, _job_columns(names))
+    return update is not None and bulk_rows.update_then_create(update, JobEvent, events)
 
 
 def _update_from_arrays(jobs: Sequence[Job], fields: Sequence[Field[Any, Any]]) -> None:
@@ -296,16 +313,21 @@ class Batch:
         self.events.append(_event(job, kind, at, reason, **fields))
 
     def flush(self) -> None:
-        """Write every job change (one ``UPDATE``) and event (one ``INSERT``); start empty again."""
+        """Write every job change (one ``UPDATE``) and event (one ``INSERT``), in one
+        statement on PostgreSQL; start empty again."""
         jobs, fields, events = list(self.jobs.values()), sorted(self.fields), self.events
         self.jobs, self.fields, self.events = {}, set(), []
+        written = False
         if jobs and fields:
             now = timezone.now()
             for job in jobs:
                 job.updated_at = now
-            update_jobs(jobs, fields)
+            written = _update_jobs_and_create(jobs, fields, events)
+            if not written:
+                update_jobs(jobs, fields)
         if events:
-            bulk_rows.bulk_create(JobEvent, events)
+            if not written:
+                bulk_rows.bulk_create(JobEvent, events)
             for event in events:  # what event.save() would have sent
                 post_save.send(
                     JobEvent, instance=event, created=True, raw=False, using=event._state.db

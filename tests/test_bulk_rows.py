@@ -59,3 +59,32 @@ def test_a_value_without_a_json_form_writes_nothing_and_says_so(alice: Any, acme
     job.samples_per_s = 2.5
     assert bulk_rows.update_rows(Job, [job], [field]) is True
     assert Job.objects.get(pk=job.pk).samples_per_s == 2.5
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the JSON path is PostgreSQL's")
+def test_an_update_and_a_create_in_one_statement_write_what_the_two_write(
+    alice: Any, acme: Any
+) -> None:
+    """A tick's jobs and their events: one round trip; an event JSON cannot carry writes
+    nothing, and the caller writes the two apart."""
+    spec = check_job_spec(tenant=acme, data={"name": "b", "workload": "mlp-digits", "gpus": 1})
+    job = do_submit_job(user=alice, tenant=acme, spec=spec)
+    field = Job._meta.get_field("samples_per_s")
+    at = timezone.now().replace(microsecond=123456)
+    job.samples_per_s = 7.5
+    update = bulk_rows.update_statement(Job, [job], [field])
+    assert update is not None
+    ours, django = _events(job, at), _events(job, at)
+    with CaptureQueriesContext(connection) as queries:
+        assert bulk_rows.update_then_create(update, JobEvent, ours) is True
+    assert len(queries) == 1
+    JobEvent.objects.bulk_create(django)
+    assert Job.objects.get(pk=job.pk).samples_per_s == 7.5
+    assert _rows([e.pk for e in ours]) == _rows([e.pk for e in django])
+    job.samples_per_s = 1.0
+    update = bulk_rows.update_statement(Job, [job], [field])
+    assert update is not None
+    bad = [JobEvent(job=job, at=at, kind=EventKind.NOTE, data={"x": float("nan")})]
+    before = JobEvent.objects.count()
+    assert bulk_rows.update_then_create(update, JobEvent, bad) is False
+    assert Job.objects.get(pk=job.pk).samples_per_s == 7.5 and JobEvent.objects.count() == before

@@ -23,15 +23,30 @@ from typing import Any
 from django.db import connection
 from django.db.models import Field, JSONField, Model
 
+Statement = tuple[str, list[Any]]
+"""A statement and its parameters."""
+
 
 def update_rows(
     model: type[Model], objects: Sequence[Model], fields: Sequence[Field[Any, Any]]
 ) -> bool:
     """Write ``fields`` of every object to its row (matched by primary key), in one ``UPDATE``."""
+    statement = update_statement(model, objects, fields)
+    if statement is None:
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute(*statement)
+    return True
+
+
+def update_statement(
+    model: type[Model], objects: Sequence[Model], fields: Sequence[Field[Any, Any]]
+) -> Statement | None:
+    """:func:`update_rows`' statement, not run (None: a value has no exact JSON form)."""
     meta = model._meta
     document = _document(objects, [meta.pk, *fields])
     if document is None:
-        return False
+        return None
     quote = connection.ops.quote_name
     table, key = quote(meta.db_table), quote(meta.pk.column)
     sets = ", ".join(f"{quote(field.column)} = v.{quote(field.column)}" for field in fields)
@@ -39,8 +54,30 @@ def update_rows(
         f"UPDATE {table} SET {sets} FROM jsonb_to_recordset(%s::jsonb) "
         f"AS v({_columns(meta.pk, *fields)}) WHERE {table}.{key} = v.{key}"
     )
+    return sql, [document]
+
+
+def update_then_create(update: Statement, model: type[Model], objects: Sequence[Model]) -> bool:
+    """Run ``update`` (an :func:`update_statement`) and :func:`bulk_create` ``objects`` in
+    one statement (the update as a data-modifying ``WITH``): one round trip, not two.
+
+    False, having written nothing, when an object has a value with no exact JSON
+    form (the caller then writes the two apart).  Neither statement sees the
+    other's rows: for writes that do not read each other (a job's fields and
+    new rows of its history).
+    """
+    if not objects:
+        with connection.cursor() as cursor:
+            cursor.execute(*update)
+        return True
+    fields = [field for field in model._meta.concrete_fields if not field.primary_key]
+    insert = _insert_statement(model, objects, fields)
+    if insert is None:
+        return False
+    sql, params = insert
     with connection.cursor() as cursor:
-        cursor.execute(sql, [document])
+        cursor.execute(f"WITH updated AS ({update[0]}) {sql}", [*update[1], *params])
+        _set_keys(objects, [row[0] for row in cursor.fetchall()])
     return True
 
 
@@ -66,24 +103,38 @@ def insert_rows(
     """
     if not objects:
         return True
-    meta = model._meta
+    statement = _insert_statement(model, objects, fields)
+    if statement is None:
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute(*statement)
+        _set_keys(objects, [row[0] for row in cursor.fetchall()])
+    return True
+
+
+def _insert_statement(
+    model: type[Model], objects: Sequence[Model], fields: Sequence[Field[Any, Any]]
+) -> Statement | None:
+    """:func:`insert_rows`' statement (its keys returned in the rows' order), not run."""
     document = _document(objects, fields)
     if document is None:
-        return False
+        return None
+    meta = model._meta
     quote = connection.ops.quote_name
     names = ", ".join(quote(field.column) for field in fields)
     sql = (
         f"INSERT INTO {quote(meta.db_table)} ({names}) SELECT {names} FROM "
         f"jsonb_to_recordset(%s::jsonb) AS v({_columns(*fields)}) RETURNING {quote(meta.pk.column)}"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [document])
-        keys = [row[0] for row in cursor.fetchall()]
+    return sql, [document]
+
+
+def _set_keys(objects: Sequence[Model], keys: Sequence[Any]) -> None:
+    """Each inserted object's key, as ``bulk_create`` sets them."""
     for obj, key in zip(objects, keys, strict=True):
         obj.pk = key
         obj._state.adding = False
         obj._state.db = connection.alias
-    return True
 
 
 def _columns(*fields: Field[Any, Any]) -> str:

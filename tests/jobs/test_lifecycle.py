@@ -147,7 +147,8 @@ def test_a_batch_writes_what_single_transitions_write(alice: Any, acme: Any) -> 
     assert all(Job.objects.get(pk=j.pk).state == JobState.QUEUED for j in batched)  # not yet
     with CaptureQueriesContext(connection) as queries:
         batch.flush()
-    assert len(queries) == 2  # one UPDATE of the jobs, one INSERT of the events
+    # On PostgreSQL the jobs' UPDATE and the events' INSERT go as one statement; elsewhere two.
+    assert len(queries) == (1 if connection.vendor == "postgresql" else 2)
 
     def row(job: Job) -> tuple[Any, ...]:
         fresh = Job.objects.get(pk=job.pk)
