@@ -72,6 +72,7 @@ from scheduler.binding import Refused
 from scheduler.pipeline import AllocatorBind, PolicyDecide, snapshot_pass
 from scheduler.placement import CountPlacement
 from scheduler.types import Decision, Migrate
+from utilities.realtime import finishers_held
 from utilities.redis_clients import shared_redis
 from workers.protocol import Profile
 
@@ -157,9 +158,14 @@ def run_tick(
     client, token = _redis(), uuid.uuid4().hex
     if not client.set(LOCK_KEY, token, nx=True, px=int(lock_timeout_s * 1000)):
         return TickResult(ran=False)
-    # The commands handed over at commit are published once the lock is back (held()).
+    # What the commit hands to background threads (the agent commands, the live pages'
+    # summaries) starts once the lock is back (``held``): woken at commit, they took the
+    # interpreter from the tick's last steps.
     background = settings.AGENT_SEND_IN_BACKGROUND
-    with command_sender.sender().held() if background else contextlib.nullcontext():
+    with (
+        command_sender.sender().held() if background else contextlib.nullcontext(),
+        finishers_held(),
+    ):
         return _locked_tick(client, token, lock_timeout_s, policy, now)
 
 

@@ -33,6 +33,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -376,6 +377,14 @@ _finishers: PerProcess[OrderedWorker[Finishing]] = PerProcess(
     lambda: OrderedWorker("live-finisher")
 )
 """The thread that runs committed transactions' finishers, in commit order (one per process)."""
+
+
+def finishers_held() -> AbstractContextManager[None]:
+    """Start no finisher until the block ends (``OrderedWorker.held``): for a caller whose
+    last steps after its commit must not share the interpreter with them (the tick)."""
+    if not settings.LIVE_FINISH_IN_BACKGROUND:
+        return nullcontext()
+    return _finishers.get().held()
 
 
 def wait_finished(timeout: float = DRAIN_WAIT_S) -> bool:
