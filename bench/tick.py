@@ -63,6 +63,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.tick_phases import PhaseTimer  # noqa: E402
+
 TARGETS_P95_MS = {2048: 25.0, 16384: 60.0}  # issue 37, by GPUs
 TARGET_RATIO = 1 / 3  # issue 37: incremental p95 at most a third of the full rebuild's
 GPUS_PER_LEAF = 32  # 4 servers of 8 GPUs, as the fabric the figures were first taken on
@@ -379,15 +381,20 @@ def run_one(options: argparse.Namespace) -> dict[str, Any]:
 
     durations: dict[bool, list[float]] = {True: [], False: []}
     changed: list[int] = []
+    phases = PhaseTimer()
+    if options.phases:
+        phases.install()
     verifies_before = incremental.kept_state().verifications
     round_ = 0
     while min(len(durations[True]), len(durations[False])) < options.ticks:
         bench.churn()
         kept = (round_ // BLOCK) % 2 == 0  # blocks alternate: both modes see the same load
         settings.TICK_INCREMENTAL = kept
-        result = run_tick(policy=options.policy)
+        measured = not (round_ % BLOCK == 0 or len(durations[kept]) == options.ticks)
+        with phases.measuring(keep=kept and measured):
+            result = run_tick(policy=options.policy)
         round_ += 1
-        if (round_ - 1) % BLOCK == 0 or len(durations[kept]) == options.ticks:
+        if not measured:
             continue  # a block's first tick also sees the other mode's last round: not measured
         durations[kept].append(result.duration_s)
         if kept:
@@ -435,6 +442,10 @@ def run_one(options: argparse.Namespace) -> dict[str, Any]:
         "incremental_ms": sorted(round(d * 1000, 1) for d in durations[True]),
         **extra,
     }
+    if options.phases:
+        figures["phases_ms"] = phases.medians()
+        for label, median in figures["phases_ms"].items():
+            print(f"  {label:24s} median {median:7.2f} ms")
     print(
         f"incremental tick p50 {p50:.1f} ms, p95 {p95:.1f} ms; full rebuild p50 "
         f"{full_p50:.1f} ms, p95 {full_p95:.1f} ms (ratio {p95 / full_p95:.2f})"
@@ -519,6 +530,11 @@ def main() -> int:
     parser.add_argument("--policy", default="elastic-tiresias")
     parser.add_argument("--churn", type=int, default=5, help="jobs finishing and arriving per tick")
     parser.add_argument("--profile", metavar="FILE", help="profile --ticks more ticks into FILE")
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="time the tick's phases (wall clock, bench/tick_phases.py): medians over the ticks",
+    )
     parser.add_argument(
         "--policy-core",
         choices=("kept", "fresh"),
