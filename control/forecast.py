@@ -6,6 +6,8 @@
         refresh_forecast()        Redis lock: one refresh at a time, never inside a tick
         1. read_cluster + build_snapshot      the tick's own view of the cluster
         2. + the jobs the tick leaves out now (held back by quota, scaling, profiling)
+           + the jobs that wait, pending, for others or for a slot of their array, with
+             what each waits for (jobs.dependencies.forecast_waits)
         3. remaining work per job             total steps, step, its size's average rate,
                                               less the time run since its last report
         4. scheduler.forecast.forecast        the production policy run forward
@@ -36,11 +38,12 @@ from control.policy import live_policy
 from control.state import build_snapshot, read_cluster
 from jobs.agent_commands import runtime_job_name
 from jobs.choices import JobState
+from jobs.dependencies import forecast_waits
 from jobs.lifecycle import ESTIMATE_FIELDS, FORECAST_STATES, estimate_fields, save_estimates
 from jobs.models import Job
 from jobs.progress import seconds_left, total_steps
 from scheduler.curves import policy_curve, relative_speeds
-from scheduler.forecast import Forecast, forecast, steady
+from scheduler.forecast import Estimate, Forecast, forecast, steady
 from scheduler.types import JobState as ViewState
 from scheduler.types import JobView
 from utilities.realtime import broadcast_on_commit, job_group, tenant_group
@@ -131,7 +134,7 @@ def compute_forecast(now: datetime) -> LiveForecast | None:
     view = build_snapshot(cluster, now)
     rows = {
         row["id"]: row
-        for row in Job.objects.filter(state__in=FORECAST_STATES).values(
+        for row in Job.objects.filter(state__in=(*FORECAST_STATES, JobState.PENDING)).values(
             "id",
             "state",
             "submitted_at",
@@ -153,6 +156,9 @@ def compute_forecast(now: datetime) -> LiveForecast | None:
             "tenant__gpu_quota",
         )
     }
+    waits = forecast_waits(pk for pk, row in rows.items() if row["state"] == JobState.PENDING)
+    for job_id in waits.left_out:
+        rows.pop(job_id, None)
     epoch = now.timestamp()
     ids = dict(view.ids)
     views = list(view.snapshot.jobs)
@@ -180,8 +186,25 @@ def compute_forecast(now: datetime) -> LiveForecast | None:
         with_work.append(dataclasses.replace(job_view, remaining_work=work))
     snapshot = dataclasses.replace(view.snapshot, jobs=tuple(with_work))  # keeps what else it has
     quota = {row["tenant__slug"]: row["tenant__gpu_quota"] for row in rows.values()}
-    result = forecast(snapshot, live_policy(), quota=quota)
+    result = forecast(snapshot, live_policy(), quota=quota, waits_for=_named(waits.waits_for, rows))
+    unestimated: dict[str, Estimate] = {}
+    for job_id, why in waits.left_out.items():  # no estimate, and why not
+        name = runtime_job_name(job_id)
+        unestimated[name] = Estimate(job=name, start=None, finish=None, reason=why)
+        ids[name] = job_id
+    result = dataclasses.replace(result, estimates={**result.estimates, **unestimated})
     return LiveForecast(result=result, ids=ids, at=now)
+
+
+def _named(
+    waits_for: Mapping[int, frozenset[int]], rows: Mapping[int, Any]
+) -> dict[str, frozenset[str]]:
+    """``waits_for`` by the snapshot's job names, over the jobs the forecast has."""
+    return {
+        runtime_job_name(job): frozenset(runtime_job_name(t) for t in targets if t in rows)
+        for job, targets in waits_for.items()
+        if job in rows
+    }
 
 
 def steady_rate(row: Mapping[str, Any], parallelism: int) -> float | None:
