@@ -792,13 +792,17 @@ def top(interval: float, once: bool, output: str | None) -> None:
         return
 
 
-if __name__ == "__main__":  # pragma: no cover - python -m portalctl.cli
-    main()
-
-
 @main.group()
 def array() -> None:
     """Job arrays: N tasks of one program, each with TASK_ID and TASK_COUNT in its env."""
+
+
+def emit_array(ctx: Context, found: Array) -> None:
+    """An array as ``-o json`` asks (the API's object) or as :func:`show_array` shows it."""
+    if ctx.json:
+        emit_json(found.raw)
+    else:
+        show_array(found)
 
 
 def show_array(found: Array) -> None:
@@ -881,11 +885,7 @@ def array_list(output: str | None) -> None:
 def array_get(array_id: int, output: str | None) -> None:
     """Show an array: its counts per state and each task."""
     ctx = ctx_of(output)
-    found = ctx.client().arrays.get(array_id)
-    if ctx.json:
-        emit_json(found.raw)
-    else:
-        show_array(found)
+    emit_array(ctx, ctx.client().arrays.get(array_id))
 
 
 @array.command("cancel")
@@ -895,11 +895,7 @@ def array_get(array_id: int, output: str | None) -> None:
 def array_cancel(array_id: int, reason: str, output: str | None) -> None:
     """Cancel every task of an array that has not ended."""
     ctx = ctx_of(output)
-    found = ctx.client().arrays.cancel(array_id, reason)
-    if ctx.json:
-        emit_json(found.raw)
-    else:
-        show_array(found)
+    emit_array(ctx, ctx.client().arrays.cancel(array_id, reason))
 
 
 @array.command("retry")
@@ -908,8 +904,8 @@ def array_cancel(array_id: int, reason: str, output: str | None) -> None:
 def array_retry(array_id: int, output: str | None) -> None:
     """Submit again every task of an array whose latest attempt failed."""
     ctx = ctx_of(output)
-    found = ctx.client().arrays.retry(array_id)
-    if ctx.json:
-        emit_json(found.raw)
-    else:
-        show_array(found)
+    emit_array(ctx, ctx.client().arrays.retry(array_id))
+
+
+if __name__ == "__main__":  # pragma: no cover - python -m portalctl.cli
+    main()
