@@ -90,6 +90,7 @@ from control.state import (
     read_cluster,
     server_layout,
     timed_jobs,
+    unusable_gpus,
 )
 from control.tick_stats import TICK_STATS_KEY
 from fabric.allocator import Allocation, VClosAllocator
@@ -209,8 +210,11 @@ class FullRebuild:
         return live_policy(name)
 
 
-_ROW_VERSION = "xmin::text || ':' || ctid::text"
-"""A row's version in PostgreSQL's system columns, as text (the kept state's token)."""
+def _row_version(table: str = "") -> str:
+    """A row's version in PostgreSQL's system columns, as text (the kept state's token);
+    each column ``table.`` qualified when given."""
+    prefix = table and f"{table}."
+    return f"{prefix}xmin::text || ':' || {prefix}ctid::text"
 
 
 @functools.cache
@@ -287,14 +291,14 @@ def _job_values(ids: list[int] | None) -> list[dict[str, Any]]:
     table = connection.ops.quote_name(Job._meta.db_table)
     if ids is None:
         sql = (
-            f"SELECT {_columns(Job, _KEPT_FIELDS, _JSON_FIELDS)}, {_ROW_VERSION} FROM {table} "
+            f"SELECT {_columns(Job, _KEPT_FIELDS, _JSON_FIELDS)}, {_row_version()} FROM {table} "
             "WHERE state = ANY(%s)"
         )
         params: list[Any] = [list(SNAPSHOT_STATES)]
     else:
         sql = (
             f"SELECT {_columns(Job, _KEPT_FIELDS, _JSON_FIELDS, 'w')}, "
-            f"w.xmin::text || ':' || w.ctid::text, {_extras()} "
+            f"{_row_version('w')}, {_extras()} "
             f"FROM {table} w WHERE w.state = ANY(%s) AND w.id = ANY(%s)"
         )
         params = [list(SNAPSHOT_STATES), ids]
@@ -373,7 +377,7 @@ def _written_since(horizon: Horizon, tenants: Sequence[int] = ()) -> Written:
         f"FROM {tenant_table} WHERE id = ANY(%s)), NULL, {blanks} UNION ALL "
         f"SELECT NULL, NULL, NULL, w.state = ANY(%s), "
         f"{_columns(Job, _KEPT_FIELDS, _JSON_FIELDS, 'w')}, "
-        f"w.xmin::text || ':' || w.ctid::text, {_extras()} "
+        f"{_row_version('w')}, {_extras()} "
         f"FROM {table} w WHERE w.row_txid >= %s OR w.row_txid = ANY(%s)"
     )
     with connection.cursor() as cursor:
@@ -455,7 +459,7 @@ def _servers_changed(horizon: Horizon | None, at: datetime | None, count: int) -
     server, gpu = quote(Server._meta.db_table), quote(Gpu._meta.db_table)
     fabric = quote(Fabric._meta.db_table)
     sql = (
-        f"SELECT {_HORIZON}, now(), (SELECT {_ROW_VERSION} FROM {fabric} WHERE id = 1), "
+        f"SELECT {_HORIZON}, now(), (SELECT {_row_version()} FROM {fabric} WHERE id = 1), "
         f"(SELECT count(*) FROM {server}), "
         f"EXISTS (SELECT 1 FROM {server} WHERE row_txid >= %s OR row_txid = ANY(%s)) "
         f"OR EXISTS (SELECT 1 FROM {gpu} WHERE row_txid >= %s OR row_txid = ANY(%s)) "
@@ -578,8 +582,7 @@ class KeptState:
                 layout.draining,
                 layout.suspect,
             )
-            self.down = None
-            self.down = down_gpus(self._state())
+            self.down = unusable_gpus(self.spec, self.schedulable, self.draining)
             state = self._state()
         fresh, changed, left = self._changed_jobs()
         moved = self._apply_jobs(changed, fresh, left) if changed else set()

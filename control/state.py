@@ -178,8 +178,15 @@ def down_gpus(cluster: ClusterState) -> frozenset[int]:
     or gone (the jobs holding them lost them)."""
     if cluster.down is not None:
         return cluster.down
-    usable = cluster.schedulable | cluster.draining
-    return frozenset(g for g in range(cluster.spec.total_gpus) if g not in usable)
+    return unusable_gpus(cluster.spec, cluster.schedulable, cluster.draining)
+
+
+def unusable_gpus(
+    spec: FabricSpec, schedulable: frozenset[int], draining: frozenset[int]
+) -> frozenset[int]:
+    """The fabric's GPUs in neither ``schedulable`` nor ``draining`` (:func:`down_gpus`)."""
+    usable = schedulable | draining
+    return frozenset(g for g in range(spec.total_gpus) if g not in usable)
 
 
 def blocked_gpus(cluster: ClusterState) -> frozenset[int]:
