@@ -8,6 +8,7 @@ from typing import Any
 from scheduler.policies import get_policy
 from scheduler.simulation import Simulation
 from scheduler.simulator import SimConfig
+from scheduler.tests.test_sim_quota import watch_quota_use
 from scheduler.traces import TraceJob
 
 
@@ -25,19 +26,7 @@ def test_quotas_hold_in_every_pass_of_an_elastic_run() -> None:
     and every job still ends."""
     cfg = SimConfig(total_gpus=8, quota={"a": 3}, min_fraction=0.5)
     sim = Simulation(_trace(40), get_policy("elastic-tiresias"), cfg)
-    held: list[int] = []
-
-    class Watch:
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
-
-        def run_parts(self, now: float) -> Any:
-            parts = self.inner.run_parts(now)
-            a = [j for j in sim.records if j.running and j.tenant == "a"]
-            held.append(sum(min(j.alloc, j.requested) for j in a))
-            return parts
-
-    sim.scheduling = Watch(sim.scheduling)  # type: ignore[assignment]
+    held = watch_quota_use(sim, "a")
     result = sim.run()
     assert len(result.jobs) == 40 and max(held) <= 3
 

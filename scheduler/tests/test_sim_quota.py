@@ -134,14 +134,9 @@ def test_quota_none_composes_no_quota_step_and_unbinding_quotas_change_nothing()
     assert len(tight.jobs) == len(baseline.jobs) == 30  # every job still ends
 
 
-@pytest.mark.parametrize("name", ["tiresias", "dlas", "srtf", "fifo", "elastic-tiresias"])
-def test_quotas_hold_in_every_pass_of_a_run(name: str) -> None:
-    trace = [
-        _job(f"j{i}", "ab"[i % 2], i * 5.0, gpus=1 + i % 3, priority=(LOW, 50, HIGH)[i % 3],
-             duration=40.0 + 11 * i)
-        for i in range(40)
-    ]  # fmt: skip
-    sim = Simulation(trace, get_policy(name), SimConfig(total_gpus=8, quota={"a": 3}))
+def watch_quota_use(sim: Simulation, tenant: str) -> list[int]:
+    """The quota share ``tenant``'s running jobs hold after each pass of ``sim`` (filled
+    as it runs)."""
     held: list[int] = []
 
     class Watch:
@@ -150,11 +145,23 @@ def test_quotas_hold_in_every_pass_of_a_run(name: str) -> None:
 
         def run_parts(self, now: float) -> Any:
             parts = self.inner.run_parts(now)
-            a = [j for j in sim.records if j.running and j.tenant == "a"]
-            held.append(sum(min(j.alloc, j.requested) for j in a))
+            mine = [j for j in sim.records if j.running and j.tenant == tenant]
+            held.append(sum(min(j.alloc, j.requested) for j in mine))
             return parts
 
     sim.scheduling = Watch(sim.scheduling)  # type: ignore[assignment]
+    return held
+
+
+@pytest.mark.parametrize("name", ["tiresias", "dlas", "srtf", "fifo", "elastic-tiresias"])
+def test_quotas_hold_in_every_pass_of_a_run(name: str) -> None:
+    trace = [
+        _job(f"j{i}", "ab"[i % 2], i * 5.0, gpus=1 + i % 3, priority=(LOW, 50, HIGH)[i % 3],
+             duration=40.0 + 11 * i)
+        for i in range(40)
+    ]  # fmt: skip
+    sim = Simulation(trace, get_policy(name), SimConfig(total_gpus=8, quota={"a": 3}))
+    held = watch_quota_use(sim, "a")
     result = sim.run()
     assert len(result.jobs) == 40 and max(held) <= 3
 
