@@ -62,6 +62,99 @@ class JobArray(models.Model):
         return f"array {self.pk} ({self.name}, {self.size} tasks)"
 
 
+class SweepState(models.TextChoices):
+    """Where a sweep stands."""
+
+    RUNNING = "running", "Running"
+    COMPLETED = "completed", "Completed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class SweepQuerySet(TenantOwnedQuerySet):
+    """Queries over sweeps; ``restrict(user)`` scopes them to the user's tenants."""
+
+
+class Sweep(models.Model):
+    """A hyperparameter search (``jobs.sweeps``): trials of one program, each a job with its
+    hyperparameters in its environment, run and stopped by a strategy (grid, random, ASHA)
+    toward the best value of one logged metric."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="sweeps")
+    submitter = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="submitted_sweeps"
+    )
+    name = models.CharField(max_length=100)
+    code = models.ForeignKey("bundles.CodeBundle", on_delete=models.PROTECT, related_name="sweeps")
+    job_template = models.JSONField(
+        help_text="The trials' job submission (program, GPUs, env...), checked again per trial."
+    )
+    search_space = models.JSONField(help_text="Hyperparameters: scheduler.asha's dimensions.")
+    metric = models.CharField(max_length=64, help_text="The logged metric the sweep ranks by.")
+    mode = models.CharField(max_length=3, help_text="'min' or 'max'.")
+    strategy = models.CharField(max_length=8, help_text="'grid', 'random' or 'asha'.")
+    eta = models.PositiveIntegerField(default=3)
+    min_steps = models.PositiveIntegerField()
+    max_steps = models.PositiveIntegerField()
+    max_trials = models.PositiveIntegerField()
+    max_gpu_hours = models.FloatField(null=True, blank=True)
+    max_running = models.PositiveIntegerField(null=True, blank=True)
+    seed = models.BigIntegerField(default=0)
+    state = models.CharField(
+        max_length=10, choices=SweepState.choices, default=SweepState.RUNNING, db_index=True
+    )
+    reason = models.CharField(max_length=300, blank=True, default="")
+    created_at = models.DateTimeField(db_index=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = SweepQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(eta__gte=2), name="sweep_eta_at_least_2"),
+            models.CheckConstraint(
+                condition=models.Q(min_steps__gte=1)
+                & models.Q(min_steps__lte=models.F("max_steps")),
+                name="sweep_steps_ordered",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"sweep {self.pk} ({self.name}, {self.strategy})"
+
+
+class Trial(models.Model):
+    """One point of a sweep's search space, and how far the strategy let it train: ``rung``
+    is the rung its current job trains toward (or finished); ``results`` its metric at each
+    rung it finished (``{"0": 0.41, ...}``)."""
+
+    sweep = models.ForeignKey(Sweep, on_delete=models.CASCADE, related_name="trials")
+    index = models.PositiveIntegerField()
+    params = models.JSONField()
+    rung = models.PositiveIntegerField(default=0)
+    results = models.JSONField(default=dict, blank=True)
+    best_metric = models.FloatField(null=True, blank=True)
+    status = models.CharField(max_length=10, default="running", db_index=True)
+    reason = models.CharField(max_length=300, blank=True, default="")
+    job = models.ForeignKey(
+        "Job",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="+",
+        help_text="Its current job (the newest: each promotion starts a new one).",
+    )
+
+    class Meta:
+        ordering = ["sweep_id", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["sweep", "index"], name="one_trial_per_index")
+        ]
+
+    def __str__(self) -> str:
+        return f"trial {self.index} of sweep {self.sweep_id} (rung {self.rung}, {self.status})"
+
+
 class Job(models.Model):
     """A distributed training job with an elastic range of GPUs."""
 
@@ -198,6 +291,27 @@ class Job(models.Model):
     )
     array_index = models.PositiveIntegerField(
         null=True, blank=True, help_text="Its TASK_ID in the array (a retry keeps it)."
+    )
+    trial = models.ForeignKey(
+        Trial,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="jobs",
+        help_text="The sweep trial this job trains (null: none); a promotion makes a new job.",
+    )
+    sched_weight = models.FloatField(
+        default=1.0,
+        help_text="How strongly the job claims idle GPUs (a sweep sets eta**rung on its "
+        "promoted trials; 1 for every other job).",
+    )
+    resumed_from = models.ForeignKey(
+        "self",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="resumed_by",
+        help_text="The job whose newest checkpoint was copied into this one's at submission.",
     )
     updated_at = models.DateTimeField(auto_now=True)
     row_txid = models.BigIntegerField(

@@ -143,6 +143,13 @@ def check_space(raw: Any, strategy: str = RANDOM) -> Space:
     if not isinstance(raw, dict) or not 1 <= len(raw) <= MAX_DIMENSIONS:
         raise SpaceError("search_space", f"An object of 1 to {MAX_DIMENSIONS} hyperparameters.")
     space = Space(tuple(_dimension(str(name), raw[name]) for name in sorted(raw)))
+    seen: dict[str, str] = {}
+    for dim in space.dimensions:  # programs read them as HP_<NAME>: one variable each
+        if dim.name.upper() in seen:
+            raise SpaceError(
+                f"search_space.{dim.name}", f"Differs from {seen[dim.name.upper()]!r} only in case."
+            )
+        seen[dim.name.upper()] = dim.name
     if strategy == GRID:
         for dim in space.dimensions:
             if dim.kind != "grid":

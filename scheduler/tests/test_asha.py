@@ -96,6 +96,11 @@ def test_sampled_dimensions_stay_in_their_ranges() -> None:
         ({"lr": {"type": "uniform", "low": 0, "high": 1}}, GRID, "search_space.lr"),
         ({"bad-name": {"type": "grid", "values": [1]}}, RANDOM, "search_space.bad-name"),
         ({"x": {"type": "uniform", "low": "a", "high": 1}}, RANDOM, "search_space.x"),
+        (
+            {"lr": {"type": "grid", "values": [1]}, "LR": {"type": "grid", "values": [2]}},
+            RANDOM,
+            "search_space.lr",
+        ),
     ],
 )
 def test_bad_spaces_name_their_dimension(raw: object, strategy: str, field: str) -> None:
