@@ -37,6 +37,8 @@ class JobRecord:
     ``true_speed`` (None: ``speed``) is the table its progress follows when the
     policy believes another: in a replay of a measured run the policy sees
     only what the job had measured so far (``devtools.measured``).
+    ``weight`` (``JobView.weight``, 1.0 by default) ranks its claim on extra
+    GPUs in Elastic-Tiresias' scale-out and reclaim.
     """
 
     __slots__ = (
@@ -78,6 +80,7 @@ class JobRecord:
         "tenant",
         "true_speed",
         "version",
+        "weight",
     )
 
     def __init__(
@@ -94,6 +97,7 @@ class JobRecord:
         max_gpus: int = 0,
         speed: Sequence[float] | None = None,
         klass: int = NORMAL,
+        weight: float = 1.0,
     ) -> None:
         self.id = id
         self.idx = idx
@@ -107,6 +111,7 @@ class JobRecord:
         self.min_gpus = min_gpus or requested
         self.max_gpus = max(max_gpus or requested, requested)
         self.speed = speed
+        self.weight = weight
         self.true_speed: Sequence[float] | None = None
         self.remaining = float(duration)
         self.alloc = 0

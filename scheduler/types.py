@@ -82,6 +82,10 @@ class JobView:
     reads); ``throughput`` maps a GPU count to samples/s (the profile EDL's
     ``profile(min, max)`` would produce); ``queue_since`` is when the job last
     started, was preempted or changed queue (it orders jobs inside a queue).
+    ``weight`` (finite, > 0; 1.0 by default) is how much its extra GPUs are
+    worth to its owner: Elastic-Tiresias hands idle GPUs to heavier jobs first
+    and reclaims extras from lighter ones first (:class:`scheduler.policies.elastic.WeightRule`
+    says how); a sweep gives its promoted trials more.  No other phase reads it.
     """
 
     id: str
@@ -97,6 +101,12 @@ class JobView:
     priority: int = 50
     queue_since: float | None = None
     throughput: Mapping[int, float] | None = None
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        weight = self.weight
+        if weight != 1.0 and not 0 < weight < float("inf"):
+            raise ValueError(f"job {self.id}: weight must be a finite number > 0, not {weight!r}")
 
     @property
     def running(self) -> bool:

@@ -400,6 +400,7 @@ def record_from_view(
         max_gpus=view.max_gpus,
         speed=speed,
         klass=priority_class(view.priority),
+        weight=view.weight,
     )
     since = view.queue_since if view.queue_since is not None else view.submit_time
     rec.pending_since = since

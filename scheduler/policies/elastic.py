@@ -37,6 +37,18 @@ the queues): the reclaim takes extras from the lowest class first, inside a
 class from the tenant most above its share first, then by least speedup lost;
 scale-out gives idle GPUs to the highest class first, inside a class to the
 tenant most below its share first, then by largest gain.
+
+Job weights (``JobView.weight``, default 1.0; a sweep gives promoted trials
+more): inside a class and a tenant's share, the reclaim and the scale-out read
+a job's weight by the policy's :class:`WeightRule`.  ``proportional`` (the
+default) ranks by weight x marginal gain, so idle GPUs go where they add the
+most *weighted* speedup (a job of weight 3 grows until its next GPU adds a
+third of what a job of weight 1 gains) and extras leave where they cost the
+least of it; ``order`` is strict: heavier jobs take every idle GPU their curve
+still gains from before a lighter one takes any, and lighter jobs give back
+all their extras before a heavier one gives back one; the gain only ranks jobs
+of equal weight.  With every weight 1.0 both rules decide exactly as without
+weights.
 """
 
 from __future__ import annotations
@@ -44,6 +56,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterable, Sequence
+from enum import StrEnum
 
 from scheduler.policies.base import Plan, Policy, push_all
 from scheduler.policies.tiresias import TiresiasCore
@@ -53,6 +66,16 @@ from scheduler.records import JobRecord
 ELASTIC_THRESHOLDS: tuple[float, ...] = (500.0, 10_000.0)
 
 _MIN_GAIN = 1e-9
+
+#: A scale-out candidate: (class, tenant key, -rank, -score, queue, idx, job, size).
+GrowEntry = tuple[int, float, float, float, int, int, JobRecord, int]
+
+
+class WeightRule(StrEnum):
+    """How job weights rank the claims on extra GPUs (module docstring)."""
+
+    PROPORTIONAL = "proportional"  # weight x marginal gain
+    ORDER = "order"  # heavier first; the gain inside one weight
 
 
 def curve_limit(throughput: Callable[[int], float], start: int, limit: int) -> int:
@@ -90,15 +113,16 @@ class ElasticTiresiasCore(TiresiasCore):
         waiting_threshold: int = 10,
         r: float = 0.5,
         compat: bool = False,
+        weight_rule: WeightRule = WeightRule.PROPORTIONAL,
     ) -> None:
         super().__init__(total_gpus, thresholds, compat=compat)
         self.n_waiting = waiting_threshold
         self.r = r
+        self.by_order = weight_rule is WeightRule.ORDER
         self._compacting = False
         self.extra: dict[JobRecord, int] = {}
         self.extra_total = 0
-        # scale-out candidates: (class, tenant key, -gain, queue, idx, job, size)
-        self._grow: list[tuple[int, float, float, int, int, JobRecord, int]] = []
+        self._grow: list[GrowEntry] = []  # scale-out candidates
 
     # -- sizes ----------------------------------------------------------------
     def fit_size(self, job: JobRecord, free: int) -> int:
@@ -117,6 +141,15 @@ class ElasticTiresiasCore(TiresiasCore):
         """Speedup (over one GPU) gained by going from n to n+1 GPUs."""
         return (job.rate(n + 1) - job.rate(n)) * job.gain_ref / max(job.rate(1), 1e-12)
 
+    def _weighed(self, job: JobRecord, gain: float) -> tuple[float, float]:
+        """(rank, score) of ``gain`` on ``job`` by the weight rule: more of either, more claim.
+
+        Weight 1.0 gives (0.0, gain) under ``proportional``: the gain, exactly.
+        """
+        if self.by_order:
+            return job.weight, gain
+        return 0.0, gain * job.weight
+
     def _tenant_key(self, job: JobRecord) -> float:
         fs = self.fair_share
         return fs.key(job.tenant) if fs is not None else 0.0
@@ -126,16 +159,15 @@ class ElasticTiresiasCore(TiresiasCore):
         if entry is not None:
             heapq.heappush(self._grow, entry)
 
-    def _grow_entry(
-        self, job: JobRecord, n: int
-    ) -> tuple[int, float, float, int, int, JobRecord, int] | None:
+    def _grow_entry(self, job: JobRecord, n: int) -> GrowEntry | None:
         """The scale-out candidate of ``job`` at ``n`` GPUs (None: no positive gain left)."""
         if n < job.max_gpus:
             gain = self._gain(job, n)
             if gain > _MIN_GAIN:
                 fs = self.fair_share
                 key = fs.key(job.tenant) if fs is not None else 0.0
-                return (job.klass, key, -gain, job.queue, job.idx, job, n)
+                rank, score = self._weighed(job, gain)
+                return (job.klass, key, -rank, -score, job.queue, job.idx, job, n)
         return None
 
     def restore_many(self, jobs: Iterable[JobRecord], now: float) -> None:
@@ -172,7 +204,7 @@ class ElasticTiresiasCore(TiresiasCore):
             self._grow = [e for job in rekey if (e := self._grow_entry(job, job.alloc))]
             heapq.heapify(self._grow)
         elif removed:
-            self._grow = [e for e in self._grow if e[5].running]
+            self._grow = [e for e in self._grow if e[6].running]
             heapq.heapify(self._grow)
 
     def remove(self, job: JobRecord, now: float) -> None:
@@ -273,15 +305,16 @@ class ElasticTiresiasCore(TiresiasCore):
                 self._push_grow(job, low)
 
     def _reclaim(self, need: int, target: dict[JobRecord, int]) -> None:
-        """Take ``need`` extra GPUs back, cheapest speedup loss first."""
-        heap: list[tuple[int, float, float, int, int, JobRecord]] = []
+        """Take ``need`` extra GPUs back, cheapest (weighted) speedup loss first."""
+        heap: list[tuple[int, float, float, float, int, int, JobRecord]] = []
         for job in self.extra:
             cur = target.get(job, job.alloc)
             key = self._tenant_key(job)
-            heap.append((-job.klass, -key, self._gain(job, cur - 1), -job.queue, -job.idx, job))
+            rank, loss = self._weighed(job, self._gain(job, cur - 1))
+            heap.append((-job.klass, -key, rank, loss, -job.queue, -job.idx, job))
         heapq.heapify(heap)
         while need > 0 and heap:
-            nk, nkey, _, nq, ni, job = heapq.heappop(heap)
+            nk, nkey, rank, _, nq, ni, job = heapq.heappop(heap)
             cur = target.get(job, job.alloc)
             target[job] = cur - 1
             need -= 1
@@ -289,7 +322,8 @@ class ElasticTiresiasCore(TiresiasCore):
             left = self.extra[job] - 1
             if left:
                 self.extra[job] = left
-                heapq.heappush(heap, (nk, nkey, self._gain(job, cur - 2), nq, ni, job))
+                loss = self._weighed(job, self._gain(job, cur - 2))[1]
+                heapq.heappush(heap, (nk, nkey, rank, loss, nq, ni, job))
             else:
                 del self.extra[job]
             self._push_grow(job, cur - 1)
@@ -298,10 +332,10 @@ class ElasticTiresiasCore(TiresiasCore):
         """Give free GPUs one at a time to the largest positive marginal gain."""
         heap = self._grow
         fs = self.fair_share
-        if fs is not None and fs.active(e[5].tenant for e in heap):
+        if fs is not None and fs.active(e[6].tenant for e in heap):
             # tenant keys moved since the entries were pushed: re-key the valid ones
             heap[:] = [
-                (e[0], fs.key(e[5].tenant), *e[2:]) for e in heap if self._grow_valid(e, target)
+                (e[0], fs.key(e[6].tenant), *e[2:]) for e in heap if self._grow_valid(e, target)
             ]
             heapq.heapify(heap)
         elif len(heap) > 8 * (len(self.extra) + 64) + 4 * self.total:
@@ -311,19 +345,15 @@ class ElasticTiresiasCore(TiresiasCore):
             entry = heapq.heappop(heap)
             if not self._grow_valid(entry, target):
                 continue
-            job, n = entry[5], entry[6]
+            job, n = entry[6], entry[7]
             target[job] = n + 1
             self.extra[job] = self.extra.get(job, 0) + 1
             self.extra_total += 1
             free -= 1
             self._push_grow(job, n + 1)
 
-    def _grow_valid(
-        self,
-        entry: tuple[int, float, float, int, int, JobRecord, int],
-        target: dict[JobRecord, int],
-    ) -> bool:
-        job, n = entry[5], entry[6]
+    def _grow_valid(self, entry: GrowEntry, target: dict[JobRecord, int]) -> bool:
+        job, n = entry[6], entry[7]
         cur = target.get(job)
         if cur is None:
             cur = job.alloc if job.running else 0
@@ -363,6 +393,7 @@ class ElasticTiresiasPolicy(Policy):
         waiting_threshold: int = 10,
         r: float = 0.5,
         compat: bool = False,
+        weight_rule: WeightRule | str = WeightRule.PROPORTIONAL,
     ) -> None:
         if not 0 < r <= 1:
             raise ValueError("r must be in (0, 1]")
@@ -372,6 +403,11 @@ class ElasticTiresiasPolicy(Policy):
         self.waiting_threshold = waiting_threshold
         self.r = r
         self.compat = compat
+        try:
+            self.weight_rule = WeightRule(weight_rule)
+        except ValueError:
+            choices = ", ".join(WeightRule)
+            raise ValueError(f"unknown weight rule {weight_rule!r} (choose {choices})") from None
 
     def new_core(self, total_gpus: int) -> ElasticTiresiasCore:
         """A fresh Elastic-Tiresias core."""
@@ -381,4 +417,5 @@ class ElasticTiresiasPolicy(Policy):
             waiting_threshold=self.waiting_threshold,
             r=self.r,
             compat=self.compat,
+            weight_rule=self.weight_rule,
         )
