@@ -30,8 +30,10 @@ from workers.agent.commands import CommandRejected as CommandRejected  # re-expo
 from workers.agent.config import SHM_ROOT, AgentConfig
 from workers.agent.events import EventForwarder, JobControlLike, default_control_factory
 from workers.agent.launch import log_tail
-from workers.agent.log_shipper import LogOffsets, LogShipper
+from workers.agent.log_shipper import LogOffsets, LogShipper, WorkerLike
+from workers.agent.metrics_tail import MetricsFileTail
 from workers.agent.processes import Exit, ProcessTable, ResolveCode, no_code_cache, running
+from workers.agent.programs import JobDirs
 from workers.agent.quota import measure, verdict
 from workers.agent.redis_acl import delete_job_user, node_of_url, restore_job_user
 from workers.agent.redis_guard import guard
@@ -84,6 +86,13 @@ class Agent:
             config, store, self.processes, self.events, send, self._lock, clock
         )
         self.logs = LogShipper(config.node, LogOffsets(store.redis, config.node), send, clock)
+        self.metrics = MetricsFileTail(
+            config.node,
+            LogOffsets(store.redis, config.node, "metrics"),
+            send,
+            clock,
+            self._metrics_file,
+        )
         self._next_heartbeat = clock.monotonic()
         self._next_clean = clock.monotonic() + config.cleanup.every_s
         self._next_quota = clock.monotonic() + config.sandbox.quota.every_s
@@ -144,6 +153,7 @@ class Agent:
         with self._lock:
             self._reap()
             self.logs.ship(self.processes.records())
+            self.metrics.tail(self.processes.records())
             self.processes.enforce_stops()
             for job in list(self.events.jobs):
                 self.events.forward(job)
@@ -252,15 +262,22 @@ class Agent:
                 busy_jobs=frozenset(busy_jobs),
                 busy_codes=frozenset(r.code for r in records if r.code is not None),
             )
-            removed = cleanup.remove(
-                chosen, now=self.clock.now(), forget_log=self.logs.offsets.drop
-            )
+            removed = cleanup.remove(chosen, now=self.clock.now(), forget_log=self._forget_offsets)
             in_use = {r.environment for r in records if r.environment is not None}
         try:  # outside the lock: only environments no process here runs in go
             self.processes.environments.evict(in_use)
         except OSError:
             log.warning("could not evict environments", exc_info=True)
         return removed
+
+    def _forget_offsets(self, job: str, worker_id: str) -> None:
+        """Drop what was read of a worker's log and metrics file (its files were removed)."""
+        self.logs.offsets.drop(job, worker_id)
+        self.metrics.forget(job, worker_id)
+
+    def _metrics_file(self, record: WorkerLike) -> Path:
+        """A torchrun worker's ``METRICS_FILE`` on this node."""
+        return JobDirs(self.config.job_dir(record.job)).metrics_file(record.worker_id)
 
     def _log_shipped(self, job: str, directory: Path) -> bool:
         """Whether every worker log of ``job`` here reached the control plane to its end."""
@@ -319,6 +336,7 @@ class Agent:
         if not self.processes.of_job(record.job):  # its CHECKPOINT_DIR's last push (torchrun)
             self.processes.mirror.finish(record.job)
         self.logs.flush(record)  # every line before the exit report
+        self.metrics.flush(record)  # and every metric
         if outcome in ("clean", "crashed") and not self.processes.of_job(record.job):
             self._start_collecting(record)  # a failed run's outputs help find out why
         self._send(

@@ -77,11 +77,12 @@ class LogPosition:
 
 
 class LogOffsets:
-    """The shipped offsets, in the agent's Redis (``agent:<node>:logs``)."""
+    """The shipped offsets, in the agent's Redis (``agent:<node>:<kind>``: ``logs``, or
+    ``metrics`` for the metrics files, ``workers.agent.metrics_tail``)."""
 
-    def __init__(self, client: redis.Redis, node: str) -> None:
+    def __init__(self, client: redis.Redis, node: str, kind: str = "logs") -> None:
         self.redis = client
-        self.key = f"agent:{node}:logs"
+        self.key = f"agent:{node}:{kind}"
 
     def get(self, job: str, worker_id: str) -> LogPosition | None:
         """The saved position of a worker's log, or None."""

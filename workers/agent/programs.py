@@ -26,7 +26,8 @@ Launchers:
 
 - ``torchrun``: the torchrun contract (RANK, LOCAL_RANK, WORLD_SIZE, ...,
   MASTER_ADDR/PORT), so an unmodified ``init_process_group(init_method="env://")``
-  script runs; a resize stops the job and starts it again one generation on
+  script runs, and ``METRICS_FILE`` (``<scratch>/metrics.jsonl``), where it may
+  append JSON lines of metrics (``workers.agent.metrics_tail``); a resize stops the job and starts it again one generation on
   (TORCHELASTIC_RESTART_COUNT).
 - ``edl``: the worker options of the elastic runtime as JSON in
   ``EDL_OPTIONS`` (``workers.elastic.cli``), with the job's own Redis user in
@@ -42,6 +43,7 @@ from pathlib import Path
 from workers.agent.config import REPO_ROOT, AgentConfig, local_store_dir
 from workers.agent.environments import Environment
 from workers.agent.gpus import cuda_visible
+from workers.agent.metrics_file import METRICS_FILE_NAME
 from workers.agent.sandbox import HIDDEN_SYSTEM_DIRS, MASKED_FILES, Mounts
 from workers.elastic.cli import OPTIONS_ENV, WorkerOptions, options_to_env
 from workers.program import entrypoint_kind
@@ -76,6 +78,10 @@ class JobDirs:
     def scratch(self, worker_id: str) -> Path:
         """One worker's private scratch directory (its HOME)."""
         return self.root / "scratch" / worker_id
+
+    def metrics_file(self, worker_id: str) -> Path:
+        """Where a torchrun worker appends its metrics (``METRICS_FILE``), in its scratch."""
+        return self.scratch(worker_id) / METRICS_FILE_NAME
 
     def owned(self, worker_id: str) -> tuple[Path, ...]:
         """What a worker's program writes, so what its uid owns (``sandbox.hand_over``)."""
@@ -253,6 +259,7 @@ def torchrun_env(
         MASTER_PORT=str(program.master_port),
         TORCHELASTIC_RESTART_COUNT=str(program.generation),
         TORCHELASTIC_RUN_ID=command.job,
+        METRICS_FILE=str(dirs.metrics_file(worker.worker_id)),
     )
     if config.device == "cuda":
         # torchrun's scripts pick cuda:LOCAL_RANK: the command's slots, in order.
