@@ -12,6 +12,7 @@ from jobs.arrays import array_counts, array_tasks, do_cancel_array, do_retry_arr
 from jobs.choices import TERMINAL_STATES, ArtifactKind
 from jobs.forms import JobForm
 from jobs.live.snapshots import job_snapshot
+from jobs.live.workflows import dependency_rows
 from jobs.logs.store import log_workers, tail_lines
 from jobs.models import Job, JobArray
 from jobs.services import JobError, do_cancel_job, do_submit_job
@@ -55,7 +56,7 @@ PAGE_ARTIFACTS = 200
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     """A job live: its charts (GPUs, throughput, loss, logged metrics), artifacts, history, log."""
     job = get_object_or_404(
-        Job.objects.restrict(request.user).select_related("tenant", "code"), pk=job_id
+        Job.objects.restrict(request.user).select_related("tenant", "code", "array"), pk=job_id
     )
     log_lines = tail_lines(job, count=PAGE_LOG_LINES)
     # The final checkpoint first: it is what most people come to download.
@@ -74,6 +75,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             "events": job.events.all(),
             "artifacts": artifacts,
             "snapshot": job_snapshot(job),
+            "dependencies": dependency_rows(job),
             "can_cancel": job.state not in TERMINAL_STATES and can_write(request.user, job.tenant),
         },
     )

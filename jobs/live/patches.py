@@ -115,6 +115,7 @@ def page_fields(job: Job) -> dict[str, Any]:
         "max_restarts": job.max_restarts,
         "jct_seconds": job.jct_seconds,
         "profile": profile_curve(job),
+        "wait_reason": job.wait_reason,
     }
 
 

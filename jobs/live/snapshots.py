@@ -185,6 +185,7 @@ def job_snapshot(job: Job) -> dict[str, Any]:
         "args_json": json.dumps(job.args, indent=None, sort_keys=True) if job.args else "{}",
         "attained_gpu_seconds": round(job.attained_gpu_seconds, 1),
         "jct_seconds": job.jct_seconds,
+        "wait_reason": job.wait_reason,
         "queue_position": queue_positions().get(job.pk),
         **estimates(job),
         "events": events,

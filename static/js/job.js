@@ -241,6 +241,10 @@
     put("job-range-tile", rangeText(snap));
     put("job-restarts", restartsText(snap));
     put("job-step", snap.step ? "step " + snap.step : "—");
+    put("job-wait-reason", snap.wait_reason || "");
+    const wait = document.getElementById("job-wait");
+    if (wait) wait.hidden = !snap.wait_reason || !["pending", "queued"].includes(snap.state);
+    if (wait && !wait.hidden) document.getElementById("job-workflow").hidden = false;
   }
 
   // The "Job N submitted." note describes the page as it opened; once a live event
@@ -274,7 +278,7 @@
   // model and reloads the snapshot only on a seq gap or a reconnect (live.js).
   let current = JSON.parse(document.getElementById("job-snapshot").textContent);
   const render = throttle(() => apply(current), 60);
-  const PAGE_FIELDS = ["state", "parallelism", "attained_gpu_seconds", "started_at", "finished_at", "gpus", "min_gpus", "max_gpus", "restarts", "max_restarts", "jct_seconds", "profile"];
+  const PAGE_FIELDS = ["state", "parallelism", "attained_gpu_seconds", "started_at", "finished_at", "gpus", "min_gpus", "max_gpus", "restarts", "max_restarts", "jct_seconds", "profile", "wait_reason"];
 
   function patchJob(event) {
     for (const field of PAGE_FIELDS) if (event[field] !== undefined) current[field] = event[field];

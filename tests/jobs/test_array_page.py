@@ -9,7 +9,9 @@ import pytest
 from django.test import Client
 
 from jobs.models import Job
+from jobs.services import check_job_spec, do_submit_job
 from tests.jobs.test_arrays import submit_array
+from tests.jobs.test_programs import bundle_of, program_body
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -43,3 +45,44 @@ def test_the_page_lists_every_task_and_cancels_them(alice: Any, acme: Any, bob: 
     assert 'id="array-cancel-form"' not in page and 'id="array-count-cancelled">3<' in page
     retry = client.post(f"/arrays/{array.pk}/retry/", follow=True).content.decode()
     assert "no failed task to retry" in retry
+
+
+def submit_after(user: Any, tenant: Any, after: list[dict[str, Any]]) -> Job:
+    bundle = bundle_of(user, tenant)
+    data = program_body(bundle.sha256, name="evaluate", gpus=1, after=after)
+    return do_submit_job(user=user, tenant=tenant, spec=check_job_spec(tenant=tenant, data=data))
+
+
+def test_a_task_page_links_to_its_array(alice: Any, acme: Any) -> None:
+    array = submit_array(alice, acme, size=3, max_running=1)
+    second = Job.objects.get(array=array, array_index=1)
+    page = logged_in(alice).get(f"/jobs/{second.pk}/").content.decode()
+    assert f'<a href="/arrays/{array.pk}/">array {array.pk}: grid</a>' in page
+    assert "Task <strong>1</strong> of" in page and "3 tasks, at most 1 at once" in page
+    # A pending task says what it waits for: a slot of its array.
+    assert f"array {array.pk} runs at most 1 tasks at once" in page
+    assert 'id="job-wait" hidden' not in page
+
+
+def test_a_waiting_job_shows_its_dependencies_with_links(alice: Any, acme: Any) -> None:
+    array = submit_array(alice, acme, size=2)
+    first = Job.objects.get(array=array, array_index=0)
+    then = submit_after(
+        alice,
+        acme,
+        [{"kind": "after_ok", "job": first.pk}, {"kind": "after_any", "array": array.pk}],
+    )
+    assert then.state == "pending"
+    page = logged_in(alice).get(f"/jobs/{then.pk}/").content.decode()
+    assert f'<a href="/jobs/{first.pk}/">job {first.pk}</a>' in page
+    assert f'<a href="/arrays/{array.pk}/">array {array.pk}</a>' in page
+    assert "after it completes" in page and "after it ends, however" in page
+    assert "0 of 2 tasks ended" in page
+    assert f'id="job-wait-reason">waits for job {first.pk} to complete' in page
+    assert 'id="job-array"' not in page  # not a task itself
+
+
+def test_a_plain_job_has_no_workflow_card(alice: Any, acme: Any) -> None:
+    job = submit_after(alice, acme, [])
+    page = logged_in(alice).get(f"/jobs/{job.pk}/").content.decode()
+    assert 'id="job-workflow" hidden' in page and 'id="job-dependencies"' not in page
