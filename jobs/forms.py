@@ -4,6 +4,12 @@ A job runs a built-in workload or a program: an archive uploaded with the
 form (stored as a bundle by ``bundles.services.do_upload`` first) or one of
 the tenant's earlier bundles, with an entrypoint, a launcher, variables and
 requirements (requirements.txt lines, read by ``workers.environment.requirements_txt``).
+
+Two optional parts make it a workflow (``docs/workflows.md``): **Run after**,
+one dependency a line (``after_ok job 12``), handed to the service as the API's
+``after`` list (``jobs.dependencies.check_after`` judges it, with the API's
+words); and **Array: tasks** (with **at most running**), which submits an
+array through ``jobs.arrays.check_array_spec`` instead of one job.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from bundles.errors import BundleRefusedError
 from bundles.models import CodeBundle
 from bundles.services import do_upload
 from inventory.services import current_spec
+from jobs.arrays import ArraySpec, check_array_spec
 from jobs.choices import Launcher, RecoveryMode
 from jobs.program_spec import PROGRAM_FIELDS
 from jobs.services import (
@@ -35,6 +42,11 @@ from workers.program import ProgramError
 BUILT_IN, PROGRAM = "builtin", "program"
 PROGRAM_ONLY = ("archive", *PROGRAM_FIELDS)
 GPU_FIELDS = ("gpus", "min_gpus", "max_gpus")
+WORKFLOW_FIELDS = ("after", "array_size", "array_max_running")
+"""The form's own fields for a workflow: read here, handed to the services by their API names."""
+ARRAY_FIELD_OF = {"size": "array_size", "max_running": "array_max_running"}
+"""The form's field for each of ``check_array_spec``'s own fields."""
+AFTER_FIELD = re.compile(r"^after\[(\d+)\]")
 NEAREST_SEARCH = 64
 """How far from a refused size the form looks for sizes that work (one query each)."""
 
@@ -88,6 +100,33 @@ def fabric_words(gpus: int, most: int) -> str:
         "larger than one leaf switch must split into equal parts over whole leaves."
     )
     return f"{why} The nearest sizes that can: {sizes}." if sizes else why
+
+
+def after_entries(text: str) -> tuple[list[Any], list[int]]:
+    """The Run-after box as the API's ``after`` list, and each entry's line number.
+
+    One dependency a line: ``<kind> job <id>``, ``<kind> array <id>``, or
+    ``<kind> <id>`` for a job.  Only the shape is read here; the kinds, ids and
+    what they name are the service's to judge.  ``ValueError`` names a line of
+    another shape.
+    """
+    entries: list[Any] = []
+    lines: list[int] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        words = line.split()
+        if not words:
+            continue
+        if len(words) == 2:
+            words.insert(1, "job")
+        if len(words) != 3:
+            raise ValueError(
+                f"Line {number}: write a kind, then job or array, then its id "
+                "(after_ok job 12, after_any array 3)."
+            )
+        kind, target, ident = words
+        entries.append({"kind": kind, target: int(ident) if ident.isdigit() else ident})
+        lines.append(number)
+    return entries, lines
 
 
 class JobForm(forms.Form):
@@ -209,6 +248,27 @@ class JobForm(forms.Form):
         "and fails. Empty: your tenant's default.",
     )
 
+    after = forms.CharField(
+        required=False,
+        label="Run after",
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Jobs or arrays of the same tenant to wait for, one a line: after_ok job 12 "
+        "(once it completed), after_any array 3 (once every task ended), after_failed job 7 "
+        "(only if it failed). Until then the job stays pending.",
+    )
+    array_size = forms.IntegerField(
+        required=False,
+        label="Array: tasks",
+        help_text="Submit an array of this many tasks of your program instead of one job; "
+        "each task gets TASK_ID (0, 1, ...) and TASK_COUNT in its environment. Empty: one job.",
+    )
+    array_max_running = forms.IntegerField(
+        required=False,
+        label="Array: at most running",
+        help_text="How many tasks may be queued or running at once; the rest wait pending. "
+        "Empty: no cap.",
+    )
+
     def __init__(self, *args: Any, tenants: Any, user: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.user = user
@@ -222,6 +282,9 @@ class JobForm(forms.Form):
             for b in bundles
         ]  # fmt: skip
         self.spec: JobSpec | None = None
+        self.array_spec: ArraySpec | None = None
+        """Set instead of ``spec`` when the form submits an array."""
+        self._after_lines: list[int] = []
         self.workload_guide = workload_guide()
         self._explain_limits(tenants)
 
@@ -274,6 +337,10 @@ class JobForm(forms.Form):
             return cleaned
         data = {k: v for k, v in cleaned.items() if k != "tenant" and v not in (None, "")}
         data.pop("source", None)
+        for name in WORKFLOW_FIELDS:
+            data.pop(name, None)
+        if not self._take_after(cleaned.get("after") or "", data):
+            return cleaned
         if cleaned.get("source") == PROGRAM:
             data.pop("workload", None)
             data.pop("args", None)
@@ -284,15 +351,53 @@ class JobForm(forms.Form):
             for name in PROGRAM_ONLY:
                 data.pop(name, None)
         try:
-            self.spec = check_job_spec(tenant=tenant, data=data)
+            self._check(tenant, data, cleaned)
         except JobValidationError as exc:
             submitted = dict(cleaned)
             for field, messages in exc.errors.items():
-                field = field.partition(".")[0]  # environment.requirements: the Requirements box
-                target = field if field in self.fields else None
+                target, line = self._form_field(field)
                 for message in messages:
-                    self.add_error(target, self.in_users_words(target, message, tenant, submitted))
+                    words = self.in_users_words(target, message, tenant, submitted)
+                    self.add_error(target, f"{line}{words}")
         return cleaned
+
+    def _check(self, tenant: Tenant, data: dict[str, Any], cleaned: dict[str, Any]) -> None:
+        """Check a job (``spec``), or an array (``array_spec``) when a number of tasks is given."""
+        size, cap = cleaned.get("array_size"), cleaned.get("array_max_running")
+        if size is None and cap is None:
+            self.spec = check_job_spec(tenant=tenant, data=data)
+            return
+        if size is None:
+            self.add_error("array_size", "Give the number of tasks to submit an array.")
+            return
+        self.array_spec = check_array_spec(
+            tenant=tenant, data={**data, "size": size, "max_running": cap}
+        )
+
+    def _form_field(self, field: str) -> tuple[str | None, str]:
+        """The form's field for a service's error field, and the Run-after line it is about.
+
+        ``environment.requirements`` is the Requirements box; ``after[2].job`` the
+        Run-after box, on the line of its third entry; ``size`` the Array: tasks box.
+        """
+        entry = AFTER_FIELD.match(field)
+        if entry is not None:
+            index = int(entry.group(1))
+            number = self._after_lines[index] if index < len(self._after_lines) else index + 1
+            return "after", f"Line {number}: "
+        name = ARRAY_FIELD_OF.get(field, field.partition(".")[0])
+        return (name if name in self.fields else None), ""
+
+    def _take_after(self, text: str, data: dict[str, Any]) -> bool:
+        """The Run-after box as the service's ``after``; False (the error shown) if unreadable."""
+        try:
+            entries, self._after_lines = after_entries(text)
+        except ValueError as exc:
+            self.add_error("after", str(exc))
+            return False
+        if entries:
+            data["after"] = entries
+        return True
 
     def _take_requirements(self, data: dict[str, Any]) -> bool:
         """The Requirements box as the ``environment`` the service checks; False if refused."""

@@ -8,7 +8,13 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from jobs.arrays import array_counts, array_tasks, do_cancel_array, do_retry_array
+from jobs.arrays import (
+    array_counts,
+    array_tasks,
+    do_cancel_array,
+    do_retry_array,
+    do_submit_array,
+)
 from jobs.choices import TERMINAL_STATES, ArtifactKind
 from jobs.forms import JobForm
 from jobs.live.snapshots import job_snapshot
@@ -22,7 +28,8 @@ from tenancy.services import can_write
 
 @login_required
 def submit_job(request: HttpRequest) -> HttpResponse:
-    """Show the submission form; on a valid POST submit the job and open its page."""
+    """Show the submission form; on a valid POST submit the job (or the array) and open its
+    page."""
     tenants = Tenant.objects.writable_by(request.user)
     # Only a tenant named in the URL overrides the form's default (the user's only tenant).
     initial = {"tenant": request.GET["tenant"]} if request.GET.get("tenant") else {}
@@ -30,19 +37,25 @@ def submit_job(request: HttpRequest) -> HttpResponse:
         request.POST or None, request.FILES or None, tenants=tenants, user=request.user,
         initial=initial,
     )  # fmt: skip
-    if request.method == "POST" and form.is_valid() and form.spec is not None:
+    if request.method == "POST" and form.is_valid():
         try:
-            job = do_submit_job(
-                user=request.user,
-                tenant=form.cleaned_data["tenant"],
-                spec=form.spec,
-            )
+            return _submitted(request, form)
         except JobError as exc:
             form.add_error(None, exc.message)
-        else:
-            messages.success(request, f"Job {job.pk} submitted.")
-            return redirect("job-detail", job_id=job.pk)
     return render(request, "jobs/submit.html", {"form": form, "has_tenants": tenants.exists()})
+
+
+def _submitted(request: HttpRequest, form: JobForm) -> HttpResponse:
+    """Submit what the valid ``form`` holds (an array or a job); the page to open next."""
+    tenant = form.cleaned_data["tenant"]
+    if form.array_spec is not None:
+        array = do_submit_array(user=request.user, tenant=tenant, spec=form.array_spec)
+        messages.success(request, f"Array {array.pk} submitted: {array.size} tasks.")
+        return redirect("array-page", array_id=array.pk)
+    assert form.spec is not None  # a valid form holds one or the other
+    job = do_submit_job(user=request.user, tenant=tenant, spec=form.spec)
+    messages.success(request, f"Job {job.pk} submitted.")
+    return redirect("job-detail", job_id=job.pk)
 
 
 PAGE_LOG_LINES = 1000
