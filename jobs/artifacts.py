@@ -17,6 +17,7 @@ the job's folders.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from django.conf import settings
@@ -24,7 +25,7 @@ from django.db.models import F
 
 from jobs.choices import ArtifactKind
 from jobs.models import Artifact, Job
-from workers.artifacts import ArtifactStore, job_prefix
+from workers.artifacts import ArtifactCorrupt, ArtifactStore, at_most, job_prefix
 
 FOLDER_OF_KIND: dict[str, str] = {
     ArtifactKind.CHECKPOINT: "checkpoints",
@@ -33,6 +34,12 @@ FOLDER_OF_KIND: dict[str, str] = {
     ArtifactKind.LOG: "logs",
 }
 """The folder of the job's prefix that each kind of object lives in."""
+
+CHECKPOINT_FOLDER = "checkpoints"
+"""The folder of a job's prefix with its checkpoints (the runtime's, or a program's own)."""
+
+MAX_COPIED_FILES = 1000
+"""The most files a resume copies of a program's own checkpoints (no manifests)."""
 
 LOG_PATH = "logs/job.log"
 """Where a finished job's whole log is written, relative to its prefix."""
@@ -117,3 +124,73 @@ def forget_old_checkpoints(job: Job, keep: int) -> int:
 def forget_artifact(artifact: Artifact) -> None:
     """Delete one row (its object is already gone from the store)."""
     artifact.delete()
+
+
+@dataclass(frozen=True)
+class CopiedCheckpoint:
+    """What a resume copied into the new job: the runtime's checkpoint of ``step`` (None: a
+    program's own files, ``files`` of them)."""
+
+    step: int | None
+    files: int
+
+
+def newest_checkpoint_step(job: Job) -> int | None:
+    """The step of ``job``'s newest complete checkpoint that verifies (None: none), read
+    from the store; a program's own checkpoint files count as step 0."""
+    # torch comes with the checkpoint module: imported only when a job resumes another.
+    from workers.elastic.checkpoint import Checkpoints
+
+    source = artifact_store().child(prefix_of(job))
+    manifest, _ = Checkpoints(source).latest()
+    if manifest is not None:
+        return manifest.step
+    return 0 if source.list(CHECKPOINT_FOLDER) else None
+
+
+def copy_newest_checkpoint(source: Job, target: Job, at: datetime) -> CopiedCheckpoint | None:
+    """Copy ``source``'s newest complete, verified checkpoint into ``target``'s prefix, where
+    ``target``'s runtime (or its program, through ``CHECKPOINT_DIR``) restores it.
+
+    The runtime's checkpoints: the newest whose bytes match its manifest, copied
+    as a regular (not final) checkpoint of ``target`` and recorded as its
+    artifact.  Without any: the program's own files under ``checkpoints/`` (a
+    torchrun program's), as they are.  None when there is nothing to copy.
+    """
+    from workers.elastic.checkpoint import Checkpoints, Manifest
+
+    store = artifact_store()
+    src, dst = store.child(prefix_of(source)), store.child(prefix_of(target))
+    manifests, _ = Checkpoints(src).manifests()
+    for manifest in manifests:
+        try:
+            with src.open_read(manifest.path) as stream:
+                stored = dst.put_stream(manifest.path, at_most(stream, manifest.size + 1))
+            if (stored.size, stored.sha256) != (manifest.size, manifest.sha256):
+                raise ArtifactCorrupt(f"{manifest.path} does not match its manifest")
+        except (ArtifactCorrupt, OSError):
+            dst.delete(manifest.path)
+            continue  # the previous one, as a restore would
+        copied: Manifest = replace(manifest, final=False)
+        dst.put_bytes(str(manifest_path(copied.path)), copied.to_json())
+        record_artifact(
+            job=target,
+            kind=ArtifactKind.CHECKPOINT,
+            job_path=manifest.path,
+            size=stored.size,
+            sha256=stored.sha256,
+            at=at,
+            step=manifest.step,
+        )
+        return CopiedCheckpoint(step=manifest.step, files=1)
+    return _copy_own_files(src, dst)
+
+
+def _copy_own_files(src: ArtifactStore, dst: ArtifactStore) -> CopiedCheckpoint | None:
+    """A program's own checkpoint files (no manifests), copied as they are (bounded)."""
+    paths = src.list(CHECKPOINT_FOLDER)[:MAX_COPIED_FILES]
+    for path in paths:
+        stream, size = src.open_sized(path)
+        with stream:
+            dst.put_stream(path, at_most(stream, size))
+    return CopiedCheckpoint(step=None, files=len(paths)) if paths else None

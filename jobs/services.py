@@ -22,6 +22,7 @@ from audit import services as audit
 from audit.context import current_actor
 from fabric.allocator import clos_shapes
 from inventory.services import current_spec
+from jobs.artifacts import copy_newest_checkpoint, newest_checkpoint_step
 from jobs.choices import TERMINAL_STATES, EventKind, JobState, RecoveryMode
 from jobs.dependencies import (
     After,
@@ -34,7 +35,7 @@ from jobs.dependencies import (
 from jobs.errors import JobConflictError, JobError, JobPermissionError, JobValidationError
 from jobs.holdings import release
 from jobs.lifecycle import broadcast, record, request_tick, transition
-from jobs.models import Job, JobArray
+from jobs.models import Job, JobArray, Trial
 from jobs.outbox import Outbox
 from jobs.program_spec import PROGRAM_FIELDS, ProgramSpec, check_program, wants_program
 from jobs.stats import JctStats, jct_stats
@@ -82,10 +83,12 @@ SUBMIT_AUDIT_FIELDS = (
     "checkpoint_interval",
     "max_restarts",
     "max_runtime_s",
+    "resumed_from_id",
 )
 """What the audit log keeps of a submission (``env`` by its names only: values may be secrets)."""
-SPEC_EXTRAS = ("tenant", "after")
-"""Keys of a submission besides the job's own fields: where it goes, what it waits for."""
+SPEC_EXTRAS = ("tenant", "after", "resume_from")
+"""Keys of a submission besides the job's own fields: where it goes, what it waits for, whose
+checkpoint it starts from."""
 UPDATE_AUDIT_FIELDS = ("priority", "min_gpus", "max_gpus", "max_restarts", "max_runtime_s")
 """What ``do_update_job`` may change: the audit row holds the ones that did."""
 
@@ -109,6 +112,8 @@ class JobSpec:
     max_runtime_s: int | None = None
     after: tuple[After, ...] = ()
     """What the job waits for before it is queued (``jobs.dependencies``)."""
+    resume_from: int | None = None
+    """A job of the same tenant whose newest checkpoint is copied into this one's store."""
 
 
 class _Errors:
@@ -242,6 +247,26 @@ def _check_limits(
     return restarts, runtime
 
 
+def _check_resume_from(tenant: Tenant, raw: Any, errors: _Errors) -> int | None:
+    """``resume_from``: a job of ``tenant`` with a checkpoint to copy (None: not asked).
+
+    A job of another tenant gets the answer a missing one gets: nothing leaks.
+    """
+    if raw is None or raw == "":
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        errors.add("resume_from", "A job id (a whole number).")
+        return None
+    source = Job.objects.filter(tenant=tenant, pk=raw).first()
+    if source is None:
+        errors.add("resume_from", f"No job {raw} in tenant {tenant.slug}.")
+        return None
+    if newest_checkpoint_step(source) is None:
+        errors.add("resume_from", f"Job {raw} has no complete checkpoint to resume from.")
+        return None
+    return raw
+
+
 def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
     """Validate a submission for ``tenant`` and return it normalized.
 
@@ -253,7 +278,8 @@ def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
     least one sample per GPU at ``max_gpus``; priority 0-100; a recovery mode;
     restarts (0-100) and a run-time limit (seconds) within the tenant's
     ceilings, the tenant's defaults when left out (``default_limits``); ``after``:
-    dependencies on the tenant's own jobs or arrays (``jobs.dependencies.check_after``).
+    dependencies on the tenant's own jobs or arrays (``jobs.dependencies.check_after``);
+    ``resume_from``: a job of the tenant with a checkpoint (``_check_resume_from``).
     """
     errors = _Errors()
     unknown = sorted(str(key) for key in data if key not in JOB_FIELDS and key not in SPEC_EXTRAS)
@@ -294,6 +320,7 @@ def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
     max_restarts, max_runtime_s = _check_limits(tenant, data, errors)
 
     after = check_after(tenant=tenant, raw=data.get("after"), add_error=errors.add)
+    resume_from = _check_resume_from(tenant, data.get("resume_from"), errors)
 
     recovery = data.get("recovery") or RecoveryMode.CONSISTENT
     if recovery not in RecoveryMode.values:
@@ -335,6 +362,7 @@ def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
         max_restarts=max_restarts,
         max_runtime_s=max_runtime_s,
         after=after,
+        resume_from=resume_from,
     )
 
 
@@ -384,11 +412,14 @@ def create_job(
     array: JobArray | None = None,
     index: int | None = None,
     env: dict[str, str] | None = None,
+    trial: Trial | None = None,
+    sched_weight: float = 1.0,
 ) -> Job:
     """Create one pending job of ``spec`` with its dependencies and its submission event, in
     the caller's transaction (``do_submit_job``, ``jobs.arrays``); the caller queues it.
 
-    ``array``/``index``: the task it is; ``env``: its variables instead of the spec's.
+    ``array``/``index``: the task it is; ``env``: its variables instead of the spec's;
+    ``trial``/``sched_weight``: the sweep trial it trains and its weight (``jobs.sweeps``).
     """
     program = _program_fields(spec.program)
     if env is not None:
@@ -411,6 +442,8 @@ def create_job(
         submitted_at=at,
         array=array,
         array_index=index,
+        trial=trial,
+        sched_weight=sched_weight,
         **program,
     )
     record(
@@ -421,7 +454,25 @@ def create_job(
         to_state=JobState.PENDING,
     )
     attach(job, spec.after)
+    if spec.resume_from is not None:
+        resume(job, Job.objects.select_related("tenant").get(pk=spec.resume_from), at)
     return job
+
+
+def resume(job: Job, source: Job, at: datetime) -> None:
+    """Copy ``source``'s newest checkpoint into the new ``job``'s store (before it is queued)
+    and say so in its history; its step starts at the checkpoint's."""
+    copied = copy_newest_checkpoint(source, job, at)
+    job.resumed_from = source
+    if copied is None:
+        reason = f"job {source.pk} had no checkpoint left to copy: starts from step 0"
+    elif copied.step is None:
+        reason = f"resumes from job {source.pk}'s own checkpoint files ({copied.files})"
+    else:
+        job.step = copied.step
+        reason = f"resumes from job {source.pk}'s checkpoint at step {copied.step}"
+    job.save(update_fields=["resumed_from", "step", "updated_at"])
+    record(job, EventKind.NOTE, at, reason, data={"resumed_from": source.pk})
 
 
 def create_task_retry(old: Job, *, user: AbstractBaseUser | AnonymousUser, at: datetime) -> Job:
@@ -478,14 +529,19 @@ def do_submit_job(
     tenant: Tenant,
     spec: JobSpec,
     at: datetime | None = None,
+    trial: Trial | None = None,
+    sched_weight: float = 1.0,
 ) -> Job:
     """Create a job for ``tenant`` and put it in the queue, or, while its dependencies are
-    not met, keep it pending with the reason (``jobs.dependencies``)."""
+    not met, keep it pending with the reason (``jobs.dependencies``); ``trial``: the sweep
+    trial it trains, with its scheduling weight (``jobs.sweeps``)."""
     if not can_write(user, tenant):
         raise JobPermissionError(f"you cannot submit jobs to tenant {tenant.slug!r}")
     check_queue_room(tenant_id=tenant.pk)
     now = at or timezone.now()
-    job = create_job(user=user, tenant=tenant, spec=spec, at=now)
+    job = create_job(
+        user=user, tenant=tenant, spec=spec, at=now, trial=trial, sched_weight=sched_weight
+    )
     if spec.after:
         settle(job, at=now)
     else:

@@ -52,6 +52,9 @@ class JobSerializer(serializers.ModelSerializer[Job]):
             "after",
             "array",
             "array_index",
+            "trial",
+            "resumed_from",
+            "sched_weight",
             "state",
             "parallelism",
             "submitted_at",
@@ -162,6 +165,12 @@ class JobCreateSerializer(serializers.Serializer[Job]):
         child=serializers.DictField(child=serializers.JSONField()),
         required=False,
         help_text=AFTER_HELP,
+    )
+    resume_from = serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        help_text="A job of the same tenant: its newest complete, verified checkpoint is copied "
+        "into this job's store before it is queued, and the job starts from it.",
     )
     tenant = serializers.SlugField(
         required=False, help_text="Tenant slug; required only if you belong to several."
