@@ -31,11 +31,11 @@ from typing import Any, cast
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import F, Sum
 from django.utils import timezone
 
 from audit import services as audit
-from jobs.choices import TERMINAL_STATES, EventKind, JobState
+from jobs.choices import TERMINAL_STATES, ArtifactKind, EventKind, JobState
 from jobs.errors import JobConflictError, JobError, JobPermissionError, JobValidationError
 from jobs.lifecycle import record
 from jobs.models import Job, Sweep, SweepState, TrainingMetric, Trial
@@ -436,6 +436,7 @@ __all__ = [
     "SWEEP_ENV",
     "SweepSpec",
     "advance",
+    "best_of",
     "best_trial",
     "check_sweep_spec",
     "do_cancel_sweep",
@@ -444,5 +445,52 @@ __all__ = [
     "on_trial_job_ended",
     "plan_of",
     "trial_env",
+    "trial_rows",
     "trial_view",
 ]
+
+
+def trial_rows(sweep: Sweep) -> list[dict[str, Any]]:
+    """Each trial as the API and the page show it: params, rung, status, results, metric and
+    its current job (id, state, GPUs held), in one query."""
+    rows = Trial.objects.filter(sweep=sweep).select_related("job").order_by("index")
+    return [
+        {
+            "index": t.index,
+            "params": t.params,
+            "rung": t.rung,
+            "status": t.status,
+            "reason": t.reason,
+            "results": t.results,
+            "metric": t.best_metric,
+            "job": t.job_id,
+            "job_state": t.job.state if t.job else "",
+            "gpus": t.job.parallelism if t.job else 0,
+            "sched_weight": t.job.sched_weight if t.job else 1.0,
+        }
+        for t in rows
+    ]
+
+
+def best_of(sweep: Sweep) -> dict[str, Any] | None:
+    """The best trial so far, with its current job's newest checkpoint (final first):
+    ``{"index", "params", "metric", "job", "checkpoint"}`` (None: no result yet)."""
+    trials = list(Trial.objects.filter(sweep=sweep).select_related("job"))
+    trial = best_trial(sweep, trials)
+    if trial is None:
+        return None
+    checkpoint = None
+    if trial.job is not None:
+        checkpoint = (
+            trial.job.artifacts.filter(kind__in=(ArtifactKind.FINAL, ArtifactKind.CHECKPOINT))
+            .order_by(F("step").desc(nulls_last=True), "-id")
+            .values("id", "step", "kind")
+            .first()
+        )
+    return {
+        "index": trial.index,
+        "params": trial.params,
+        "metric": trial.best_metric,
+        "job": trial.job_id,
+        "checkpoint": checkpoint,
+    }

@@ -1,5 +1,5 @@
 """Routes of jobs' API, mounted under ``/api/v1/`` (by ``jobs.urls``): jobs, arrays, their
-statistics and usage, the tenants with their GPUs in use, the nodes' environments."""
+statistics and usage, the tenants with their GPUs in use, the nodes' environments, sweeps."""
 
 from django.urls import path
 from rest_framework.routers import SimpleRouter
@@ -7,6 +7,7 @@ from rest_framework.urlpatterns import format_suffix_patterns
 
 from jobs.api.arrays import ArrayViewSet
 from jobs.api.environments import EnvironmentCacheList, EnvironmentEvict, EvictionList
+from jobs.api.sweeps import SweepViewSet
 from jobs.api.tenants import TenantViewSet
 from jobs.api.usage import UsageView
 from jobs.api.views import JctStatsView, JobViewSet
@@ -15,6 +16,7 @@ router = SimpleRouter()
 router.register("jobs", JobViewSet, basename="job")
 router.register("tenants", TenantViewSet, basename="tenant")
 router.register("arrays", ArrayViewSet, basename="array")
+router.register("sweeps", SweepViewSet, basename="sweep")
 
 urlpatterns = [
     path("stats/jct/", JctStatsView.as_view(), name="jct-stats"),
