@@ -110,18 +110,22 @@ def cancel_job(request: HttpRequest, job_id: int) -> HttpResponse:
 
 @login_required
 def array_detail(request: HttpRequest, array_id: int) -> HttpResponse:
-    """An array: its counts per state and each task's latest attempt, with cancel and retry."""
+    """An array: its counts per state and each task's latest attempt, with cancel and retry,
+    kept live by ``static/js/array.js``."""
     array = get_object_or_404(
         JobArray.objects.restrict(request.user).select_related("tenant"), pk=array_id
     )
     counts = array_counts([array])[array.pk]
+    tasks = array_tasks(array)
     return render(
         request,
         "jobs/array.html",
         {
             "array": array,
             "counts": dict(sorted(counts.items())),
-            "tasks": array_tasks(array),
+            "tasks": tasks,
+            # What static/js/array.js starts from (the shape of GET /api/v1/arrays/<id>/).
+            "snapshot": {"id": array.pk, "tasks": tasks},
             "live": any(state not in TERMINAL_STATES for state in counts),
             "can_write": can_write(request.user, array.tenant),
         },

@@ -3,7 +3,8 @@
 (function () {
   "use strict";
   const BUILT_IN = ["workload", "args"];
-  const PROGRAM = ["archive", "code", "entrypoint", "launcher", "env", "environment"];
+  // An array runs a program (its tasks read TASK_ID from their environment).
+  const PROGRAM = ["archive", "code", "entrypoint", "launcher", "env", "environment", "array_size", "array_max_running"];
 
   function fieldBox(name) {
     const input = document.querySelector(`#job-form [name="${name}"]`);

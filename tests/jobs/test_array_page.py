@@ -35,14 +35,17 @@ def test_the_page_lists_every_task_and_cancels_them(alice: Any, acme: Any, bob: 
     for task in Job.objects.filter(array=array):
         assert f'href="/jobs/{task.pk}/"' in page
     assert 'id="array-count-pending">2<' in page and 'id="array-count-queued">1<' in page
-    assert "runs at most 1 tasks at once" in page and 'id="array-cancel-form"' in page
+    assert "runs at most 1 tasks at once" in page and 'id="array-cancel-form">' in page
+    assert 'id="array-retry-form" hidden' in page  # shown live once a task fails
+    assert f'data-tenant="{acme.pk}"' in page and "js/array.js" in page
     assert logged_in(bob).get(f"/arrays/{array.pk}/").status_code == 404
     assert logged_in(bob).post(f"/arrays/{array.pk}/cancel/").status_code == 404
     response = client.post(f"/arrays/{array.pk}/cancel/")
     assert response.status_code == 302
     assert set(Job.objects.filter(array=array).values_list("state", flat=True)) == {"cancelled"}
     page = client.get(f"/arrays/{array.pk}/").content.decode()
-    assert 'id="array-cancel-form"' not in page and 'id="array-count-cancelled">3<' in page
+    assert 'id="array-cancel-form" hidden' in page and 'id="array-count-cancelled">3<' in page
+    assert 'id="array-retry-form" hidden' in page
     retry = client.post(f"/arrays/{array.pk}/retry/", follow=True).content.decode()
     assert "no failed task to retry" in retry
 

@@ -1,0 +1,96 @@
+"""An array submitted through the form, capped at one task at a time, and its page kept live
+(issue 40): as tasks change state the counts and the task table change without a reload."""
+
+from __future__ import annotations
+
+import io
+import re
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser.conftest import Driver, Server, login, screenshot, wait_live
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
+
+
+def bundle(tmp_path: Path) -> Path:
+    """A .tar.gz holding a program that reads its TASK_ID."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        data = b"import os\nprint('task', os.environ['TASK_ID'])\n"
+        info = tarfile.TarInfo("train.py")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    path = tmp_path / "grid.tgz"
+    path.write_bytes(buf.getvalue())
+    return path
+
+
+def count(page: Any, state: str) -> str:
+    node = page.locator(f"#array-count-{state}")
+    return str(node.inner_text()) if node.count() else "0"
+
+
+def states(page: Any) -> list[str]:
+    return [str(s) for s in page.locator("#array-tasks-body .state").all_inner_texts()]
+
+
+def test_an_array_submitted_with_a_cap_updates_live(
+    browser: Any, server: Server, driver: Driver, tmp_path: Path
+) -> None:
+    driver("cancel_active")
+    alice = login(browser, server, "alice")
+    alice.goto("/jobs/new/")
+    alice.fill("#id_name", "grid-live")
+    alice.check("input[name=source][value=program]")
+    alice.set_input_files("#id_archive", str(bundle(tmp_path)))
+    alice.fill("#id_entrypoint", "train.py")
+    for field in ("gpus", "min_gpus", "max_gpus"):
+        alice.fill(f"#id_{field}", "1")
+    alice.fill("#id_array_size", "3")
+    alice.fill("#id_array_max_running", "1")
+    alice.click("#job-form button[type=submit]")
+    alice.wait_for_url(re.compile(r"/arrays/\d+/$"))
+    wait_live(alice)
+    alice.evaluate("window.__notReloaded = true")
+    assert (count(alice, "queued"), count(alice, "pending")) == ("1", "2")
+    assert states(alice) == ["queued", "pending", "pending"]
+    assert "runs at most 1 tasks at once" in alice.inner_text("#array-tasks-body")
+    jobs = [int(j) for j in alice.locator("#array-tasks-body tr").evaluate_all(
+        "rows => rows.map(r => r.dataset.job)")]  # fmt: skip
+
+    driver("transition", job=jobs[0], state="running", parallelism=1)
+    alice.wait_for_function("() => document.getElementById('array-count-running')")
+    driver("transition", job=jobs[0], state="completed", parallelism=0)
+    # The end of task 0 frees the slot: task 1 is queued in the same transaction.
+    alice.wait_for_function(
+        "() => (document.getElementById('array-count-completed') || {}).textContent === '1'"
+    )
+    alice.wait_for_function(
+        "() => [...document.querySelectorAll('#array-tasks-body .state')]"
+        ".map(s => s.textContent).join() === 'completed,queued,pending'"
+    )
+    assert (count(alice, "queued"), count(alice, "pending")) == ("1", "1")
+    assert alice.locator("#array-retry-form").is_hidden()
+
+    driver("transition", job=jobs[1], state="running", parallelism=1)
+    driver("transition", job=jobs[1], state="failed", parallelism=0)
+    alice.wait_for_function(
+        "() => (document.getElementById('array-count-failed') || {}).textContent === '1'"
+    )
+    alice.wait_for_function("() => !document.getElementById('array-retry-form').hidden")
+    alice.wait_for_function(
+        "() => [...document.querySelectorAll('#array-tasks-body .state')]"
+        ".map(s => s.textContent).join() === 'completed,failed,queued'"
+    )
+    # The last pending task's reason went with its slot (the reload after the events).
+    alice.wait_for_function(
+        "() => !document.querySelector('#array-tasks-body tr:nth-child(3)')"
+        ".textContent.includes('runs at most')"
+    )
+    assert alice.evaluate("window.__notReloaded") is True
+    screenshot(alice, "array-page-live")
+    alice.context.close()
