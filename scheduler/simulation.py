@@ -8,7 +8,8 @@
      │   _handle(now)           what happens at now, in this order:
      │    ├─ advance               accounting and fair share up to now; the next tick
      │    ├─ _completions          done -> finished (or handed over, release_s); program
-     │    │                           failed -> requeued or failed; run-time limit -> failed
+     │    │                           failed -> requeued or failed; run-time limit -> failed;
+     │    │                           with a feed (scheduler.sim_feed) _fed: its jobs join
      │    ├─ _leavers_done         scale-ins whose leavers stopped: CPUs shared by fewer
      │    ├─ _handovers            ended jobs' GPUs handed over: off the books
      │    ├─ _take_out             outages start on free GPUs and end
@@ -45,6 +46,7 @@ import math
 import statistics
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from heapq import heappop, heappush
 from typing import Any
 
@@ -76,6 +78,7 @@ from scheduler.sim_config import (
     StartUpScaleIn,
     SwitchingJobs,
 )
+from scheduler.sim_feed import Feed
 from scheduler.throughput import (
     NetworkSpec,
     contention_pace,
@@ -170,6 +173,7 @@ class Simulation:
         "ended",
         "fabric_aware",
         "fair",
+        "feed",
         "first_costs",
         "follow",
         "growth",
@@ -217,6 +221,7 @@ class Simulation:
         cfg: SimConfig,
         placement: SimPlacement | None = None,
         contention: Contention | None = None,
+        feed: Feed | None = None,
     ) -> None:
         if placement is None:
             placement, contention = _placement_for(cfg)
@@ -231,6 +236,7 @@ class Simulation:
         self.policy = policy
         self.placement = placement
         self.contention = contention
+        self.feed = feed
         self._init_core(trace, policy, cfg)
         self._init_books(cfg)
         self._init_outages(cfg)
@@ -485,6 +491,8 @@ class Simulation:
                 continue
             job.remaining = 0.0
             self.done += 1
+            if self.feed is not None:
+                self._fed(job, now)
             if self.release_s > 0:
                 self._hand_over(job, now)
                 continue
@@ -635,6 +643,29 @@ class Simulation:
             ai += 1
         self.ai = ai
         self.next_arrival = self._arrival_time(ai)
+
+    def _fed(self, ended: JobRecord, now: float) -> None:
+        """The feed's jobs for ``ended``'s end join the trace, submitted at ``now``.
+
+        Each goes after the trace jobs due by ``now`` (so it arrives in this
+        event, behind them) and before later ones, which are not in the core
+        yet: their idx moves up with their place.
+        """
+        assert self.feed is not None
+        records, cfg = self.records, self.cfg
+        for fed in self.feed.ended(ended.id, now):
+            at = self.ai
+            while at < len(records) and records[at].submit <= now:
+                at += 1
+            job = fed.job if fed.job.submit == now else replace(fed.job, submit=now)
+            rec = make_record(at, job, cfg, self.elastic)
+            rec.weight = fed.weight
+            records.insert(at, rec)
+            for later in records[at + 1 :]:
+                later.idx += 1
+            self.limited = self.limited or rec.fail_after is not None or rec.max_runtime is not None
+        self.n_jobs = len(records)
+        self.next_arrival = self._arrival_time(self.ai)
 
     def _arrival_time(self, ai: int) -> float:
         """When the policy sees trace job ``ai`` (inf: none is left)."""
@@ -1093,7 +1124,7 @@ def _view(job: JobRecord) -> JobView:
         job.id, job.submit, job.requested, tenant=job.tenant, min_gpus=job.min_gpus,
         max_gpus=job.max_gpus, gpus=tuple(range(job.alloc)) if running else (),
         state=JobState.RUNNING if running else JobState.QUEUED,
-        priority=_CLASS_PRIORITY[job.klass], queue_since=job.attempt_start,
+        priority=_CLASS_PRIORITY[job.klass], queue_since=job.attempt_start, weight=job.weight,
     )  # fmt: skip
 
 

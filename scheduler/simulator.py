@@ -50,6 +50,7 @@ from scheduler.placement import SimPlacement
 from scheduler.policies.base import Policy
 from scheduler.sim_accounting import Accounting, JobResult, SimResult, jct_by, summarize
 from scheduler.sim_config import IDEAL, LIVE_TICK, Fidelity, Outage, ScalingCost, SimConfig
+from scheduler.sim_feed import FedJob, Feed
 from scheduler.simulation import Simulation
 from scheduler.traces import TraceJob
 
@@ -57,6 +58,8 @@ __all__ = [
     "IDEAL",
     "LIVE_TICK",
     "Accounting",
+    "FedJob",
+    "Feed",
     "Fidelity",
     "JobResult",
     "Outage",
@@ -77,6 +80,7 @@ def simulate(
     *,
     placement: SimPlacement | None = None,
     contention: Contention | None = None,
+    feed: Feed | None = None,
 ) -> SimResult:
     """Replay ``trace`` (sorted by submit time) through ``policy``; returns results and figures.
 
@@ -90,5 +94,8 @@ def simulate(
     extra GPUs fitted no shape; they started on their base size); with a
     contention model ``job_slowdown``: the distribution over jobs of each job's
     communication slowdown averaged over the time it ran.
+
+    ``feed`` (:mod:`scheduler.sim_feed`) adds jobs as the run goes: at each
+    job's end it may feed more (a sweep's promotions), each with its weight.
     """
-    return Simulation(trace, policy, cfg, placement, contention).run()
+    return Simulation(trace, policy, cfg, placement, contention, feed).run()

@@ -47,8 +47,14 @@ third of what a job of weight 1 gains) and extras leave where they cost the
 least of it; ``order`` is strict: heavier jobs take every idle GPU their curve
 still gains from before a lighter one takes any, and lighter jobs give back
 all their extras before a heavier one gives back one; the gain only ranks jobs
-of equal weight.  With every weight 1.0 both rules decide exactly as without
-weights.
+of equal weight.  After the scale-out, when a job could still gain from a GPU
+that a lighter job of the same tenant (and the same or a lower class) holds
+as an extra, the GPU moves (:meth:`ElasticTiresiasCore._rebalance`): under
+``proportional`` while the heavier job's weighted gain beats the lighter one's
+weighted loss, under ``order`` while the heavier job gains at all; so
+promoted trials grow and the rest shrink before they are stopped.  Only GPUs
+above a job's base move, one pass at a time, never between equal weights:
+with every weight 1.0 both rules decide exactly as without weights.
 """
 
 from __future__ import annotations
@@ -119,6 +125,7 @@ class ElasticTiresiasCore(TiresiasCore):
         self.n_waiting = waiting_threshold
         self.r = r
         self.by_order = weight_rule is WeightRule.ORDER
+        self.weighted = False  # a job of weight other than 1.0 was seen: rebalance extras
         self._compacting = False
         self.extra: dict[JobRecord, int] = {}
         self.extra_total = 0
@@ -166,9 +173,17 @@ class ElasticTiresiasCore(TiresiasCore):
             if gain > _MIN_GAIN:
                 fs = self.fair_share
                 key = fs.key(job.tenant) if fs is not None else 0.0
-                rank, score = self._weighed(job, gain)
-                return (job.klass, key, -rank, -score, job.queue, job.idx, job, n)
+                # inlined _weighed: this runs at every push of a Philly replay
+                if self.by_order:
+                    return (job.klass, key, -job.weight, -gain, job.queue, job.idx, job, n)
+                return (job.klass, key, 0.0, -gain * job.weight, job.queue, job.idx, job, n)
         return None
+
+    def add(self, job: JobRecord, now: float) -> None:
+        """A job joins the queue (a weighted one turns the rebalance of extras on)."""
+        if job.weight != 1.0:
+            self.weighted = True
+        super().add(job, now)
 
     def restore_many(self, jobs: Iterable[JobRecord], now: float) -> None:
         """Snapshot path: a job below its request counts as compacted; above it holds extras.
@@ -180,6 +195,8 @@ class ElasticTiresiasCore(TiresiasCore):
         super().restore_many(jobs, now)
         entries = []
         for job in jobs:
+            if job.weight != 1.0:
+                self.weighted = True
             alloc, requested = job.alloc, job.requested
             if alloc > requested:
                 self.queues[job.queue].run_gpus -= alloc - requested
@@ -265,6 +282,8 @@ class ElasticTiresiasCore(TiresiasCore):
             in_use = self.total
         if in_use < self.total:
             self._scale_out(self.total - in_use, target)
+        if self.weighted and self.extra:
+            self._rebalance(target)
         self._wake = self._next_check(now)
         return self._emit(target, now)
 
@@ -351,6 +370,60 @@ class ElasticTiresiasCore(TiresiasCore):
             self.extra_total += 1
             free -= 1
             self._push_grow(job, n + 1)
+
+    def _rebalance(self, target: dict[JobRecord, int]) -> None:
+        """Move extras from lighter jobs to heavier ones that still gain (module docstring).
+
+        Each move raises the sum of weight x speedup (``proportional``) or
+        moves a GPU to a strictly heavier job (``order``), so the loop ends; at
+        most ``total`` moves a pass.
+        """
+        heap, kept = self._grow, []
+        moves = 0
+        while heap and moves < self.total:
+            entry = heapq.heappop(heap)
+            if not self._grow_valid(entry, target):
+                continue
+            job, n = entry[6], entry[7]
+            giver = self._giver(job, -entry[3], target)
+            if giver is None:
+                kept.append(entry)
+                continue
+            left = target.get(giver, giver.alloc) - 1
+            target[giver] = left
+            if self.extra[giver] > 1:
+                self.extra[giver] -= 1
+            else:
+                del self.extra[giver]
+            self._push_grow(giver, left)
+            target[job] = n + 1
+            self.extra[job] = self.extra.get(job, 0) + 1
+            self._push_grow(job, n + 1)
+            moves += 1
+        for entry in kept:
+            heapq.heappush(heap, entry)
+
+    def _giver(
+        self, taker: JobRecord, score: float, target: dict[JobRecord, int]
+    ) -> JobRecord | None:
+        """The lighter job whose extra GPU ``taker`` (weighted gain ``score``) may take, cheapest
+        first; None if none may."""
+        best: tuple[float, float, int, JobRecord] | None = None
+        for job in self.extra:
+            if (
+                job.weight >= taker.weight
+                or job.tenant != taker.tenant
+                or job.klass < taker.klass
+                or job is taker
+            ):
+                continue
+            rank, loss = self._weighed(job, self._gain(job, target.get(job, job.alloc) - 1))
+            if not self.by_order and loss >= score:
+                continue
+            key = (rank, loss, -job.idx, job)
+            if best is None or key[:3] < best[:3]:
+                best = key
+        return best[3] if best is not None else None
 
     def _grow_valid(self, entry: GrowEntry, target: dict[JobRecord, int]) -> bool:
         job, n = entry[6], entry[7]

@@ -108,3 +108,41 @@ def test_a_weight_that_is_not_a_positive_finite_number_is_refused(bad: float) ->
 def test_an_unknown_weight_rule_is_refused_with_the_choices() -> None:
     with pytest.raises(ValueError, match="proportional, order"):
         ElasticTiresiasPolicy(weight_rule="heaviest")
+
+
+def _light_with_extras_heavy_on_base(weight_b: float, tenant_b: str = "") -> list[JobView]:
+    """a asks 1 and holds 3 (2 extras); b asks 1 and holds 1; no GPU idle."""
+    return [
+        _elastic("a", (0, 1, 2), requested_gpus=1),
+        _elastic("b", (3,), weight=weight_b, tenant=tenant_b),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("rule", "weight", "expected"),
+    [
+        # b's weighted gains 270, 240 beat a's losses 80, 90: both extras move
+        (WeightRule.PROPORTIONAL, 3.0, {"a": 1, "b": 3}),
+        # 99 beats 80, then 88 loses to 90: one moves
+        (WeightRule.PROPORTIONAL, 1.1, {"a": 2, "b": 2}),
+        # heavier at all: every extra of the lighter job moves while b gains
+        (WeightRule.ORDER, 1.1, {"a": 1, "b": 3}),
+    ],
+)
+def test_extras_move_from_a_lighter_job_to_a_heavier_one(
+    rule: WeightRule, weight: float, expected: dict[str, int]
+) -> None:
+    clu = cluster(1, per_server=4, busy={0: "a", 1: "a", 2: "a", 3: "b"})
+    policy = ElasticTiresiasPolicy(weight_rule=rule)
+    assert policy.schedule(snapshot(0, clu, *_light_with_extras_heavy_on_base(1.0))) == []
+    moved = policy.schedule(snapshot(0, clu, *_light_with_extras_heavy_on_base(weight)))
+    assert _sizes(moved) == expected
+    first = moved[0]
+    assert isinstance(first, Scale) and first.job == "a"  # the shrink is bound first
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_extras_never_move_to_another_tenants_heavier_job(rule: WeightRule) -> None:
+    clu = cluster(1, per_server=4, busy={0: "a", 1: "a", 2: "a", 3: "b"})
+    views = _light_with_extras_heavy_on_base(3.0, tenant_b="other")
+    assert ElasticTiresiasPolicy(weight_rule=rule).schedule(snapshot(0, clu, *views)) == []
