@@ -109,50 +109,13 @@ def apply_bound(
     commands: list[tuple[str, Command]] = []
     for pk in order:
         job, item = live[pk], moves[pk]
-        old, new = item.old_gpus, item.new_gpus
         reason = (reason_override or {}).get(item.job) or _describe(
-            len(old), len(new), item.allocation, item.planned
+            len(item.old_gpus), len(item.new_gpus), item.allocation, item.planned
         )
-        kept: tuple[str, ...] = ("allocation",)
-        restarts = job.restarts_to_resize
-        if restarts and new:
-            job.generation += 1  # each start of a torchrun program is a new run
-            job.finished_workers = []
-            kept += ("generation", "finished_workers")
-        if not new:
-            batch.transition(job, JobState.QUEUED, reason=reason, at=now, fields=kept)
-        elif not old:
-            job.last_service_at = now
-            job.wait_reason = ""
-            batch.transition(
-                job,
-                JobState.RUNNING,
-                reason=reason,
-                at=now,
-                parallelism=len(new),
-                fields=(*kept, "last_service_at", "wait_reason"),
-            )
-        elif restarts:
-            batch.transition(job, JobState.SCALING, reason=reason, at=now, fields=kept)
-            batch.record(
-                job,
-                EventKind.NOTE,
-                now,
-                reason=f"torchrun: stopping {len(old)} workers (SIGTERM, grace "
-                f"{settings.TORCHRUN_GRACE_SECONDS:g} s), restarting at {len(new)} as run "
-                f"{job.generation}; the program resumes from its CHECKPOINT_DIR",
-                data={"from": list(old), "to": list(new), "generation": job.generation},
-            )
-        else:
-            batch.transition(job, JobState.SCALING, reason=reason, at=now, fields=kept)
-            batch.record(
-                job,
-                EventKind.MIGRATED if len(old) == len(new) else EventKind.NOTE,
-                now,
-                reason=f"switching {len(old)}→{len(new)} GPUs without stopping",
-                data={"from": list(old), "to": list(new)},
-            )
-        commands += membership_commands(launch_of(job), old, new, homes, reason=reason)
+        _record_move(batch, job, item, reason, now)
+        commands += membership_commands(
+            launch_of(job), item.old_gpus, item.new_gpus, homes, reason=reason
+        )
         broadcast(job, "job.updated")
     batch.flush()
     # Starts carry their jobs' Redis passwords; on commit, before the outbox sends them,
@@ -161,3 +124,49 @@ def apply_bound(
     agent_users.dispatched_on_commit(commands)
     outbox.extend(commands)
     return order
+
+
+def _record_move(batch: Batch, job: Job, item: Bound, reason: str, now: datetime) -> None:
+    """Add one job's move to the batch: its new state, and the event that says how it moves.
+
+    A start makes the job running, a move to no GPUs queues it, anything else is a
+    switch (``scaling``): without stopping for the elastic runtime, or by stopping
+    and restarting its workers as a new run for a torchrun program.
+    """
+    old, new = item.old_gpus, item.new_gpus
+    kept: tuple[str, ...] = ("allocation",)
+    restarts = job.restarts_to_resize
+    if restarts and new:
+        job.generation += 1  # each start of a torchrun program is a new run
+        job.finished_workers = []
+        kept += ("generation", "finished_workers")
+    if not new:
+        batch.transition(job, JobState.QUEUED, reason=reason, at=now, fields=kept)
+        return
+    if not old:
+        job.last_service_at = now
+        job.wait_reason = ""
+        fields = (*kept, "last_service_at", "wait_reason")
+        batch.transition(
+            job, JobState.RUNNING, reason=reason, at=now, parallelism=len(new), fields=fields
+        )
+        return
+    batch.transition(job, JobState.SCALING, reason=reason, at=now, fields=kept)
+    if restarts:
+        batch.record(
+            job,
+            EventKind.NOTE,
+            now,
+            reason=f"torchrun: stopping {len(old)} workers (SIGTERM, grace "
+            f"{settings.TORCHRUN_GRACE_SECONDS:g} s), restarting at {len(new)} as run "
+            f"{job.generation}; the program resumes from its CHECKPOINT_DIR",
+            data={"from": list(old), "to": list(new), "generation": job.generation},
+        )
+        return
+    batch.record(
+        job,
+        EventKind.MIGRATED if len(old) == len(new) else EventKind.NOTE,
+        now,
+        reason=f"switching {len(old)}→{len(new)} GPUs without stopping",
+        data={"from": list(old), "to": list(new)},
+    )
