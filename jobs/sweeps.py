@@ -6,6 +6,7 @@
     do_submit_sweep          Sweep row, then advance(): the first trials' jobs
     on_trial_job_ended       (jobs.workflow_events, in the transaction that ended the job)
         ├── record           its metric at its last step (TrainingMetric) as the rung's result
+        │                    (none yet: the trial waits; on_trial_metrics takes it on arrival)
         └── advance          sweep row locked ─▶ scheduler.asha.decide ─▶
                  ├── promote   a NEW job, TRIAL_MAX_STEPS = the next rung's budget,
                  │             resume_from = the trial's previous job (its checkpoint)
@@ -374,30 +375,58 @@ def rung_result(job: Job, metric: str) -> float | None:
     return None if row is None else float(row)
 
 
+def _locked_trial(job: Job) -> Trial | None:
+    """The trial whose current, still running attempt ``job`` is, locked (sweep row first);
+    None for any other job."""
+    sweep_id = Trial.objects.filter(pk=job.trial_id).values_list("sweep_id", flat=True).get()
+    list(Sweep.objects.select_for_update().filter(pk=sweep_id).values_list("pk"))
+    trial = Trial.objects.select_for_update().select_related("sweep").get(pk=job.trial_id)
+    if trial.job_id != job.pk or trial.status != TrialStatus.RUNNING:
+        return None  # a superseded attempt, or the sweep ended it already
+    return trial
+
+
+def _record_result(trial: Trial, job: Job, at: datetime) -> None:
+    """Take the completed job's metric as its rung's result and advance the sweep; with no
+    metric yet (its last report may come after its end) the trial waits for it."""
+    value = rung_result(job, trial.sweep.metric)
+    if value is None:
+        trial.reason = f"job {job.pk} ended; waiting for its {trial.sweep.metric!r}"[:300]
+        trial.save(update_fields=["reason"])
+        return
+    trial.results = {**trial.results, str(trial.rung): value}
+    trial.best_metric = value
+    top = len(plan_of(trial.sweep).rungs) - 1
+    trial.status = TrialStatus.COMPLETED if trial.rung == top else TrialStatus.WAITING
+    trial.reason = ""
+    trial.save(update_fields=["status", "reason", "results", "best_metric"])
+    advance(trial.sweep_id, at=at)
+
+
 def on_trial_job_ended(*, job: Job, at: datetime) -> None:
     """A trial's current job ended: record its rung's result (or its failure) and advance
     the sweep.  Called for every end (``jobs.workflow_events``); other jobs: nothing."""
     if job.trial_id is None:
         return
-    sweep_id = Trial.objects.filter(pk=job.trial_id).values_list("sweep_id", flat=True).get()
-    list(Sweep.objects.select_for_update().filter(pk=sweep_id).values_list("pk"))  # lock first
-    trial = Trial.objects.select_for_update().select_related("sweep").get(pk=job.trial_id)
-    if trial.job_id != job.pk or trial.status != TrialStatus.RUNNING:
-        return  # a superseded attempt, or the sweep ended it already
-    if job.state != JobState.COMPLETED:
-        trial.status, trial.reason = TrialStatus.FAILED, f"job {job.pk} {job.state}"
-    else:
-        value = rung_result(job, trial.sweep.metric)
-        if value is None:
-            trial.status = TrialStatus.FAILED
-            trial.reason = f"job {job.pk} logged no {trial.sweep.metric!r}"[:300]
-        else:
-            trial.results = {**trial.results, str(trial.rung): value}
-            trial.best_metric = value
-            top = len(plan_of(trial.sweep).rungs) - 1
-            trial.status = TrialStatus.COMPLETED if trial.rung == top else TrialStatus.WAITING
-    trial.save(update_fields=["status", "reason", "results", "best_metric"])
-    advance(sweep_id, at=at)
+    trial = _locked_trial(job)
+    if trial is None:
+        return
+    if job.state == JobState.COMPLETED:
+        _record_result(trial, job, at)
+        return
+    trial.status, trial.reason = TrialStatus.FAILED, f"job {job.pk} {job.state}"
+    trial.save(update_fields=["status", "reason"])
+    advance(trial.sweep_id, at=at)
+
+
+def on_trial_metrics(*, job: Job, at: datetime) -> None:
+    """Metrics of a trial's job arrived (``jobs.training_metrics``, job row locked): when the
+    job has already completed, they are the result its trial waits for."""
+    if job.trial_id is None or job.state != JobState.COMPLETED:
+        return
+    trial = _locked_trial(job)
+    if trial is not None:
+        _record_result(trial, job, at)
 
 
 @transaction.atomic
@@ -443,6 +472,7 @@ __all__ = [
     "do_submit_sweep",
     "gpu_hours_used",
     "on_trial_job_ended",
+    "on_trial_metrics",
     "plan_of",
     "trial_env",
     "trial_rows",

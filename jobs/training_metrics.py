@@ -24,6 +24,7 @@ from django.conf import settings
 from jobs.choices import EventKind
 from jobs.lifecycle import record
 from jobs.models import Job, JobMetric, TrainingMetric
+from jobs.sweeps import on_trial_metrics
 from workers.protocol import MetricPoint
 
 CAP_NOTE_KEY = "metrics_capped"
@@ -60,6 +61,8 @@ def add_points(job: Job, points: Sequence[MetricPoint], at: datetime) -> int:
             "later values are dropped",
             data={CAP_NOTE_KEY: cap},
         )
+    if kept:
+        on_trial_metrics(job=job, at=at)  # a sweep trial's result may be what came
     return len(kept)
 
 

@@ -239,3 +239,31 @@ def test_resume_from_copies_the_newest_verified_checkpoint_and_refuses_a_foreign
     with pytest.raises(JobValidationError) as refused:
         check_job_spec(tenant=globex, data=foreign)
     assert refused.value.errors["resume_from"] == [f"No job {source.pk} in tenant globex."]
+
+
+def test_a_metric_that_arrives_after_the_jobs_end_is_still_its_result(
+    alice: Any, acme: Any
+) -> None:
+    nodes = demo_cluster()
+    drain_all(nodes)
+    acme.profile_jobs = False
+    acme.save()
+    sweep = submit_sweep(
+        alice, acme, strategy="grid", min_steps=None, max_trials=None,
+        search_space={"lr": {"type": "grid", "values": [0.1]}},
+    )  # fmt: skip
+    run_tick(policy="fifo")
+    (trial,) = trials(sweep)
+    assert trial.job is not None
+    assert finish(trial.job) == "completed"  # its metrics report is still on its way
+    (trial,) = trials(sweep)
+    assert (trial.status, trial.reason) == ("running", f"job {trial.job_id} ended; waiting for "
+                                            "its 'loss'")  # fmt: skip
+    sweep.refresh_from_db()
+    assert sweep.state == "running"
+    assert trial.job is not None
+    assert metrics(trial.job, [(40, {"loss": 0.25})]) == "metrics"
+    (trial,) = trials(sweep)
+    assert (trial.status, trial.results) == ("completed", {"0": 0.25})
+    sweep.refresh_from_db()
+    assert sweep.state == "completed"
