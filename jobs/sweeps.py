@@ -375,12 +375,12 @@ def rung_result(job: Job, metric: str) -> float | None:
     return None if row is None else float(row)
 
 
-def _locked_trial(job: Job) -> Trial | None:
-    """The trial whose current, still running attempt ``job`` is, locked (sweep row first);
-    None for any other job."""
-    sweep_id = Trial.objects.filter(pk=job.trial_id).values_list("sweep_id", flat=True).get()
+def _locked_trial(job: Job, trial_id: int) -> Trial | None:
+    """Trial ``trial_id``, locked (its sweep's row first), if ``job`` is its current, still
+    running attempt; None otherwise."""
+    sweep_id = Trial.objects.filter(pk=trial_id).values_list("sweep_id", flat=True).get()
     list(Sweep.objects.select_for_update().filter(pk=sweep_id).values_list("pk"))
-    trial = Trial.objects.select_for_update().select_related("sweep").get(pk=job.trial_id)
+    trial = Trial.objects.select_for_update().select_related("sweep").get(pk=trial_id)
     if trial.job_id != job.pk or trial.status != TrialStatus.RUNNING:
         return None  # a superseded attempt, or the sweep ended it already
     return trial
@@ -408,7 +408,7 @@ def on_trial_job_ended(*, job: Job, at: datetime) -> None:
     the sweep.  Called for every end (``jobs.workflow_events``); other jobs: nothing."""
     if job.trial_id is None:
         return
-    trial = _locked_trial(job)
+    trial = _locked_trial(job, job.trial_id)
     if trial is None:
         return
     if job.state == JobState.COMPLETED:
@@ -424,7 +424,7 @@ def on_trial_metrics(*, job: Job, at: datetime) -> None:
     job has already completed, they are the result its trial waits for."""
     if job.trial_id is None or job.state != JobState.COMPLETED:
         return
-    trial = _locked_trial(job)
+    trial = _locked_trial(job, job.trial_id)
     if trial is not None:
         _record_result(trial, job, at)
 
