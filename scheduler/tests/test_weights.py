@@ -6,14 +6,18 @@ the other job: it fails if the weight is not read.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import random
 from typing import Any
 
 import pytest
 
+from scheduler.placement import CountPlacement
 from scheduler.policies.elastic import ElasticTiresiasPolicy, WeightRule
 from scheduler.policies.kept import KeptPolicy
 from scheduler.tests.builders import cluster, queued, running, snapshot
+from scheduler.tests.test_kept_core import World
 from scheduler.types import Decision, JobView, Scale, Start
 
 #: Marginal gains 90, 80, 60, 30, then nothing: flat after 5 GPUs.
@@ -97,6 +101,40 @@ def test_the_kept_core_follows_a_weight_that_changes_between_passes() -> None:
     promoted = snapshot(5, clu, *_two_on_one_each(3.0))
     assert kept.schedule(promoted) == fresh.schedule(promoted)
     assert _sizes(kept.schedule(promoted)) == {"b": 2}
+
+
+class WeightedWorld(World):
+    """test_kept_core's living cluster, with jobs of several weights that a sweep promotes."""
+
+    def arrive(self) -> None:
+        super().arrive()
+        name = f"job-{self.next_id:04d}"
+        view, weight = self.jobs[name], self.rng.choice([1.0, 1.0, 3.0, 9.0])
+        self.jobs[name] = dataclasses.replace(  # elastic, so that extras are there to move
+            view, weight=weight, throughput=CURVE, max_gpus=4 * view.requested_gpus
+        )
+
+    def churn(self) -> None:
+        super().churn()
+        if self.jobs and self.rng.random() < 0.3:  # a promotion
+            name = self.rng.choice(sorted(self.jobs))
+            view = self.jobs[name]
+            self.jobs[name] = dataclasses.replace(view, weight=view.weight * 3)
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("seed", range(16))
+def test_a_kept_core_moves_weighted_extras_as_a_fresh_core(rule: WeightRule, seed: int) -> None:
+    rng = random.Random(f"weights-{seed}")
+    fresh = ElasticTiresiasPolicy(weight_rule=rule)
+    kept = KeptPolicy(ElasticTiresiasPolicy(weight_rule=rule))
+    world = WeightedWorld(rng, fair=rng.random() < 0.5)
+    for step in range(40):
+        snapshot = world.snapshot()
+        expected = fresh.schedule(snapshot, placement=CountPlacement())
+        assert kept.schedule(snapshot, placement=CountPlacement()) == expected, f"step {step}"
+        world.apply(expected)
+        world.churn()
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, math.inf, math.nan])
