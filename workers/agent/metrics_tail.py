@@ -77,32 +77,59 @@ def open_regular(path: Path) -> int | None:
     """A read-only descriptor of ``path`` if it is a regular file with one link; None if absent.
 
     The directory is opened first, also without following a link, and the
-    file by name under it: no component is followed.  ``FileRefused`` for
-    anything else.
+    file is looked at by name under it before it is opened: anything but a
+    regular file (a link, a FIFO, a device) is refused without being opened,
+    and the file opened must be the one looked at.  ``FileRefused`` says why.
     """
     try:
         folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        reason = errno.errorcode.get(exc.errno or 0)
-        raise FileRefused(f"its folder cannot be opened ({reason})") from None
+        raise FileRefused(f"its folder cannot be opened ({_code(exc)})") from None
     try:
-        fd = os.open(path.name, OPEN_FLAGS, dir_fd=folder)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise FileRefused("it is a symbolic link") from None
-        raise FileRefused(f"it cannot be opened ({errno.errorcode.get(exc.errno or 0)})") from None
+        return _open_in(folder, path.name)
     finally:
         os.close(folder)
+
+
+def _open_in(folder: int, name: str) -> int | None:
+    """``open_regular``'s look and open of ``name`` under the directory ``folder``."""
+    try:
+        seen = os.stat(name, dir_fd=folder, follow_symlinks=False)
+        if stat.S_ISLNK(seen.st_mode):
+            raise FileRefused("it is a symbolic link")
+        _check_regular(seen)
+        fd = os.open(name, OPEN_FLAGS, dir_fd=folder)
+    except FileNotFoundError:
+        return None
+    except FileRefused:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # replaced by a link since it was looked at
+            raise FileRefused("it is a symbolic link") from None
+        raise FileRefused(f"it cannot be opened ({_code(exc)})") from None
     info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+    try:
+        _check_regular(info)
+        if (info.st_dev, info.st_ino) != (seen.st_dev, seen.st_ino):
+            raise FileRefused("it was replaced while it was opened")
+    except FileRefused:
         os.close(fd)
-        kind = "a regular file with other links" if stat.S_ISREG(info.st_mode) else "not a file"
-        raise FileRefused(f"it is {kind}")
+        raise
     return fd
+
+
+def _check_regular(info: os.stat_result) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        raise FileRefused("it is not a file")
+    if info.st_nlink != 1:
+        raise FileRefused("it is a regular file with other links")
+
+
+def _code(exc: OSError) -> str:
+    """The errno's name (``EACCES``), for a reason that says why without a path."""
+    return errno.errorcode.get(exc.errno or 0, "error")
 
 
 @dataclass
@@ -148,29 +175,40 @@ class MetricsFileTail:
         self.files: dict[tuple[str, str], Tailed] = {}
 
     def tail(self, records: Iterable[WorkerLike]) -> None:
-        """One pass: read each torchrun worker's file whose interval has passed."""
+        """One pass: read each torchrun worker's file whose interval has passed.  Never raises."""
         now = self.clock.monotonic()
         for record in records:
             if getattr(record, "launcher", None) != "torchrun":
                 continue
-            tailed = self._tailed(record)
-            if now < tailed.next_read:
-                continue
-            tailed.next_read = now + READ_EVERY_S
-            self._read_safely(record, tailed, final=False)
-            self._report_dropped(record, tailed, now=False)
+            try:
+                self._tail_one(record, now)
+            except Exception:  # Redis away: this file waits, the agent's pass goes on
+                log.warning("could not tail the metrics of %s", record.worker_id, exc_info=True)
+
+    def _tail_one(self, record: WorkerLike, now: float) -> None:
+        tailed = self._tailed(record)
+        if now < tailed.next_read:
+            return
+        tailed.next_read = now + READ_EVERY_S
+        self._read_safely(record, tailed, final=False)
+        self._report_dropped(record, tailed, now=False)
 
     def flush(self, record: WorkerLike) -> None:
-        """Read an exited worker's file to its end (a last line without newline counts)."""
+        """Read an exited worker's file to its end (a last line without newline counts), then
+        forget it here (its offset stays saved).  Never raises."""
         if getattr(record, "launcher", None) != "torchrun":
             return
-        tailed = self._tailed(record)
-        for _ in range(FINAL_READS):
-            if not self._read_safely(record, tailed, final=True):
-                break
-        self._report_dropped(record, tailed, now=True)
-        self.files.pop((record.job, record.worker_id), None)
-        self.budget.forget(f"{record.job}/{record.worker_id}")
+        try:
+            tailed = self._tailed(record)
+            for _ in range(FINAL_READS):
+                if not self._read_safely(record, tailed, final=True):
+                    break
+            self._report_dropped(record, tailed, now=True)
+        except Exception:  # the exit report must still go out
+            log.warning("could not flush the metrics of %s", record.worker_id, exc_info=True)
+        finally:
+            self.files.pop((record.job, record.worker_id), None)
+            self.budget.forget(f"{record.job}/{record.worker_id}")
 
     def forget(self, job: str, worker_id: str) -> None:
         """Drop a worker's saved offset (its directory was removed)."""

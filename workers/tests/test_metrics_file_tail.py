@@ -9,6 +9,7 @@ raised out of the agent's pass.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -207,3 +208,24 @@ def test_a_file_created_again_is_read_from_its_start(setup: Setup) -> None:
     setup.append(b'{"step": 1, "loss": 0.3}\n')
     setup.step()
     assert setup.sent.metrics()[-1] == (1, {"loss": 0.3})
+
+
+def test_redis_away_never_raises_out_of_the_agents_pass(tmp_path: Path) -> None:
+    away = LogOffsets(redis.Redis(port=1, socket_connect_timeout=0.2), "gpu-1", "metrics")
+    sent = Sent()
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "loss": 0.5}\n')
+    tail = MetricsFileTail("gpu-1", away, sent, ManualClock(), lambda _: path)
+    worker = Worker(job="job-1", worker_id="w0")
+    tail.tail([worker])
+    tail.flush(worker)
+    assert tail.files == {}  # forgotten all the same
+
+
+def test_a_unix_socket_in_place_of_the_file_is_refused(setup: Setup) -> None:
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(setup.path))
+        setup.step()
+        setup.tail.flush(setup.worker)
+    [dropped] = setup.sent.dropped()
+    assert "not a file" in dropped.reason
