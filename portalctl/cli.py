@@ -8,6 +8,8 @@
     portalctl ls | get | events | logs | cancel | scale | artifacts | download | top
     portalctl array submit --code . --entrypoint train.py --size 6 --max-running 2
     portalctl array ls | get | cancel | retry
+    portalctl sweep create -f sweep.yaml
+    portalctl sweep ls | get | cancel
 
 Every command takes ``-o json`` (one JSON document on stdout) and otherwise
 prints tables for people.  Errors are one line on stderr.  Exit codes:
@@ -41,6 +43,14 @@ from portalctl.after import parse_after
 from portalctl.client import BUNDLE_ID, Array, Client, Job, PortalError
 from portalctl.duration import format_duration, parse_duration
 from portalctl.jobfile import JobFileError, load_job_file
+from portalctl.sweep import (
+    TRIAL_COLUMNS,
+    SweepsAPI,
+    list_rows,
+    load_sweep_file,
+    summary,
+    trial_rows,
+)
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -905,6 +915,77 @@ def array_retry(array_id: int, output: str | None) -> None:
     """Submit again every task of an array whose latest attempt failed."""
     ctx = ctx_of(output)
     emit_array(ctx, ctx.client().arrays.retry(array_id))
+
+
+@main.group()
+def sweep() -> None:
+    """Hyperparameter sweeps: trials of one program, promoted and stopped by grid, random
+    or ASHA (see portalctl.sweep for the sweep file)."""
+
+
+def emit_sweep(ctx: Context, found: dict[str, Any]) -> None:
+    """A sweep as ``-o json`` asks (the API's object), or its summary and trials table."""
+    if ctx.json:
+        emit_json(found)
+        return
+    out.print(summary(found), markup=False)
+    if found.get("trials"):
+        out.print(table(None, TRIAL_COLUMNS, trial_rows(found)))
+
+
+@sweep.command("create")
+@click.option("-f", "--file", "sweep_file", type=click.Path(dir_okay=False), required=True,
+              help="A sweep.yaml: a job file plus search_space, metric, strategy...")  # fmt: skip
+@click.option("--tenant", help="Tenant slug (needed only if you belong to several).")
+@output_option
+def sweep_create(sweep_file: str, tenant: str | None, output: str | None) -> None:
+    """Start a sweep from a sweep file and print its id."""
+    ctx = ctx_of(output)
+    try:
+        fields = load_sweep_file(sweep_file)
+    except JobFileError as exc:
+        raise click.UsageError(str(exc)) from None
+    if tenant:
+        fields["tenant"] = tenant
+    if not fields.get("code"):
+        raise click.UsageError("a sweep runs a program: give code and entrypoint in the file")
+    _finish_fields(ctx, fields, str(fields["code"]), None)
+    found = SweepsAPI(ctx.client()).create(fields)
+    if ctx.json:
+        emit_json(found)
+    else:
+        click.echo(found["id"])
+
+
+@sweep.command("ls")
+@output_option
+def sweep_list(output: str | None) -> None:
+    """List your tenants' sweeps, newest first."""
+    ctx = ctx_of(output)
+    found = SweepsAPI(ctx.client()).list()
+    if ctx.json:
+        emit_json(found)
+        return
+    out.print(table(None, ["id", "name", "strategy", "metric", "state"], list_rows(found)))
+
+
+@sweep.command("get")
+@click.argument("sweep_id", type=int)
+@output_option
+def sweep_get(sweep_id: int, output: str | None) -> None:
+    """Show a sweep: its state, best trial and every trial."""
+    ctx = ctx_of(output)
+    emit_sweep(ctx, SweepsAPI(ctx.client()).get(sweep_id))
+
+
+@sweep.command("cancel")
+@click.argument("sweep_id", type=int)
+@click.option("--reason", default="", help="Why (recorded in each running trial's history).")
+@output_option
+def sweep_cancel(sweep_id: int, reason: str, output: str | None) -> None:
+    """Cancel a sweep: its running trials' jobs are cancelled, the rest stopped."""
+    ctx = ctx_of(output)
+    emit_sweep(ctx, SweepsAPI(ctx.client()).cancel(sweep_id, reason))
 
 
 if __name__ == "__main__":  # pragma: no cover - python -m portalctl.cli

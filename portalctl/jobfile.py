@@ -47,6 +47,7 @@ JOB_FILE_FIELDS = (
     "env",
     "environment",
     "after",
+    "resume_from",
     "tenant",
 )
 """The fields of a submission (the schema's ``JobCreate``; a test compares them)."""

@@ -1,0 +1,112 @@
+"""``portalctl sweep`` against the real portal (its requests go through httpx into this
+process's Django application), and the sweep file's fields against the API's schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from click.testing import CliRunner, Result
+from django.core.wsgi import get_wsgi_application
+from django.test import Client as DjangoClient
+
+import portalctl.cli as cli
+from jobs.models import Sweep
+from portalctl.client import Client
+from portalctl.jobfile import JOB_FILE_FIELDS, JobFileError
+from portalctl.sweep import SWEEP_FILE_FIELDS, parse_sweep_file
+from tenancy.token_services import do_issue_token
+from tests.jobs.test_programs import bundle_of
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SWEEP_FILE = """
+name: lr-search
+code: {code}
+entrypoint: train.py
+launcher: torchrun
+gpus: 1
+env: {{EPOCHS: 3}}
+search_space:
+  lr: {{type: grid, values: [0.1, 0.01]}}
+metric: loss
+strategy: asha
+eta: 2
+min_steps: 5
+max_steps: 20
+max_trials: 2
+"""
+
+
+@pytest.fixture(autouse=True)
+def store(tmp_path: Any, settings: Any) -> None:
+    settings.ARTIFACT_URL = f"file://{tmp_path / 'artifacts'}"
+    settings.ALLOWED_HOSTS = ["*"]
+
+
+@pytest.fixture
+def env(alice: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """portalctl configured with alice's token, its client talking to this process's portal."""
+    transport = httpx.WSGITransport(app=get_wsgi_application())
+
+    def real(url: str, token: str) -> Client:
+        return Client(url, token, transport=transport)
+
+    monkeypatch.setattr(cli, "Client", real)
+    return {"PORTAL_URL": "http://portal.test", "PORTAL_TOKEN": do_issue_token(user=alice),
+            "COLUMNS": "200"}  # fmt: skip
+
+
+def run(env: dict[str, str], *args: str) -> Result:
+    return CliRunner().invoke(cli.main, list(args), env=env)
+
+
+def test_sweep_create_get_ls_cancel(
+    env: dict[str, str], alice: Any, acme: Any, tmp_path: Path
+) -> None:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(SWEEP_FILE.format(code=bundle_of(alice, acme).sha256))
+    created = run(env, "sweep", "create", "-f", str(path))
+    assert created.exit_code == 0, created.output
+    sweep = Sweep.objects.get()
+    assert created.output.strip() == str(sweep.pk)
+    assert (sweep.strategy, sweep.eta, sweep.max_trials, sweep.metric) == ("asha", 2, 2, "loss")
+    shown = run(env, "sweep", "get", str(sweep.pk))
+    assert shown.exit_code == 0, shown.output
+    assert f"sweep {sweep.pk} (lr-search): asha, min loss, 2 trials: running" in shown.output
+    assert "lr=0.1" in shown.output and "lr=0.01" in shown.output
+    listed = run(env, "sweep", "ls", "-o", "json")
+    assert [s["id"] for s in json.loads(listed.output)] == [sweep.pk]
+    cancelled = run(env, "sweep", "cancel", str(sweep.pk), "-o", "json")
+    assert cancelled.exit_code == 0, cancelled.output
+    assert json.loads(cancelled.output)["state"] == "cancelled"
+    again = run(env, "sweep", "cancel", str(sweep.pk))
+    assert again.exit_code != 0  # 409: it has ended
+
+
+def test_a_bad_sweep_file_names_what_is_wrong(
+    env: dict[str, str], alice: Any, acme: Any, tmp_path: Path
+) -> None:
+    with pytest.raises(JobFileError, match="unknown key"):
+        parse_sweep_file("search_space: {lr: {type: grid, values: [1]}}\nbogus: 1\n")
+    with pytest.raises(JobFileError, match="search_space"):
+        parse_sweep_file("metric: loss\n")
+    path = tmp_path / "sweep.yaml"
+    text = SWEEP_FILE.format(code=bundle_of(alice, acme).sha256).replace("eta: 2", "eta: 1")
+    path.write_text(text)
+    refused = run(env, "sweep", "create", "-f", str(path))
+    assert refused.exit_code != 0 and "eta" in refused.output
+    assert not Sweep.objects.exists()
+
+
+def test_a_sweep_file_sends_only_fields_the_schema_has(client: DjangoClient) -> None:
+    schema = yaml.safe_load(client.get("/api/schema/").content)
+    body = schema["paths"]["/api/v1/sweeps/"]["post"]["requestBody"]["content"]
+    ref = body["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+    assert set(JOB_FILE_FIELDS) | set(SWEEP_FILE_FIELDS) == set(
+        schema["components"]["schemas"][ref]["properties"]
+    )
