@@ -65,6 +65,7 @@ class JobRow:
     profiled: dict[int, float]
     measured: dict[int, float]
     profile_state: str
+    weight: float = 1.0  # its claim on idle GPUs (``Job.sched_weight``: a sweep's promoted trials)
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,6 +432,7 @@ def _view(row: JobRow, slug: str, held: tuple[int, ...], hi: int, inputs: _Input
         priority=row.priority,
         queue_since=since[job_id].timestamp() - inputs.base if job_id in since else None,
         throughput=curve,
+        weight=row.weight,
     )
     if inputs.views is not None:
         inputs.views[job_id] = view

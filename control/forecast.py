@@ -117,6 +117,7 @@ def _row_view(row: Mapping[str, Any], holdings: Mapping[int, list[int]], epoch: 
         state=ViewState.RUNNING if held else ViewState.QUEUED,
         priority=row["priority"],
         throughput=_curve(row),
+        weight=row["sched_weight"],
     )
 
 
@@ -154,6 +155,7 @@ def compute_forecast(now: datetime) -> LiveForecast | None:
             "last_service_at",
             "tenant__slug",
             "tenant__gpu_quota",
+            "sched_weight",
         )
     }
     waits = forecast_waits(pk for pk, row in rows.items() if row["state"] == JobState.PENDING)

@@ -294,6 +294,7 @@ JOB_ROW_FIELDS = (
     "throughput_curve",
     "measured_curve",
     "profile_state",
+    "sched_weight",
 )
 TENANT_ROW_FIELDS = ("slug", "gpu_quota", "profile_jobs", "priority_weight")
 
@@ -318,6 +319,7 @@ def job_row(values: Mapping[str, Any]) -> JobRow:
         profiled=_curve(values["throughput_curve"]),
         measured=_curve(values["measured_curve"]),
         profile_state=values["profile_state"],
+        weight=values["sched_weight"],
     )
 
 
