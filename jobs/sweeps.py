@@ -471,6 +471,7 @@ __all__ = [
     "do_cancel_sweep",
     "do_submit_sweep",
     "gpu_hours_used",
+    "metric_curves",
     "on_trial_job_ended",
     "on_trial_metrics",
     "plan_of",
@@ -524,3 +525,21 @@ def best_of(sweep: Sweep) -> dict[str, Any] | None:
         "job": trial.job_id,
         "checkpoint": checkpoint,
     }
+
+
+MAX_CURVE_POINTS = 20_000
+"""The most (step, value) pairs :func:`metric_curves` returns, over all trials."""
+
+
+def metric_curves(sweep: Sweep) -> dict[int, list[list[float]]]:
+    """Each trial's metric against step, over all its jobs (a promoted job goes on from its
+    checkpoint's step): ``{index: [[step, value], ...]}``, in one query, bounded."""
+    rows = (
+        TrainingMetric.objects.filter(job__trial__sweep=sweep, name=sweep.metric)
+        .order_by("job__trial__index", "step", "id")
+        .values_list("job__trial__index", "step", "value")[:MAX_CURVE_POINTS]
+    )
+    curves: dict[int, list[list[float]]] = {}
+    for index, step, value in rows:
+        curves.setdefault(index, []).append([step, value])
+    return curves

@@ -1,9 +1,9 @@
-"""Routes of the jobs app: the submit, job and array pages and ``/api/v1/`` for jobs, their
+"""Routes of the jobs app: the submit, job, array and sweep pages and ``/api/v1/`` for jobs, their
 statistics and usage, tenants and the nodes' environments (one include in portal.urls)."""
 
 from django.urls import include, path
 
-from jobs import views
+from jobs import sweep_views, views
 
 urlpatterns = [
     path("jobs/new/", views.submit_job, name="job-new"),
@@ -12,5 +12,7 @@ urlpatterns = [
     path("arrays/<int:array_id>/", views.array_detail, name="array-page"),
     path("arrays/<int:array_id>/cancel/", views.cancel_array, name="array-page-cancel"),
     path("arrays/<int:array_id>/retry/", views.retry_array, name="array-page-retry"),
+    path("sweeps/<int:sweep_id>/", sweep_views.sweep_detail, name="sweep-page"),
+    path("sweeps/<int:sweep_id>/cancel/", sweep_views.cancel_sweep, name="sweep-page-cancel"),
     path("api/v1/", include("jobs.api.urls")),
 ]
