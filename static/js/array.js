@@ -68,11 +68,19 @@
   const resync = () => fetchJSON("/api/v1/arrays/" + arrayId + "/").then((snap) => { apply(snap); return snap; });
   const reload = throttle(() => resync().catch(console.error), 250, 250);
 
+  // The "Array N submitted." note describes the page as it opened: it goes with the first
+  // change of a task (as on the job page).
+  function dropFlash() {
+    document.querySelectorAll(".messages li.success").forEach((li) => li.remove());
+    document.querySelectorAll(".messages").forEach((ul) => { if (!ul.children.length) ul.remove(); });
+  }
+
   function onEvent(event) {
     if (event.type === "job.created") { reload(); return; }  // a retried task, maybe ours
     if (typeof event.job !== "number" || typeof event.state !== "string") return;
     const task = current.tasks.find((t) => t.job === event.job);
     if (!task) return;
+    dropFlash();
     task.state = event.state;
     if (event.state !== "pending" && event.state !== "queued") task.wait_reason = "";
     apply(current);

@@ -58,6 +58,7 @@ def test_an_array_submitted_with_a_cap_updates_live(
     alice.evaluate("window.__notReloaded = true")
     assert (count(alice, "queued"), count(alice, "pending")) == ("1", "2")
     assert states(alice) == ["queued", "pending", "pending"]
+    assert alice.locator(".messages li.success").count() == 1  # "Array N submitted: 3 tasks."
     assert "runs at most 1 tasks at once" in alice.inner_text("#array-tasks-body")
     jobs = [int(j) for j in alice.locator("#array-tasks-body tr").evaluate_all(
         "rows => rows.map(r => r.dataset.job)")]  # fmt: skip
@@ -75,6 +76,7 @@ def test_an_array_submitted_with_a_cap_updates_live(
     )
     assert (count(alice, "queued"), count(alice, "pending")) == ("1", "1")
     assert alice.locator("#array-retry-form").is_hidden()
+    assert alice.locator(".messages li.success").count() == 0  # the note went with the change
 
     driver("transition", job=jobs[1], state="running", parallelism=1)
     driver("transition", job=jobs[1], state="failed", parallelism=0)
@@ -93,4 +95,37 @@ def test_an_array_submitted_with_a_cap_updates_live(
     )
     assert alice.evaluate("window.__notReloaded") is True
     screenshot(alice, "array-page-live")
+    alice.context.close()
+
+
+def test_a_waiting_tasks_page_links_to_its_array_and_follows_its_wait(
+    browser: Any, server: Server, driver: Driver, tmp_path: Path
+) -> None:
+    driver("cancel_active")
+    alice = login(browser, server, "alice")
+    alice.goto("/jobs/new/")
+    alice.fill("#id_name", "pair")
+    alice.check("input[name=source][value=program]")
+    alice.set_input_files("#id_archive", str(bundle(tmp_path)))
+    alice.fill("#id_entrypoint", "train.py")
+    for field in ("gpus", "min_gpus", "max_gpus"):
+        alice.fill(f"#id_{field}", "1")
+    alice.fill("#id_array_size", "2")
+    alice.fill("#id_array_max_running", "1")
+    alice.click("#job-form button[type=submit]")
+    alice.wait_for_url(re.compile(r"/arrays/\d+/$"))
+    array = int(alice.url.rstrip("/").rsplit("/", 1)[1])
+    first, second = (int(j) for j in alice.locator("#array-tasks-body tr").evaluate_all(
+        "rows => rows.map(r => r.dataset.job)"))  # fmt: skip
+    alice.click(f"#array-tasks-body a[href='/jobs/{second}/']")
+    alice.wait_for_url(f"**/jobs/{second}/")
+    wait_live(alice)
+    assert "Task 1 of array" in alice.inner_text("#job-array")
+    assert alice.get_attribute("#job-array a", "href") == f"/arrays/{array}/"
+    assert "runs at most 1 tasks at once" in alice.inner_text("#job-wait-reason")
+    driver("transition", job=first, state="running", parallelism=1)
+    driver("transition", job=first, state="completed", parallelism=0)
+    # Its slot is free: it is queued, and what it waited for goes, without a reload.
+    alice.wait_for_function("() => document.getElementById('job-state').textContent === 'queued'")
+    alice.wait_for_function("() => document.getElementById('job-wait').hidden")
     alice.context.close()
