@@ -126,3 +126,15 @@ def test_an_array_of_a_built_in_workload_is_refused(alice: Any, acme: Any) -> No
     response = post(alice, acme, source="builtin", workload="mlp-digits", array_size=2)
     assert "An array runs a program" in field_errors(response, "workload")
     assert not JobArray.objects.exists()
+
+
+def test_an_array_may_run_after_a_job(alice: Any, acme: Any) -> None:
+    assert post(alice, acme, name="prep").status_code == 302
+    prep = Job.objects.get(name="prep")
+    response = post(alice, acme, name="grid", array_size=2, after=f"after_ok {prep.pk}")
+    array = JobArray.objects.get()
+    assert response["Location"] == f"/arrays/{array.pk}/"
+    tasks = list(Job.objects.filter(array=array))
+    assert [t.state for t in tasks] == ["pending", "pending"]
+    assert all(f"job {prep.pk} to complete" in t.wait_reason for t in tasks)
+    assert JobDependency.objects.filter(job__in=tasks, on_job=prep).count() == 2
