@@ -344,7 +344,9 @@ def gpu_hours_used(sweep: Sweep) -> float:
 def advance(sweep_id: int, *, at: datetime) -> Sweep:
     """Ask the rule what to do now and do it (the sweep row locked: one at a time)."""
     sweep: Sweep = (
-        Sweep.objects.select_for_update().select_related("tenant", "submitter").get(pk=sweep_id)
+        Sweep.objects.select_for_update(of=("self",))
+        .select_related("tenant", "submitter")
+        .get(pk=sweep_id)
     )
     if sweep.state != SweepState.RUNNING:
         return sweep
@@ -380,7 +382,7 @@ def _locked_trial(job: Job, trial_id: int) -> Trial | None:
     running attempt; None otherwise."""
     sweep_id = Trial.objects.filter(pk=trial_id).values_list("sweep_id", flat=True).get()
     list(Sweep.objects.select_for_update().filter(pk=sweep_id).values_list("pk"))
-    trial = Trial.objects.select_for_update().select_related("sweep").get(pk=trial_id)
+    trial = Trial.objects.select_for_update(of=("self",)).select_related("sweep").get(pk=trial_id)
     if trial.job_id != job.pk or trial.status != TrialStatus.RUNNING:
         return None  # a superseded attempt, or the sweep ended it already
     return trial
@@ -434,8 +436,16 @@ def do_cancel_sweep(
     *, user: AbstractBaseUser | AnonymousUser, sweep_id: int, reason: str = ""
 ) -> Sweep:
     """Cancel the sweep: its running trials' jobs are cancelled, every live trial stopped
-    (a 409 once it has ended)."""
-    sweep: Sweep = Sweep.objects.select_for_update().select_related("tenant").get(pk=sweep_id)
+    (a 409 once it has ended).
+
+    The live trials' jobs are locked before the sweep, the order a job's end takes
+    (job, then its sweep), so a trial ending meanwhile waits instead of deadlocking.
+    """
+    live_jobs = Trial.objects.filter(sweep_id=sweep_id, status__in=LIVE).values("job_id")
+    list(Job.objects.select_for_update().filter(pk__in=live_jobs).order_by("pk").values("pk"))
+    sweep: Sweep = (
+        Sweep.objects.select_for_update(of=("self",)).select_related("tenant").get(pk=sweep_id)
+    )
     if not can_write(user, sweep.tenant):
         raise JobPermissionError("your role in this tenant is read-only")
     if sweep.state != SweepState.RUNNING:
