@@ -474,6 +474,101 @@ class EvictEnvironment(Command):
             raise ProtocolError("evict_environment.key must be 32 hexadecimal digits")
 
 
+SHELL_ID = re.compile(r"[0-9a-f]{32}")
+"""A shell's id: 32 hexadecimal digits, random (the portal's ``secrets.token_hex(16)``)."""
+MAX_SHELL_ARGS = 64
+MAX_SHELL_ARG_CHARS = 4096
+MAX_SHELL_ROWS_COLS = 1000
+MAX_SHELL_IDLE_S = 86_400.0
+SHELL_TERM = re.compile(r"[A-Za-z0-9._+-]{1,64}")
+MAX_SHELL_CHUNK = 64 * 1024
+"""The most bytes one entry of a shell's stream carries, either way."""
+SHELL_STREAM_MAXLEN = 1000
+"""Entries a shell's stream keeps (older ones are trimmed: a reader that falls this far
+behind loses output, not the agent's memory)."""
+SHELL_STREAM_TTL_S = 3600
+"""A shell's streams expire this long after their last entry (a shell nobody closed)."""
+
+
+def shell_keys(node: str, shell_id: str) -> tuple[str, str]:
+    """The Redis streams of one shell on ``node``: (input to the shell, output from it).
+
+    Both lie under ``agent:<node>:``, the key space the node's own Redis user may
+    use (``redis_acl.agent_rules``), so no other agent reaches them and no job's user
+    does.  Entries of the input stream: ``d`` bytes to write, ``r`` ``"rows cols"``,
+    ``e`` end of input, ``k`` close now.  Of the output stream: ``d`` bytes written,
+    ``err`` why the shell did not open, ``x`` the exit status (the last entry).
+    """
+    base = f"agent:{node}:shell:{shell_id}"
+    return f"{base}:in", f"{base}:out"
+
+
+ShellEntry = tuple[str, dict[bytes, bytes]]
+"""One entry of a shell's stream: its id and its fields, as bytes."""
+
+
+def shell_entries(answer: Any) -> list[ShellEntry]:
+    """The entries of an ``XREAD`` answer on a client that keeps bytes (in order)."""
+    out: list[ShellEntry] = []
+    for _stream, entries in answer or []:
+        for entry_id, fields in entries:
+            ident = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+            out.append((ident, dict(fields)))
+    return out
+
+
+@_command
+@dataclass(frozen=True, kw_only=True)
+class OpenShell(Command):
+    """Open an interactive shell with a PTY in the sandbox of ``worker_id`` of ``job``.
+
+    ``argv`` empty: the login shell.  Bytes flow through ``shell_keys(node, shell_id)``;
+    the shell ends after ``idle_seconds`` with no byte either way.
+    """
+
+    TYPE: ClassVar[str] = "open_shell"
+
+    shell_id: str
+    worker_id: str
+    argv: tuple[str, ...] = ()
+    term: str = "xterm-256color"
+    rows: int = 24
+    cols: int = 80
+    idle_seconds: float = 900.0
+
+    def validate(self) -> None:
+        super().validate()
+        if not SHELL_ID.fullmatch(self.shell_id):
+            raise ProtocolError("open_shell.shell_id must be 32 hexadecimal digits")
+        check_name(self.worker_id, "open_shell.worker_id")
+        check_shell_argv(self.argv, "open_shell.argv")
+        if not SHELL_TERM.fullmatch(self.term):
+            raise ProtocolError("open_shell.term must be 1-64 letters, digits or ._+-")
+        for name, value in (("rows", self.rows), ("cols", self.cols)):
+            check_window(value, f"open_shell.{name}")
+        if not 1 <= self.idle_seconds <= MAX_SHELL_IDLE_S:
+            raise ProtocolError(f"open_shell.idle_seconds must be within 1-{MAX_SHELL_IDLE_S:.0f}")
+
+
+def check_shell_argv(argv: tuple[str, ...], path: str) -> None:
+    """Refuse a shell command line that is too long or holds a NUL (no exec takes it)."""
+    if len(argv) > MAX_SHELL_ARGS:
+        raise ProtocolError(f"{path} has more than {MAX_SHELL_ARGS} arguments")
+    for i, arg in enumerate(argv):
+        if not isinstance(arg, str) or "\0" in arg or len(arg) > MAX_SHELL_ARG_CHARS:
+            raise ProtocolError(
+                f"{path}[{i}] must be text of at most {MAX_SHELL_ARG_CHARS} characters, no NUL"
+            )
+
+
+def check_window(value: int, path: str) -> None:
+    """Refuse a terminal size out of 1-``MAX_SHELL_ROWS_COLS``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProtocolError(f"{path} must be an integer")
+    if not 1 <= value <= MAX_SHELL_ROWS_COLS:
+        raise ProtocolError(f"{path} must be within 1-{MAX_SHELL_ROWS_COLS}")
+
+
 # --------------------------------------------------------------------------- reports
 
 

@@ -25,6 +25,7 @@ from workers.agent.environments import Environment, EnvironmentFailed
 from workers.agent.events import EventForwarder
 from workers.agent.processes import ProcessTable
 from workers.agent.programs import job_dirs
+from workers.agent.shell import Shells
 from workers.agent.store import AgentStore
 from workers.clock import Clock
 from workers.protocol import (
@@ -35,6 +36,7 @@ from workers.protocol import (
     EvictionOutcome,
     Failed,
     Migrate,
+    OpenShell,
     Profile,
     ProtocolError,
     Rejected,
@@ -86,6 +88,7 @@ class CommandHandler:
         self.clock = clock
         self._environments: dict[str, Environment] = {}
         """Environments prepared for start commands not yet applied, by command id."""
+        self.shells = Shells(config, store, processes, lock, clock)
 
     def receive_signed(self, envelope: Any) -> str:
         """Check a command's envelope, then ``receive`` its body; ``refused`` if it is forged.
@@ -136,6 +139,8 @@ class CommandHandler:
         """Apply a parsed command once (see ``receive``)."""
         if isinstance(command, EvictEnvironment):
             return self._evict_environment(command)
+        if isinstance(command, OpenShell):  # answered on the shell's own stream
+            return self.shells.open(command)
         starting = command.joining if isinstance(command, Migrate) else command
         if isinstance(starting, StartWorkers):
             self._wait_for_slots(starting)
