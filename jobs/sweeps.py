@@ -36,6 +36,7 @@ from django.db.models import F, Sum
 from django.utils import timezone
 
 from audit import services as audit
+from jobs.artifacts import newest_checkpoint_step
 from jobs.choices import TERMINAL_STATES, ArtifactKind, EventKind, JobState
 from jobs.errors import JobConflictError, JobError, JobPermissionError, JobValidationError
 from jobs.lifecycle import record
@@ -311,19 +312,23 @@ def _launch(sweep: Sweep, index: int, at: datetime) -> bool:
 
 
 def _promote(sweep: Sweep, trial: Trial, move: asha.Promote, at: datetime) -> None:
-    """Run the trial on to ``move.rung`` in a new job resumed from its previous one."""
-    previous = trial.job_id
+    """Run the trial on to ``move.rung`` in a new job resumed from its previous one's newest
+    checkpoint; a program that left none trains the new job from step 0 (its history says)."""
+    previous = trial.job
+    assert previous is not None  # a trial that reported a result had a job
+    resumable = newest_checkpoint_step(previous) is not None
     trial.rung = move.rung
     try:
         with transaction.atomic():
-            job = _start_job(sweep, trial, at, resume_from=previous)
+            job = _start_job(sweep, trial, at, resume_from=previous.pk if resumable else None)
     except JobError as exc:
         trial.status, trial.reason = TrialStatus.FAILED, f"promotion refused: {exc}"[:300]
         trial.save(update_fields=["status", "reason", "rung"])
         return
-    if previous is not None:
-        note = f"sweep {sweep.pk}: trial {trial.index} promoted to rung {move.rung} as job {job.pk}"
-        record(Job.objects.get(pk=previous), EventKind.NOTE, at, note)
+    note = f"sweep {sweep.pk}: trial {trial.index} promoted to rung {move.rung} as job {job.pk}"
+    record(previous, EventKind.NOTE, at, note)
+    if not resumable:
+        record(job, EventKind.NOTE, at, f"job {previous.pk} left no checkpoint: from step 0")
 
 
 def _stop(trial: Trial, reason: str, at: datetime) -> None:
