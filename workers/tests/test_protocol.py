@@ -26,6 +26,7 @@ from workers.protocol import (
     MetricPoint,
     Metrics,
     Migrate,
+    OpenShell,
     Profile,
     ProfileDone,
     Progress,
@@ -104,6 +105,9 @@ def sample_commands() -> list[Command]:
             rank_order=("w9", "w1"),
         ),
         EvictEnvironment(command_id="c8", key="0123456789abcdef0123456789abcdef"),
+        OpenShell(
+            job="j1", command_id="c9", shell_id="ab" * 16, worker_id="w0", argv=("sh", "-c", "id")
+        ),
     ]
 
 
