@@ -276,3 +276,41 @@ def bind(
         if len(result.gpus) < len(old_gpus):
             shrunk[job] = bound[-1]
     return bound, refused
+
+
+def bind_typed(
+    spec: FabricSpec,
+    allocator: VClosAllocator,
+    decisions: Iterable[Decision],
+    gpu_types: Mapping[int, str],
+) -> tuple[list[Bound], list[Refused]]:
+    """:func:`bind` one GPU type at a time, so that every job's shape is of its own type.
+
+    ``gpu_types``: each GPU's type (id -> type).  A decision belongs to the type of the
+    GPUs its job holds, else of those the policy chose for it (a typed pass chooses
+    them in one type's pool, :mod:`scheduler.gpu_types`).  While one type's decisions
+    bind, the other types' GPUs are unavailable on the allocator (and available again
+    after, whatever happens); the cables are one fabric's for every type, so no two
+    jobs share a leaf-spine link, whatever their types.  One type: :func:`bind` itself.
+    """
+    current = allocator.allocations()
+    groups: dict[str, list[Decision]] = {}
+    for decision in decisions:
+        held = current.get(decision.job)
+        ids = held.gpus if held is not None else getattr(decision, "gpus", ())
+        groups.setdefault(gpu_types.get(ids[0], "") if ids else "", []).append(decision)
+    if len(set(gpu_types.values())) <= 1:
+        return bind(spec, allocator, [d for group in groups.values() for d in group])
+    down = set(allocator.unavailable_gpus())
+    bound: list[Bound] = []
+    refused: list[Refused] = []
+    for name in sorted(groups):
+        others = [g for g, t in gpu_types.items() if t != name and g not in down]
+        allocator.set_unavailable(others)
+        try:
+            done, failed = bind(spec, allocator, groups[name])
+        finally:
+            allocator.set_available(others)
+        bound.extend(done)
+        refused.extend(failed)
+    return bound, refused

@@ -157,7 +157,7 @@ def _speeds(view: JobView) -> list[float] | None:
 
 def _start_world(snapshot: Snapshot) -> _World:
     idle = {
-        g.id: g if g.state is GpuState.DOWN else Gpu(g.id, g.server, g.leaf)
+        g.id: g if g.state is GpuState.DOWN else Gpu(g.id, g.server, g.leaf, gpu_type=g.gpu_type)
         for g in snapshot.cluster.gpus
     }
     world = _World(base=snapshot, idle=idle)
@@ -182,7 +182,9 @@ def _snapshot_at(world: _World, now: float) -> Snapshot:
     """
     busy = {g: job for job, p in world.jobs.items() if p.finished is None for g in p.gpus}
     gpus = [
-        Gpu(gpu.id, gpu.server, gpu.leaf, GpuState.BUSY, busy[gid]) if gid in busy else gpu
+        Gpu(gpu.id, gpu.server, gpu.leaf, GpuState.BUSY, busy[gid], gpu.gpu_type)
+        if gid in busy
+        else gpu
         for gid, gpu in world.idle.items()
     ]
     views = []
@@ -207,7 +209,10 @@ def _snapshot_at(world: _World, now: float) -> Snapshot:
             p.last_view = view
         views.append(view)
     return dataclasses.replace(
-        world.base, now=now, cluster=Cluster(gpus=tuple(gpus)), jobs=tuple(views)
+        world.base,
+        now=now,
+        cluster=Cluster(gpus=tuple(gpus), server_labels=world.base.cluster.server_labels),
+        jobs=tuple(views),
     )
 
 

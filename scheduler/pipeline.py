@@ -49,8 +49,9 @@ from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from fabric.allocator import VClosAllocator
 from fabric.topology import FabricSpec
-from scheduler.binding import Bound, Refused, bind
+from scheduler.binding import Bound, Refused, bind, bind_typed
 from scheduler.curves import SpeedTables
+from scheduler.gpu_types import split_by_type
 from scheduler.placement import CountPlacement, Placement
 from scheduler.policies.base import Policy
 from scheduler.quota import (
@@ -284,27 +285,33 @@ class Candidates:
 class QuotaHoldBack:
     """Step 1 from a snapshot of every live job: queued jobs over their tenant's quota are
     left out (:meth:`scheduler.quota.QuotaBook.hold_reason`); ``quota`` None: no quotas.
+    ``type_quota`` (tenant -> GPU type -> GPUs) adds quotas per type beside the totals.
 
     The live tick applies the same rule while it assembles its snapshot
     (``control.state``), where the rows are at hand.
     """
 
     quota: Mapping[str, int] | None
+    type_quota: Mapping[str, Mapping[str, int]] | None = None
 
     def hold_back(self, state: Snapshot) -> tuple[Candidates, Waits]:
         """The snapshot without the held-back jobs, the quota book, why each waits."""
-        if self.quota is None:
+        if self.quota is None and not self.type_quota:
             return Candidates(state), NO_WAITS
-        book = QuotaBook(quota=dict(self.quota))
+        book = QuotaBook(quota=dict(self.quota or {}))
+        if self.type_quota:
+            book.type_quota = {t: dict(q) for t, q in self.type_quota.items()}
+            book.gpu_types = {g.id: g.gpu_type for g in state.cluster.gpus}
         for view in state.jobs:
             if view.gpus:
-                book.count(view.tenant, len(view.gpus), view.requested_gpus)
+                gpu_type = book.gpu_types.get(view.gpus[0], "") if book.gpu_types else ""
+                book.count(view.tenant, len(view.gpus), view.requested_gpus, gpu_type)
         kept: list[JobView] = []
         blocked: list[Blocked] = []
         waits: dict[str, str] = {}
         for view in state.jobs:
             need = quota_need(view.min_gpus, view.requested_gpus)
-            reason = None if view.gpus else book.hold_reason(view.tenant, need)
+            reason = None if view.gpus else book.hold_reason(view.tenant, need, view.gpu_types)
             if reason is None:
                 kept.append(view)
                 continue
@@ -314,6 +321,26 @@ class QuotaHoldBack:
             return Candidates(state, book), NO_WAITS
         snapshot = dataclasses.replace(state, jobs=tuple(kept))
         return Candidates(snapshot, book, tuple(blocked)), waits
+
+
+@dataclass(frozen=True, slots=True)
+class TypeHoldBack:
+    """Step 1 for typed requests: a queued job no server of the cluster could ever hold
+    (:func:`scheduler.gpu_types.never_satisfiable`: no GPUs of a type it accepts on
+    servers its selector matches, or too few) is left out with that reason, then
+    ``inner`` holds back from the rest.  On an untyped snapshot it is ``inner`` alone.
+    """
+
+    inner: HoldBack[Snapshot, Candidates]
+
+    def hold_back(self, state: Snapshot) -> tuple[Candidates, Waits]:
+        """The inner step's candidates and waits, without the jobs that could never run."""
+        split = split_by_type(state)
+        if split is None or not split.waits:
+            return self.inner.hold_back(state)
+        kept = tuple(view for view in state.jobs if view.id not in split.waits)
+        candidates, inner_waits = self.inner.hold_back(dataclasses.replace(state, jobs=kept))
+        return candidates, {**split.waits, **inner_waits}
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,10 +447,15 @@ class AllocatorBind:
 
     spec: FabricSpec
     allocator: VClosAllocator
+    gpu_types: Mapping[int, str] | None = None
+    """Each GPU's type on a mixed cluster (:func:`scheduler.binding.bind_typed`); None: one."""
 
     def bind(self, candidates: object, decisions: Sequence[Decision]) -> tuple[Binding, Waits]:
         """The bound and refused decisions; each refused job's wait is the allocator's reason."""
-        bound, refused = bind(self.spec, self.allocator, decisions)
+        if self.gpu_types:
+            bound, refused = bind_typed(self.spec, self.allocator, decisions, self.gpu_types)
+        else:
+            bound, refused = bind(self.spec, self.allocator, decisions)
         waits = {r.job: r.reason for r in refused} if refused else NO_WAITS
         return Binding(bound, refused), waits
 
@@ -477,6 +509,7 @@ __all__ = [
     "QuotaHoldBack",
     "Retry",
     "SchedulingPass",
+    "TypeHoldBack",
     "Waits",
     "WithinQuota",
     "snapshot_pass",

@@ -126,6 +126,37 @@ class ConsolidatedPlacement:
         """Nothing to do: the free list is the caller's."""
 
 
+class SelectorPlacement:
+    """Another placement, each selecting job's GPUs taken only from those it may hold.
+
+    ``allowed``: job id -> the GPU ids on servers its node selector matches (of its
+    type, :mod:`scheduler.gpu_types`); a job not in it places as ``inner`` would.
+    """
+
+    def __init__(self, inner: Placement, allowed: Mapping[str, frozenset[int]]) -> None:
+        self.name = inner.name
+        self.inner = inner
+        self.allowed = allowed
+
+    def place(
+        self,
+        n: int,
+        free: Sequence[int],
+        gpus: Mapping[int, Gpu],
+        near: Sequence[int] = (),
+        job: str = "",
+    ) -> tuple[int, ...] | None:
+        """The inner placement over the free GPUs the job may hold."""
+        ids = self.allowed.get(job)
+        if ids is not None:
+            free = [g for g in free if g in ids]
+        return self.inner.place(n, free, gpus, near=near, job=job)
+
+    def release(self, job: str) -> None:
+        """The inner placement's release."""
+        self.inner.release(job)
+
+
 class SimPlacement(Protocol):
     """The simulator's side of placement: it holds every job's GPUs for the whole run."""
 

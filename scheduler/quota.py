@@ -54,16 +54,36 @@ def over_quota(tenant: str, used: int, quota: int) -> str:
     return f"tenant {tenant} holds {used} of its {quota}-GPU quota"
 
 
+def over_type_quota(tenant: str, gpu_type: str, used: int, quota: int) -> str:
+    """Why a job of ``tenant`` waits for its quota of one GPU type (the words users see)."""
+    return f"tenant {tenant} holds {used} of its {quota}-GPU quota of {gpu_type}"
+
+
 @dataclass
 class QuotaBook:
-    """Quota and requested-share use of each tenant (by slug) at the snapshot."""
+    """Quota and requested-share use of each tenant (by slug) at the snapshot.
+
+    ``type_quota`` adds a quota per GPU type (tenant -> type -> GPUs; Kueue's
+    flavors) beside the total in ``quota``; ``type_in_use`` is the use by
+    ``(tenant, type)`` and ``gpu_types`` each GPU's type (id -> type), read only
+    when some tenant has a per-type quota.  A type a tenant has no quota for is
+    bounded by its total alone.
+    """
 
     quota: dict[str, int] = field(default_factory=dict)
     in_use: dict[str, int] = field(default_factory=dict)
+    type_quota: dict[str, dict[str, int]] = field(default_factory=dict)
+    type_in_use: dict[tuple[str, str], int] = field(default_factory=dict)
+    gpu_types: Mapping[int, str] = field(default_factory=dict)
 
-    def count(self, tenant: str, holds: int, requested: int) -> None:
-        """Add a job holding ``holds`` GPUs of a ``requested`` size to its tenant's use."""
-        self.in_use[tenant] = self.in_use.get(tenant, 0) + quota_share(holds, requested)
+    def count(self, tenant: str, holds: int, requested: int, gpu_type: str = "") -> None:
+        """Add a job holding ``holds`` GPUs (of ``gpu_type``) of a ``requested`` size to
+        its tenant's use."""
+        share = quota_share(holds, requested)
+        self.in_use[tenant] = self.in_use.get(tenant, 0) + share
+        if self.type_quota:
+            key = (tenant, gpu_type)
+            self.type_in_use[key] = self.type_in_use.get(key, 0) + share
 
     def admits(self, tenant: str, requested: int) -> bool:
         """Whether a job of ``tenant`` asking for ``requested`` GPUs may be submitted at all:
@@ -71,15 +91,37 @@ class QuotaBook:
         quota = self.quota.get(tenant)
         return quota is None or requested <= quota
 
-    def hold_reason(self, tenant: str, need: int) -> str | None:
+    def hold_reason(self, tenant: str, need: int, gpu_types: Sequence[str] = ()) -> str | None:
         """The hold-back rule: why a queued job of ``tenant`` that needs ``need`` GPUs
-        (:func:`quota_need`) is no candidate now, or None when it may be one (it fits,
-        or the tenant has no quota)."""
+        (:func:`quota_need`) of one of ``gpu_types`` (empty: any) is no candidate now, or
+        None when it may be one (it fits its total and some acceptable type's quota, or
+        the tenant has no quota)."""
         quota = self.quota.get(tenant)
+        if quota is not None:
+            used = self.in_use.get(tenant, 0)
+            if used + need > quota:
+                return over_quota(tenant, used, quota)
+        per_type = self.type_quota.get(tenant)
+        if not per_type:
+            return None
+        reasons = []
+        for name in gpu_types or sorted(set(self.gpu_types.values()) or {""}):
+            room = self.type_room(tenant, name)
+            if room is None or need <= room:
+                return None
+            reasons.append(over_type_quota(tenant, name, per_type[name] - room, per_type[name]))
+        return "; ".join(reasons) or None
+
+    def type_room(
+        self, tenant: str, gpu_type: str, in_use: Mapping[tuple[str, str], int] | None = None
+    ) -> int | None:
+        """GPUs of ``gpu_type`` left in ``tenant``'s quota of that type (None: no such quota);
+        ``in_use``: the use to count against it (default: the book's)."""
+        quota = self.type_quota.get(tenant, {}).get(gpu_type)
         if quota is None:
             return None
-        used = self.in_use.get(tenant, 0)
-        return over_quota(tenant, used, quota) if used + need > quota else None
+        use = self.type_in_use if in_use is None else in_use
+        return quota - use.get((tenant, gpu_type), 0)
 
 
 def enforce_quotas(
@@ -97,6 +139,8 @@ def enforce_quotas(
     adds no share and always stands.  A tenant with no quota has no rule.
     """
     in_use = dict(book.in_use)
+    type_use = dict(book.type_in_use)
+    typed = bool(book.type_quota)
     for decision in decisions:  # releases first: their shares are free for the rest
         view = views.get(decision.job)
         if view is None or not view.gpus or not isinstance(decision, Preempt | Scale):
@@ -105,26 +149,51 @@ def enforce_quotas(
         freed = _added_share(view, size)
         if freed < 0:
             in_use[view.tenant] = in_use.get(view.tenant, 0) + freed
+            if typed:
+                key = (view.tenant, book.gpu_types.get(view.gpus[0], ""))
+                type_use[key] = type_use.get(key, 0) + freed
     kept: list[Decision] = []
     dropped: dict[str, str] = {}
     for decision in decisions:
         view = views.get(decision.job)
-        quota = book.quota.get(view.tenant) if view is not None else None
-        if view is None or quota is None or not isinstance(decision, Start | Scale):
+        if view is None or not isinstance(decision, Start | Scale):
             kept.append(decision)
             continue
+        quota = book.quota.get(view.tenant)
+        gpu_type = book.gpu_types.get((view.gpus or decision.gpus or (-1,))[0], "") if typed else ""
+        type_room = book.type_room(view.tenant, gpu_type, type_use) if typed else None
         added = _added_share(view, len(decision.gpus))
-        if added <= 0:  # a shrink (counted above), or growth in extras
+        if (quota is None and type_room is None) or added <= 0:  # no rule; a shrink, extras
             kept.append(decision)
             continue
         used = in_use.get(view.tenant, 0)
-        fitting = decision if used + added <= quota else _cut_to_fit(decision, view, quota - used)
+        total_room = quota - used if quota is not None else _NO_LIMIT
+        room = total_room if type_room is None else min(total_room, type_room)
+        fitting = decision if added <= room else _cut_to_fit(decision, view, room)
         if fitting is None or (isinstance(fitting, Scale) and fitting is not decision):
-            dropped[decision.job] = over_quota(view.tenant, used, quota)  # a cut start starts
+            dropped[decision.job] = (  # a cut start starts
+                over_quota(view.tenant, used, quota)
+                if quota is not None and room == total_room
+                else _over_type(book, view.tenant, gpu_type, type_use)
+            )
         if fitting is not None:
-            in_use[view.tenant] = used + _added_share(view, len(fitting.gpus))
+            share = _added_share(view, len(fitting.gpus))
+            in_use[view.tenant] = used + share
+            if type_room is not None:
+                type_use[(view.tenant, gpu_type)] = type_use.get((view.tenant, gpu_type), 0) + share
             kept.append(fitting)
     return kept, dropped
+
+
+_NO_LIMIT = 1 << 62
+"""Room under a quota a tenant does not have (more than any cluster's GPUs)."""
+
+
+def _over_type(
+    book: QuotaBook, tenant: str, gpu_type: str, use: Mapping[tuple[str, str], int]
+) -> str:
+    quota = book.type_quota[tenant][gpu_type]
+    return over_type_quota(tenant, gpu_type, use.get((tenant, gpu_type), 0), quota)
 
 
 def _added_share(view: JobView, size: int) -> int:

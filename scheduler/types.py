@@ -30,13 +30,19 @@ class JobState(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Gpu:
-    """One GPU slot: its global id, the server and leaf it hangs off, and its state."""
+    """One GPU slot: its global id, the server and leaf it hangs off, its state, and its type.
+
+    ``gpu_type`` is a short name (``"a100-40g"``, ``"h100-80g"``); ``""`` (the
+    default type) is today's clusters, where every GPU is alike.  A job never
+    holds GPUs of two types (:mod:`scheduler.gpu_types`).
+    """
 
     id: int
     server: int
     leaf: int
     state: GpuState = GpuState.FREE
     job: str | None = None
+    gpu_type: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,12 +51,15 @@ class Cluster:
 
     ``fabric_spec`` (a ``fabric.topology.FabricSpec``) and ``allocations`` (the
     running jobs' ``fabric.allocator.Allocation`` objects) are optional; the
-    vClos placement needs both.
+    vClos placement needs both.  ``server_labels`` holds each labelled server's
+    labels as sorted ``(label, value)`` pairs (``pool=train``, ``rack=r12``), by
+    server id; a job's ``selector`` is matched against them.
     """
 
     gpus: tuple[Gpu, ...]
     fabric_spec: Any = None
     allocations: tuple[Any, ...] = ()
+    server_labels: Mapping[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)
 
     @property
     def total_gpus(self) -> int:
@@ -72,6 +81,21 @@ class Cluster:
         )
         return Cluster(gpus=gpus)
 
+    @staticmethod
+    def mixed(
+        pools: tuple[tuple[str, int], ...], gpus_per_server: int, servers_per_leaf: int = 0
+    ) -> Cluster:
+        """A cluster of ``(gpu type, servers)`` pools in that order, all GPUs free; ids run
+        server by server and leaves fill in order, so a leaf may hold two types."""
+        servers = [name for name, count in pools for _ in range(count)]
+        per_leaf = servers_per_leaf or len(servers) or 1
+        gpus = tuple(
+            Gpu(id=s * gpus_per_server + k, server=s, leaf=s // per_leaf, gpu_type=name)
+            for s, name in enumerate(servers)
+            for k in range(gpus_per_server)
+        )
+        return Cluster(gpus=gpus)
+
 
 @dataclass(frozen=True, slots=True)
 class JobView:
@@ -86,6 +110,10 @@ class JobView:
     worth to its owner: Elastic-Tiresias hands idle GPUs to heavier jobs first
     and reclaims extras from lighter ones first (:class:`scheduler.policies.elastic.WeightRule`
     says how); a sweep gives its promoted trials more.  No other phase reads it.
+    ``gpu_types`` are the GPU types it accepts, preferred first (empty: any);
+    ``selector`` the ``(label, value)`` pairs a server must carry to hold it
+    (empty: any server).  Its whole allocation is of one type, elastic extras
+    included (:mod:`scheduler.gpu_types`).
     """
 
     id: str
@@ -102,6 +130,8 @@ class JobView:
     queue_since: float | None = None
     throughput: Mapping[int, float] | None = None
     weight: float = 1.0
+    gpu_types: tuple[str, ...] = ()
+    selector: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         weight = self.weight

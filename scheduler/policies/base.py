@@ -33,7 +33,8 @@ from typing import Any, TypeVar
 
 from scheduler.curves import SpeedTables, view_speeds
 from scheduler.fairshare import FairShare
-from scheduler.placement import ConsolidatedPlacement, Placement
+from scheduler.gpu_types import split_by_type
+from scheduler.placement import ConsolidatedPlacement, Placement, SelectorPlacement
 from scheduler.priority import AGED_CEILING, aged_class, priority_class
 from scheduler.records import JobRecord
 from scheduler.types import (
@@ -280,9 +281,22 @@ class Policy(ABC):
         remembers the jobs' speed tables between passes (the same decisions,
         made faster when the curves are the same objects as in earlier passes).
         """
+        placer = placement or ConsolidatedPlacement()
+        split = split_by_type(snapshot)
+        if split is None:  # one type, nobody asks for types or labels: today's pass
+            return self._decide_on(snapshot, placer, speeds)
+        decisions: list[Decision] = []
+        for pool in split.pools:  # a job's GPUs, extras and victims are all of its pool's type
+            pool_placer = SelectorPlacement(placer, pool.allowed) if pool.allowed else placer
+            decisions.extend(self._decide_on(pool.snapshot, pool_placer, speeds))
+        return decisions
+
+    def _decide_on(
+        self, snapshot: Snapshot, placer: Placement, speeds: SpeedTables | None
+    ) -> list[Decision]:
+        """A fresh core's decisions on ``snapshot``, placed by ``placer``."""
         core, views = self._core_from(snapshot, speeds)
         plan = core.decide(snapshot.now)
-        placer = placement or ConsolidatedPlacement()
         return plan_to_decisions(plan, {v.id: v for v in views}, snapshot, placer)
 
     def queue_order(self, snapshot: Snapshot) -> list[str]:

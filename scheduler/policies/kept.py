@@ -62,6 +62,7 @@ from typing import Any
 
 from scheduler.curves import SpeedTables
 from scheduler.fairshare import FairShare
+from scheduler.gpu_types import is_typed
 from scheduler.placement import ConsolidatedPlacement, Placement
 from scheduler.policies.base import (
     Plan,
@@ -117,7 +118,15 @@ class KeptPolicy(Policy):
         *,
         speeds: SpeedTables | None = None,
     ) -> list[Decision]:
-        """The decisions :meth:`Policy.schedule` makes on ``snapshot``, from the kept core."""
+        """The decisions :meth:`Policy.schedule` makes on ``snapshot``, from the kept core.
+
+        A typed snapshot (:func:`scheduler.gpu_types.is_typed`: several GPU types, or a
+        job asking for a type or labels) is decided by the wrapped policy's fresh pass,
+        pool by pool; the kept core is dropped (it keeps one pool only).
+        """
+        if is_typed(snapshot):
+            self.kept = None
+            return self.policy.schedule(snapshot, placement, speeds=speeds)
         kept = self.kept
         if kept is None:
             kept = self.kept = RestoredCore(self.policy)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from scheduler.types import Cluster, Gpu, GpuState, JobState, JobView, Snapshot
@@ -38,3 +39,20 @@ def running(id: str, gpu_ids: tuple[int, ...], submit: float = 0.0, **kw: Any) -
 def snapshot(now: float, clu: Cluster, *jobs: JobView) -> Snapshot:
     """A snapshot at ``now``."""
     return Snapshot(now=now, cluster=clu, jobs=tuple(jobs))
+
+
+def typed_cluster(
+    pools: tuple[tuple[str, int], ...],
+    per_server: int = 4,
+    busy: dict[int, str] | None = None,
+    labels: Mapping[int, tuple[tuple[str, str], ...]] | None = None,
+) -> Cluster:
+    """A cluster of ``(gpu type, servers)`` pools (:meth:`Cluster.mixed`, one leaf per
+    server); ``busy`` maps GPU id -> job id, ``labels`` server id -> its label pairs."""
+    busy = busy or {}
+    base = Cluster.mixed(pools, per_server, servers_per_leaf=1)
+    gpus = tuple(
+        Gpu(g.id, g.server, g.leaf, GpuState.BUSY, busy[g.id], g.gpu_type) if g.id in busy else g
+        for g in base.gpus
+    )
+    return Cluster(gpus=gpus, server_labels=labels or {})

@@ -1,0 +1,251 @@
+"""GPU types and node selectors in the pure pass: which GPUs a job may hold, and its pool.
+
+A cluster may mix GPU generations (``Gpu.gpu_type``: ``"a100-40g"`` beside
+``"h100-80g"``) and label its servers (``Cluster.server_labels``: ``pool=train``);
+a job accepts some types (``JobView.gpu_types``, preferred first; empty: any) and
+may ask for servers by label (``JobView.selector``).  The one rule everything
+here serves: **a job's whole allocation is of one type**, its elastic extras
+included, and once started it stays on that type.
+
+So a typed pass is one pass per type, each over that type's GPUs only::
+
+    snapshot ──split_by_type──┬─ pool "a100": its GPUs, the running jobs on them,
+                              │               the queued jobs routed to it
+                              │     └─ policy's pass ─┐ (candidates, policy, preemption,
+                              ├─ pool "h100": ...     │  scale-out and reclaim: all see
+                              │     └─ policy's pass ─┤  only the pool's GPUs and jobs)
+                              └─ waits: jobs no server could ever hold
+                                                      ▼
+                                        decisions, pool after pool (type name order)
+
+A queued job is routed like a Kueue flavor assignment: to the first type of its
+list (every type present, by name, when it has none) whose free GPUs on servers
+its selector matches still cover its minimum after the jobs routed before it
+(in the policy's view order); when none does, to the first type that could ever
+hold it (it waits there).  Tenants' fair share spans the pools (each pool's
+pass reads the whole snapshot's ``tenants``).
+
+A selector narrows placement inside the pool (:class:`SelectorPlacement`): the
+policy counts GPUs of the type, and a start whose GPUs are not free on matching
+servers is left for the next pass, as any start that does not fit real GPUs.
+
+One type and no job asking for a type or a label (today's clusters):
+:func:`split_by_type` returns None and the pass is today's, byte for byte.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from scheduler.named_numbers import named_numbers
+from scheduler.quota import quota_need
+from scheduler.types import Cluster, Gpu, GpuState, JobView, Snapshot
+
+DEFAULT_TYPE = ""
+"""The type of every GPU of a cluster that names none: today's uniform clusters."""
+
+Labels = tuple[tuple[str, str], ...]
+"""Sorted ``(label, value)`` pairs: a server's labels, or a job's node selector."""
+
+NO_ALLOWED: Mapping[str, frozenset[int]] = MappingProxyType({})
+"""The selecting jobs of a pool where none selects (shared)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuType:
+    """What the scheduler knows of a GPU type: its name, its speed and its fair-share weight.
+
+    ``speed`` multiplies the per-GPU compute rate of every model (a reference
+    A100 is 1.0; an H100 about 2.0): communication is unchanged, so a faster type
+    reaches its network limit at fewer GPUs (:func:`scheduler.throughput.typed_model`).
+    ``weight`` is what one of its GPU-hours counts in fair share and usage (an
+    admin's choice: an H100 hour may count 2 A100 hours).
+    """
+
+    name: str
+    speed: float = 1.0
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        for field_name in ("speed", "weight"):
+            value = getattr(self, field_name)
+            if not 0 < value < float("inf"):
+                raise ValueError(
+                    f"gpu type {self.name!r}: {field_name} must be a finite number > 0, "
+                    f"not {value!r}"
+                )
+
+
+def parse_selector(text: str) -> Labels:
+    """``"pool=train,rack=r12"`` -> sorted label pairs; ValueError naming the field on bad input."""
+    pairs: dict[str, str] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        label, sep, value = part.partition("=")
+        if not sep or not label.strip() or not value.strip():
+            raise ValueError(f"selector: {part!r} must be label=value (e.g. pool=train)")
+        pairs[label.strip()] = value.strip()
+    return tuple(sorted(pairs.items()))
+
+
+def parse_type_numbers(text: str, what: str) -> dict[str, float]:
+    """``"a100:48,h100:16"`` (``:`` or ``=``) -> number per GPU type; ValueError (one line)."""
+    numbers: dict[str, float] = {}
+    for part, name, value in named_numbers(text.replace(":", "="), what, "a100:48,h100:16"):
+        if not value >= 0:
+            raise ValueError(f"{what} {part!r} must be a number >= 0")
+        numbers[name] = value
+    if not numbers:
+        raise ValueError(f"no {what} given (use e.g. a100:48,h100:16)")
+    return numbers
+
+
+def selector_matches(labels: Labels, selector: Labels) -> bool:
+    """Whether a server with ``labels`` carries every ``(label, value)`` of ``selector``."""
+    return not selector or set(selector) <= set(labels)
+
+
+def cluster_types(cluster: Cluster) -> tuple[str, ...]:
+    """The GPU types of the cluster's GPUs, by name (``("",)`` for today's clusters)."""
+    return tuple(sorted({g.gpu_type for g in cluster.gpus}))
+
+
+def eligible_gpus(
+    cluster: Cluster, gpu_types: Sequence[str], selector: Labels
+) -> dict[str, list[int]]:
+    """Per acceptable type present (in the job's order; every type by name when it names
+    none), the ids of its GPUs in service on servers the selector matches."""
+    order = list(gpu_types) or list(cluster_types(cluster))
+    found: dict[str, list[int]] = {name: [] for name in order}
+    labels = cluster.server_labels
+    for gpu in cluster.gpus:
+        ids = found.get(gpu.gpu_type)
+        if ids is None or gpu.state is GpuState.DOWN:
+            continue
+        if selector and not selector_matches(labels.get(gpu.server, ()), selector):
+            continue
+        ids.append(gpu.id)
+    return {name: ids for name, ids in found.items() if ids}
+
+
+def never_satisfiable(
+    cluster: Cluster, gpu_types: Sequence[str], selector: Labels, min_gpus: int
+) -> str | None:
+    """Why no server of ``cluster`` could ever hold a job of at least ``min_gpus`` GPUs of
+    one of ``gpu_types`` on servers ``selector`` matches; None when some could.
+
+    For the live side to refuse such a job at submit (with this reason) and for the
+    pass to leave it waiting with it; every GPU in service counts, busy or free.
+    """
+    eligible = eligible_gpus(cluster, gpu_types, selector)
+    if any(len(ids) >= min_gpus for ids in eligible.values()):
+        return None
+    wanted = ", ".join(gpu_types) if gpu_types else "any type"
+    where = " on servers with " + ",".join(f"{k}={v}" for k, v in selector) if selector else ""
+    if not eligible:
+        return f"no server has GPUs of {wanted}{where}"
+    most = max(len(ids) for ids in eligible.values())
+    return f"needs {min_gpus} GPUs of one type ({wanted}){where}; the most there are is {most}"
+
+
+def is_typed(snapshot: Snapshot) -> bool:
+    """Whether the pass must split by type: several types, or a job asks for a type or labels."""
+    if any(v.gpu_types or v.selector for v in snapshot.jobs):
+        return True
+    gpus = snapshot.cluster.gpus
+    return bool(gpus) and any(g.gpu_type != gpus[0].gpu_type for g in gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """One type's share of a snapshot: its GPUs and jobs, and each selecting job's GPUs."""
+
+    gpu_type: str
+    snapshot: Snapshot
+    allowed: Mapping[str, frozenset[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class TypeSplit:
+    """A snapshot split by type: the pools, and why each job left out of all of them waits."""
+
+    pools: tuple[Pool, ...]
+    waits: Mapping[str, str]
+
+
+def job_type(view: JobView, gpus: Mapping[int, Gpu]) -> str:
+    """The type a running job holds (that of its first GPU; it never holds two)."""
+    return gpus[view.gpus[0]].gpu_type
+
+
+def split_by_type(snapshot: Snapshot) -> TypeSplit | None:
+    """The snapshot split into one pool per type (see the module); None when not typed."""
+    if not is_typed(snapshot):
+        return None
+    cluster = snapshot.cluster
+    by_id = {g.id: g for g in cluster.gpus}
+    members: dict[str, list[JobView]] = {name: [] for name in cluster_types(cluster)}
+    allowed: dict[str, dict[str, frozenset[int]]] = {name: {} for name in members}
+    free_ids = {g.id for g in cluster.gpus if g.state is GpuState.FREE}
+    waits: dict[str, str] = {}
+    for view in snapshot.jobs:
+        if view.gpus:
+            name = job_type(view, by_id)
+            members[name].append(view)
+            if view.selector:
+                allowed[name][view.id] = _selected(cluster, name, view.selector)
+    queued = sorted((v for v in snapshot.jobs if not v.gpus), key=_queue_key)
+    free_left = {name: sum(1 for g in free_ids if by_id[g].gpu_type == name) for name in members}
+    for view in queued:
+        need = quota_need(view.min_gpus, view.requested_gpus)
+        reason = never_satisfiable(cluster, view.gpu_types, view.selector, need)
+        if reason is not None:
+            waits[view.id] = reason
+            continue
+        eligible = eligible_gpus(cluster, view.gpu_types, view.selector)
+        fits = [n for n, ids in eligible.items() if len(ids) >= need]
+        name = next((n for n in fits if _free_on(eligible[n], free_ids) >= need
+                     and free_left[n] >= need), fits[0])  # fmt: skip
+        free_left[name] -= need
+        members[name].append(view)
+        if view.selector:
+            allowed[name][view.id] = frozenset(eligible[name])
+    pools = tuple(
+        Pool(name, _pool_snapshot(snapshot, name, members[name]), allowed[name] or NO_ALLOWED)
+        for name in members
+    )
+    return TypeSplit(pools, waits)
+
+
+def _queue_key(view: JobView) -> tuple[float, float, str]:
+    since = view.queue_since if view.queue_since is not None else view.submit_time
+    return (since, view.submit_time, view.id)
+
+
+def _free_on(ids: Sequence[int], free_ids: set[int]) -> int:
+    return sum(1 for g in ids if g in free_ids)
+
+
+def _selected(cluster: Cluster, name: str, selector: Labels) -> frozenset[int]:
+    return frozenset(eligible_gpus(cluster, (name,), selector).get(name, ()))
+
+
+def _pool_snapshot(snapshot: Snapshot, name: str, jobs: list[JobView]) -> Snapshot:
+    """The snapshot restricted to one type's GPUs and the jobs in its pool."""
+    cluster = dataclasses.replace(
+        snapshot.cluster, gpus=tuple(g for g in snapshot.cluster.gpus if g.gpu_type == name)
+    )
+    return dataclasses.replace(snapshot, cluster=cluster, jobs=tuple(jobs))
+
+
+def weighted_gpu_seconds(by_type: Mapping[str, float], types: Mapping[str, GpuType]) -> float:
+    """A tenant's GPU-seconds summed over types, each times its type's weight (unknown
+    types weigh 1.0): its fair-share usage and its usage report's figure."""
+    return sum(
+        seconds * (types[name].weight if name in types else 1.0)
+        for name, seconds in by_type.items()
+    )
