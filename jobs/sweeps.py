@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
@@ -89,7 +89,21 @@ def _whole(data: Mapping[str, Any], key: str, lo: int, hi: int, default: int | N
     return value
 
 
-def _rule_fields(data: Mapping[str, Any], add: Any) -> dict[str, Any]:
+AddError = Callable[[str, str], None]
+"""Reports one problem of a submission by its field."""
+
+
+def _gpu_hours(data: Mapping[str, Any], add: AddError) -> float | None:
+    hours = data.get("max_gpu_hours")
+    if hours is None:
+        return None
+    if isinstance(hours, bool) or not isinstance(hours, int | float) or not 0 < hours < 1e9:
+        add("max_gpu_hours", "A positive number of GPU-hours.")
+        return None
+    return float(hours)
+
+
+def _rule_fields(data: Mapping[str, Any], add: AddError) -> dict[str, Any]:
     """The sweep's own fields (``SWEEP_FIELDS``), each problem reported by name."""
     out: dict[str, Any] = {}
     strategy = data.get("strategy", asha.ASHA)
@@ -125,18 +139,14 @@ def _rule_fields(data: Mapping[str, Any], add: Any) -> dict[str, Any]:
             out["max_running"] = _whole(data, "max_running", 1, MAX_TRIALS, None)
         except ValueError as exc:
             add("max_running", str(exc))
-    hours = data.get("max_gpu_hours")
-    if hours is not None and (isinstance(hours, bool) or not isinstance(hours, int | float)
-                              or not 0 < hours < 1e9):  # fmt: skip
-        add("max_gpu_hours", "A positive number of GPU-hours.")
-    out["max_gpu_hours"] = None if hours is None else float(hours)
+    out["max_gpu_hours"] = _gpu_hours(data, add)
     if out.get("min_steps", 0) > out.get("max_steps", MAX_STEPS):
         add("min_steps", "min_steps cannot exceed max_steps.")
     return out
 
 
 def _job_part(
-    tenant: Tenant, data: Mapping[str, Any], add: Any
+    tenant: Tenant, data: Mapping[str, Any], add: AddError
 ) -> tuple[JobSpec | None, dict[str, Any]]:
     """The trials' job: a program (``check_job_spec``) whose env leaves the sweep's names."""
     template = {k: v for k, v in data.items() if k not in SWEEP_FIELDS}
