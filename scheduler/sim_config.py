@@ -369,6 +369,13 @@ class SimConfig:
     where the two differ (:class:`Fidelity`: one named strategy per difference;
     :data:`IDEAL`, the default, is the simulator's own rules, :data:`LIVE_TICK`
     the tick's).
+
+    ``gpu_speed``: the speed of the cluster's GPU type (:class:`scheduler.gpu_types.GpuType`;
+    1.0, the reference type: as before).  A trace's durations are at the job's request on
+    the reference type; on this type each is divided by
+    :func:`scheduler.throughput.type_speedup` at that request, and an elastic job's curve
+    is the typed model's (it flattens sooner).  A mixed cluster runs one loop per type
+    (:mod:`scheduler.sim_types`).
     """
 
     total_gpus: int
@@ -394,6 +401,7 @@ class SimConfig:
     outages: tuple[Outage, ...] = ()
     fidelity: Fidelity = IDEAL
     quota: Mapping[str, int] | None = None
+    gpu_speed: float = 1.0
 
     def slot_factor(self, busy: int) -> float:
         """``slot_slowdown`` at ``busy`` busy GPUs (1.0 when off)."""

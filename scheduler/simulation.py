@@ -85,6 +85,7 @@ from scheduler.throughput import (
     get_model,
     speed_table,
     speedup_over_one,
+    type_speedup,
 )
 from scheduler.traces import TraceJob
 from scheduler.types import Cluster, Decision, JobState, JobView, Preempt, Scale, Snapshot, Start
@@ -101,33 +102,49 @@ def make_record(idx: int, job: TraceJob, cfg: SimConfig, elastic: bool) -> JobRe
 
 
 @functools.lru_cache(maxsize=4096)
-def _curve_top(model: str, requested: int, total: int, gpus_per_server: int) -> int:
+def _curve_top(
+    model: str, requested: int, total: int, gpus_per_server: int, speed: float = 1.0
+) -> int:
     """Most GPUs a job may reach when only its throughput curve bounds scale-out."""
     return max(
         requested,
-        curve_limit(lambda n: speedup_over_one(model, n, gpus_per_server), requested, total),
+        curve_limit(lambda n: speedup_over_one(model, n, gpus_per_server, speed), requested, total),
     )
 
 
 def _new_record(idx: int, job: TraceJob, cfg: SimConfig, elastic: bool) -> JobRecord:
     klass = NORMAL if job.priority is None else priority_class(job.priority)
+    speed = cfg.gpu_speed
+    duration = job.duration
+    if speed != 1.0:  # the trace's duration is on the reference type
+        duration /= type_speedup(job.model or "resnet50", job.gpus, cfg.gpus_per_server, speed)
     if elastic:
         model = job.model or "resnet50"
         if cfg.max_scale > 0:
             top = min(max(job.gpus, int(job.gpus * cfg.max_scale)), cfg.total_gpus)
-        else:
+        elif speed == 1.0:
             top = _curve_top(model, job.gpus, cfg.total_gpus, cfg.gpus_per_server)
+        else:
+            top = _curve_top(model, job.gpus, cfg.total_gpus, cfg.gpus_per_server, speed)
         low = max(1, math.ceil(job.gpus * cfg.min_fraction))
-        speed = speed_table(model, job.gpus, top, cfg.gpus_per_server)
+        table = (
+            speed_table(model, job.gpus, top, cfg.gpus_per_server)
+            if speed == 1.0
+            else speed_table(model, job.gpus, top, cfg.gpus_per_server, speed)
+        )
         rec = JobRecord(
-            job.id, idx, job.submit, job.gpus, job.duration,
-            tenant=job.tenant, model=job.model, min_gpus=low, max_gpus=top, speed=speed,
+            job.id, idx, job.submit, job.gpus, duration,
+            tenant=job.tenant, model=job.model, min_gpus=low, max_gpus=top, speed=table,
             klass=klass,
         )  # fmt: skip
-        rec.gain_ref = speedup_over_one(model, job.gpus, cfg.gpus_per_server)
+        rec.gain_ref = (
+            speedup_over_one(model, job.gpus, cfg.gpus_per_server)
+            if speed == 1.0
+            else speedup_over_one(model, job.gpus, cfg.gpus_per_server, speed)
+        )
         return rec
     return JobRecord(
-        job.id, idx, job.submit, job.gpus, job.duration,
+        job.id, idx, job.submit, job.gpus, duration,
         tenant=job.tenant, model=job.model, klass=klass,
     )  # fmt: skip
 

@@ -11,6 +11,13 @@ sends an all-to-all of ``a2a_bytes`` per iteration.  Throughput is ``B/t(n)``
 samples/s; it rises and then flattens (or falls) as in EDL's Figure 1, and the
 per-GPU efficiency ``thr(n) / (n thr(1))`` falls.
 
+Per GPU type: a type's ``speed`` (:class:`scheduler.gpu_types.GpuType`; 1.0 for the
+reference type) multiplies the compute rate (``t_sample / speed``) and leaves the
+communication term as it is (the same NICs and NVLink), so a faster type gains
+less from each GPU more and its curve flattens at fewer GPUs: it reaches its
+network limit sooner (:func:`typed_model`).  Every function below that takes a
+model name takes ``speed`` too (1.0: the reference figures, as before).
+
 Per-model figures: parameter counts (fp32 bytes) and single-V100 fp32
 training rates from ``MODELS.md``; where no figure was found the rate is our
 estimate, marked below.
@@ -18,7 +25,7 @@ estimate, marked below.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 
@@ -118,29 +125,50 @@ def get_model(name: str) -> ModelSpec:
     return MODELS["resnet50"]
 
 
+def typed_model(model: ModelSpec, speed: float) -> ModelSpec:
+    """``model`` on a GPU type ``speed`` times as fast as the reference at compute
+    (communication unchanged); the model itself at 1.0."""
+    return model if speed == 1.0 else replace(model, samples_per_s=model.samples_per_s * speed)
+
+
 @lru_cache(maxsize=4096)
 def speed_table(
-    model_name: str, requested: int, top: int, gpus_per_server: int = 8
+    model_name: str, requested: int, top: int, gpus_per_server: int = 8, speed: float = 1.0
 ) -> tuple[float, ...]:
-    """Progress rate on 0..top GPUs relative to ``requested`` GPUs (1.0 there)."""
-    model = get_model(model_name)
+    """Progress rate on 0..top GPUs relative to ``requested`` GPUs (1.0 there), on a GPU
+    type of ``speed``."""
+    model = typed_model(get_model(model_name), speed)
     net = NetworkSpec(gpus_per_server=gpus_per_server)
     ref = throughput(model, requested, net)
     return (0.0, *(throughput(model, n, net) / ref for n in range(1, top + 1)))
 
 
 @lru_cache(maxsize=4096)
-def speedup_over_one(model_name: str, n: int, gpus_per_server: int = 8) -> float:
-    """throughput(n)/throughput(1): the job's contribution to cluster efficiency on n GPUs."""
+def speedup_over_one(
+    model_name: str, n: int, gpus_per_server: int = 8, speed: float = 1.0
+) -> float:
+    """throughput(n)/throughput(1): the job's contribution to cluster efficiency on n GPUs
+    (of a GPU type of ``speed``)."""
     if n <= 0:
         return 0.0
-    model = get_model(model_name)
+    model = typed_model(get_model(model_name), speed)
     net = NetworkSpec(gpus_per_server=gpus_per_server)
     return throughput(model, n, net) / throughput(model, 1, net)
 
 
-def curve(model_name: str, top: int, gpus_per_server: int = 8) -> dict[int, float]:
-    """throughput for 1..top GPUs (a profile a JobView can carry)."""
+@lru_cache(maxsize=4096)
+def type_speedup(model_name: str, n: int, gpus_per_server: int = 8, speed: float = 1.0) -> float:
+    """How many times faster ``n`` GPUs of a type of ``speed`` train than ``n`` reference
+    GPUs: ``speed`` on one GPU, less as communication weighs more."""
     model = get_model(model_name)
+    net = NetworkSpec(gpus_per_server=gpus_per_server)
+    return throughput(typed_model(model, speed), n, net) / throughput(model, n, net)
+
+
+def curve(
+    model_name: str, top: int, gpus_per_server: int = 8, speed: float = 1.0
+) -> dict[int, float]:
+    """throughput for 1..top GPUs of a type of ``speed`` (a profile a JobView can carry)."""
+    model = typed_model(get_model(model_name), speed)
     net = NetworkSpec(gpus_per_server=gpus_per_server)
     return {n: throughput(model, n, net) for n in range(1, top + 1)}
