@@ -1,4 +1,4 @@
-"""The sweep page (``/sweeps/<id>/``): its trials, the metric of every trial against step,
+"""The sweep pages: ``/sweeps/`` lists your tenants' sweeps; ``/sweeps/<id>/`` shows its trials, the metric of every trial against step,
 hyperparameters against the metric, and the best trial with its checkpoint.
 
 Thin, like ``jobs.views``: the sweep is scoped by ``restrict`` (another tenant's is a
@@ -18,6 +18,13 @@ from jobs.errors import JobError
 from jobs.models import Sweep, SweepState
 from jobs.sweeps import best_of, do_cancel_sweep, metric_curves, plan_of, trial_rows
 from tenancy.services import can_write
+
+
+@login_required
+def sweep_list(request: HttpRequest) -> HttpResponse:
+    """Your tenants' sweeps, newest first, each linked to its page."""
+    sweeps = Sweep.objects.restrict(request.user).select_related("tenant")[:200]
+    return render(request, "jobs/sweeps.html", {"sweeps": sweeps})
 
 
 @login_required

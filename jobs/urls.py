@@ -12,6 +12,7 @@ urlpatterns = [
     path("arrays/<int:array_id>/", views.array_detail, name="array-page"),
     path("arrays/<int:array_id>/cancel/", views.cancel_array, name="array-page-cancel"),
     path("arrays/<int:array_id>/retry/", views.retry_array, name="array-page-retry"),
+    path("sweeps/", sweep_views.sweep_list, name="sweep-list"),
     path("sweeps/<int:sweep_id>/", sweep_views.sweep_detail, name="sweep-page"),
     path("sweeps/<int:sweep_id>/cancel/", sweep_views.cancel_sweep, name="sweep-page-cancel"),
     path("api/v1/", include("jobs.api.urls")),

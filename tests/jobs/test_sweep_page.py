@@ -69,6 +69,9 @@ def test_the_page_shows_trials_curves_and_the_best_checkpoint(
     assert b"".join(download.streaming_content)[:2] == b"PK"  # a torch.save zip
     assert "vendor/plotly/plotly.min.js" in page and "js/sweep.js" in page
     assert "cdn" not in page.lower()
+    listed = client.get("/sweeps/").content.decode()
+    assert f'href="/sweeps/{sweep.pk}/">{sweep.pk}: lr-search</a>' in listed
+    assert f"/sweeps/{sweep.pk}/" not in logged_in(bob).get("/sweeps/").content.decode()
     assert logged_in(bob).get(f"/sweeps/{sweep.pk}/").status_code == 404
     assert logged_in(bob).post(f"/sweeps/{sweep.pk}/cancel/").status_code == 404
     cancelled = client.post(f"/sweeps/{sweep.pk}/cancel/")
