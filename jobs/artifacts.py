@@ -136,15 +136,15 @@ class CopiedCheckpoint:
 
 
 def newest_checkpoint_step(job: Job) -> int | None:
-    """The step of ``job``'s newest complete checkpoint that verifies (None: none), read
-    from the store; a program's own checkpoint files count as step 0."""
+    """The step of ``job``'s newest complete checkpoint (its manifest written; the copy
+    checks its bytes), None with none; a program's own checkpoint files count as step 0."""
     # torch comes with the checkpoint module: imported only when a job resumes another.
     from workers.elastic.checkpoint import Checkpoints
 
     source = artifact_store().child(prefix_of(job))
-    manifest, _ = Checkpoints(source).latest()
-    if manifest is not None:
-        return manifest.step
+    manifests, _ = Checkpoints(source).manifests()
+    if manifests:
+        return manifests[0].step
     return 0 if source.list(CHECKPOINT_FOLDER) else None
 
 
