@@ -55,6 +55,7 @@ urlpatterns = [
     path("", include("bundles.urls")),  # the Code page and /api/v1/code/
     path("", include("tenancy.urls")),  # /api/v1/: me, tenants' members, tokens, audit
     path("", include("inventory.urls")),  # /api/v1/gpus/
+    path("", include("shells.urls")),  # /api/v1/shells/
     path("", include("jobs.urls")),  # job pages; /api/v1/ jobs, stats, usage, tenants
     path("api/v1/", include("portal.api.urls")),  # the API's root page
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -78,6 +78,7 @@ INSTALLED_APPS = [
     "jobs",
     "control",
     "notifications",
+    "shells",
     "portal",
 ]
 
@@ -160,6 +161,10 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # AGENT_MESSAGE_MAX_AGE_SECONDS (or further ahead than the skew) is refused, as is a report
 # about a job its node has not held, nor been sent a command for, within the grace.
 AGENT_SIGNING_KEY = env_str("AGENT_SIGNING_KEY", "")
+# Shells into running jobs (shells app): idle ones close, each user has a few at once.
+SHELL_IDLE_SECONDS = env_float("SHELL_IDLE_SECONDS", 900.0)
+SHELL_MAX_OPEN_PER_USER = env_int("SHELL_MAX_OPEN_PER_USER", 4)
+SHELL_MAX_FRAME_BYTES = env_int("SHELL_MAX_FRAME_BYTES", 16 * 1024)
 AGENT_MESSAGE_MAX_AGE_SECONDS = env_float("AGENT_MESSAGE_MAX_AGE_SECONDS", 900.0)
 AGENT_MESSAGE_MAX_SKEW_SECONDS = env_float("AGENT_MESSAGE_MAX_SKEW_SECONDS", 60.0)
 AGENT_HOSTED_GRACE_SECONDS = env_float("AGENT_HOSTED_GRACE_SECONDS", 3600.0)

@@ -7,7 +7,7 @@ importing late is still a cycle.  Two rules follow from the rings of
 
     client       portalctl                            (no Django; speaks HTTP only)
     cores        fabric ← scheduler ← workers         (no Django)
-    Django apps  utilities ← audit ← tenancy ← inventory ← jobs ← control ← notifications ← portal
+    Django apps  utilities ← audit ← tenancy ← inventory ← jobs ← control ← notifications ← shells ← portal
 
 1. a package imports only packages at its own ring position or below
    (no upward import);
@@ -41,6 +41,7 @@ LAYERS: tuple[str, ...] = (
     "jobs",
     "control",
     "notifications",
+    "shells",
     "portal",
     "devtools",  # harnesses of the tests and bench/: nothing of ours imports it
 )

@@ -1,0 +1,74 @@
+"""The portal's end of a shell's two Redis streams (``workers.protocol.shell_keys``).
+
+The consumer writes the client's input to ``agent:<node>:shell:<id>:in`` and reads the
+shell's output from ``...:out``; an admin's close writes ``k`` to the input.  Every
+write trims the stream (``SHELL_STREAM_MAXLEN``) and renews its expiry
+(``SHELL_STREAM_TTL_S``), so an abandoned shell's keys go away by themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from django.conf import settings
+
+from workers.protocol import (
+    SHELL_STREAM_MAXLEN,
+    SHELL_STREAM_TTL_S,
+    ShellEntry,
+    shell_entries,
+    shell_keys,
+)
+
+
+def input_key(node: str, shell_id: str) -> str:
+    """The stream the shell reads from."""
+    return shell_keys(node, shell_id)[0]
+
+
+def output_key(node: str, shell_id: str) -> str:
+    """The stream the shell writes to."""
+    return shell_keys(node, shell_id)[1]
+
+
+def send_close(node: str, shell_id: str) -> None:
+    """Tell the agent to end the shell now (synchronous: an admin's API call)."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        key = input_key(node, shell_id)
+        client.xadd(key, {"k": "1"}, maxlen=SHELL_STREAM_MAXLEN, approximate=True)
+        client.expire(key, SHELL_STREAM_TTL_S)
+    finally:
+        client.close()
+
+
+class ShellStreams:
+    """One consumer's asynchronous connection to one shell's streams."""
+
+    def __init__(self, node: str, shell_id: str) -> None:
+        self.in_key, self.out_key = shell_keys(node, shell_id)
+        self.client = aioredis.Redis.from_url(settings.REDIS_URL)
+        self.last = "0-0"
+
+    async def send(self, fields: Mapping[str, bytes | str]) -> None:
+        """One entry to the shell: ``d`` bytes, ``r`` a size, ``e`` end of input, ``k`` close."""
+        entry: dict[Any, Any] = dict(fields)
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.xadd(self.in_key, entry, maxlen=SHELL_STREAM_MAXLEN, approximate=True)
+            pipe.expire(self.in_key, SHELL_STREAM_TTL_S)
+            await pipe.execute()
+
+    async def receive(self, block_ms: int) -> list[ShellEntry]:
+        """The shell's next output entries (waiting up to ``block_ms``)."""
+        answer = await self.client.xread({self.out_key: self.last}, count=100, block=block_ms)
+        entries = shell_entries(answer)
+        if entries:
+            self.last = entries[-1][0]
+        return entries
+
+    async def close(self) -> None:
+        """Drop the connection."""
+        await self.client.aclose()
