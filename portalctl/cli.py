@@ -10,6 +10,7 @@
     portalctl array ls | get | cancel | retry
     portalctl sweep create -f sweep.yaml
     portalctl sweep ls | get | cancel
+    portalctl shell 12 [--worker w3] [-- nvidia-smi]    exits with the command's status
 
 Every command takes ``-o json`` (one JSON document on stdout) and otherwise
 prints tables for people.  Errors are one line on stderr.  Exit codes:
@@ -43,6 +44,8 @@ from portalctl.after import parse_after
 from portalctl.client import BUNDLE_ID, Array, Client, Job, PortalError
 from portalctl.duration import format_duration, parse_duration
 from portalctl.jobfile import JobFileError, load_job_file
+from portalctl.shell import ShellRequest
+from portalctl.shell import shell as run_shell
 from portalctl.sweep import (
     TRIAL_COLUMNS,
     SweepsAPI,
@@ -475,6 +478,12 @@ def _follow_and_exit(ctx: Context, job_id: int, follow: bool) -> NoReturn:
     help="Wait for other jobs or arrays first: ok:12 (job 12 completed), any:13 (ended), "
     "failed:14 (failed), ok:array:5 (every task of array 5); comma-separated.",
 )
+@click.option(
+    "--resume-from",
+    type=click.IntRange(min=1),
+    metavar="JOB",
+    help="Start from job JOB's newest checkpoint (a job of the same tenant).",
+)
 @click.option("--wait", is_flag=True, help="Wait for the end; the exit code says how it ended.")
 @click.option("--follow", is_flag=True, help="Stream the logs until the job ends (implies --wait).")
 @output_option
@@ -497,6 +506,7 @@ def submit(
     requirements: tuple[str, ...],
     indexes: tuple[str, ...],
     after: str | None,
+    resume_from: int | None,
     wait: bool,
     follow: bool,
     output: str | None,
@@ -520,6 +530,7 @@ def submit(
         "priority": priority,
         "max_restarts": max_restarts,
         "max_runtime_s": max_runtime,
+        "resume_from": resume_from,
     }
     fields.update({k: v for k, v in flags.items() if v is not None})
     if env:
@@ -986,6 +997,22 @@ def sweep_cancel(sweep_id: int, reason: str, output: str | None) -> None:
     """Cancel a sweep: its running trials' jobs are cancelled, the rest stopped."""
     ctx = ctx_of(output)
     emit_sweep(ctx, SweepsAPI(ctx.client()).cancel(sweep_id, reason))
+
+
+@main.command(context_settings={"allow_interspersed_args": False})
+@click.argument("job_id", type=int)
+@click.option("--worker", help="The worker to open it on, e.g. w3 (default: the job's first).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def shell(job_id: int, worker: str | None, command: tuple[str, ...]) -> None:
+    """A shell in a running job's worker, in its sandbox; or run COMMAND there (after --).
+
+    The exit status is the command's (128 + N for signal N); 255 when portalctl could
+    not run it.
+    """
+    ctx_of(None).client()  # a usage error when no portal is configured
+    config = read_config()
+    request = ShellRequest(job_id=job_id, worker=worker, argv=command)
+    sys.exit(run_shell(config["url"], config["token"], request))
 
 
 if __name__ == "__main__":  # pragma: no cover - python -m portalctl.cli

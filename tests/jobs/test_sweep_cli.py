@@ -9,18 +9,21 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 import yaml
 from click.testing import CliRunner, Result
 from django.core.wsgi import get_wsgi_application
 from django.test import Client as DjangoClient
 
 import portalctl.cli as cli
-from jobs.models import Sweep
+from jobs.artifacts import artifact_store, prefix_of
+from jobs.models import Job, Sweep
 from portalctl.client import Client
 from portalctl.jobfile import JOB_FILE_FIELDS, JobFileError
 from portalctl.sweep import SWEEP_FILE_FIELDS, parse_sweep_file
 from tenancy.token_services import do_issue_token
 from tests.jobs.test_programs import bundle_of
+from workers.elastic.checkpoint import Checkpoints
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -110,3 +113,25 @@ def test_a_sweep_file_sends_only_fields_the_schema_has(client: DjangoClient) -> 
     assert set(JOB_FILE_FIELDS) | set(SWEEP_FILE_FIELDS) == set(
         schema["components"]["schemas"][ref]["properties"]
     )
+
+
+def test_submit_resume_from_starts_from_the_jobs_checkpoint(
+    env: dict[str, str], alice: Any, acme: Any, bob: Any, globex: Any
+) -> None:
+    code = bundle_of(alice, acme).sha256
+    first = run(env, "submit", "--code", code, "--entrypoint", "train.py", "--launcher", "edl")
+    source = Job.objects.get(pk=int(first.output.strip()))
+    Checkpoints(artifact_store().child(prefix_of(source))).save(12, {"w": torch.zeros(1)})
+    resumed = run(env, "submit", "--code", code, "--entrypoint", "train.py", "--launcher", "edl",
+                  "--resume-from", str(source.pk), "-o", "json")  # fmt: skip
+    assert resumed.exit_code == 0, resumed.output
+    assert (json.loads(resumed.output)["resumed_from"], json.loads(resumed.output)["step"]) == (
+        source.pk, 12,
+    )  # fmt: skip
+    foreign = Job.objects.create(
+        tenant=globex, submitter=bob, name="theirs", gpus=1, min_gpus=1, max_gpus=1,
+        batch_size=1, submitted_at=source.submitted_at,
+    )  # fmt: skip
+    refused = run(env, "submit", "--code", code, "--entrypoint", "train.py",
+                  "--resume-from", str(foreign.pk))  # fmt: skip
+    assert refused.exit_code == 4 and f"No job {foreign.pk} in tenant acme" in refused.output
