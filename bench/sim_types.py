@@ -3,7 +3,8 @@
 The cluster is pools of GPU types (``--cluster-types a100:48,h100:16``), each type's
 speed against the reference (``--speeds h100:2``: compute twice as fast, the network
 the same, :mod:`scheduler.throughput`); the trace's jobs get types from a seeded mix
-(``--gpu-mix a100:0.75,h100:0.25``).  The same jobs on a uniform cluster of the same
+(``--gpu-mix a100:0.75,h100:0.25``), or from a Tiresias-format trace's ``gpu_type``
+column (``--trace``; the mix types the rest).  The same jobs on a uniform cluster of the same
 GPU count at speed 1 (``--baseline``) say what the faster quarter buys.  Runs
 :func:`scheduler.sim_types.simulate_mixed`; the last line is one JSON object.
 
@@ -26,7 +27,7 @@ from scheduler.gpu_types import parse_type_numbers
 from scheduler.policies import get_policy
 from scheduler.sim_types import TypePool, assign_types, parse_pools, simulate_mixed
 from scheduler.simulator import SimConfig
-from scheduler.traces import load_philly, shared_trace
+from scheduler.traces import load_philly, load_tiresias, shared_trace
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,6 +38,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--speeds", default="h100:2")
     parser.add_argument("--gpu-mix", default="a100:0.75,h100:0.25")
     parser.add_argument("--seed", type=int, default=38)
+    parser.add_argument(
+        "--trace",
+        default="",
+        help="a Tiresias-format CSV (may have a gpu_type "
+        "column; jobs without one get the mix's); default: the Philly slice",
+    )
     parser.add_argument("--vc", default=None)
     parser.add_argument("--from", dest="start", default="2017-10-09")
     parser.add_argument("--to", dest="end", default="2017-10-16")
@@ -56,8 +63,12 @@ def main() -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     total = sum(p.gpus for p in pools)
-    trace = load_philly(shared_trace("philly.csv"), max_gpus=min(p.gpus for p in pools),
-                        vc=args.vc, start=args.start, end=args.end)  # fmt: skip
+    smallest = min(p.gpus for p in pools)
+    if args.trace:
+        trace = load_tiresias(args.trace, max_gpus=smallest)
+    else:
+        trace = load_philly(shared_trace("philly.csv"), max_gpus=smallest,
+                            vc=args.vc, start=args.start, end=args.end)  # fmt: skip
     types = assign_types(trace.jobs, mix, args.seed)
     figures: dict[str, object] = {"jobs": len(trace.jobs), "skipped": trace.skipped,
                                   "pools": [[p.name, p.gpus, p.speed] for p in pools]}  # fmt: skip

@@ -60,13 +60,23 @@ def parse_pools(cluster_types: str, speeds: str = "") -> tuple[TypePool, ...]:
 
 
 def assign_types(trace: Sequence[TraceJob], mix: Mapping[str, float], seed: int) -> dict[str, str]:
-    """Job id -> GPU type, each job drawn from ``mix`` (type -> share; shares need not sum
-    to 1) by a seeded RNG: the same trace, mix and seed give the same types."""
-    if not mix or not all(share >= 0 for share in mix.values()) or sum(mix.values()) <= 0:
+    """Job id -> GPU type: the trace's own (``TraceJob.gpu_type``, a column) where it gives
+    one, else drawn from ``mix`` (type -> share; shares need not sum to 1) by a seeded RNG:
+    the same trace, mix and seed give the same types.  An empty ``mix`` draws nothing (every
+    job must then have its own type)."""
+    if mix and (not all(share >= 0 for share in mix.values()) or sum(mix.values()) <= 0):
         raise ValueError("gpu mix needs shares >= 0 that add up to more than 0")
     rng = random.Random(seed)
     names, weights = list(mix), list(mix.values())
-    return {job.id: rng.choices(names, weights)[0] for job in trace}
+    types: dict[str, str] = {}
+    for job in trace:
+        if job.gpu_type:
+            types[job.id] = job.gpu_type
+        elif not mix:
+            raise ValueError(f"job {job.id} has no gpu_type and no gpu mix was given")
+        else:
+            types[job.id] = rng.choices(names, weights)[0]
+    return types
 
 
 @dataclass(frozen=True, slots=True)

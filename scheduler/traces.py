@@ -35,6 +35,9 @@ class TraceJob:
     ``priority`` (0-100) is None when the trace has none (the job is then normal class).
     ``fail_after``, ``max_restarts`` and ``max_runtime`` model a failing program and
     the job's limits (see :class:`scheduler.records.JobRecord`); None/0: none.
+    ``gpu_type``: the GPU type the job runs on (a Tiresias-format trace's optional
+    ``gpu_type`` column; ``""``: none given, :func:`scheduler.sim_types.assign_types`
+    draws one); its ``duration`` is on the reference type all the same.
     """
 
     id: str
@@ -47,6 +50,7 @@ class TraceJob:
     fail_after: float | None = None
     max_restarts: int = 0
     max_runtime: float | None = None
+    gpu_type: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +151,7 @@ def load_tiresias(
                     model=(row.get("model_name") or "").strip(),
                     tenant=(row.get("tenant") or "").strip(),
                     priority=priority,
+                    gpu_type=(row.get("gpu_type") or "").strip(),
                 )
             )
     jobs.sort(key=lambda j: j.submit)

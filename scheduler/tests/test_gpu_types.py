@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from scheduler.forecast import forecast
 from scheduler.gpu_types import (
     GpuType,
     is_typed,
@@ -192,3 +193,19 @@ def test_fair_share_weights_per_type_count_an_h100_hour_as_two() -> None:
     assert weighted_gpu_seconds({"v100": 10.0}, types) == 10.0
     with pytest.raises(ValueError, match="weight"):
         GpuType("x", weight=0.0)
+
+
+def test_the_forecast_starts_an_h100_job_when_the_h100s_free_not_when_a100s_idle() -> None:
+    # The A100s are idle all along; the H100 job waits for the running H100 job to end.
+    clu = typed_cluster(POOLS, busy=dict.fromkeys(range(8, 12), "r"))
+    snap = snapshot(
+        100.0,
+        clu,
+        running("r", (8, 9, 10, 11), remaining_work=300.0),
+        queued("h", 4, submit=50.0, gpu_types=(H100,), remaining_work=120.0),
+        queued("a", 4, submit=60.0, gpu_types=(A100,), remaining_work=60.0),
+    )
+    for policy in ("fifo", "tiresias"):
+        result = forecast(snap, get_policy(policy))
+        assert result.estimates["h"].start == pytest.approx(300.0)
+        assert result.estimates["a"].start == pytest.approx(0.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +12,7 @@ from scheduler.policies.elastic import curve_limit
 from scheduler.sim_types import TypePool, assign_types, parse_pools, simulate_mixed
 from scheduler.simulator import SimConfig, simulate
 from scheduler.throughput import speedup_over_one, type_speedup
-from scheduler.traces import TraceJob, poisson_workload
+from scheduler.traces import TraceJob, load_tiresias, poisson_workload
 
 
 def test_a_faster_type_gains_its_speed_on_one_gpu_and_less_where_the_network_binds() -> None:
@@ -83,3 +84,16 @@ def test_a_job_of_a_type_no_pool_has_is_refused() -> None:
     with pytest.raises(ValueError, match="v100"):
         simulate_mixed(trace, lambda: get_policy("fifo"), SimConfig(total_gpus=4),
                        (TypePool("a100", 4),), dict.fromkeys((j.id for j in trace), "v100"))  # fmt: skip
+
+
+def test_a_trace_column_types_its_jobs_and_the_mix_types_the_rest(tmp_path: Path) -> None:
+    path = tmp_path / "trace.csv"
+    path.write_text(
+        "job_id,num_gpu,submit_time,duration,gpu_type\n1,1,0,100,h100\n2,2,5,100,\n3,1,9,100,a100\n"
+    )
+    trace = load_tiresias(path).jobs
+    assert [j.gpu_type for j in trace] == ["h100", "", "a100"]
+    types = assign_types(trace, {"v100": 1.0}, seed=0)
+    assert types == {"1": "h100", "2": "v100", "3": "a100"}
+    with pytest.raises(ValueError, match="job 2 has no gpu_type"):
+        assign_types(trace, {}, seed=0)
