@@ -283,6 +283,7 @@ def bind_typed(
     allocator: VClosAllocator,
     decisions: Iterable[Decision],
     gpu_types: Mapping[int, str],
+    allowed: Mapping[str, frozenset[int]] | None = None,
 ) -> tuple[list[Bound], list[Refused]]:
     """:func:`bind` one GPU type at a time, so that every job's shape is of its own type.
 
@@ -291,26 +292,35 @@ def bind_typed(
     them in one type's pool, :mod:`scheduler.gpu_types`).  While one type's decisions
     bind, the other types' GPUs are unavailable on the allocator (and available again
     after, whatever happens); the cables are one fabric's for every type, so no two
-    jobs share a leaf-spine link, whatever their types.  One type: :func:`bind` itself.
+    jobs share a leaf-spine link, whatever their types.  ``allowed``: job -> the GPUs
+    its node selector lets it hold; such a job's start or resize binds alone, after its
+    type's other decisions, with every other GPU unavailable.  One type and no
+    selecting job: :func:`bind` itself.
     """
+    allowed = allowed or {}
     current = allocator.allocations()
     groups: dict[str, list[Decision]] = {}
     for decision in decisions:
         held = current.get(decision.job)
         ids = held.gpus if held is not None else getattr(decision, "gpus", ())
         groups.setdefault(gpu_types.get(ids[0], "") if ids else "", []).append(decision)
-    if len(set(gpu_types.values())) <= 1:
+    if len(set(gpu_types.values())) <= 1 and not allowed:
         return bind(spec, allocator, [d for group in groups.values() for d in group])
-    down = set(allocator.unavailable_gpus())
+    down = frozenset(allocator.unavailable_gpus())
     bound: list[Bound] = []
     refused: list[Refused] = []
     for name in sorted(groups):
-        others = [g for g, t in gpu_types.items() if t != name and g not in down]
-        allocator.set_unavailable(others)
-        try:
-            done, failed = bind(spec, allocator, groups[name])
-        finally:
-            allocator.set_available(others)
-        bound.extend(done)
-        refused.extend(failed)
+        own = frozenset(g for g, t in gpu_types.items() if t == name)
+        alone = [d for d in groups[name] if d.job in allowed and not isinstance(d, Preempt)]
+        rest = [d for d in groups[name] if d not in alone]
+        steps = [(own, rest)] + [(own & allowed[d.job], [d]) for d in alone]
+        for keep, batch in steps:
+            others = [g for g in gpu_types if g not in keep and g not in down]
+            allocator.set_unavailable(others)
+            try:
+                done, failed = bind(spec, allocator, batch)
+            finally:
+                allocator.set_available(others)
+            bound.extend(done)
+            refused.extend(failed)
     return bound, refused

@@ -448,12 +448,21 @@ class AllocatorBind:
     spec: FabricSpec
     allocator: VClosAllocator
     gpu_types: Mapping[int, str] | None = None
-    """Each GPU's type on a mixed cluster (:func:`scheduler.binding.bind_typed`); None: one."""
+    """Each GPU's type on a mixed cluster (:func:`scheduler.binding.bind_typed`, with the
+    selecting jobs' GPUs from the candidates' snapshot); None: one type, no selectors."""
 
     def bind(self, candidates: object, decisions: Sequence[Decision]) -> tuple[Binding, Waits]:
         """The bound and refused decisions; each refused job's wait is the allocator's reason."""
         if self.gpu_types:
-            bound, refused = bind_typed(self.spec, self.allocator, decisions, self.gpu_types)
+            split = (
+                split_by_type(candidates.snapshot) if isinstance(candidates, Candidates) else None
+            )
+            allowed = (
+                {j: ids for pool in split.pools for j, ids in pool.allowed.items()} if split else {}
+            )
+            bound, refused = bind_typed(
+                self.spec, self.allocator, decisions, self.gpu_types, allowed
+            )
         else:
             bound, refused = bind(self.spec, self.allocator, decisions)
         waits = {r.job: r.reason for r in refused} if refused else NO_WAITS

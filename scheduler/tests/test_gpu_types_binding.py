@@ -86,3 +86,27 @@ def test_the_pass_binds_each_job_on_its_type_through_the_allocator() -> None:
     _check(allocator, {"h": "h100", "a": "a100"})
     assert set(allocator.allocations()) == {"h", "a"}
     assert result.waits["x"] == "no server has GPUs of v100"
+
+
+def test_a_selecting_job_binds_only_on_the_servers_its_selector_matches() -> None:
+    # Servers 6 and 7 (GPUs 12-15, H100, leaf 3) carry rack=r4; the first H100 job fills
+    # leaf 2 (GPUs 8-11), the selecting one must land on 12-15 whatever the allocator prefers.
+    labels = {6: (("rack", "r4"),), 7: (("rack", "r4"),)}
+    clu = Cluster(gpus=CLUSTER.gpus, server_labels=labels)
+    allocator = VClosAllocator(SPEC)
+    run = snapshot_pass(
+        TypeHoldBack(QuotaHoldBack(None)),
+        PolicyDecide(get_policy("fifo")),
+        AllocatorBind(SPEC, allocator, TYPES),
+    )
+    views = (
+        queued("s", 2, gpu_types=("h100",), selector=(("rack", "r4"),)),
+        queued("h", 2, submit=1, gpu_types=("h100",)),
+        queued("a", 2, submit=2, selector=(("rack", "r4"),)),
+    )
+    run.run(snapshot(0, clu, *views))
+    allocations = allocator.allocations()
+    assert set(allocations["s"].gpus) <= {12, 13, 14, 15}
+    assert set(allocations["a"].gpus) <= {12, 13, 14, 15}
+    assert {TYPES[g] for g in allocations["h"].gpus} == {"h100"}
+    _check(allocator, {"s": "h100", "h": "h100", "a": "h100"})
