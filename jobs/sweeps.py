@@ -7,7 +7,7 @@
     on_trial_job_ended       (jobs.workflow_events, in the transaction that ended the job)
         ├── record           its metric at its last step (TrainingMetric) as the rung's result
         │                    (none yet: the trial waits; on_trial_metrics takes it on arrival)
-        └── advance          sweep row locked ─▶ scheduler.asha.decide ─▶
+        └── advance          sweep row locked ─▶ scheduler.asha.next_moves ─▶
                  ├── promote   a NEW job, TRIAL_MAX_STEPS = the next rung's budget,
                  │             resume_from = the trial's previous job (its checkpoint)
                  ├── launch    a new trial: params from the space, its first job
@@ -367,7 +367,7 @@ def advance(sweep_id: int, *, at: datetime) -> Sweep:
         return sweep
     trials = {t.index: t for t in Trial.objects.filter(sweep=sweep).select_related("job")}
     views = [trial_view(trials[i]) for i in sorted(trials)]
-    decided = asha.decide(plan_of(sweep), views, gpu_hours_used(sweep))
+    decided = asha.next_moves(plan_of(sweep), views, gpu_hours_used(sweep))
     for move in decided.promote:
         _promote(sweep, trials[move.index], move, at)
     for stop in decided.stop:

@@ -13,7 +13,7 @@
                                  rung 2 ── 40 steps
                                  rung 3 ── 80 steps   (the top: a trial there is complete)
 
-    decide(plan, trials, gpu_hours_used) -> Decisions
+    next_moves(plan, trials, gpu_hours_used) -> Decisions
         1. promote   top rung first: a trial waiting at rung k whose result is in the top
                      floor(n_k / eta) of the n_k results recorded at rung k so far
         2. launch    new trials at rung 0 while the trial budget and max_running allow
@@ -328,7 +328,7 @@ def _stops(
     return stops
 
 
-def decide(plan: Plan, trials: Sequence[TrialView], gpu_hours_used: float = 0.0) -> Decisions:
+def next_moves(plan: Plan, trials: Sequence[TrialView], gpu_hours_used: float = 0.0) -> Decisions:
     """The sweep's next moves given every trial so far (``trials`` by index, 0 to n-1).
 
     Promotions come before new trials (ASHA's rule for a free worker); with
@@ -368,7 +368,7 @@ __all__ = [
     "TrialView",
     "best",
     "check_space",
-    "decide",
+    "next_moves",
     "promotable",
     "ranked",
     "rung_steps",

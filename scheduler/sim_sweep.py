@@ -3,7 +3,7 @@
 The live sweep runs a trial's rungs as jobs, each resumed from the
 checkpoint the last one left; here too::
 
-    trial 7:  job t007r0 (rung 0's steps) ──ended──> asha.decide ──promote──> job t007r1
+    trial 7:  job t007r0 (rung 0's steps) ──ended──> asha.next_moves ──promote──> job t007r1
                                                          │                  (next rung's steps,
                                                          └──launch──> t012r0  weight eta**1)
 
@@ -46,7 +46,7 @@ def trial_of(job: str) -> tuple[int, int]:
 
 
 class AshaFeed:
-    """:func:`scheduler.asha.decide` fed by a simulated run's job ends (a :class:`~scheduler.sim_feed.Feed`).
+    """:func:`scheduler.asha.next_moves` fed by a simulated run's job ends (a :class:`~scheduler.sim_feed.Feed`).
 
     ``reached`` holds, per trial that finished its top rung, when it did; the
     sweep's answer is :meth:`best` (ASHA's: the best result at the highest rung).
@@ -69,7 +69,7 @@ class AshaFeed:
 
     def first(self) -> list[TraceJob]:
         """The trials the sweep launches at time 0 (rung 0: weight 1.0)."""
-        return [fed.job for fed in self._act(asha.decide(self.plan, self.trials), 0.0)]
+        return [fed.job for fed in self._act(asha.next_moves(self.plan, self.trials), 0.0)]
 
     def ended(self, job: str, now: float) -> list[FedJob]:
         """A rung job finished: its trial's result there, then the rule's next moves."""
@@ -81,7 +81,7 @@ class AshaFeed:
         self.trials[index] = asha.TrialView(index, rung, status, results)
         if rung == top:
             self.reached[index] = now
-        return self._act(asha.decide(self.plan, self.trials), now)
+        return self._act(asha.next_moves(self.plan, self.trials), now)
 
     def best(self) -> asha.TrialView | None:
         """The sweep's best trial so far."""

@@ -21,7 +21,7 @@ from scheduler.asha import (
     TrialView,
     best,
     check_space,
-    decide,
+    next_moves,
     rung_steps,
     trial_params,
     weight,
@@ -124,17 +124,17 @@ def test_promoted_trials_weigh_more() -> None:
 
 # ------------------------------------------------------------------------ ASHA decisions
 def test_a_fresh_sweep_launches_its_budget_or_max_running() -> None:
-    assert decide(asha(8), []).launch == tuple(range(8))
-    assert decide(asha(8, max_running=3), []).launch == (0, 1, 2)
-    capped = decide(asha(8, max_running=3), [running(0), running(1), waiting(2, 0, 5.0)])
+    assert next_moves(asha(8), []).launch == tuple(range(8))
+    assert next_moves(asha(8, max_running=3), []).launch == (0, 1, 2)
+    capped = next_moves(asha(8, max_running=3), [running(0), running(1), waiting(2, 0, 5.0)])
     assert capped.launch == (3,)
 
 
 def test_one_result_waits_two_promote_the_better() -> None:
     plan = asha(8)
-    first = decide(plan, [waiting(0, 0, 0.5), *[running(i) for i in range(1, 8)]])
+    first = next_moves(plan, [waiting(0, 0, 0.5), *[running(i) for i in range(1, 8)]])
     assert first.promote == () and first.stop == ()  # floor(1/2) = 0: it waits
-    second = decide(
+    second = next_moves(
         plan, [waiting(0, 0, 0.5), waiting(1, 0, 0.9)] + [running(i) for i in range(2, 8)]
     )
     assert second.promote == (Promote(0, 1, 20),) and second.stop == ()
@@ -150,20 +150,20 @@ def test_a_waiting_trial_is_promoted_later_as_results_come() -> None:
         waiting(3, 0, 0.7),
         *[running(i) for i in range(4, 8)],
     ]
-    assert decide(plan, trials).promote == (Promote(2, 1, 20),)
+    assert next_moves(plan, trials).promote == (Promote(2, 1, 20),)
 
 
 def test_maximize_ranks_the_other_way() -> None:
     plan = asha(8, mode=MAXIMIZE)
     trials = [waiting(0, 0, 0.5), waiting(1, 0, 0.9)] + [running(i) for i in range(2, 8)]
-    assert decide(plan, trials).promote == (Promote(1, 1, 20),)
+    assert next_moves(plan, trials).promote == (Promote(1, 1, 20),)
 
 
 def test_once_every_trial_reported_the_losers_are_stopped_and_the_sweep_ends() -> None:
     plan = asha(4)
     losses = [0.4, 0.1, 0.8, 0.6]  # trial 1 best, then 0; 2 worst
     rung0 = [waiting(i, 0, v) for i, v in enumerate(losses)]
-    d = decide(plan, rung0)
+    d = next_moves(plan, rung0)
     assert d.promote == (Promote(1, 1, 20), Promote(0, 1, 20))
     # every trial reported at rung 0 and the promoted ones run above it: nothing can
     # lift 2 and 3 any more
@@ -171,14 +171,14 @@ def test_once_every_trial_reported_the_losers_are_stopped_and_the_sweep_ends() -
         Stop(2, "lost at rung 0: not in the top 1/2 of its results"),
         Stop(3, "lost at rung 0: not in the top 1/2 of its results"),
     )
-    d_after = decide(
+    d_after = next_moves(
         plan,
         [running(0, 1, 0.4), running(1, 1, 0.1), waiting(2, 0, 0.8), waiting(3, 0, 0.6)],
     )
     assert d_after.promote == () and len(d_after.stop) == 2
     assert not d_after.finished
     # rung 1: 1 beats 0, goes to the top rung; 0 loses there once 1 runs above it
-    top = decide(
+    top = next_moves(
         plan,
         [
             waiting(0, 1, 0.4, 0.3),
@@ -195,7 +195,7 @@ def test_once_every_trial_reported_the_losers_are_stopped_and_the_sweep_ends() -
         TrialView(2, 0, TrialStatus.STOPPED, {0: 0.8}),
         TrialView(3, 0, TrialStatus.STOPPED, {0: 0.6}),
     ]
-    assert decide(plan, end).finished
+    assert next_moves(plan, end).finished
     winner = best(plan, end)
     assert winner is not None and winner.index == 1
 
@@ -203,14 +203,14 @@ def test_once_every_trial_reported_the_losers_are_stopped_and_the_sweep_ends() -
 def test_a_trial_running_below_keeps_a_waiter_alive() -> None:
     plan = asha(3)
     trials = [waiting(0, 0, 0.9), waiting(1, 0, 0.8), running(2, 0)]
-    d = decide(plan, trials)
+    d = next_moves(plan, trials)
     assert d.promote == (Promote(1, 1, 20),) and d.stop == ()  # trial 2 may still lift 0
 
 
 def test_a_spent_gpu_hour_budget_stops_the_waiting_and_promotes_nothing() -> None:
     plan = asha(8, max_gpu_hours=1.0)
     trials = [waiting(0, 0, 0.5), waiting(1, 0, 0.9), running(2)]
-    d = decide(plan, trials, gpu_hours_used=1.5)
+    d = next_moves(plan, trials, gpu_hours_used=1.5)
     assert d.promote == () and d.launch == ()
     assert [s.index for s in d.stop] == [0, 1]
     assert "GPU-hour budget" in d.stop[0].reason
@@ -219,6 +219,6 @@ def test_a_spent_gpu_hour_budget_stops_the_waiting_and_promotes_nothing() -> Non
 def test_grid_and_random_run_each_trial_to_the_end() -> None:
     plan = Plan(GRID, MINIMIZE, 2, 10, 40, max_trials=3)
     assert plan.rungs == (40,)
-    d = decide(plan, [TrialView(0, 0, DONE, {0: 1.0}), running(1), running(2)])
+    d = next_moves(plan, [TrialView(0, 0, DONE, {0: 1.0}), running(1), running(2)])
     assert d.promote == () and d.stop == () and not d.finished
-    assert decide(plan, [TrialView(i, 0, DONE, {0: 1.0}) for i in range(3)]).finished
+    assert next_moves(plan, [TrialView(i, 0, DONE, {0: 1.0}) for i in range(3)]).finished
