@@ -3,6 +3,8 @@ accepts, on servers its selector matches, in every policy; quotas per type; the 
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from scheduler.forecast import forecast
@@ -18,7 +20,7 @@ from scheduler.gpu_types import (
 from scheduler.pipeline import CountBind, PolicyDecide, QuotaHoldBack, TypeHoldBack, snapshot_pass
 from scheduler.policies import get_policy
 from scheduler.tests.builders import cluster, queued, running, snapshot, typed_cluster
-from scheduler.types import Decision, Scale, Start
+from scheduler.types import Decision, JobView, Scale, Snapshot, Start
 
 POLICIES = ("tiresias", "elastic-tiresias", "fifo", "srtf")
 A100, H100 = "a100", "h100"
@@ -209,3 +211,53 @@ def test_the_forecast_starts_an_h100_job_when_the_h100s_free_not_when_a100s_idle
         result = forecast(snap, get_policy(policy))
         assert result.estimates["h"].start == pytest.approx(300.0)
         assert result.estimates["a"].start == pytest.approx(0.0)
+
+
+def _random_typed_snapshot(rng: random.Random) -> Snapshot:
+    """A mixed cluster of 2-3 types with running jobs each on one type, and queued jobs
+    asking for some types (or none), some elastic."""
+    names = rng.sample(["a100", "h100", "l4"], rng.randint(2, 3))
+    pools = tuple((name, rng.randint(1, 3)) for name in names)
+    base = typed_cluster(pools)
+    free = {name: [g.id for g in base.gpus if g.gpu_type == name] for name in names}
+    busy: dict[int, str] = {}
+    views: list[JobView] = []
+    for k in range(rng.randint(0, 4)):
+        name = rng.choice(names)
+        take = free[name][: rng.randint(1, 4)]
+        if not take:
+            continue
+        free[name] = free[name][len(take) :]
+        job = f"r{k}"
+        busy.update(dict.fromkeys(take, job))
+        views.append(running(job, tuple(take), submit=k, remaining_work=rng.uniform(10, 1e4),
+                             attained_service=rng.uniform(0, 1e4), min_gpus=1,
+                             max_gpus=rng.choice((0, 8)), throughput=LINEAR))  # fmt: skip
+    for k in range(rng.randint(1, 6)):
+        accepts = tuple(rng.sample(names, rng.randint(0, len(names))))
+        views.append(queued(f"q{k}", rng.choice((1, 2, 4)), submit=10 + k, gpu_types=accepts,
+                            remaining_work=rng.uniform(10, 1e4), min_gpus=rng.choice((0, 1)),
+                            max_gpus=rng.choice((0, 8)), throughput=LINEAR))  # fmt: skip
+    return snapshot(20.0, typed_cluster(pools, busy=busy), *views)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_random_typed_snapshots_never_straddle_types_nor_leave_a_jobs_type(policy: str) -> None:
+    rng = random.Random(f"types-{policy}")
+    for _ in range(150):
+        snap = _random_typed_snapshot(rng)
+        types = {g.id: g.gpu_type for g in snap.cluster.gpus}
+        views = {v.id: v for v in snap.jobs}
+        given: list[int] = []
+        for decision in get_policy(policy).schedule(snap):
+            if not isinstance(decision, Start | Scale):
+                continue
+            view = views[decision.job]
+            held = {types[g] for g in decision.gpus}
+            assert len(held) == 1, (decision, held)
+            if view.gpus:
+                assert held == {types[view.gpus[0]]}  # a running job stays on its type
+            elif view.gpu_types:
+                assert held <= set(view.gpu_types)
+            given.extend(g for g in decision.gpus if g not in view.gpus)
+        assert len(given) == len(set(given))  # no GPU handed out twice
