@@ -999,7 +999,7 @@ def sweep_cancel(sweep_id: int, reason: str, output: str | None) -> None:
     emit_sweep(ctx, SweepsAPI(ctx.client()).cancel(sweep_id, reason))
 
 
-@main.command(context_settings={"allow_interspersed_args": False})
+@main.command()
 @click.argument("job_id", type=int)
 @click.option("--worker", help="The worker to open it on, e.g. w3 (default: the job's first).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -1011,6 +1011,8 @@ def shell(job_id: int, worker: str | None, command: tuple[str, ...]) -> None:
     """
     ctx_of(None).client()  # a usage error when no portal is configured
     config = read_config()
+    if command[:1] == ("--",):  # after the job id, click leaves the separator in
+        command = command[1:]
     request = ShellRequest(job_id=job_id, worker=worker, argv=command)
     sys.exit(run_shell(config["url"], config["token"], request))
 
