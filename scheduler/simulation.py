@@ -106,9 +106,10 @@ def _curve_top(
     model: str, requested: int, total: int, gpus_per_server: int, speed: float = 1.0
 ) -> int:
     """Most GPUs a job may reach when only its throughput curve bounds scale-out."""
+    # At speed 1 the same cache keys as the accounting's calls (no speed argument).
+    extra = (gpus_per_server,) if speed == 1.0 else (gpus_per_server, speed)
     return max(
-        requested,
-        curve_limit(lambda n: speedup_over_one(model, n, gpus_per_server, speed), requested, total),
+        requested, curve_limit(lambda n: speedup_over_one(model, n, *extra), requested, total)
     )
 
 
