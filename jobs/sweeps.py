@@ -46,6 +46,7 @@ from scheduler import asha
 from scheduler.asha import TrialStatus, TrialView
 from tenancy.models import Tenant
 from tenancy.services import can_write
+from utilities.deadlocks import atomic_retrying
 
 SWEEP_ENV = ("SWEEP_PARAMS", "TRIAL_MAX_STEPS", "SWEEP_ID", "TRIAL_INDEX")
 """Variables a sweep sets in each trial's environment (besides ``HP_<NAME>``)."""
@@ -446,7 +447,7 @@ def on_trial_metrics(*, job: Job, at: datetime) -> None:
         _record_result(trial, job, at)
 
 
-@transaction.atomic
+@atomic_retrying()
 def do_cancel_sweep(
     *, user: AbstractBaseUser | AnonymousUser, sweep_id: int, reason: str = ""
 ) -> Sweep:
@@ -454,7 +455,10 @@ def do_cancel_sweep(
     (a 409 once it has ended).
 
     The live trials' jobs are locked before the sweep, the order a job's end takes
-    (job, then its sweep), so a trial ending meanwhile waits instead of deadlocking.
+    (job, then its sweep), so a trial ending meanwhile mostly waits; a promotion
+    or stop that touches another trial's job can still cross it, and the side
+    PostgreSQL aborts to break that deadlock is this one run again
+    (``utilities.deadlocks``) or the report, which its task retries.
     """
     live_jobs = Trial.objects.filter(sweep_id=sweep_id, status__in=LIVE).values("job_id")
     list(Job.objects.select_for_update().filter(pk__in=live_jobs).order_by("pk").values("pk"))
