@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from operator import attrgetter
 from types import MappingProxyType
 
-from scheduler.named_numbers import named_numbers
 from scheduler.quota import quota_need
 from scheduler.types import Cluster, Gpu, GpuState, JobView, Snapshot
 
@@ -94,12 +93,20 @@ def parse_selector(text: str) -> Labels:
 
 
 def parse_type_numbers(text: str, what: str) -> dict[str, float]:
-    """``"a100:48,h100:16"`` (``:`` or ``=``) -> number per GPU type; ValueError (one line)."""
+    """``"a100:48,h100:16"`` (``:`` or ``=``) -> number per GPU type; ValueError (one line,
+    naming ``what`` and the item as written) on bad input."""
     numbers: dict[str, float] = {}
-    for part, name, value in named_numbers(text.replace(":", "="), what, "a100:48,h100:16"):
-        if not value >= 0:
-            raise ValueError(f"{what} {part!r} must be a number >= 0")
-        numbers[name] = value
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        name, sep, value = part.replace("=", ":").partition(":")
+        try:
+            number = float(value)
+        except ValueError:
+            number = float("nan")
+        if not sep or not name.strip() or not number >= 0:
+            raise ValueError(f"bad {what} {part!r} (use e.g. a100:48,h100:16)")
+        numbers[name.strip()] = number
     if not numbers:
         raise ValueError(f"no {what} given (use e.g. a100:48,h100:16)")
     return numbers
@@ -185,8 +192,10 @@ class TypeSplit:
 
 
 def job_type(view: JobView, gpus: Mapping[int, Gpu]) -> str:
-    """The type a running job holds (that of its first GPU; it never holds two)."""
-    return gpus[view.gpus[0]].gpu_type
+    """The type a running job holds (that of its first GPU; it never holds two); a GPU
+    the cluster no longer lists counts as the default type."""
+    gpu = gpus.get(view.gpus[0])
+    return gpu.gpu_type if gpu is not None else DEFAULT_TYPE
 
 
 def split_by_type(snapshot: Snapshot) -> TypeSplit | None:
@@ -202,7 +211,8 @@ def split_by_type(snapshot: Snapshot) -> TypeSplit | None:
     for view in snapshot.jobs:
         if view.gpus:
             name = job_type(view, by_id)
-            members[name].append(view)
+            members.setdefault(name, []).append(view)
+            allowed.setdefault(name, {})
             if view.selector:
                 allowed[name][view.id] = _selected(cluster, name, view.selector)
     queued = sorted((v for v in snapshot.jobs if not v.gpus), key=_queue_key)
