@@ -7,14 +7,17 @@
                                                                                   │ slave
     nsenter --target <the worker's program> --all --root --wd   (its namespaces: pid, mount,
       └─ setpriv --reuid/--regid of that program, no caps, no new privileges    network, ipc, uts)
-           └─ the shell, in the worker's cgroups, with the program's environment minus secrets
+           └─ env -i <the program's environment minus secrets, TERM>
+                └─ python -I -S -c SECCOMP_LOADER   (the worker's seccomp filter)
+                     └─ the shell, in the worker's cgroups
 
 The shell enters the namespaces of the worker's own program (the first process below
 bubblewrap), so it sees that program's filesystem, network and processes and nothing
-more, runs as that program's uid and gid (read from ``/proc``, not recomputed), and
-joins the worker's cgroups (its memory, CPU and pids limits count the shell too).  What
-it does not inherit: the worker's seccomp filter (bubblewrap loads it into the program;
-``nsenter`` cannot), see docs/security.md.
+more; it runs as that program's uid and gid (read from ``/proc``, not recomputed),
+joins the worker's cgroups (its memory, CPU and pids limits count the shell too), and
+runs under the same seccomp filter (``workers.agent.seccomp``) with no new privileges.
+Chosen over a second sandbox beside the worker: the shell sees exactly what the
+program sees (its /tmp, its processes, its network), which is what one debugs.
 
 A worker that is not sandboxed (``SANDBOX=off``) gets no shell: there would be no
 boundary to keep it in.
@@ -40,7 +43,7 @@ from typing import Any
 
 import redis
 
-from workers.agent import limits
+from workers.agent import limits, seccomp
 from workers.agent.config import AgentConfig
 from workers.agent.processes import ProcessTable
 from workers.agent.sandbox import BUILDER_ENV, Identity, setpriv_argv
@@ -119,19 +122,43 @@ def program_pid(sandbox_pid: int) -> int | None:
 
 ENV = "/usr/bin/env"
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+SECCOMP_LOADER = """
+import ctypes, os, sys
+rules = ctypes.create_string_buffer(bytes.fromhex(sys.argv[1]))
+class Program(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+program = Program((len(rules) - 1) // 8, ctypes.addressof(rules))
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(38, 1, 0, 0, 0) or libc.prctl(22, 2, ctypes.byref(program), 0, 0):
+    sys.exit("no shell: cannot load the seccomp filter: " + os.strerror(ctypes.get_errno()))
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+"""Loads the worker's seccomp filter (``PR_SET_NO_NEW_PRIVS``, then ``PR_SET_SECCOMP``
+with ``SECCOMP_MODE_FILTER``) and executes the shell: run by the sandbox's own Python
+(``-I -S``: nothing of the job's files or variables is imported) after ``setpriv``,
+because the filter refuses the ``setns`` that ``nsenter`` needs before it."""
 
 
 def shell_argv(
-    target: int, identity: Identity, argv: tuple[str, ...], env: Mapping[str, str]
+    target: int,
+    identity: Identity,
+    argv: tuple[str, ...],
+    env: Mapping[str, str],
+    *,
+    python: str,
+    rules: bytes | None,
 ) -> list[str]:
     """``nsenter`` into ``target``'s namespaces, root and cwd, then ``setpriv`` to
-    ``identity``, then ``env -i`` with ``env``, then ``argv`` (empty: an interactive ``sh``).
+    ``identity``, then ``env -i`` with ``env``, then the worker's seccomp ``rules``
+    (``SECCOMP_LOADER``; None: this machine has none), then ``argv`` (empty: ``sh -i``).
 
     ``nsenter`` and ``setpriv`` run as root with ``BUILDER_ENV`` alone: the job's
     variables (``LD_PRELOAD`` among them, were it set) reach only the unprivileged shell.
     """
     command = list(argv) or ["/bin/sh", "-i"]
     assignments = [f"{name}={value}" for name, value in env.items() if ENV_NAME.fullmatch(name)]
+    if rules is not None:
+        command = [python, "-I", "-S", "-c", SECCOMP_LOADER, rules.hex(), *command]
     return [
         NSENTER, f"--target={target}", "--all", "--root", "--wd", "--",
         *setpriv_argv(identity)[:-1], "--no-new-privs", "--",
@@ -370,4 +397,12 @@ class Shells:
             self.config.sandbox, child.cgroups(), address_space=self.config.device == "cpu"
         )
         env = shell_env(program_env, command.term)
-        return shell_argv(target, identity, command.argv, env), preexec
+        argv = shell_argv(
+            target,
+            identity,
+            command.argv,
+            env,
+            python=self.config.python,
+            rules=seccomp.filter_for(),
+        )
+        return argv, preexec

@@ -141,7 +141,7 @@ def test_the_shell_sees_no_more_than_the_job(
     script = (
         f"ls /root; cat {host.data_dir}/agent-private.txt; cat {host.database}; "
         f"python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 2)' "
-        "&& echo REACHED; env"
+        "&& echo REACHED; unshare -U true && echo UNSHARED; env"
     )
     try:
         shell_id, _ = open_shell(agent, job, "sh", "-c", script)
@@ -150,6 +150,7 @@ def test_the_shell_sees_no_more_than_the_job(
         listener.close()
     text = data.decode(errors="replace")
     assert "agent private" not in text and "tenants, tokens" not in text
+    assert "UNSHARED" not in text  # the worker's seccomp filter holds for the shell too
     assert "REACHED" not in text and "SECRET_KEY" not in text and "DATABASE_URL" not in text
     assert "TERM=xterm-256color" in text and f"TORCHELASTIC_RUN_ID={job}" in text
 
