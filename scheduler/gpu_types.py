@@ -252,11 +252,21 @@ def _selected(cluster: Cluster, name: str, selector: Labels) -> frozenset[int]:
 
 
 def _pool_snapshot(snapshot: Snapshot, name: str, jobs: list[JobView]) -> Snapshot:
-    """The snapshot restricted to one type's GPUs and the jobs in its pool."""
+    """The snapshot restricted to one type's GPUs and the jobs in its pool, each job with
+    its curve on this type where it has one (``JobView.throughput_by_type``)."""
     cluster = dataclasses.replace(
         snapshot.cluster, gpus=tuple(g for g in snapshot.cluster.gpus if g.gpu_type == name)
     )
-    return dataclasses.replace(snapshot, cluster=cluster, jobs=tuple(jobs))
+    views = tuple(_on_type(view, name) for view in jobs)
+    return dataclasses.replace(snapshot, cluster=cluster, jobs=views)
+
+
+def _on_type(view: JobView, name: str) -> JobView:
+    """``view`` with its throughput curve on GPU type ``name`` (itself when it has none)."""
+    curves = view.throughput_by_type
+    if not curves or name not in curves or curves[name] is view.throughput:
+        return view
+    return dataclasses.replace(view, throughput=curves[name])
 
 
 def weighted_gpu_seconds(by_type: Mapping[str, float], types: Mapping[str, GpuType]) -> float:

@@ -113,7 +113,10 @@ class JobView:
     ``gpu_types`` are the GPU types it accepts, preferred first (empty: any);
     ``selector`` the ``(label, value)`` pairs a server must carry to hold it
     (empty: any server).  Its whole allocation is of one type, elastic extras
-    included (:mod:`scheduler.gpu_types`).
+    included (:mod:`scheduler.gpu_types`).  ``throughput_by_type``: its curve on
+    each GPU type where it differs (a profile per model and type, or
+    :func:`scheduler.throughput.curve` with the type's speed); a typed pass reads the
+    curve of the type it runs or is routed to in place of ``throughput``.
     """
 
     id: str
@@ -132,6 +135,7 @@ class JobView:
     weight: float = 1.0
     gpu_types: tuple[str, ...] = ()
     selector: tuple[tuple[str, str], ...] = ()
+    throughput_by_type: Mapping[str, Mapping[int, float]] | None = None
 
     def __post_init__(self) -> None:
         weight = self.weight

@@ -3,6 +3,7 @@ accepts, on servers its selector matches, in every policy; quotas per type; the 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -20,6 +21,7 @@ from scheduler.gpu_types import (
 from scheduler.pipeline import CountBind, PolicyDecide, QuotaHoldBack, TypeHoldBack, snapshot_pass
 from scheduler.policies import get_policy
 from scheduler.tests.builders import cluster, queued, running, snapshot, typed_cluster
+from scheduler.throughput import curve, type_speedup
 from scheduler.types import Decision, JobView, Scale, Snapshot, Start
 
 POLICIES = ("tiresias", "elastic-tiresias", "fifo", "srtf")
@@ -261,3 +263,23 @@ def test_random_typed_snapshots_never_straddle_types_nor_leave_a_jobs_type(polic
                 assert held <= set(view.gpu_types)
             given.extend(g for g in decision.gpus if g not in view.gpus)
         assert len(given) == len(set(given))  # no GPU handed out twice
+
+
+def test_a_job_scales_out_by_its_curve_on_the_type_it_runs_on() -> None:
+    # Linear on A100s, flat past 2 GPUs on the (faster) H100s: on the H100s it grows to 2.
+    flat_after_2 = {n: 300.0 * min(n, 2) for n in range(1, 13)}
+    clu = typed_cluster(POOLS, busy={8: "h"})
+    view = running("h", (8,), throughput=LINEAR, max_gpus=12, remaining_work=1e5,
+                   throughput_by_type={H100: flat_after_2, A100: LINEAR})  # fmt: skip
+    (scale,) = get_policy("elastic-tiresias").schedule(snapshot(0, clu, view))
+    assert isinstance(scale, Scale) and len(scale.gpus) == 2
+    untyped = dataclasses.replace(view, throughput_by_type=None)
+    (scale,) = get_policy("elastic-tiresias").schedule(snapshot(0, clu, untyped))
+    assert isinstance(scale, Scale) and len(scale.gpus) == 4  # the linear curve: all 4
+
+
+def test_throughput_curves_per_type_come_from_the_speed() -> None:
+    ref = curve("vgg16", 16)
+    fast = curve("vgg16", 16, speed=2.0)
+    assert fast[1] == pytest.approx(ref[1] * type_speedup("vgg16", 1, speed=2.0))
+    assert fast[16] / fast[1] < ref[16] / ref[1]  # the faster type scales worse
