@@ -85,11 +85,17 @@ class QuotaBook:
             key = (tenant, gpu_type)
             self.type_in_use[key] = self.type_in_use.get(key, 0) + share
 
-    def admits(self, tenant: str, requested: int) -> bool:
-        """Whether a job of ``tenant`` asking for ``requested`` GPUs may be submitted at all:
-        the submission's rule (``jobs.services``) refuses a request above the quota."""
+    def admits(self, tenant: str, requested: int, gpu_types: Sequence[str] = ()) -> bool:
+        """Whether a job of ``tenant`` asking for ``requested`` GPUs (of one of ``gpu_types``;
+        empty: any) may be submitted at all: the submission's rule (``jobs.services``)
+        refuses a request above the quota, or above the quota of every type it accepts."""
         quota = self.quota.get(tenant)
-        return quota is None or requested <= quota
+        if quota is not None and requested > quota:
+            return False
+        per_type = self.type_quota.get(tenant)
+        if not per_type or not gpu_types:  # "any type" fits a type without a quota
+            return True
+        return any(name not in per_type or requested <= per_type[name] for name in gpu_types)
 
     def hold_reason(self, tenant: str, need: int, gpu_types: Sequence[str] = ()) -> str | None:
         """The hold-back rule: why a queued job of ``tenant`` that needs ``need`` GPUs

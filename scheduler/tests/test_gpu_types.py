@@ -20,6 +20,7 @@ from scheduler.gpu_types import (
 )
 from scheduler.pipeline import CountBind, PolicyDecide, QuotaHoldBack, TypeHoldBack, snapshot_pass
 from scheduler.policies import get_policy
+from scheduler.quota import QuotaBook
 from scheduler.tests.builders import cluster, queued, running, snapshot, typed_cluster
 from scheduler.throughput import curve, type_speedup
 from scheduler.types import Decision, JobView, Scale, Snapshot, Start
@@ -283,3 +284,12 @@ def test_throughput_curves_per_type_come_from_the_speed() -> None:
     fast = curve("vgg16", 16, speed=2.0)
     assert fast[1] == pytest.approx(ref[1] * type_speedup("vgg16", 1, speed=2.0))
     assert fast[16] / fast[1] < ref[16] / ref[1]  # the faster type scales worse
+
+
+def test_a_request_above_the_quota_of_every_type_it_accepts_is_not_admitted() -> None:
+    book = QuotaBook(quota={"t": 16}, type_quota={"t": {H100: 4, A100: 8}})
+    assert not book.admits("t", 6, (H100,))
+    assert book.admits("t", 6, (H100, A100))
+    assert book.admits("t", 6, ("l4",))  # no quota of that type: the total bounds it
+    assert not book.admits("t", 20, ("l4",))
+    assert book.admits("t", 6)
