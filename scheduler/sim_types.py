@@ -14,8 +14,9 @@ type::
                                                                                             and overall
                                                                                             figures
 
-What this leaves out, said where it matters: a job that accepts several types is
-routed once, at arrival (the live pass routes it at each pass until it starts,
+What this leaves out, said where it matters: placement is by count (the vClos
+binder's typed binding, :func:`scheduler.binding.bind_typed`, is tested on its own,
+not replayed here); a job that accepts several types is routed once, at arrival (the live pass routes it at each pass until it starts,
 :mod:`scheduler.gpu_types`), and tenants' fair share and quotas are per pool.
 """
 
@@ -123,6 +124,11 @@ def simulate_mixed(
     ``policy_for``: a callable giving a fresh :class:`Policy` per pool (a core keeps
     state); ``cfg`` is every pool's but for ``total_gpus`` and ``gpu_speed``.
     """
+    if cfg.placement != "count":  # one fabric per pool is not what a mixed fabric is
+        raise ValueError(
+            f"a mixed cluster replays by count, not --placement {cfg.placement} "
+            "(vClos within a type: scheduler.binding.bind_typed)"
+        )
     names = {p.name for p in pools}
     strays = sorted({t for t in job_types.values() if t not in names})
     if strays:

@@ -97,3 +97,10 @@ def test_a_trace_column_types_its_jobs_and_the_mix_types_the_rest(tmp_path: Path
     assert types == {"1": "h100", "2": "v100", "3": "a100"}
     with pytest.raises(ValueError, match="job 2 has no gpu_type"):
         assign_types(trace, {}, seed=0)
+
+
+def test_a_mixed_replay_is_by_count_and_says_so() -> None:
+    trace = _trace()[:3]
+    with pytest.raises(ValueError, match="replays by count"):
+        simulate_mixed(trace, lambda: get_policy("fifo"), SimConfig(total_gpus=4, placement="vclos"),
+                       (TypePool("a100", 4),), dict.fromkeys((j.id for j in trace), "a100"))  # fmt: skip
