@@ -27,7 +27,7 @@ from control.logs import log_lines
 from control.rejections import on_rejected
 from control.report_time import report_time as _at
 from control.stragglers import shrink_around_straggler
-from inventory.services import do_heartbeat
+from inventory.registration import do_heartbeat
 from jobs import agent_trust, holdings
 from jobs.agent_commands import job_id_from_name, worker_id
 from jobs.choices import ACTIVE_STATES, TERMINAL_STATES, EventKind, JobState

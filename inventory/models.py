@@ -18,6 +18,7 @@ from __future__ import annotations
 from django.db import models
 
 from fabric.topology import FabricSpec
+from inventory.server_types import DEFAULT_GPU_TYPE
 
 
 class Fabric(models.Model):
@@ -69,6 +70,15 @@ class Server(models.Model):
     state_reason = models.CharField(max_length=200, blank=True, default="")
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     agent_info = models.JSONField(default=dict, blank=True)
+    # What the server is (typed resources): set by the topology, checked against what its
+    # agent reports (``inventory.registration``).  0 / "" read as "not known".
+    gpu_type = models.CharField(max_length=32, default=DEFAULT_GPU_TYPE, help_text="Type slug.")
+    gpu_model = models.CharField(max_length=96, blank=True, default="")
+    gpu_memory_mib = models.PositiveIntegerField(default=0)
+    gpu_count = models.PositiveIntegerField(default=0)
+    cpu_cores = models.PositiveIntegerField(default=0)
+    memory_mib = models.PositiveBigIntegerField(default=0, help_text="Host memory.")
+    labels = models.JSONField(default=dict, blank=True, help_text="Free-form text → text.")
 
     class Meta:
         db_table = "portal_server"  # moved from the portal app: same table, no data moved
@@ -101,6 +111,7 @@ class Gpu(models.Model):
     )
     # The job whose worker was slow, by id: inventory sits below jobs and holds no key to it.
     suspect_job = models.PositiveIntegerField(null=True, blank=True)
+    uuid = models.CharField(max_length=96, blank=True, default="", help_text="As NVML names it.")
 
     class Meta:
         db_table = "portal_gpu"  # moved from the portal app: same table, no data moved
@@ -111,3 +122,23 @@ class Gpu(models.Model):
 
     def __str__(self) -> str:
         return f"gpu {self.index} ({self.server.node}:{self.local})"
+
+
+class PendingServer(models.Model):
+    """A server whose agent reported itself but that the inventory does not hold yet.
+
+    It has no position and no GPU rows, so nothing is ever scheduled on it: an
+    admin accepts it onto a leaf (``inventory.registration.do_accept_server``),
+    which makes it a ``Server``.  ``hardware`` is its latest hardware report.
+    """
+
+    node = models.CharField(max_length=64, unique=True)
+    hardware = models.JSONField(default=dict, blank=True)
+    first_seen = models.DateTimeField()
+    last_seen = models.DateTimeField()
+
+    class Meta:
+        ordering = ["node"]
+
+    def __str__(self) -> str:
+        return f"{self.node} (pending)"

@@ -29,6 +29,13 @@ from fabric.errors import TopologyError
 from fabric.topology import FabricSpec
 from inventory.limits import TopologyLimits, TopologyTooLarge, check_topology_size
 from inventory.models import Fabric, Gpu, Server, ServerState
+from inventory.server_types import (
+    TYPED_FIELDS,
+    UNTYPED,
+    ServerType,
+    ServerTypeError,
+    check_server_type,
+)
 from utilities.realtime import CLUSTER_GROUP, broadcast_on_commit
 
 NODE_NAME_MAX = 64
@@ -42,7 +49,21 @@ STATE_ACTIONS = {
 
 
 class InventoryError(ValueError):
-    """A refused inventory change, with a message for the admin."""
+    """A refused inventory change, with a message for the admin (``field``: the key at fault)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class PlannedServer:
+    """A server a topology document names: its position, node name and what it is."""
+
+    leaf: int
+    slot: int
+    node: str
+    kind: ServerType = UNTYPED
 
 
 @dataclass(frozen=True)
@@ -60,14 +81,15 @@ def default_node_name(spec: FabricSpec, leaf: int, slot: int) -> str:
     return f"node-{leaf * spec.servers_per_leaf + slot}"
 
 
-def check_fabric_spec(data: Any) -> tuple[FabricSpec, list[tuple[int, int, str]]]:
+def check_fabric_spec(data: Any) -> tuple[FabricSpec, list[PlannedServer]]:
     """Validate a topology document; return the spec and its (leaf, slot, node) servers.
 
     The document is the fabric spec (``leaves``, ``spines``, ``servers_per_leaf``,
     ``gpus_per_server``, optional ``link_gbps``) plus an optional ``servers``
     list of ``{"leaf", "slot", "node"}`` naming the servers that exist (all
-    positions, named ``node-<i>``, when it is absent). Sizes are bounded by
-    ``inventory.limits`` (the ``TOPOLOGY_MAX_*`` settings).
+    positions, named ``node-<i>``, when it is absent), each optionally typed
+    (``inventory.server_types``: ``gpu_type``, ``gpu_model``, ``labels``...).
+    Sizes are bounded by ``inventory.limits`` (the ``TOPOLOGY_MAX_*`` settings).
     """
     if not isinstance(data, Mapping):
         raise InventoryError("a topology must be a JSON object")
@@ -81,7 +103,7 @@ def check_fabric_spec(data: Any) -> tuple[FabricSpec, list[tuple[int, int, str]]
         raise InventoryError(str(exc)) from None
     if servers_raw is None:
         servers = [
-            (leaf, slot, default_node_name(spec, leaf, slot))
+            PlannedServer(leaf, slot, default_node_name(spec, leaf, slot))
             for leaf in range(spec.leaves)
             for slot in range(spec.servers_per_leaf)
         ]
@@ -90,32 +112,56 @@ def check_fabric_spec(data: Any) -> tuple[FabricSpec, list[tuple[int, int, str]]
     return spec, servers
 
 
-def _check_server_list(spec: FabricSpec, raw: Any) -> list[tuple[int, int, str]]:
+_SERVER_KEYS = {"leaf", "slot", "node"}
+_SERVER_OPTIONAL = {*TYPED_FIELDS, "gpu_count"}
+
+
+def _check_server_list(spec: FabricSpec, raw: Any) -> list[PlannedServer]:
     if not isinstance(raw, list):
-        raise InventoryError("servers must be a list of {leaf, slot, node}")
+        raise InventoryError("servers must be a list of {leaf, slot, node}", "servers")
     positions = spec.leaves * spec.servers_per_leaf
     if len(raw) > positions:
-        raise InventoryError(f"servers lists {len(raw)} servers: the fabric has {positions} places")
-    servers: list[tuple[int, int, str]] = []
-    for i, entry in enumerate(raw):
-        if not isinstance(entry, Mapping) or set(entry) != {"leaf", "slot", "node"}:
-            raise InventoryError(f"servers[{i}] must have exactly leaf, slot and node")
-        leaf, slot, node = entry["leaf"], entry["slot"], entry["node"]
-        check_position(spec, leaf, slot)
-        check_node_name(node)
-        servers.append((leaf, slot, node))
-    if len({(leaf, slot) for leaf, slot, _ in servers}) != len(servers):
-        raise InventoryError("two servers share a position")
-    if len({node for _, _, node in servers}) != len(servers):
-        raise InventoryError("two servers share a node name")
+        raise InventoryError(
+            f"servers lists {len(raw)} servers: the fabric has {positions} places", "servers"
+        )
+    servers = [_check_server_entry(spec, entry, f"servers[{i}]") for i, entry in enumerate(raw)]
+    if len({(s.leaf, s.slot) for s in servers}) != len(servers):
+        raise InventoryError("two servers share a position", "servers")
+    if len({s.node for s in servers}) != len(servers):
+        raise InventoryError("two servers share a node name", "servers")
     return servers
+
+
+def _check_server_entry(spec: FabricSpec, entry: Any, path: str) -> PlannedServer:
+    """One server of a topology document: position, name, optional typed resources."""
+    if not isinstance(entry, Mapping) or not _SERVER_KEYS <= set(entry) <= (
+        _SERVER_KEYS | _SERVER_OPTIONAL
+    ):
+        raise InventoryError(
+            f"{path} must have leaf, slot and node, and only these optional keys: "
+            f"{', '.join(sorted(_SERVER_OPTIONAL))}",
+            path,
+        )
+    check_position(spec, entry["leaf"], entry["slot"])
+    check_node_name(entry["node"])
+    count = entry.get("gpu_count", spec.gpus_per_server)
+    if isinstance(count, bool) or count != spec.gpus_per_server:
+        raise InventoryError(
+            f"{path}.gpu_count: must equal gpus_per_server ({spec.gpus_per_server})",
+            f"{path}.gpu_count",
+        )
+    try:
+        kind = check_server_type(entry, path)
+    except ServerTypeError as exc:
+        raise InventoryError(str(exc), exc.field) from None
+    return PlannedServer(entry["leaf"], entry["slot"], entry["node"], kind)
 
 
 def check_position(spec: FabricSpec, leaf: Any, slot: Any) -> None:
     """Refuse a server position outside the fabric."""
     for name, value, bound in (("leaf", leaf, spec.leaves), ("slot", slot, spec.servers_per_leaf)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < bound:
-            raise InventoryError(f"{name} must be an integer from 0 to {bound - 1}")
+            raise InventoryError(f"{name} must be an integer from 0 to {bound - 1}", name)
 
 
 def check_node_name(node: Any) -> None:
@@ -146,11 +192,26 @@ def _allocated_gpu_indices() -> set[int]:
     return set(Gpu.objects.filter(assignment__isnull=False).values_list("index", flat=True))
 
 
-def _create_server(spec: FabricSpec, leaf: int, slot: int, node: str) -> Server:
-    server = Server.objects.create(node=node, leaf=leaf, slot=slot)
+def create_server_rows(
+    spec: FabricSpec,
+    leaf: int,
+    slot: int,
+    node: str,
+    kind: ServerType = UNTYPED,
+    uuids: tuple[str, ...] = (),
+) -> Server:
+    """A server row and its GPU rows (``uuids``: each GPU's, where known)."""
+    server = Server.objects.create(
+        node=node, leaf=leaf, slot=slot, gpu_count=spec.gpus_per_server, **kind.as_fields()
+    )
     first = leaf * spec.gpus_per_leaf + slot * spec.gpus_per_server
     Gpu.objects.bulk_create(
-        Gpu(index=first + local, server=server, local=local)
+        Gpu(
+            index=first + local,
+            server=server,
+            local=local,
+            uuid=uuids[local] if local < len(uuids) else "",
+        )
         for local in range(spec.gpus_per_server)
     )
     return server
@@ -178,7 +239,8 @@ def do_load_topology(data: Any) -> LoadResult:
     fabric = Fabric.objects.select_for_update().filter(pk=1).first()
     before = inventory_summary()
     allocated = _allocated_gpu_indices()
-    wanted = {(leaf, slot): node for leaf, slot, node in servers}
+    wanted = {(s.leaf, s.slot): s.node for s in servers}
+    kinds = {s.node: s.kind for s in servers}
     if fabric is not None and fabric.spec() != spec:
         if allocated:
             raise InventoryError(
@@ -218,9 +280,10 @@ def do_load_topology(data: Any) -> LoadResult:
             continue
         if node in names_in_use:
             raise InventoryError(f"node name {node!r} is already used by another server")
-        _create_server(spec, leaf, slot, node)
+        create_server_rows(spec, leaf, slot, node, kinds[node])
         added += 1
-    unchanged = not created and not added and not removed
+    retyped = _retype_servers(kinds)
+    unchanged = not created and not added and not removed and not retyped
     if not unchanged:
         audit.record(
             "topology.load",
@@ -228,10 +291,29 @@ def do_load_topology(data: Any) -> LoadResult:
             object_id="1",
             object_repr=str(Fabric.objects.get(pk=1)),
             before=before,
-            after={**inventory_summary(), "servers_added": added, "servers_removed": removed},
+            after={
+                **inventory_summary(),
+                "servers_added": added,
+                "servers_removed": removed,
+                "servers_retyped": retyped,
+            },
         )
         broadcast_on_commit((CLUSTER_GROUP,), {"type": "topology.changed"})
     return LoadResult(created, added, removed, unchanged)
+
+
+def _retype_servers(kinds: Mapping[str, ServerType]) -> int:
+    """Give the document's kept servers its typed resources; how many changed."""
+    changed = 0
+    for server in Server.objects.filter(node__in=list(kinds)):
+        fields = kinds[server.node].as_fields()
+        if all(getattr(server, name) == value for name, value in fields.items()):
+            continue
+        for name, value in fields.items():
+            setattr(server, name, value)
+        server.save(update_fields=list(fields))
+        changed += 1
+    return changed
 
 
 def export_topology() -> dict[str, Any]:
@@ -241,8 +323,9 @@ def export_topology() -> dict[str, Any]:
         raise InventoryError("no topology is loaded")
     document = spec.to_dict()
     document["servers"] = [
-        {"leaf": leaf, "slot": slot, "node": node}
-        for leaf, slot, node in Server.objects.values_list("leaf", "slot", "node")
+        {"leaf": row["leaf"], "slot": row["slot"], "node": row["node"]}
+        | {name: row[name] for name in TYPED_FIELDS if row[name] != UNTYPED.as_fields()[name]}
+        for row in Server.objects.values("leaf", "slot", "node", *TYPED_FIELDS)
     ]
     return document
 
@@ -259,7 +342,7 @@ def do_add_server(*, leaf: int, slot: int, node: str) -> Server:
         raise InventoryError(f"leaf {leaf} slot {slot} already has a server")
     if Server.objects.filter(node=node).exists():
         raise InventoryError(f"node name {node!r} is already used")
-    server = _create_server(spec, leaf, slot, node)
+    server = create_server_rows(spec, leaf, slot, node)
     audit.record(
         "server.add",
         obj=server,

@@ -1135,10 +1135,95 @@ class EnvironmentEvicted(Report):
             )
 
 
+MAX_REPORTED_GPUS = 64
+MAX_GPU_MODEL_CHARS = 96
+MAX_GPU_UUID_CHARS = 96
+MAX_GPU_MEMORY_MIB = 4 * 1024 * 1024
+MAX_HOST_CPU_CORES = 4096
+MAX_HOST_MEMORY_MIB = 1 << 40
+MAX_GPU_TEMPERATURE_C = 1000.0
+MAX_ECC_ERRORS = 2**62
+MAX_XID = 2**31
+HardwareSource = Literal["nvml", "torch", "none"]
+"""Where the agent read its GPUs: NVML, ``torch.cuda``, or nowhere (none seen, none reported)."""
+
+
+def _within(value: float | None, top: float, path: str) -> None:
+    """Refuse a reported figure below 0 or above ``top`` (None: not reported)."""
+    if value is not None and not 0 <= value <= top:
+        raise ProtocolError(f"{path} must be within 0-{top:g}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuHealth(Record):
+    """One GPU's health as NVML reads it; None: NVML did not say (never a made-up figure)."""
+
+    temperature_c: float | None = None
+    utilization_pct: float | None = None
+    memory_used_mib: float | None = None
+    ecc_uncorrected: int | None = None
+    ecc_corrected: int | None = None
+    xid: int | None = None
+    """The last XID event the driver raised on it since the agent started, if any."""
+
+    def validate(self) -> None:
+        _within(self.temperature_c, MAX_GPU_TEMPERATURE_C, "gpu.health.temperature_c")
+        _within(self.utilization_pct, 100.0, "gpu.health.utilization_pct")
+        _within(self.memory_used_mib, MAX_GPU_MEMORY_MIB, "gpu.health.memory_used_mib")
+        _within(self.ecc_uncorrected, MAX_ECC_ERRORS, "gpu.health.ecc_uncorrected")
+        _within(self.ecc_corrected, MAX_ECC_ERRORS, "gpu.health.ecc_corrected")
+        _within(self.xid, MAX_XID, "gpu.health.xid")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuHardware(Record):
+    """One GPU the agent sees: its model, memory, UUID and (with NVML) its health."""
+
+    model: str
+    memory_mib: int
+    uuid: str = ""
+    health: GpuHealth | None = None
+
+    def validate(self) -> None:
+        if len(self.model) > MAX_GPU_MODEL_CHARS or not self.model.isprintable():
+            raise ProtocolError(f"gpu.model must be printable, at most {MAX_GPU_MODEL_CHARS}")
+        if len(self.uuid) > MAX_GPU_UUID_CHARS or not self.uuid.isprintable():
+            raise ProtocolError(f"gpu.uuid must be printable, at most {MAX_GPU_UUID_CHARS}")
+        _within(self.memory_mib, MAX_GPU_MEMORY_MIB, "gpu.memory_mib")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hardware(Record):
+    """What a node is, as its agent reads it (``workers.agent.hardware``).
+
+    ``source`` says where the GPUs were read (``none``: no NVML and no CUDA, so
+    ``gpus`` says nothing); ``health`` is ``nvml`` when each GPU's health was
+    read, ``none`` when it is not reported.  0 CPU cores or memory: not read.
+    """
+
+    source: HardwareSource
+    gpus: tuple[GpuHardware, ...] = ()
+    health: Literal["nvml", "none"] = "none"
+    cpu_cores: int = 0
+    memory_mib: int = 0
+
+    def validate(self) -> None:
+        if len(self.gpus) > MAX_REPORTED_GPUS:
+            raise ProtocolError(f"hardware.gpus lists more than {MAX_REPORTED_GPUS} GPUs")
+        if self.source == "none" and self.gpus:
+            raise ProtocolError("hardware.gpus must be empty when hardware.source is none")
+        _within(self.cpu_cores, MAX_HOST_CPU_CORES, "hardware.cpu_cores")
+        _within(self.memory_mib, MAX_HOST_MEMORY_MIB, "hardware.memory_mib")
+
+
 @_report
 @dataclass(frozen=True, kw_only=True)
 class Heartbeat(Report):
-    """The agent is alive: its slots, free slots, and the processes it runs."""
+    """The agent is alive: its slots, free slots, and the processes it runs.
+
+    ``hardware`` (when sent): what the node is and its GPUs' health; the
+    control plane checks it against the inventory (``inventory.registration``).
+    """
 
     TYPE: ClassVar[str] = "heartbeat"
 
@@ -1147,6 +1232,7 @@ class Heartbeat(Report):
     free_slots: tuple[int, ...]
     workers: tuple[RunningWorker, ...]
     address: str = "127.0.0.1"
+    hardware: Hardware | None = None
 
     def validate(self) -> None:
         super().validate()

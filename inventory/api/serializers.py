@@ -16,3 +16,58 @@ class SuspectGpuSerializer(serializers.Serializer[object]):
     reason = serializers.CharField()
     by = serializers.CharField(help_text="Who marked it.")
     job = serializers.IntegerField(allow_null=True, help_text="The job whose worker was slow.")
+
+
+class GpuRowSerializer(serializers.Serializer[object]):
+    """One GPU of a server: its ids, whether it is suspect, its health (null: not reported)."""
+
+    index = serializers.IntegerField()
+    local = serializers.IntegerField()
+    uuid = serializers.CharField(allow_blank=True)
+    suspect = serializers.BooleanField()
+    health = serializers.DictField(allow_null=True)
+
+
+class ServerRowSerializer(serializers.Serializer[object]):
+    """A server: position, type, pool, state and why, health, GPUs."""
+
+    id = serializers.IntegerField()
+    node = serializers.CharField()
+    leaf = serializers.IntegerField()
+    slot = serializers.IntegerField()
+    state = serializers.CharField()
+    state_reason = serializers.CharField(allow_blank=True)
+    gpu_type = serializers.CharField()
+    gpu_model = serializers.CharField(allow_blank=True)
+    gpu_memory_mib = serializers.IntegerField()
+    gpu_count = serializers.IntegerField()
+    cpu_cores = serializers.IntegerField()
+    memory_mib = serializers.IntegerField()
+    labels = serializers.DictField(child=serializers.CharField())
+    pool = serializers.CharField(allow_blank=True)
+    health = serializers.CharField(help_text="ok, unhealthy or not reported")
+    last_heartbeat = serializers.DateTimeField(allow_null=True)
+    gpus = GpuRowSerializer(many=True)
+
+
+class PendingServerSerializer(serializers.Serializer[object]):
+    """A server that reported itself and waits for an admin."""
+
+    id = serializers.IntegerField()
+    node = serializers.CharField()
+    gpus = serializers.IntegerField()
+    gpu_model = serializers.CharField()
+    gpu_source = serializers.CharField(help_text="nvml, torch or none")
+    cpu_cores = serializers.IntegerField()
+    memory_mib = serializers.IntegerField()
+    first_seen = serializers.DateTimeField()
+    last_seen = serializers.DateTimeField()
+
+
+class AcceptServerSerializer(serializers.Serializer[object]):
+    """Where and as what to accept a pending server."""
+
+    leaf = serializers.IntegerField()
+    slot = serializers.IntegerField(required=False, help_text="Default: the leaf's first free.")
+    gpu_type = serializers.CharField(required=False, help_text="Type slug; default 'default'.")
+    labels = serializers.DictField(child=serializers.CharField(), required=False)

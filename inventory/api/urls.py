@@ -2,9 +2,18 @@
 
 from django.urls import path
 
-from inventory.api.views import SuspectGpuList, SuspectGpuMark
+from inventory.api.views import (
+    AcceptServer,
+    PendingServerList,
+    ServerList,
+    SuspectGpuList,
+    SuspectGpuMark,
+)
 
 urlpatterns = [
+    path("servers/", ServerList.as_view(), name="server-list"),
+    path("servers/pending/", PendingServerList.as_view(), name="server-pending-list"),
+    path("servers/<int:pending>/accept/", AcceptServer.as_view(), name="server-accept"),
     path("gpus/suspect/", SuspectGpuList.as_view(), name="gpu-suspect-list"),
     path("gpus/<int:index>/suspect/", SuspectGpuMark.as_view(), name="gpu-suspect"),
 ]

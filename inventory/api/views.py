@@ -1,9 +1,13 @@
-"""``/api/v1/gpus/suspect/``: GPUs in a straggler's cool-down; an admin clears a mark.
+"""Inventory's API: servers, pending servers, suspect GPUs.
 
 ::
 
-    GET    /api/v1/gpus/suspect/          every GPU whose suspect mark is in effect
-    DELETE /api/v1/gpus/{index}/suspect/  clear GPU index's mark (204; audited)
+    GET    /api/v1/servers/                 every server: type, pool, state, health
+    GET    /api/v1/servers/pending/         servers that reported themselves, not accepted
+    POST   /api/v1/servers/{id}/accept/     accept pending server id onto {"leaf", "slot"?,
+                                            "gpu_type"?, "labels"?} (audited)
+    GET    /api/v1/gpus/suspect/            every GPU whose suspect mark is in effect
+    DELETE /api/v1/gpus/{index}/suspect/    clear GPU index's mark (204; audited)
 
 Cluster admins only: anybody else signed in gets a 403, as for the audit log
 (the inventory is the cluster's, no tenant's).  Clearing an unknown GPU is a
@@ -12,6 +16,8 @@ Cluster admins only: anybody else signed in gets a 403, as for the audit log
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, PermissionDenied
@@ -19,8 +25,15 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from inventory.api.serializers import SuspectGpuSerializer
-from inventory.models import Gpu
+from inventory.api.serializers import (
+    AcceptServerSerializer,
+    PendingServerSerializer,
+    ServerRowSerializer,
+    SuspectGpuSerializer,
+)
+from inventory.listing import pending_rows, server_rows
+from inventory.models import Gpu, PendingServer
+from inventory.registration import do_accept_server
 from inventory.services import InventoryError, do_clear_gpu_suspect, suspect_gpus
 
 ADMINS_ONLY = "only a cluster admin may read or clear suspect GPUs"
@@ -62,3 +75,42 @@ class SuspectGpuMark(APIView):
         except InventoryError as exc:
             raise Conflict({"gpu": [str(exc)]}) from None
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ServerList(APIView):
+    """Every server: type, pool, state (and why), health, GPUs (``portalctl nodes``)."""
+
+    @extend_schema(responses=ServerRowSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        """Every server, by position."""
+        _admins_only(request)
+        return Response(server_rows())
+
+
+class PendingServerList(APIView):
+    """Servers whose agents reported themselves and wait for an admin to accept them."""
+
+    @extend_schema(responses=PendingServerSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        """Every pending server, by node name."""
+        _admins_only(request)
+        return Response(pending_rows())
+
+
+class AcceptServer(APIView):
+    """Accept a pending server onto a leaf: it becomes a server whose GPUs the tick schedules."""
+
+    @extend_schema(request=AcceptServerSerializer, responses=ServerRowSerializer)
+    def post(self, request: Request, pending: int) -> Response:
+        """Accept (audited as ``server.accept``); a bad field is a 400 that changes nothing."""
+        _admins_only(request)
+        if not PendingServer.objects.filter(pk=pending).exists():
+            raise NotFound()
+        body = request.data if isinstance(request.data, Mapping) else {}
+        fields = {k: body.get(k) for k in ("leaf", "slot", "gpu_type", "labels")}
+        try:
+            server = do_accept_server(pending=pending, user=request.user, **fields)
+        except InventoryError as exc:
+            raise serializers.ValidationError({exc.field or "pending": [str(exc)]}) from None
+        row = next(r for r in server_rows() if r["node"] == server.node)
+        return Response(row)

@@ -29,6 +29,7 @@ from workers.agent.commands import CommandHandler
 from workers.agent.commands import CommandRejected as CommandRejected  # re-exported
 from workers.agent.config import SHM_ROOT, AgentConfig
 from workers.agent.events import EventForwarder, JobControlLike, default_control_factory
+from workers.agent.hardware import HardwareProbe, load_nvml
 from workers.agent.launch import log_tail
 from workers.agent.log_shipper import LogOffsets, LogShipper, WorkerLike
 from workers.agent.metrics_tail import MetricsFileTail
@@ -93,6 +94,10 @@ class Agent:
             clock,
             self._metrics_file,
         )
+        self.hardware = HardwareProbe(
+            load_nvml(), cuda=config.device == "cuda", only=[gpu.uuid for gpu in config.gpus]
+        )
+        """Reads the node's hardware and GPU health for each heartbeat."""
         self._next_heartbeat = clock.monotonic()
         self._next_clean = clock.monotonic() + config.cleanup.every_s
         self._next_quota = clock.monotonic() + config.sandbox.quota.every_s
@@ -303,6 +308,7 @@ class Agent:
                 free_slots=free,
                 workers=workers,
                 address=self.config.address,
+                hardware=self.hardware.report(),
             )
         )
 
