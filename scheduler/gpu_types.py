@@ -149,14 +149,21 @@ def never_satisfiable(
     For the live side to refuse such a job at submit (with this reason) and for the
     pass to leave it waiting with it; every GPU in service counts, busy or free.
     """
-    eligible = eligible_gpus(cluster, gpu_types, selector)
-    if any(len(ids) >= min_gpus for ids in eligible.values()):
+    sizes = {name: len(ids) for name, ids in eligible_gpus(cluster, gpu_types, selector).items()}
+    return _unsatisfiable(sizes, gpu_types, selector, min_gpus)
+
+
+def _unsatisfiable(
+    sizes: Mapping[str, int], gpu_types: Sequence[str], selector: Labels, min_gpus: int
+) -> str | None:
+    """:func:`never_satisfiable` from the request's GPU count per type it can reach."""
+    if any(size >= min_gpus for size in sizes.values()):
         return None
     wanted = ", ".join(gpu_types) if gpu_types else "any type"
     where = " on servers with " + ",".join(f"{k}={v}" for k, v in selector) if selector else ""
-    if not eligible:
+    if not sizes:
         return f"no server has GPUs of {wanted}{where}"
-    most = max(len(ids) for ids in eligible.values())
+    most = max(sizes.values())
     return f"needs {min_gpus} GPUs of one type ({wanted}){where}; the most there are is {most}"
 
 
@@ -206,7 +213,7 @@ def split_by_type(snapshot: Snapshot) -> TypeSplit | None:
     by_id = {g.id: g for g in cluster.gpus}
     members: dict[str, list[JobView]] = {name: [] for name in cluster_types(cluster)}
     allowed: dict[str, dict[str, frozenset[int]]] = {name: {} for name in members}
-    free_ids = {g.id for g in cluster.gpus if g.state is GpuState.FREE}
+    reach = _Reach(cluster)
     waits: dict[str, str] = {}
     for view in snapshot.jobs:
         if view.gpus:
@@ -214,23 +221,27 @@ def split_by_type(snapshot: Snapshot) -> TypeSplit | None:
             members.setdefault(name, []).append(view)
             allowed.setdefault(name, {})
             if view.selector:
-                allowed[name][view.id] = _selected(cluster, name, view.selector)
+                allowed[name][view.id] = reach.ids((name,), view.selector).get(name, frozenset())
     queued = sorted((v for v in snapshot.jobs if not v.gpus), key=_queue_key)
-    free_left = {name: sum(1 for g in free_ids if by_id[g].gpu_type == name) for name in members}
+    free_left = dict.fromkeys(members, 0)
+    for gpu in cluster.gpus:
+        if gpu.state is GpuState.FREE:
+            free_left[gpu.gpu_type] += 1
     for view in queued:
         need = quota_need(view.min_gpus, view.requested_gpus)
-        reason = never_satisfiable(cluster, view.gpu_types, view.selector, need)
+        eligible = reach.ids(view.gpu_types, view.selector)
+        sizes = reach.sizes(view.gpu_types, view.selector)
+        reason = _unsatisfiable(sizes, view.gpu_types, view.selector, need)
         if reason is not None:
             waits[view.id] = reason
             continue
-        eligible = eligible_gpus(cluster, view.gpu_types, view.selector)
-        fits = [n for n, ids in eligible.items() if len(ids) >= need]
-        name = next((n for n in fits if _free_on(eligible[n], free_ids) >= need
-                     and free_left[n] >= need), fits[0])  # fmt: skip
+        fits = [n for n, size in sizes.items() if size >= need]
+        free = reach.free(view.gpu_types, view.selector)
+        name = next((n for n in fits if free[n] >= need and free_left[n] >= need), fits[0])
         free_left[name] -= need
         members[name].append(view)
         if view.selector:
-            allowed[name][view.id] = frozenset(eligible[name])
+            allowed[name][view.id] = eligible[name]
     pools = tuple(
         Pool(name, _pool_snapshot(snapshot, name, members[name]), allowed[name] or NO_ALLOWED)
         for name in members
@@ -238,17 +249,42 @@ def split_by_type(snapshot: Snapshot) -> TypeSplit | None:
     return TypeSplit(pools, waits)
 
 
+class _Reach:
+    """What each distinct request (accepted types, selector) reaches on one cluster,
+    worked out once per pass: thousands of jobs share a handful of requests."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.free_ids = frozenset(g.id for g in cluster.gpus if g.state is GpuState.FREE)
+        self._ids: dict[tuple[tuple[str, ...], Labels], dict[str, frozenset[int]]] = {}
+        self._sizes: dict[tuple[tuple[str, ...], Labels], dict[str, int]] = {}
+        self._free: dict[tuple[tuple[str, ...], Labels], dict[str, int]] = {}
+
+    def ids(self, gpu_types: Sequence[str], selector: Labels) -> dict[str, frozenset[int]]:
+        """Per type reached (the request's order), its GPUs in service the request may hold."""
+        key = (tuple(gpu_types), selector)
+        found = self._ids.get(key)
+        if found is None:
+            eligible = eligible_gpus(self.cluster, gpu_types, selector)
+            found = self._ids[key] = {name: frozenset(ids) for name, ids in eligible.items()}
+            self._sizes[key] = {name: len(ids) for name, ids in found.items()}
+            self._free[key] = {name: len(ids & self.free_ids) for name, ids in found.items()}
+        return found
+
+    def sizes(self, gpu_types: Sequence[str], selector: Labels) -> dict[str, int]:
+        """Per type reached, how many GPUs in service the request may hold."""
+        self.ids(gpu_types, selector)
+        return self._sizes[(tuple(gpu_types), selector)]
+
+    def free(self, gpu_types: Sequence[str], selector: Labels) -> dict[str, int]:
+        """Per type reached, how many of those GPUs are free now."""
+        self.ids(gpu_types, selector)
+        return self._free[(tuple(gpu_types), selector)]
+
+
 def _queue_key(view: JobView) -> tuple[float, float, str]:
     since = view.queue_since if view.queue_since is not None else view.submit_time
     return (since, view.submit_time, view.id)
-
-
-def _free_on(ids: Sequence[int], free_ids: set[int]) -> int:
-    return sum(1 for g in ids if g in free_ids)
-
-
-def _selected(cluster: Cluster, name: str, selector: Labels) -> frozenset[int]:
-    return frozenset(eligible_gpus(cluster, (name,), selector).get(name, ()))
 
 
 def _pool_snapshot(snapshot: Snapshot, name: str, jobs: list[JobView]) -> Snapshot:
