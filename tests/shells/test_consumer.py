@@ -13,7 +13,7 @@ import redis
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
-from django.test import override_settings
+from django.test import Client, override_settings
 
 from audit.models import AuditEntry
 from inventory.models import Gpu
@@ -42,10 +42,12 @@ def running(user: Any, tenant: Tenant, gpus: tuple[int, ...] = (2, 3)) -> Job:
     return job
 
 
-def socket(job_id: int, token: str | None) -> WebsocketCommunicator:
+def socket(job_id: int, token: str | None, cookie: str | None = None) -> WebsocketCommunicator:
     headers = [(b"origin", b"http://testserver"), (b"host", b"testserver")]
     if token is not None:
         headers.append((b"authorization", f"Token {token}".encode()))
+    if cookie is not None:
+        headers.append((b"cookie", f"sessionid={cookie}".encode()))
     return WebsocketCommunicator(application, f"/ws/jobs/{job_id}/shell/", headers=headers)
 
 
@@ -250,3 +252,19 @@ def test_an_idle_shell_is_told_to_close(alice: Any, acme: Tenant) -> None:
 
     run(scenario)
     assert Shell.objects.get().close_reason == "idle"
+
+
+def test_a_signed_in_browser_session_opens_a_shell_too(alice: Any, acme: Tenant) -> None:
+    job = running(alice, acme)
+    browser = Client()
+    browser.force_login(alice)
+    cookie = str(browser.cookies["sessionid"].value)
+
+    async def scenario() -> None:
+        comm = socket(job.pk, None, cookie=cookie)
+        answer = await opened(comm)
+        assert answer["worker"] == "w2"
+        await comm.disconnect()
+
+    run(scenario)
+    assert Shell.objects.get().user == alice
