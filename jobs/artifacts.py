@@ -135,17 +135,20 @@ class CopiedCheckpoint:
     files: int
 
 
-def newest_checkpoint_step(job: Job) -> int | None:
-    """The step of ``job``'s newest complete checkpoint (its manifest written; the copy
-    checks its bytes), None with none; a program's own checkpoint files count as step 0."""
+def has_checkpoint(job: Job) -> bool:
+    """Whether ``job``'s store holds something to resume from: a complete checkpoint (its
+    manifest written) or a program's own files under ``checkpoints/``.
+
+    Reads the manifests (small), never a checkpoint's bytes: those are verified
+    once, as :func:`copy_newest_checkpoint` streams them (a checkpoint of many
+    gigabytes read whole into memory at submit would take the web server with it).
+    """
     # torch comes with the checkpoint module: imported only when a job resumes another.
     from workers.elastic.checkpoint import Checkpoints
 
     source = artifact_store().child(prefix_of(job))
     manifests, _ = Checkpoints(source).manifests()
-    if manifests:
-        return manifests[0].step
-    return 0 if source.list(CHECKPOINT_FOLDER) else None
+    return bool(manifests) or bool(source.list(CHECKPOINT_FOLDER))
 
 
 def copy_newest_checkpoint(source: Job, target: Job, at: datetime) -> CopiedCheckpoint | None:
@@ -154,8 +157,9 @@ def copy_newest_checkpoint(source: Job, target: Job, at: datetime) -> CopiedChec
 
     The runtime's checkpoints: the newest whose bytes match its manifest, copied
     as a regular (not final) checkpoint of ``target`` and recorded as its
-    artifact.  Without any: the program's own files under ``checkpoints/`` (a
-    torchrun program's), as they are.  None when there is nothing to copy.
+    artifact.  Without any manifest: the program's own files under ``checkpoints/``
+    (a torchrun program's), as they are.  None when there is nothing to copy
+    (runtime checkpoints that all fail to verify are not copied as files).
     """
     from workers.elastic.checkpoint import Checkpoints, Manifest
 
@@ -183,6 +187,8 @@ def copy_newest_checkpoint(source: Job, target: Job, at: datetime) -> CopiedChec
             step=manifest.step,
         )
         return CopiedCheckpoint(step=manifest.step, files=1)
+    if manifests:  # the runtime's checkpoints, every one corrupt: nothing to resume
+        return None
     return _copy_own_files(src, dst)
 
 

@@ -22,7 +22,7 @@ from audit import services as audit
 from audit.context import current_actor
 from fabric.allocator import clos_shapes
 from inventory.services import current_spec
-from jobs.artifacts import copy_newest_checkpoint, newest_checkpoint_step
+from jobs.artifacts import copy_newest_checkpoint, has_checkpoint
 from jobs.choices import TERMINAL_STATES, EventKind, JobState, RecoveryMode
 from jobs.dependencies import (
     After,
@@ -261,7 +261,7 @@ def _check_resume_from(tenant: Tenant, raw: Any, errors: _Errors) -> int | None:
     if source is None:
         errors.add("resume_from", f"No job {raw} in tenant {tenant.slug}.")
         return None
-    if newest_checkpoint_step(source) is None:
+    if not has_checkpoint(source):
         errors.add("resume_from", f"Job {raw} has no complete checkpoint to resume from.")
         return None
     return raw

@@ -36,12 +36,13 @@ from django.db.models import F, Sum
 from django.utils import timezone
 
 from audit import services as audit
-from jobs.artifacts import newest_checkpoint_step
+from jobs.artifacts import has_checkpoint
 from jobs.choices import TERMINAL_STATES, ArtifactKind, EventKind, JobState
 from jobs.errors import JobConflictError, JobError, JobPermissionError, JobValidationError
 from jobs.lifecycle import record
 from jobs.models import Job, Sweep, SweepState, TrainingMetric, Trial
 from jobs.services import JobSpec, check_job_spec, do_cancel_job, do_submit_job
+from portalctl.sweep_fields import SWEEP_FIELDS
 from scheduler import asha
 from scheduler.asha import TrialStatus, TrialView
 from tenancy.models import Tenant
@@ -50,19 +51,6 @@ from utilities.deadlocks import atomic_retrying
 
 SWEEP_ENV = ("SWEEP_PARAMS", "TRIAL_MAX_STEPS", "SWEEP_ID", "TRIAL_INDEX")
 """Variables a sweep sets in each trial's environment (besides ``HP_<NAME>``)."""
-SWEEP_FIELDS = (
-    "search_space",
-    "metric",
-    "mode",
-    "strategy",
-    "eta",
-    "min_steps",
-    "max_steps",
-    "max_trials",
-    "max_gpu_hours",
-    "max_running",
-    "seed",
-)
 MAX_TRIALS = 1000
 MAX_STEPS = 100_000_000
 METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]{0,63}")
@@ -327,7 +315,7 @@ def _promote(sweep: Sweep, trial: Trial, move: asha.Promote, at: datetime) -> No
     checkpoint; a program that left none trains the new job from step 0 (its history says)."""
     previous = trial.job
     assert previous is not None  # a trial that reported a result had a job
-    resumable = newest_checkpoint_step(previous) is not None
+    resumable = has_checkpoint(previous)
     trial.rung = move.rung
     try:
         with transaction.atomic():

@@ -270,3 +270,23 @@ def test_a_metric_that_arrives_after_the_jobs_end_is_still_its_result(
     assert (trial.status, trial.results) == ("completed", {"0": 0.25})
     sweep.refresh_from_db()
     assert sweep.state == "completed"
+
+
+def test_resume_from_a_job_whose_only_checkpoint_is_corrupt_starts_from_step_0(
+    alice: Any, acme: Any, tmp_path: Path
+) -> None:
+    """The submit reads manifests only; the bytes are verified once, as they are copied."""
+    bundle = bundle_of(alice, acme)
+    body = program_body(bundle.sha256, gpus=1)
+    source = do_submit_job(user=alice, tenant=acme, spec=check_job_spec(tenant=acme, data=body))
+    Checkpoints(artifact_store().child(prefix_of(source)), keep=3).save(10, {"w": torch.ones(1)})
+    only = tmp_path / "artifacts" / prefix_of(source) / "checkpoints" / "step-000000010.pt"
+    only.write_bytes(only.read_bytes()[:-3] + b"xyz")
+    spec = check_job_spec(tenant=acme, data={**body, "resume_from": source.pk})
+    job = do_submit_job(user=alice, tenant=acme, spec=spec)
+    assert job.resumed_from_id == source.pk and job.step == 0
+    assert job.events.filter(
+        reason=f"job {source.pk} had no checkpoint left to copy: starts from step 0"
+    )
+    restored, _ = Checkpoints(artifact_store().child(prefix_of(job))).load_latest()
+    assert restored is None
