@@ -19,12 +19,14 @@ import random
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
 from fabric.errors import TopologyError
 from scheduler.fabric_placement import MIX_MODELS, SIM_PLACEMENTS, TRAFFIC, fabric_spec_for
 from scheduler.fairshare import FAIR_SHARE_HALF_LIFE, parse_weights
+from scheduler.gpu_types import parse_type_numbers
 from scheduler.policies import REGISTRY, get_policy
 from scheduler.priority import (
     CLASS_AGEING_S,
@@ -43,6 +45,7 @@ from scheduler.sim_config import (
     binder_named,
     fidelity_named,
 )
+from scheduler.sim_types import TypePool, assign_types, parse_pools, simulate_mixed
 from scheduler.simulator import ScalingCost, SimConfig, SimResult, simulate
 from scheduler.traces import (
     LoadedTrace,
@@ -209,6 +212,21 @@ def _cluster_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--placement", choices=PLACEMENTS, default="count")
 
 
+def _type_arguments(p: argparse.ArgumentParser) -> None:
+    """A mixed cluster of GPU types (:mod:`scheduler.sim_types`): one loop per type."""
+    g = p.add_argument_group("GPU types (a mixed cluster; placement by count)")
+    g.add_argument(
+        "--cluster-types",
+        help="GPUs per type, e.g. a100:48,h100:16 (the cluster's GPUs instead of --servers)",
+    )
+    g.add_argument("--speeds", default="", help="speed per type (1 unless named), e.g. h100:2")
+    g.add_argument(
+        "--gpu-mix",
+        default="",
+        help="share of jobs per type, e.g. a100:0.75,h100:0.25 (a trace's gpu_type column wins)",
+    )
+
+
 def _policy_arguments(p: argparse.ArgumentParser) -> None:
     """The policy's parameters (Tiresias's queues, elastic scale-out) and the scaling cost."""
     p.add_argument("--queue-thresholds", type=_thresholds, help="GPU-seconds, e.g. 3250,7200")
@@ -350,6 +368,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     """The arguments ``simulate`` and ``compare`` share, in the order ``--help`` lists them."""
     _trace_arguments(p)
     _cluster_arguments(p)
+    _type_arguments(p)
     _policy_arguments(p)
     _synthetic_arguments(p)
     _class_and_share_arguments(p)
@@ -471,13 +490,18 @@ def make_policy(name: str, args: argparse.Namespace) -> Any:
 
 def run_one(name: str, trace: LoadedTrace, args: argparse.Namespace, total: int) -> SimResult:
     """Simulate one policy with the arguments' settings (placement included)."""
+    return simulate(trace.jobs, make_policy(name, args), sim_config(args, total))
+
+
+def sim_config(args: argparse.Namespace, total: int) -> SimConfig:
+    """The simulator's settings the arguments give, for a cluster of ``total`` GPUs."""
     fabric = None
     if args.placement != "count":
         try:
             fabric = fabric_spec_for(total, args.gpus_per_server, args.leaves)
         except (ValueError, TopologyError) as exc:
             raise UsageError(f"no fabric for --placement {args.placement}: {exc}") from None
-    cfg = SimConfig(
+    return SimConfig(
         total_gpus=total,
         gpus_per_server=args.gpus_per_server,
         tick=args.tick,
@@ -497,7 +521,6 @@ def run_one(name: str, trace: LoadedTrace, args: argparse.Namespace, total: int)
         if args.binder is None
         else replace(args.fidelity, binder=args.binder),
     )
-    return simulate(trace.jobs, make_policy(name, args), cfg)
 
 
 def _write_jobs_csv(results: Sequence[SimResult], path: Path) -> None:
@@ -536,7 +559,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError("--servers must be a multiple of --leaves")
         if args.half_life <= 0:
             raise UsageError("--half-life must be positive")
-        trace = with_priorities_and_tenants(load_trace(args, total), args)
+        pools = _pools(args)
+        limit = min(p.gpus for p in pools) if pools else total  # a job fits any pool
+        trace = with_priorities_and_tenants(load_trace(args, limit), args)
         if not trace.jobs:
             raise UsageError("no jobs left in the trace after filtering")
         names = (
@@ -547,6 +572,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for n in names:
             if n not in REGISTRY:
                 raise UsageError(f"unknown policy {n!r} (choose {', '.join(REGISTRY)})")
+        if pools:
+            return _run_mixed(args, trace, names, pools)
         results = [run_one(n, trace, args, total) for n in names]
     except (UsageError, TraceError) as exc:
         _err(f"error: {exc}")
@@ -594,4 +621,47 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"{g['avg_jct']:.2f} s, median {g['median_jct']:.2f} s, "
                         f"p95 {g['p95_jct']:.2f} s{extra}"
                     )
+    return 0
+
+
+def _pools(args: argparse.Namespace) -> tuple[TypePool, ...]:
+    """The type pools ``--cluster-types``/``--speeds`` give (empty: one type)."""
+    if not args.cluster_types:
+        if args.speeds or args.gpu_mix:
+            raise UsageError("--speeds and --gpu-mix need --cluster-types")
+        return ()
+    if args.placement != "count" or args.report or args.jobs_csv or args.series_csv:
+        raise UsageError("--cluster-types replays by count and prints its figures only")
+    try:
+        return parse_pools(args.cluster_types, args.speeds)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _run_mixed(
+    args: argparse.Namespace, trace: LoadedTrace, names: Sequence[str], pools: tuple[TypePool, ...]
+) -> int:
+    """Each policy on the mixed cluster: overall and per-type figures (JSON with --json)."""
+    try:
+        mix = parse_type_numbers(args.gpu_mix, "gpu mix") if args.gpu_mix else {}
+        types = assign_types(trace.jobs, mix, args.seed)
+        cfg = sim_config(args, sum(p.gpus for p in pools))
+        summaries = {
+            n: simulate_mixed(
+                trace.jobs, partial(make_policy, n, args), cfg, pools, types
+            ).summary()
+            for n in names
+        }
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        _out(json.dumps({"trace": str(args.trace or args.trace_format), "results": summaries}))
+        return 0
+    for n, summary in summaries.items():
+        _out(f"{n:>17}: {summary['jobs']} jobs, avg JCT {summary['avg_jct']:.2f} s, "
+             f"util {summary['gpu_utilization']:.3f}")  # fmt: skip
+        for name, t in summary["by_type"].items():
+            _out(f"{'':>17}  type {name} ({t['gpus']} GPUs x{t['speed']:g}): {t['jobs']} jobs, "
+                 f"avg JCT {t['avg_jct']:.2f} s, p95 {t['p95_jct']:.2f} s, "
+                 f"util {t['gpu_utilization']:.3f}")  # fmt: skip
     return 0

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 import pytest
 
+from scheduler.cli import main
 from scheduler.policies import get_policy
 from scheduler.policies.elastic import curve_limit
 from scheduler.sim_types import TypePool, assign_types, parse_pools, simulate_mixed
@@ -104,3 +106,32 @@ def test_a_mixed_replay_is_by_count_and_says_so() -> None:
     with pytest.raises(ValueError, match="replays by count"):
         simulate_mixed(trace, lambda: get_policy("fifo"), SimConfig(total_gpus=4, placement="vclos"),
                        (TypePool("a100", 4),), dict.fromkeys((j.id for j in trace), "a100"))  # fmt: skip
+
+
+def test_the_command_line_runs_a_mixed_cluster_per_type(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["compare", "--trace-format", "poisson", "--jobs", "60", "--servers", "2",
+            "--gpus-per-server", "8", "--max-gpus", "4", "--policies", "tiresias,elastic-tiresias",
+            "--cluster-types", "a100:12,h100:4", "--speeds", "h100:2",
+            "--gpu-mix", "a100:0.75,h100:0.25", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    for policy in ("tiresias", "elastic-tiresias"):
+        summary = out["results"][policy]
+        by_type = summary["by_type"]
+        assert by_type["h100"]["speed"] == 2.0 and by_type["a100"]["gpus"] == 12
+        assert by_type["a100"]["jobs"] + by_type["h100"]["jobs"] == summary["jobs"] > 40
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [(["--speeds", "h100:2"], "need --cluster-types"),
+     (["--cluster-types", "a100:8", "--placement", "vclos"], "replays by count"),
+     (["--cluster-types", "a100:x"], "cluster types")],
+)  # fmt: skip
+def test_bad_type_options_are_one_line_errors(
+    extra: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["simulate", "--trace-format", "poisson", "--jobs", "10", "--servers", "1",
+            "--gpus-per-server", "8", *extra]  # fmt: skip
+    assert main(argv) == 2
+    assert words in capsys.readouterr().err
