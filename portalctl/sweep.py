@@ -34,21 +34,7 @@ import yaml
 
 from portalctl.client import Client
 from portalctl.jobfile import JobFileError, parse_job_file
-
-SWEEP_FILE_FIELDS = (
-    "search_space",
-    "metric",
-    "mode",
-    "strategy",
-    "eta",
-    "min_steps",
-    "max_steps",
-    "max_trials",
-    "max_gpu_hours",
-    "max_running",
-    "seed",
-)
-"""A sweep file's own keys; every other key is a job file's (the schema's ``SweepCreate``)."""
+from portalctl.sweep_fields import SWEEP_FIELDS
 
 TRIAL_COLUMNS = ("trial", "params", "status", "rung", "metric", "job", "GPUs", "why")
 
@@ -61,7 +47,7 @@ def parse_sweep_file(text: str, *, source: str = "sweep file") -> dict[str, Any]
         raise JobFileError(f"{source}: not valid YAML ({exc})") from None
     if not isinstance(data, dict):
         raise JobFileError(f"{source}: expected a mapping of sweep fields")
-    search = {key: data.pop(key) for key in SWEEP_FILE_FIELDS if key in data}
+    search = {key: data.pop(key) for key in SWEEP_FIELDS if key in data}
     if not isinstance(search.get("search_space"), dict):
         raise JobFileError(f"{source}: search_space must be a mapping of hyperparameters")
     fields = parse_job_file(yaml.safe_dump(data), source=source) if data else {}

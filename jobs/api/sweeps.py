@@ -16,6 +16,7 @@ from jobs.api.serializers import JobCancelSerializer, JobCreateSerializer
 from jobs.api.views import object_body, submission
 from jobs.models import Sweep
 from jobs.sweeps import best_of, check_sweep_spec, do_cancel_sweep, do_submit_sweep, trial_rows
+from portalctl.sweep_fields import SWEEP_FIELDS
 from tenancy.models import Tenant
 from tenancy.services import resolve_tenant_for_write
 
@@ -90,17 +91,7 @@ class SweepSerializer(serializers.ModelSerializer[Sweep]):
             "id",
             "tenant",
             "name",
-            "strategy",
-            "metric",
-            "mode",
-            "eta",
-            "min_steps",
-            "max_steps",
-            "max_trials",
-            "max_gpu_hours",
-            "max_running",
-            "seed",
-            "search_space",
+            *SWEEP_FIELDS,
             "state",
             "reason",
             "created_at",

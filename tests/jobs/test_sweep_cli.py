@@ -20,7 +20,8 @@ from jobs.artifacts import artifact_store, prefix_of
 from jobs.models import Job, Sweep
 from portalctl.client import Client
 from portalctl.jobfile import JOB_FILE_FIELDS, JobFileError
-from portalctl.sweep import SWEEP_FILE_FIELDS, parse_sweep_file
+from portalctl.sweep import parse_sweep_file
+from portalctl.sweep_fields import SWEEP_FIELDS
 from tenancy.token_services import do_issue_token
 from tests.jobs.test_programs import bundle_of
 from workers.elastic.checkpoint import Checkpoints
@@ -110,7 +111,7 @@ def test_a_sweep_file_sends_only_fields_the_schema_has(client: DjangoClient) -> 
     schema = yaml.safe_load(client.get("/api/schema/").content)
     body = schema["paths"]["/api/v1/sweeps/"]["post"]["requestBody"]["content"]
     ref = body["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
-    assert set(JOB_FILE_FIELDS) | set(SWEEP_FILE_FIELDS) == set(
+    assert set(JOB_FILE_FIELDS) | set(SWEEP_FIELDS) == set(
         schema["components"]["schemas"][ref]["properties"]
     )
 
