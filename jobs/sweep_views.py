@@ -8,15 +8,14 @@ from the page's JSON snapshot; cancel goes through ``do_cancel_sweep``.
 
 from __future__ import annotations
 
-from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from jobs.errors import JobError
 from jobs.models import Sweep, SweepState
 from jobs.sweeps import best_of, do_cancel_sweep, metric_curves, plan_of, trial_rows
+from jobs.views import page_action
 from tenancy.services import can_write
 
 
@@ -63,10 +62,9 @@ def sweep_detail(request: HttpRequest, sweep_id: int) -> HttpResponse:
 def cancel_sweep(request: HttpRequest, sweep_id: int) -> HttpResponse:
     """Cancel a sweep from its page."""
     sweep = get_object_or_404(Sweep.objects.restrict(request.user), pk=sweep_id)
-    try:
-        do_cancel_sweep(user=request.user, sweep_id=sweep.pk)
-    except JobError as exc:
-        messages.error(request, str(exc))
-    else:
-        messages.success(request, f"Sweep {sweep.pk} cancelled.")
-    return redirect("sweep-page", sweep_id=sweep.pk)
+    return page_action(
+        request,
+        lambda: do_cancel_sweep(user=request.user, sweep_id=sweep.pk),
+        lambda _: f"Sweep {sweep.pk} cancelled.",
+        redirect("sweep-page", sweep_id=sweep.pk),
+    )

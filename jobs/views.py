@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
@@ -24,6 +27,28 @@ from jobs.models import Job, JobArray
 from jobs.services import JobError, do_cancel_job, do_submit_job
 from tenancy.models import Tenant
 from tenancy.services import can_write
+
+_Result = TypeVar("_Result")
+
+
+def page_action(
+    request: HttpRequest,
+    act: Callable[[], _Result],
+    said: Callable[[_Result], str],
+    back: HttpResponse,
+) -> HttpResponse:
+    """What a page's button does on POST (cancel, retry): the service call ``act``, its
+    refusal or ``said`` of its result shown as the page's message, then ``back`` to the page.
+
+    Shared by the job, array and sweep pages, so a refused action reads the same on each.
+    """
+    try:
+        result = act()
+    except JobError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, said(result))
+    return back
 
 
 @login_required
@@ -99,13 +124,12 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
 def cancel_job(request: HttpRequest, job_id: int) -> HttpResponse:
     """Cancel a job from its page."""
     job = get_object_or_404(Job.objects.restrict(request.user), pk=job_id)
-    try:
-        do_cancel_job(user=request.user, job_id=job.pk)
-    except JobError as exc:
-        messages.error(request, exc.message)
-    else:
-        messages.success(request, f"Job {job.pk} cancelled.")
-    return redirect("job-detail", job_id=job.pk)
+    return page_action(
+        request,
+        lambda: do_cancel_job(user=request.user, job_id=job.pk),
+        lambda _: f"Job {job.pk} cancelled.",
+        redirect("job-detail", job_id=job.pk),
+    )
 
 
 @login_required
@@ -137,13 +161,12 @@ def array_detail(request: HttpRequest, array_id: int) -> HttpResponse:
 def cancel_array(request: HttpRequest, array_id: int) -> HttpResponse:
     """Cancel every task of an array from its page."""
     array = get_object_or_404(JobArray.objects.restrict(request.user), pk=array_id)
-    try:
-        do_cancel_array(user=request.user, array_id=array.pk)
-    except JobError as exc:
-        messages.error(request, exc.message)
-    else:
-        messages.success(request, f"Array {array.pk} cancelled.")
-    return redirect("array-page", array_id=array.pk)
+    return page_action(
+        request,
+        lambda: do_cancel_array(user=request.user, array_id=array.pk),
+        lambda _: f"Array {array.pk} cancelled.",
+        redirect("array-page", array_id=array.pk),
+    )
 
 
 @login_required
@@ -151,10 +174,9 @@ def cancel_array(request: HttpRequest, array_id: int) -> HttpResponse:
 def retry_array(request: HttpRequest, array_id: int) -> HttpResponse:
     """Submit again an array's failed tasks from its page."""
     array = get_object_or_404(JobArray.objects.restrict(request.user), pk=array_id)
-    try:
-        retried = do_retry_array(user=request.user, array_id=array.pk)
-    except JobError as exc:
-        messages.error(request, exc.message)
-    else:
-        messages.success(request, f"{len(retried)} failed task(s) of array {array.pk} retried.")
-    return redirect("array-page", array_id=array.pk)
+    return page_action(
+        request,
+        lambda: do_retry_array(user=request.user, array_id=array.pk),
+        lambda retried: f"{len(retried)} failed task(s) of array {array.pk} retried.",
+        redirect("array-page", array_id=array.pk),
+    )

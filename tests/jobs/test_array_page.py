@@ -44,6 +44,7 @@ def test_the_page_lists_every_task_and_cancels_them(alice: Any, acme: Any, bob: 
     assert response.status_code == 302
     assert set(Job.objects.filter(array=array).values_list("state", flat=True)) == {"cancelled"}
     page = client.get(f"/arrays/{array.pk}/").content.decode()
+    assert f"Array {array.pk} cancelled." in page
     assert 'id="array-cancel-form" hidden' in page and 'id="array-count-cancelled">3<' in page
     assert 'id="array-retry-form" hidden' in page
     retry = client.post(f"/arrays/{array.pk}/retry/", follow=True).content.decode()

@@ -76,5 +76,8 @@ def test_the_page_shows_trials_curves_and_the_best_checkpoint(
     assert logged_in(bob).post(f"/sweeps/{sweep.pk}/cancel/").status_code == 404
     cancelled = client.post(f"/sweeps/{sweep.pk}/cancel/")
     assert cancelled.status_code == 302
+    assert f"Sweep {sweep.pk} cancelled." in client.get(cancelled.url).content.decode()
     sweep.refresh_from_db()
     assert sweep.state == "cancelled"
+    again = client.post(f"/sweeps/{sweep.pk}/cancel/", follow=True).content.decode()
+    assert f"sweep {sweep.pk} is already cancelled" in again
