@@ -95,3 +95,25 @@ class ServerForm(forms.Form):
 
 SERVER_ACTIONS = {"drain": "draining", "undrain": "up", "down": "down"}
 """The topology page's server buttons: action → state (the reason names who: the service)."""
+
+
+class AcceptForm(forms.Form):
+    """Accept a pending server onto a leaf (its first free slot unless one is named)."""
+
+    pending = forms.IntegerField(widget=forms.HiddenInput)
+    leaf = forms.IntegerField(min_value=0)
+    slot = forms.IntegerField(min_value=0, required=False, help_text="Empty: the first free.")
+    gpu_type = forms.CharField(max_length=32, required=False, label="GPU type", initial="default")
+    pool = forms.CharField(max_length=63, required=False, help_text="The server's pool label.")
+
+    def accept_fields(self) -> dict[str, Any]:
+        """The keyword arguments of ``inventory.registration.do_accept_server``."""
+        data = self.cleaned_data
+        pool = data.get("pool") or ""
+        return {
+            "pending": data["pending"],
+            "leaf": data["leaf"],
+            "slot": data.get("slot"),
+            "gpu_type": data.get("gpu_type") or None,
+            "labels": {"pool": pool} if pool else {},
+        }

@@ -17,7 +17,9 @@ from typing import Any
 
 from django.utils import timezone
 
+from inventory.listing import health_word
 from inventory.models import Gpu, Server
+from inventory.server_types import pool_of
 from inventory.services import current_spec, suspect_gpus
 from jobs.choices import JobState
 from jobs.models import Job, JobCable
@@ -35,6 +37,16 @@ def window_start(window: str, now: datetime) -> datetime | None:
     """The start of a named window (None = all time)."""
     seconds = WINDOWS.get(window, WINDOWS[DEFAULT_WINDOW])
     return None if seconds is None else now - timedelta(seconds=seconds)
+
+
+def types_in_use(gpus: list[tuple[Any, ...]]) -> dict[str, dict[str, int]]:
+    """Per GPU type: its GPUs and how many a job holds (the gpus' last two columns)."""
+    out: dict[str, dict[str, int]] = {}
+    for row in gpus:
+        entry = out.setdefault(row[5], {"gpus": 0, "allocated": 0})
+        entry["gpus"] += 1
+        entry["allocated"] += row[4] is not None
+    return out
 
 
 def cluster_snapshot(window: str = DEFAULT_WINDOW) -> dict[str, Any]:
@@ -56,15 +68,30 @@ def cluster_snapshot(window: str = DEFAULT_WINDOW) -> dict[str, Any]:
     spec = current_spec()
     if spec is None:
         return {**base, "fabric": None}
+    # A server's type and pool, and its health in a word ("not reported" without NVML).
     servers = [
         {"node": node, "leaf": leaf, "slot": slot, "state": st, "reason": reason}
-        for node, leaf, slot, st, reason in Server.objects.values_list(
-            "node", "leaf", "slot", "state", "state_reason"
+        | {"gpu_type": gpu_type, "pool": pool_of(labels), "health": health_word(hardware)}
+        for node, leaf, slot, st, reason, gpu_type, labels, hardware in Server.objects.values_list(
+            "node",
+            "leaf",
+            "slot",
+            "state",
+            "state_reason",
+            "gpu_type",
+            "labels",
+            "agent_info__hardware",
         )
     ]
+    # index, leaf, slot, local, holding job, GPU type
     gpus = list(
         Gpu.objects.order_by("index").values_list(
-            "index", "server__leaf", "server__slot", "local", "assignment__job_id"
+            "index",
+            "server__leaf",
+            "server__slot",
+            "local",
+            "assignment__job_id",
+            "server__gpu_type",
         )
     )
     cables = list(JobCable.objects.values_list("leaf", "port", "spine", "job_id"))
@@ -100,6 +127,7 @@ def cluster_snapshot(window: str = DEFAULT_WINDOW) -> dict[str, Any]:
         "jobs": jobs,
         # GPUs in a straggler's cool-down (no new placement lands there): index, until, why.
         "suspect": [mark.as_dict() for mark in suspect_gpus()],
+        "types": types_in_use(gpus),
         "totals": {
             "gpus": total,
             "allocated": sum(1 for g in gpus if g[4] is not None),

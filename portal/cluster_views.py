@@ -15,12 +15,15 @@ from django.views.decorators.http import require_GET, require_POST
 
 from inventory.forms import (
     SERVER_ACTIONS,
+    AcceptForm,
     GeneratorForm,
     ImportForm,
     ServerForm,
     field_for_message,
 )
-from inventory.models import Server
+from inventory.listing import pending_rows, server_rows, utilization_by_type
+from inventory.models import Gpu, Server
+from inventory.registration import do_accept_server
 from inventory.services import (
     InventoryError,
     current_spec,
@@ -61,10 +64,18 @@ def admin_only_data(view: Callable[..., HttpResponse]) -> Callable[..., HttpResp
 def cluster(request: HttpRequest) -> HttpResponse:
     """The live cluster view: utilization heatmap, topology, queue and efficiency, JCT."""
     window = request.GET.get("window", DEFAULT_WINDOW)
+    busy = set(Gpu.objects.filter(assignment__isnull=False).values_list("index", flat=True))
     return render(
         request,
         "cluster/view.html",
-        {"snapshot": cluster_snapshot(window), "windows": list(WINDOWS), "window": window},
+        {
+            "snapshot": cluster_snapshot(window),
+            "windows": list(WINDOWS),
+            "window": window,
+            "server_rows": server_rows(),
+            "pending": pending_rows(),
+            "by_type": utilization_by_type(busy),
+        },
     )
 
 
@@ -86,6 +97,8 @@ def _editor(request: HttpRequest, **forms: Any) -> HttpResponse:
             Server.objects.filter(gpu_set__assignment__isnull=False).values_list("node", flat=True)
         ),
         "suspect": suspect_gpus(),
+        "pending": pending_rows(),
+        "accept_form": forms.get("accept_form") or AcceptForm(),
     }
     status = 400 if any(f is not None and f.errors for f in forms.values()) else 200
     return render(request, "cluster/topology.html", context, status=status)
@@ -135,6 +148,8 @@ def topology(request: HttpRequest) -> HttpResponse:
             if done is not None:
                 return done
         return _editor(request, importer=importer)
+    if which == "accept":
+        return _accept(request, AcceptForm(request.POST))
     if which == "server":
         server_form = ServerForm(request.POST)
         if server_form.is_valid():
@@ -150,6 +165,21 @@ def topology(request: HttpRequest) -> HttpResponse:
         return _editor(request, server_form=server_form)
     messages.error(request, "Unknown form.")
     return redirect("topology")
+
+
+def _accept(request: HttpRequest, form: AcceptForm) -> HttpResponse:
+    """Accept a pending server; a refusal is a 400 with the error on its field."""
+    if form.is_valid():
+        try:
+            server = do_accept_server(user=request.user, **form.accept_fields())
+        except InventoryError as exc:
+            named = exc.field or ""
+            field = named if named in form.fields else ("pool" if "labels" in named else None)
+            form.add_error(field, str(exc))
+        else:
+            messages.success(request, f"Server {server.node} accepted at leaf {server.leaf}.")
+            return redirect("topology")
+    return _editor(request, accept_form=form)
 
 
 @admin_only
