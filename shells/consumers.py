@@ -166,6 +166,7 @@ class ShellConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         deadline: float | None = time.monotonic() + OPEN_WAIT_S
         error = ""
         while True:
+            await self.streams.renew()
             for _id, fields in await self.streams.receive(block_ms=1000):
                 deadline = None
                 if b"d" in fields:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import re
 import secrets
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from audit import services as audit
 from jobs.agent_commands import runtime_job_name
@@ -90,6 +91,7 @@ def check_open(
         raise ShellRefused(
             400, "worker", f"job {job_id} has no worker {chosen!r} (it has: {known})"
         )
+    do_close_lost(user=user, now=timezone.now())
     if Shell.objects.open().filter(user=user).count() >= settings.SHELL_MAX_OPEN_PER_USER:
         raise ShellRefused(
             429, "shells", f"you have {settings.SHELL_MAX_OPEN_PER_USER} shells open already"
@@ -179,6 +181,21 @@ def do_close(
             },
         )
     return True
+
+
+def do_close_lost(*, user: Any, now: datetime) -> list[str]:
+    """Close ``user``'s open shells that no portal process serves any more (its process
+    ended: a restart, a crash), so that they stop counting against the user's limit."""
+    settled = now - timedelta(seconds=streams.ALIVE_TTL_S)
+    candidates = dict(
+        Shell.objects.open().filter(user=user, opened_at__lt=settled).values_list("id", "node")
+    )
+    alive = streams.served(candidates)
+    lost = [shell_id for shell_id in candidates if shell_id not in alive]
+    for shell_id in lost:
+        streams.send_close(candidates[shell_id], shell_id)  # its shell, should it still run
+        do_close(shell_id=shell_id, now=now, reason="lost: no portal process serves it")
+    return lost
 
 
 def do_request_close(*, shell: Shell, by: Any, now: datetime) -> bool:

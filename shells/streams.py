@@ -8,7 +8,8 @@ write trims the stream (``SHELL_STREAM_MAXLEN``) and renews its expiry
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import redis
@@ -22,6 +23,28 @@ from workers.protocol import (
     shell_entries,
     shell_keys,
 )
+
+ALIVE_TTL_S = 30
+"""A served shell's ``shells:alive:<id>`` key lives this long; its consumer renews it."""
+ALIVE_EVERY_S = 10.0
+
+
+def alive_key(shell_id: str) -> str:
+    """The key that says a portal process serves the shell (the portal's own key space)."""
+    return f"shells:alive:{shell_id}"
+
+
+def served(shell_ids: Iterable[str]) -> set[str]:
+    """The shells of ``shell_ids`` that a consumer has renewed within ``ALIVE_TTL_S``."""
+    ids = list(shell_ids)
+    if not ids:
+        return set()
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        found = client.mget([alive_key(i) for i in ids])
+    finally:
+        client.close()
+    return {shell_id for shell_id, value in zip(ids, found, strict=True) if value is not None}
 
 
 def input_key(node: str, shell_id: str) -> str:
@@ -50,8 +73,17 @@ class ShellStreams:
 
     def __init__(self, node: str, shell_id: str) -> None:
         self.in_key, self.out_key = shell_keys(node, shell_id)
+        self.alive_key = alive_key(shell_id)
         self.client = aioredis.Redis.from_url(settings.REDIS_URL)
         self.last = "0-0"
+        self.renewed_at = -ALIVE_EVERY_S
+
+    async def renew(self) -> None:
+        """Say that this process still serves the shell (at most every ``ALIVE_EVERY_S``)."""
+        now = time.monotonic()
+        if now - self.renewed_at >= ALIVE_EVERY_S:
+            self.renewed_at = now
+            await self.client.set(self.alive_key, "1", ex=ALIVE_TTL_S)
 
     async def send(self, fields: Mapping[str, bytes | str]) -> None:
         """One entry to the shell: ``d`` bytes, ``r`` a size, ``e`` end of input, ``k`` close."""
@@ -70,5 +102,6 @@ class ShellStreams:
         return entries
 
     async def close(self) -> None:
-        """Drop the connection."""
+        """Forget the shell and drop the connection."""
+        await self.client.delete(self.alive_key)
         await self.client.aclose()

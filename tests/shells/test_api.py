@@ -3,28 +3,35 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
+import redis
+from django.conf import settings
+from django.test import override_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from audit.models import AuditEntry
 from shells.models import Shell
-from shells.services import check_open, do_open
-from shells.streams import input_key
+from shells.services import ShellPlan, ShellRefused, check_open, do_open
+from shells.streams import alive_key, input_key
 from tenancy.models import Tenant
 from tests.shells.test_consumer import inputs, running
 
 pytestmark = pytest.mark.django_db
 
 
+def plan_for(user: Any, job_id: int) -> ShellPlan:
+    return check_open(
+        user=user, job_id=job_id, worker=None, argv=[], term="xterm", rows=24, cols=80
+    )
+
+
 def opened_shell(user: Any, tenant: Tenant) -> Shell:
     job = running(user, tenant)
-    plan = check_open(
-        user=user, job_id=job.pk, worker=None, argv=[], term="xterm", rows=24, cols=80
-    )
-    return do_open(user=user, plan=plan, now=timezone.now())
+    return do_open(user=user, plan=plan_for(user, job.pk), now=timezone.now())
 
 
 def test_members_list_their_tenants_shells_only(
@@ -60,3 +67,24 @@ def test_only_an_admin_closes_a_shell_and_the_agent_is_told(
     assert entry.actor_name == "root-admin" and entry.after["reason"] == "closed by root-admin"
     assert token_client(admin).post(url).status_code == 200  # closing again changes nothing
     assert AuditEntry.objects.filter(action="shell.close").count() == 1
+
+
+@override_settings(SHELL_MAX_OPEN_PER_USER=2)
+def test_shells_no_portal_process_serves_stop_counting_against_the_limit(
+    alice: Any, acme: Tenant
+) -> None:
+    """The portal process of an open shell ended (a restart): its row would stay open and
+    count against the user's limit forever; the next open closes it, and tells the agent."""
+    lost = opened_shell(alice, acme)
+    served = do_open(user=alice, plan=plan_for(alice, lost.job_id), now=timezone.now())
+    long_ago = timezone.now() - timedelta(minutes=5)
+    Shell.objects.update(opened_at=long_ago)
+    redis.Redis.from_url(settings.REDIS_URL).set(alive_key(served.id), "1", ex=30)
+    plan_for(alice, lost.job_id)  # not refused: the lost one no longer counts
+    assert Shell.objects.get(pk=lost.pk).close_reason == "lost: no portal process serves it"
+    assert Shell.objects.get(pk=served.pk).closed_at is None
+    assert {b"k": b"1"} in inputs("node-1", lost.id)
+    with pytest.raises(ShellRefused) as refused:  # two open again: the limit holds
+        do_open(user=alice, plan=plan_for(alice, lost.job_id), now=timezone.now())
+        plan_for(alice, lost.job_id)
+    assert refused.value.status == 429

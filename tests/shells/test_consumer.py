@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
@@ -51,7 +51,7 @@ def socket(job_id: int, token: str | None, cookie: str | None = None) -> Websock
     return WebsocketCommunicator(application, f"/ws/jobs/{job_id}/shell/", headers=headers)
 
 
-def run(scenario: Callable[[], Awaitable[None]]) -> None:
+def run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(scenario())
 
 
