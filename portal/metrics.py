@@ -26,13 +26,18 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 
 from control.incremental import MISMATCH_FIELD
 from control.tick_stats import read_tick_stats
-from inventory.models import Gpu, ServerState
+from inventory.hardware import gpu_health_rows
+from inventory.models import Gpu, Server, ServerState
 from jobs.choices import ACTIVE_STATES, EventKind, JobState
-from jobs.models import Job, JobEvent, JobGpu
+from jobs.models import Job, JobEvent
 from jobs.usage import gpu_seconds_by_tenant
 
 JCT_BUCKETS = (30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400)
@@ -146,6 +151,57 @@ class _EnvironmentCollector:
         yield from environment_counters()
 
 
+HEALTH_GAUGES = (
+    ("temperature_c", "portal_gpu_temperature_celsius", "GPU temperature, as NVML reports it."),
+    ("utilization_pct", "portal_gpu_utilization_percent", "GPU utilization, as NVML reports it."),
+    ("memory_used_mib", "portal_gpu_memory_used_mib", "GPU memory in use, as NVML reports it."),
+    ("ecc_uncorrected", "portal_gpu_ecc_uncorrected", "Uncorrectable ECC errors (volatile)."),
+    ("ecc_corrected", "portal_gpu_ecc_corrected", "Corrected ECC errors (volatile)."),
+    ("xid", "portal_gpu_last_xid", "The last XID event NVML raised on the GPU."),
+)
+"""Health figure → metric name and help.  A GPU whose agent has no NVML has no sample:
+a series is never invented."""
+
+
+def gpu_health_families() -> Iterator[GaugeMetricFamily]:
+    """Each GPU's reported health (one query: the servers' last hardware reports)."""
+    families = {
+        key: GaugeMetricFamily(name, text, labels=["node", "gpu", "gpu_type"])
+        for key, name, text in HEALTH_GAUGES
+    }
+    rows = Server.objects.order_by("node").values_list(
+        "node", "gpu_type", "gpu_count", "agent_info__hardware"
+    )
+    for node, gpu_type, count, hardware in rows:
+        for local, health in enumerate(gpu_health_rows(hardware, count)):
+            for key, family in families.items():
+                value = health.get(key) if health is not None else None
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    family.add_metric([node, str(local), gpu_type], float(value))
+    yield from families.values()
+
+
+GPU_COUNTS = ("total", "down", "suspect", "held")
+
+
+def gpu_counts_by_type() -> dict[str, dict[str, int]]:
+    """Per GPU type: its GPUs, those down or draining, suspect, held by a job (one query)."""
+    rows = Gpu.objects.values("server__gpu_type").annotate(
+        total=Count("id"),
+        down=Count("id", filter=~Q(server__state=ServerState.UP)),
+        suspect=Count("id", filter=Q(suspect_until__gt=Now())),  # as suspect_in_effect()
+        held=Count("id", filter=Q(assignment__isnull=False)),
+    )
+    return {row["server__gpu_type"]: {key: row[key] for key in GPU_COUNTS} for row in rows}
+
+
+class _HealthCollector:
+    """Adds each GPU's reported health to a registry."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield from gpu_health_families()
+
+
 def build_registry() -> CollectorRegistry:
     """A fresh registry filled from the database."""
     registry = CollectorRegistry()
@@ -153,13 +209,18 @@ def build_registry() -> CollectorRegistry:
     queue.set(Job.objects.filter(state__in=(JobState.PENDING, JobState.QUEUED)).count())
 
     gpus = Gauge("portal_gpus", "GPUs by state.", ["state"], registry=registry)
-    counts = Gpu.objects.aggregate(
-        total=Count("id"),
-        down=Count("id", filter=~Q(server__state=ServerState.UP)),
-        suspect=Count("id", filter=Q(suspect_until__gt=Now())),  # as suspect_in_effect()
+    by_type = gpu_counts_by_type()
+    by_type_gauge = Gauge(
+        "portal_gpus_by_type",
+        "GPUs by type and whether a job holds them.",
+        ["gpu_type", "held"],
+        registry=registry,
     )
-    total, down = counts["total"], counts["down"]
-    busy = JobGpu.objects.count()
+    for gpu_type, row in by_type.items():
+        by_type_gauge.labels(gpu_type, "yes").set(row["held"])
+        by_type_gauge.labels(gpu_type, "no").set(row["total"] - row["held"])
+    counts = {key: sum(row[key] for row in by_type.values()) for key in GPU_COUNTS}
+    total, down, busy = counts["total"], counts["down"], counts["held"]
     gpus.labels("busy").set(busy)
     gpus.labels("down").set(down)
     gpus.labels("idle").set(max(0, total - busy - down))
@@ -223,6 +284,7 @@ def build_registry() -> CollectorRegistry:
     registry.register(_JctCollector())
     registry.register(_UsageCollector(tenants))
     registry.register(_EnvironmentCollector())
+    registry.register(_HealthCollector())
     return registry
 
 

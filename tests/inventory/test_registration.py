@@ -266,3 +266,18 @@ def test_the_topology_editor_lists_pending_servers_and_accepts_one(
     assert (server.leaf, server.slot, server.labels) == (1, 1, {"pool": "train"})
     html = page.get("/cluster/topology/").content.decode()
     assert "pending-new-4" not in html and 'class="server-pool">train<' in html
+
+
+def test_prometheus_has_health_series_only_where_nvml_reported(settings: Any) -> None:
+    settings.METRICS_TOKEN = "scrape-secret"
+    nodes = demo_cluster(SPEC)
+    beat(nodes[0], FakeNvml(fake_gpus(nodes[0], 2, temperature_c=66)))
+    beat(nodes[1], None)
+    scraper = Client(headers={"Authorization": "Bearer scrape-secret"})
+    text = scraper.get("/metrics").content.decode()
+    assert (
+        f'portal_gpu_temperature_celsius{{gpu="1",gpu_type="default",node="{nodes[0]}"}} 66.0'
+        in (text)
+    )
+    assert f'node="{nodes[1]}"' not in text  # no NVML there: no series at all
+    assert 'portal_gpus_by_type{gpu_type="default",held="no"} 8.0' in text
