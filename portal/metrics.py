@@ -216,10 +216,10 @@ def build_registry() -> CollectorRegistry:
         ["gpu_type", "held"],
         registry=registry,
     )
-    for gpu_type, row in by_type.items():
-        by_type_gauge.labels(gpu_type, "yes").set(row["held"])
-        by_type_gauge.labels(gpu_type, "no").set(row["total"] - row["held"])
-    counts = {key: sum(row[key] for row in by_type.values()) for key in GPU_COUNTS}
+    for gpu_type, numbers in by_type.items():
+        by_type_gauge.labels(gpu_type, "yes").set(numbers["held"])
+        by_type_gauge.labels(gpu_type, "no").set(numbers["total"] - numbers["held"])
+    counts = {key: sum(one[key] for one in by_type.values()) for key in GPU_COUNTS}
     total, down, busy = counts["total"], counts["down"], counts["held"]
     gpus.labels("busy").set(busy)
     gpus.labels("down").set(down)
