@@ -29,6 +29,24 @@ def bundle(tmp_path: Path) -> Path:
     return path
 
 
+def submit_array(page: Any, tmp_path: Path, name: str, size: int) -> list[int]:
+    """Submit an array of ``size`` tasks, one running at a time, through the form; its page
+    is open and the tasks' job ids are returned (TASK_ID order)."""
+    page.goto("/jobs/new/")
+    page.fill("#id_name", name)
+    page.check("input[name=source][value=program]")
+    page.set_input_files("#id_archive", str(bundle(tmp_path)))
+    page.fill("#id_entrypoint", "train.py")
+    for field in ("gpus", "min_gpus", "max_gpus"):
+        page.fill(f"#id_{field}", "1")
+    page.fill("#id_array_size", str(size))
+    page.fill("#id_array_max_running", "1")
+    page.click("#job-form button[type=submit]")
+    page.wait_for_url(re.compile(r"/arrays/\d+/$"))
+    return [int(j) for j in page.locator("#array-tasks-body tr").evaluate_all(
+        "rows => rows.map(r => r.dataset.job)")]  # fmt: skip
+
+
 def count(page: Any, state: str) -> str:
     node = page.locator(f"#array-count-{state}")
     return str(node.inner_text()) if node.count() else "0"
@@ -43,25 +61,13 @@ def test_an_array_submitted_with_a_cap_updates_live(
 ) -> None:
     driver("cancel_active")
     alice = login(browser, server, "alice")
-    alice.goto("/jobs/new/")
-    alice.fill("#id_name", "grid-live")
-    alice.check("input[name=source][value=program]")
-    alice.set_input_files("#id_archive", str(bundle(tmp_path)))
-    alice.fill("#id_entrypoint", "train.py")
-    for field in ("gpus", "min_gpus", "max_gpus"):
-        alice.fill(f"#id_{field}", "1")
-    alice.fill("#id_array_size", "3")
-    alice.fill("#id_array_max_running", "1")
-    alice.click("#job-form button[type=submit]")
-    alice.wait_for_url(re.compile(r"/arrays/\d+/$"))
+    jobs = submit_array(alice, tmp_path, "grid-live", 3)
     wait_live(alice)
     alice.evaluate("window.__notReloaded = true")
     assert (count(alice, "queued"), count(alice, "pending")) == ("1", "2")
     assert states(alice) == ["queued", "pending", "pending"]
     assert alice.locator(".messages li.success").count() == 1  # "Array N submitted: 3 tasks."
     assert "runs at most 1 tasks at once" in alice.inner_text("#array-tasks-body")
-    jobs = [int(j) for j in alice.locator("#array-tasks-body tr").evaluate_all(
-        "rows => rows.map(r => r.dataset.job)")]  # fmt: skip
 
     driver("transition", job=jobs[0], state="running", parallelism=1)
     alice.wait_for_function("() => document.getElementById('array-count-running')")
@@ -103,20 +109,8 @@ def test_a_waiting_tasks_page_links_to_its_array_and_follows_its_wait(
 ) -> None:
     driver("cancel_active")
     alice = login(browser, server, "alice")
-    alice.goto("/jobs/new/")
-    alice.fill("#id_name", "pair")
-    alice.check("input[name=source][value=program]")
-    alice.set_input_files("#id_archive", str(bundle(tmp_path)))
-    alice.fill("#id_entrypoint", "train.py")
-    for field in ("gpus", "min_gpus", "max_gpus"):
-        alice.fill(f"#id_{field}", "1")
-    alice.fill("#id_array_size", "2")
-    alice.fill("#id_array_max_running", "1")
-    alice.click("#job-form button[type=submit]")
-    alice.wait_for_url(re.compile(r"/arrays/\d+/$"))
+    first, second = submit_array(alice, tmp_path, "pair", 2)
     array = int(alice.url.rstrip("/").rsplit("/", 1)[1])
-    first, second = (int(j) for j in alice.locator("#array-tasks-body tr").evaluate_all(
-        "rows => rows.map(r => r.dataset.job)"))  # fmt: skip
     alice.click(f"#array-tasks-body a[href='/jobs/{second}/']")
     alice.wait_for_url(f"**/jobs/{second}/")
     wait_live(alice)
