@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from typing import Any
 
@@ -30,6 +31,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.utils import timezone
+from redis.exceptions import RedisError
 
 from shells.messages import Message, MessageError, parse_message
 from shells.services import ShellPlan, ShellRefused, check_open, do_close, do_open
@@ -37,6 +39,8 @@ from shells.streams import ShellStreams
 from tenancy.authentication import token_from_header
 from tenancy.models import ApiToken, TokenScope
 from tenancy.token_services import TokenRefused
+
+log = logging.getLogger(__name__)
 
 OPEN_WAIT_S = 30.0
 """How long the agent has to answer an open (with output, a refusal or an exit)."""
@@ -161,7 +165,15 @@ class ShellConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         )
 
     async def pump_output(self) -> None:
-        """The shell's output to the client until its exit status (or a deadline) arrives."""
+        """The shell's output to the client until its exit status (or a deadline) arrives;
+        a stream that fails ends the shell, with the reason."""
+        try:
+            await self._pump_until_exit()
+        except (RedisError, OSError) as exc:
+            log.warning("shell %s: its stream failed: %s", self.shell_id, exc)
+            await self.finish(None, "the shell's stream failed")
+
+    async def _pump_until_exit(self) -> None:
         assert self.streams is not None
         deadline: float | None = time.monotonic() + OPEN_WAIT_S
         error = ""
@@ -182,6 +194,8 @@ class ShellConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
                 await self.streams.send({"k": "1"})
                 error, deadline = "idle", now + KILL_WAIT_S
             elif deadline is not None and now > deadline:
+                # An agent that opens it later reads this first, and ends it at once.
+                await self.streams.send({"k": "1"})
                 await self.finish(None, error or "the agent did not answer")
                 return
 

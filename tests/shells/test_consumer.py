@@ -268,3 +268,24 @@ def test_a_signed_in_browser_session_opens_a_shell_too(alice: Any, acme: Tenant)
 
     run(scenario)
     assert Shell.objects.get().user == alice
+
+
+def test_a_shell_the_agent_never_opens_ends_and_stays_closed(
+    alice: Any, acme: Tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No agent answers (it is down, or busy past the wait): the client is told, and the
+    agent, should it open the shell later, finds the close first."""
+    monkeypatch.setattr("shells.consumers.OPEN_WAIT_S", 0.5)
+    job = running(alice, acme)
+    token = do_issue_token(user=alice)
+
+    async def scenario() -> None:
+        comm = socket(job.pk, token)
+        shell_id = (await opened(comm))["shell"]
+        frames, code = await closed_with(comm)
+        assert frames == [{"type": "exit", "code": None, "reason": "the agent did not answer"}]
+        assert code == 1000
+        assert {b"k": b"1"} in await sync_to_async(inputs)("node-1", shell_id)
+
+    run(scenario)
+    assert Shell.objects.get().close_reason == "the agent did not answer"

@@ -270,7 +270,17 @@ class _Session:
             pass
 
     def pump_out(self) -> None:
-        """PTY to the output stream until the shell and its PTY end; then the exit status."""
+        """PTY to the output stream until the shell and its PTY end; then the exit status.
+
+        Redis failing under it ends the shell (its output would be lost), never the
+        thread alone: the shell is always reaped."""
+        try:
+            self._pump_until_end()
+        except (redis.RedisError, OSError):
+            log.exception("shell %s: its output stream failed", self.command.shell_id)
+        self.finish()
+
+    def _pump_until_end(self) -> None:
         assert self.popen is not None
         idle = self.command.idle_seconds
         exited_at: float | None = None
@@ -294,7 +304,6 @@ class _Session:
                 exited_at = exited_at if exited_at is not None else now
                 if now - exited_at > 1.0:  # a leftover background process keeps the PTY
                     break
-        self.finish()
 
     def finish(self) -> None:
         """Reap the shell, stop reading input, send the exit status, close the PTY."""
@@ -302,8 +311,8 @@ class _Session:
         self.kill()
         code = self.popen.wait()
         self.closing.set()
-        self.emit({"x": str(code)})
         with contextlib.suppress(redis.RedisError):
+            self.emit({"x": str(code)})
             self.client.expire(self.in_key, 60)
         with contextlib.suppress(OSError):
             os.close(self.master)
