@@ -11,6 +11,7 @@
     portalctl sweep create -f sweep.yaml
     portalctl sweep ls | get | cancel
     portalctl shell 12 [--worker w3] [-- nvidia-smi]    exits with the command's status
+    portalctl nodes [--pending] [-o json]     servers: GPU type, pool, state, health (admins)
 
 Every command takes ``-o json`` (one JSON document on stdout) and otherwise
 prints tables for people.  Errors are one line on stderr.  Exit codes:
@@ -44,6 +45,7 @@ from portalctl.after import parse_after
 from portalctl.client import BUNDLE_ID, Array, Client, Job, PortalError
 from portalctl.duration import format_duration, parse_duration
 from portalctl.jobfile import JobFileError, load_job_file
+from portalctl.nodes import NODE_COLUMNS, PENDING_COLUMNS, node_row, pending_row
 from portalctl.shell import ShellRequest
 from portalctl.shell import shell as run_shell
 from portalctl.sweep import (
@@ -997,6 +999,22 @@ def sweep_cancel(sweep_id: int, reason: str, output: str | None) -> None:
     """Cancel a sweep: its running trials' jobs are cancelled, the rest stopped."""
     ctx = ctx_of(output)
     emit_sweep(ctx, SweepsAPI(ctx.client()).cancel(sweep_id, reason))
+
+
+@main.command()
+@click.option("--pending", is_flag=True, help="Servers that reported themselves, not accepted.")
+@output_option
+def nodes(pending: bool, output: str | None) -> None:
+    """The cluster's servers: GPU type, pool, state (and why), health (cluster admins)."""
+    ctx = ctx_of(output)
+    path = "/api/v1/servers/pending/" if pending else "/api/v1/servers/"
+    rows = ctx.client().json("GET", path)
+    if ctx.json:
+        emit_json(rows)
+    elif pending:
+        out.print(table(None, PENDING_COLUMNS, (pending_row(row) for row in rows)))
+    else:
+        out.print(table(None, NODE_COLUMNS, (node_row(row) for row in rows)))
 
 
 @main.command()
