@@ -7,42 +7,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
 import pytest
-from click.testing import CliRunner, Result
-from django.core.wsgi import get_wsgi_application
 
-import portalctl.cli as cli
 from jobs.models import Job, JobArray
 from portalctl.after import parse_after
-from portalctl.client import Client
-from tenancy.token_services import do_issue_token
+from tests.cli.in_process import env, run, store
 from tests.jobs.test_programs import bundle_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def store(tmp_path: Any, settings: Any) -> None:
-    settings.ARTIFACT_URL = f"file://{tmp_path / 'artifacts'}"
-    settings.ALLOWED_HOSTS = ["*"]
-
-
-@pytest.fixture
-def env(alice: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """portalctl configured with alice's token, its client talking to this process's portal."""
-    transport = httpx.WSGITransport(app=get_wsgi_application())
-
-    def real(url: str, token: str) -> Client:
-        return Client(url, token, transport=transport)
-
-    monkeypatch.setattr(cli, "Client", real)
-    return {"PORTAL_URL": "http://portal.test", "PORTAL_TOKEN": do_issue_token(user=alice),
-            "COLUMNS": "200"}  # fmt: skip
-
-
-def run(env: dict[str, str], *args: str) -> Result:
-    return CliRunner().invoke(cli.main, list(args), env=env)
+__all__ = ["env", "store"]  # tests.cli.in_process's fixtures, used here by name
 
 
 @pytest.mark.parametrize(

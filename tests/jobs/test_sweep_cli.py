@@ -7,26 +7,23 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import torch
 import yaml
-from click.testing import CliRunner, Result
-from django.core.wsgi import get_wsgi_application
 from django.test import Client as DjangoClient
 
-import portalctl.cli as cli
 from jobs.artifacts import artifact_store, prefix_of
 from jobs.models import Job, Sweep
-from portalctl.client import Client
 from portalctl.jobfile import JOB_FILE_FIELDS, JobFileError
 from portalctl.sweep import parse_sweep_file
 from portalctl.sweep_fields import SWEEP_FIELDS
-from tenancy.token_services import do_issue_token
+from tests.cli.in_process import env, run, store
 from tests.jobs.test_programs import bundle_of
 from workers.elastic.checkpoint import Checkpoints
 
 pytestmark = pytest.mark.django_db(transaction=True)
+__all__ = ["env", "store"]  # tests.cli.in_process's fixtures, used here by name
+
 
 SWEEP_FILE = """
 name: lr-search
@@ -44,29 +41,6 @@ min_steps: 5
 max_steps: 20
 max_trials: 2
 """
-
-
-@pytest.fixture(autouse=True)
-def store(tmp_path: Any, settings: Any) -> None:
-    settings.ARTIFACT_URL = f"file://{tmp_path / 'artifacts'}"
-    settings.ALLOWED_HOSTS = ["*"]
-
-
-@pytest.fixture
-def env(alice: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """portalctl configured with alice's token, its client talking to this process's portal."""
-    transport = httpx.WSGITransport(app=get_wsgi_application())
-
-    def real(url: str, token: str) -> Client:
-        return Client(url, token, transport=transport)
-
-    monkeypatch.setattr(cli, "Client", real)
-    return {"PORTAL_URL": "http://portal.test", "PORTAL_TOKEN": do_issue_token(user=alice),
-            "COLUMNS": "200"}  # fmt: skip
-
-
-def run(env: dict[str, str], *args: str) -> Result:
-    return CliRunner().invoke(cli.main, list(args), env=env)
 
 
 def test_sweep_create_get_ls_cancel(
