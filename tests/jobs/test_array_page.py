@@ -6,25 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.test import Client
 
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
 from tests.jobs.test_arrays import submit_array
 from tests.jobs.test_programs import bundle_of, program_body
+from tests.jobs.workflow_helpers import logged_in
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def store(tmp_path: Any, settings: Any) -> None:
-    settings.ARTIFACT_URL = f"file://{tmp_path / 'artifacts'}"
-
-
-def logged_in(user: Any) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("artifacts_in_tmp")]
 
 
 def test_the_page_lists_every_task_and_cancels_them(alice: Any, acme: Any, bob: Any) -> None:

@@ -19,20 +19,16 @@ from control.tick import run_tick
 from jobs.arrays import check_array_spec, do_cancel_array, do_retry_array, do_submit_array
 from jobs.errors import JobConflictError, JobValidationError
 from jobs.models import Job, JobArray
-from tests.jobs.control_helpers import demo_cluster, drain_all
+from tests.jobs.control_helpers import drain_all
 from tests.jobs.test_programs import bundle_of, exited, program_body
+from tests.jobs.workflow_helpers import quiet_demo_cluster
 from workers.agent.config import AgentConfig
 from workers.agent.programs import JobDirs, torchrun_env
 from workers.protocol import Command, StartWorkers
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("artifacts_in_tmp")]
 
 ACTIVE = ("queued", "running", "scaling")
-
-
-@pytest.fixture(autouse=True)
-def store(tmp_path: Any, settings: Any) -> None:
-    settings.ARTIFACT_URL = f"file://{tmp_path / 'artifacts'}"
 
 
 def array_body(code: str, **overrides: Any) -> dict[str, Any]:
@@ -72,10 +68,7 @@ def process_env(command: dict[str, Any], tmp_path: Path) -> dict[str, str]:
 def test_a_capped_array_never_runs_more_than_its_cap_and_each_task_sees_its_task_id(
     alice: Any, acme: Any, tmp_path: Path
 ) -> None:
-    nodes = demo_cluster()
-    drain_all(nodes)
-    acme.profile_jobs = False
-    acme.save()
+    nodes = quiet_demo_cluster(acme)
     array = submit_array(alice, acme)
     states = [t.state for t in tasks(array)]
     assert states == ["queued", "queued", "pending", "pending", "pending", "pending"]
@@ -104,10 +97,7 @@ def test_a_capped_array_never_runs_more_than_its_cap_and_each_task_sees_its_task
 
 
 def test_cancel_stops_every_task_and_retry_resubmits_the_failed_ones(alice: Any, acme: Any) -> None:
-    nodes = demo_cluster()
-    drain_all(nodes)
-    acme.profile_jobs = False
-    acme.save()
+    quiet_demo_cluster(acme)
     array = submit_array(alice, acme, size=3, max_running=None)
     run_tick(policy="fifo")
     first, second, _third = tasks(array)
@@ -158,10 +148,7 @@ def test_an_array_of_a_built_in_workload_is_refused(acme: Any) -> None:
 
 def test_a_report_of_another_task_never_releases_past_the_cap_twice(alice: Any, acme: Any) -> None:
     """The release is idempotent: the same end reported twice frees one slot, once."""
-    nodes = demo_cluster()
-    drain_all(nodes)
-    acme.profile_jobs = False
-    acme.save()
+    quiet_demo_cluster(acme)
     array = submit_array(alice, acme, size=4, max_running=1)
     run_tick(policy="fifo")
     first = tasks(array)[0]

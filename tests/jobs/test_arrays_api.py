@@ -11,12 +11,7 @@ import pytest
 from jobs.models import Job, JobArray
 from tests.jobs.test_programs import bundle_of, program_body
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def store(tmp_path: Any, settings: Any) -> None:
-    settings.ARTIFACT_URL = f"file://{tmp_path / 'artifacts'}"
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("artifacts_in_tmp")]
 
 
 def body(user: Any, tenant: Any, **overrides: Any) -> dict[str, Any]:

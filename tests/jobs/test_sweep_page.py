@@ -8,24 +8,12 @@ import re
 from typing import Any
 
 import pytest
-from django.test import Client
 
 from control.tick import run_tick
-from tests.jobs.control_helpers import demo_cluster, drain_all
 from tests.jobs.test_sweeps import submit_sweep, train, trials
+from tests.jobs.workflow_helpers import logged_in, quiet_demo_cluster
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def store(tmp_path: Any, settings: Any) -> None:
-    settings.ARTIFACT_URL = f"file://{tmp_path / 'artifacts'}"
-
-
-def logged_in(user: Any) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("artifacts_in_tmp")]
 
 
 def snapshot(page: str) -> dict[str, Any]:
@@ -37,10 +25,7 @@ def snapshot(page: str) -> dict[str, Any]:
 def test_the_page_shows_trials_curves_and_the_best_checkpoint(
     alice: Any, acme: Any, bob: Any
 ) -> None:
-    nodes = demo_cluster()
-    drain_all(nodes)
-    acme.profile_jobs = False
-    acme.save()
+    quiet_demo_cluster(acme)
     sweep = submit_sweep(alice, acme)
     run_tick(policy="fifo")
     for index in (1, 3):

@@ -15,16 +15,11 @@ from control.tick import run_tick
 from jobs.choices import JobState
 from jobs.lifecycle import transition
 from jobs.models import Job, Trial
-from tests.jobs.control_helpers import demo_cluster, drain_all
 from tests.jobs.outputs_helpers import metrics
 from tests.jobs.test_sweeps import submit_sweep, trials
+from tests.jobs.workflow_helpers import quiet_demo_cluster
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def store(tmp_path: Any, settings: Any) -> None:
-    settings.ARTIFACT_URL = f"file://{tmp_path / 'artifacts'}"
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("artifacts_in_tmp")]
 
 
 def complete(
@@ -49,10 +44,7 @@ def complete(
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks: PostgreSQL")
 def test_two_trials_ending_at_once_promote_the_better_once(alice: Any, acme: Any) -> None:
-    nodes = demo_cluster()
-    drain_all(nodes)
-    acme.profile_jobs = False
-    acme.save()
+    quiet_demo_cluster(acme)
     sweep = submit_sweep(alice, acme, max_trials=2, search_space={
         "lr": {"type": "grid", "values": [0.8, 0.1]}})  # fmt: skip
     run_tick(policy="fifo")

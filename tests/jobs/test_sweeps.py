@@ -21,20 +21,16 @@ from jobs.errors import JobConflictError, JobValidationError
 from jobs.models import Job, Sweep, Trial
 from jobs.services import check_job_spec, do_submit_job
 from jobs.sweeps import check_sweep_spec, do_cancel_sweep, do_submit_sweep
-from tests.jobs.control_helpers import demo_cluster, drain_all
+from tests.jobs.control_helpers import demo_cluster
 from tests.jobs.outputs_helpers import metrics
 from tests.jobs.test_arrays import finish
 from tests.jobs.test_programs import bundle_of, program_body
+from tests.jobs.workflow_helpers import quiet_demo_cluster
 from workers.elastic.checkpoint import Checkpoints
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("artifacts_in_tmp")]
 
 LRS = [0.8, 0.1, 0.4, 0.2]  # the loss is |lr - 0.15| below: trial 1 best, then 3, 2, 0
-
-
-@pytest.fixture(autouse=True)
-def store(tmp_path: Any, settings: Any) -> None:
-    settings.ARTIFACT_URL = f"file://{tmp_path / 'artifacts'}"
 
 
 def sweep_body(code: str, **overrides: Any) -> dict[str, Any]:
@@ -90,10 +86,7 @@ def run_to_rung_end(sweep: Sweep, order: list[int]) -> None:
 def test_asha_promotes_the_best_resumes_it_from_its_checkpoint_and_stops_the_worst(
     alice: Any, acme: Any
 ) -> None:
-    nodes = demo_cluster()
-    drain_all(nodes)
-    acme.profile_jobs = False
-    acme.save()
+    quiet_demo_cluster(acme)
     sweep = submit_sweep(alice, acme)
     first = trials(sweep)
     assert [t.params for t in first] == [{"lr": lr} for lr in LRS]
@@ -154,10 +147,7 @@ def test_asha_promotes_the_best_resumes_it_from_its_checkpoint_and_stops_the_wor
 
 
 def test_a_failed_trial_job_fails_the_trial_and_the_sweep_goes_on(alice: Any, acme: Any) -> None:
-    nodes = demo_cluster()
-    drain_all(nodes)
-    acme.profile_jobs = False
-    acme.save()
+    quiet_demo_cluster(acme)
     sweep = submit_sweep(alice, acme, strategy="random", max_trials=2, min_steps=None)
     run_tick(policy="fifo")
     one, two = trials(sweep)
@@ -247,10 +237,7 @@ def test_resume_from_copies_the_newest_verified_checkpoint_and_refuses_a_foreign
 def test_a_metric_that_arrives_after_the_jobs_end_is_still_its_result(
     alice: Any, acme: Any
 ) -> None:
-    nodes = demo_cluster()
-    drain_all(nodes)
-    acme.profile_jobs = False
-    acme.save()
+    quiet_demo_cluster(acme)
     sweep = submit_sweep(
         alice, acme, strategy="grid", min_steps=None, max_trials=None,
         search_space={"lr": {"type": "grid", "values": [0.1]}},

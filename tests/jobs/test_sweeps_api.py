@@ -14,12 +14,7 @@ from jobs.models import Job, Sweep
 from tests.jobs.test_programs import bundle_of, program_body
 from workers.elastic.checkpoint import Checkpoints
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def store(tmp_path: Any, settings: Any) -> None:
-    settings.ARTIFACT_URL = f"file://{tmp_path / 'artifacts'}"
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("artifacts_in_tmp")]
 
 
 def body(user: Any, tenant: Any, **overrides: Any) -> dict[str, Any]:
