@@ -23,6 +23,7 @@ written (the server checks it: ``requirements``, ``python``, ``replace``,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,16 +60,27 @@ class JobFileError(ValueError):
     """A job file that cannot be used, with the reason."""
 
 
-def parse_job_file(text: str, *, source: str = "job file") -> dict[str, Any]:
-    """The submission fields of a job file's text."""
+def read_yaml(text: str, *, source: str) -> Any:
+    """A job or sweep file's text as YAML data; invalid YAML is a :class:`JobFileError`."""
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise JobFileError(f"{source}: not valid YAML ({exc})") from None
+
+
+def parse_job_file(text: str, *, source: str = "job file") -> dict[str, Any]:
+    """The submission fields of a job file's text."""
+    data = read_yaml(text, source=source)
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise JobFileError(f"{source}: expected a mapping of job fields")
+    return job_fields(data, source=source)
+
+
+def job_fields(data: dict[Any, Any], *, source: str) -> dict[str, Any]:
+    """A job file's mapping checked (known keys; ``args``, ``env``, ``environment`` are
+    mappings) with ``env``'s values as strings: the submission's job fields."""
     unknown = sorted(str(key) for key in data if key not in JOB_FILE_FIELDS)
     if unknown:
         raise JobFileError(
@@ -77,20 +89,29 @@ def parse_job_file(text: str, *, source: str = "job file") -> dict[str, Any]:
     for key in _MAPPINGS:
         if key in data and not isinstance(data[key], dict):
             raise JobFileError(f"{source}: {key} must be a mapping")
-    if "env" in data:
-        data["env"] = {str(k): "" if v is None else str(v) for k, v in data["env"].items()}
-    return {str(key): value for key, value in data.items()}
+    fields = {str(key): value for key, value in data.items()}
+    if "env" in fields:
+        fields["env"] = {str(k): "" if v is None else str(v) for k, v in fields["env"].items()}
+    return fields
 
 
-def load_job_file(path: str | Path) -> dict[str, Any]:
-    """Read and parse a job file; a relative ``code`` path becomes relative to the file."""
+def load_fields_file(
+    path: str | Path, parse: Callable[[str, str], dict[str, Any]]
+) -> dict[str, Any]:
+    """Read a job or sweep file and ``parse(text, source)`` it; a relative ``code`` path
+    becomes relative to the file."""
     file = Path(path)
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise JobFileError(f"{file}: {exc.strerror or exc}") from None
-    fields = parse_job_file(text, source=str(file))
+    fields = parse(text, str(file))
     code = fields.get("code")
     if isinstance(code, str) and (file.parent / code).exists():
         fields["code"] = str(file.parent / code)
     return fields
+
+
+def load_job_file(path: str | Path) -> dict[str, Any]:
+    """Read and parse a job file; a relative ``code`` path becomes relative to the file."""
+    return load_fields_file(path, lambda text, source: parse_job_file(text, source=source))

@@ -30,10 +30,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from portalctl.client import Client
-from portalctl.jobfile import JobFileError, parse_job_file
+from portalctl.jobfile import JobFileError, job_fields, load_fields_file, read_yaml
 from portalctl.sweep_fields import SWEEP_FIELDS
 
 TRIAL_COLUMNS = ("trial", "params", "status", "rung", "metric", "job", "GPUs", "why")
@@ -41,31 +39,18 @@ TRIAL_COLUMNS = ("trial", "params", "status", "rung", "metric", "job", "GPUs", "
 
 def parse_sweep_file(text: str, *, source: str = "sweep file") -> dict[str, Any]:
     """The submission fields of a sweep file's text: a job file's plus the search."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise JobFileError(f"{source}: not valid YAML ({exc})") from None
+    data = read_yaml(text, source=source)
     if not isinstance(data, dict):
         raise JobFileError(f"{source}: expected a mapping of sweep fields")
     search = {key: data.pop(key) for key in SWEEP_FIELDS if key in data}
     if not isinstance(search.get("search_space"), dict):
         raise JobFileError(f"{source}: search_space must be a mapping of hyperparameters")
-    fields = parse_job_file(yaml.safe_dump(data), source=source) if data else {}
-    return {**fields, **search}
+    return {**job_fields(data, source=source), **search}
 
 
 def load_sweep_file(path: str | Path) -> dict[str, Any]:
     """Read and parse a sweep file; a relative ``code`` path becomes relative to the file."""
-    file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise JobFileError(f"{file}: {exc.strerror or exc}") from None
-    fields = parse_sweep_file(text, source=str(file))
-    code = fields.get("code")
-    if isinstance(code, str) and (file.parent / code).exists():
-        fields["code"] = str(file.parent / code)
-    return fields
+    return load_fields_file(path, lambda text, source: parse_sweep_file(text, source=source))
 
 
 class SweepsAPI:
