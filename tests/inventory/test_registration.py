@@ -281,3 +281,28 @@ def test_prometheus_has_health_series_only_where_nvml_reported(settings: Any) ->
     )
     assert f'node="{nodes[1]}"' not in text  # no NVML there: no series at all
     assert 'portal_gpus_by_type{gpu_type="default",held="no"} 8.0' in text
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("gpus", [{"model": "x", "memory_mib": 1}] * 65),
+        ("gpus", [{"model": "x", "memory_mib": -1}]),
+        ("gpus", [{"model": "x" * 500, "memory_mib": 1}]),
+        ("cpu_cores", "many"),
+        ("source", "trust-me"),
+    ],
+)
+def test_a_hostile_hardware_report_is_refused_and_changes_nothing(key: str, value: Any) -> None:
+    nodes = demo_cluster(SPEC)
+    body = Heartbeat(
+        node="intruder", device="cpu", slots=2, free_slots=(), workers=(), hardware=None
+    ).to_dict()
+    body["hardware"] = {"source": "nvml", "health": "nvml", "gpus": [], key: value}
+    envelope = seal(body, node="intruder", key=agent_trust.key_of("intruder"), now=time.time())
+    assert handle_signed_report(envelope).startswith("invalid")
+    body["node"] = nodes[0]
+    envelope = seal(body, node=nodes[0], key=agent_trust.key_of(nodes[0]), now=time.time())
+    assert handle_signed_report(envelope).startswith("invalid")
+    assert not PendingServer.objects.exists()
+    assert Server.objects.get(node=nodes[0]).state == ServerState.UP
