@@ -8,13 +8,12 @@ import threading
 from typing import Any
 
 import pytest
-from django.db import connection, connections, transaction
-from django.utils import timezone
+from django.db import connection
 
 from jobs.choices import JobState
-from jobs.lifecycle import transition
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
+from tests.jobs.workflow_helpers import end_in_own_transaction
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -22,26 +21,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def submit(user: Any, tenant: Any, after: list[dict[str, Any]] | None = None) -> Job:
     data = {"name": "j", "workload": "mlp-digits", "gpus": 1, "after": after}
     return do_submit_job(user=user, tenant=tenant, spec=check_job_spec(tenant=tenant, data=data))
-
-
-def end(
-    job_id: int,
-    committed: threading.Event,
-    hold: threading.Event | None = None,
-    held: threading.Event | None = None,
-) -> None:
-    """Cancel ``job_id`` in this thread's own transaction; with ``hold``, keep it open until
-    told, once the release has run inside it (``held``)."""
-    try:
-        with transaction.atomic():
-            job = Job.objects.select_for_update().get(pk=job_id)
-            transition(job, JobState.CANCELLED, reason="ended", at=timezone.now())
-            if hold is not None and held is not None:
-                held.set()
-                hold.wait(10)
-        committed.set()
-    finally:
-        connections.close_all()
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks: PostgreSQL")
@@ -52,12 +31,17 @@ def test_two_ends_at_once_release_the_waiting_job_once(alice: Any, acme: Any) ->
     assert waiting.state == "pending"
     release_first, first_held = threading.Event(), threading.Event()
     first_done, second_done = threading.Event(), threading.Event()
-    one = threading.Thread(target=end, args=(first.pk, first_done, release_first, first_held))
+    one = threading.Thread(
+        target=end_in_own_transaction,
+        args=(first.pk, JobState.CANCELLED, first_done, release_first, first_held),
+    )
     one.start()
     # The first transaction ends its job and settles the waiting one (which still waits
     # for the second), and holds the waiting job's row lock until told to commit.
     assert first_held.wait(10)
-    two = threading.Thread(target=end, args=(second.pk, second_done))
+    two = threading.Thread(
+        target=end_in_own_transaction, args=(second.pk, JobState.CANCELLED, second_done)
+    )
     two.start()
     two.join(0.5)
     assert not second_done.is_set()  # blocked on the waiting job's row, held by the first

@@ -8,38 +8,16 @@ import threading
 from typing import Any
 
 import pytest
-from django.db import connection, connections, transaction
-from django.utils import timezone
+from django.db import connection
 
 from control.tick import run_tick
 from jobs.choices import JobState
-from jobs.lifecycle import transition
 from jobs.models import Job, Trial
 from tests.jobs.outputs_helpers import metrics
 from tests.jobs.test_sweeps import submit_sweep, trials
-from tests.jobs.workflow_helpers import quiet_demo_cluster
+from tests.jobs.workflow_helpers import end_in_own_transaction, quiet_demo_cluster
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("artifacts_in_tmp")]
-
-
-def complete(
-    job_id: int,
-    committed: threading.Event,
-    hold: threading.Event | None = None,
-    held: threading.Event | None = None,
-) -> None:
-    """Complete ``job_id`` in this thread's own transaction; with ``hold``, keep it open
-    until told, once the sweep has taken the end inside it (``held``)."""
-    try:
-        with transaction.atomic():
-            job = Job.objects.select_for_update().get(pk=job_id)
-            transition(job, JobState.COMPLETED, reason="done", at=timezone.now())
-            if hold is not None and held is not None:
-                held.set()
-                hold.wait(10)
-        committed.set()
-    finally:
-        connections.close_all()
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks: PostgreSQL")
@@ -56,10 +34,15 @@ def test_two_trials_ending_at_once_promote_the_better_once(alice: Any, acme: Any
         assert metrics(job, [(10, {"loss": loss})]) == "metrics"
     release, first_held = threading.Event(), threading.Event()
     first_done, second_done = threading.Event(), threading.Event()
-    one = threading.Thread(target=complete, args=(worse.pk, first_done, release, first_held))
+    one = threading.Thread(
+        target=end_in_own_transaction,
+        args=(worse.pk, JobState.COMPLETED, first_done, release, first_held),
+    )
     one.start()
     assert first_held.wait(10)  # trial 0 recorded, waiting alone; the sweep row is held
-    two = threading.Thread(target=complete, args=(better.pk, second_done))
+    two = threading.Thread(
+        target=end_in_own_transaction, args=(better.pk, JobState.COMPLETED, second_done)
+    )
     two.start()
     two.join(0.5)
     assert not second_done.is_set()  # blocked on the sweep's row
