@@ -201,6 +201,19 @@ class Job(models.Model):
     gpus = models.PositiveIntegerField(help_text="GPUs requested.")
     min_gpus = models.PositiveIntegerField()
     max_gpus = models.PositiveIntegerField()
+    # What kind of GPUs and servers it needs (issue 38; ``jobs.resource_requests`` checks them).
+    gpu_types = models.JSONField(
+        default=list, blank=True, help_text="GPU type slugs it accepts, preferred first; [] = any."
+    )
+    node_selector = models.JSONField(
+        default=dict, blank=True, help_text="Labels a server must carry (label -> value)."
+    )
+    cpus_per_gpu = models.PositiveIntegerField(
+        default=0, help_text="CPU cores it needs per GPU (0: no request)."
+    )
+    mem_per_gpu_mib = models.PositiveIntegerField(
+        default=0, help_text="Host memory it needs per GPU, in MiB (0: no request)."
+    )
     batch_size = models.PositiveIntegerField(
         help_text="Global mini-batch size, fixed across scaling."
     )

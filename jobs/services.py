@@ -8,6 +8,7 @@ through ``jobs.lifecycle``, placements through ``jobs.holdings``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,7 +39,14 @@ from jobs.lifecycle import broadcast, record, request_tick, transition
 from jobs.models import Job, JobArray, Trial
 from jobs.outbox import Outbox
 from jobs.program_spec import PROGRAM_FIELDS, ProgramSpec, check_program, wants_program
+from jobs.resource_requests import (
+    REQUEST_FIELDS,
+    ResourceRequest,
+    check_request,
+    check_satisfiable,
+)
 from jobs.stats import JctStats, jct_stats
+from scheduler.quota import QuotaBook
 from tenancy.models import Tenant
 from tenancy.services import can_write
 from utilities.bounded_json import JsonRefused, loads
@@ -64,6 +72,7 @@ JOB_FIELDS = (
     "checkpoint_interval",
     "max_restarts",
     "max_runtime_s",
+    *REQUEST_FIELDS,
     *PROGRAM_FIELDS,
 )
 SUBMIT_AUDIT_FIELDS = (
@@ -83,6 +92,7 @@ SUBMIT_AUDIT_FIELDS = (
     "checkpoint_interval",
     "max_restarts",
     "max_runtime_s",
+    *REQUEST_FIELDS,
     "resumed_from_id",
 )
 """What the audit log keeps of a submission (``env`` by its names only: values may be secrets)."""
@@ -114,6 +124,8 @@ class JobSpec:
     """What the job waits for before it is queued (``jobs.dependencies``)."""
     resume_from: int | None = None
     """A job of the same tenant whose newest checkpoint is copied into this one's store."""
+    request: ResourceRequest = dataclasses.field(default_factory=ResourceRequest)
+    """The GPU types, node selector, CPU and memory per GPU it asks for (``jobs.resource_requests``)."""
 
 
 class _Errors:
@@ -318,6 +330,12 @@ def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
     priority = _int_field(data, errors, "priority", 0, 100, 50)
     interval = _int_field(data, errors, "checkpoint_interval", 1, 1_000_000, 50)
     max_restarts, max_runtime_s = _check_limits(tenant, data, errors)
+    request = check_request(
+        data,
+        default_cpus=tenant.default_cpus_per_gpu,
+        default_mem_mib=tenant.default_mem_per_gpu_mib,
+        add_error=errors.add,
+    )
 
     after = check_after(tenant=tenant, raw=data.get("after"), add_error=errors.add)
     resume_from = _check_resume_from(tenant, data.get("resume_from"), errors)
@@ -336,6 +354,12 @@ def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
                 "gpus",
                 f"Requests {gpus} GPUs but tenant {tenant.slug} has a quota of {tenant.gpu_quota}.",
             )
+        elif not type_quota_admits(tenant, gpus, request.gpu_types):
+            errors.add(
+                "gpus",
+                f"Requests {gpus} GPUs but tenant {tenant.slug}'s quota of every type it "
+                f"accepts is smaller: {tenant.gpu_type_quota}.",
+            )
         if batch_size is not None and batch_size < max_gpus:
             errors.add("batch_size", "The global batch needs at least one sample per GPU.")
         for field, size in (("gpus", gpus), ("min_gpus", min_gpus)):
@@ -343,6 +367,8 @@ def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
             if problem:
                 errors.add(field, problem)
                 break
+        if not errors.fields:  # a request no server could ever hold: refused, not queued forever
+            check_satisfiable(current_spec(), request, min_gpus, errors.add)
     errors.raise_if_any()
     assert gpus is not None and min_gpus is not None and max_gpus is not None
     assert batch_size is not None and priority is not None and interval is not None
@@ -363,7 +389,17 @@ def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
         max_runtime_s=max_runtime_s,
         after=after,
         resume_from=resume_from,
+        request=request,
     )
+
+
+def type_quota_admits(tenant: Tenant, gpus: int, gpu_types: tuple[str, ...]) -> bool:
+    """Whether ``gpus`` GPUs of one of ``gpu_types`` (empty: any) fit some type's quota of
+    ``tenant`` (``scheduler.quota.QuotaBook.admits``; a type without a quota fits)."""
+    if not tenant.gpu_type_quota:
+        return True
+    book = QuotaBook(type_quota={tenant.slug: dict(tenant.gpu_type_quota)})
+    return book.admits(tenant.slug, gpus, gpu_types)
 
 
 def _program_fields(program: ProgramSpec | None) -> dict[str, Any]:
@@ -444,6 +480,7 @@ def create_job(
         array_index=index,
         trial=trial,
         sched_weight=sched_weight,
+        **spec.request.as_fields(),
         **program,
     )
     record(
@@ -498,6 +535,10 @@ def create_task_retry(old: Job, *, user: AbstractBaseUser | AnonymousUser, at: d
         checkpoint_interval=old.checkpoint_interval,
         max_restarts=old.max_restarts,
         max_runtime_s=old.max_runtime_s,
+        gpu_types=old.gpu_types,
+        node_selector=old.node_selector,
+        cpus_per_gpu=old.cpus_per_gpu,
+        mem_per_gpu_mib=old.mem_per_gpu_mib,
         submitted_at=at,
         array_id=old.array_id,
         array_index=old.array_index,

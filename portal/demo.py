@@ -8,6 +8,7 @@ accounts at all.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
@@ -95,9 +96,58 @@ def ensure_demo_data(*, external_database: bool) -> DemoCredentials:
     )
 
 
+TWO_TYPE_SERVERS = (
+    # (leaf, slot, node, gpu type, pool): one leaf of each type, a pool label per server
+    (0, 0, "a100-0", "a100-40g", "train"),
+    (0, 1, "a100-1", "a100-40g", "interactive"),
+    (1, 0, "h100-0", "h100-80g", "train"),
+    (1, 1, "h100-1", "h100-80g", "interactive"),
+)
+
+
+def two_type_fabric() -> dict[str, object]:
+    """The demo fabric with two GPU types (``DEMO_CLUSTER=two-type``): leaf 0 holds A100s
+    (32 cores, 256 GiB), leaf 1 H100s (64 cores, 512 GiB), each server labelled with a pool."""
+    servers = [
+        {
+            "leaf": leaf,
+            "slot": slot,
+            "node": node,
+            "gpu_type": gpu_type,
+            "cpu_cores": 32 if gpu_type.startswith("a100") else 64,
+            "memory_mib": (256 if gpu_type.startswith("a100") else 512) * 1024,
+            "labels": {"pool": pool},
+        }
+        for leaf, slot, node, gpu_type, pool in TWO_TYPE_SERVERS
+    ]
+    return {**DEMO_FABRIC, "servers": servers}
+
+
+def uniform_fabric() -> dict[str, object]:
+    """The demo fabric of one GPU type (``DEMO_CLUSTER=uniform``, the default)."""
+    return dict(DEMO_FABRIC)
+
+
+DEMO_CLUSTERS: dict[str, Callable[[], dict[str, object]]] = {
+    "uniform": uniform_fabric,
+    "two-type": two_type_fabric,
+}
+"""The demo fabrics ``DEMO_CLUSTER`` chooses from (``uniform``, the default: one type)."""
+
+
+def demo_fabric(name: str) -> dict[str, object]:
+    """The topology document of demo cluster ``name`` (ValueError naming the choices)."""
+    if name not in DEMO_CLUSTERS:
+        raise ValueError(f"DEMO_CLUSTER={name!r}: choose one of {', '.join(DEMO_CLUSTERS)}")
+    return DEMO_CLUSTERS[name]()
+
+
 def ensure_demo_fabric() -> None:
-    """Load the 8-slot demo fabric (2 leaves, 2 spines, 2 servers/leaf, 2 GPUs/server) once."""
+    """Load the demo fabric (``DEMO_CLUSTER``: 2 leaves, 2 spines, 2 servers/leaf, 2
+    GPUs/server, of one type or of two) once."""
+    from django.conf import settings
+
     from inventory.services import current_spec, do_load_topology
 
     if current_spec() is None:
-        do_load_topology(DEMO_FABRIC)
+        do_load_topology(demo_fabric(settings.DEMO_CLUSTER))

@@ -66,6 +66,18 @@ class Tenant(models.Model):
     gpu_quota = models.PositiveIntegerField(
         default=8, help_text="Most GPUs this tenant's jobs may hold at once."
     )
+    gpu_type_quota = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Most GPUs of each type its jobs may hold at once (type slug -> GPUs), "
+        "beside gpu_quota; a type not named is bounded by gpu_quota alone.",
+    )
+    default_cpus_per_gpu = models.PositiveIntegerField(
+        default=0, help_text="CPU cores per GPU a job gets when it asks for none (0: none)."
+    )
+    default_mem_per_gpu_mib = models.PositiveIntegerField(
+        default=0, help_text="Host memory (MiB) per GPU a job gets when it asks for none."
+    )
     priority_weight = models.FloatField(
         default=1.0,
         validators=[MinValueValidator(0.0)],

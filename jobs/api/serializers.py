@@ -161,6 +161,23 @@ class JobCreateSerializer(serializers.Serializer[Job]):
         help_text="Seconds of wall clock since the first start; then the job is stopped with a "
         "final checkpoint and fails. Default: the tenant's, at most its ceiling.",
     )
+    gpu_types = serializers.ListField(
+        child=serializers.CharField(),
+        required=False,
+        help_text='GPU type slugs the job accepts, preferred first (e.g. ["h100-80g"]); '
+        "empty: any. Its GPUs are all of one type.",
+    )
+    node_selector = serializers.DictField(
+        child=serializers.CharField(allow_blank=True),
+        required=False,
+        help_text='Labels a server must carry to hold it, e.g. {"pool": "train"}.',
+    )
+    cpus_per_gpu = serializers.IntegerField(
+        min_value=0, required=False, help_text="CPU cores per GPU; default: the tenant's."
+    )
+    mem_per_gpu_mib = serializers.IntegerField(
+        min_value=0, required=False, help_text="Host memory per GPU in MiB; default: the tenant's."
+    )
     after = serializers.ListField(
         child=serializers.DictField(child=serializers.JSONField()),
         required=False,

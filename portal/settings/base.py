@@ -224,6 +224,9 @@ TICK_SECONDS = env_float("TICK_SECONDS", 3.0)
 # The tick's Redis lock expires after this: a worker killed mid-tick delays ticks at most so long.
 TICK_LOCK_SECONDS = env_float("TICK_LOCK_SECONDS", max(10.0, 4 * TICK_SECONDS))
 SCHEDULER_POLICY = env_str("SCHEDULER_POLICY", "elastic-tiresias")
+# The fabric ``make run`` loads on first start (portal.demo.DEMO_CLUSTERS): "uniform" (one
+# GPU type, the default) or "two-type" (a leaf of A100s and a leaf of H100s, pool labels).
+DEMO_CLUSTER = env_str("DEMO_CLUSTER", "uniform")
 # The tick keeps its view of the cluster between ticks and reads only what changed
 # (control.incremental); every TICK_VERIFY_EVERY ticks it also rebuilds it in full
 # and compares. TICK_INCREMENTAL=0: a full rebuild on every tick.

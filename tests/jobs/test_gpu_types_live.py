@@ -1,0 +1,187 @@
+"""Issue 38's live wiring: jobs that ask for GPU types, a node selector, CPU and memory,
+refused at submit when no server could ever hold them, and placed by the real tick on
+the two-type demo cluster (``portal.demo.two_type_fabric``) on their own type only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from control.tick import run_tick
+from inventory.models import Server
+from jobs.models import Job
+from jobs.services import check_job_spec, do_submit_job
+from portal.demo import two_type_fabric
+from tests.conftest import job_body
+from tests.jobs.control_helpers import demo_cluster
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+A100, H100 = "a100-40g", "h100-80g"
+
+
+def _two_types() -> list[str]:
+    """The two-type demo cluster loaded, every agent alive."""
+    return demo_cluster(two_type_fabric())  # type: ignore[arg-type]
+
+
+def _types_of(job: Job) -> set[str]:
+    """The GPU types of the servers ``job`` holds GPUs on."""
+    return set(
+        Server.objects.filter(gpu_set__assignment__job=job).values_list("gpu_type", flat=True)
+    )
+
+
+def _submit(user: Any, tenant: Any, **fields: Any) -> Job:
+    data = {"name": "t", "workload": "mlp-digits", "gpus": 2, **fields}
+    return do_submit_job(user=user, tenant=tenant, spec=check_job_spec(tenant=tenant, data=data))
+
+
+def _post(client: Any, **fields: Any) -> Any:
+    return client.post("/api/v1/jobs/", job_body(**fields), format="json")
+
+
+def _errors(response: Any) -> dict[str, Any]:
+    """A 400's errors by field."""
+    assert response.status_code == 400, response.content
+    return dict(response.json()["errors"])
+
+
+def test_a_selector_no_server_matches_is_refused_at_submit_naming_node_selector(
+    alice: Any, token_client: Any
+) -> None:
+    _two_types()
+    client = token_client(alice)
+    response = _post(client, gpu_types=[H100], node_selector={"pool": "nowhere"})
+    assert "pool=nowhere" in str(_errors(response)["node_selector"])
+    assert not Job.objects.exists()
+
+
+def test_a_type_the_cluster_lacks_and_too_many_gpus_of_one_type_are_refused(
+    alice: Any, token_client: Any, acme: Any
+) -> None:
+    _two_types()
+    acme.gpu_quota = 16
+    acme.save()
+    client = token_client(alice)
+    missing = _post(client, gpu_types=["v100-16g"])
+    assert "no server has GPUs of v100-16g" in str(_errors(missing)["gpu_types"])
+    # 4 A100s and 4 H100s: 8 GPUs of one type never exist, though 8 GPUs do
+    straddling = _post(client, gpus=8, min_gpus=8, max_gpus=8)
+    assert "the most there are is 4" in str(_errors(straddling)["min_gpus"])
+    assert not Job.objects.exists()
+
+
+def test_cpu_or_memory_per_gpu_no_server_offers_is_refused(alice: Any, token_client: Any) -> None:
+    """A100 servers: 32 cores and 256 GiB for 2 GPUs (16 cores, 128 GiB each); H100: twice."""
+    _two_types()
+    client = token_client(alice)
+    cpus = _post(client, gpu_types=[A100], cpus_per_gpu=17)
+    assert "16 cores" in str(_errors(cpus)["cpus_per_gpu"])
+    memory = _post(client, mem_per_gpu_mib=300 * 1024)
+    assert "no server offers that" in str(_errors(memory)["mem_per_gpu_mib"])
+    ok = _post(client, gpu_types=[A100, H100], cpus_per_gpu=32, mem_per_gpu_mib=256 * 1024)
+    assert ok.status_code == 201, ok.content
+    assert ok.json()["cpus_per_gpu"] == 32
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"gpu_types": ["Not A Slug"]}, "gpu_types"),
+        ({"gpu_types": "h100-80g"}, None),  # a comma list is accepted
+        ({"node_selector": ["pool=train"]}, "node_selector"),
+        ({"node_selector": {"pool": "bad value!"}}, "node_selector"),
+        ({"cpus_per_gpu": -1}, "cpus_per_gpu"),
+        ({"cpus_per_gpu": True}, "cpus_per_gpu"),
+        ({"mem_per_gpu_mib": "16G"}, "mem_per_gpu_mib"),
+    ],
+)
+def test_bad_request_values_are_a_400_naming_the_field(
+    alice: Any, token_client: Any, fields: dict[str, Any], field: str | None
+) -> None:
+    _two_types()
+    response = _post(token_client(alice), **fields)
+    if field is None:
+        assert response.status_code == 201, response.content
+        assert response.json()["gpu_types"] == [H100]
+        return
+    assert field in _errors(response)
+    assert Job.objects.count() == 0
+
+
+def test_tenant_defaults_fill_cpu_and_memory(alice: Any, acme: Any) -> None:
+    _two_types()
+    acme.default_cpus_per_gpu, acme.default_mem_per_gpu_mib = 8, 4096
+    acme.save()
+    job = _submit(alice, acme)
+    assert (job.cpus_per_gpu, job.mem_per_gpu_mib) == (8, 4096)
+
+
+@pytest.mark.parametrize("policy", ["fifo", "elastic-tiresias"])
+def test_a_job_asking_for_type_b_never_lands_on_type_a(alice: Any, acme: Any, policy: str) -> None:
+    """Elastic jobs asking for H100s grow only over H100s, tick after tick, while the A100s
+    stay idle; a job of any type takes the A100s."""
+    _two_types()
+    acme.gpu_quota, acme.profile_jobs = 16, False
+    acme.save()
+    first = _submit(alice, acme, gpus=1, min_gpus=1, max_gpus=4, gpu_types=[H100])
+    second = _submit(alice, acme, gpus=1, min_gpus=1, max_gpus=4, gpu_types=[H100])
+    for _ in range(4):
+        run_tick(policy=policy)
+        for job in (first, second):
+            job.refresh_from_db()
+            assert _types_of(job) <= {H100}, (job.pk, _types_of(job))
+    assert first.state == "running" and _types_of(first) == {H100}
+    assert sum(j.parallelism for j in (first, second) if j.state == "running") <= 4
+    anywhere = _submit(alice, acme, gpus=2, min_gpus=2, max_gpus=2)
+    for _ in range(2):
+        run_tick(policy=policy)
+    anywhere.refresh_from_db()
+    assert anywhere.state == "running" and _types_of(anywhere) == {A100}
+
+
+def test_a_selector_keeps_a_job_on_its_pool(alice: Any, acme: Any) -> None:
+    _two_types()
+    acme.profile_jobs = False
+    acme.save()
+    job = _submit(
+        alice, acme, gpus=2, min_gpus=2, max_gpus=2, node_selector={"pool": "interactive"}
+    )
+    run_tick(policy="fifo")
+    job.refresh_from_db()
+    assert job.state == "running"
+    pools = set(
+        Server.objects.filter(gpu_set__assignment__job=job).values_list("labels", flat=True)
+    )
+    assert all(labels["pool"] == "interactive" for labels in pools)
+
+
+def test_a_type_a_quota_holds_on_the_live_tick(alice: Any, acme: Any) -> None:
+    """acme may hold 2 A100s: its second A100 job waits, named by the quota, while an H100
+    job of the same tenant starts."""
+    _two_types()
+    acme.gpu_quota, acme.profile_jobs, acme.gpu_type_quota = 16, False, {A100: 2}
+    acme.save()
+    first = _submit(alice, acme, gpus=2, min_gpus=2, max_gpus=2, gpu_types=[A100])
+    run_tick(policy="fifo")
+    second = _submit(alice, acme, gpus=2, min_gpus=2, max_gpus=2, gpu_types=[A100])
+    other = _submit(alice, acme, gpus=2, min_gpus=2, max_gpus=2, gpu_types=[H100])
+    for _ in range(3):
+        run_tick(policy="fifo")
+    for job in (first, second, other):
+        job.refresh_from_db()
+    assert first.state == "running" and other.state == "running"
+    assert second.state == "queued"
+    assert A100 in second.wait_reason and "quota" in second.wait_reason
+
+
+def test_a_request_above_every_accepted_type_quota_is_refused(
+    alice: Any, token_client: Any, acme: Any
+) -> None:
+    _two_types()
+    acme.gpu_type_quota = {A100: 1}
+    acme.save()
+    response = _post(token_client(alice), gpus=2, gpu_types=[A100])
+    assert "gpus" in _errors(response)
