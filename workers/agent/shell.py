@@ -7,9 +7,10 @@
                                                                                   │ slave
     nsenter --target <the worker's program> --all --root --wd   (its namespaces: pid, mount,
       └─ setpriv --reuid/--regid of that program, no caps, no new privileges    network, ipc, uts)
-           └─ env -i <the program's environment minus secrets, TERM>
-                └─ python -I -S -c SECCOMP_LOADER   (the worker's seccomp filter)
-                     └─ the shell, in the worker's cgroups
+           └─ setsid --ctty --wait   (a session of its own, in the sandbox, the PTY its terminal)
+                └─ env -i <the program's environment minus secrets, TERM>
+                     └─ python -I -S -c SECCOMP_LOADER   (the worker's seccomp filter)
+                          └─ the shell, in the worker's cgroups
 
 The shell enters the namespaces of the worker's own program (the first process below
 bubblewrap), so it sees that program's filesystem, network and processes and nothing
@@ -121,6 +122,10 @@ def program_pid(sandbox_pid: int) -> int | None:
 
 
 ENV = "/usr/bin/env"
+SETSID = "/usr/bin/setsid"
+"""Makes the shell lead a session inside the sandbox's pid namespace, the PTY its
+controlling terminal: Ctrl-C is SIGINT for its foreground group, and the groups a shell
+hands the terminal to are ones it can see (nsenter's own, outside, it could not)."""
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 SECCOMP_LOADER = """
 import ctypes, os, sys
@@ -149,7 +154,8 @@ def shell_argv(
     rules: bytes | None,
 ) -> list[str]:
     """``nsenter`` into ``target``'s namespaces, root and cwd, then ``setpriv`` to
-    ``identity``, then ``env -i`` with ``env``, then the worker's seccomp ``rules``
+    ``identity``, then a session of its own on the PTY (``setsid --ctty``), then
+    ``env -i`` with ``env``, then the worker's seccomp ``rules``
     (``SECCOMP_LOADER``; None: this machine has none), then ``argv`` (empty: ``sh -i``).
 
     ``nsenter`` and ``setpriv`` run as root with ``BUILDER_ENV`` alone: the job's
@@ -162,19 +168,13 @@ def shell_argv(
     return [
         NSENTER, f"--target={target}", "--all", "--root", "--wd", "--",
         *setpriv_argv(identity)[:-1], "--no-new-privs", "--",
-        ENV, "-i", *assignments, *command,
+        SETSID, "--ctty", "--wait", ENV, "-i", *assignments, *command,
     ]  # fmt: skip
 
 
 def set_window(fd: int, rows: int, cols: int) -> None:
     """Give the PTY of ``fd`` a size (the kernel tells the foreground group with SIGWINCH)."""
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-
-
-def _take_terminal() -> None:
-    # In the child, after setsid: the PTY on stdin becomes its controlling terminal, so
-    # Ctrl-C typed into it is SIGINT for the foreground group.
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
 @dataclass
@@ -204,10 +204,6 @@ class _Session:
         master, slave = os.openpty()
         set_window(slave, self.command.rows, self.command.cols)
 
-        def child_setup() -> None:
-            _take_terminal()
-            preexec()
-
         try:
             self.popen = subprocess.Popen(
                 argv,
@@ -216,7 +212,7 @@ class _Session:
                 stderr=slave,
                 env=dict(BUILDER_ENV),
                 start_new_session=True,
-                preexec_fn=child_setup,
+                preexec_fn=preexec,
                 close_fds=True,
             )
         except BaseException:

@@ -184,3 +184,18 @@ def test_the_shells_environment_drops_secrets(name: str, value: str, kept: bool)
 
 def test_environ_is_parsed_bounded() -> None:
     assert parse_environ(b"A=1\0B=x=y\0junk\0") == {"A": "1", "B": "x=y"}
+
+
+def test_an_interactive_shell_owns_its_terminal_and_exits_with_its_status(
+    running: tuple[Agent, Collected], node: str, redis_url: str, job: str
+) -> None:
+    """The shell leads a session of its own inside the sandbox's pid namespace, so its
+    terminal's foreground group is one it can see (``sh -i`` exited 2 on ``exit 7``:
+    "Cannot set tty process group", the group being the agent-side nsenter's)."""
+    agent, _sent = running
+    client = redis.Redis.from_url(redis_url)
+    shell_id, _ = open_shell(agent, job, "sh", "-i")
+    into, _out = shell_keys(node, shell_id)
+    client.xadd(into, {"d": b"exit 7\r"})
+    data, code, _ = read_until_exit(client, node, shell_id)
+    assert code == 7, data
