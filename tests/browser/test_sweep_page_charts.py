@@ -13,23 +13,9 @@ from typing import Any
 
 import pytest
 
-from tests.browser.conftest import (
-    Driver,
-    Server,
-    assert_all_titled,
-    browser,
-    chart_axes,
-    close_contexts,
-    driver,
-    login,
-    no_csp_violations,
-    portal,
-    server,
-)
+from tests.browser.conftest import Driver, Server, assert_all_titled, chart_axes, login
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
-# The browser tests' fixtures (tests/browser/conftest.py), used here by name.
-__all__ = ["browser", "close_contexts", "driver", "no_csp_violations", "portal", "server"]
 
 
 def demo_sweep() -> int:
@@ -72,7 +58,7 @@ def demo_sweep() -> int:
 
 
 def test_the_sweep_page_draws_its_charts(browser: Any, server: Server, driver: Driver) -> None:
-    answer = driver("call", path="tests.jobs.test_sweep_browser:demo_sweep")
+    answer = driver("call", path="tests.browser.test_sweep_page_charts:demo_sweep")
     sweep = int(answer["repr"])
     alice = login(browser, server, "alice")
     alice.goto(f"/sweeps/{sweep}/")
