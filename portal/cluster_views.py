@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import wraps
 from typing import Any
 
@@ -21,7 +21,7 @@ from inventory.forms import (
     ServerForm,
     field_for_message,
 )
-from inventory.listing import pending_rows, server_rows, utilization_by_type
+from inventory.listing import health_word, pending_rows, server_rows, utilization_by_type
 from inventory.models import Gpu, Server
 from inventory.registration import do_accept_server
 from inventory.services import (
@@ -86,13 +86,22 @@ def cluster_json(request: HttpRequest) -> JsonResponse:
     return JsonResponse(cluster_snapshot(request.GET.get("window", DEFAULT_WINDOW)))
 
 
+def with_health(servers: Iterable[Server]) -> list[Server]:
+    """The servers, each with ``health``: its last report's health in a word."""
+    out = list(servers)
+    for server in out:
+        info = server.agent_info if isinstance(server.agent_info, dict) else {}
+        server.health = health_word(info.get("hardware"))  # type: ignore[attr-defined]
+    return out
+
+
 def _editor(request: HttpRequest, **forms: Any) -> HttpResponse:
     context = {
         "generator": forms.get("generator") or GeneratorForm(),
         "importer": forms.get("importer") or ImportForm(),
         "server_form": forms.get("server_form") or ServerForm(),
         "spec": current_spec(),
-        "servers": Server.objects.all(),
+        "servers": with_health(Server.objects.all()),
         "busy": set(
             Server.objects.filter(gpu_set__assignment__isnull=False).values_list("node", flat=True)
         ),

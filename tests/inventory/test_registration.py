@@ -306,3 +306,20 @@ def test_a_hostile_hardware_report_is_refused_and_changes_nothing(key: str, valu
     assert handle_signed_report(envelope).startswith("invalid")
     assert not PendingServer.objects.exists()
     assert Server.objects.get(node=nodes[0]).state == ServerState.UP
+
+
+def test_the_topology_editor_shows_health_and_the_drain_reason(
+    make_user: Callable[..., Any],
+) -> None:
+    nodes = demo_cluster(SPEC)
+    nvml = FakeNvml(fake_gpus(nodes[0], 2))
+    beat(nodes[0], nvml)
+    beat(nodes[1], None)
+    nvml.gpus.pop()
+    beat(nodes[0], nvml)
+    page = Client()
+    page.force_login(make_user("root4", staff=True))
+    html = page.get("/cluster/topology/").content.decode()
+    assert '<td class="server-health">ok</td>' in html
+    assert '<td class="server-health">not reported</td>' in html
+    assert "hardware differs: 1 GPUs reported, 2 expected" in html
