@@ -8,6 +8,10 @@ signed OpenShell -> agent -> nsenter into the worker's sandbox, and back through
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +22,7 @@ import pytest
 
 from tests.cli.test_cli_e2e import ROOT, portalctl
 from tests.test_e2e import api, job_state, wait_for
+from workers.agent.shell import set_window
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
 
@@ -116,3 +121,62 @@ def test_an_admin_sees_an_open_shell_and_closes_it(
     finally:
         sleeper.kill()
         sleeper.communicate()
+
+
+class Terminal:
+    """portalctl on a terminal of its own (a local PTY), as a person runs it."""
+
+    def __init__(self, portal: dict[str, Any], job: int, rows: int, cols: int) -> None:
+        self.master, slave = os.openpty()
+        set_window(slave, rows, cols)
+        env = {"PORTAL_URL": portal["url"], "PORTAL_TOKEN": portal["token"],
+               "PATH": "/usr/bin:/bin", "TERM": "xterm"}  # fmt: skip
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "portalctl", "shell", str(job), "--", "sh", "-i"],
+            cwd=ROOT, env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+        )  # fmt: skip
+        os.close(slave)
+        self.seen = b""
+
+    def type(self, keys: bytes) -> None:
+        os.write(self.master, keys)
+
+    def until(self, text: bytes, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.seen:
+            assert time.monotonic() < deadline, self.seen[-2000:]
+            ready, _, _ = select.select([self.master], [], [], 0.2)
+            if ready:
+                with contextlib.suppress(OSError):
+                    self.seen += os.read(self.master, 4096)
+
+
+def test_a_person_at_a_terminal_types_interrupts_resizes_and_exits(
+    portal: dict[str, Any], job: int
+) -> None:
+    """Raw mode end to end: Ctrl-C interrupts the remote command (not portalctl), a window
+    resize reaches the remote PTY, and `exit 7` is portalctl's status."""
+    terminal = Terminal(portal, job, 33, 101)
+    try:
+        terminal.until(b"$ ")
+        terminal.type(b"stty size\r")
+        terminal.until(b"33 101")
+        terminal.type(b"sleep 60\r")
+        time.sleep(1.0)
+        terminal.type(b"\x03")
+        terminal.type(b"echo after-$?\r")
+        terminal.until(b"after-130")
+        set_window(terminal.master, 40, 120)
+        terminal.process.send_signal(signal.SIGWINCH)
+        time.sleep(0.5)
+        terminal.type(b"stty size\r")
+        terminal.until(b"40 120")
+        terminal.type(b"exit 7\r")
+        status = terminal.process.wait(timeout=30)
+        with contextlib.suppress(OSError):
+            terminal.seen += os.read(terminal.master, 65536)
+        assert status == 7, terminal.seen[-1500:]
+    finally:
+        terminal.process.kill()
+        terminal.process.wait()
+        os.close(terminal.master)
