@@ -61,6 +61,7 @@ def agent(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
         "AGENT_HEARTBEAT_SECONDS": "1",
         "PYTHONPATH": f"{FAKE_NVML}{os.pathsep}{REPO_ROOT}",
         "FAKE_NVML_FILE": str(gpus),
+        "AGENT_HARDWARE": "nvml",  # a --cpu agent reads GPUs only when told to
         "AGENT_KEY": key_text(node),
     }
     argv = [

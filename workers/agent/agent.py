@@ -29,7 +29,7 @@ from workers.agent.commands import CommandHandler
 from workers.agent.commands import CommandRejected as CommandRejected  # re-exported
 from workers.agent.config import SHM_ROOT, AgentConfig
 from workers.agent.events import EventForwarder, JobControlLike, default_control_factory
-from workers.agent.hardware import HardwareProbe, load_nvml
+from workers.agent.hardware import probe_for
 from workers.agent.launch import log_tail
 from workers.agent.log_shipper import LogOffsets, LogShipper, WorkerLike
 from workers.agent.metrics_tail import MetricsFileTail
@@ -94,9 +94,7 @@ class Agent:
             clock,
             self._metrics_file,
         )
-        self.hardware = HardwareProbe(
-            load_nvml(), cuda=config.device == "cuda", only=[gpu.uuid for gpu in config.gpus]
-        )
+        self.hardware = probe_for(config.device, [gpu.uuid for gpu in config.gpus])
         """Reads the node's hardware and GPU health for each heartbeat."""
         self._next_heartbeat = clock.monotonic()
         self._next_clean = clock.monotonic() + config.cleanup.every_s

@@ -14,6 +14,12 @@ depends on it being installed, and a test passes a fake object with the few
 functions used (``NVML_CALLS``).  Without it the agent says so once, in its
 log, and reports health as ``none`` ("not reported"), never a made-up figure.
 An agent restricted to some GPUs (``AgentConfig.gpus``) reports only those.
+
+Which agents read GPUs at all (``AGENT_HARDWARE``, ``probe_for``): ``auto`` (the
+default) a ``cuda`` agent only — a ``--cpu`` agent's slots are no GPUs, and
+several of them may share one GPU host (the demo cluster); ``nvml`` every agent
+where NVML loads (a CPU agent on a GPU server that should still report health;
+tests); ``none`` no agent.
 """
 
 from __future__ import annotations
@@ -152,6 +158,21 @@ def torch_gpus() -> tuple[GpuHardware, ...]:
 def _register_xids(nvml: Any, handle: Any, kind: Any, events: Any) -> None:
     """Ask NVML for ``handle``'s XID events on ``events`` (a GPU that cannot: no XIDs)."""
     _maybe(lambda: nvml.nvmlDeviceRegisterEvents(handle, kind, events))
+
+
+HARDWARE_MODES = ("auto", "nvml", "none")
+"""The values of ``AGENT_HARDWARE``."""
+
+
+def probe_for(device: str, only: Iterable[str] = (), mode: str | None = None) -> HardwareProbe:
+    """The probe an agent of ``device`` uses under ``mode`` (default: ``AGENT_HARDWARE``)."""
+    chosen = mode if mode is not None else os.environ.get("AGENT_HARDWARE", "auto")
+    if chosen not in HARDWARE_MODES:
+        log.warning("AGENT_HARDWARE=%r is none of %s: auto", chosen, ", ".join(HARDWARE_MODES))
+        chosen = "auto"
+    cuda = device == "cuda" and chosen != "none"
+    reads_nvml = chosen == "nvml" or (chosen == "auto" and cuda)
+    return HardwareProbe(load_nvml() if reads_nvml else None, cuda=cuda, only=only)
 
 
 class HardwareProbe:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from workers.agent.hardware import HardwareProbe, host_memory_mib, load_nvml
+from workers.agent.hardware import HardwareProbe, host_memory_mib, load_nvml, probe_for
 from workers.protocol import Heartbeat, ProtocolError, Report
 from workers.tests.fake_nvml import FakeNvml, fake_gpus
 
@@ -97,3 +98,15 @@ def test_the_heartbeat_carries_it_and_hostile_figures_are_refused() -> None:
     bad["hardware"]["gpus"] = bad["hardware"]["gpus"] * 65
     with pytest.raises(ProtocolError, match="more than 64"):
         Report.from_dict(bad)
+
+
+def test_which_agents_read_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A --cpu agent reads no GPU unless AGENT_HARDWARE=nvml; none turns every agent off."""
+    fake = FakeNvml(fake_gpus("n", 1))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    assert probe_for("cpu", mode="auto").nvml is None
+    assert probe_for("cpu", mode="nvml").nvml is fake
+    assert probe_for("cuda", mode="auto").nvml is fake
+    assert probe_for("cuda", mode="none").nvml is None
+    monkeypatch.setenv("AGENT_HARDWARE", "nvml")
+    assert probe_for("cpu").report().source == "nvml"
