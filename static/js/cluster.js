@@ -91,7 +91,8 @@
       srv.x.push(x);
       srv.y.push(1.1);
       srv.text.push(labelServers ? s.node : "");
-      srv.hover.push(s.node + " · leaf " + s.leaf + " · " + f.gpus_per_server + " GPUs · " + s.state + (s.reason ? ": " + s.reason : ""));
+      const kind = (s.gpu_type ? " · " + s.gpu_type : "") + (s.pool ? " · pool " + s.pool : "") + (s.health ? " · health " + s.health : "");
+      srv.hover.push(s.node + " · leaf " + s.leaf + " · " + f.gpus_per_server + " GPUs" + kind + " · " + s.state + (s.reason ? ": " + s.reason : ""));
       srv.color.push(s.state === "up" ? "#8a94a6" : DOWN);
       uplinks.x.push(x, leafX(s.leaf), null);
       uplinks.y.push(1.1, 2, null);
