@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit import services as audit
@@ -154,9 +154,16 @@ def do_record_pending(*, node: str, hardware: Any, at: datetime) -> PendingServe
         if PendingServer.objects.count() >= MAX_PENDING_SERVERS:
             log.warning("pending servers are full: %s not recorded", node)
             return None
-        row = PendingServer.objects.create(node=node, hardware=kept, first_seen=at, last_seen=at)
-        broadcast_on_commit((CLUSTER_GROUP,), {"type": "topology.changed"})
-        return row
+        try:
+            with transaction.atomic():  # two first reports at once: the second one updates
+                row = PendingServer.objects.create(
+                    node=node, hardware=kept, first_seen=at, last_seen=at
+                )
+        except IntegrityError:
+            row = PendingServer.objects.select_for_update().get(node=node)
+        else:
+            broadcast_on_commit((CLUSTER_GROUP,), {"type": "topology.changed"})
+            return row
     row.hardware, row.last_seen = kept, at
     row.save(update_fields=["hardware", "last_seen"])
     return row
