@@ -60,7 +60,7 @@ def differences(facts: ServerFacts, hardware: Any) -> list[str]:
     if gpus is None:
         return []
     found: list[str] = []
-    if len(gpus) != facts.gpu_count:
+    if facts.gpu_count and len(gpus) != facts.gpu_count:  # 0: a row that never knew it
         found.append(f"{len(gpus)} GPUs reported, {facts.gpu_count} expected")
     models = sorted({str(g.get("model", "")) for g in gpus} - {""})
     if facts.gpu_model and models and models != [facts.gpu_model]:
