@@ -26,12 +26,13 @@ per change).  ``rows`` must be in (submitted, id) order, as both ticks read them
 from __future__ import annotations
 
 import bisect
+import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import compress
 from operator import is_not
-from typing import Protocol
+from typing import Any, Protocol
 
 from control.fair_share import tenant_shares
 from fabric.topology import FabricSpec
@@ -66,6 +67,8 @@ class JobRow:
     measured: dict[int, float]
     profile_state: str
     weight: float = 1.0  # its claim on idle GPUs (``Job.sched_weight``: a sweep's promoted trials)
+    gpu_types: tuple[str, ...] = ()  # the GPU types it accepts, preferred first (empty: any)
+    selector: tuple[tuple[str, str], ...] = ()  # labels a server must carry (sorted pairs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,17 @@ class TenantRow:
     gpu_quota: int
     profile_jobs: bool
     priority_weight: float
+    gpu_type_quota: Any = ()
+    """Its quota per GPU type as sorted ``(type, GPUs)`` pairs (a JSON object, or its text,
+    as read: made pairs here, so rows read any way compare equal)."""
+
+    def __post_init__(self) -> None:
+        quota = self.gpu_type_quota
+        if isinstance(quota, str):
+            quota = json.loads(quota)
+        if isinstance(quota, Mapping):
+            quota = tuple(sorted((str(k), int(v)) for k, v in quota.items()))
+        object.__setattr__(self, "gpu_type_quota", tuple(quota or ()))
 
 
 @dataclass(frozen=True)
@@ -101,6 +115,12 @@ class Held(Protocol):
 
     @property
     def holdings(self) -> Mapping[int, list[int]]: ...
+
+    @property
+    def gpu_types(self) -> Mapping[int, str]: ...
+
+    @property
+    def server_labels(self) -> Mapping[int, tuple[tuple[str, str], ...]]: ...
 
 
 def set_aside(gpus: tuple[GpuView, ...], held: Collection[int]) -> tuple[GpuView, ...]:
@@ -164,7 +184,7 @@ class KeptAside:
 
 
 def _down(g: GpuView) -> GpuView:
-    return GpuView(g.id, g.server, g.leaf, GpuState.DOWN, g.job)
+    return GpuView(g.id, g.server, g.leaf, GpuState.DOWN, g.job, g.gpu_type)
 
 
 @dataclass(slots=True)
@@ -192,6 +212,12 @@ class _Inputs:
     base: float
     curves: dict[int, tuple[int, Mapping[int, float]]] | None
     views: dict[int, JobView] | None
+    # The cluster's GPU types (numbered) where some tenant has a quota per type: a queued
+    # job that accepts any type is held back only when every type is over its quota.
+    type_names: Mapping[int, str] = field(default_factory=dict)
+
+
+_NO_USE: Mapping[str, int] = {}
 
 
 class Assembly:
@@ -211,6 +237,10 @@ class Assembly:
         self.queued: dict[int, set[int]] = {}  # each tenant's queued jobs (the hold-back's)
         self.shares: dict[int, int] = {}  # active job -> its share of its tenant's quota
         self.in_use: dict[int, int] = {}  # tenant id -> shares summed
+        # Per GPU type (the per-type quotas'): active job -> (its type, its share), and
+        # tenant id -> type -> shares summed.
+        self.typed_shares: dict[int, tuple[str, int]] = {}
+        self.type_in_use: dict[int, dict[str, int]] = {}
         self.tenants: dict[int, TenantRow] = {}
         self.ending: frozenset[int] = frozenset()
         # What the parts add up to, kept as parts come and go:
@@ -245,7 +275,7 @@ class Assembly:
         if changed is None or by_id is None:
             by_id = {row.id: row for row in rows}
             changed = by_id.keys() | self.parts.keys()
-        dirty = self._rows_changed(changed, by_id)
+        dirty = self._rows_changed(changed, by_id, cluster)
         ending = frozenset(about_to_end)
         dirty.update(ending ^ self.ending)
         self.ending = ending
@@ -255,24 +285,33 @@ class Assembly:
         self.tenants = dict(tenants)
         base = now.timestamp() if epoch is None else epoch
         inputs = _Inputs(cluster.holdings, tenants, ending, since, base, curves, views)
+        if any(tenant.gpu_type_quota for tenant in tenants.values()):
+            inputs.type_names = dict(enumerate(sorted(set(cluster.gpu_types.values()))))
         for job_id in dirty:
             self._forget(job_id)
             if (row := by_id.get(job_id)) is not None:
-                self._remember(job_id, _part(row, self.in_use.get(row.tenant_id, 0), inputs))
+                use = self.in_use.get(row.tenant_id, 0)
+                type_use = self.type_in_use.get(row.tenant_id, _NO_USE)
+                self._remember(job_id, _part(row, use, inputs, type_use))
         return self._policy_input(cluster, gpus, by_id, now, base, aside)
 
-    def _rows_changed(self, changed: Iterable[int], by_id: Mapping[int, JobRow]) -> set[int]:
+    def _rows_changed(
+        self, changed: Iterable[int], by_id: Mapping[int, JobRow], cluster: Held
+    ) -> set[int]:
         """Bring the tenants' sets and quota use up to date with the changed rows; the jobs
         to assemble again: those, and the queued jobs of a tenant whose use changed."""
         dirty = set(changed)
         in_use = self.in_use
         was: dict[int, int] = {}  # tenant id -> its use before these changes
+        retyped: set[int] = set()  # tenants whose use of some type changed
         for job_id in dirty:
             if (tenant_id := self.tenant_of.pop(job_id, None)) is not None:
                 was.setdefault(tenant_id, in_use.get(tenant_id, 0))
                 self.by_tenant[tenant_id].discard(job_id)
                 self.queued[tenant_id].discard(job_id)
                 in_use[tenant_id] = in_use.get(tenant_id, 0) - self.shares.pop(job_id, 0)
+                if self._count_type(tenant_id, self.typed_shares.pop(job_id, None), -1):
+                    retyped.add(tenant_id)
             if (row := by_id.get(job_id)) is None:
                 continue
             tenant_id = self.tenant_of[job_id] = row.tenant_id
@@ -284,10 +323,24 @@ class Assembly:
             if row.state in ACTIVE_STATES:
                 share = self.shares[job_id] = quota_share(row.parallelism, row.gpus)
                 in_use[tenant_id] = in_use.get(tenant_id, 0) + share
+                held = cluster.holdings.get(job_id)
+                typed = (cluster.gpu_types.get(held[0], "") if held else "", share)
+                self.typed_shares[job_id] = typed
+                if self._count_type(tenant_id, typed, 1):
+                    retyped.add(tenant_id)
         for tenant_id, use in was.items():
-            if in_use.get(tenant_id, 0) != use:
+            if in_use.get(tenant_id, 0) != use or tenant_id in retyped:
                 dirty.update(self.queued[tenant_id])
         return dirty
+
+    def _count_type(self, tenant_id: int, typed: tuple[str, int] | None, step: int) -> bool:
+        """Count an active job's ``(type, share)`` in (``step`` 1) or out of its tenant's
+        use of that type; whether it changed anything."""
+        if typed is None or not typed[1]:
+            return False
+        uses = self.type_in_use.setdefault(tenant_id, {})
+        uses[typed[0]] = uses.get(typed[0], 0) + step * typed[1]
+        return True
 
     def _forget(self, job_id: int) -> None:
         """Take a job's part out of the totals."""
@@ -346,6 +399,15 @@ class Assembly:
                 slug = tenants[tenant_id].slug
                 book.quota[slug] = tenants[tenant_id].gpu_quota
                 book.in_use[slug] = self.in_use.get(tenant_id, 0)
+                if per_type := tenants[tenant_id].gpu_type_quota:
+                    book.type_quota[slug] = dict(per_type)
+        if book.type_quota:  # some tenant has a quota per type: the checks count by type
+            book.gpu_types = cluster.gpu_types
+            for tenant_id, uses in self.type_in_use.items():
+                if tenant_id in tenants:
+                    slug = tenants[tenant_id].slug
+                    for name, use in uses.items():
+                        book.type_in_use[(slug, name)] = use
         weights = {
             tenants[tenant_id].slug: tenants[tenant_id].priority_weight
             for tenant_id, count in self.weighed.items()
@@ -358,7 +420,9 @@ class Assembly:
             gpus = set_aside(gpus, held)
         snapshot = Snapshot(
             now=now.timestamp() - base,
-            cluster=Cluster(gpus=gpus, fabric_spec=cluster.spec),
+            cluster=Cluster(
+                gpus=gpus, fabric_spec=cluster.spec, server_labels=cluster.server_labels
+            ),
             jobs=jobs,
             tenants=tenant_shares(weights, now),
         )
@@ -377,8 +441,11 @@ class Assembly:
         )
 
 
-def _part(row: JobRow, in_use: int, inputs: _Inputs) -> _Part:
-    """What ``row``'s job contributes, its tenant using ``in_use`` GPUs of its quota."""
+def _part(
+    row: JobRow, in_use: int, inputs: _Inputs, type_in_use: Mapping[str, int] = _NO_USE
+) -> _Part:
+    """What ``row``'s job contributes, its tenant using ``in_use`` GPUs of its quota (and
+    ``type_in_use`` of each type's)."""
     job_id, state, lo, hi = row.id, row.state, row.min_gpus, row.max_gpus
     key = (row.submitted_at, job_id)
     if state == _SCALING or row.profile_state == "requested":
@@ -399,7 +466,11 @@ def _part(row: JobRow, in_use: int, inputs: _Inputs) -> _Part:
     if state == _QUEUED:
         need = quota_need(lo, row.gpus)
         book = QuotaBook({slug: tenant.gpu_quota}, {slug: in_use})
-        if (reason := book.hold_reason(slug, need)) is not None:
+        if tenant.gpu_type_quota:
+            book.type_quota = {slug: dict(tenant.gpu_type_quota)}
+            book.type_in_use = {(slug, name): use for name, use in type_in_use.items()}
+            book.gpu_types = inputs.type_names
+        if (reason := book.hold_reason(slug, need, row.gpu_types)) is not None:
             blocked = Blocked(runtime_job_name(job_id), slug, row.priority, need)
             return _Part(row.tenant_id, key, blocked=blocked, reason=reason, profile=profile)
     if held and job_id in inputs.about_to_end:
@@ -433,6 +504,8 @@ def _view(row: JobRow, slug: str, held: tuple[int, ...], hi: int, inputs: _Input
         queue_since=since[job_id].timestamp() - inputs.base if job_id in since else None,
         throughput=curve,
         weight=row.weight,
+        gpu_types=row.gpu_types,
+        selector=row.selector,
     )
     if inputs.views is not None:
         inputs.views[job_id] = view

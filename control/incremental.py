@@ -85,6 +85,7 @@ from control.state import (
     growing_jobs,
     held_allocation,
     job_row,
+    label_pairs,
     last_state_changes,
     load_allocator,
     read_cluster,
@@ -276,7 +277,9 @@ def _horizon() -> Horizon:
     return _horizon_of(*row)
 
 
-_JSON_FIELDS = frozenset({"throughput_curve", "measured_curve", "args", "allocation"})
+_JSON_FIELDS = frozenset(
+    {"throughput_curve", "measured_curve", "args", "allocation", "gpu_types", "node_selector"}
+)
 _KEPT_FIELDS = (*JOB_ROW_FIELDS, *_PROGRESS_FIELDS, *_CLOCK_FIELDS, "allocation")
 
 
@@ -484,7 +487,8 @@ def _read_servers() -> list[ServerRow]:
     quote = connection.ops.quote_name
     server, gpu = quote(Server._meta.db_table), quote(Gpu._meta.db_table)
     sql = f"""
-        SELECT s.node, s.leaf, s.slot, s.state, s.last_heartbeat IS NOT NULL, g.suspect
+        SELECT s.node, s.leaf, s.slot, s.state, s.last_heartbeat IS NOT NULL, g.suspect,
+            s.gpu_type, s.labels::text
         FROM {server} s LEFT JOIN (
             SELECT server_id, array_agg("index" ORDER BY "index") AS suspect
             FROM {gpu} WHERE suspect_until > now() GROUP BY server_id
@@ -495,8 +499,17 @@ def _read_servers() -> list[ServerRow]:
         cursor.execute(sql)
         rows = cursor.fetchall()
     return [
-        ServerRow(node, leaf, slot, state, beating, tuple(suspect or ()))
-        for node, leaf, slot, state, beating, suspect in rows
+        ServerRow(
+            node,
+            leaf,
+            slot,
+            state,
+            beating,
+            tuple(suspect or ()),
+            gpu_type,
+            label_pairs(json.loads(labels) if labels else {}),
+        )
+        for node, leaf, slot, state, beating, suspect, gpu_type, labels in rows
     ]
 
 
@@ -524,6 +537,8 @@ class KeptState:
         self.servers_at: datetime | None = None
         self.servers_count = 0
         self.homes: dict[int, GpuHome] = {}
+        self.gpu_types: Mapping[int, str] = {}
+        self.server_labels: Mapping[int, tuple[tuple[str, str], ...]] = {}
         self.schedulable: frozenset[int] = frozenset()
         self.draining: frozenset[int] = frozenset()
         self.suspect: frozenset[int] = frozenset()
@@ -582,6 +597,7 @@ class KeptState:
                 layout.draining,
                 layout.suspect,
             )
+            self.gpu_types, self.server_labels = layout.gpu_types, layout.server_labels
             self.down = unusable_gpus(self.spec, self.schedulable, self.draining)
             state = self._state()
         fresh, changed, left = self._changed_jobs()
@@ -714,6 +730,8 @@ class KeptState:
             marks=self.marks,
             deadlines=self.deadlines,
             down=self.down,
+            gpu_types=self.gpu_types,
+            server_labels=self.server_labels,
         )
 
     def _changed_jobs(
@@ -857,14 +875,19 @@ VIEW_PARTS = (
 """What of the policy's input a kept tick state must share with a full rebuild."""
 
 
+CLUSTER_PARTS = (
+    "spec", "homes", "schedulable", "holders", "holdings", "draining", "suspect",
+    "gpu_types", "server_labels",
+)  # fmt: skip
+"""What of the cluster a kept tick state must share with a full rebuild."""
+
+
 def compare(kept: Prepared, rebuilt: Prepared) -> list[str]:
     """The parts in which the kept state differs from a full rebuild (empty: the same)."""
     cluster, allocator, view = kept.cluster, kept.allocator, kept.view
     ref_cluster, ref_allocator, ref_view = rebuilt.cluster, rebuilt.allocator, rebuilt.view
     differences = [
-        name
-        for name in ("spec", "homes", "schedulable", "holders", "holdings", "draining", "suspect")
-        if getattr(cluster, name) != getattr(ref_cluster, name)
+        name for name in CLUSTER_PARTS if getattr(cluster, name) != getattr(ref_cluster, name)
     ]
     if down_gpus(cluster) != down_gpus(ref_cluster):
         differences.append("down")

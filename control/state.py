@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -19,6 +19,7 @@ from jobs.agent_commands import GpuHome, runtime_job_name
 from jobs.choices import ACTIVE_STATES, JobState
 from jobs.models import Job, JobEvent, JobGpu
 from jobs.progress import seconds_left, total_steps
+from scheduler.gpu_types import Labels, split_by_type
 from scheduler.pipeline import Candidates, Waits
 from scheduler.priority import AGED_CEILING, priority_class
 from scheduler.types import Gpu as GpuView
@@ -50,6 +51,15 @@ class ClusterState:
     # The fabric's GPUs neither schedulable nor draining (their servers down or gone), when
     # the kept state has them (None: :func:`down_gpus` works them out).
     down: frozenset[int] | None = None
+    # Each GPU's type (index -> type slug) and each labelled server's labels (global server
+    # id -> sorted pairs): what a typed pass reads (``scheduler.gpu_types``).
+    gpu_types: Mapping[int, str] = field(default_factory=dict)
+    server_labels: Mapping[int, Labels] = field(default_factory=dict)
+
+    @property
+    def mixed(self) -> bool:
+        """Whether its GPUs are of several types."""
+        return len(set(self.gpu_types.values())) > 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +68,8 @@ class ServerRow:
 
     ``suspect``: the global ids of its GPUs in a straggler's cool-down now.  Part
     of the row so that the kept state sees a new mark, a cleared one and one that
-    lapsed the way it sees any server change.
+    lapsed the way it sees any server change.  ``gpu_type`` and ``labels`` (sorted
+    pairs): what a job's type and node selector are matched against.
     """
 
     node: str
@@ -67,6 +78,13 @@ class ServerRow:
     state: str
     beating: bool
     suspect: tuple[int, ...] = ()
+    gpu_type: str = ""
+    labels: Labels = ()
+
+
+def label_pairs(labels: object) -> Labels:
+    """A server's labels (a JSON object) as sorted pairs; anything else: none."""
+    return tuple(sorted(labels.items())) if isinstance(labels, dict) else ()
 
 
 def read_servers() -> list[ServerRow]:
@@ -81,10 +99,21 @@ def read_servers() -> list[ServerRow]:
         suspect.setdefault(node, []).append(index)
     beating = ExpressionWrapper(Q(last_heartbeat__isnull=False), output_field=BooleanField())
     return [
-        ServerRow(node, leaf, slot, state, beating, tuple(suspect.get(node, ())))
-        for node, leaf, slot, state, beating in Server.objects.order_by("leaf", "slot")
+        ServerRow(
+            node,
+            leaf,
+            slot,
+            state,
+            beating,
+            tuple(suspect.get(node, ())),
+            gpu_type,
+            label_pairs(labels),
+        )
+        for node, leaf, slot, state, beating, gpu_type, labels in Server.objects.order_by(
+            "leaf", "slot"
+        )
         .annotate(beating=beating)
-        .values_list("node", "leaf", "slot", "state", "beating")
+        .values_list("node", "leaf", "slot", "state", "beating", "gpu_type", "labels")
     ]
 
 
@@ -96,6 +125,8 @@ class ServerLayout:
     schedulable: frozenset[int]
     draining: frozenset[int]
     suspect: frozenset[int] = frozenset()
+    gpu_types: Mapping[int, str] = field(default_factory=dict)
+    server_labels: Mapping[int, Labels] = field(default_factory=dict)
 
 
 def server_layout(spec: FabricSpec, servers: Iterable[ServerRow]) -> ServerLayout:
@@ -108,17 +139,29 @@ def server_layout(spec: FabricSpec, servers: Iterable[ServerRow]) -> ServerLayou
     schedulable: set[int] = set()
     draining: set[int] = set()
     suspect: set[int] = set()
+    gpu_types: dict[int, str] = {}
+    server_labels: dict[int, Labels] = {}
     for server in servers:
         suspect.update(server.suspect)
         first = server.leaf * spec.gpus_per_leaf + server.slot * spec.gpus_per_server
         indices = range(first, first + spec.gpus_per_server)
         for local, index in enumerate(indices):
             homes[index] = GpuHome(node=server.node, local=local)
+            gpu_types[index] = server.gpu_type
+        if server.labels:
+            server_labels[spec.server_of(first)] = server.labels
         if server.state == ServerState.UP and server.beating:
             schedulable.update(indices)
         elif server.state == ServerState.DRAINING:
             draining.update(indices)
-    return ServerLayout(homes, frozenset(schedulable), frozenset(draining), frozenset(suspect))
+    return ServerLayout(
+        homes,
+        frozenset(schedulable),
+        frozenset(draining),
+        frozenset(suspect),
+        gpu_types,
+        server_labels,
+    )
 
 
 def read_cluster() -> ClusterState | None:
@@ -143,6 +186,8 @@ def read_cluster() -> ClusterState | None:
         holdings=holdings,
         draining=layout.draining,
         suspect=layout.suspect,
+        gpu_types=layout.gpu_types,
+        server_labels=layout.server_labels,
     )
 
 
@@ -274,6 +319,9 @@ class AssembledHoldBack:
     def hold_back(self, state: PolicyInput) -> tuple[Candidates, Waits]:
         """The assembled snapshot's candidates and the held-back jobs' waits (by name)."""
         waits = {runtime_job_name(job): reason for job, reason in state.held_back.items()}
+        split = split_by_type(state.snapshot)  # None on today's untyped snapshots
+        if split is not None and split.waits:  # never satisfiable: the pass leaves them out
+            waits = {**split.waits, **waits}
         return Candidates(state.snapshot, state.book, state.blocked), waits
 
 
@@ -295,8 +343,10 @@ JOB_ROW_FIELDS = (
     "measured_curve",
     "profile_state",
     "sched_weight",
+    "gpu_types",
+    "node_selector",
 )
-TENANT_ROW_FIELDS = ("slug", "gpu_quota", "profile_jobs", "priority_weight")
+TENANT_ROW_FIELDS = ("slug", "gpu_quota", "profile_jobs", "priority_weight", "gpu_type_quota")
 
 
 def _curve(data: Any) -> dict[int, float]:
@@ -320,6 +370,8 @@ def job_row(values: Mapping[str, Any]) -> JobRow:
         measured=_curve(values["measured_curve"]),
         profile_state=values["profile_state"],
         weight=values["sched_weight"],
+        gpu_types=tuple(values["gpu_types"] or ()),
+        selector=label_pairs(values["node_selector"]),
     )
 
 
@@ -338,6 +390,7 @@ def gpu_view(cluster: ClusterState, index: int) -> GpuView:
         leaf=cluster.spec.leaf_of(index),
         state=state,
         job=job_name,
+        gpu_type=cluster.gpu_types.get(index, ""),
     )
 
 

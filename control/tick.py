@@ -12,7 +12,9 @@
         2. jobs on draining servers → migrate (same size, other GPUs, one switch)
         3. snapshot → one scheduling pass (scheduler.pipeline: hold-back, the policy,
            quota check, preemption within a tenant's quota, bind on the vClos
-           allocator of fabric/) → GPU/cable rows, states, events
+           allocator of fabric/) → GPU/cable rows, states, events; on a typed
+           snapshot (GPU types, node selectors: scheduler.gpu_types) every job's GPUs
+           are of one type it accepts, on servers its selector matches
     └─ on commit: agent commands to ``agent.<node>``, live updates to browsers
     then, every AGENT_USERS_SYNC_SECONDS: the agents' and jobs' Redis users
     (control.agent_users: rules, restores, deletions, the memory guard)
@@ -69,6 +71,7 @@ from jobs.lifecycle import TICK_TASK, Batch, broadcast, record, save_fields, tra
 from jobs.models import Job
 from jobs.outbox import Outbox
 from scheduler.binding import Refused
+from scheduler.gpu_types import is_typed
 from scheduler.pipeline import AllocatorBind, PolicyDecide, snapshot_pass
 from scheduler.placement import CountPlacement
 from scheduler.types import Decision, Migrate
@@ -250,7 +253,8 @@ def _tick(source: ClusterSource, policy_name: str, now: datetime) -> TickResult:
     if drains:
         jobs = {d.job: job_id_from_name(d.job) or 0 for d in drains}
         allocator = source.allocator(cluster)
-        migrated, _ = AllocatorBind(cluster.spec, allocator).bind(None, drains)
+        typed = cluster.gpu_types if cluster.mixed else None  # a job moves within its type
+        migrated, _ = AllocatorBind(cluster.spec, allocator, typed).bind(None, drains)
         drain_refused = migrated.refused
         source.touched(jobs.values())  # the allocator holds their bound state, not the rows'
         reasons = {b.job: "migrated off a draining server" for b in migrated.bound}
@@ -271,7 +275,11 @@ def _tick(source: ClusterSource, policy_name: str, now: datetime) -> TickResult:
     scheduled = snapshot_pass(
         AssembledHoldBack(),
         PolicyDecide(policy, CountPlacement(), source.speed_tables()),
-        AllocatorBind(cluster.spec, prepared.allocator),
+        # A typed snapshot (several types, or a job asking for one or for labels) binds type
+        # by type, a selecting job on its servers only; otherwise today's binding.
+        AllocatorBind(
+            cluster.spec, prepared.allocator, cluster.gpu_types if is_typed(snapshot) else None
+        ),
     ).run(view)
     decisions = scheduled.decisions
     bound, refused = scheduled.bound[0].bound, scheduled.bound[0].refused

@@ -37,6 +37,8 @@ class Cluster:
     def __init__(self) -> None:
         self.spec = SPEC
         self.holdings: dict[int, list[int]] = {}
+        self.gpu_types: dict[int, str] = {}  # one type, no labels: today's cluster
+        self.server_labels: dict[int, tuple[tuple[str, str], ...]] = {}
 
 
 @pytest.fixture(autouse=True)

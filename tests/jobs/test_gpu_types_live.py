@@ -7,7 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.db import connection
 
+from control import incremental
 from control.tick import run_tick
 from inventory.models import Server
 from jobs.models import Job
@@ -152,10 +154,8 @@ def test_a_selector_keeps_a_job_on_its_pool(alice: Any, acme: Any) -> None:
     run_tick(policy="fifo")
     job.refresh_from_db()
     assert job.state == "running"
-    pools = set(
-        Server.objects.filter(gpu_set__assignment__job=job).values_list("labels", flat=True)
-    )
-    assert all(labels["pool"] == "interactive" for labels in pools)
+    held = Server.objects.filter(gpu_set__assignment__job=job).values_list("labels", flat=True)
+    assert held and all(labels["pool"] == "interactive" for labels in held)
 
 
 def test_a_type_a_quota_holds_on_the_live_tick(alice: Any, acme: Any) -> None:
@@ -185,3 +185,36 @@ def test_a_request_above_every_accepted_type_quota_is_refused(
     acme.save()
     response = _post(token_client(alice), gpus=2, gpu_types=[A100])
     assert "gpus" in _errors(response)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the kept state is PostgreSQL's")
+def test_the_kept_state_sees_types_labels_and_type_quotas_as_a_rebuild_does(
+    alice: Any, acme: Any, settings: Any
+) -> None:
+    """Every tick compared with a full rebuild: typed jobs, a per-type quota, a server's
+    labels changed under the kept state; never a mismatch, and the relabelled pool is used."""
+    settings.TICK_INCREMENTAL, settings.TICK_VERIFY_EVERY = True, 1
+    incremental.forget()
+    _two_types()
+    acme.gpu_quota, acme.profile_jobs, acme.gpu_type_quota = 16, False, {H100: 2}
+    acme.save()
+    jobs = [
+        _submit(alice, acme, gpus=1, min_gpus=1, max_gpus=2, gpu_types=[H100]),
+        _submit(alice, acme, gpus=2, min_gpus=2, max_gpus=2, gpu_types=[H100]),
+        _submit(alice, acme, gpus=1, min_gpus=1, max_gpus=4, gpu_types=[A100]),
+    ]
+    for _ in range(3):
+        run_tick(policy="elastic-tiresias")
+    Server.objects.filter(node="a100-0").update(labels={"pool": "special"})
+    special = _submit(
+        alice, acme, gpus=1, min_gpus=1, max_gpus=1, node_selector={"pool": "special"}
+    )
+    for _ in range(3):
+        run_tick(policy="elastic-tiresias")
+    state = incremental.kept_state()
+    assert state.verifications >= 5 and state.mismatches == 0
+    for job in (*jobs, special):
+        job.refresh_from_db()
+    assert jobs[1].state == "queued" and "quota" in jobs[1].wait_reason
+    assert _types_of(jobs[0]) == {H100} and _types_of(jobs[2]) <= {A100}
+    incremental.forget()
