@@ -35,7 +35,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from control.policy import live_policy
-from control.state import build_snapshot, read_cluster
+from control.state import build_snapshot, label_pairs, read_cluster
 from jobs.agent_commands import runtime_job_name
 from jobs.choices import JobState
 from jobs.dependencies import forecast_waits
@@ -118,6 +118,8 @@ def _row_view(row: Mapping[str, Any], holdings: Mapping[int, list[int]], epoch: 
         priority=row["priority"],
         throughput=_curve(row),
         weight=row["sched_weight"],
+        gpu_types=tuple(row["gpu_types"] or ()),
+        selector=label_pairs(row["node_selector"]),
     )
 
 
@@ -156,6 +158,8 @@ def compute_forecast(now: datetime) -> LiveForecast | None:
             "tenant__slug",
             "tenant__gpu_quota",
             "sched_weight",
+            "gpu_types",
+            "node_selector",
         )
     }
     waits = forecast_waits(pk for pk, row in rows.items() if row["state"] == JobState.PENDING)

@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from control import incremental
+from control.forecast import compute_forecast
 from control.tick import run_tick
 from inventory.models import Server
 from jobs.models import Job
@@ -218,3 +220,23 @@ def test_the_kept_state_sees_types_labels_and_type_quotas_as_a_rebuild_does(
     assert jobs[1].state == "queued" and "quota" in jobs[1].wait_reason
     assert _types_of(jobs[0]) == {H100} and _types_of(jobs[2]) <= {A100}
     incremental.forget()
+
+
+def test_the_forecast_waits_for_the_type_a_job_asks_for(alice: Any, acme: Any) -> None:
+    """Four H100s busy, four A100s idle: a queued H100 job is forecast to start when the
+    running one ends, not now on the idle A100s; a job of any type starts now."""
+    _two_types()
+    acme.gpu_quota, acme.profile_jobs = 16, False
+    acme.save()
+    running = _submit(alice, acme, gpus=4, min_gpus=4, max_gpus=4, gpu_types=[H100])
+    run_tick(policy="fifo")
+    running.refresh_from_db()
+    assert running.state == "running"
+    typed = _submit(alice, acme, gpus=4, min_gpus=4, max_gpus=4, gpu_types=[H100])
+    anywhere = _submit(alice, acme, gpus=4, min_gpus=4, max_gpus=4)
+    Job.objects.filter(pk__in=[typed.pk, anywhere.pk]).update(state="queued")
+    live = compute_forecast(timezone.now())
+    assert live is not None
+    estimates = {live.ids[name]: estimate for name, estimate in live.result.estimates.items()}
+    assert estimates[anywhere.pk].start == 0
+    assert estimates[typed.pk].start is None or estimates[typed.pk].start > 0
