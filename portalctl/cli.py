@@ -44,7 +44,7 @@ from rich.table import Table
 from portalctl.after import parse_after
 from portalctl.client import BUNDLE_ID, Array, Client, Job, PortalError
 from portalctl.duration import format_duration, parse_duration
-from portalctl.jobfile import JobFileError, load_job_file
+from portalctl.jobfile import JobFileError, load_job_file, resource_fields
 from portalctl.nodes import NODE_COLUMNS, PENDING_COLUMNS, node_row, pending_row
 from portalctl.shell import ShellRequest
 from portalctl.shell import shell as run_shell
@@ -486,6 +486,20 @@ def _follow_and_exit(ctx: Context, job_id: int, follow: bool) -> NoReturn:
     metavar="JOB",
     help="Start from job JOB's newest checkpoint (a job of the same tenant).",
 )
+@click.option(
+    "--gpu-type",
+    metavar="T[,T2]",
+    help="GPU types the job accepts, preferred first (e.g. h100-80g,a100-40g); default: any.",
+)
+@click.option(
+    "--selector",
+    "selector",
+    multiple=True,
+    metavar="K=V",
+    help="A label the job's servers must carry, e.g. pool=train (repeatable).",
+)
+@click.option("--cpus", type=click.IntRange(min=0), help="CPU cores per GPU (default: tenant's).")
+@click.option("--mem", metavar="SIZE", help="Host memory per GPU: 16G, 512M (default: tenant's).")
 @click.option("--wait", is_flag=True, help="Wait for the end; the exit code says how it ended.")
 @click.option("--follow", is_flag=True, help="Stream the logs until the job ends (implies --wait).")
 @output_option
@@ -509,6 +523,10 @@ def submit(
     indexes: tuple[str, ...],
     after: str | None,
     resume_from: int | None,
+    gpu_type: str | None,
+    selector: tuple[str, ...],
+    cpus: int | None,
+    mem: str | None,
     wait: bool,
     follow: bool,
     output: str | None,
@@ -517,7 +535,8 @@ def submit(
     ctx = ctx_of(output)
     try:
         fields = load_job_file(job_file) if job_file else {}
-    except JobFileError as exc:
+        fields.update(resource_fields(gpu_type, selector, cpus, mem))
+    except (JobFileError, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
     flags: dict[str, Any] = {
         "code": code,

@@ -42,6 +42,10 @@ JOB_FILE_FIELDS = (
     "checkpoint_interval",
     "max_restarts",
     "max_runtime_s",
+    "gpu_types",
+    "node_selector",
+    "cpus_per_gpu",
+    "mem_per_gpu_mib",
     "code",
     "entrypoint",
     "launcher",
@@ -53,7 +57,9 @@ JOB_FILE_FIELDS = (
 )
 """The fields of a submission (the schema's ``JobCreate``; a test compares them)."""
 
-_MAPPINGS = ("args", "env", "environment")
+_MAPPINGS = ("args", "env", "environment", "node_selector")
+_MEMORY_UNITS = {"": 1, "M": 1, "MI": 1, "MIB": 1, "G": 1024, "GI": 1024, "GIB": 1024}
+_MEMORY_UNITS |= {"T": 1024 * 1024, "TI": 1024 * 1024, "TIB": 1024 * 1024}
 
 
 class JobFileError(ValueError):
@@ -115,3 +121,45 @@ def load_fields_file(
 def load_job_file(path: str | Path) -> dict[str, Any]:
     """Read and parse a job file; a relative ``code`` path becomes relative to the file."""
     return load_fields_file(path, lambda text, source: parse_job_file(text, source=source))
+
+
+def parse_memory_mib(text: str) -> int:
+    """``"16G"``, ``"512M"``, ``"1T"`` (binary units; a bare number is MiB) -> MiB;
+    ValueError naming the text otherwise."""
+    stripped = text.strip().upper()
+    digits = stripped.rstrip("MGTIB")
+    unit = stripped[len(digits) :]
+    if not digits.isdigit() or unit not in _MEMORY_UNITS:
+        raise ValueError(f"bad memory size {text!r} (use e.g. 16G, 512M or a number of MiB)")
+    return int(digits) * _MEMORY_UNITS[unit]
+
+
+def parse_selector_flags(pairs: tuple[str, ...]) -> dict[str, str]:
+    """``("pool=train", "rack=r12,nvlink=true")`` -> labels; ValueError on a pair
+    without ``=`` (the server checks the labels themselves)."""
+    labels: dict[str, str] = {}
+    for part in (p.strip() for pair in pairs for p in pair.split(",")):
+        if not part:
+            continue
+        label, sep, value = part.partition("=")
+        if not sep or not label.strip():
+            raise ValueError(f"bad selector {part!r} (use label=value, e.g. pool=train)")
+        labels[label.strip()] = value.strip()
+    return labels
+
+
+def resource_fields(
+    gpu_type: str | None, selector: tuple[str, ...], cpus: int | None, mem: str | None
+) -> dict[str, Any]:
+    """The submission fields of ``--gpu-type T[,T2] --selector k=v --cpus N --mem 16G``
+    (only those given); ValueError on a bad selector or memory size."""
+    fields: dict[str, Any] = {}
+    if gpu_type:
+        fields["gpu_types"] = [t.strip() for t in gpu_type.split(",") if t.strip()]
+    if selector:
+        fields["node_selector"] = parse_selector_flags(selector)
+    if cpus is not None:
+        fields["cpus_per_gpu"] = cpus
+    if mem is not None:
+        fields["mem_per_gpu_mib"] = parse_memory_mib(mem)
+    return fields

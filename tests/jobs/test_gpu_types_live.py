@@ -17,6 +17,7 @@ from inventory.models import Server
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
 from portal.demo import two_type_fabric
+from tests.cli.in_process import env, run, store  # noqa: F401 (fixtures)
 from tests.conftest import job_body
 from tests.jobs.control_helpers import demo_cluster
 
@@ -240,3 +241,25 @@ def test_the_forecast_waits_for_the_type_a_job_asks_for(alice: Any, acme: Any) -
     estimates = {live.ids[name]: estimate for name, estimate in live.result.estimates.items()}
     assert estimates[anywhere.pk].start == 0
     assert estimates[typed.pk].start is None or estimates[typed.pk].start > 0
+
+
+def test_portalctl_submit_asks_for_a_type_a_selector_cpus_and_memory(
+    env: dict[str, str],  # noqa: F811 (the fixture)
+    acme: Any,
+) -> None:
+    """The flags reach the real API; a selector nothing matches is refused with the reason."""
+    _two_types()
+    result = run(env, "submit", "--workload", "mlp-digits", "--gpus", "2",
+                 "--gpu-type", f"{H100},{A100}", "--selector", "pool=train",
+                 "--cpus", "8", "--mem", "16G")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    job = Job.objects.get(pk=int(result.output.strip()))
+    assert job.gpu_types == [H100, A100] and job.node_selector == {"pool": "train"}
+    assert (job.cpus_per_gpu, job.mem_per_gpu_mib) == (8, 16 * 1024)
+    refused = run(env, "submit", "--workload", "mlp-digits", "--gpus", "2",
+                  "--selector", "pool=nowhere")  # fmt: skip
+    assert refused.exit_code != 0
+    assert "pool=nowhere" in refused.output
+    bad = run(env, "submit", "--workload", "mlp-digits", "--gpus", "2", "--mem", "lots")
+    assert bad.exit_code == 2 and "bad memory size" in bad.output
+    assert Job.objects.count() == 1
