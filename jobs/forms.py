@@ -34,6 +34,7 @@ from jobs.services import (
     check_job_spec,
     placement_problem,
 )
+from scheduler.gpu_types import parse_selector
 from tenancy.models import Tenant
 from workers.catalog import WORKLOADS
 from workers.environment import requirements_txt
@@ -247,6 +248,29 @@ class JobForm(forms.Form):
         help_text="Wall clock since the first start; then the job stops with a final checkpoint "
         "and fails. Empty: your tenant's default.",
     )
+    gpu_types = forms.CharField(
+        required=False,
+        label="GPU types",
+        help_text="The GPU types it accepts, preferred first, comma-separated "
+        "(e.g. h100-80g, a100-40g). Empty: any type. Its GPUs are all of one type.",
+    )
+    node_selector = forms.CharField(
+        required=False,
+        label="Servers labelled",
+        help_text="Labels its servers must carry, e.g. pool=train, rack=r12. Empty: any server.",
+    )
+    cpus_per_gpu = forms.IntegerField(
+        min_value=0,
+        required=False,
+        label="CPU cores per GPU",
+        help_text="Empty: your tenant's default.",
+    )
+    mem_per_gpu_mib = forms.IntegerField(
+        min_value=0,
+        required=False,
+        label="Host memory per GPU (MiB)",
+        help_text="Empty: your tenant's default.",
+    )
 
     after = forms.CharField(
         required=False,
@@ -341,6 +365,8 @@ class JobForm(forms.Form):
             data.pop(name, None)
         if not self._take_after(cleaned.get("after") or "", data):
             return cleaned
+        if not self._take_selector(data):
+            return cleaned
         if cleaned.get("source") == PROGRAM:
             data.pop("workload", None)
             data.pop("args", None)
@@ -397,6 +423,19 @@ class JobForm(forms.Form):
             return False
         if entries:
             data["after"] = entries
+        return True
+
+    def _take_selector(self, data: dict[str, Any]) -> bool:
+        """The labels box (``pool=train, rack=r12``) as the service's ``node_selector``;
+        False (the error shown) if unreadable."""
+        text = data.get("node_selector")
+        if not isinstance(text, str):
+            return True
+        try:
+            data["node_selector"] = dict(parse_selector(text))
+        except ValueError as exc:
+            self.add_error("node_selector", str(exc))
+            return False
         return True
 
     def _take_requirements(self, data: dict[str, Any]) -> bool:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.test import Client
 from django.utils import timezone
 
 from control import incremental
@@ -263,3 +264,22 @@ def test_portalctl_submit_asks_for_a_type_a_selector_cpus_and_memory(
     bad = run(env, "submit", "--workload", "mlp-digits", "--gpus", "2", "--mem", "lots")
     assert bad.exit_code == 2 and "bad memory size" in bad.output
     assert Job.objects.count() == 1
+
+
+def test_the_submit_form_asks_for_types_and_labels_and_says_why_it_refuses(alice: Any) -> None:
+    _two_types()
+    page = Client()
+    page.force_login(alice)
+    base = {"tenant": "acme", "name": "train", "source": "builtin", "workload": "mlp-digits",
+            "gpus": "2", "priority": "50", "recovery": "consistent",
+            "checkpoint_interval": "50"}  # fmt: skip
+    refused = page.post("/jobs/new/", {**base, "node_selector": "pool=nowhere"})
+    assert refused.status_code == 200
+    assert "pool=nowhere" in refused.content.decode() and not Job.objects.exists()
+    unreadable = page.post("/jobs/new/", {**base, "node_selector": "pool"})
+    assert "must be label=value" in unreadable.content.decode()
+    page.post("/jobs/new/", {**base, "gpu_types": f"{H100}", "node_selector": "pool=train",
+                             "cpus_per_gpu": "4", "mem_per_gpu_mib": "1024"})  # fmt: skip
+    job = Job.objects.get()
+    assert (job.gpu_types, job.node_selector) == ([H100], {"pool": "train"})
+    assert (job.cpus_per_gpu, job.mem_per_gpu_mib) == (4, 1024)
