@@ -20,7 +20,7 @@ from rest_framework.authtoken.models import TokenProxy
 from tenancy.errors import TenancyError
 from tenancy.models import ApiToken, Membership, Tenant
 from tenancy.services import do_update_tenant
-from tenancy.tenant_settings import SETTINGS, check_settings
+from tenancy.tenant_settings import SETTINGS, UNSET_DEFAULTS, check_settings, fill_unset
 from tenancy.token_services import do_revoke_any_token
 from utilities.admin import ReadOnlyAdminMixin
 
@@ -53,9 +53,15 @@ class TenantAdminForm(forms.ModelForm):  # type: ignore[type-arg]
         model = Tenant
         fields = list(SETTINGS)
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name in UNSET_DEFAULTS:
+            self.fields[name].required = False
+
     def clean(self) -> dict[str, Any]:
         """Refuse what ``do_update_tenant`` would refuse, on the form."""
         cleaned: dict[str, Any] = super().clean() or {}
+        fill_unset(cleaned)
         if self.instance.pk is not None and not self.errors:
             current = Tenant.objects.filter(pk=self.instance.pk).values(*SETTINGS).get()
             try:

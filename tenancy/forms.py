@@ -17,7 +17,7 @@ from django.db import models
 from tenancy.login_limits import client_address, refusal
 from tenancy.models import Role, Tenant, TokenScope
 from tenancy.services import IDENTIFIER_MAX
-from tenancy.tenant_settings import SETTINGS
+from tenancy.tenant_settings import SETTINGS, UNSET_DEFAULTS, fill_unset
 from tenancy.tokens import MAX_NAME_LENGTH
 
 
@@ -97,6 +97,13 @@ class TenantSettingsForm(forms.Form):
         super().__init__(*args, **kwargs)
         for name in SETTINGS:
             self.fields[name] = _model_field(name)
+            self.fields[name].required &= name not in UNSET_DEFAULTS
+
+    def clean(self) -> dict[str, Any]:
+        """Blank optional settings (a per-type quota, request defaults) mean none."""
+        cleaned: dict[str, Any] = super().clean() or {}
+        fill_unset(cleaned)
+        return cleaned
 
 
 CREATE_FIELDS = ("name", "gpu_quota", "priority_weight", "max_queued_jobs")

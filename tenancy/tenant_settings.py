@@ -8,6 +8,7 @@ database would refuse with an ``IntegrityError``).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,7 @@ NAME_MAX = 100
 class Setting:
     """One tenant field an admin may set: its kind, whether it may be empty, its least value."""
 
-    kind: type  # int, float, bool or str
+    kind: type  # int, float, bool, str, or dict (GPUs per GPU type)
     nullable: bool = False
     minimum: float = 0
 
@@ -42,7 +43,29 @@ SETTINGS: dict[str, Setting] = {
     "default_max_runtime_s": Setting(int, nullable=True, minimum=1),
     "max_runtime_ceiling_s": Setting(int, nullable=True, minimum=1),
     "max_token_days": Setting(int, nullable=True, minimum=1),
+    "gpu_type_quota": Setting(dict),
+    "default_cpus_per_gpu": Setting(int),
+    "default_mem_per_gpu_mib": Setting(int),
 }
+
+#: Settings a form may leave blank (or out), and the value blank means: none asked.
+UNSET_DEFAULTS: dict[str, Any] = {
+    "gpu_type_quota": {},
+    "default_cpus_per_gpu": 0,
+    "default_mem_per_gpu_mib": 0,
+}
+
+
+def fill_unset(fields: dict[str, Any]) -> None:
+    """Give the settings of :data:`UNSET_DEFAULTS` left blank on a form their meaning."""
+    for name, default in UNSET_DEFAULTS.items():
+        if name in fields and fields[name] in (None, ""):
+            fields[name] = type(default)()
+
+
+#: A GPU type slug, as ``inventory.server_types.TYPE_SLUG`` (tenancy sits below inventory).
+TYPE_SLUG = re.compile(r"[a-z0-9][a-z0-9._-]{0,31}")
+MAX_QUOTA_TYPES = 32
 
 #: (default, ceiling) pairs: a default must not exceed its ceiling when both are set.
 WITHIN_CEILING = (
@@ -65,6 +88,8 @@ def check_value(name: str, value: Any) -> Any:
         if not isinstance(value, bool):
             raise TenancyError(f"{name}: must be true or false")
         return value
+    if setting.kind is dict:
+        return check_type_quota(name, value)
     if setting.kind is str:
         text = value.strip() if isinstance(value, str) else ""
         if not text or len(text) > NAME_MAX:
@@ -87,6 +112,24 @@ def check_value(name: str, value: Any) -> Any:
     if number > INT_MAX:
         raise TenancyError(f"{name}: must be at most {INT_MAX}")
     return number
+
+
+def check_type_quota(name: str, value: Any) -> dict[str, int]:
+    """A quota per GPU type: type slug -> a whole number of GPUs from 0 to ``INT_MAX``."""
+    if not isinstance(value, Mapping) or len(value) > MAX_QUOTA_TYPES:
+        raise TenancyError(
+            f"{name}: must be an object of GPU type -> GPUs (at most {MAX_QUOTA_TYPES} types)"
+        )
+    quota: dict[str, int] = {}
+    for slug, gpus in value.items():
+        if not isinstance(slug, str) or not TYPE_SLUG.fullmatch(slug):
+            raise TenancyError(
+                f"{name}: {str(slug)[:40]!r} is no GPU type (1-32 of a-z, 0-9, '.', '_', '-')"
+            )
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 0 <= gpus <= INT_MAX:
+            raise TenancyError(f"{name}.{slug}: must be a whole number of GPUs, 0 or more")
+        quota[slug] = gpus
+    return quota
 
 
 def check_settings(current: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:

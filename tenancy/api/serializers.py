@@ -37,6 +37,9 @@ class TenantSerializer(serializers.ModelSerializer[Tenant]):
             "default_max_runtime_s",
             "max_runtime_ceiling_s",
             "max_token_days",
+            "gpu_type_quota",
+            "default_cpus_per_gpu",
+            "default_mem_per_gpu_mib",
         ]
         read_only_fields = fields
 
@@ -92,6 +95,14 @@ class TenantSettingsSerializer(StrictSerializer):
     default_max_runtime_s = _days(required=False)
     max_runtime_ceiling_s = _days(required=False)
     max_token_days = _days(required=False)
+    gpu_type_quota = serializers.DictField(
+        child=serializers.JSONField(),
+        required=False,
+        help_text='GPUs of each type its jobs may hold at once, beside gpu_quota: {"h100-80g": '
+        "4}; {} clears them. A type not named is bounded by gpu_quota alone.",
+    )
+    default_cpus_per_gpu = _count(required=False)
+    default_mem_per_gpu_mib = _count(required=False)
 
 
 class TenantCreateSerializer(StrictSerializer):
