@@ -86,6 +86,7 @@ def apply_bound(
     outbox: Outbox,
     *,
     reason_override: Mapping[str, str] | None = None,
+    gpu_types: Mapping[int, str] | None = None,
 ) -> list[int]:
     """Write every bound decision; return the ids of the jobs that changed.
 
@@ -95,7 +96,8 @@ def apply_bound(
     :func:`control.locked_jobs.locked_jobs`), their
     holdings in one delete and one insert per table (``holdings.store_many``),
     the jobs in one ``UPDATE`` and their events in one ``INSERT``
-    (``lifecycle.Batch``).
+    (``lifecycle.Batch``).  ``gpu_types`` (each GPU's type): a start records the type
+    its job runs on (``Job.ran_on_type``, for usage and fair share by type).
     """
     moves = {jobs[item.job]: item for item in bound if tuple(item.old_gpus) != tuple(item.new_gpus)}
     if not moves:
@@ -112,6 +114,8 @@ def apply_bound(
         reason = (reason_override or {}).get(item.job) or _describe(
             len(item.old_gpus), len(item.new_gpus), item.allocation, item.planned
         )
+        if not item.old_gpus and item.new_gpus and gpu_types:
+            job.ran_on_type = gpu_types.get(item.new_gpus[0], "")
         _record_move(batch, job, item, reason, now)
         commands += membership_commands(
             launch_of(job), item.old_gpus, item.new_gpus, homes, reason=reason
@@ -146,7 +150,7 @@ def _record_move(batch: Batch, job: Job, item: Bound, reason: str, now: datetime
     if not old:
         job.last_service_at = now
         job.wait_reason = ""
-        fields = (*kept, "last_service_at", "wait_reason")
+        fields = (*kept, "last_service_at", "wait_reason", "ran_on_type")
         batch.transition(
             job, JobState.RUNNING, reason=reason, at=now, parallelism=len(new), fields=fields
         )

@@ -285,7 +285,14 @@ def _tick(source: ClusterSource, policy_name: str, now: datetime) -> TickResult:
     bound, refused = scheduled.bound[0].bound, scheduled.bound[0].refused
     source.touched(ids[b.job] for b in bound if b.job in ids)
     changed += apply_bound(
-        cluster.spec, bound, ids, cluster.homes, now, outbox, reason_override=scheduled.stopped
+        cluster.spec,
+        bound,
+        ids,
+        cluster.homes,
+        now,
+        outbox,
+        reason_override=scheduled.stopped,
+        gpu_types=cluster.gpu_types,
     )
     changed += _request_profiles(cluster, view.profile_candidates, now, outbox)
     stuck = stop_stuck_switches(view.switching, now, outbox)

@@ -214,6 +214,12 @@ class Job(models.Model):
     mem_per_gpu_mib = models.PositiveIntegerField(
         default=0, help_text="Host memory it needs per GPU, in MiB (0: no request)."
     )
+    ran_on_type = models.CharField(
+        max_length=32,
+        blank=True,
+        default="",
+        help_text="The GPU type of its latest start (usage and fair share count by type).",
+    )
     batch_size = models.PositiveIntegerField(
         help_text="Global mini-batch size, fixed across scaling."
     )

@@ -43,10 +43,12 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, NamedTuple
 
+from django.conf import settings
 from django.db.models import DurationField, ExpressionWrapper, F, Q, QuerySet, Sum, Value
 
 from jobs.choices import EventKind
 from jobs.models import Job, JobEvent
+from scheduler.gpu_types import GpuType, parse_type_numbers, weighted_gpu_seconds
 
 MAX_RANGE = timedelta(days=366)
 """The longest range one usage query may cover."""
@@ -107,6 +109,7 @@ class UsageRow:
     user: str
     day: date
     gpu_seconds: float
+    gpu_type: str = ""  # the type it ran on (``Job.ran_on_type``; "" before types were kept)
 
 
 class UsageRangeError(ValueError):
@@ -205,6 +208,34 @@ def roll_up(rows: Iterable[UsageRow], group_by: str) -> list[dict[str, Any]]:
     ]
 
 
+def gpu_type_weights() -> dict[str, GpuType]:
+    """The admin's weight per GPU type (``GPU_TYPE_WEIGHTS``: ``h100-80g:2,a100-40g:1``; a
+    type not named weighs 1): what one of its GPU-hours counts in fair share and usage."""
+    text = str(settings.GPU_TYPE_WEIGHTS or "").strip()
+    if not text:
+        return {}
+    return {
+        name: GpuType(name, weight=weight)
+        for name, weight in parse_type_numbers(text, "GPU_TYPE_WEIGHTS").items()
+    }
+
+
+def by_type(rows: Iterable[UsageRow]) -> list[dict[str, Any]]:
+    """GPU-seconds and hours per GPU type, each with its weight and weighted figures
+    (:func:`scheduler.gpu_types.weighted_gpu_seconds`), in type order."""
+    totals: dict[str, float] = defaultdict(float)
+    for row in rows:
+        totals[row.gpu_type] += row.gpu_seconds
+    types = gpu_type_weights()
+    out = []
+    for name, seconds in sorted(totals.items()):
+        weighted = weighted_gpu_seconds({name: seconds}, types)
+        weight = types[name].weight if name in types else 1.0
+        out.append({"gpu_type": name, **_amounts(seconds), "weight": weight,
+                    "weighted_gpu_hours": round(weighted / 3600, 6)})  # fmt: skip
+    return out
+
+
 def _amounts(seconds: float) -> dict[str, float]:
     return {"gpu_seconds": round(float(seconds), 3), "gpu_hours": round(seconds / 3600, 6)}
 
@@ -254,6 +285,7 @@ class JobHolding:
     tenant: str
     user: str
     intervals: tuple[Held, ...]
+    gpu_type: str = ""
 
     @property
     def gpu_seconds(self) -> float:
@@ -276,7 +308,13 @@ def job_holdings(
     )
     jobs_read: list[Any] = list(
         candidates.order_by("pk").values_list(
-            "pk", "name", "tenant__slug", "submitter__username", "parallelism", named=True
+            "pk",
+            "name",
+            "tenant__slug",
+            "submitter__username",
+            "parallelism",
+            "ran_on_type",
+            named=True,
         )
     )
     events: dict[int, list[ParallelismEvent]] = defaultdict(list)
@@ -295,7 +333,12 @@ def job_holdings(
         intervals = held_intervals(changes, since=since, until=end)
         holdings.append(
             JobHolding(
-                row.pk, row.name, row.tenant__slug, row.submitter__username, tuple(intervals)
+                row.pk,
+                row.name,
+                row.tenant__slug,
+                row.submitter__username,
+                tuple(intervals),
+                row.ran_on_type,
             )
         )
     return holdings
@@ -304,7 +347,7 @@ def job_holdings(
 def usage_rows(holdings: Iterable[JobHolding]) -> list[UsageRow]:
     """One row per job and UTC day on which it held GPUs."""
     return [
-        UsageRow(h.job, h.job_name, h.tenant, h.user, day, seconds)
+        UsageRow(h.job, h.job_name, h.tenant, h.user, day, seconds, h.gpu_type)
         for h in holdings
         for day, seconds in sorted(split_by_day(h.intervals).items())
     ]
@@ -324,6 +367,7 @@ def usage_report(
         "columns": [*GROUP_COLUMNS[group_by], *VALUE_COLUMNS],
         "total": _amounts(sum(row.gpu_seconds for row in rows)),
         "rows": roll_up(rows, group_by),
+        "by_type": by_type(rows),
     }
 
 
@@ -396,7 +440,8 @@ def gpu_seconds_by_tenant(*, now: datetime) -> dict[str, float]:
 
 
 def decayed_usage_by_tenant(now: datetime, half_life_s: float) -> dict[str, float]:
-    """Tenant slug -> GPU-seconds held, each second weighted by its age's half-lives.
+    """Tenant slug -> GPU-seconds held, each second weighted by its age's half-lives and
+    its GPU type's weight (``GPU_TYPE_WEIGHTS``).
 
     For the scheduler's fair share.  Reads only jobs active within the last
     ten half-lives (an older second weighs under 1/1024); a tenant with no such
@@ -405,9 +450,9 @@ def decayed_usage_by_tenant(now: datetime, half_life_s: float) -> dict[str, floa
     if half_life_s <= 0:
         raise ValueError("the half-life must be positive")
     since = now - timedelta(seconds=half_life_s * DECAY_HORIZON_HALF_LIVES)
+    types = gpu_type_weights()
     totals: dict[str, float] = defaultdict(float)
     for holding in job_holdings(Job.objects.all(), since=since, until=now, now=now):
-        totals[holding.tenant] += decayed_gpu_seconds(
-            holding.intervals, now=now, half_life_s=half_life_s
-        )
+        seconds = decayed_gpu_seconds(holding.intervals, now=now, half_life_s=half_life_s)
+        totals[holding.tenant] += weighted_gpu_seconds({holding.gpu_type: seconds}, types)
     return dict(totals)

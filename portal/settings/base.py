@@ -227,6 +227,9 @@ SCHEDULER_POLICY = env_str("SCHEDULER_POLICY", "elastic-tiresias")
 # The fabric ``make run`` loads on first start (portal.demo.DEMO_CLUSTERS): "uniform" (one
 # GPU type, the default) or "two-type" (a leaf of A100s and a leaf of H100s, pool labels).
 DEMO_CLUSTER = env_str("DEMO_CLUSTER", "uniform")
+# What one GPU-hour of each type counts in fair share and the usage report: "h100-80g:2,
+# a100-40g:1" (a type not named: 1). jobs.usage.gpu_type_weights reads it.
+GPU_TYPE_WEIGHTS = env_str("GPU_TYPE_WEIGHTS", "")
 # The tick keeps its view of the cluster between ticks and reads only what changed
 # (control.incremental); every TICK_VERIFY_EVERY ticks it also rebuilds it in full
 # and compares. TICK_INCREMENTAL=0: a full rebuild on every tick.

@@ -4,6 +4,7 @@ the two-type demo cluster (``portal.demo.two_type_fabric``) on their own type on
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from control.tick import run_tick
 from inventory.models import Server
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
+from jobs.usage import decayed_usage_by_tenant, usage_report
 from portal.demo import two_type_fabric
 from tests.cli.in_process import env, run, store  # noqa: F401 (fixtures)
 from tests.conftest import job_body
@@ -283,3 +285,29 @@ def test_the_submit_form_asks_for_types_and_labels_and_says_why_it_refuses(alice
     job = Job.objects.get()
     assert (job.gpu_types, job.node_selector) == ([H100], {"pool": "train"})
     assert (job.cpus_per_gpu, job.mem_per_gpu_mib) == (4, 1024)
+
+
+def test_usage_and_fair_share_count_gpu_hours_by_type_with_its_weight(
+    alice: Any, acme: Any, settings: Any
+) -> None:
+    """An H100 hour counts 2 (GPU_TYPE_WEIGHTS): the usage report lists hours per type and
+    their weighted figure; fair share's usage is the weighted sum."""
+    settings.GPU_TYPE_WEIGHTS = f"{H100}:2"
+    _two_types()
+    acme.gpu_quota, acme.profile_jobs = 16, False
+    acme.save()
+    on_h100 = _submit(alice, acme, gpus=2, min_gpus=2, max_gpus=2, gpu_types=[H100])
+    on_a100 = _submit(alice, acme, gpus=2, min_gpus=2, max_gpus=2, gpu_types=[A100])
+    run_tick(policy="fifo")
+    for job in (on_h100, on_a100):
+        job.refresh_from_db()
+    assert (on_h100.ran_on_type, on_a100.ran_on_type) == (H100, A100)
+    later = timezone.now() + timedelta(hours=1)
+    report = usage_report(Job.objects.all(), since=later - timedelta(days=1), until=later,
+                          now=later, group_by="tenant")  # fmt: skip
+    rows = {row["gpu_type"]: row for row in report["by_type"]}
+    assert rows[H100]["gpu_hours"] == pytest.approx(2.0, abs=0.01)
+    assert rows[H100]["weighted_gpu_hours"] == pytest.approx(4.0, abs=0.02)
+    assert rows[A100]["weighted_gpu_hours"] == pytest.approx(rows[A100]["gpu_hours"])
+    usage = decayed_usage_by_tenant(later, half_life_s=1e7)
+    assert usage["acme"] == pytest.approx((2 * 2 + 2 * 1) * 3600, rel=0.01)
