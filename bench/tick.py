@@ -3,6 +3,7 @@
     python bench/tick.py [--jobs 1000] [--gpus 2048] [--ticks 30] [--policy elastic-tiresias]
                          [--churn 5] [--database-url URL] [--profile FILE]
     python bench/tick.py --sizes 1000,2000,5000,10000 [--ticks 15] [--database-url URL]
+    python bench/tick.py --gpu-types 3 [--jobs 1000]   # a mixed cluster (issue 38)
 
 Builds a fresh database (``bench_tick`` on the local PostgreSQL by default), a
 fabric of ``--gpus / 32`` leaves x 32 GPUs (4 servers of 8 GPUs per leaf, 32
@@ -105,8 +106,9 @@ def _percentiles(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(ms), p95, ms[-1]
 
 
-def _job_fields(size: int) -> dict[str, Any]:
-    """One benchmark job's request: Philly size, elastic from half to twice it."""
+def _job_fields(size: int, gpu_type: str | None = None) -> dict[str, Any]:
+    """One benchmark job's request: Philly size, elastic from half to twice it (of one
+    GPU type when the cluster has several)."""
     return {
         "name": "b",
         "workload": "resnet18-synthetic",
@@ -114,7 +116,36 @@ def _job_fields(size: int) -> dict[str, Any]:
         "min_gpus": max(1, size // 2),
         "max_gpus": size * 2,
         "batch_size": 512,
+        **({"gpu_types": [gpu_type]} if gpu_type else {}),
     }
+
+
+GPU_TYPE_NAMES = ("a100-40g", "h100-80g", "l40s-48g", "b200-192g", "v100-32g", "a10-24g")
+"""The types ``--gpu-types N`` gives the cluster (the first N)."""
+
+
+def _topology(gpus: int, types: tuple[str, ...]) -> dict[str, Any]:
+    """The benchmark fabric; with several ``types``, each a contiguous block of leaves."""
+    leaves = gpus // GPUS_PER_LEAF
+    fabric: dict[str, Any] = {
+        "leaves": leaves,
+        "spines": SPINES,
+        "servers_per_leaf": GPUS_PER_LEAF // 8,
+        "gpus_per_server": 8,
+    }
+    if len(types) > 1:
+        per_leaf = fabric["servers_per_leaf"]
+        fabric["servers"] = [
+            {
+                "leaf": leaf,
+                "slot": slot,
+                "node": f"node-{leaf * per_leaf + slot}",
+                "gpu_type": types[leaf * len(types) // leaves],
+            }
+            for leaf in range(leaves)
+            for slot in range(per_leaf)
+        ]
+    return fabric
 
 
 _SQL_SHAPE = re.compile(r"\b(IN|VALUES) \([^)]*\)(, \([^)]*\))*|'[^']*'|\b\d+\b")
@@ -139,14 +170,9 @@ class Bench:
         self.rng = random.Random(options.seed)
         self.pool = _philly_pool()
         self.event = 10**12
-        do_load_topology(
-            {
-                "leaves": options.gpus // GPUS_PER_LEAF,
-                "spines": SPINES,
-                "servers_per_leaf": GPUS_PER_LEAF // 8,
-                "gpus_per_server": 8,
-            }
-        )
+        count = getattr(options, "gpu_types", 1)
+        self.types = GPU_TYPE_NAMES[:count] if count > 1 else ()
+        do_load_topology(_topology(options.gpus, self.types))
         Server.objects.update(last_heartbeat=timezone.now())
         self.tenant = do_create_tenant(
             slug="bench",
@@ -173,7 +199,7 @@ class Bench:
                         submitter=self.owner,
                         state=JobState.QUEUED,
                         submitted_at=now,
-                        **_job_fields(size),
+                        **_job_fields(size, self.some_type()),
                     )
                     for size in self.rng.choices(self.pool, k=count)
                 ],
@@ -204,11 +230,15 @@ class Bench:
                 )
             JobEvent.objects.bulk_create(events, batch_size=5000)
 
+    def some_type(self) -> str | None:
+        """A type for the next job (jobs spread evenly over them); None on one type."""
+        return self.rng.choice(self.types) if self.types else None
+
     def submit(self, size: int) -> None:
         """One job through the real submission service."""
         from jobs.services import check_job_spec, do_submit_job
 
-        spec = check_job_spec(tenant=self.tenant, data=_job_fields(size))
+        spec = check_job_spec(tenant=self.tenant, data=_job_fields(size, self.some_type()))
         do_submit_job(user=self.owner, tenant=self.tenant, spec=spec)
 
     def heartbeats(self) -> None:
@@ -548,6 +578,13 @@ def main() -> int:
         ),
     )
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--gpu-types",
+        type=int,
+        default=1,
+        choices=range(1, len(GPU_TYPE_NAMES) + 1),
+        help="GPU types in the cluster (blocks of leaves), each job asking for one of them",
+    )
     options = parser.parse_args()
     if options.sizes:
         try:

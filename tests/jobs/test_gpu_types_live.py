@@ -19,7 +19,7 @@ from inventory.models import Server
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
 from jobs.usage import decayed_usage_by_tenant, usage_report
-from portal.demo import two_type_fabric
+from portal.demo import DEMO_FABRIC, demo_fabric, ensure_demo_fabric, two_type_fabric
 from tests.cli.in_process import env, run, store  # noqa: F401 (fixtures)
 from tests.conftest import job_body
 from tests.jobs.control_helpers import demo_cluster
@@ -311,3 +311,18 @@ def test_usage_and_fair_share_count_gpu_hours_by_type_with_its_weight(
     assert rows[A100]["weighted_gpu_hours"] == pytest.approx(rows[A100]["gpu_hours"])
     usage = decayed_usage_by_tenant(later, half_life_s=1e7)
     assert usage["acme"] == pytest.approx((2 * 2 + 2 * 1) * 3600, rel=0.01)
+
+
+def test_demo_cluster_two_type_loads_two_types_and_the_default_is_unchanged(
+    settings: Any,
+) -> None:
+    settings.DEMO_CLUSTER = "two-type"
+    ensure_demo_fabric()
+    assert set(Server.objects.values_list("gpu_type", flat=True)) == {A100, H100}
+    assert {labels["pool"] for labels in Server.objects.values_list("labels", flat=True)} == {
+        "train",
+        "interactive",
+    }
+    assert demo_fabric("uniform") == DEMO_FABRIC
+    with pytest.raises(ValueError, match="DEMO_CLUSTER='big': choose one of uniform, two-type"):
+        demo_fabric("big")
