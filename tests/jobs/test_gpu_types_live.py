@@ -16,6 +16,7 @@ from control import incremental
 from control.forecast import compute_forecast
 from control.tick import run_tick
 from inventory.models import Server
+from inventory.services import do_set_server_state
 from jobs.models import Job
 from jobs.services import check_job_spec, do_submit_job
 from jobs.usage import decayed_usage_by_tenant, usage_report
@@ -142,7 +143,10 @@ def test_a_job_asking_for_type_b_never_lands_on_type_a(alice: Any, acme: Any, po
             job.refresh_from_db()
             assert _types_of(job) <= {H100}, (job.pk, _types_of(job))
     assert first.state == "running" and _types_of(first) == {H100}
-    assert sum(j.parallelism for j in (first, second) if j.state == "running") <= 4
+    # Elastic-Tiresias scales out over the idle H100s, never over the four idle A100s;
+    # FIFO starts each at its request.
+    held = sum(j.parallelism for j in (first, second) if j.state == "running")
+    assert held == (4 if policy == "elastic-tiresias" else 2)
     anywhere = _submit(alice, acme, gpus=2, min_gpus=2, max_gpus=2)
     for _ in range(2):
         run_tick(policy=policy)
@@ -326,3 +330,26 @@ def test_demo_cluster_two_type_loads_two_types_and_the_default_is_unchanged(
     assert demo_fabric("uniform") == DEMO_FABRIC
     with pytest.raises(ValueError, match="DEMO_CLUSTER='big': choose one of uniform, two-type"):
         demo_fabric("big")
+
+
+def test_a_draining_servers_job_moves_within_its_type(alice: Any, acme: Any) -> None:
+    """Its H100 server drains while an A100 server beside it on its leaf is idle: the job
+    moves to the H100 server of the other leaf."""
+    mixed_leaves = {**DEMO_FABRIC, "servers": [
+        {"leaf": 0, "slot": 0, "node": "a-0", "gpu_type": A100},
+        {"leaf": 0, "slot": 1, "node": "h-0", "gpu_type": H100},
+        {"leaf": 1, "slot": 0, "node": "h-1", "gpu_type": H100},
+        {"leaf": 1, "slot": 1, "node": "a-1", "gpu_type": A100},
+    ]}  # fmt: skip
+    demo_cluster(mixed_leaves)  # type: ignore[arg-type]
+    acme.profile_jobs = False
+    acme.save()
+    job = _submit(alice, acme, gpus=1, min_gpus=1, max_gpus=1, gpu_types=[H100])
+    run_tick(policy="fifo")
+    held = Server.objects.filter(gpu_set__assignment__job=job).get()
+    do_set_server_state(node=held.node, state="draining")
+    run_tick(policy="fifo")
+    job.refresh_from_db()
+    moved = set(Server.objects.filter(gpu_set__assignment__job=job).values_list("node", flat=True))
+    assert moved and held.node not in moved
+    assert _types_of(job) == {H100}
