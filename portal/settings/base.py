@@ -396,6 +396,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Three models have a field named "state" with its own choices: one enum name each.
+    "ENUM_NAME_OVERRIDES": {
+        "JobStateEnum": "jobs.choices.JobState",
+        "SweepStateEnum": "jobs.models.SweepState",
+        "ServerStateEnum": "inventory.models.ServerState",
+    },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "portal.api.schema.document_error_responses",
