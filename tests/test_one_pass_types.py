@@ -46,7 +46,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 A100, H100 = "a100-40g", "h100-80g"
 LOW, HIGH, NORMAL = 10, 90, 50
 POLICIES = ("tiresias", "elastic-tiresias", "fifo")
-ELASTIC_SIM = {"max_scale": 1.0, "min_fraction": 0.5}
+ELASTIC_SIM: dict[str, Any] = {"max_scale": 1.0, "min_fraction": 0.5}
 """The simulator's elastic jobs as the scenario's: no extras beyond the request, a minimum
 of half of it (the elastic policy's view; the live rows carry their own ranges)."""
 
