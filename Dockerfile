@@ -16,6 +16,7 @@ COPY bundles ./bundles
 COPY jobs ./jobs
 COPY control ./control
 COPY notifications ./notifications
+COPY shells ./shells
 COPY portal ./portal
 COPY portalctl ./portalctl
 COPY devtools ./devtools
