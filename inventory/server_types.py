@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler.gpu_types import TYPE_SLUG
+
 DEFAULT_GPU_TYPE = "default"
-TYPE_SLUG = re.compile(r"[a-z0-9][a-z0-9._-]{0,31}")
-"""A GPU type slug: lower-case letters, digits, '.', '_', '-', at most 32 characters."""
 LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,62}")
 LABEL_VALUE = re.compile(r"[A-Za-z0-9._:/=-]{0,63}")
 MAX_LABELS = 16

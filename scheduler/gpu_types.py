@@ -36,6 +36,7 @@ One type and no job asking for a type or a label (today's clusters):
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
@@ -46,6 +47,10 @@ from scheduler.types import Cluster, Gpu, GpuState, JobView, Snapshot
 
 DEFAULT_TYPE = ""
 """The type of every GPU of a cluster that names none: today's uniform clusters."""
+
+TYPE_SLUG = re.compile(r"[a-z0-9][a-z0-9._-]{0,31}")
+"""A GPU type's slug (servers, requests, quotas): lower-case letters, digits, '.', '_', '-',
+at most 32 characters; here, below every package that checks one."""
 
 Labels = tuple[tuple[str, str], ...]
 """Sorted ``(label, value)`` pairs: a server's labels, or a job's node selector."""

@@ -8,11 +8,11 @@ database would refuse with an ``IntegrityError``).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from scheduler.gpu_types import TYPE_SLUG
 from tenancy.errors import TenancyError
 
 #: The largest value a ``PositiveIntegerField`` holds on every database we run on.
@@ -63,8 +63,6 @@ def fill_unset(fields: dict[str, Any]) -> None:
             fields[name] = type(default)()
 
 
-#: A GPU type slug, as ``inventory.server_types.TYPE_SLUG`` (tenancy sits below inventory).
-TYPE_SLUG = re.compile(r"[a-z0-9][a-z0-9._-]{0,31}")
 MAX_QUOTA_TYPES = 32
 
 #: (default, ceiling) pairs: a default must not exceed its ceiling when both are set.
