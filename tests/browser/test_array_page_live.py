@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import re
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,14 @@ import pytest
 from tests.browser.conftest import Driver, Server, login, screenshot, wait_live
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
+
+
+@pytest.fixture(autouse=True)
+def no_tasks_left(driver: Driver) -> Iterator[None]:
+    """Cancel what the test left waiting: later tests on the same portal count the tenant's
+    waiting jobs (the dashboard's tile) and must not find these tasks among them."""
+    yield
+    driver("cancel_active")
 
 
 def bundle(tmp_path: Path) -> Path:

@@ -24,7 +24,8 @@ DEMO = {"leaves": 2, "spines": 2, "servers_per_leaf": 2, "gpus_per_server": 2}
 def held_by(page: Any, job: int) -> list[int]:
     """The GPUs ``job`` holds, as the cluster view's data says."""
     data = page.evaluate("fetch('/live/cluster.json').then(r => r.json())")
-    return sorted(index for index, *_, holder in data["gpus"] if holder == job)
+    # each row: index, leaf, slot, local, holding job, GPU type (portal.cluster_data)
+    return sorted(row[0] for row in data["gpus"] if row[4] == job)
 
 
 def test_a_straggler_is_removed_marked_shown_and_cleared(

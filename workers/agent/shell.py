@@ -70,6 +70,9 @@ URL_WITH_USER = re.compile(r"^[a-z][a-z0-9+.-]*://[^/@\s]*@", re.IGNORECASE)
 MAX_ENVIRON_BYTES = 256 * 1024
 EOF_BYTE = b"\x04"
 POLL_S = 0.2
+EXIT_GRACE_S = 2.0
+"""How long a shell whose PTY closed may take to exit before it is killed: its PTY closes
+as its last process ends, a moment before ``nsenter``, which waits for it, exits."""
 
 
 class ShellRefused(Exception):
@@ -304,6 +307,8 @@ class _Session:
     def finish(self) -> None:
         """Reap the shell, stop reading input, send the exit status, close the PTY."""
         assert self.popen is not None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=EXIT_GRACE_S)  # its own status, not our SIGKILL's
         self.kill()
         code = self.popen.wait()
         self.closing.set()
