@@ -118,9 +118,15 @@ def test_ctrl_c_interrupts_and_close_ends_the_shell(
 ) -> None:
     agent, _sent = running
     client = redis.Redis.from_url(redis_url)
-    shell_id, _ = open_shell(agent, job, "sleep", "60")
-    into, _out = shell_keys(node, shell_id)
-    time.sleep(0.5)
+    shell_id, _ = open_shell(agent, job, "sh", "-c", "echo ready; exec sleep 60")
+    into, out = shell_keys(node, shell_id)
+    # A Ctrl-C typed before the shell owns its terminal reaches no one (as on any
+    # terminal): wait until it has said so, on a loaded machine that takes seconds.
+    seen, last, deadline = b"", "0-0", time.monotonic() + 30
+    while b"ready" not in seen and time.monotonic() < deadline:
+        for entry_id, fields in shell_entries(client.xread({out: last}, block=500)):
+            last, seen = entry_id, seen + fields.get(b"d", b"")
+    assert b"ready" in seen, seen
     client.xadd(into, {"d": b"\x03"})
     _data, code, _ = read_until_exit(client, node, shell_id)
     assert code in (-2, 130), code  # SIGINT, from the PTY's line discipline
