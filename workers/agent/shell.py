@@ -175,6 +175,20 @@ def shell_argv(
     ]  # fmt: skip
 
 
+_TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
+
+
+def _with_default_signals(preexec: Callable[[], None]) -> None:
+    """In the shell's child: the terminal's signals at their defaults, then ``preexec``.
+
+    An ignored signal stays ignored across exec: an agent started with SIGINT
+    ignored (nohup, some supervisors, a test runner) would hand that to the shell,
+    and Ctrl-C would reach a ``sleep`` that ignores it."""
+    for number in _TERMINAL_SIGNALS:
+        signal.signal(number, signal.SIG_DFL)
+    preexec()
+
+
 def set_window(fd: int, rows: int, cols: int) -> None:
     """Give the PTY of ``fd`` a size (the kernel tells the foreground group with SIGWINCH)."""
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
@@ -215,7 +229,7 @@ class _Session:
                 stderr=slave,
                 env=dict(BUILDER_ENV),
                 start_new_session=True,
-                preexec_fn=preexec,
+                preexec_fn=lambda: _with_default_signals(preexec),
                 close_fds=True,
             )
         except BaseException:
