@@ -117,6 +117,10 @@ class JobView:
     each GPU type where it differs (a profile per model and type, or
     :func:`scheduler.throughput.curve` with the type's speed); a typed pass reads the
     curve of the type it runs or is routed to in place of ``throughput``.
+    ``cpus_per_gpu`` and ``mem_per_gpu_mib`` are the host CPU cores and memory it needs
+    beside each GPU (0: none asked); a server holds it only where they fit.
+    ``interactive`` marks a session (a person at the keyboard): by default batch work of
+    its own priority class never preempts it (``docs/scheduler.md``).
     """
 
     id: str
@@ -136,6 +140,9 @@ class JobView:
     gpu_types: tuple[str, ...] = ()
     selector: tuple[tuple[str, str], ...] = ()
     throughput_by_type: Mapping[str, Mapping[int, float]] | None = None
+    cpus_per_gpu: int = 0
+    mem_per_gpu_mib: int = 0
+    interactive: bool = False
 
     def __post_init__(self) -> None:
         weight = self.weight
