@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from jobs.artifacts import artifact_store, prefix_of
+from jobs.artifacts import checkpoint_manifests
 from jobs.models import Job
 
 log = logging.getLogger(__name__)
@@ -29,11 +29,8 @@ class StoredCheckpoints:
 
 def stored_checkpoints(job: Job) -> StoredCheckpoints:
     """Read the manifests of ``job``'s checkpoints from the artifact store (no tensors loaded)."""
-    # torch comes with the checkpoint module: imported only when a job needs this.
-    from workers.elastic.checkpoint import Checkpoints
-
     try:
-        manifests, _ = Checkpoints(artifact_store().child(prefix_of(job))).manifests()
+        manifests = checkpoint_manifests(job)
     except OSError as exc:
         log.warning("cannot read the checkpoints of job %s: %s", job.pk, exc)
         return StoredCheckpoints(None, None)

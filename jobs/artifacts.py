@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db.models import F
@@ -26,6 +27,9 @@ from django.db.models import F
 from jobs.choices import ArtifactKind
 from jobs.models import Artifact, Job
 from workers.artifacts import ArtifactCorrupt, ArtifactStore, at_most, job_prefix
+
+if TYPE_CHECKING:
+    from workers.elastic.checkpoint import Manifest
 
 FOLDER_OF_KIND: dict[str, str] = {
     ArtifactKind.CHECKPOINT: "checkpoints",
@@ -135,20 +139,31 @@ class CopiedCheckpoint:
     files: int
 
 
+def checkpoint_manifests(job: Job) -> list[Manifest]:
+    """The manifests of ``job``'s complete checkpoints in the store, newest first.
+
+    Reads the manifests (small), never a checkpoint's bytes: those are verified
+    once, where they are read (a restore, :func:`copy_newest_checkpoint`).  The
+    one reader of a job's manifests for the portal: resuming another job
+    (:func:`has_checkpoint`) and requeueing one (``control.resume``) both ask here.
+    """
+    # torch comes with the checkpoint module: imported only when a job needs its manifests.
+    from workers.elastic.checkpoint import Checkpoints
+
+    manifests, _ = Checkpoints(artifact_store().child(prefix_of(job))).manifests()
+    return manifests
+
+
 def has_checkpoint(job: Job) -> bool:
     """Whether ``job``'s store holds something to resume from: a complete checkpoint (its
     manifest written) or a program's own files under ``checkpoints/``.
 
-    Reads the manifests (small), never a checkpoint's bytes: those are verified
-    once, as :func:`copy_newest_checkpoint` streams them (a checkpoint of many
-    gigabytes read whole into memory at submit would take the web server with it).
+    Manifests only (:func:`checkpoint_manifests`): a checkpoint of many gigabytes
+    read whole into memory at submit would take the web server with it.
     """
-    # torch comes with the checkpoint module: imported only when a job resumes another.
-    from workers.elastic.checkpoint import Checkpoints
-
-    source = artifact_store().child(prefix_of(job))
-    manifests, _ = Checkpoints(source).manifests()
-    return bool(manifests) or bool(source.list(CHECKPOINT_FOLDER))
+    if checkpoint_manifests(job):
+        return True
+    return bool(artifact_store().child(prefix_of(job)).list(CHECKPOINT_FOLDER))
 
 
 def copy_newest_checkpoint(source: Job, target: Job, at: datetime) -> CopiedCheckpoint | None:
@@ -161,11 +176,9 @@ def copy_newest_checkpoint(source: Job, target: Job, at: datetime) -> CopiedChec
     (a torchrun program's), as they are.  None when there is nothing to copy
     (runtime checkpoints that all fail to verify are not copied as files).
     """
-    from workers.elastic.checkpoint import Checkpoints, Manifest
-
     store = artifact_store()
     src, dst = store.child(prefix_of(source)), store.child(prefix_of(target))
-    manifests, _ = Checkpoints(src).manifests()
+    manifests = checkpoint_manifests(source)
     for manifest in manifests:
         try:
             with src.open_read(manifest.path) as stream:
