@@ -33,6 +33,27 @@ class Launcher(models.TextChoices):
 
     EDL = "edl", "edl (elastic SDK: resized without stopping)"
     TORCHRUN = "torchrun", "torchrun (unmodified DDP: a resize restarts it)"
+    SESSION = "session", "session (the agent runs a Jupyter server: interactive)"
+
+
+class JobKind(models.TextChoices):
+    """What a job is for: a batch run, or an interactive session (``jobs.sessions``).
+
+    A session is a fixed-size job (``gpus == min_gpus == max_gpus``, never scaled) whose
+    agent starts a Jupyter server for a person at the keyboard; it ends when its user stops
+    it, when it idles past ``idle_timeout_s`` (culled) or at its lifetime (``max_runtime_s``).
+    """
+
+    BATCH = "batch", "Batch job"
+    SESSION = "session", "Interactive session"
+
+
+class LabAccess(models.TextChoices):
+    """Who may open a session's JupyterLab: only the user who started it, or any member
+    of its tenant who may submit jobs (owners and members; viewers never)."""
+
+    CREATOR = "creator", "Only its creator"
+    TENANT = "tenant", "Members of its tenant"
 
 
 class RecoveryMode(models.TextChoices):

@@ -15,7 +15,9 @@ from jobs.choices import (
     ArtifactKind,
     DependencyKind,
     EventKind,
+    JobKind,
     JobState,
+    LabAccess,
     Launcher,
     RecoveryMode,
 )
@@ -179,6 +181,30 @@ class Job(models.Model):
         max_length=2000, blank=True, default="", help_text="Python file of the bundle, arguments."
     )
     launcher = models.CharField(max_length=10, choices=Launcher.choices, default=Launcher.EDL)
+    kind = models.CharField(
+        max_length=8,
+        choices=JobKind.choices,
+        default=JobKind.BATCH,
+        db_index=True,
+        help_text="A batch job, or an interactive session (jobs.sessions).",
+    )
+    idle_timeout_s = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="A session is stopped after this many seconds without activity "
+        "(null: a batch job).",
+    )
+    lab_access = models.CharField(
+        max_length=8,
+        choices=LabAccess.choices,
+        default=LabAccess.CREATOR,
+        help_text="Who may open a session's JupyterLab: its creator, or its tenant's members.",
+    )
+    last_activity_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="A session's latest client request or kernel activity (null: none yet).",
+    )
     env = models.JSONField(default=dict, blank=True, help_text="The program's own variables.")
     environment = models.JSONField(
         default=dict,
@@ -366,6 +392,16 @@ class Job(models.Model):
                 condition=models.Q(max_runtime_s__isnull=True) | models.Q(max_runtime_s__gte=1),
                 name="job_runtime_limit_positive",
             ),
+            models.CheckConstraint(
+                condition=models.Q(kind=JobKind.BATCH)
+                | (
+                    models.Q(min_gpus=models.F("gpus"))
+                    & models.Q(max_gpus=models.F("gpus"))
+                    & models.Q(idle_timeout_s__isnull=False)
+                    & models.Q(idle_timeout_s__gte=1)
+                ),
+                name="job_session_fixed_size_with_idle_timeout",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -382,6 +418,11 @@ class Job(models.Model):
         if not self.code_id:
             return self.workload
         return f"{self.launcher}: {self.entrypoint}"
+
+    @property
+    def is_session(self) -> bool:
+        """Whether the job is an interactive session (``jobs.sessions``)."""
+        return self.kind == JobKind.SESSION
 
     @property
     def restarts_left(self) -> int:

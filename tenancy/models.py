@@ -128,6 +128,31 @@ class Tenant(models.Model):
         validators=[MinValueValidator(1)],
         help_text="Longest run-time limit a job may ask for, in seconds; empty = no ceiling.",
     )
+    default_session_idle_s = models.PositiveIntegerField(
+        default=3600,
+        validators=[MinValueValidator(1)],
+        help_text="Idle timeout (seconds without activity) a session gets when it names none.",
+    )
+    session_idle_ceiling_s = models.PositiveIntegerField(
+        default=86400,
+        validators=[MinValueValidator(1)],
+        help_text="Longest idle timeout a session may ask for, in seconds.",
+    )
+    default_session_lifetime_s = models.PositiveIntegerField(
+        default=12 * 3600,
+        validators=[MinValueValidator(1)],
+        help_text="Maximum lifetime (seconds since it first started) a session gets when it "
+        "names none.",
+    )
+    session_lifetime_ceiling_s = models.PositiveIntegerField(
+        default=7 * 86400,
+        validators=[MinValueValidator(1)],
+        help_text="Longest maximum lifetime a session may ask for, in seconds.",
+    )
+    session_home_quota_mib = models.PositiveIntegerField(
+        default=10240,
+        help_text="Most MiB of each member's persistent session home (kept between sessions).",
+    )
     max_token_days = models.PositiveIntegerField(
         null=True,
         blank=True,
@@ -175,6 +200,16 @@ class Tenant(models.Model):
             models.CheckConstraint(
                 condition=models.Q(max_token_days__isnull=True) | models.Q(max_token_days__gte=1),
                 name="tenant_token_days_positive",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(default_session_idle_s__gte=1)
+                & models.Q(default_session_idle_s__lte=models.F("session_idle_ceiling_s")),
+                name="tenant_session_idle_default_within_ceiling",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(default_session_lifetime_s__gte=1)
+                & models.Q(default_session_lifetime_s__lte=models.F("session_lifetime_ceiling_s")),
+                name="tenant_session_lifetime_default_within_ceiling",
             ),
             models.CheckConstraint(
                 condition=models.Q(max_runtime_ceiling_s__isnull=True)
