@@ -25,16 +25,25 @@ allocator for the newcomer's shape first, with the shrunk jobs' GPUs free, and
 then places each shrunk job again at its new size: on its own GPUs of one leaf
 when they are still free, else on a fresh shape (a migration, stop-free like
 any switch).  If any of them then fits nowhere, everything goes back as it was.
+
+With a :class:`~scheduler.packing.Packing` (jobs ask for CPU cores or host memory
+per GPU, and servers' capacities are known), each asking job is placed with the
+free GPUs its servers have no cores or memory left for hidden from the allocator
+(:meth:`Packing.hidden`): a start, a migration and a scale-out alike never put a
+GPU of it on a server whose cores or memory would go negative.  A scale-out that
+does not fit whole grows as far as the servers allow; a start or a move that does
+not fit waits with the resource named.  Without one, binding is as above.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from fabric.allocator import Allocation, VClosAllocator
 from fabric.errors import PlacementError
 from fabric.topology import FabricSpec
+from scheduler.packing import CPU, MEMORY, Packing
 from scheduler.types import Decision, Migrate, Preempt, Scale, Start
 
 
@@ -140,6 +149,7 @@ def reshape_around(
     job: str,
     sizes: Sequence[int],
     shrunk: Sequence[Bound],
+    fits: Callable[[], bool] | None = None,
 ) -> tuple[Allocation, list[Bound]] | None:
     """Place ``job`` (the first of ``sizes`` that fits) before the jobs shrunk this round.
 
@@ -147,7 +157,9 @@ def reshape_around(
     and each shrunk job is placed again at its new size (:func:`_place_shrunk`).
     Returns ``job``'s allocation and the shrunk jobs' new bindings; None, with
     ``allocator`` as it was, when no size of ``job`` leaves room for all of them.
-    ``job`` must hold nothing on ``allocator``.
+    ``job`` must hold nothing on ``allocator``.  ``fits``: asked once all are placed
+    again, False refuses that size as if one of them fitted nowhere (CPU and memory
+    packing: the shrunk jobs' new places must leave their servers' cores and memory).
     """
     if not shrunk or not sizes:
         return None
@@ -163,7 +175,7 @@ def reshape_around(
             if isinstance(placed, PlacementError):
                 break
             again.append(Bound(bound.job, bound.old_gpus, placed, bound.planned))
-        if len(again) == len(shrunk):
+        if len(again) == len(shrunk) and (fits is None or fits()):
             return result, again
         for bound in again:
             allocator.release(bound.job)
@@ -203,6 +215,7 @@ def bind(
     allocator: VClosAllocator,
     decisions: Iterable[Decision],
     shrunk: dict[str, Bound] | None = None,
+    packing: Packing | None = None,
 ) -> tuple[list[Bound], list[Refused]]:
     """Place every decision on ``allocator`` (mutated: it ends in the bound state).
 
@@ -214,7 +227,8 @@ def bind(
     caller that binds a round one decision at a time (the simulator); bind
     adds this call's shrinks to it and keeps it current when
     :func:`reshape_around` moves one.  A shrunk job moved by this call is also
-    replaced in the returned list.
+    replaced in the returned list.  ``packing``: the servers' CPU cores and
+    memory and what each job asks of them (the module); None: GPUs alone.
     """
     current = dict(allocator.allocations())
     bound: list[Bound] = []
@@ -234,48 +248,154 @@ def bind(
             continue
         if old is not None:
             allocator.release(job)
-        keep = None
-        if old is not None and not isinstance(decision, Migrate | Start):
-            keep = _keep_in_place(spec, allocator, old, size)
-        if keep is not None:
-            allocation = _single_leaf(spec, job, keep)
-            allocator.reserve(allocation)
-            bound.append(Bound(job, old_gpus, allocation))
-            if size < len(old_gpus):
-                shrunk[job] = bound[-1]
-            continue
-        result = allocator.try_allocate(job, size)
-        planned = 0
-        fallback = _fallback_size(decision, size)
-        if isinstance(result, PlacementError) and fallback:
-            result = allocator.try_allocate(job, fallback)
-            planned = size
-        if isinstance(result, PlacementError) and shrunk and isinstance(decision, Start):
-            sizes = (size, fallback) if fallback else (size,)
-            reshaped = reshape_around(spec, allocator, job, sizes, list(shrunk.values()))
-            if reshaped is not None:
-                result, again = reshaped
-                planned = size if len(result.gpus) < size else 0
-                for moved in again:
-                    shrunk[moved.job] = moved
-                    bound[:] = [moved if b.job == moved.job else b for b in bound]
-        if isinstance(result, PlacementError):
-            if old is not None:  # put the job back where it was
-                allocator.reserve(old)
-            refused.append(Refused(job, result.reason))
-            continue
-        if (
-            isinstance(decision, Scale | Migrate)
-            and old is not None
-            and set(result.gpus) == set(old_gpus)
-        ):
-            result = old  # same GPUs: keep the old rank order, nothing moves
-            allocator.release(job)
-            allocator.reserve(old)
-        bound.append(Bound(job, old_gpus, result, planned))
-        if len(result.gpus) < len(old_gpus):
-            shrunk[job] = bound[-1]
+        hidden: list[int] = []
+        if packing is not None and job in packing.requests:
+            hidden = _hidden(spec, allocator, packing, job, old_gpus)
+            allocator.set_unavailable(hidden)
+        assert not isinstance(decision, Preempt)  # a preemption was bound above
+        try:
+            _bind_one(spec, allocator, decision, old, size, shrunk, bound, refused, packing, hidden)
+        finally:
+            if hidden:
+                allocator.set_available(hidden)
     return bound, refused
+
+
+def _bind_one(
+    spec: FabricSpec,
+    allocator: VClosAllocator,
+    decision: Start | Scale | Migrate,
+    old: Allocation | None,
+    size: int,
+    shrunk: dict[str, Bound],
+    bound: list[Bound],
+    refused: list[Refused],
+    packing: Packing | None,
+    hidden: Sequence[int],
+) -> None:
+    """Place one start, resize or move of ``size`` GPUs (its old allocation released, the
+    GPUs ``hidden`` for packing unavailable), and add it to ``bound`` or ``refused``:
+    :func:`bind`'s body, one decision."""
+    job = decision.job
+    old_gpus = old.gpus if old else ()
+    keep = None
+    if old is not None and not isinstance(decision, Migrate | Start):
+        keep = _keep_in_place(spec, allocator, old, size)
+    if keep is not None:
+        allocation = _single_leaf(spec, job, keep)
+        allocator.reserve(allocation)
+        bound.append(Bound(job, old_gpus, allocation))
+        if size < len(old_gpus):
+            shrunk[job] = bound[-1]
+        return
+    result = allocator.try_allocate(job, size)
+    planned = 0
+    fallback = _fallback_size(decision, size)
+    if isinstance(result, PlacementError) and fallback:
+        result = allocator.try_allocate(job, fallback)
+        planned = size
+    if isinstance(result, PlacementError) and hidden and isinstance(decision, Scale):
+        for smaller in range(size - 1, len(old_gpus), -1):  # grow as far as the servers allow
+            result = allocator.try_allocate(job, smaller)
+            if not isinstance(result, PlacementError):
+                planned = size
+                break
+    if isinstance(result, PlacementError) and shrunk and isinstance(decision, Start):
+        sizes = (size, fallback) if fallback else (size,)
+        fits = _fits_check(allocator, packing) if packing is not None else None
+        reshaped = reshape_around(spec, allocator, job, sizes, list(shrunk.values()), fits)
+        if reshaped is not None:
+            result, again = reshaped
+            planned = size if len(result.gpus) < size else 0
+            for moved in again:
+                shrunk[moved.job] = moved
+                bound[:] = [moved if b.job == moved.job else b for b in bound]
+    if isinstance(result, PlacementError):
+        reason = result.reason
+        if packing is not None and hidden:
+            why = _packing_reason(spec, allocator, packing, job, fallback or size, hidden)
+            reason = why or reason
+        if old is not None:  # put the job back where it was
+            allocator.reserve(old)
+        refused.append(Refused(job, reason))
+        return
+    if (
+        isinstance(decision, Scale | Migrate)
+        and old is not None
+        and set(result.gpus) == set(old_gpus)
+    ):
+        result = old  # same GPUs: keep the old rank order, nothing moves
+        allocator.release(job)
+        allocator.reserve(old)
+    bound.append(Bound(job, old_gpus, result, planned))
+    if len(result.gpus) < len(old_gpus):
+        shrunk[job] = bound[-1]
+
+
+def _holdings(allocator: VClosAllocator) -> dict[str, tuple[int, ...]]:
+    return {job: a.gpus for job, a in allocator.allocations().items()}
+
+
+def _free(spec: FabricSpec, allocator: VClosAllocator) -> list[int]:
+    return [g for leaf in range(spec.leaves) for g in allocator.free_gpus_on_leaf(leaf)]
+
+
+def _hidden(
+    spec: FabricSpec,
+    allocator: VClosAllocator,
+    packing: Packing,
+    job: str,
+    keep: Sequence[int],
+) -> list[int]:
+    """The free GPUs ``job`` may not take now (:meth:`Packing.hidden`), its own first kept."""
+    return packing.hidden(job, _holdings(allocator), _free(spec, allocator), keep)
+
+
+def _fits_check(allocator: VClosAllocator, packing: Packing) -> Callable[[], bool]:
+    """A check that no server is overrun by more than it is now (for :func:`reshape_around`)."""
+    before = packing.over(_holdings(allocator))
+    return lambda: packing.over(_holdings(allocator)) <= before
+
+
+def _packing_reason(
+    spec: FabricSpec,
+    allocator: VClosAllocator,
+    packing: Packing,
+    job: str,
+    size: int,
+    hidden: Sequence[int],
+) -> str | None:
+    """Why ``job`` (refused with the GPUs ``hidden`` unavailable) waits, when the CPU cores
+    or memory are the cause: it would fit with them shown; None when the fabric refuses it
+    anyway.  It leaves the allocator as it found it.
+    """
+    holdings = _holdings(allocator)
+    allocator.set_available(hidden)
+    try:
+        if not _fits(allocator, job, size):
+            return None
+        for resource in (CPU, MEMORY):
+            shown = _free(spec, allocator)
+            only = packing.hidden_by(resource, job, holdings, shown)
+            allocator.set_unavailable(only)
+            try:
+                short = not _fits(allocator, job, size)
+            finally:
+                allocator.set_available(only)
+            if short:
+                return packing.waits_for(job, resource, size)
+        return packing.waits_for(job, CPU if packing.requests[job].cpus else MEMORY, size)
+    finally:
+        allocator.set_unavailable(hidden)
+
+
+def _fits(allocator: VClosAllocator, job: str, size: int) -> bool:
+    """Whether ``job`` would get ``size`` GPUs now (the allocator is left as it was)."""
+    result = allocator.try_allocate(job, size)
+    if isinstance(result, PlacementError):
+        return False
+    allocator.release(job)
+    return True
 
 
 def bind_typed(
@@ -284,6 +404,7 @@ def bind_typed(
     decisions: Iterable[Decision],
     gpu_types: Mapping[int, str],
     allowed: Mapping[str, frozenset[int]] | None = None,
+    packing: Packing | None = None,
 ) -> tuple[list[Bound], list[Refused]]:
     """:func:`bind` one GPU type at a time, so that every job's shape is of its own type.
 
@@ -295,7 +416,7 @@ def bind_typed(
     jobs share a leaf-spine link, whatever their types.  ``allowed``: job -> the GPUs
     its node selector lets it hold; such a job's start or resize binds alone, after its
     type's other decisions, with every other GPU unavailable.  One type and no
-    selecting job: :func:`bind` itself.
+    selecting job: :func:`bind` itself.  ``packing``: :func:`bind`'s, for every type.
     """
     allowed = allowed or {}
     current = allocator.allocations()
@@ -305,7 +426,9 @@ def bind_typed(
         ids = held.gpus if held is not None else getattr(decision, "gpus", ())
         groups.setdefault(gpu_types.get(ids[0], "") if ids else "", []).append(decision)
     if len(set(gpu_types.values())) <= 1 and not allowed:
-        return bind(spec, allocator, [d for group in groups.values() for d in group])
+        return bind(
+            spec, allocator, [d for group in groups.values() for d in group], packing=packing
+        )
     down = frozenset(allocator.unavailable_gpus())
     bound: list[Bound] = []
     refused: list[Refused] = []
@@ -318,7 +441,7 @@ def bind_typed(
             others = [g for g in gpu_types if g not in keep and g not in down]
             allocator.set_unavailable(others)
             try:
-                done, failed = bind(spec, allocator, batch)
+                done, failed = bind(spec, allocator, batch, packing=packing)
             finally:
                 allocator.set_available(others)
             bound.extend(done)

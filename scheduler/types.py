@@ -46,6 +46,27 @@ class Gpu:
 
 
 @dataclass(frozen=True, slots=True)
+class ServerCapacity:
+    """A server's host CPU cores and memory (MiB), which its GPUs' jobs share.
+
+    0 is "not known" and bounds nothing (a server registered by hand, before its
+    agent reported).  A job's GPUs on the server take ``JobView.cpus_per_gpu`` and
+    ``mem_per_gpu_mib`` each (:mod:`scheduler.packing`).
+    """
+
+    cpus: int = 0
+    mem_mib: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("cpus", "mem_mib"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(
+                    f"server capacity {name} must be a whole number >= 0, not {value!r}"
+                )
+
+
+@dataclass(frozen=True, slots=True)
 class Cluster:
     """The GPUs of the cluster.
 
@@ -53,13 +74,17 @@ class Cluster:
     running jobs' ``fabric.allocator.Allocation`` objects) are optional; the
     vClos placement needs both.  ``server_labels`` holds each labelled server's
     labels as sorted ``(label, value)`` pairs (``pool=train``, ``rack=r12``), by
-    server id; a job's ``selector`` is matched against them.
+    server id; a job's ``selector`` is matched against them.  ``server_capacity``
+    holds the CPU cores and host memory of each server that has them known, by
+    server id (absent: unbounded); binding packs jobs' CPU and memory requests
+    into them (:mod:`scheduler.packing`).
     """
 
     gpus: tuple[Gpu, ...]
     fabric_spec: Any = None
     allocations: tuple[Any, ...] = ()
     server_labels: Mapping[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    server_capacity: Mapping[int, ServerCapacity] = field(default_factory=dict)
 
     @property
     def total_gpus(self) -> int:
