@@ -1,0 +1,887 @@
+"""A session's persistent home: restored from the artifact store at start, synced back at stop.
+
+A user's files in a session's home outlive the session, up to the tenant's
+quota, and come back in the next session of the same user in that tenant.
+They live under the home's prefix (``jobs.sessions.home_prefix``)::
+
+    homes/<tenant slug>/<user id>/
+        manifest.json          {"version": 1, "files": [{path, size, sha256, executable}, ...]}
+        blobs/<sha256>         one object per distinct content, named by its digest
+        pending/<sync>.json    a sync in progress: {"at": unix time, "digests": [...]}
+
+The manifest is the home: restore reads only what it names.  Blobs are named
+by their content, so uploading a changed file never overwrites an object the
+current manifest names::
+
+    sync:  walk src (no link followed) -> hash what fits the quota -> plan_sync (pure)
+           -> write pending/<sync>.json (the digests the new manifest will name)
+           -> upload the blobs the old manifest lacks, each checked against its digest
+           -> write manifest.json                       (one atomic write: the commit point)
+           -> delete pending/<sync>.json, then every blob that neither the manifest now
+              stored nor a live pending sync names
+
+A crash (or a store error) anywhere before the manifest is written leaves the
+previous manifest and all its blobs as they were: nothing is lost, and the
+orphaned uploads go at the next sync's sweep (once their pending record is
+older than ``HomeLimits.stale_s``).  Two sessions of one user in one tenant
+syncing the same home: the last manifest written wins, and a pending record
+keeps each sync's blobs from the other's sweep.
+
+Trust: ``src`` is the tenant's (HOSTILE) and the agent runs as root.  The
+walk opens every folder and file by descriptor relative to its parent,
+never following a link (``workers.beneath``): links, FIFOs, sockets and
+devices are skipped and counted; a folder or file swapped for a link between
+the listing and the open is refused by ``O_NOFOLLOW``; a file is read no
+further than the size its opened descriptor had.  Names must be UTF-8,
+relative, without ``.``/``..``, within ``HomeLimits``; the walk looks at no more than
+``max_entries`` entries, ``max_depth`` folders deep.  Given the session's uid,
+a file someone else owns (a hard link to another's file) is skipped too.
+Restore writes each file under a temporary name, owned by the program's uid
+before any byte is written, checks its size and sha256 against the manifest,
+and only then renames it into place (a corrupt blob is skipped, never
+restored); a link planted where a folder belongs is unlinked.  Restored files
+are private (0600, 0700 when executable; folders 0700).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import math
+import os
+import stat
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from workers import beneath
+from workers.artifacts import StoredObject, at_most, check_relative
+from workers.beneath import LinkRefused
+from workers.clock import SYSTEM_CLOCK, Clock
+
+MANIFEST = "manifest.json"
+BLOBS = "blobs"
+PENDING = "pending"
+MANIFEST_VERSION = 1
+
+Owner = tuple[int, int] | None
+"""(uid, gid) the restored files and folders belong to; None: the agent's own."""
+
+Skipped = tuple[tuple[str, str], ...]
+"""(relative path, why) of what was left out."""
+
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY
+_HEX = frozenset("0123456789abcdef")
+
+
+class ManifestError(ValueError):
+    """A stored manifest that is not one this module wrote (the message says what is wrong)."""
+
+
+@dataclass(frozen=True)
+class HomeLimits:
+    """How much of a home one sync or restore handles.
+
+    ``max_files``: files a home holds; ``max_entries``: directory entries one
+    walk looks at (files, folders, links, anything: a home of a million empty
+    folders ends the walk, not the agent); ``max_depth``: folders below the
+    home's top; ``max_path_bytes``: a relative path's length in UTF-8 bytes;
+    ``stale_s``: a pending sync older than this has crashed, so its uploads
+    may be swept.
+    """
+
+    max_files: int = 10_000
+    max_entries: int = 100_000
+    max_depth: int = 32
+    max_path_bytes: int = 1024
+    stale_s: float = 24 * 3600.0
+
+    @property
+    def max_manifest_bytes(self) -> int:
+        """The largest manifest a restore reads (every file at the longest path, and room)."""
+        return self.max_files * (2 * self.max_path_bytes + 200) + 4096
+
+
+DEFAULT_LIMITS = HomeLimits()
+"""The limits a caller that names none gets (frozen: one shared value is safe)."""
+
+
+def read_limits(env: Mapping[str, str]) -> HomeLimits:
+    """``HomeLimits`` from ``SESSION_HOME_MAX_FILES``, ``SESSION_HOME_MAX_ENTRIES``,
+    ``SESSION_HOME_MAX_DEPTH``, ``SESSION_HOME_MAX_PATH_BYTES`` and
+    ``SESSION_HOME_STALE_SECONDS``; unset or empty: the default.  A bad value
+    raises ``ValueError`` naming the variable."""
+    default = HomeLimits()
+    return HomeLimits(
+        max_files=int(_positive(env, "SESSION_HOME_MAX_FILES", default.max_files, integer=True)),
+        max_entries=int(
+            _positive(env, "SESSION_HOME_MAX_ENTRIES", default.max_entries, integer=True)
+        ),
+        max_depth=int(_positive(env, "SESSION_HOME_MAX_DEPTH", default.max_depth, integer=True)),
+        max_path_bytes=int(
+            _positive(env, "SESSION_HOME_MAX_PATH_BYTES", default.max_path_bytes, integer=True)
+        ),
+        stale_s=_positive(env, "SESSION_HOME_STALE_SECONDS", default.stale_s),
+    )
+
+
+def _positive(env: Mapping[str, str], name: str, default: float, *, integer: bool = False) -> float:
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(int(raw)) if integer else float(raw)
+    except ValueError:
+        raise ValueError(
+            f"{name} must be {'a whole number' if integer else 'a number'}, not {raw!r}"
+        ) from None
+    if not value > 0 or not math.isfinite(value):
+        raise ValueError(f"{name} must be positive, not {raw!r}")
+    return value
+
+
+# -- the pure core ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HomeFile:
+    """One file of a home: as a manifest names it, or as a sync found it in ``src``."""
+
+    path: str
+    size: int
+    sha256: str
+    executable: bool = False
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a stored home holds: its files, sorted by path."""
+
+    files: tuple[HomeFile, ...] = ()
+
+    @property
+    def digests(self) -> frozenset[str]:
+        """The blobs this manifest needs."""
+        return frozenset(f.sha256 for f in self.files)
+
+    @property
+    def total(self) -> int:
+        """The bytes of its files (what counts against the quota)."""
+        return sum(f.size for f in self.files)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a sync does: the new manifest, the files whose content the store lacks (one per
+    digest), what is left out of the home (with why), and the digests the old manifest
+    named that the new one does not (deleted once the new manifest is written)."""
+
+    manifest: Manifest
+    uploads: tuple[HomeFile, ...]
+    left_out: Skipped
+    unused: frozenset[str]
+
+
+def path_refusal(path: str, limits: HomeLimits) -> str | None:
+    """Why ``path`` may not be a home's file (None: it may): absolute, ``.``/``..`` or empty
+    components, not UTF-8, too long or too deep."""
+    if not path:
+        return "an empty name"
+    if path.startswith("/"):
+        return "an absolute name"
+    parts = path.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return "a name with an empty, '.' or '..' component"
+    if "\0" in path:
+        return "a name with a NUL byte"
+    try:
+        length = len(path.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "a name that is not UTF-8"
+    if length > limits.max_path_bytes:
+        return f"a name longer than {limits.max_path_bytes} bytes"
+    if len(parts) - 1 > limits.max_depth:
+        return f"deeper than {limits.max_depth} folders"
+    return None
+
+
+def fit(files: Iterable[HomeFile], quota: int, max_files: int) -> tuple[list[HomeFile], Skipped]:
+    """The files a home of ``quota`` bytes and ``max_files`` files keeps, smallest first
+    (ties by path), and those left out, with why: the largest go first, so many small
+    files (notebooks, settings) outlive one large one (a data set)."""
+    kept: list[HomeFile] = []
+    left: list[tuple[str, str]] = []
+    total = 0
+    for found in sorted(files, key=lambda f: (f.size, f.path)):
+        if len(kept) >= max_files:
+            left.append((found.path, f"more than {max_files} files"))
+        elif total + found.size > quota:
+            left.append(
+                (
+                    found.path,
+                    f"over the home's quota of {_amount(quota)} "
+                    f"({_amount(found.size)}, {_amount(total)} kept before it)",
+                )
+            )
+        else:
+            kept.append(found)
+            total += found.size
+    return sorted(kept, key=lambda f: f.path), tuple(left)
+
+
+def plan_sync(old: Manifest | None, local: Sequence[HomeFile], quota: int, max_files: int) -> Plan:
+    """What a sync stores: the local files that fit (``fit``), uploading each content the
+    old manifest does not name (once per digest); the old manifest's other digests are
+    unused."""
+    kept, left_out = fit(local, quota, max_files)
+    stored = old.digests if old is not None else frozenset()
+    uploads: dict[str, HomeFile] = {}
+    for found in kept:
+        if found.sha256 not in stored and found.sha256 not in uploads:
+            uploads[found.sha256] = found
+    manifest = Manifest(tuple(kept))
+    return Plan(
+        manifest=manifest,
+        uploads=tuple(uploads.values()),
+        left_out=left_out,
+        unused=stored - manifest.digests,
+    )
+
+
+def plan_restore(
+    manifest: Manifest, quota: int, limits: HomeLimits
+) -> tuple[list[HomeFile], Skipped]:
+    """The manifest's files a restore writes, and those it refuses with why: bad names,
+    a second file of one name, a file where another's folder is, or beyond the quota and
+    file count (which may have shrunk since the sync: the smallest files come back)."""
+    named: list[HomeFile] = []
+    refused: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for entry in sorted(manifest.files, key=lambda f: f.path):
+        why = path_refusal(entry.path, limits)
+        if why is None and entry.path in seen:
+            why = "named twice in the manifest"
+        if why is not None:
+            refused.append((entry.path, why))
+            continue
+        seen.add(entry.path)
+        named.append(entry)
+    folders = {
+        "/".join(f.path.split("/")[:i]) for f in named for i in range(1, f.path.count("/") + 1)
+    }
+    clear = []
+    for entry in named:
+        if entry.path in folders:
+            refused.append((entry.path, "a file where another file's folder is"))
+        else:
+            clear.append(entry)
+    kept, left = fit(clear, quota, limits.max_files)
+    return kept, (*refused, *left)
+
+
+def manifest_bytes(manifest: Manifest) -> bytes:
+    """``manifest`` as stored (JSON, files sorted by path)."""
+    files = [
+        {"path": f.path, "size": f.size, "sha256": f.sha256, "executable": f.executable}
+        for f in sorted(manifest.files, key=lambda f: f.path)
+    ]
+    return json.dumps({"version": MANIFEST_VERSION, "files": files}, sort_keys=True).encode()
+
+
+def parse_manifest(data: bytes) -> Manifest:
+    """The manifest stored as ``data``; ``ManifestError`` if it is not one this module wrote.
+
+    Names are checked by ``plan_restore`` (a bad one is skipped, not the whole home).
+    """
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"not JSON: {exc}") from None
+    if not isinstance(raw, dict) or raw.get("version") != MANIFEST_VERSION:
+        raise ManifestError(f"not a version {MANIFEST_VERSION} manifest")
+    entries = raw.get("files")
+    if not isinstance(entries, list):
+        raise ManifestError("'files' is not a list")
+    files = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ManifestError(f"file {index} is not an object")
+        path, size, sha, executable = (
+            entry.get(k) for k in ("path", "size", "sha256", "executable")
+        )
+        if not isinstance(path, str):
+            raise ManifestError(f"file {index}: 'path' is not a string")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ManifestError(f"file {index}: 'size' is not a byte count")
+        if not _is_digest(sha):
+            raise ManifestError(f"file {index}: 'sha256' is not 64 lower-case hex digits")
+        if not isinstance(executable, bool):
+            raise ManifestError(f"file {index}: 'executable' is not true or false")
+        files.append(HomeFile(path, size, str(sha), executable))
+    return Manifest(tuple(files))
+
+
+def _is_digest(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX
+
+
+def _amount(size: int) -> str:
+    if size >= 1 << 20:
+        return f"{size / (1 << 20):.1f} MiB"
+    if size >= 1 << 10:
+        return f"{size / (1 << 10):.1f} KiB"
+    return f"{size} bytes"
+
+
+# -- results ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """What a restore wrote (relative paths) and skipped (with why), the bytes written,
+    the sha256 of the manifest it read (None: no home was stored), and why it read none
+    (``error``; the home then starts empty)."""
+
+    restored: tuple[str, ...] = ()
+    skipped: Skipped = ()
+    bytes: int = 0
+    manifest_sha256: str | None = None
+    error: str | None = None
+
+    @property
+    def message(self) -> str:
+        """One line for the session's events and the agent's log."""
+        if self.error is not None:
+            return f"home not restored: {self.error}"
+        if self.manifest_sha256 is None:
+            return "no home stored yet: the session starts with an empty home"
+        said = f"restored {len(self.restored)} files ({_amount(self.bytes)}) of the home"
+        if self.skipped:
+            said += f"; {len(self.skipped)} skipped: " + _some(self.skipped)
+        return said
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    """What a sync stored.
+
+    ``stored``: files whose content was uploaded; ``unchanged``: files whose content
+    the store held already; ``files``/``bytes``: the home as its new manifest has it;
+    ``left_out``: files of the home that did not fit (quota, file count) or changed while
+    they were read; ``skipped``: what is never synced (links, FIFOs, sockets, devices,
+    bad names, too deep, not the session's own file); ``deleted``: blobs removed;
+    ``manifest_written``: whether the home now is this sync's (False: the previous
+    manifest stands, untouched); ``error``: why it is not.
+    """
+
+    stored: tuple[str, ...] = ()
+    unchanged: int = 0
+    files: int = 0
+    bytes: int = 0
+    left_out: Skipped = ()
+    skipped: Skipped = ()
+    deleted: int = 0
+    manifest_written: bool = False
+    error: str | None = None
+
+    @property
+    def message(self) -> str:
+        """One line for the session's events and the agent's log (says what was left out)."""
+        if not self.manifest_written:
+            return f"home not synced, the stored home is unchanged: {self.error}"
+        said = (
+            f"home synced: {self.files} files ({_amount(self.bytes)}), "
+            f"{len(self.stored)} uploaded, {self.unchanged} unchanged"
+        )
+        if self.left_out:
+            said += f"; {len(self.left_out)} left out: " + _some(self.left_out)
+        if self.skipped:
+            said += f"; {len(self.skipped)} skipped: " + _some(self.skipped)
+        return said
+
+
+def _some(items: Skipped, shown: int = 5) -> str:
+    listed = ", ".join(f"{path} ({why})" for path, why in items[:shown])
+    return listed + (f" and {len(items) - shown} more" if len(items) > shown else "")
+
+
+class HomeStore(Protocol):
+    """What homes need of the artifact store (``ArtifactStore`` is one)."""
+
+    def put_bytes(self, rel: str, data: bytes) -> StoredObject: ...
+    def put_stream(self, rel: str, chunks: Iterable[bytes]) -> StoredObject: ...
+    def open_read(self, rel: str) -> IO[bytes]: ...
+    def open_sized(self, rel: str) -> tuple[IO[bytes], int]: ...
+    def list(self, prefix: str = "") -> list[str]: ...
+    def delete(self, rel: str) -> None: ...
+
+
+class _Home:
+    """One home's objects in ``store``, named relative to its prefix."""
+
+    def __init__(self, store: HomeStore, prefix: str) -> None:
+        self._store = store
+        self._prefix = check_relative(prefix) + "/"
+
+    def put_bytes(self, rel: str, data: bytes) -> StoredObject:
+        return self._store.put_bytes(self._prefix + rel, data)
+
+    def put_stream(self, rel: str, chunks: Iterable[bytes]) -> StoredObject:
+        return self._store.put_stream(self._prefix + rel, chunks)
+
+    def open_read(self, rel: str) -> IO[bytes]:
+        return self._store.open_read(self._prefix + rel)
+
+    def open_sized(self, rel: str) -> tuple[IO[bytes], int]:
+        return self._store.open_sized(self._prefix + rel)
+
+    def list(self, folder: str) -> list[str]:
+        """The objects under ``folder`` of the home, relative to the home."""
+        return [p.removeprefix(self._prefix) for p in self._store.list(self._prefix + folder)]
+
+    def delete(self, rel: str) -> None:
+        self._store.delete(self._prefix + rel)
+
+
+# -- restore ------------------------------------------------------------------------------
+
+
+def restore(
+    store: HomeStore,
+    prefix: str,
+    dest: Path,
+    quota_bytes: int,
+    *,
+    owner: Owner = None,
+    limits: HomeLimits = DEFAULT_LIMITS,
+) -> RestoreResult:
+    """Write the home stored at ``prefix`` into ``dest`` (made if missing, owned by
+    ``owner``), each file checked against its manifest's size and sha256.
+
+    Run before the session's program starts.  ``dest``'s parent is the agent's
+    (taken as given); ``dest`` itself is never reached through a link.  Store errors
+    are in the result, never raised: the session then starts with what came back.
+    """
+    home = _Home(store, prefix)
+    try:
+        raw = _read_manifest(home, limits)
+    except FileNotFoundError:
+        raw = None
+    except (OSError, ValueError) as exc:
+        return RestoreResult(error=f"the manifest could not be read: {exc}")
+    with _local(dest, owner) as top:
+        if raw is None:
+            return RestoreResult()
+        try:
+            manifest = parse_manifest(raw)
+        except ManifestError as exc:
+            return RestoreResult(error=f"the manifest is damaged: {exc}")
+        accepted, refused = plan_restore(manifest, quota_bytes, limits)
+        restored: list[str] = []
+        skipped = list(refused)
+        written = 0
+        for entry in accepted:
+            try:
+                why = _restore_one(home, top, entry, owner)
+            except (OSError, ValueError) as exc:
+                why = f"not restored: {exc}"
+            if why is None:
+                restored.append(entry.path)
+                written += entry.size
+            else:
+                skipped.append((entry.path, why))
+    return RestoreResult(
+        restored=tuple(restored),
+        skipped=tuple(skipped),
+        bytes=written,
+        manifest_sha256=hashlib.sha256(raw).hexdigest(),
+    )
+
+
+def _read_manifest(home: _Home, limits: HomeLimits) -> bytes:
+    stream, size = home.open_sized(MANIFEST)
+    with stream:
+        if size > limits.max_manifest_bytes:
+            raise ValueError(f"{size} bytes, more than the {limits.max_manifest_bytes} allowed")
+        return b"".join(at_most(stream, size))
+
+
+def _restore_one(home: _Home, top: int, entry: HomeFile, owner: Owner) -> str | None:
+    """Why ``entry`` was not restored (None: it was)."""
+    stream, size = home.open_sized(f"{BLOBS}/{entry.sha256}")
+    with stream:
+        if size != entry.size:
+            return f"corrupt: the stored content has {size} bytes, the manifest says {entry.size}"
+        *folders, name = entry.path.split("/")
+        with _folder(top, folders, owner) as parent:
+            return _write_checked(parent, name, stream, entry, owner)
+
+
+def _write_checked(
+    parent: int, name: str, stream: IO[bytes], entry: HomeFile, owner: Owner
+) -> str | None:
+    """Write ``entry`` as ``name`` in ``parent`` from ``stream`` through a temporary file
+    owned by ``owner`` from its creation; renamed into place only if its size and sha256
+    are the manifest's (else removed, and why returned)."""
+    temporary = f".{name[:200]}.{uuid.uuid4().hex}.part"
+    descriptor = os.open(temporary, _CREATE_FLAGS, 0o600, dir_fd=parent)
+    try:
+        digest = hashlib.sha256()
+        with os.fdopen(descriptor, "wb") as out:
+            if owner is not None:
+                os.fchown(out.fileno(), *owner)
+            os.fchmod(out.fileno(), 0o700 if entry.executable else 0o600)
+            size = 0
+            for chunk in at_most(stream, entry.size + 1):  # one more: a longer blob is corrupt
+                digest.update(chunk)
+                size += len(chunk)
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        if size != entry.size or digest.hexdigest() != entry.sha256:
+            os.unlink(temporary, dir_fd=parent)
+            return (
+                f"corrupt: the stored content is not the manifest's ({size} bytes, "
+                f"sha256 {digest.hexdigest()[:12]}...)"
+            )
+        os.replace(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.unlink(temporary, dir_fd=parent)
+        raise
+    return None
+
+
+@contextmanager
+def _local(dest: Path, owner: Owner) -> Iterator[int]:
+    """``dest`` opened by descriptor (made, private, owned by ``owner``, if missing):
+    its parent as given (the agent's), ``dest`` itself never through a link."""
+    with beneath.directory(str(dest.parent)) as parent:
+        top = _child_folder(parent, dest.name, owner, replace_planted=False)
+    try:
+        yield top
+    finally:
+        os.close(top)
+
+
+@contextmanager
+def _folder(top: int, parts: Sequence[str], owner: Owner) -> Iterator[int]:
+    """``top/parts...`` opened without following a link; what is missing (or is a link
+    or a file where a folder belongs) is made, owned by ``owner``."""
+    current = os.dup(top)
+    try:
+        for name in parts:
+            child = _child_folder(current, name, owner, replace_planted=True)
+            os.close(current)
+            current = child
+        yield current
+    finally:
+        os.close(current)
+
+
+def _child_folder(parent: int, name: str, owner: Owner, *, replace_planted: bool) -> int:
+    try:
+        return os.open(name, _DIRECTORY_FLAGS, dir_fd=parent)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # a link (ELOOP, or ENOTDIR with O_DIRECTORY) or a file there
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        if not replace_planted:
+            raise LinkRefused(errno.ELOOP, "not a directory reached without a link", name) from None
+        beneath.remove_entry(parent, name)
+    with suppress(FileExistsError):
+        os.mkdir(name, 0o700, dir_fd=parent)
+    made = os.open(name, _DIRECTORY_FLAGS, dir_fd=parent)
+    try:
+        if owner is not None:
+            os.fchown(made, *owner)
+        os.fchmod(made, 0o700)
+    except BaseException:
+        os.close(made)
+        raise
+    return made
+
+
+# -- sync ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Walk:
+    """One walk's running counts: the regular files found and what was skipped."""
+
+    limits: HomeLimits
+    uid: int | None
+    entries: int = 0
+    found: list[tuple[str, int]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def sync(
+    store: HomeStore,
+    prefix: str,
+    src: Path,
+    quota_bytes: int,
+    *,
+    owner: Owner = None,
+    limits: HomeLimits = DEFAULT_LIMITS,
+    clock: Clock = SYSTEM_CLOCK,
+) -> SyncResult:
+    """Store the files of ``src`` (the session's home: the tenant's, hostile) as the home at
+    ``prefix``, within ``quota_bytes`` and ``limits``; see the module docstring.
+
+    ``owner``: the session program's (uid, gid): a file another uid owns is skipped.
+    Store errors before the manifest is written are in the result (the stored home
+    unchanged); other exceptions propagate, with the same guarantee.
+    """
+    home = _Home(store, prefix)
+    try:
+        old = _stored_manifest(home, limits)
+    except (OSError, ValueError) as exc:
+        return SyncResult(error=f"the stored manifest could not be read: {exc}")
+    work = _Walk(limits, owner[0] if owner is not None else None)
+    try:
+        with beneath.directory(str(src.parent)) as parent:
+            top = os.open(src.name, _DIRECTORY_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        return SyncResult(error=f"the home folder could not be opened: {exc}")
+    try:
+        _walk(top, "", 0, work)
+        candidates = [HomeFile(path, size, "") for path, size in work.found]
+        hashed, left_early = _hash_fitting(top, candidates, quota_bytes, work)
+        plan = plan_sync(old, hashed, quota_bytes, limits.max_files)
+        return _carry_out(home, top, old, plan, (*left_early, *plan.left_out), work, clock)
+    finally:
+        os.close(top)
+
+
+def _stored_manifest(home: _Home, limits: HomeLimits) -> Manifest | None:
+    """The home's manifest; None if there is none or it is damaged (its blobs then go
+    at the sweep: a damaged manifest restores nothing anyway)."""
+    try:
+        return parse_manifest(_read_manifest(home, limits))
+    except (FileNotFoundError, ManifestError):
+        return None
+
+
+def _walk(directory: int, prefix: str, depth: int, work: _Walk) -> None:
+    """Add the regular files below ``directory`` to ``work.found`` (path, size), and what
+    is skipped to ``work.skipped``; no link is followed, no entry beyond the limits read."""
+    limits = work.limits
+    names: list[str] = []
+    with os.scandir(directory) as listing:
+        for entry in listing:
+            if work.entries >= limits.max_entries:
+                work.skipped.append(
+                    (
+                        prefix or ".",
+                        f"the walk stopped after {limits.max_entries} "
+                        "entries: the rest of the folder is not synced",
+                    )
+                )
+                break
+            work.entries += 1
+            names.append(entry.name)
+    folders = []
+    for name in sorted(names):
+        rel = prefix + name
+        why = path_refusal(rel, limits)
+        try:
+            info = os.lstat(name, dir_fd=directory)
+        except FileNotFoundError:
+            continue  # gone since it was listed
+        kind = _kind(info.st_mode)
+        if kind == "file" and why is None:
+            if work.uid is not None and info.st_uid != work.uid:
+                why = "not the session's own file (a hard link to another's?)"
+            else:
+                work.found.append((rel, info.st_size))
+        elif kind == "folder" and why is None:
+            folders.append(name)
+        elif why is None:
+            why = f"{kind}, never followed or opened"
+        if why is not None:
+            work.skipped.append((rel, why))
+    for name in folders:
+        rel = prefix + name
+        if depth + 1 > limits.max_depth:
+            work.skipped.append((rel, f"deeper than {limits.max_depth} folders"))
+            continue
+        try:
+            below = os.open(name, _DIRECTORY_FLAGS, dir_fd=directory)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:  # swapped for a link (ELOOP, ENOTDIR) since it was listed
+            work.skipped.append((rel, f"not opened as a folder: {exc.strerror}"))
+            continue
+        try:
+            _walk(below, rel + "/", depth + 1, work)
+        finally:
+            os.close(below)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "folder"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device"
+
+
+def _hash_fitting(
+    top: int, candidates: list[HomeFile], quota: int, work: _Walk
+) -> tuple[list[HomeFile], Skipped]:
+    """The candidates that fit (by their listed sizes) hashed, each through a fresh
+    no-follow open, read no further than its opened size; those that cannot fit are
+    left out unread (a huge file costs no reading)."""
+    kept, left = fit(candidates, quota, work.limits.max_files)
+    hashed = []
+    for candidate in kept:
+        try:
+            source, info = _open_file(top, candidate.path, work.uid)
+            with source:
+                digest = hashlib.sha256()
+                for chunk in at_most(source, info.st_size):
+                    digest.update(chunk)
+                size = source.tell()
+        except OSError as exc:  # gone, or swapped for a link or a FIFO, since it was listed
+            work.skipped.append((candidate.path, f"not read: {exc.strerror or exc}"))
+            continue
+        executable = bool(info.st_mode & stat.S_IXUSR)
+        hashed.append(HomeFile(candidate.path, size, digest.hexdigest(), executable))
+    return hashed, left
+
+
+def _open_file(top: int, path: str, uid: int | None) -> tuple[IO[bytes], os.stat_result]:
+    """``top/path`` open for reading (the caller closes it), walked without a link, a
+    regular file (checked on the descriptor) of ``uid`` if given, and its ``fstat``."""
+    source = os.fdopen(beneath.open_regular(top, path.split("/")), "rb")
+    try:
+        info = os.fstat(source.fileno())
+        if uid is not None and info.st_uid != uid:
+            raise PermissionError(errno.EPERM, "not the session's own file", path)
+    except BaseException:
+        source.close()
+        raise
+    return source, info
+
+
+def _carry_out(
+    home: _Home,
+    top: int,
+    old: Manifest | None,
+    plan: Plan,
+    left_out: Skipped,
+    work: _Walk,
+    clock: Clock,
+) -> SyncResult:
+    """Upload, write the manifest, sweep: the plan's side effects, in the safe order."""
+    sync_id = uuid.uuid4().hex
+    pending = f"{PENDING}/{sync_id}.json"
+    left = list(left_out)
+    manifest = plan.manifest
+    try:
+        home.put_bytes(pending, _pending_bytes(clock.now(), manifest.digests))
+        stored: list[str] = []
+        for upload in plan.uploads:
+            why = _upload(home, top, upload, work.uid)
+            if why is None:
+                stored.append(upload.path)
+                continue
+            dropped = [f for f in manifest.files if f.sha256 == upload.sha256]
+            left += [(f.path, why) for f in dropped]
+            manifest = replace(manifest, files=tuple(f for f in manifest.files if f not in dropped))
+        home.put_bytes(MANIFEST, manifest_bytes(manifest))
+    except (OSError, ValueError) as exc:
+        with suppress(OSError, ValueError):  # its uploads go at a later sweep, not stale_s later
+            home.delete(pending)
+        return SyncResult(
+            left_out=tuple(left),
+            skipped=tuple(work.skipped),
+            error=f"the store refused the sync: {exc}",
+        )
+    deleted = _sweep(home, pending, clock, work.limits)
+    uploaded = {f.sha256 for f in plan.uploads if f.path in stored}
+    return SyncResult(
+        stored=tuple(f.path for f in manifest.files if f.sha256 in uploaded),
+        unchanged=sum(1 for f in manifest.files if f.sha256 not in uploaded),
+        files=len(manifest.files),
+        bytes=manifest.total,
+        left_out=tuple(left),
+        skipped=tuple(work.skipped),
+        deleted=deleted,
+        manifest_written=True,
+    )
+
+
+def _upload(home: _Home, top: int, upload: HomeFile, uid: int | None) -> str | None:
+    """Upload ``upload``'s content to its blob; why not (the file changed since it was
+    hashed, or went), None when the stored blob is its digest.  Store errors raise."""
+    blob = f"{BLOBS}/{upload.sha256}"
+    try:
+        source, info = _open_file(top, upload.path, uid)
+    except OSError as exc:
+        return f"gone or replaced while it was synced: {exc.strerror or exc}"
+    with source:
+        if info.st_size < upload.size:
+            return "changed while it was synced (it shrank)"
+        stored = home.put_stream(blob, at_most(source, upload.size))
+    if (stored.size, stored.sha256) != (upload.size, upload.sha256):
+        home.delete(blob)  # named by no manifest: its name must not lie about its content
+        return "changed while it was synced"
+    return None
+
+
+def _pending_bytes(now: float, digests: Iterable[str]) -> bytes:
+    return json.dumps({"at": now, "digests": sorted(digests)}).encode()
+
+
+def _sweep(home: _Home, pending: str, clock: Clock, limits: HomeLimits) -> int:
+    """After the manifest: forget this sync's pending record, then delete every blob that
+    neither the manifest now stored (this one, or a later sync's) nor a live pending sync
+    names, and pending records older than ``stale_s``.  Errors leave garbage, never a
+    home short of a blob; the count of blobs deleted."""
+    try:
+        home.delete(pending)
+        current = _read_manifest(home, limits)
+        keep = set(parse_manifest(current).digests)
+        now = clock.now()
+        for record in home.list(PENDING):
+            at, digests = _pending_record(home, record)
+            if at is not None and now - at <= limits.stale_s:
+                keep |= digests
+            else:
+                home.delete(record)
+        deleted = 0
+        for blob in home.list(BLOBS):
+            if blob.removeprefix(f"{BLOBS}/") not in keep:
+                home.delete(blob)
+                deleted += 1
+    except (OSError, ValueError):
+        return 0  # the next sync sweeps
+    return deleted
+
+
+def _pending_record(home: _Home, record: str) -> tuple[float | None, set[str]]:
+    """(when, digests) of a pending sync's record; (None, {}) when it is unreadable."""
+    try:
+        with home.open_read(record) as stream:
+            raw: Any = json.loads(b"".join(at_most(stream, 64 << 20)))
+        at = raw["at"]
+        digests = {d for d in raw["digests"] if _is_digest(d)}
+        if isinstance(at, bool) or not isinstance(at, int | float):
+            return None, set()
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, set()
+    return float(at), digests
