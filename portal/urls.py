@@ -39,6 +39,7 @@ urlpatterns = [
         name="server-action",
     ),
     path("cluster/environments/", environment_views.environments, name="environments"),
+    path("cluster/shells/", include("portal.shell_urls")),  # the admins' open shells
     path(
         "cluster/environments/<str:node>/<str:key>/evict/",
         environment_views.evict_environment,

@@ -178,7 +178,7 @@ class ShellConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         deadline: float | None = time.monotonic() + OPEN_WAIT_S
         error = ""
         while True:
-            await self.streams.renew()
+            await self.streams.renew(self.bytes_in, self.bytes_out)
             for _id, fields in await self.streams.receive(block_ms=1000):
                 deadline = None
                 if b"d" in fields:

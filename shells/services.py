@@ -26,6 +26,7 @@ from jobs.models import Job, JobGpu
 from jobs.outbox import publish
 from shells import streams
 from shells.models import Shell
+from tenancy.services import can_write
 from workers.protocol import OpenShell, ProtocolError
 
 LIVE_STATES = (JobState.RUNNING, JobState.SCALING)
@@ -60,7 +61,7 @@ class ShellPlan:
     command: OpenShell
 
 
-def _worker_nodes(job: Job) -> dict[str, str]:
+def worker_nodes(job: Job) -> dict[str, str]:
     """The job's workers now, in rank order, with their nodes."""
     slots = JobGpu.objects.filter(job=job).select_related("gpu__server").order_by("rank")
     return {slot.worker_id: slot.gpu.server.node for slot in slots}
@@ -78,13 +79,19 @@ def check_open(
 ) -> ShellPlan:
     """A shell ``user`` may open in ``job_id`` (its ``worker``; None: the first), or
     ``ShellRefused``: 404 for a job the user cannot see (another tenant's included),
-    409 for one not running, 400 for a bad field, 429 past the open-shell limit."""
+    403 for a viewer of its tenant, 409 for one not running, 400 for a bad field, 429
+    past the open-shell limit."""
     job = Job.objects.restrict(user).filter(pk=job_id).select_related("tenant").first()
     if job is None:
         raise ShellRefused(404, "job", f"no job {job_id}")
+    if not can_write(user, job.tenant):
+        # A shell runs commands in the job's sandbox: the job's writers only, not a viewer.
+        raise ShellRefused(
+            403, "job", f"your role in tenant {job.tenant.slug} is read-only: no shell"
+        )
     if job.state not in LIVE_STATES:
         raise ShellRefused(409, "job", f"job {job_id} is {job.state}, not running")
-    nodes = _worker_nodes(job)
+    nodes = worker_nodes(job)
     chosen = worker or next(iter(nodes), "")
     if chosen not in nodes:
         known = ", ".join(nodes) or "none"
@@ -159,6 +166,13 @@ def do_close(
     with transaction.atomic():
         shell = Shell.objects.select_for_update().select_related("tenant").get(pk=shell_id)
         if shell.closed_at is not None:
+            if shell.exit_code is None and exit_code is not None:
+                # The shell's own end, reported after an admin's close was recorded (the
+                # admin's close is what made the agent end it): keep who closed it and why,
+                # add what only the end can tell.
+                shell.exit_code = exit_code
+                shell.bytes_in, shell.bytes_out = bytes_in, bytes_out
+                shell.save(update_fields=["exit_code", "bytes_in", "bytes_out"])
             return False
         shell.closed_at = now
         shell.exit_code = exit_code
@@ -199,8 +213,18 @@ def do_close_lost(*, user: Any, now: datetime) -> list[str]:
 
 
 def do_request_close(*, shell: Shell, by: Any, now: datetime) -> bool:
-    """An admin closes an open shell: the agent is told to end it, and it is recorded closed."""
+    """An admin closes an open shell: it is recorded as closed by ``by``, then the agent is
+    told to end it (False, and nothing sent, when it had ended already).
+
+    The record comes first: the agent ends the shell at once and its consumer records that
+    end, so an agent told first could have the shell's own end recorded before the admin's
+    close, which then found it closed (``closed_by`` null although the admin closed an open
+    shell).  The end's exit status still completes the admin's record (``do_close``).
+    """
     if shell.closed_at is not None:
         return False
-    streams.send_close(shell.node, shell.id)
-    return do_close(shell_id=shell.id, now=now, reason=f"closed by {by}", closed_by=by)
+    if not do_close(shell_id=shell.id, now=now, reason=f"closed by {by}", closed_by=by):
+        return False
+    node, shell_id = shell.node, shell.id
+    transaction.on_commit(lambda: streams.send_close(node, shell_id))
+    return True

@@ -27,6 +27,8 @@ from workers.protocol import (
 ALIVE_TTL_S = 30
 """A served shell's ``shells:alive:<id>`` key lives this long; its consumer renews it."""
 ALIVE_EVERY_S = 10.0
+COUNTS_EVERY_S = 2.0
+"""How often at most a consumer writes new byte counts into the alive key (the admin page)."""
 
 
 def alive_key(shell_id: str) -> str:
@@ -45,6 +47,35 @@ def served(shell_ids: Iterable[str]) -> set[str]:
     finally:
         client.close()
     return {shell_id for shell_id, value in zip(ids, found, strict=True) if value is not None}
+
+
+def parse_counts(value: bytes | str | None) -> tuple[int, int] | None:
+    """``(bytes_in, bytes_out)`` from an alive key's value ``b"<in> <out>"``; None otherwise."""
+    if value is None:
+        return None
+    parts = (value.encode() if isinstance(value, str) else value).split(b" ")
+    if len(parts) != 2 or not all(part.isdigit() and len(part) <= 20 for part in parts):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def live_counts(shell_ids: Iterable[str]) -> dict[str, tuple[int, int]]:
+    """The bytes each served shell of ``shell_ids`` has moved so far, as its consumer last
+    said (at most ``COUNTS_EVERY_S`` old); shells no process serves are left out."""
+    ids = list(shell_ids)
+    if not ids:
+        return {}
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        found = client.mget([alive_key(i) for i in ids])
+    finally:
+        client.close()
+    counts = {}
+    for shell_id, value in zip(ids, found, strict=True):
+        parsed = parse_counts(value)
+        if parsed is not None:
+            counts[shell_id] = parsed
+    return counts
 
 
 def input_key(node: str, shell_id: str) -> str:
@@ -77,13 +108,17 @@ class ShellStreams:
         self.client = aioredis.Redis.from_url(settings.REDIS_URL)
         self.last = "0-0"
         self.renewed_at = -ALIVE_EVERY_S
+        self.counts = (-1, -1)
 
-    async def renew(self) -> None:
-        """Say that this process still serves the shell (at most every ``ALIVE_EVERY_S``)."""
+    async def renew(self, bytes_in: int = 0, bytes_out: int = 0) -> None:
+        """Say that this process still serves the shell, and the bytes it has moved so far
+        (every ``ALIVE_EVERY_S``; sooner, every ``COUNTS_EVERY_S``, while bytes flow)."""
         now = time.monotonic()
-        if now - self.renewed_at >= ALIVE_EVERY_S:
-            self.renewed_at = now
-            await self.client.set(self.alive_key, "1", ex=ALIVE_TTL_S)
+        since = now - self.renewed_at
+        counts = (bytes_in, bytes_out)
+        if since >= ALIVE_EVERY_S or (counts != self.counts and since >= COUNTS_EVERY_S):
+            self.renewed_at, self.counts = now, counts
+            await self.client.set(self.alive_key, f"{bytes_in} {bytes_out}", ex=ALIVE_TTL_S)
 
     async def send(self, fields: Mapping[str, bytes | str]) -> None:
         """One entry to the shell: ``d`` bytes, ``r`` a size, ``e`` end of input, ``k`` close."""

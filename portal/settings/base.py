@@ -304,6 +304,7 @@ METRICS_MAX_POINTS = env_int("METRICS_MAX_POINTS", 20_000)  # logged values kept
 RETENTION_BATCH = env_int("RETENTION_BATCH", 200)  # objects one retention run deletes at most
 
 # The tick expires after one interval so that ticks never pile up behind a slow one.
+SESSION_CULL_SECONDS = env_float("SESSION_CULL_SECONDS", 30.0)  # idle sessions checked this often
 CELERY_BEAT_SCHEDULE = {
     "scheduler-tick": {
         "task": "control.scheduler_tick",
@@ -328,7 +329,15 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 60.0,
         "options": {"queue": "portal", "expires": 60.0},
     },
+    # Sessions idle past their timeout are stopped (jobs.session_cull).
+    "sessions-cull": {
+        "task": "jobs.cull_idle_sessions",
+        "schedule": SESSION_CULL_SECONDS,
+        "options": {"queue": "portal", "expires": SESSION_CULL_SECONDS},
+    },
 }
+# Task modules beside the apps' own ``tasks`` (which autodiscovery finds).
+CELERY_IMPORTS = ("jobs.session_tasks",)
 
 # --- Auth and API.
 LOGIN_URL = "/login/"
@@ -431,6 +440,16 @@ STATICFILES_DIRS = [
     BASE_DIR / "static",
     ("vendor/plotly", Path(plotly.__file__).parent / "package_data"),
 ]
+# xterm.js and its fit addon as `npm ci` installs them (package.json; the Makefile runs it):
+# static/vendor/xterm/{xterm.js,xterm.css,addon-fit.js}. Without node_modules the entries are
+# left out (a missing directory is a system-check warning) and the job page says its
+# terminal is unavailable.
+XTERM_DIRS = [
+    BASE_DIR / "node_modules" / "@xterm" / "xterm" / "lib",
+    BASE_DIR / "node_modules" / "@xterm" / "xterm" / "css",
+    BASE_DIR / "node_modules" / "@xterm" / "addon-fit" / "lib",
+]
+STATICFILES_DIRS += [("vendor/xterm", path) for path in XTERM_DIRS if path.is_dir()]
 SERVE_STATIC = env_bool("SERVE_STATIC", True)
 
 DATA_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
