@@ -40,7 +40,8 @@ from jobs.agent_commands import runtime_job_name
 from jobs.choices import ACTIVE_STATES, JobState
 from scheduler.curves import policy_curve
 from scheduler.quota import Blocked, QuotaBook, quota_need, quota_share
-from scheduler.types import Cluster, GpuState, JobView, Snapshot
+from scheduler.throughput import curves_by_type
+from scheduler.types import Cluster, GpuState, JobView, ServerCapacity, Snapshot
 from scheduler.types import Gpu as GpuView
 from scheduler.types import JobState as ViewState
 
@@ -69,6 +70,10 @@ class JobRow:
     weight: float = 1.0  # its claim on idle GPUs (``Job.sched_weight``: a sweep's promoted trials)
     gpu_types: tuple[str, ...] = ()  # the GPU types it accepts, preferred first (empty: any)
     selector: tuple[tuple[str, str], ...] = ()  # labels a server must carry (sorted pairs)
+    cpus_per_gpu: int = 0  # host CPU cores it needs beside each GPU (0: none asked)
+    mem_per_gpu_mib: int = 0  # host memory it needs beside each GPU (0: none asked)
+    workload: str = ""  # its model, for its curve on other GPU types ("": a program)
+    ran_on_type: str = ""  # the GPU type its measured curve comes from ("": none yet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +220,10 @@ class _Inputs:
     # The cluster's GPU types (numbered) where some tenant has a quota per type: a queued
     # job that accepts any type is held back only when every type is over its quota.
     type_names: Mapping[int, str] = field(default_factory=dict)
+    # Each GPU type's speed on a cluster of types that differ in speed (else empty): a
+    # job's view carries its curve per type (``JobView.throughput_by_type``).
+    speeds: Mapping[str, float] = field(default_factory=dict)
+    gpus_per_server: int = 8
 
 
 _NO_USE: Mapping[str, int] = {}
@@ -269,6 +278,8 @@ class Assembly:
         epoch: float | None = None,
         views: dict[int, JobView] | None = None,
         aside: KeptAside | None = None,
+        server_capacity: Mapping[int, ServerCapacity] | None = None,
+        type_speeds: Mapping[str, float] | None = None,
     ) -> PolicyInput:
         """The snapshot of :func:`assemble_snapshot`'s arguments (``by_id``: ``rows`` by id,
         which ``changed`` needs), assembling again only what ``changed`` reaches."""
@@ -287,13 +298,16 @@ class Assembly:
         inputs = _Inputs(cluster.holdings, tenants, ending, since, base, curves, views)
         if any(tenant.gpu_type_quota for tenant in tenants.values()):
             inputs.type_names = dict(enumerate(sorted(set(cluster.gpu_types.values()))))
+        if type_speeds:
+            inputs.speeds = _speeds(cluster.gpu_types, type_speeds)
+            inputs.gpus_per_server = cluster.spec.gpus_per_server
         for job_id in dirty:
             self._forget(job_id)
             if (row := by_id.get(job_id)) is not None:
                 use = self.in_use.get(row.tenant_id, 0)
                 type_use = self.type_in_use.get(row.tenant_id, _NO_USE)
                 self._remember(job_id, _part(row, use, inputs, type_use))
-        return self._policy_input(cluster, gpus, by_id, now, base, aside)
+        return self._policy_input(cluster, gpus, by_id, now, base, aside, server_capacity)
 
     def _rows_changed(
         self, changed: Iterable[int], by_id: Mapping[int, JobRow], cluster: Held
@@ -385,6 +399,7 @@ class Assembly:
         now: datetime,
         base: float,
         aside: KeptAside | None,
+        server_capacity: Mapping[int, ServerCapacity] | None = None,
     ) -> PolicyInput:
         """The policy's input from the totals: views in the rows' order, then the rest."""
         jobs = tuple(self.shown)
@@ -421,7 +436,10 @@ class Assembly:
         snapshot = Snapshot(
             now=now.timestamp() - base,
             cluster=Cluster(
-                gpus=gpus, fabric_spec=cluster.spec, server_labels=cluster.server_labels
+                gpus=gpus,
+                fabric_spec=cluster.spec,
+                server_labels=cluster.server_labels,
+                server_capacity=server_capacity or {},
             ),
             jobs=jobs,
             tenants=tenant_shares(weights, now),
@@ -506,10 +524,26 @@ def _view(row: JobRow, slug: str, held: tuple[int, ...], hi: int, inputs: _Input
         weight=row.weight,
         gpu_types=row.gpu_types,
         selector=row.selector,
+        throughput_by_type=(
+            curves_by_type(
+                curve, row.workload, row.ran_on_type, inputs.speeds, inputs.gpus_per_server
+            )
+            if inputs.speeds
+            else None
+        ),
+        cpus_per_gpu=row.cpus_per_gpu,
+        mem_per_gpu_mib=row.mem_per_gpu_mib,
     )
     if inputs.views is not None:
         inputs.views[job_id] = view
     return view
+
+
+def _speeds(gpu_types: Mapping[int, str], speeds: Mapping[str, float]) -> dict[str, float]:
+    """The speed of each GPU type of the cluster (1.0 unless ``speeds`` names it), when
+    they differ; empty when one speed serves every type (no curve per type is needed)."""
+    present = {name: speeds.get(name, 1.0) for name in set(gpu_types.values())}
+    return present if len(set(present.values())) > 1 else {}
 
 
 def assemble_snapshot(
@@ -525,6 +559,8 @@ def assemble_snapshot(
     epoch: float | None = None,
     views: dict[int, JobView] | None = None,
     aside: KeptAside | None = None,
+    server_capacity: Mapping[int, ServerCapacity] | None = None,
+    type_speeds: Mapping[str, float] | None = None,
 ) -> PolicyInput:
     """The policy's view from rows already read: pure, shared by the full and incremental tick.
 
@@ -543,6 +579,14 @@ def assemble_snapshot(
     changed).  A queued job its tenant's quota keeps out is held back
     (``scheduler.quota``'s rule: the pass's hold-back step, applied here where
     the rows are; a job's share is what it holds, at most its request).
+
+    ``server_capacity``: each server's CPU cores and host memory where known (by
+    server id), which binding packs jobs' per-GPU requests into
+    (``scheduler.packing``).  ``type_speeds``: each GPU type's speed (1.0 unless
+    named); where the cluster's types differ in speed each view carries its curve
+    per type (``scheduler.throughput.curves_by_type``: its own curve on the type it
+    was measured on, the model's ratio on the others), so a view also depends on
+    them, which its owner therefore keeps fixed.
     """
     return Assembly().assemble(
         cluster,
@@ -556,4 +600,6 @@ def assemble_snapshot(
         epoch=epoch,
         views=views,
         aside=aside,
+        server_capacity=server_capacity,
+        type_speeds=type_speeds,
     )

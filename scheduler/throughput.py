@@ -25,6 +25,7 @@ estimate, marked below.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -172,3 +173,54 @@ def curve(
     model = typed_model(get_model(model_name), speed)
     net = NetworkSpec(gpus_per_server=gpus_per_server)
     return {n: throughput(model, n, net) for n in range(1, top + 1)}
+
+
+def curve_on_type(
+    curve: Mapping[int, float],
+    model_name: str,
+    from_speed: float,
+    to_speed: float,
+    gpus_per_server: int = 8,
+) -> dict[int, float]:
+    """``curve`` (samples/s by GPU count, measured or profiled on a GPU type of
+    ``from_speed``) as it would be on a type of ``to_speed``.
+
+    Each point is multiplied by how much faster ``n`` GPUs of the one type train the
+    model than ``n`` of the other (:func:`type_speedup`, the model's curve with each
+    type's speed): the job keeps its own scale (a measured curve is samples/s of its
+    own program), and a faster type gains less from each GPU more, as the model says.
+    The same speed: the curve as it is.
+    """
+    if from_speed == to_speed:
+        return dict(curve)
+    return {
+        n: rate
+        * type_speedup(model_name, n, gpus_per_server, to_speed)
+        / type_speedup(model_name, n, gpus_per_server, from_speed)
+        if n > 0
+        else rate
+        for n, rate in curve.items()
+    }
+
+
+def curves_by_type(
+    curve: Mapping[int, float],
+    model_name: str,
+    measured_on: str,
+    speeds: Mapping[str, float],
+    gpus_per_server: int = 8,
+) -> dict[str, Mapping[int, float]] | None:
+    """A job's curve on each GPU type of ``speeds`` (type -> speed; a type not named is 1.0):
+    ``curve`` itself on ``measured_on``, the type it was measured on ("" or a type not in
+    ``speeds``: the reference, 1.0), :func:`curve_on_type` on every other type.  None when
+    every type runs at ``measured_on``'s speed (one curve serves them all:
+    ``JobView.throughput`` alone)."""
+    own = speeds.get(measured_on, 1.0)
+    if all(speed == own for speed in speeds.values()):
+        return None
+    return {
+        name: curve
+        if speed == own
+        else curve_on_type(curve, model_name, own, speed, gpus_per_server)
+        for name, speed in speeds.items()
+    }
