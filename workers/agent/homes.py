@@ -234,11 +234,23 @@ def fit(files: Iterable[HomeFile], quota: int, max_files: int) -> tuple[list[Hom
     return sorted(kept, key=lambda f: f.path), tuple(left)
 
 
-def plan_sync(old: Manifest | None, local: Sequence[HomeFile], quota: int, max_files: int) -> Plan:
+def plan_sync(
+    old: Manifest | None,
+    local: Sequence[HomeFile],
+    quota: int,
+    max_files: int,
+    *,
+    merge: bool = False,
+) -> Plan:
     """What a sync stores: the local files that fit (``fit``), uploading each content the
     old manifest does not name (once per digest); the old manifest's other digests are
-    unused."""
-    kept, left_out = fit(local, quota, max_files)
+    unused.  ``merge``: the old manifest's files that no local file replaces (same name,
+    or a name one's folder takes) are candidates too (a session whose restore failed must
+    not drop the stored home; see ``sync``)."""
+    candidates = list(local)
+    if merge and old is not None:
+        candidates += _not_shadowed(old.files, local)
+    kept, left_out = fit(candidates, quota, max_files)
     stored = old.digests if old is not None else frozenset()
     uploads: dict[str, HomeFile] = {}
     for found in kept:
@@ -251,6 +263,27 @@ def plan_sync(old: Manifest | None, local: Sequence[HomeFile], quota: int, max_f
         left_out=left_out,
         unused=stored - manifest.digests,
     )
+
+
+def _not_shadowed(files: Iterable[HomeFile], local: Sequence[HomeFile]) -> list[HomeFile]:
+    """The ``files`` no local file replaces: none of the same name, none whose folder has
+    their name, and none named like one of their folders."""
+    names = {f.path for f in local}
+    folders = {folder for f in local for folder in _folders(f.path)}
+    return [
+        f
+        for f in files
+        if f.path not in names
+        and f.path not in folders
+        and not any(folder in names for folder in _folders(f.path))
+    ]
+
+
+def _folders(path: str) -> Iterator[str]:
+    """The folders ``path`` lies in, outermost first (``a/b/c`` -> ``a``, ``a/b``)."""
+    parts = path.split("/")
+    for depth in range(1, len(parts)):
+        yield "/".join(parts[:depth])
 
 
 def plan_restore(
@@ -271,9 +304,7 @@ def plan_restore(
             continue
         seen.add(entry.path)
         named.append(entry)
-    folders = {
-        "/".join(f.path.split("/")[:i]) for f in named for i in range(1, f.path.count("/") + 1)
-    }
+    folders = {folder for f in named for folder in _folders(f.path)}
     clear = []
     for entry in named:
         if entry.path in folders:
@@ -338,6 +369,19 @@ def _amount(size: int) -> str:
     return f"{size} bytes"
 
 
+@dataclass(frozen=True)
+class Base:
+    """The stored home a session's files stand on, for its next sync to compare with.
+
+    ``manifest_sha256``: the manifest the session restored from or last wrote (None: no
+    home was stored); ``complete``: whether the session holds every file of it (False
+    after a failed restore or a merge: its next sync must keep the stored files).
+    """
+
+    manifest_sha256: str | None
+    complete: bool = True
+
+
 # -- results ------------------------------------------------------------------------------
 
 
@@ -352,6 +396,11 @@ class RestoreResult:
     bytes: int = 0
     manifest_sha256: str | None = None
     error: str | None = None
+
+    @property
+    def base(self) -> Base:
+        """What this session's first sync compares with (``sync``'s ``base``)."""
+        return Base(self.manifest_sha256, complete=self.error is None)
 
     @property
     def message(self) -> str:
@@ -376,7 +425,10 @@ class SyncResult:
     they were read; ``skipped``: what is never synced (links, FIFOs, sockets, devices,
     bad names, too deep, not the session's own file); ``deleted``: blobs removed;
     ``manifest_written``: whether the home now is this sync's (False: the previous
-    manifest stands, untouched); ``error``: why it is not.
+    manifest stands, untouched); ``merged``: the stored files the session did not have
+    were kept (see ``sync``); ``base``: what the session's next sync compares with (None
+    when nothing was written: the previous one still holds); ``error``: why the home was
+    not written.
     """
 
     stored: tuple[str, ...] = ()
@@ -387,6 +439,8 @@ class SyncResult:
     skipped: Skipped = ()
     deleted: int = 0
     manifest_written: bool = False
+    merged: bool = False
+    base: Base | None = None
     error: str | None = None
 
     @property
@@ -398,6 +452,8 @@ class SyncResult:
             f"home synced: {self.files} files ({_amount(self.bytes)}), "
             f"{len(self.stored)} uploaded, {self.unchanged} unchanged"
         )
+        if self.merged:
+            said += "; merged with the stored home (kept the files this session did not have)"
         if self.left_out:
             said += f"; {len(self.left_out)} left out: " + _some(self.left_out)
         if self.skipped:
@@ -468,6 +524,7 @@ def restore(
     are in the result, never raised: the session then starts with what came back.
     """
     home = _Home(store, prefix)
+    _check_quota(quota_bytes)
     try:
         raw = _read_manifest(home, limits)
     except FileNotFoundError:
@@ -507,7 +564,7 @@ def _read_manifest(home: _Home, limits: HomeLimits) -> bytes:
     stream, size = home.open_sized(MANIFEST)
     with stream:
         if size > limits.max_manifest_bytes:
-            raise ValueError(f"{size} bytes, more than the {limits.max_manifest_bytes} allowed")
+            raise ManifestError(f"{size} bytes, more than the {limits.max_manifest_bytes} allowed")
         return b"".join(at_most(stream, size))
 
 
@@ -528,7 +585,7 @@ def _write_checked(
     """Write ``entry`` as ``name`` in ``parent`` from ``stream`` through a temporary file
     owned by ``owner`` from its creation; renamed into place only if its size and sha256
     are the manifest's (else removed, and why returned)."""
-    temporary = f".{name[:200]}.{uuid.uuid4().hex}.part"
+    temporary = f".home-{uuid.uuid4().hex}.part"  # not from the name: a long one would not fit
     descriptor = os.open(temporary, _CREATE_FLAGS, 0o600, dir_fd=parent)
     try:
         digest = hashlib.sha256()
@@ -631,19 +688,29 @@ def sync(
     owner: Owner = None,
     limits: HomeLimits = DEFAULT_LIMITS,
     clock: Clock = SYSTEM_CLOCK,
+    base: Base | None = None,
 ) -> SyncResult:
     """Store the files of ``src`` (the session's home: the tenant's, hostile) as the home at
     ``prefix``, within ``quota_bytes`` and ``limits``; see the module docstring.
 
     ``owner``: the session program's (uid, gid): a file another uid owns is skipped.
-    Store errors before the manifest is written are in the result (the stored home
-    unchanged); other exceptions propagate, with the same guarantee.
+    ``base``: the session's ``RestoreResult.base``, then each ``SyncResult.base`` (a
+    sync every few minutes, then the last at stop).  When the session lacks stored
+    files (its restore failed) or another session has synced the home since (the
+    stored manifest is not its base's), the stored files it does not have are kept
+    (``merge``): its files alone would drop them.  None: the session's files replace
+    the stored home.  ``src``'s parent is the agent's (its path is
+    taken as given); ``src`` itself is never reached through a link.  Store errors
+    before the manifest is written are in the result (the stored home unchanged);
+    other exceptions propagate, with the same guarantee.
     """
     home = _Home(store, prefix)
+    _check_quota(quota_bytes)
     try:
-        old = _stored_manifest(home, limits)
+        old, current = _stored_manifest(home, limits)
     except (OSError, ValueError) as exc:
         return SyncResult(error=f"the stored manifest could not be read: {exc}")
+    merge = base is not None and (not base.complete or base.manifest_sha256 != current)
     work = _Walk(limits, owner[0] if owner is not None else None)
     try:
         with beneath.directory(str(src.parent)) as parent:
@@ -654,19 +721,35 @@ def sync(
         _walk(top, "", 0, work)
         candidates = [HomeFile(path, size, "") for path, size in work.found]
         hashed, left_early = _hash_fitting(top, candidates, quota_bytes, work)
-        plan = plan_sync(old, hashed, quota_bytes, limits.max_files)
-        return _carry_out(home, top, old, plan, (*left_early, *plan.left_out), work, clock)
+        plan = plan_sync(old, hashed, quota_bytes, limits.max_files, merge=merge)
+        done = _carry_out(home, top, plan, (*left_early, *plan.left_out), work, clock)
     finally:
         os.close(top)
+    if done.base is None:
+        return done
+    merged = merge and old is not None
+    return replace(done, merged=merged, base=replace(done.base, complete=not merge))
 
 
-def _stored_manifest(home: _Home, limits: HomeLimits) -> Manifest | None:
-    """The home's manifest; None if there is none or it is damaged (its blobs then go
-    at the sweep: a damaged manifest restores nothing anyway)."""
+def _stored_manifest(home: _Home, limits: HomeLimits) -> tuple[Manifest | None, str | None]:
+    """The home's manifest and its sha256; (None, None) if there is none, or (None, its
+    sha256) if it is damaged (its blobs then go at the sweep: it restores nothing anyway)."""
     try:
-        return parse_manifest(_read_manifest(home, limits))
-    except (FileNotFoundError, ManifestError):
-        return None
+        raw = _read_manifest(home, limits)
+    except FileNotFoundError:
+        return None, None
+    except ManifestError:  # too large to read: damaged as far as any restore goes
+        return None, None
+    digest = hashlib.sha256(raw).hexdigest()
+    try:
+        return parse_manifest(raw), digest
+    except ManifestError:
+        return None, digest
+
+
+def _check_quota(quota_bytes: int) -> None:
+    if isinstance(quota_bytes, bool) or not isinstance(quota_bytes, int) or quota_bytes < 0:
+        raise ValueError(f"a home's quota is a whole number of bytes >= 0, not {quota_bytes!r}")
 
 
 def _walk(directory: int, prefix: str, depth: int, work: _Walk) -> None:
@@ -745,12 +828,16 @@ def _hash_fitting(
     """The candidates that fit (by their listed sizes) hashed, each through a fresh
     no-follow open, read no further than its opened size; those that cannot fit are
     left out unread (a huge file costs no reading)."""
-    kept, left = fit(candidates, quota, work.limits.max_files)
+    kept, fitting_left = fit(candidates, quota, work.limits.max_files)
+    left = list(fitting_left)
     hashed = []
     for candidate in kept:
         try:
             source, info = _open_file(top, candidate.path, work.uid)
             with source:
+                if info.st_size > quota:  # grew since it was listed: never read past the quota
+                    left.append((candidate.path, f"over the home's quota of {_amount(quota)}"))
+                    continue
                 digest = hashlib.sha256()
                 for chunk in at_most(source, info.st_size):
                     digest.update(chunk)
@@ -760,7 +847,7 @@ def _hash_fitting(
             continue
         executable = bool(info.st_mode & stat.S_IXUSR)
         hashed.append(HomeFile(candidate.path, size, digest.hexdigest(), executable))
-    return hashed, left
+    return hashed, tuple(left)
 
 
 def _open_file(top: int, path: str, uid: int | None) -> tuple[IO[bytes], os.stat_result]:
@@ -780,7 +867,6 @@ def _open_file(top: int, path: str, uid: int | None) -> tuple[IO[bytes], os.stat
 def _carry_out(
     home: _Home,
     top: int,
-    old: Manifest | None,
     plan: Plan,
     left_out: Skipped,
     work: _Walk,
@@ -802,7 +888,8 @@ def _carry_out(
             dropped = [f for f in manifest.files if f.sha256 == upload.sha256]
             left += [(f.path, why) for f in dropped]
             manifest = replace(manifest, files=tuple(f for f in manifest.files if f not in dropped))
-        home.put_bytes(MANIFEST, manifest_bytes(manifest))
+        written = manifest_bytes(manifest)
+        home.put_bytes(MANIFEST, written)
     except (OSError, ValueError) as exc:
         with suppress(OSError, ValueError):  # its uploads go at a later sweep, not stale_s later
             home.delete(pending)
@@ -822,6 +909,7 @@ def _carry_out(
         skipped=tuple(work.skipped),
         deleted=deleted,
         manifest_written=True,
+        base=Base(hashlib.sha256(written).hexdigest()),
     )
 
 

@@ -10,6 +10,7 @@ import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -456,3 +457,96 @@ def test_a_sync_keeps_the_blobs_of_another_live_sync(store: ArtifactStore, home:
     clock.advance(HomeLimits().stale_s + 1)
     sync(store, PREFIX, home, MiB, clock=clock)
     assert blobs(store) == {sha(b"a")}
+
+
+def test_merge_keeps_stored_files_no_local_file_replaces() -> None:
+    old = Manifest((f("a", 1, "old a"), f("b", 1), f("c/d", 1), f("e/f", 1), f("g", 1)))
+    local = [f("a", 2, "new a"), f("c", 3), f("e/f/h", 1), f("z", 1)]
+    plan = plan_sync(old, local, quota=100, max_files=10, merge=True)
+    # a: the local one; c/d: its folder is a local file now; e/f: a local folder now
+    assert [m.path for m in plan.manifest.files] == ["a", "b", "c", "e/f/h", "g", "z"]
+    assert plan.manifest.files[0].sha256 == sha(b"new a")
+    assert plan.unused == {sha(b"old a"), sha(b"c/d"), sha(b"e/f")}
+    assert [m.path for m in plan_sync(old, local, 100, 10).manifest.files] == [
+        "a",
+        "c",
+        "e/f/h",
+        "z",
+    ]
+
+
+class Unreadable(ArtifactStore):
+    """The real store whose manifest cannot be read (a store outage at the session's start)."""
+
+    def open_sized(self, rel: str) -> tuple[IO[bytes], int]:
+        if rel.endswith(MANIFEST):
+            raise OSError("the store is away")
+        return super().open_sized(rel)
+
+
+def test_a_session_whose_restore_failed_does_not_drop_the_stored_home(
+    store: ArtifactStore, home: Path, tmp_path: Path
+) -> None:
+    write(home, {"kept.ipynb": b"months of work", "old.txt": b"old"})
+    sync(store, PREFIX, home, MiB)
+    failed = restore(Unreadable(store.url), PREFIX, tmp_path / "session", MiB)
+    assert failed.error is not None and "not restored" in failed.message
+    assert failed.base.complete is False
+    write(tmp_path / "session", {"new.ipynb": b"today", "old.txt": b"rewritten"})
+    result = sync(store, PREFIX, tmp_path / "session", MiB, base=failed.base)
+    assert result.merged and "merged with the stored home" in result.message
+    dest = tmp_path / "next"
+    restore(store, PREFIX, dest, MiB)
+    assert tree(dest) == {"kept.ipynb": b"months of work", "old.txt": b"rewritten",
+                          "new.ipynb": b"today"}  # fmt: skip
+    assert result.base is not None and result.base.complete is False  # and it stays merging
+
+
+def test_one_session_s_syncs_replace_while_another_s_merge(
+    store: ArtifactStore, tmp_path: Path
+) -> None:
+    """Syncs of one session (every few minutes, then at stop) carry its deletions; a
+    second session of the same user that synced meanwhile is not overwritten."""
+    write(tmp_path / "seed", {"a.txt": b"a", "b.txt": b"b"})
+    sync(store, PREFIX, tmp_path / "seed", MiB)
+    one, two = tmp_path / "one", tmp_path / "two"
+    base_one = restore(store, PREFIX, one, MiB).base
+    base_two = restore(store, PREFIX, two, MiB).base
+    (one / "a.txt").unlink()
+    first = sync(store, PREFIX, one, MiB, base=base_one)
+    assert not first.merged and [m.path for m in stored_manifest(store).files] == ["b.txt"]
+    assert first.base is not None
+    (one / "b.txt").unlink()
+    write(one, {"c.txt": b"c"})
+    second = sync(store, PREFIX, one, MiB, base=first.base)
+    assert not second.merged and [m.path for m in stored_manifest(store).files] == ["c.txt"]
+
+    write(two, {"d.txt": b"d"})
+    other = sync(store, PREFIX, two, MiB, base=base_two)  # session one synced since
+    assert other.merged
+    assert [m.path for m in stored_manifest(store).files] == ["a.txt", "b.txt", "c.txt", "d.txt"]
+
+
+def test_a_home_that_is_a_link_is_not_synced(
+    store: ArtifactStore, home: Path, tmp_path: Path, secret: Path
+) -> None:
+    write(home, {"a.txt": b"a"})
+    sync(store, PREFIX, home, MiB)
+    before = store.open_read(PREFIX + MANIFEST).read()
+    linked = tmp_path / "scratch" / "linked"
+    linked.symlink_to(secret.parent)
+    result = sync(store, PREFIX, linked, MiB)
+    assert not result.manifest_written and "could not be opened" in result.message
+    assert store.open_read(PREFIX + MANIFEST).read() == before
+
+
+@pytest.mark.parametrize("quota", [-1, 1.5, True])
+def test_a_bad_quota_is_refused_and_changes_nothing(
+    store: ArtifactStore, home: Path, tmp_path: Path, quota: object
+) -> None:
+    write(home, {"a.txt": b"a"})
+    with pytest.raises(ValueError, match="quota"):
+        sync(store, PREFIX, home, quota)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="quota"):
+        restore(store, PREFIX, tmp_path / "dest", quota)  # type: ignore[arg-type]
+    assert store.list() == [] and not (tmp_path / "dest").exists()
