@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from inventory.hardware import NOT_REPORTED, gpu_health_rows, unhealthy_gpus
+from inventory.hardware import NOT_REPORTED, gpu_health_rows
 from inventory.models import Gpu, PendingServer, Server
-from inventory.registration import health_limits
+from inventory.registration import health_word
 from inventory.server_types import pool_of
 from inventory.services import plain_time, suspect_in_effect
 
@@ -32,13 +32,6 @@ SERVER_FIELDS = (
     "last_heartbeat",
     "agent_info",
 )
-
-
-def health_word(hardware: Any) -> str:
-    """A server's health in a word: ``ok``, ``unhealthy`` or ``not reported``."""
-    if not isinstance(hardware, dict) or hardware.get("health") != "nvml":
-        return NOT_REPORTED
-    return "unhealthy" if unhealthy_gpus(hardware, health_limits()) else "ok"
 
 
 def server_rows() -> list[dict[str, Any]]:
@@ -71,10 +64,22 @@ def server_rows() -> list[dict[str, Any]]:
     return rows
 
 
+def forgotten_note(forgotten_at: str | None, forgotten_by: str) -> str:
+    """What a pending row says of a forget before: "" for a node never forgotten."""
+    if forgotten_at is None:
+        return ""
+    who = f" by {forgotten_by}" if forgotten_by else ""
+    return f"forgotten{who} at {forgotten_at[:19].replace('T', ' ')} UTC; reported again since"
+
+
 def pending_rows() -> list[dict[str, Any]]:
-    """Servers waiting for an admin to accept them, with what they reported."""
+    """Servers waiting for an admin to accept them, with what they reported.
+
+    A forgotten one that stayed silent is not listed; one that reported again is,
+    with ``forgotten_at``/``forgotten_by`` and a ``note`` saying so.
+    """
     out = []
-    for row in PendingServer.objects.order_by("node"):
+    for row in PendingServer.listed().order_by("node"):
         hardware = row.hardware if isinstance(row.hardware, dict) else {}
         gpus = hardware.get("gpus") or []
         models = sorted({str(g.get("model", "")) for g in gpus if isinstance(g, dict)} - {""})
@@ -89,6 +94,9 @@ def pending_rows() -> list[dict[str, Any]]:
                 "memory_mib": hardware.get("memory_mib", 0),
                 "first_seen": plain_time(row.first_seen),
                 "last_seen": plain_time(row.last_seen),
+                "forgotten_at": plain_time(row.forgotten_at),
+                "forgotten_by": row.forgotten_by,
+                "note": forgotten_note(plain_time(row.forgotten_at), row.forgotten_by),
             }
         )
     return out

@@ -129,16 +129,37 @@ class PendingServer(models.Model):
 
     It has no position and no GPU rows, so nothing is ever scheduled on it: an
     admin accepts it onto a leaf (``inventory.registration.do_accept_server``),
-    which makes it a ``Server``.  ``hardware`` is its latest hardware report.
+    which makes it a ``Server``, or forgets it (``do_forget_pending_server``).
+    ``hardware`` is its latest hardware report.
+
+    A forgotten row is kept, hidden, with when and by whom: an agent that is
+    still running reports again, and its row comes back saying it was forgotten
+    (``listed`` is the rule); one that stays silent stays hidden.
     """
 
     node = models.CharField(max_length=64, unique=True)
     hardware = models.JSONField(default=dict, blank=True)
     first_seen = models.DateTimeField()
     last_seen = models.DateTimeField()
+    forgotten_at = models.DateTimeField(
+        null=True, blank=True, help_text="When an admin last forgot it (hidden until it reports)."
+    )
+    forgotten_by = models.CharField(max_length=150, blank=True, default="")
 
     class Meta:
         ordering = ["node"]
 
     def __str__(self) -> str:
         return f"{self.node} (pending)"
+
+    @property
+    def hidden(self) -> bool:
+        """Forgotten and silent since: not listed, not to be accepted or forgotten again."""
+        return self.forgotten_at is not None and self.last_seen <= self.forgotten_at
+
+    @classmethod
+    def listed(cls) -> models.QuerySet[PendingServer]:
+        """The rows an admin sees: never forgotten, or reported again since forgotten."""
+        return cls.objects.filter(
+            models.Q(forgotten_at__isnull=True) | models.Q(last_seen__gt=models.F("forgotten_at"))
+        )

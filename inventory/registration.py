@@ -36,6 +36,7 @@ from audit import services as audit
 from inventory import services
 from inventory.hardware import (
     DIFFERS_PREFIX,
+    NOT_REPORTED,
     HealthLimits,
     ServerFacts,
     differences,
@@ -82,13 +83,27 @@ def do_heartbeat(*, node: str, info: Mapping[str, Any], at: datetime | None = No
     (or stays) pending.  Returns whether the node is known.
     """
     now = at or timezone.now()
+    before = Server.objects.filter(node=node).values_list("agent_info__hardware", flat=True)
+    previous = before.first()
     known = services.do_heartbeat(node=node, info=info, at=now)
     hardware = info.get("hardware")
     if known:
         check_reported_hardware(node=node, hardware=hardware, at=now)
+        word = health_word(hardware)
+        if word != health_word(previous):  # the views' health column follows, live
+            broadcast_on_commit(
+                (CLUSTER_GROUP,), {"type": "server.health", "node": node, "health": word}
+            )
     else:
         do_record_pending(node=node, hardware=hardware, at=now)
     return known
+
+
+def health_word(hardware: Any) -> str:
+    """A server's health in a word: ``ok``, ``unhealthy`` or ``not reported`` (no NVML)."""
+    if not isinstance(hardware, Mapping) or hardware.get("health") != "nvml":
+        return NOT_REPORTED
+    return "unhealthy" if unhealthy_gpus(hardware, health_limits()) else "ok"
 
 
 def server_facts(server: Server) -> ServerFacts:
@@ -146,12 +161,14 @@ def _mark_unhealthy(server: Server, hardware: Mapping[str, Any], at: datetime) -
 def do_record_pending(*, node: str, hardware: Any, at: datetime) -> PendingServer | None:
     """Remember an unknown node that reported itself, for an admin to accept (or not).
 
-    None when the table is full (``MAX_PENDING_SERVERS``): the report is dropped.
+    A forgotten node's row that was hidden comes back (its row says it was
+    forgotten).  None when the table is full (``MAX_PENDING_SERVERS``) even after
+    dropping the longest-forgotten hidden row: the report is dropped.
     """
     row = PendingServer.objects.select_for_update().filter(node=node).first()
     kept = dict(hardware) if isinstance(hardware, Mapping) else {}
     if row is None:
-        if PendingServer.objects.count() >= MAX_PENDING_SERVERS:
+        if PendingServer.objects.count() >= MAX_PENDING_SERVERS and not _drop_one_hidden():
             log.warning("pending servers are full: %s not recorded", node)
             return None
         try:
@@ -164,9 +181,81 @@ def do_record_pending(*, node: str, hardware: Any, at: datetime) -> PendingServe
         else:
             broadcast_on_commit((CLUSTER_GROUP,), {"type": "topology.changed"})
             return row
-    row.hardware, row.last_seen = kept, at
+    back = row.hidden and at > (row.forgotten_at or at)
+    row.hardware, row.last_seen = kept, max(at, row.last_seen)
     row.save(update_fields=["hardware", "last_seen"])
+    if back:  # a forgotten node reports again: its row reappears, saying so
+        log.info("forgotten server %s reported again: pending again", node)
+        broadcast_on_commit((CLUSTER_GROUP,), {"type": "topology.changed"})
     return row
+
+
+def _drop_one_hidden() -> bool:
+    """Make room: delete the longest-forgotten row that stayed silent; False if none."""
+    hidden = PendingServer.objects.exclude(pk__in=PendingServer.listed().values("pk"))
+    oldest = hidden.order_by("forgotten_at", "pk").first()
+    if oldest is None:
+        return False
+    oldest.delete()
+    return True
+
+
+def listed_pending(pending: Any) -> PendingServer:
+    """The listed pending server ``pending`` (by id), locked; ``InventoryError`` if none.
+
+    A hidden (forgotten, silent) row is as missing as one that never was.
+    """
+    if isinstance(pending, bool) or not isinstance(pending, int):
+        raise services.InventoryError("a pending server is named by its integer id", "pending")
+    row = PendingServer.listed().select_for_update().filter(pk=pending).first()
+    if row is None:
+        raise services.InventoryError(f"no pending server {pending}", "pending")
+    return row
+
+
+PENDING_AUDIT_FIELDS = ("node", "first_seen", "last_seen", "forgotten_at", "forgotten_by")
+
+
+def _actor_name(user: Any) -> str:
+    name = getattr(user, "get_username", None)
+    return str(name() if callable(name) else "")[:150]
+
+
+@transaction.atomic
+def do_forget_pending_server(*, pending: Any, user: Any = None, at: datetime | None = None) -> None:
+    """An admin forgets a pending server: it leaves the list, nothing is scheduled on it.
+
+    Refused (``InventoryError``, nothing changes) for an id that is not listed.
+    The row is kept hidden: the node's next report brings it back, marked as
+    forgotten before (an agent still running cannot be forgotten for good from
+    here; stop it on its machine).  Audited as ``server.forget``.
+    """
+    row = listed_pending(pending)
+    before = audit.snapshot(row, PENDING_AUDIT_FIELDS)
+    row.forgotten_at = max(at or timezone.now(), row.last_seen)
+    row.forgotten_by = _actor_name(user)
+    row.save(update_fields=["forgotten_at", "forgotten_by"])
+    audit.record(
+        "server.forget",
+        obj=row,
+        user=user,
+        before=before,
+        after=audit.snapshot(row, PENDING_AUDIT_FIELDS),
+    )
+    broadcast_on_commit((CLUSTER_GROUP,), {"type": "topology.changed"})
+
+
+def count_refusal(node: str, reported: int, per_server: int) -> str:
+    """Why a server of another GPU count cannot join: the fabric holds one count per server.
+
+    The vClos fabric (``fabric.topology.FabricSpec``) numbers GPUs by leaf, slot
+    and a single ``gpus_per_server``; servers of different sizes in one fabric
+    are not supported (docs/fabric.md, "Limits of typed servers").
+    """
+    return (
+        f"{node} reports {reported} GPUs but every server of this fabric has {per_server} "
+        f"(gpus_per_server): one fabric holds servers of one GPU count only"
+    )
 
 
 def _free_slot(leaf: int, servers_per_leaf: int) -> int:
@@ -213,9 +302,7 @@ def do_accept_server(
     whose GPU count is not the fabric's per-server count.  Audited as
     ``server.accept``.
     """
-    row = PendingServer.objects.select_for_update().filter(pk=pending).first()
-    if row is None:
-        raise services.InventoryError(f"no pending server {pending}", "pending")
+    row = listed_pending(pending)
     spec = services.current_spec()
     if spec is None:
         raise services.InventoryError("load a topology before accepting servers", "leaf")
@@ -226,9 +313,7 @@ def do_accept_server(
     gpus = reported_gpus(row.hardware)
     if gpus is not None and len(gpus) != spec.gpus_per_server:
         raise services.InventoryError(
-            f"{row.node} reports {len(gpus)} GPUs: this fabric's servers have "
-            f"{spec.gpus_per_server}",
-            "pending",
+            count_refusal(row.node, len(gpus), spec.gpus_per_server), "pending"
         )
     kind = accepted_type(row.hardware, gpu_type, labels)
     uuids = tuple(str(g.get("uuid", "")) for g in gpus or ())

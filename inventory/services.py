@@ -402,7 +402,8 @@ def do_set_server_state(
             after=audit.snapshot(server, ("state", "state_reason")),
         )
         broadcast_on_commit(
-            (CLUSTER_GROUP,), {"type": "server.state", "node": node, "state": state}
+            (CLUSTER_GROUP,),
+            {"type": "server.state", "node": node, "state": state, "reason": server.state_reason},
         )
     return server
 
@@ -603,7 +604,10 @@ def do_heartbeat(*, node: str, info: Mapping[str, Any], at: datetime | None = No
         server.state = ServerState.UP
         server.state_reason = "heartbeats resumed"
         fields += ["state", "state_reason"]
-        broadcast_on_commit((CLUSTER_GROUP,), {"type": "server.state", "node": node, "state": "up"})
+        broadcast_on_commit(
+            (CLUSTER_GROUP,),
+            {"type": "server.state", "node": node, "state": "up", "reason": server.state_reason},
+        )
     server.save(update_fields=fields)
     return True
 
@@ -719,7 +723,9 @@ def do_mark_silent_servers_down(
             )
             for node in nodes:
                 broadcast_on_commit(
-                    (CLUSTER_GROUP,), {"type": "server.state", "node": node, "state": "down"}
+                    (CLUSTER_GROUP,),
+                    {"type": "server.state", "node": node, "state": "down"}
+                    | {"reason": MISSED_HEARTBEATS},
                 )
         return nodes
 

@@ -7,18 +7,24 @@ efficiency, the queue length, a server's state: ``jobs.live.patches``), and
 the snapshot carries the ``seq`` it reflects, read before its queries.
 
 Timeline: replayed from the jobs' events and kept between requests
-(``portal.cluster_timeline``).
+(``portal.cluster_timeline``), with the share in use per GPU type.  The
+tables under the charts (types, pools, pending servers, servers' health) are
+drawn from this data too: types and pools follow each job's patch; pending
+servers and health come with the snapshot reloaded on ``topology.changed``,
+``server.health`` and ``gpu.suspect``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils import timezone
 
-from inventory.listing import health_word
+from inventory.listing import pending_rows, server_rows
 from inventory.models import Gpu, Server
+from inventory.registration import health_word
 from inventory.server_types import pool_of
 from inventory.services import current_spec, suspect_gpus
 from jobs.choices import JobState
@@ -39,6 +45,16 @@ def window_start(window: str, now: datetime) -> datetime | None:
     return None if seconds is None else now - timedelta(seconds=seconds)
 
 
+TYPE_PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2", "#9d755d")
+"""Colours of GPU types (servers in the topology drawing and the editor), in type order."""
+
+
+def type_colours(types: Iterable[str]) -> dict[str, str]:
+    """A colour per GPU type: the types sorted, the palette in turn (the same on every page)."""
+    ordered = sorted(set(types))
+    return {t: TYPE_PALETTE[i % len(TYPE_PALETTE)] for i, t in enumerate(ordered)}
+
+
 def types_in_use(gpus: list[tuple[Any, ...]]) -> dict[str, dict[str, int]]:
     """Per GPU type: its GPUs and how many a job holds (the gpus' last two columns)."""
     out: dict[str, dict[str, int]] = {}
@@ -47,6 +63,28 @@ def types_in_use(gpus: list[tuple[Any, ...]]) -> dict[str, dict[str, int]]:
         entry["gpus"] += 1
         entry["allocated"] += row[4] is not None
     return out
+
+
+def pools_in_use(
+    servers: list[dict[str, Any]], gpus: list[tuple[Any, ...]]
+) -> list[dict[str, Any]]:
+    """Per pool (a server's ``pool`` label, "" for none): servers, GPUs, held, GPU types."""
+    pool_at = {(s["leaf"], s["slot"]): s["pool"] for s in servers}
+    out: dict[str, dict[str, Any]] = {}
+    for s in servers:
+        entry = out.setdefault(s["pool"], {"pool": s["pool"], "servers": 0, "types": set()})
+        entry["servers"] += 1
+        entry["types"].add(s["gpu_type"])
+    counts = {pool: [0, 0] for pool in out}
+    for row in gpus:
+        pool = pool_at.get((row[1], row[2]))
+        if pool is not None:
+            counts[pool][0] += 1
+            counts[pool][1] += row[4] is not None
+    return [
+        {**entry, "types": sorted(entry["types"]), "gpus": counts[p][0], "allocated": counts[p][1]}
+        for p, entry in sorted(out.items())
+    ]
 
 
 def cluster_snapshot(window: str = DEFAULT_WINDOW) -> dict[str, Any]:
@@ -64,6 +102,8 @@ def cluster_snapshot(window: str = DEFAULT_WINDOW) -> dict[str, Any]:
         "jct": {**summarize(jcts).as_dict(), "values": jcts},
         # Events name a job's tenant by id; the legend shows its slug.
         "tenants": {str(pk): slug for pk, slug in Tenant.objects.values_list("pk", "slug")},
+        # Servers that reported themselves and wait for an admin (accept or forget).
+        "pending": pending_rows(),
     }
     spec = current_spec()
     if spec is None:
@@ -118,6 +158,7 @@ def cluster_snapshot(window: str = DEFAULT_WINDOW) -> dict[str, Any]:
         )
     }
     total = len(gpus)
+    types = types_in_use(gpus)
     return {
         **base,
         "fabric": {**spec.to_dict(), "gpus_per_leaf": spec.gpus_per_leaf},
@@ -127,7 +168,11 @@ def cluster_snapshot(window: str = DEFAULT_WINDOW) -> dict[str, Any]:
         "jobs": jobs,
         # GPUs in a straggler's cool-down (no new placement lands there): index, until, why.
         "suspect": [mark.as_dict() for mark in suspect_gpus()],
-        "types": types_in_use(gpus),
+        "types": types,
+        "type_colours": type_colours(str(s["gpu_type"]) for s in servers),
+        "pools": pools_in_use(servers, gpus),
+        # Every server's type, pool, state and its GPUs' health as last reported.
+        "server_rows": server_rows(),
         "totals": {
             "gpus": total,
             "allocated": sum(1 for g in gpus if g[4] is not None),
@@ -135,5 +180,7 @@ def cluster_snapshot(window: str = DEFAULT_WINDOW) -> dict[str, Any]:
             "cables_reserved": len(cables),
             "cables": spec.leaves * spec.gpus_per_leaf,
         },
-        "timeline": timeline(base["window"], since, now, total),
+        "timeline": timeline(
+            base["window"], since, now, total, {t: v["gpus"] for t, v in types.items()}
+        ),
     }

@@ -21,9 +21,9 @@ from inventory.forms import (
     ServerForm,
     field_for_message,
 )
-from inventory.listing import health_word, pending_rows, server_rows, utilization_by_type
+from inventory.listing import pending_rows, utilization_by_type
 from inventory.models import Gpu, Server
-from inventory.registration import do_accept_server
+from inventory.registration import do_accept_server, do_forget_pending_server, health_word
 from inventory.services import (
     InventoryError,
     current_spec,
@@ -35,7 +35,7 @@ from inventory.services import (
     export_topology,
     suspect_gpus,
 )
-from portal.cluster_data import DEFAULT_WINDOW, WINDOWS, cluster_snapshot
+from portal.cluster_data import DEFAULT_WINDOW, WINDOWS, cluster_snapshot, type_colours
 from tenancy.authentication import token_or_login_required
 
 
@@ -65,15 +65,17 @@ def cluster(request: HttpRequest) -> HttpResponse:
     """The live cluster view: utilization heatmap, topology, queue and efficiency, JCT."""
     window = request.GET.get("window", DEFAULT_WINDOW)
     busy = set(Gpu.objects.filter(assignment__isnull=False).values_list("index", flat=True))
+    snapshot = cluster_snapshot(window)
     return render(
         request,
         "cluster/view.html",
         {
-            "snapshot": cluster_snapshot(window),
+            "snapshot": snapshot,
             "windows": list(WINDOWS),
             "window": window,
-            "server_rows": server_rows(),
-            "pending": pending_rows(),
+            "server_rows": snapshot.get("server_rows", []),
+            "pending": snapshot["pending"],
+            "pools": snapshot.get("pools", []),
             "by_type": utilization_by_type(busy),
         },
     )
@@ -95,13 +97,54 @@ def with_health(servers: Iterable[Server]) -> list[Server]:
     return out
 
 
+def leaf_map(spec: Any, servers: list[Server], colours: dict[str, str]) -> list[dict[str, Any]]:
+    """The editor's picture: per leaf, its slots in order, each a server (type colour, pool)
+    or None for a free slot."""
+    if spec is None:
+        return []
+    at = {(s.leaf, s.slot): s for s in servers}
+    return [
+        {
+            "leaf": leaf,
+            "slots": [
+                None
+                if (leaf, slot) not in at
+                else {"server": at[(leaf, slot)], "colour": colours[at[(leaf, slot)].gpu_type]}
+                for slot in range(spec.servers_per_leaf)
+            ],
+        }
+        for leaf in range(spec.leaves)
+    ]
+
+
+def legend_rows(servers: list[Server], colours: dict[str, str]) -> dict[str, list[Any]]:
+    """The editor's legend: each GPU type (colour, servers) and each pool (servers)."""
+    types: dict[str, int] = {}
+    pools: dict[str, int] = {}
+    for server in servers:
+        types[server.gpu_type] = types.get(server.gpu_type, 0) + 1
+        pool = str((server.labels or {}).get("pool", ""))
+        pools[pool] = pools.get(pool, 0) + 1
+    return {
+        "types": [(t, colours[t], n) for t, n in sorted(types.items())],
+        "pools": sorted(pools.items()),
+    }
+
+
 def _editor(request: HttpRequest, **forms: Any) -> HttpResponse:
+    servers = with_health(Server.objects.all())
+    colours = type_colours(s.gpu_type for s in servers)
+    for server in servers:
+        server.colour = colours[server.gpu_type]  # type: ignore[attr-defined]
+    spec = current_spec()
     context = {
         "generator": forms.get("generator") or GeneratorForm(),
         "importer": forms.get("importer") or ImportForm(),
         "server_form": forms.get("server_form") or ServerForm(),
-        "spec": current_spec(),
-        "servers": with_health(Server.objects.all()),
+        "spec": spec,
+        "servers": servers,
+        "leaf_map": leaf_map(spec, servers, colours),
+        "legend": legend_rows(servers, colours),
         "busy": set(
             Server.objects.filter(gpu_set__assignment__isnull=False).values_list("node", flat=True)
         ),
@@ -159,6 +202,8 @@ def topology(request: HttpRequest) -> HttpResponse:
         return _editor(request, importer=importer)
     if which == "accept":
         return _accept(request, AcceptForm(request.POST))
+    if which == "forget":
+        return _forget(request)
     if which == "server":
         server_form = ServerForm(request.POST)
         if server_form.is_valid():
@@ -189,6 +234,21 @@ def _accept(request: HttpRequest, form: AcceptForm) -> HttpResponse:
             messages.success(request, f"Server {server.node} accepted at leaf {server.leaf}.")
             return redirect("topology")
     return _editor(request, accept_form=form)
+
+
+def _forget(request: HttpRequest) -> HttpResponse:
+    """Forget a pending server (audited); one that is not listed is a 404 that changes nothing."""
+    raw = request.POST.get("pending", "")
+    if not raw.isdigit():
+        raise Http404("no such pending server")
+    try:
+        do_forget_pending_server(pending=int(raw), user=request.user)
+    except InventoryError:
+        raise Http404("no such pending server") from None
+    messages.success(
+        request, "Pending server forgotten: if its agent reports again, it comes back here."
+    )
+    return redirect("topology")
 
 
 @admin_only

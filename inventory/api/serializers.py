@@ -62,6 +62,11 @@ class PendingServerSerializer(serializers.Serializer[object]):
     memory_mib = serializers.IntegerField()
     first_seen = serializers.DateTimeField()
     last_seen = serializers.DateTimeField()
+    forgotten_at = serializers.DateTimeField(
+        allow_null=True, help_text="When an admin forgot it before it reported again (or null)."
+    )
+    forgotten_by = serializers.CharField(allow_blank=True)
+    note = serializers.CharField(allow_blank=True, help_text="Says so when it was forgotten.")
 
 
 class AcceptServerSerializer(serializers.Serializer[object]):

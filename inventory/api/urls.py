@@ -4,6 +4,7 @@ from django.urls import path
 
 from inventory.api.views import (
     AcceptServer,
+    ForgetPendingServer,
     PendingServerList,
     ServerList,
     SuspectGpuList,
@@ -14,6 +15,11 @@ urlpatterns = [
     path("servers/", ServerList.as_view(), name="server-list"),
     path("servers/pending/", PendingServerList.as_view(), name="server-pending-list"),
     path("servers/<int:pending>/accept/", AcceptServer.as_view(), name="server-accept"),
+    path(
+        "servers/pending/<int:pending>/forget/",
+        ForgetPendingServer.as_view(),
+        name="server-pending-forget",
+    ),
     path("gpus/suspect/", SuspectGpuList.as_view(), name="gpu-suspect-list"),
     path("gpus/<int:index>/suspect/", SuspectGpuMark.as_view(), name="gpu-suspect"),
 ]

@@ -6,12 +6,17 @@
     GET    /api/v1/servers/pending/         servers that reported themselves, not accepted
     POST   /api/v1/servers/{id}/accept/     accept pending server id onto {"leaf", "slot"?,
                                             "gpu_type"?, "labels"?} (audited)
+    POST   /api/v1/servers/pending/{id}/forget/
+                                            forget pending server id (204; audited): it
+                                            comes back, saying so, if it reports again
     GET    /api/v1/gpus/suspect/            every GPU whose suspect mark is in effect
     DELETE /api/v1/gpus/{index}/suspect/    clear GPU index's mark (204; audited)
 
 Cluster admins only: anybody else signed in gets a 403, as for the audit log
 (the inventory is the cluster's, no tenant's).  Clearing an unknown GPU is a
-404, one that is not suspect a 409; neither changes anything.
+404, one that is not suspect a 409; neither changes anything.  Accepting or
+forgetting a pending server that is not listed (never was, accepted, or
+forgotten and silent since) is a 404 that changes nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from inventory.api.serializers import (
 )
 from inventory.listing import pending_rows, server_rows
 from inventory.models import Gpu, PendingServer
-from inventory.registration import do_accept_server
+from inventory.registration import do_accept_server, do_forget_pending_server
 from inventory.services import InventoryError, do_clear_gpu_suspect, suspect_gpus
 
 ADMINS_ONLY = "only a cluster admin may read or clear suspect GPUs"
@@ -104,7 +109,7 @@ class AcceptServer(APIView):
     def post(self, request: Request, pending: int) -> Response:
         """Accept (audited as ``server.accept``); a bad field is a 400 that changes nothing."""
         _admins_only(request)
-        if not PendingServer.objects.filter(pk=pending).exists():
+        if not PendingServer.listed().filter(pk=pending).exists():
             raise NotFound()
         body = request.data if isinstance(request.data, Mapping) else {}
         fields = {k: body.get(k) for k in ("leaf", "slot", "gpu_type", "labels")}
@@ -114,3 +119,21 @@ class AcceptServer(APIView):
             raise serializers.ValidationError({exc.field or "pending": [str(exc)]}) from None
         row = next(r for r in server_rows() if r["node"] == server.node)
         return Response(row)
+
+
+class ForgetPendingServer(APIView):
+    """Forget a pending server: it leaves the list (and comes back if its agent reports again)."""
+
+    @extend_schema(
+        request=None,
+        responses={204: None},
+        summary="Forget a pending server; it comes back if it reports again (admins)",
+    )
+    def post(self, request: Request, pending: int) -> Response:
+        """Forget (audited as ``server.forget``); an id not listed is a 404 that changes nothing."""
+        _admins_only(request)
+        try:
+            do_forget_pending_server(pending=pending, user=request.user)
+        except InventoryError:
+            raise NotFound() from None
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,200 @@
+"""What the operator does with pending servers (forget, and see one come back) and what the
+cluster view shows: per-type utilization on the two-type demo cluster, pools, pending
+servers and health in the snapshot the page redraws from, the events that keep it live.
+
+Reports go through the real signed path (``tests.inventory.test_registration.beat``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pytest
+from django.test import Client
+from rest_framework.test import APIClient
+
+from audit.models import AuditEntry
+from control.tick import run_tick
+from inventory import registration
+from inventory.models import PendingServer, Server
+from inventory.registration import do_forget_pending_server
+from inventory.services import InventoryError
+from jobs.models import Job
+from jobs.services import check_job_spec, do_submit_job
+from portal.cluster_data import cluster_snapshot, type_colours
+from portal.demo import two_type_fabric
+from tests.inventory.test_registration import beat, empty_fabric
+from tests.jobs.control_helpers import demo_cluster
+from utilities import realtime
+from workers.tests.fake_nvml import FakeNvml, fake_gpus
+
+pytestmark = pytest.mark.django_db
+
+A100, H100 = "a100-40g", "h100-80g"
+
+
+@pytest.fixture
+def admin(make_user: Callable[..., Any]) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(make_user("root", staff=True))
+    return client
+
+
+def listed(admin: APIClient) -> dict[str, dict[str, Any]]:
+    answer = admin.get("/api/v1/servers/pending/")
+    assert answer.status_code == 200
+    return {row["node"]: row for row in answer.json()}
+
+
+def test_forget_hides_a_pending_server_and_a_report_brings_it_back_saying_so(
+    admin: APIClient,
+) -> None:
+    empty_fabric()
+    nvml = FakeNvml(fake_gpus("stray", 2))
+    beat("stray", nvml)
+    beat("other", FakeNvml(fake_gpus("other", 2)))
+    pending = PendingServer.objects.get(node="stray")
+    assert listed(admin)["stray"]["note"] == ""
+
+    answer = admin.post(f"/api/v1/servers/pending/{pending.pk}/forget/")
+    assert answer.status_code == 204, answer.content
+    assert set(listed(admin)) == {"other"}
+    [entry] = AuditEntry.objects.filter(action="server.forget")
+    assert entry.object_repr == "stray (pending)" and entry.actor_name == "root"
+    assert entry.before["forgotten_at"] is None and entry.after["forgotten_by"] == "root"
+    # Forgotten and silent: as missing as one that never was, for forget and accept alike.
+    assert admin.post(f"/api/v1/servers/pending/{pending.pk}/forget/").status_code == 404
+    accept = admin.post(f"/api/v1/servers/{pending.pk}/accept/", {"leaf": 0}, format="json")
+    assert accept.status_code == 404
+    assert AuditEntry.objects.filter(action="server.forget").count() == 1
+    assert not Server.objects.exists()
+
+    assert beat("stray", nvml) == "unknown node"  # its agent still runs: it comes back
+    back = listed(admin)["stray"]
+    assert back["id"] == pending.pk and back["forgotten_by"] == "root"
+    assert back["note"].startswith("forgotten by root at ") and "reported again" in back["note"]
+    again = admin.post(f"/api/v1/servers/{pending.pk}/accept/", {"leaf": 1}, format="json")
+    assert again.status_code == 200, again.content
+    assert Server.objects.get(node="stray").leaf == 1
+
+
+def test_forgetting_a_missing_id_is_a_404_and_a_non_admin_may_not(
+    admin: APIClient, make_user: Callable[..., Any]
+) -> None:
+    empty_fabric()
+    beat("kept", FakeNvml(fake_gpus("kept", 2)))
+    pending = PendingServer.objects.get()
+    assert admin.post("/api/v1/servers/pending/99999/forget/").status_code == 404
+    someone = APIClient()
+    someone.force_authenticate(make_user("bob"))
+    assert someone.post(f"/api/v1/servers/pending/{pending.pk}/forget/").status_code == 403
+    with pytest.raises(InventoryError, match="integer id"):
+        do_forget_pending_server(pending="1")
+    pending.refresh_from_db()
+    assert pending.forgotten_at is None and set(listed(admin)) == {"kept"}
+    assert not AuditEntry.objects.filter(action="server.forget").exists()
+
+
+def test_the_editor_forgets_and_says_404_for_a_missing_one(make_user: Callable[..., Any]) -> None:
+    empty_fabric()
+    beat("edit-me", FakeNvml(fake_gpus("edit-me", 2)))
+    pending = PendingServer.objects.get()
+    page = Client()
+    page.force_login(make_user("root4", staff=True))
+    html = page.get("/cluster/topology/").content.decode()
+    assert 'id="pending-edit-me"' in html and 'name="form" value="forget"' in html
+    assert page.post("/cluster/topology/", {"form": "forget", "pending": "x"}).status_code == 404
+    assert page.post("/cluster/topology/", {"form": "forget", "pending": "999"}).status_code == 404
+    assert PendingServer.listed().filter(pk=pending.pk).exists()
+    done = page.post("/cluster/topology/", {"form": "forget", "pending": pending.pk})
+    assert done.status_code == 302
+    assert 'id="pending-edit-me"' not in page.get("/cluster/topology/").content.decode()
+    assert AuditEntry.objects.get(action="server.forget").actor_name == "root4"
+
+
+def test_forgotten_silent_rows_make_room_when_the_table_is_full(
+    admin: APIClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(registration, "MAX_PENDING_SERVERS", 2)
+    empty_fabric()
+    beat("p1", None)
+    beat("p2", None)
+    beat("p3", None)  # full: dropped
+    assert set(listed(admin)) == {"p1", "p2"}
+    do_forget_pending_server(pending=PendingServer.objects.get(node="p1").pk)
+    beat("p3", None)  # the forgotten, silent p1 makes room
+    assert set(listed(admin)) == {"p2", "p3"}
+    assert not PendingServer.objects.filter(node="p1").exists()
+
+
+def test_a_server_of_another_gpu_count_is_refused_naming_both_counts(admin: APIClient) -> None:
+    empty_fabric()
+    beat("big", FakeNvml(fake_gpus("big", 8)))
+    pending = PendingServer.objects.get()
+    answer = admin.post(f"/api/v1/servers/{pending.pk}/accept/", {"leaf": 0}, format="json")
+    assert answer.status_code == 400
+    [message] = answer.json()["errors"]["pending"]
+    assert "big reports 8 GPUs but every server of this fabric has 2" in message
+    assert "one GPU count" in message
+    assert not Server.objects.exists() and PendingServer.listed().count() == 1
+
+
+def _submit(user: Any, tenant: Any, **fields: Any) -> Job:
+    data = {"name": "t", "workload": "mlp-digits", "gpus": 2, **fields}
+    return do_submit_job(user=user, tenant=tenant, spec=check_job_spec(tenant=tenant, data=data))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_two_type_cluster_shows_utilization_pools_and_pending_per_type(
+    alice: Any, acme: Any
+) -> None:
+    """Two H100 jobs on the two-type demo cluster: H100s 100 % in use, A100s idle, in the
+    table's data and in the per-type timeline; pools and pending servers come with it."""
+    demo_cluster(two_type_fabric())  # type: ignore[arg-type]
+    acme.gpu_quota, acme.profile_jobs = 16, False
+    acme.save()
+    jobs = [_submit(alice, acme, gpus=2, max_gpus=2, gpu_types=[H100]) for _ in range(2)]
+    run_tick(policy="fifo")
+    for job in jobs:
+        job.refresh_from_db()
+        assert job.state == "running" and job.ran_on_type == H100
+    beat("newcomer", FakeNvml(fake_gpus("newcomer", 2)))
+
+    snap = cluster_snapshot("1h")
+    assert snap["types"] == {A100: {"gpus": 4, "allocated": 0}, H100: {"gpus": 4, "allocated": 4}}
+    series = snap["timeline"]["utilization_by_type"]
+    assert set(series) == {A100, H100}
+    assert series[H100][-1] == 1.0 and series[A100][-1] == 0.0
+    assert series[H100][0] == 0.0  # the window opened before the jobs started
+    pools = {p["pool"]: p for p in snap["pools"]}
+    assert pools["train"]["types"] == [A100, H100] and pools["train"]["gpus"] == 4
+    assert pools["train"]["allocated"] + pools["interactive"]["allocated"] == 4
+    assert [p["node"] for p in snap["pending"]] == ["newcomer"]
+    assert {r["node"]: r["gpu_type"] for r in snap["server_rows"]}["h100-0"] == H100
+    assert snap["type_colours"] == type_colours([A100, H100])
+    assert snap["type_colours"][A100] != snap["type_colours"][H100]
+
+
+def test_a_change_of_health_word_is_broadcast_and_a_steady_one_is_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sent: list[dict[str, Any]] = []
+    real = realtime.broadcast_on_commit
+
+    def recording(groups: Iterable[str], payload: dict[str, Any], **kw: Any) -> None:
+        sent.append(payload)
+        real(groups, payload, **kw)
+
+    monkeypatch.setattr(registration, "broadcast_on_commit", recording)
+    node = demo_cluster({"leaves": 2, "spines": 2, "servers_per_leaf": 2, "gpus_per_server": 2})[0]
+    nvml = FakeNvml(fake_gpus(node, 2))
+    beat(node, nvml)  # not reported -> ok
+    beat(node, nvml)  # ok -> ok: nothing
+    nvml.gpus[0].temperature_c = 99
+    beat(node, nvml)  # ok -> unhealthy
+    health = [p for p in sent if p["type"] == "server.health"]
+    assert health == [
+        {"type": "server.health", "node": node, "health": "ok"},
+        {"type": "server.health", "node": node, "health": "unhealthy"},
+    ]
