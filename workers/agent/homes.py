@@ -23,9 +23,15 @@ current manifest names::
 A crash (or a store error) anywhere before the manifest is written leaves the
 previous manifest and all its blobs as they were: nothing is lost, and the
 orphaned uploads go at the next sync's sweep (once their pending record is
-older than ``HomeLimits.stale_s``).  Two sessions of one user in one tenant
-syncing the same home: the last manifest written wins, and a pending record
-keeps each sync's blobs from the other's sweep.
+older than ``HomeLimits.stale_s``).
+
+A sync replaces the stored home with the session's files, so that deleting a
+file in a session deletes it from the home, unless the session does not hold
+the stored home: its restore failed, or another session of the same user
+synced since (two sessions at once).  Then it merges: the stored files it
+does not replace are kept.  ``Base`` carries what a session stands on from
+its restore to each of its syncs; a pending record keeps each sync's blobs
+from a concurrent sync's sweep.
 
 Trust: ``src`` is the tenant's (HOSTILE) and the agent runs as root.  The
 walk opens every folder and file by descriptor relative to its parent,
@@ -41,6 +47,10 @@ before any byte is written, checks its size and sha256 against the manifest,
 and only then renames it into place (a corrupt blob is skipped, never
 restored); a link planted where a folder belongs is unlinked.  Restored files
 are private (0600, 0700 when executable; folders 0700).
+
+Over the quota (or ``max_files``) the largest files are left out and the
+result names them: many small files (notebooks, settings) outlive one large
+one (a data set).  Only regular files are kept; empty folders are not.
 """
 
 from __future__ import annotations
@@ -598,8 +608,8 @@ def _write_checked(
                 digest.update(chunk)
                 size += len(chunk)
                 out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
+            # No fsync: a node that crashes now loses the session too, and its next start
+            # restores again from the store; each fsync would cost the start a disk flush.
         if size != entry.size or digest.hexdigest() != entry.sha256:
             os.unlink(temporary, dir_fd=parent)
             return (
