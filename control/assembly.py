@@ -74,6 +74,7 @@ class JobRow:
     mem_per_gpu_mib: int = 0  # host memory it needs beside each GPU (0: none asked)
     workload: str = ""  # its model, for its curve on other GPU types ("": a program)
     ran_on_type: str = ""  # the GPU type its measured curve comes from ("": none yet)
+    interactive: bool = False  # a session (``Job.kind``): same-class batch work never preempts it
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,12 +90,17 @@ class TenantRow:
     as read: made pairs here, so rows read any way compare equal)."""
 
     def __post_init__(self) -> None:
-        quota = self.gpu_type_quota
-        if isinstance(quota, str):
-            quota = json.loads(quota)
-        if isinstance(quota, Mapping):
-            quota = tuple(sorted((str(k), int(v)) for k, v in quota.items()))
-        object.__setattr__(self, "gpu_type_quota", tuple(quota or ()))
+        object.__setattr__(self, "gpu_type_quota", type_quota_pairs(self.gpu_type_quota))
+
+
+def type_quota_pairs(quota: Any) -> tuple[tuple[str, int], ...]:
+    """A tenant's quota per GPU type as read (a JSON object, its text, or pairs) as sorted
+    ``(type, GPUs)`` pairs, so that rows read any way compare equal."""
+    if isinstance(quota, str):
+        quota = json.loads(quota)
+    if isinstance(quota, Mapping):
+        quota = tuple(sorted((str(k), int(v)) for k, v in quota.items()))
+    return tuple(quota or ())
 
 
 @dataclass(frozen=True)
@@ -533,6 +539,7 @@ def _view(row: JobRow, slug: str, held: tuple[int, ...], hi: int, inputs: _Input
         ),
         cpus_per_gpu=row.cpus_per_gpu,
         mem_per_gpu_mib=row.mem_per_gpu_mib,
+        interactive=row.interactive,
     )
     if inputs.views is not None:
         inputs.views[job_id] = view

@@ -34,6 +34,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from control.assembly import type_quota_pairs
 from control.policy import live_policy
 from control.state import build_snapshot, label_pairs, read_cluster
 from jobs.agent_commands import runtime_job_name
@@ -157,6 +158,7 @@ def compute_forecast(now: datetime) -> LiveForecast | None:
             "last_service_at",
             "tenant__slug",
             "tenant__gpu_quota",
+            "tenant__gpu_type_quota",
             "sched_weight",
             "gpu_types",
             "node_selector",
@@ -192,7 +194,18 @@ def compute_forecast(now: datetime) -> LiveForecast | None:
         with_work.append(dataclasses.replace(job_view, remaining_work=work))
     snapshot = dataclasses.replace(view.snapshot, jobs=tuple(with_work))  # keeps what else it has
     quota = {row["tenant__slug"]: row["tenant__gpu_quota"] for row in rows.values()}
-    result = forecast(snapshot, live_policy(), quota=quota, waits_for=_named(waits.waits_for, rows))
+    type_quota = {
+        row["tenant__slug"]: per_type
+        for row in rows.values()
+        if (per_type := dict(type_quota_pairs(row["tenant__gpu_type_quota"])))
+    }
+    result = forecast(
+        snapshot,
+        live_policy(),
+        quota=quota,
+        waits_for=_named(waits.waits_for, rows),
+        type_quota=type_quota,
+    )
     unestimated: dict[str, Estimate] = {}
     for job_id, why in waits.left_out.items():  # no estimate, and why not
         name = runtime_job_name(job_id)

@@ -211,7 +211,11 @@ def _snapshot_at(world: _World, now: float) -> Snapshot:
     return dataclasses.replace(
         world.base,
         now=now,
-        cluster=Cluster(gpus=tuple(gpus), server_labels=world.base.cluster.server_labels),
+        cluster=Cluster(
+            gpus=tuple(gpus),
+            server_labels=world.base.cluster.server_labels,
+            server_capacity=world.base.cluster.server_capacity,
+        ),
         jobs=tuple(views),
     )
 
@@ -224,12 +228,14 @@ def forecast_pass(
     policy: Policy,
     quota: Mapping[str, int] | None,
     waits_for: Mapping[str, frozenset[str]] | None = None,
+    type_quota: Mapping[str, Mapping[str, int]] | None = None,
 ) -> ForecastPass:
     """The pass (``scheduler.pipeline``) the forecast runs at each virtual time: the
-    dependency hold-back (``waits_for``), the quota hold-back (``quota`` None: none), the
-    policy placing by count, the quota check and the preemptions within a tenant's quota,
-    binding by count (migrations left out)."""
-    hold_back = DependencyHoldBack(QuotaHoldBack(quota), waits_for or {})
+    dependency hold-back (``waits_for``), the quota hold-back (``quota`` None: none;
+    ``type_quota``: tenant -> GPU type -> GPUs, the live tick's quotas per type beside
+    the totals), the policy placing by count, the quota check and the preemptions
+    within a tenant's quota, binding by count (migrations left out)."""
+    hold_back = DependencyHoldBack(QuotaHoldBack(quota, type_quota), waits_for or {})
     return snapshot_pass(hold_back, PolicyDecide(policy), CountBind())
 
 
@@ -325,6 +331,7 @@ def forecast(
     *,
     quota: Mapping[str, int] | None = None,
     waits_for: Mapping[str, frozenset[str]] | None = None,
+    type_quota: Mapping[str, Mapping[str, int]] | None = None,
     step_s: float = DEFAULT_STEP_S,
     max_step_s: float = DEFAULT_MAX_STEP_S,
     horizon_s: float = DEFAULT_HORIZON_S,
@@ -334,7 +341,10 @@ def forecast(
 
     ``quota`` maps tenant to its GPU quota (None: no quota rule); queued jobs
     of the snapshot are all given, including those the tick holds back now.
-    ``waits_for`` maps a job to the jobs it waits for: held back until they finish.
+    ``type_quota`` maps tenant to its quota per GPU type (``scheduler.quota``: a job
+    capped by its type's quota starts when a job holding that type's quota ends, as
+    on the tick).  ``waits_for`` maps a job to the jobs it waits for: held back until
+    they finish.
     """
     if step_s <= 0 or max_step_s < step_s or horizon_s <= 0 or max_passes < 1:
         raise ValueError("forecast needs 0 < step_s <= max_step_s, horizon_s > 0, max_passes >= 1")
@@ -344,7 +354,7 @@ def forecast(
     step = step_s
     passes = 1
     horizon_reached = False
-    scheduling = forecast_pass(policy, quota, waits_for)
+    scheduling = forecast_pass(policy, quota, waits_for, type_quota)
     decisions = _decide(world, t, scheduling)
     while True:
         changed = _apply(world, decisions, t)
