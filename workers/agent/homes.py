@@ -251,17 +251,21 @@ def plan_sync(
     max_files: int,
     *,
     merge: bool = False,
+    held: frozenset[str] | None = None,
 ) -> Plan:
     """What a sync stores: the local files that fit (``fit``), uploading each content the
     old manifest does not name (once per digest); the old manifest's other digests are
-    unused.  ``merge``: the old manifest's files that no local file replaces (same name,
-    or a name one's folder takes) are candidates too (a session whose restore failed must
-    not drop the stored home; see ``sync``)."""
+    unused.  ``held``: the blobs the store holds (None: every one the old manifest
+    names): content it lost is uploaded again.  ``merge``: the old manifest's files that
+    no local file replaces (same name, or a name one's folder takes) and whose content
+    is held are candidates too (a session whose restore failed must not drop the stored
+    home; see ``sync``)."""
+    named = old.digests if old is not None else frozenset()
+    stored = named if held is None else named & held
     candidates = list(local)
     if merge and old is not None:
-        candidates += _not_shadowed(old.files, local)
+        candidates += [f for f in _not_shadowed(old.files, local) if f.sha256 in stored]
     kept, left_out = fit(candidates, quota, max_files)
-    stored = old.digests if old is not None else frozenset()
     uploads: dict[str, HomeFile] = {}
     for found in kept:
         if found.sha256 not in stored and found.sha256 not in uploads:
@@ -271,7 +275,7 @@ def plan_sync(
         manifest=manifest,
         uploads=tuple(uploads.values()),
         left_out=left_out,
-        unused=stored - manifest.digests,
+        unused=named - manifest.digests,
     )
 
 
@@ -535,13 +539,17 @@ def restore(
     """
     home = _Home(store, prefix)
     _check_quota(quota_bytes)
+    raw: bytes | None = None
+    unread: str | None = None
     try:
         raw = _read_manifest(home, limits)
     except FileNotFoundError:
-        raw = None
+        pass
     except (OSError, ValueError) as exc:
-        return RestoreResult(error=f"the manifest could not be read: {exc}")
+        unread = f"the manifest could not be read: {exc}"
     with _local(dest, owner) as top:
+        if unread is not None:
+            return RestoreResult(error=unread)
         if raw is None:
             return RestoreResult()
         try:
@@ -718,8 +726,9 @@ def sync(
     _check_quota(quota_bytes)
     try:
         old, current = _stored_manifest(home, limits)
+        held = frozenset(blob.removeprefix(f"{BLOBS}/") for blob in home.list(BLOBS))
     except (OSError, ValueError) as exc:
-        return SyncResult(error=f"the stored manifest could not be read: {exc}")
+        return SyncResult(error=f"the stored home could not be read: {exc}")
     merge = base is not None and (not base.complete or base.manifest_sha256 != current)
     work = _Walk(limits, owner[0] if owner is not None else None)
     try:
@@ -731,7 +740,7 @@ def sync(
         _walk(top, "", 0, work)
         candidates = [HomeFile(path, size, "") for path, size in work.found]
         hashed, left_early = _hash_fitting(top, candidates, quota_bytes, work)
-        plan = plan_sync(old, hashed, quota_bytes, limits.max_files, merge=merge)
+        plan = plan_sync(old, hashed, quota_bytes, limits.max_files, merge=merge, held=held)
         done = _carry_out(home, top, plan, (*left_early, *plan.left_out), work, clock)
     finally:
         os.close(top)

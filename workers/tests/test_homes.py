@@ -550,3 +550,23 @@ def test_a_bad_quota_is_refused_and_changes_nothing(
     with pytest.raises(ValueError, match="quota"):
         restore(store, PREFIX, tmp_path / "dest", quota)  # type: ignore[arg-type]
     assert store.list() == [] and not (tmp_path / "dest").exists()
+
+
+def test_content_the_store_lost_is_uploaded_again(
+    store: ArtifactStore, home: Path, tmp_path: Path
+) -> None:
+    write(home, {"a.txt": b"a", "b.txt": b"b"})
+    sync(store, PREFIX, home, MiB)
+    store.delete(f"{PREFIX}{BLOBS}/{sha(b'a')}")
+    again = sync(store, PREFIX, home, MiB)
+    assert again.stored == ("a.txt",) and again.unchanged == 1
+    dest = tmp_path / "dest"
+    assert restore(store, PREFIX, dest, MiB).skipped == ()
+    assert tree(dest) == {"a.txt": b"a", "b.txt": b"b"}
+    plan = plan_sync(Manifest((f("a", 1), f("b", 1))), [], 10, 10, merge=True, held=frozenset())
+    assert plan.manifest.files == ()  # a merge keeps no file whose content is lost
+
+
+def test_a_failed_restore_still_makes_the_home(tmp_path: Path, store: ArtifactStore) -> None:
+    result = restore(Unreadable(store.url), PREFIX, tmp_path / "home", MiB)
+    assert result.error is not None and (tmp_path / "home").is_dir()
