@@ -17,7 +17,10 @@ type::
 What this leaves out, said where it matters: placement is by count (the vClos
 binder's typed binding, :func:`scheduler.binding.bind_typed`, is tested on its own,
 not replayed here); a job that accepts several types is routed once, at arrival (the live pass routes it at each pass until it starts,
-:mod:`scheduler.gpu_types`), and tenants' fair share and quotas are per pool.
+:mod:`scheduler.gpu_types`), and tenants' fair share and quotas are per pool: a tenant's
+quota of one type (``type_quota``, the live tick's per-type quota) bounds it in that
+type's pool, beside its total (``SimConfig.quota``), which bounds each pool on its own
+(:func:`pool_quota`; the live tick bounds the sum over types too).
 """
 
 from __future__ import annotations
@@ -111,18 +114,36 @@ class MixedResult:
         }
 
 
+def pool_quota(
+    total: Mapping[str, int] | None,
+    type_quota: Mapping[str, Mapping[str, int]] | None,
+    gpu_type: str,
+) -> dict[str, int] | None:
+    """Each tenant's quota in the pool of ``gpu_type``: the lesser of its total and its quota
+    of that type, where it has either (None: no tenant has any, no quota rule)."""
+    quota = dict(total or {})
+    for tenant, per_type in (type_quota or {}).items():
+        if gpu_type in per_type:
+            limit = per_type[gpu_type]
+            quota[tenant] = min(quota.get(tenant, limit), limit)
+    return quota if total is not None or quota else None
+
+
 def simulate_mixed(
     trace: Sequence[TraceJob],
     policy_for: Callable[[], Policy],
     cfg: SimConfig,
     pools: Sequence[TypePool],
     job_types: Mapping[str, str],
+    type_quota: Mapping[str, Mapping[str, int]] | None = None,
 ) -> MixedResult:
     """Replay ``trace`` on a cluster of ``pools``, each job on the pool of its type
     (``job_types``; a job of a type no pool has is a ValueError).
 
     ``policy_for``: a callable giving a fresh :class:`Policy` per pool (a core keeps
-    state); ``cfg`` is every pool's but for ``total_gpus`` and ``gpu_speed``.
+    state); ``cfg`` is every pool's but for ``total_gpus``, ``gpu_speed`` and ``quota``:
+    ``type_quota`` (tenant -> GPU type -> GPUs) bounds each tenant in each type's pool
+    beside ``cfg.quota`` (:func:`pool_quota`); None: ``cfg.quota`` in every pool.
     """
     if cfg.placement != "count":  # one fabric per pool is not what a mixed fabric is
         raise ValueError(
@@ -137,5 +158,9 @@ def simulate_mixed(
     for pool in pools:
         jobs = [job for job in trace if job_types[job.id] == pool.name]
         pool_cfg = dataclasses.replace(cfg, total_gpus=pool.gpus, gpu_speed=pool.speed)
+        if type_quota:
+            pool_cfg = dataclasses.replace(
+                pool_cfg, quota=pool_quota(cfg.quota, type_quota, pool.name)
+            )
         by_type[pool.name] = simulate(jobs, policy_for(), pool_cfg)
     return MixedResult(by_type, tuple(pools))
