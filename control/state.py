@@ -16,7 +16,7 @@ from fabric.topology import FabricSpec
 from inventory.models import Fabric, Server, ServerState
 from inventory.services import suspect_in_effect
 from jobs.agent_commands import GpuHome, runtime_job_name
-from jobs.choices import ACTIVE_STATES, JobState
+from jobs.choices import ACTIVE_STATES, JobKind, JobState
 from jobs.models import Job, JobEvent, JobGpu
 from jobs.progress import seconds_left, total_steps
 from scheduler.gpu_types import Labels, split_by_type
@@ -345,6 +345,7 @@ JOB_ROW_FIELDS = (
     "sched_weight",
     "gpu_types",
     "node_selector",
+    "kind",
 )
 TENANT_ROW_FIELDS = ("slug", "gpu_quota", "profile_jobs", "priority_weight", "gpu_type_quota")
 
@@ -372,6 +373,7 @@ def job_row(values: Mapping[str, Any]) -> JobRow:
         weight=values["sched_weight"],
         gpu_types=tuple(values["gpu_types"] or ()),
         selector=label_pairs(values["node_selector"]),
+        interactive=values["kind"] == JobKind.SESSION,
     )
 
 
