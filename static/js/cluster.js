@@ -38,6 +38,133 @@
     }
   }
 
+  const typeColour = (snap, type) => (snap.type_colours || {})[type] || "#8a94a6";
+  const typeSwatch = (snap, type) => el("span", { class: "swatch type-swatch", "data-type": type, style: "background:" + typeColour(snap, type) });
+  const cell = (text, attrs) => el("td", attrs || {}, text);
+
+  /** The key of the server squares' colours: one entry per GPU type, with its servers. */
+  function drawTypeLegend(snap) {
+    const list = document.getElementById("type-legend");
+    if (!list) return;
+    list.replaceChildren();
+    const servers = {};
+    for (const s of snap.servers) servers[s.gpu_type] = (servers[s.gpu_type] || 0) + 1;
+    for (const type of Object.keys(servers).sort()) {
+      const item = el("li", { "data-type": type });
+      item.appendChild(typeSwatch(snap, type));
+      item.appendChild(el("span", {}, "server of type " + type + " (" + servers[type] + ")"));
+      list.appendChild(item);
+    }
+  }
+
+  /** GPUs and GPUs held per type, from the model's GPU rows (index, leaf, slot, local, job, type). */
+  function typeCounts(snap) {
+    const counts = {};
+    for (const row of snap.gpus) {
+      const entry = counts[row[5]] || (counts[row[5]] = { gpus: 0, held: 0 });
+      entry.gpus += 1;
+      if (row[4] !== null) entry.held += 1;
+    }
+    return counts;
+  }
+
+  function drawTypes(snap) {
+    const body = document.getElementById("types-body");
+    if (!body) return;
+    const counts = typeCounts(snap);
+    body.replaceChildren();
+    for (const type of Object.keys(counts).sort()) {
+      const c = counts[type];
+      const row = el("tr", { "data-type": type });
+      const name = el("td");
+      name.appendChild(typeSwatch(snap, type));
+      name.appendChild(document.createTextNode(type));
+      row.append(name, cell(c.gpus), cell(c.held), cell(Math.round(100 * c.held / c.gpus) + "%"));
+      body.appendChild(row);
+    }
+    document.getElementById("types-empty").hidden = Object.keys(counts).length > 0;
+    const byType = (snap.timeline || {}).utilization_by_type || {};
+    const types = Object.keys(byType).sort();
+    if (!types.length) { showEmpty("types-chart", "No GPUs yet."); return; }
+    draw("types-chart", types.map((type) => ({ x: snap.timeline.t, y: byType[type], name: type, type: "scatter", mode: "lines", line: { shape: "hv", color: typeColour(snap, type) }, hovertemplate: type + ": %{y:.0%} in use<extra></extra>" })),
+      { showlegend: true, legend: { orientation: "h", y: 1.18 }, margin: { l: 56, r: 20, t: 10, b: 48 }, xaxis: timeAxis(), yaxis: percentAxis("Share of the type's GPUs in use") });
+  }
+
+  /** Servers by pool label: servers, their types, GPUs and GPUs held now. */
+  function drawPools(snap) {
+    const body = document.getElementById("pools-body");
+    if (!body) return;
+    const pools = {}, poolAt = {};
+    for (const s of snap.servers) {
+      const entry = pools[s.pool] || (pools[s.pool] = { servers: 0, types: new Set(), gpus: 0, held: 0 });
+      entry.servers += 1;
+      entry.types.add(s.gpu_type);
+      poolAt[s.leaf + ":" + s.slot] = s.pool;
+    }
+    for (const row of snap.gpus) {
+      const entry = pools[poolAt[row[1] + ":" + row[2]]];
+      if (!entry) continue;
+      entry.gpus += 1;
+      if (row[4] !== null) entry.held += 1;
+    }
+    body.replaceChildren();
+    for (const pool of Object.keys(pools).sort()) {
+      const p = pools[pool];
+      const row = el("tr", { "data-pool": pool });
+      row.append(cell(pool || "none"), cell(p.servers), cell([...p.types].sort().join(", ")), cell(p.gpus), cell(p.held));
+      body.appendChild(row);
+    }
+    document.getElementById("pools-empty").hidden = Object.keys(pools).length > 0;
+  }
+
+  /** The pending servers, each with the page's Accept and Forget forms (cloned, CSRF token inside). */
+  function drawPending(snap) {
+    const body = document.getElementById("pending-body");
+    const actions = document.getElementById("pending-actions");
+    if (!body || !actions) return;
+    const rows = snap.pending || [];
+    body.replaceChildren();
+    for (const p of rows) {
+      const row = el("tr", { id: "pending-" + p.node, "data-pending": p.id });
+      row.append(cell(p.node), cell(p.gpu_source === "none" ? "not reported" : p.gpus), cell(p.gpu_model), cell(p.last_seen), cell(p.note || "", { class: "pending-note" }));
+      const forms = el("td", { class: "row-actions" });
+      forms.appendChild(actions.content.cloneNode(true));
+      for (const input of forms.querySelectorAll("input[name=pending]")) input.value = p.id;
+      row.appendChild(forms);
+      body.appendChild(row);
+    }
+    document.getElementById("pending-servers").hidden = rows.length === 0;
+  }
+
+  /** One GPU's health as the servers table words it (NVML's figures, or "not reported"). */
+  function gpuHealthText(g) {
+    const h = g.health;
+    const q = (v) => (v === null || v === undefined ? "?" : v);
+    const words = h ? q(h.temperature_c) + " °C, " + q(h.utilization_pct) + "%, " + (h.memory_used_mib == null ? "?" : Math.round(h.memory_used_mib)) + " MiB, ECC " + q(h.ecc_uncorrected) + (h.xid ? ", XID " + h.xid : "") : "not reported";
+    return g.local + ": " + words + (g.suspect ? " (out of service)" : "");
+  }
+
+  function drawServerRows(snap) {
+    const body = document.getElementById("servers-health-body");
+    if (!body) return;
+    const rows = snap.server_rows || [];
+    body.replaceChildren();
+    for (const s of rows) {
+      const row = el("tr", { id: "health-" + s.node, "data-state": s.state, "data-health": s.health });
+      const type = cell(s.gpu_type, { title: s.gpu_model || "model not reported" });
+      const state = cell(s.state);
+      if (s.state_reason) { state.appendChild(document.createTextNode(" ")); state.appendChild(el("small", { class: "help server-reason" }, s.state_reason)); }
+      const gpus = el("td");
+      s.gpus.forEach((g, i) => {
+        if (i) gpus.appendChild(document.createTextNode("; "));
+        gpus.appendChild(el("span", { class: "gpu-health" + (g.suspect ? " suspect" : ""), title: "GPU " + g.index + " " + g.uuid }, gpuHealthText(g)));
+      });
+      row.append(cell(s.node), cell(s.leaf + "/" + s.slot), type, cell(s.pool || "—"), state, cell(s.health), gpus);
+      body.appendChild(row);
+    }
+    document.getElementById("servers-section").hidden = rows.length === 0;
+  }
+
   function drawTopology(snap) {
     const f = snap.fabric;
     const servers = serverState(snap);
@@ -93,7 +220,7 @@
       srv.text.push(labelServers ? s.node : "");
       const kind = (s.gpu_type ? " · " + s.gpu_type : "") + (s.pool ? " · pool " + s.pool : "") + (s.health ? " · health " + s.health : "");
       srv.hover.push(s.node + " · leaf " + s.leaf + " · " + f.gpus_per_server + " GPUs" + kind + " · " + s.state + (s.reason ? ": " + s.reason : ""));
-      srv.color.push(s.state === "up" ? "#8a94a6" : DOWN);
+      srv.color.push(s.state === "up" ? typeColour(snap, s.gpu_type) : DOWN);
       uplinks.x.push(x, leafX(s.leaf), null);
       uplinks.y.push(1.1, 2, null);
     }
@@ -186,6 +313,7 @@
   function apply(snap) {
     document.getElementById("tile-queue").textContent = snap.queue_length;
     drawJct(snap);
+    drawPending(snap);
     const body = document.getElementById("cluster-body");
     const empty = document.getElementById("cluster-empty");
     if (!snap.fabric) { body.hidden = true; if (empty) empty.hidden = false; return; }
@@ -201,6 +329,10 @@
     drawSuspects(snap);
     drawHeatmap(snap);
     drawTimeline(snap);
+    drawTypeLegend(snap);
+    drawTypes(snap);
+    drawPools(snap);
+    drawServerRows(snap);
     window.__clusterSnapshot = snap;
   }
 
@@ -252,18 +384,26 @@
     t.queue.push(current.queue_length);
     t.gpus_in_use.push(used);
     t.efficiency.push(current.totals.gpus ? Math.round(speedups / current.totals.gpus * 10000) / 10000 : null);
+    const byType = t.utilization_by_type || (t.utilization_by_type = {});
+    const counts = typeCounts(current);
+    for (const type of Object.keys(byType)) {
+      const c = counts[type];
+      byType[type].push(c && c.gpus ? Math.round(c.held / c.gpus * 10000) / 10000 : null);
+    }
     const span = WINDOW_SECONDS[current.window];
     const keys = ["t", "queue", "gpus_in_use", "efficiency"];
+    const cutTypes = (from) => { for (const type of Object.keys(byType)) byType[type].splice(0, from); };
     if (span) {
       const start = Date.now() - span * 1000;
       let cut = 0;
       while (cut < t.t.length - 1 && Date.parse(t.t[cut]) < start) cut += 1;
-      if (cut) for (const key of keys) t[key].splice(0, cut);
+      if (cut) { for (const key of keys) t[key].splice(0, cut); cutTypes(cut); }
     }
     if (t.t.length > 2 * TIMELINE_POINTS) {  // thin evenly, keeping the newest point
       const step = t.t.length / TIMELINE_POINTS;
       const keep = new Set([...Array(TIMELINE_POINTS).keys()].map((i) => Math.floor(i * step)).concat([t.t.length - 1]));
       for (const key of keys) t[key] = t[key].filter((_, i) => keep.has(i));
+      for (const type of Object.keys(byType)) byType[type] = byType[type].filter((_, i) => keep.has(i));
     }
   }
 
@@ -290,7 +430,9 @@
     const server = (current.servers || []).find((s) => s.node === event.node);
     if (!server) { resyncSoon(); return; }  // a server this model does not know: reload
     server.state = event.state;
-    if (event.state === "up") server.reason = "";
+    server.reason = typeof event.reason === "string" ? event.reason : event.state === "up" ? "" : server.reason;
+    const row = (current.server_rows || []).find((s) => s.node === event.node);
+    if (row) Object.assign(row, { state: server.state, state_reason: server.reason });
     recount();
   }
 
