@@ -395,6 +395,23 @@ class Base:
     manifest_sha256: str | None
     complete: bool = True
 
+    def encode(self) -> str:
+        """As a short JSON text, for the agent to keep from a session's start to its stop
+        (a worker record, a file of the job's own folder)."""
+        return json.dumps({"manifest_sha256": self.manifest_sha256, "complete": self.complete})
+
+    @classmethod
+    def decode(cls, text: str) -> Base:
+        """The ``Base`` that ``encode`` wrote; ``ValueError`` for anything else."""
+        try:
+            raw = json.loads(text)
+            digest, complete = raw["manifest_sha256"], raw["complete"]
+        except (ValueError, TypeError, KeyError):
+            raise ValueError(f"not a home's base: {text[:100]!r}") from None
+        if (digest is not None and not _is_digest(digest)) or not isinstance(complete, bool):
+            raise ValueError(f"not a home's base: {text[:100]!r}")
+        return cls(digest, complete)
+
 
 # -- results ------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from workers.agent.homes import (
     BLOBS,
     MANIFEST,
     PENDING,
+    Base,
     HomeFile,
     HomeLimits,
     Manifest,
@@ -570,3 +571,12 @@ def test_content_the_store_lost_is_uploaded_again(
 def test_a_failed_restore_still_makes_the_home(tmp_path: Path, store: ArtifactStore) -> None:
     result = restore(Unreadable(store.url), PREFIX, tmp_path / "home", MiB)
     assert result.error is not None and (tmp_path / "home").is_dir()
+
+
+def test_a_base_survives_its_text_and_junk_is_refused() -> None:
+    for base in (Base(None), Base(sha(b"m"), complete=False)):
+        assert Base.decode(base.encode()) == base
+    for junk in ("", "[]", '{"manifest_sha256": "abc", "complete": true}',
+                 '{"manifest_sha256": null, "complete": 1}'):  # fmt: skip
+        with pytest.raises(ValueError, match="not a home's base"):
+            Base.decode(junk)
