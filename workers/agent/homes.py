@@ -792,20 +792,11 @@ def _walk(directory: int, prefix: str, depth: int, work: _Walk) -> None:
     """Add the regular files below ``directory`` to ``work.found`` (path, size), and what
     is skipped to ``work.skipped``; no link is followed, no entry beyond the limits read."""
     limits = work.limits
-    names: list[str] = []
-    with os.scandir(directory) as listing:
-        for entry in listing:
-            if work.entries >= limits.max_entries:
-                work.skipped.append(
-                    (
-                        prefix or ".",
-                        f"the walk stopped after {limits.max_entries} "
-                        "entries: the rest of the folder is not synced",
-                    )
-                )
-                break
-            work.entries += 1
-            names.append(entry.name)
+    try:
+        names = _names(directory, prefix, work)
+    except OSError as exc:  # unreadable to the agent (an agent that is not root)
+        work.skipped.append((prefix or ".", f"not listed: {exc.strerror or exc}"))
+        return
     folders = []
     for name in sorted(names):
         rel = prefix + name
@@ -814,6 +805,9 @@ def _walk(directory: int, prefix: str, depth: int, work: _Walk) -> None:
             info = os.lstat(name, dir_fd=directory)
         except FileNotFoundError:
             continue  # gone since it was listed
+        except OSError as exc:
+            work.skipped.append((rel, f"not looked at: {exc.strerror or exc}"))
+            continue
         kind = _kind(info.st_mode)
         if kind == "file" and why is None:
             if work.uid is not None and info.st_uid != work.uid:
@@ -842,6 +836,25 @@ def _walk(directory: int, prefix: str, depth: int, work: _Walk) -> None:
             _walk(below, rel + "/", depth + 1, work)
         finally:
             os.close(below)
+
+
+def _names(directory: int, prefix: str, work: _Walk) -> list[str]:
+    """The names in ``directory``, no more than the walk's ``max_entries`` allow."""
+    names: list[str] = []
+    with os.scandir(directory) as listing:
+        for entry in listing:
+            if work.entries >= work.limits.max_entries:
+                work.skipped.append(
+                    (
+                        prefix or ".",
+                        f"the walk stopped after "
+                        f"{work.limits.max_entries} entries: the rest is not synced",
+                    )
+                )
+                break
+            work.entries += 1
+            names.append(entry.name)
+    return names
 
 
 def _kind(mode: int) -> str:
