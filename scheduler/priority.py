@@ -11,6 +11,12 @@ first)::
 
 Class numbers grow downwards so that sorting by class puts HIGH first.
 
+Interactive sessions (``JobView.interactive``: a person at the keyboard): batch work of the
+same or a lower class never preempts one, a higher class still may (:func:`may_preempt`).
+The LAS policies keep a session at the top level of its class (:func:`las_level`): its
+attained service never demotes it, and inside its queue a running job is never displaced
+by a pending one, so only a higher class's queues come before it.
+
 Ageing (as Slurm's age factor): strict classes starve the low class on a
 loaded cluster, so a queued job that has waited ``class_ageing_s`` since it
 last ran (or since it was submitted) counts one class higher, at most up to
@@ -56,6 +62,21 @@ def priority_class(priority: int) -> int:
     if priority < LOW_BELOW:
         return LOW
     return NORMAL
+
+
+def may_preempt(taker_class: int, victim_class: int, victim_interactive: bool) -> bool:
+    """Whether a job of ``taker_class`` may take GPUs from a running job of ``victim_class``.
+
+    An interactive victim only yields to a strictly higher class (a smaller number); for a
+    batch victim the policy's own order decides (True here).
+    """
+    return not victim_interactive or taker_class < victim_class
+
+
+def las_level(level: int, interactive: bool) -> int:
+    """The LAS level a job sits at inside its class: the one its service earns, except an
+    interactive job's, which stays at the top (0) however long it runs."""
+    return 0 if interactive else level
 
 
 def aged_class(klass: int, waited: float, ageing: float | None) -> int:

@@ -38,7 +38,9 @@ class JobRecord:
     policy believes another: in a replay of a measured run the policy sees
     only what the job had measured so far (``devtools.measured``).
     ``weight`` (``JobView.weight``, 1.0 by default) ranks its claim on extra
-    GPUs in Elastic-Tiresias' scale-out and reclaim.
+    GPUs in Elastic-Tiresias' scale-out and reclaim.  ``interactive`` (``JobView.interactive``)
+    marks a session: the LAS policies keep it at its class's top level
+    (:func:`scheduler.priority.las_level`), so only a higher class preempts it.
     """
 
     __slots__ = (
@@ -55,6 +57,7 @@ class JobRecord:
         "gain_ref",
         "id",
         "idx",
+        "interactive",
         "klass",
         "last",
         "max_gpus",
@@ -98,8 +101,10 @@ class JobRecord:
         speed: Sequence[float] | None = None,
         klass: int = NORMAL,
         weight: float = 1.0,
+        interactive: bool = False,
     ) -> None:
         self.id = id
+        self.interactive = interactive
         self.idx = idx
         self.submit = submit
         self.requested = requested

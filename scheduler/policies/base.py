@@ -415,6 +415,7 @@ def record_from_view(
         speed=speed,
         klass=priority_class(view.priority),
         weight=view.weight,
+        interactive=view.interactive,
     )
     since = view.queue_since if view.queue_since is not None else view.submit_time
     rec.pending_since = since

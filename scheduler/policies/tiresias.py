@@ -55,7 +55,7 @@ from scheduler.policies.base import (
     fair_order,
     push_all,
 )
-from scheduler.priority import CLASSES
+from scheduler.priority import CLASSES, las_level
 from scheduler.records import JobRecord
 
 #: The Tiresias paper's defaults are not public as numbers in our sources; the
@@ -227,7 +227,10 @@ class TiresiasCore(PolicyCore):
         return job.q_exec
 
     def level_of(self, job: JobRecord) -> int:
-        """The LAS level (inside its class) a job's service puts it in."""
+        """The LAS level (inside its class) a job's service puts it in (an interactive job:
+        always the top, ``scheduler.priority.las_level``)."""
+        if job.interactive:
+            return las_level(0, True)
         s = self.service(job)
         level = 0
         for limit in self.limits:
@@ -264,7 +267,7 @@ class TiresiasCore(PolicyCore):
         """
         stamp = self._bump(job)
         level = job.queue % self.levels
-        if self.compat or level >= len(self.limits):
+        if self.compat or level >= len(self.limits) or job.interactive:
             return None
         limit = self.limits[level]
         if self.by_gpu_time:
@@ -345,6 +348,8 @@ class TiresiasCore(PolicyCore):
                     continue
                 for job in q.running:
                     job.settle(now)
+                    if job.interactive:  # stays at its class's top level (las_level)
+                        continue
                     if self.service(job) >= self.limits[job.queue % levels]:
                         due.append(job)
             due.sort(key=_arrival)
