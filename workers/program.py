@@ -30,7 +30,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Literal
 
-Launcher = Literal["edl", "torchrun"]
+Launcher = Literal["edl", "torchrun", "session"]
+"""``session``: the agent runs JupyterLab as the worker's program and relays it to the portal
+(``workers.agent.lab_launch``); the entrypoint is not run (the portal sends ``lab``)."""
 LAUNCHERS: tuple[str, ...] = typing.get_args(Launcher)
 
 MAX_ENV_VARS = 64
@@ -271,11 +273,13 @@ def env_name_problem(name: str) -> str | None:
 
 
 def check_launcher(launcher: str) -> Launcher:
-    """``edl`` or ``torchrun``."""
+    """``edl``, ``torchrun`` or ``session``."""
     if launcher == "edl":
         return "edl"
     if launcher == "torchrun":
         return "torchrun"
+    if launcher == "session":
+        return "session"
     raise ProgramError("launcher", f"must be one of {', '.join(LAUNCHERS)}, not {launcher!r}")
 
 

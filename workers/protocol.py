@@ -171,6 +171,10 @@ class Program(Record):
     master_port: int = 29500
     master_node: str = ""
     environment: dict[str, Any] = field(default_factory=dict)
+    home_prefix: str = ""
+    """``launcher: session`` only: the store prefix of the user's persistent home
+    (``jobs.sessions.home_prefix``: ``homes/<tenant slug>/<user id>/``), restored into the
+    lab's HOME before it starts and synced back when it stops; empty: no persistent home."""
 
     def validate(self) -> None:
         try:
@@ -193,6 +197,8 @@ class Program(Record):
         check_name(self.master_addr, "program.master_addr")
         if self.master_node:
             check_name(self.master_node, "program.master_node")
+        if self.home_prefix and not HOME_PREFIX.fullmatch(self.home_prefix):
+            raise ProtocolError("program.home_prefix must be homes/<tenant slug>/<user id>/")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,6 +231,9 @@ def _command(cls: type[Any]) -> Any:
 def _report(cls: type[Any]) -> Any:
     _REPORTS[cls.TYPE] = cls
     return cls
+
+
+HOME_PREFIX = re.compile(r"homes/[A-Za-z0-9][A-Za-z0-9_-]{0,99}/[1-9][0-9]{0,17}/")
 
 
 @_command
@@ -972,6 +981,35 @@ class Stopped(JobReport):
     TYPE: ClassVar[str] = "stopped"
 
     command_id: str
+
+
+@_report
+@dataclass(frozen=True, kw_only=True)
+class LabActivity(JobReport):
+    """What a session's Jupyter says of itself (its ``/api/status``, read by the agent's
+    relay every ``workers.lab_protocol.ACTIVITY_EVERY_S``): its last activity (Unix time:
+    a kernel busy, a request served), how many clients are connected, how many kernels run.
+
+    The portal counts the session active at ``last_activity``, or at ``at`` while a client
+    is connected (a connected browser keeps a session from being culled).
+    """
+
+    TYPE: ClassVar[str] = "lab_activity"
+
+    last_activity: float
+    connections: int = 0
+    kernels: int = 0
+
+    def validate(self) -> None:
+        super().validate()
+        _check_time(self.last_activity, "lab_activity.last_activity")
+        at_least(self.connections, 0, "lab_activity.connections")
+        at_least(self.kernels, 0, "lab_activity.kernels")
+
+    @property
+    def active_at(self) -> float:
+        """When the session was last active, by this report (never after it was sent)."""
+        return self.at if self.connections > 0 else min(self.last_activity, self.at)
 
 
 @_report

@@ -30,6 +30,7 @@ from workers.agent.commands import CommandRejected as CommandRejected  # re-expo
 from workers.agent.config import SHM_ROOT, AgentConfig
 from workers.agent.events import EventForwarder, JobControlLike, default_control_factory
 from workers.agent.hardware import probe_for
+from workers.agent.lab import Labs
 from workers.agent.launch import log_tail
 from workers.agent.log_shipper import LogOffsets, LogShipper, WorkerLike
 from workers.agent.metrics_tail import MetricsFileTail
@@ -94,6 +95,8 @@ class Agent:
             clock,
             self._metrics_file,
         )
+        self.labs = Labs(config, send, on_gone=self._sync_home)
+        """The relays of the session labs that run here (``workers.agent.lab``)."""
         self.hardware = probe_for(config.device, [gpu.uuid for gpu in config.gpus])
         """Reads the node's hardware and GPU health for each heartbeat."""
         self._next_heartbeat = clock.monotonic()
@@ -164,6 +167,7 @@ class Agent:
                 if self.processes.of_job(job) and job not in self.processes.stops:
                     self.processes.stop(job, f"finished-{job}", grace_seconds=0.0)
             self._settle_jobs()
+            self.labs.sync(self.processes.records())
         if self.clock.monotonic() >= self._next_heartbeat:
             self._next_heartbeat = self.clock.monotonic() + self.config.heartbeat_seconds
             self.heartbeat()
@@ -473,6 +477,14 @@ class Agent:
                 log.exception("supervisor pass failed")
             self._stop_event.wait(self.config.poll_seconds)
 
+    def _sync_home(self, record: WorkerRecord) -> None:
+        """A session's lab has gone: its HOME goes back to the user's persistent home.
+
+        The call site of the homes' sync (``docs/sessions.md``): wired where the node has
+        an artifact store and the homes module; until then the HOME stays on the node
+        until the cleaner removes the job's folder."""
+        log.info("lab of %s/%s ended; its home is not synced here", record.job, record.worker_id)
+
     def close(self, *, stop_children: bool | None = None) -> None:
         """Stop supervising; end the training processes too if so configured.
 
@@ -482,6 +494,7 @@ class Agent:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+        self.labs.close()
         if self._quota_thread.is_alive():
             self._quota_thread.join(timeout=30)
         if self._cache_thread.is_alive():

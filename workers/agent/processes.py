@@ -31,8 +31,10 @@ from workers.agent.build_sandbox import SandboxedBuilds
 from workers.agent.config import REPO_ROOT, AgentConfig, local_store_dir
 from workers.agent.door import StoreDoors, default_root
 from workers.agent.environments import Environment, EnvironmentCache, HostBuilds, requested
-from workers.agent.gpus import device_nodes
+from workers.agent.gpus import cuda_visible, device_nodes
 from workers.agent.isolation import NetworkIsolation
+from workers.agent.lab import LabTokens
+from workers.agent.lab_launch import hold_argv, lab_argv, lab_env
 from workers.agent.launch import (
     log_tail,
     process_matches,
@@ -43,6 +45,7 @@ from workers.agent.launch import (
 from workers.agent.mirror import CheckpointMirror
 from workers.agent.programs import (
     JobDirs,
+    base_env,
     builtin_env,
     builtin_mounts,
     builtin_owned,
@@ -75,6 +78,7 @@ from workers.agent.store import AgentStore, StopRecord, WorkerRecord
 from workers.agent.warm import WarmPool, enabled_for
 from workers.artifacts import ArtifactStore
 from workers.clock import Clock
+from workers.lab_protocol import base_url_of
 from workers.protocol import Program, RunningWorker, StartWorkers, WorkerSlot
 
 ResolveCode = Callable[[Program], Path]
@@ -91,6 +95,9 @@ def no_code_cache(program: Program) -> Path:
 
 
 log = logging.getLogger(__name__)
+
+NO_RUNTIME = frozenset({"torchrun", "session"})
+"""Launchers whose processes have no elastic runtime to ask, nor a job Redis user."""
 
 ChildKey = tuple[str, str]
 """(job, worker id)."""
@@ -225,6 +232,9 @@ class ProcessTable:
             runner=SandboxedBuilds(config) if config.sandbox.mode == "on" else HostBuilds(),
         )
         """Tenants' own dependencies, built once per request (``workers.agent.environments``)."""
+        self.restore_home: Callable[[Program, Path], None] = lambda program, home: None
+        """Fills a session's HOME from its persistent home (``program.home_prefix``) before
+        its lab starts; the agent wires the homes' restore here (``docs/sessions.md``)."""
         store_root = local_store_dir(config.artifact_url)
         if store_root is not None:  # a sandbox hides it, so it must exist before the first
             store_root.mkdir(parents=True, exist_ok=True)
@@ -394,6 +404,8 @@ class ProcessTable:
         environment = prepared or self.environment(command.job, program, code_dir)
         dirs = job_dirs(self.config, command)
         dirs.create(worker.worker_id)
+        if program.launcher == "session":
+            return self._start_session(command, program, worker, code_dir, environment, dirs)
         if program.launcher == "edl":
             redis_url = self._job_redis_url(command)
             env = edl_env(self.config, command, worker, dirs, redis_url, self._store_door(command))
@@ -429,6 +441,59 @@ class ProcessTable:
             generation=program.generation,
             owned=dirs.owned(worker.worker_id),
             rank=placement(command, worker).rank,
+            launcher=program.launcher,
+            store_prefix=command.store_prefix,
+            code=program.code,
+            environment=environment.key if environment is not None else None,
+        )
+
+    def _start_session(
+        self,
+        command: StartWorkers,
+        program: Program,
+        worker: WorkerSlot,
+        code_dir: Path,
+        environment: Environment | None,
+        dirs: JobDirs,
+    ) -> WorkerRecord:
+        """A session's worker (``workers.agent.lab_launch``): rank 0 runs JupyterLab in its
+        HOME (restored from the user's persistent home first) with every GPU of the
+        command; the others hold theirs.  Same sandbox, limits and filter as any program."""
+        home = dirs.scratch(worker.worker_id)
+        where = placement(command, worker)
+        slots = [w.slot for w in command.workers] if where.rank == 0 else [worker.slot]
+        env = base_env(self.config, dirs, worker.worker_id, program)
+        if self.config.device == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = cuda_visible(self.config.gpus, slots)
+        if environment is not None:
+            with_environment(env, environment)
+        if where.rank == 0:
+            self.restore_home(program, home)
+            token = LabTokens(self.store.redis, self.config.node).issue(
+                command.job, worker.worker_id
+            )
+            env.update(lab_env(home, token))
+            argv = lab_argv(self.config.python, base_url_of(command.job), home)
+        else:
+            argv = hold_argv(self.config.python)
+        return self._launch(
+            command,
+            worker,
+            argv,
+            env,
+            cwd=home,
+            mounts=lambda: program_mounts(
+                self.config,
+                dirs,
+                worker.worker_id,
+                code_dir,
+                base_prefix=Path(sys.base_prefix),
+                devices=device_nodes(self.config.gpus, slots),
+                environment=environment.path if environment is not None else None,
+            ),
+            generation=program.generation,
+            owned=dirs.owned(worker.worker_id),
+            rank=where.rank,
             launcher=program.launcher,
             store_prefix=command.store_prefix,
             code=program.code,
@@ -597,14 +662,14 @@ class ProcessTable:
     def adopt(self, record: WorkerRecord) -> bool:
         """Adopt a process a previous agent started; False (and forget it) if it is gone."""
         if is_alive(record, self.config.worker_module):
-            if record.launcher != "torchrun":  # an edl program or a built-in: the job's user
+            if record.launcher not in NO_RUNTIME:  # an edl program or a built-in: the job's user
                 self.job_users.add(record.job)
             if record.store_prefix is not None and record.launcher == "torchrun":
                 self._mirror_checkpoints(record.job, record.store_prefix)
             elif record.store_prefix is not None:
                 self._open_door(record.job, record.store_prefix)  # the old agent's closed
             if record.sandboxed:  # its namespace outlived the agent; its doors out did not
-                own_redis = record.launcher != "torchrun"
+                own_redis = record.launcher not in NO_RUNTIME
                 self.isolation.adopt(record.job, self._identity(record.job), own_redis)
             self.children[(record.job, record.worker_id)] = Child(record=record, popen=None)
             log.info(
@@ -618,10 +683,11 @@ class ProcessTable:
         """Remember that ``job`` stops here: its processes are signalled after the grace.
 
         A torchrun program has no runtime to ask: its processes get SIGTERM at
-        once and SIGKILL after the grace (torchrun's own semantics).
+        once and SIGKILL after the grace (torchrun's own semantics); nor has a
+        session (Jupyter shuts its kernels down on SIGTERM).
         """
         now = self.clock.now()
-        if any(child.record.launcher == "torchrun" for child in self.of_job(job)):
+        if any(child.record.launcher in NO_RUNTIME for child in self.of_job(job)):
             record = StopRecord(command_id=command_id, deadline=now, kill_after=grace_seconds)
         else:
             record = StopRecord(command_id=command_id, deadline=now + grace_seconds)

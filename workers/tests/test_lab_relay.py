@@ -108,19 +108,22 @@ def relay(client: redis.Redis, lab: tuple[Path, str]) -> Iterator[tuple[LabRelay
 class Portal:
     """The portal's part: entries in, an exchange's entries out."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(
+        self, client: redis.Redis, node: str = NODE, job: str = JOB, base: str = BASE
+    ) -> None:
         self.client = client
+        self.node, self.job, self.base = node, job, base
 
     def send(self, x: str, **fields: bytes | str) -> None:
         entry: dict[Any, Any] = {"x": x, **fields}
-        self.client.xadd(lab_in_key(NODE, JOB), entry)
+        self.client.xadd(lab_in_key(self.node, self.job), entry)
 
     def read(self, x: str, until: str, timeout: float = 60) -> list[Entry]:
         out: list[Entry] = []
         last = "0-0"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            answer = self.client.xread({lab_out_key(NODE, JOB, x): last}, block=500)
+            answer = self.client.xread({lab_out_key(self.node, self.job, x): last}, block=500)
             for entry_id, fields in shell_entries(answer):
                 last = entry_id
                 entry = parse_out(fields)
@@ -137,7 +140,7 @@ class Portal:
         headers: list[tuple[str, str]] | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
         x = uuid.uuid4().hex
-        self.send(x, t="h", m=method, p=BASE + path, hd=encode_headers(headers or []))
+        self.send(x, t="h", m=method, p=self.base + path, hd=encode_headers(headers or []))
         if body:
             self.send(x, t="b", d=body)
         self.send(x, t="e")
@@ -181,23 +184,20 @@ def test_without_the_relay_token_jupyter_refuses(lab: tuple[Path, str]) -> None:
         assert sock.recv(100).split(b" ")[1] in (b"403", b"401", b"302")
 
 
-def test_a_kernel_runs_a_cell_over_the_relayed_websocket(
-    client: redis.Redis, relay: tuple[LabRelay, list[LabStatus]]
-) -> None:
-    portal = Portal(client)
+def run_cell(portal: Portal, code: str, until: str, timeout: float = 90) -> str:
+    """Start a kernel through the relay, run ``code`` over its WebSocket, and return its
+    printed output once it holds ``until``; then close the socket and the kernel."""
     status, _h, body = portal.http(
         "POST", "api/kernels", b"{}", [("Content-Type", "application/json")]
     )
     assert status == 201, body
     kernel = json.loads(body)["id"]
     x = uuid.uuid4().hex
-    portal.send(x, t="o", p=f"{BASE}api/kernels/{kernel}/channels", hd=encode_headers([]))
+    portal.send(x, t="o", p=f"{portal.base}api/kernels/{kernel}/channels", hd=encode_headers([]))
     opened = portal.read(x, "o")
     assert opened[-1].type == "o", opened
-    msg_id = uuid.uuid4().hex
-    code = "import os\nprint('relayed', 6 * 7, 'x' * 300000)"
     request = {
-        "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "t",
+        "header": {"msg_id": uuid.uuid4().hex, "msg_type": "execute_request", "username": "t",
                    "session": uuid.uuid4().hex, "version": "5.3", "date": ""},
         "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
         "content": {"code": code, "silent": False, "store_history": False,
@@ -208,10 +208,10 @@ def test_a_kernel_runs_a_cell_over_the_relayed_websocket(
     joiner = MessageJoiner()
     last = "0-0"
     text = ""
-    deadline = time.monotonic() + 60
-    while "relayed 42" not in text:
-        assert time.monotonic() < deadline, "no output of the cell"
-        answer = client.xread({lab_out_key(NODE, JOB, x): last}, block=500)
+    deadline = time.monotonic() + timeout
+    while until not in text:
+        assert time.monotonic() < deadline, f"no {until!r} in the cell's output: {text[:2000]}"
+        answer = portal.client.xread({lab_out_key(portal.node, portal.job, x): last}, block=500)
         for entry_id, fields in shell_entries(answer):
             last = entry_id
             entry = parse_out(fields)
@@ -223,11 +223,20 @@ def test_a_kernel_runs_a_cell_over_the_relayed_websocket(
             message = json.loads(whole)
             if message.get("msg_type") == "stream":
                 text += message["content"]["text"]
-    assert len(text) > 300000  # an output bigger than one entry came back whole
+            elif message.get("msg_type") == "error":
+                text += "\n".join(message["content"]["traceback"])
     portal.send(x, t="c", cc="1000")
     assert portal.read(x, "c")[-1].type == "c"
     status, _h, _b = portal.http("DELETE", f"api/kernels/{kernel}")
     assert status == 204
+    return text
+
+
+def test_a_kernel_runs_a_cell_over_the_relayed_websocket(
+    client: redis.Redis, relay: tuple[LabRelay, list[LabStatus]]
+) -> None:
+    text = run_cell(Portal(client), "print('relayed', 6 * 7, 'x' * 300000)", "relayed 42")
+    assert len(text) > 300000  # an output bigger than one entry came back whole
 
 
 def test_the_relay_reports_jupyters_activity(

@@ -22,6 +22,7 @@ from workers.protocol import (
     Failed,
     Finished,
     Heartbeat,
+    LabActivity,
     LogLines,
     MetricPoint,
     Metrics,
@@ -148,6 +149,7 @@ def sample_reports() -> list[Report]:
         ),
         LogLines(**common, worker_id="w0", log_id="gpu-1-7-ab", offset=10, text="a\n", rank=0),
         Stopped(**common, command_id="c4"),
+        LabActivity(**common, last_activity=1_700_000_000.5, connections=1, kernels=2),
         ArtifactStored(
             **common,
             event_id="9-0",

@@ -1,0 +1,109 @@
+"""A session's lab started by the agent (launcher ``session``) in the real sandbox, relayed.
+
+The agent gets a ``StartWorkers`` with ``launcher: session``; its worker runs JupyterLab in
+bubblewrap (the same sandbox, limits and seccomp filter as any program) on ``lab.sock`` in
+its scratch HOME; the agent's supervision pass starts the relay; the test plays the portal:
+a cell sees its devices and imports torch, a notebook saved lands in the HOME, Jupyter's
+activity is reported, and a stop ends the lab and its relay.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from workers.agent.agent import Agent
+from workers.agent.lab_relay import connect_lab
+from workers.protocol import LabActivity
+from workers.tests import test_sandbox as sandboxed
+from workers.tests.test_lab_relay import Portal, run_cell
+from workers.tests.test_sandbox import CODE, Collected, Host, make_agent, start_payload
+
+host = sandboxed.host
+node = sandboxed.node
+redis_url = sandboxed.redis_url
+agent_secrets = sandboxed.agent_secrets
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+@pytest.fixture
+def session(host: Host, node: str, redis_url: str) -> Iterator[tuple[Agent, Collected, str]]:
+    """An agent whose session ``job-<n>`` runs its lab in worker ``w0``."""
+    job = f"job-{random.randrange(10**6, 10**7)}"
+    host.bundle(CODE, "# an empty session bundle\n", "README.md")
+    agent, sent = make_agent(host, node, redis_url)
+    payload = start_payload(job, "c1", launcher="session")
+    payload["program"]["entrypoint"] = ["lab"]
+    assert agent.receive(payload) == "applied", sent.reports
+    job_dir = host.data_dir / "jobs" / job
+    deadline = time.monotonic() + 120
+    while True:
+        agent.tick()
+        try:
+            connect_lab(job_dir, "w0").close()
+            break
+        except OSError:
+            log = job_dir.parent.parent / "logs"
+            assert time.monotonic() < deadline, [p.read_text()[-3000:] for p in log.rglob("*.log")]
+            time.sleep(0.3)
+    agent.tick()
+    yield agent, sent, job
+    agent.labs.close()
+    agent.processes.end_all()
+    agent.processes.release()
+
+
+def test_the_lab_runs_in_the_sandbox_and_is_relayed(
+    host: Host, node: str, redis_url: str, session: tuple[Agent, Collected, str]
+) -> None:
+    agent, sent, job = session
+    client = redis.Redis.from_url(redis_url)
+    job_id = job.removeprefix("job-")
+    portal = Portal(client, node=node, job=job, base=f"/sessions/{job_id}/lab/")
+    home = host.data_dir / "jobs" / job / "scratch" / "w0"
+    record = agent.processes.children[(job, "w0")].record
+    assert record.sandboxed and record.launcher == "session"
+    status, _h, page = portal.http("GET", "lab")
+    assert status == 200 and b"jupyter-config-data" in page
+    text = run_cell(
+        portal,
+        "import os, torch\n"
+        "print('devices', torch.cuda.device_count(), repr(os.environ.get('CUDA_VISIBLE_DEVICES')))\n"
+        "print('home', os.environ['HOME'], os.getuid())\n"
+        "print('secret' , os.environ.get('SECRET_KEY'), os.environ.get('DATABASE_URL'))",
+        "secret",
+    )
+    assert "devices 0 ''" in text, text  # a CPU node: no GPU is visible
+    assert f"home {home}" in text, text
+    assert "secret None None" in text  # nothing of the agent's own environment
+    notebook = {"type": "notebook", "content": {"cells": [], "metadata": {}, "nbformat": 4,
+                                                "nbformat_minor": 5}}  # fmt: skip
+    status, _h, body = portal.http(
+        "PUT", "api/contents/kept.ipynb", json.dumps(notebook).encode(),
+        [("Content-Type", "application/json")],
+    )  # fmt: skip
+    assert status in (200, 201), body
+    assert json.loads((home / "kept.ipynb").read_text())["nbformat"] == 4
+    agent.labs.relays[f"{job}/w0"][1].poll_status()
+    activity = [r for r in sent.reports if isinstance(r, LabActivity)]
+    assert activity and activity[-1].job == job and activity[-1].node == node
+    assert abs(activity[-1].last_activity - time.time()) < 600
+    # The lab's token is the agent's: not in the lab's log, nor in its command line.
+    logs = "".join(p.read_text() for p in (host.data_dir / "logs").rglob("*.log"))
+    token = agent.labs.tokens.get(job, "w0")
+    assert token and token not in logs
+    # Stopped: the worker ends, the relay goes, and its token with it.
+    agent.processes.stop(job, "stop-1", grace_seconds=0.0)
+    deadline = time.monotonic() + 60
+    while agent.labs.relays:
+        assert time.monotonic() < deadline
+        agent.tick()
+        time.sleep(0.2)
+    assert agent.labs.tokens.get(job, "w0") is None
+    client.close()
