@@ -1,4 +1,4 @@
-"""A session's persistent home (workers.agent.homes): the pure plan, then sync and restore
+"""A session's persistent home: the pure plan (workers.agent.home_plan), then sync and restore
 through the real artifact store (a directory; the round trip on S3 too) against a home
 full of hostile entries."""
 
@@ -13,25 +13,24 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from workers.agent.homes import (
-    BLOBS,
-    MANIFEST,
-    PENDING,
+from workers.agent.home_plan import (
     Base,
     HomeFile,
     HomeLimits,
     Manifest,
     ManifestError,
+    fit,
     manifest_bytes,
     parse_manifest,
     path_refusal,
     plan_restore,
     plan_sync,
     read_limits,
-    restore,
-    sync,
 )
+from workers.agent.homes import BLOBS, MANIFEST, PENDING, restore, sync
 from workers.artifacts import ArtifactStore, StoredObject
 from workers.clock import ManualClock
 
@@ -122,6 +121,24 @@ def test_plan_leaves_the_largest_files_out_at_the_quota_and_says_so() -> None:
     counted = plan_sync(None, local, quota=1000, max_files=2)
     assert [p for p, _ in counted.left_out] == ["data.csv", "big.bin"]
     assert all("more than 2 files" in why for _, why in counted.left_out)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=1000), max_size=30),
+    quota=st.integers(min_value=0, max_value=5000),
+    max_files=st.integers(min_value=0, max_value=30),
+)
+def test_fit_keeps_within_bounds_and_leaves_out_only_the_largest(
+    sizes: list[int], quota: int, max_files: int
+) -> None:
+    files = [f(f"file{i}", size) for i, size in enumerate(sizes)]
+    kept, left = fit(files, quota, max_files)
+    assert sum(k.size for k in kept) <= quota and len(kept) <= max_files
+    assert sorted([k.path for k in kept] + [p for p, _ in left]) == sorted(x.path for x in files)
+    by_path = {x.path: x.size for x in files}
+    if kept and left:
+        assert max(k.size for k in kept) <= min(by_path[p] for p, _ in left)
 
 
 @pytest.mark.parametrize(
