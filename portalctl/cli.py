@@ -10,6 +10,7 @@
     portalctl array ls | get | cancel | retry
     portalctl sweep create -f sweep.yaml
     portalctl sweep ls | get | cancel
+    portalctl sessions start --gpus 1 [--idle 30m] | ls | open 12 | stop 12
     portalctl shell 12 [--worker w3] [-- nvidia-smi]    exits with the command's status
     portalctl nodes [--pending] [-o json]     servers: GPU type, pool, state, health (admins)
 
@@ -46,6 +47,8 @@ from portalctl.client import BUNDLE_ID, Array, Client, Job, PortalError
 from portalctl.duration import format_duration, parse_duration
 from portalctl.jobfile import JobFileError, load_job_file, resource_fields
 from portalctl.nodes import NODE_COLUMNS, PENDING_COLUMNS, node_row, pending_row
+from portalctl.sessions import SESSION_COLUMNS, SessionsAPI, session_row, start_fields
+from portalctl.sessions import lab_url as session_lab_url
 from portalctl.shell import ShellRequest
 from portalctl.shell import shell as run_shell
 from portalctl.sweep import (
@@ -1018,6 +1021,114 @@ def sweep_cancel(sweep_id: int, reason: str, output: str | None) -> None:
     """Cancel a sweep: its running trials' jobs are cancelled, the rest stopped."""
     ctx = ctx_of(output)
     emit_sweep(ctx, SweepsAPI(ctx.client()).cancel(sweep_id, reason))
+
+
+@main.group()
+def sessions() -> None:
+    """Interactive sessions: JupyterLab on the cluster's GPUs, through the portal."""
+
+
+def emit_session(ctx: Context, found: dict[str, Any]) -> None:
+    """A session as ``-o json`` asks (the API's object), or its one-row table."""
+    if ctx.json:
+        emit_json(found)
+        return
+    url = ctx.client().url
+    out.print(table(None, SESSION_COLUMNS, [session_row(found, url)]))
+
+
+@sessions.command("ls")
+@click.option("--state", help="Comma-separated states, e.g. running,queued.")
+@output_option
+def sessions_list(state: str | None, output: str | None) -> None:
+    """List your tenants' sessions, newest first."""
+    ctx = ctx_of(output)
+    found = SessionsAPI(ctx.client()).list(state)
+    if ctx.json:
+        emit_json(found)
+        return
+    url = ctx.client().url
+    out.print(table(None, SESSION_COLUMNS, (session_row(s, url) for s in found)))
+
+
+@sessions.command("start")
+@click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--idle", "idle_s", type=DURATION, help="Idle timeout: 30m, 2h (tenant's default).")
+@click.option(
+    "--lifetime", "lifetime_s", type=DURATION, help="Longest life: 8h (tenant's default)."
+)
+@click.option("--priority", help="high, normal, low, or 0-100 (default: normal).")
+@click.option("--access", type=click.Choice(["creator", "tenant"]),
+              help="Who may open its lab: only you (default), or your tenant's members.")  # fmt: skip
+@click.option("--code", help="A directory, an archive or a bundle id to start from.")
+@click.option("--requirement", "requirements", multiple=True, metavar="PKG",
+              help="A Python package the session needs, e.g. einops==0.8.1 (repeatable).")  # fmt: skip
+@click.option("--name", help="A name for it (default: session).")
+@click.option("--tenant", help="Tenant slug (needed only if you belong to several).")
+@click.option("--gpu-type", metavar="T[,T2]", help="GPU types it accepts, preferred first.")
+@click.option("--selector", "selector", multiple=True, metavar="K=V",
+              help="A label its server must carry, e.g. pool=interactive (repeatable).")  # fmt: skip
+@click.option("--cpus", type=click.IntRange(min=0), help="CPU cores per GPU (default: tenant's).")
+@click.option("--mem", metavar="SIZE", help="Host memory per GPU: 16G, 512M (default: tenant's).")
+@output_option
+def sessions_start(
+    gpus: int,
+    idle_s: int | None,
+    lifetime_s: int | None,
+    priority: str | None,
+    access: str | None,
+    code: str | None,
+    requirements: tuple[str, ...],
+    name: str | None,
+    tenant: str | None,
+    gpu_type: str | None,
+    selector: tuple[str, ...],
+    cpus: int | None,
+    mem: str | None,
+    output: str | None,
+) -> None:
+    """Start a session and print its id (`portalctl sessions open ID` gives its lab URL)."""
+    ctx = ctx_of(output)
+    try:
+        resources = resource_fields(gpu_type, selector, cpus, mem)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    bundle = _resolve_code(ctx, code, tenant) if code else None
+    fields = start_fields(gpus=gpus, tenant=tenant, name=name, idle_s=idle_s,
+                          lifetime_s=lifetime_s, priority=priority, access=access, code=bundle,
+                          requirements=requirements, resources=resources)  # fmt: skip
+    found = SessionsAPI(ctx.client()).start(fields)
+    if ctx.json:
+        emit_json(found)
+    else:
+        click.echo(found["id"])
+
+
+@sessions.command("stop")
+@click.argument("session_id", type=int)
+@click.option("--reason", default="", help="Why (recorded in its history).")
+@output_option
+def sessions_stop(session_id: int, reason: str, output: str | None) -> None:
+    """Stop a session: its home is saved, its GPUs released."""
+    ctx = ctx_of(output)
+    emit_session(ctx, SessionsAPI(ctx.client()).stop(session_id, reason))
+
+
+@sessions.command("open")
+@click.argument("session_id", type=int)
+@output_option
+def sessions_open(session_id: int, output: str | None) -> None:
+    """Print the URL of a session's JupyterLab (sign in to the portal in that browser)."""
+    ctx = ctx_of(output)
+    found = SessionsAPI(ctx.client()).get(session_id)
+    url = session_lab_url(ctx.client().url, found)
+    if ctx.json:
+        emit_json({"id": found["id"], "state": found["state"], "lab_url": url})
+        return
+    if found.get("state") not in ("running", "scaling"):
+        err.print(f"session {session_id} is {found.get('state')}: its lab opens once it runs",
+                  markup=False)  # fmt: skip
+    click.echo(url)
 
 
 @main.command()
