@@ -420,8 +420,9 @@ class Failing(ArtifactStore):
 
 
 def test_an_interrupted_sync_leaves_the_old_home_restorable(
-    store: ArtifactStore, home: Path, tmp_path: Path
+    root_url: str, home: Path, tmp_path: Path
 ) -> None:
+    store = ArtifactStore(root_url)
     before = {f"nb{i}.ipynb": b"version 1 of %d" % i for i in range(5)}
     write(home, before)
     assert sync(store, PREFIX, home, MiB).manifest_written
