@@ -1,7 +1,8 @@
 """``portalctl nodes``: the cluster's servers with GPU type, pool, state and health (admins).
 
 The rows come from ``GET /api/v1/servers/`` (and ``/api/v1/servers/pending/``
-with ``--pending``); this module turns them into table rows, nothing more.
+with ``--pending``); this module turns them into table rows and names the path
+that forgets a pending server, nothing more.
 """
 
 from __future__ import annotations
@@ -48,14 +49,23 @@ def node_row(server: Mapping[str, Any]) -> list[Any]:
 
 
 def pending_row(pending: Mapping[str, Any]) -> list[Any]:
-    """One pending server as a row of ``portalctl nodes --pending``."""
+    """One pending server as a row of ``portalctl nodes --pending`` (a node that came back
+    after an admin forgot it is marked so; ``-o json`` has the whole note)."""
     none = pending.get("gpu_source") == "none"
+    node = str(pending.get("node"))
     return [
         pending.get("id"),
-        pending.get("node"),
+        f"{node} (forgotten)" if pending.get("forgotten_at") else node,
         NOT_REPORTED if none else pending.get("gpus"),
         pending.get("gpu_model"),
         pending.get("cpu_cores") or NOT_REPORTED,
         pending.get("memory_mib") or NOT_REPORTED,
         str(pending.get("last_seen") or "")[:19].replace("T", " "),
     ]
+
+
+def forget_path(pending_id: int) -> str:
+    """The API path that forgets pending server ``pending_id`` (``POST``; 204, or 404)."""
+    if isinstance(pending_id, bool) or not isinstance(pending_id, int) or pending_id < 1:
+        raise ValueError(f"a pending server's id is a positive integer, not {pending_id!r}")
+    return f"/api/v1/servers/pending/{pending_id}/forget/"
