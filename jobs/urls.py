@@ -1,9 +1,9 @@
-"""Routes of the jobs app: the submit, job, array and sweep pages and ``/api/v1/`` for jobs, their
+"""Routes of the jobs app: the submit, job, array, sweep and session pages and ``/api/v1/`` for jobs, their
 statistics and usage, tenants and the nodes' environments (one include in portal.urls)."""
 
 from django.urls import include, path
 
-from jobs import sweep_views, views
+from jobs import session_views, sweep_views, views
 
 urlpatterns = [
     path("jobs/new/", views.submit_job, name="job-new"),
@@ -15,5 +15,8 @@ urlpatterns = [
     path("sweeps/", sweep_views.sweep_list, name="sweep-list"),
     path("sweeps/<int:sweep_id>/", sweep_views.sweep_detail, name="sweep-page"),
     path("sweeps/<int:sweep_id>/cancel/", sweep_views.cancel_sweep, name="sweep-page-cancel"),
+    path("sessions/", session_views.session_list, name="sessions-page"),
+    path("sessions/<int:job_id>/", session_views.session_detail, name="session-page"),
+    path("sessions/<int:job_id>/stop/", session_views.stop_session_page, name="session-page-stop"),
     path("api/v1/", include("jobs.api.urls")),
 ]
