@@ -36,9 +36,10 @@ What the feed cannot see: a table other than the job's changed alone (a
 (nothing deletes jobs; an admin's SQL could), which the verify pass catches.
 
 The policy's core is kept too (``source.policy(name)``, a
-:class:`scheduler.policies.kept.KeptPolicy`): the core restored from the last
-snapshot, to which each pass applies only the jobs whose views changed (an
-unchanged job keeps its view object here, so finding them is an identity check).
+:class:`scheduler.policies.kept_typed.KeptTypedPolicy`): the core restored from the
+last snapshot, to which each pass applies only the jobs whose views changed (an
+unchanged job keeps its view object here, so finding them is an identity check); on a
+typed cluster one such core per GPU-type pool (``scheduler.gpu_types``).
 
 Verify: every ``TICK_VERIFY_EVERY`` ticks, before its own transaction, the tick
 refreshes the kept state and rebuilds everything from the database, both in one
@@ -104,6 +105,7 @@ from scheduler.curves import SpeedTables
 from scheduler.placement import CountPlacement
 from scheduler.policies import Policy
 from scheduler.policies.kept import KeptPolicy
+from scheduler.policies.kept_typed import KeptTypedPolicy
 from scheduler.types import Gpu as GpuView
 from scheduler.types import JobView, Snapshot
 from tenancy.models import Tenant
@@ -570,7 +572,7 @@ class KeptState:
         self.horizon: Horizon | None = None  # where the next read of written rows starts
         self.tenants: dict[int, TenantRow] = {}  # the kept jobs' tenants, read with them
         # Kept policy cores by (name, class ageing): the views they hold are this state's.
-        self.policies: dict[tuple[str, float | None], KeptPolicy] = {}
+        self.policies: dict[tuple[str, float | None], KeptTypedPolicy] = {}
 
     # --- ClusterSource ---------------------------------------------------------
 
@@ -659,7 +661,7 @@ class KeptState:
         self._speeds.sweep()
         return self._speeds
 
-    def policy(self, name: str | None = None) -> KeptPolicy:
+    def policy(self, name: str | None = None) -> KeptTypedPolicy:
         """The policy ``name`` (``live_policy``: the settings' class ageing) with its core kept.
 
         One per name and ageing period, kept with this state (a reset drops
@@ -670,7 +672,7 @@ class KeptState:
         key = (name or settings.SCHEDULER_POLICY, fresh.class_ageing_s)
         kept = self.policies.get(key)
         if kept is None:
-            kept = self.policies[key] = KeptPolicy(fresh)
+            kept = self.policies[key] = KeptTypedPolicy(fresh)
         return kept
 
     def prepared(self, cluster: ClusterState, now: datetime) -> Prepared:
