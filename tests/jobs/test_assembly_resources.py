@@ -12,6 +12,7 @@ import pytest
 
 from control import assembly
 from control.assembly import JobRow, TenantRow, assemble_snapshot
+from control.gpu_speeds import gpu_type_speeds
 from fabric.topology import FabricSpec
 from scheduler.packing import PerGpu, packing_for
 from scheduler.throughput import curve_on_type, curves_by_type, type_speedup
@@ -119,3 +120,13 @@ def test_a_curve_measured_on_the_faster_type_is_slower_on_the_reference() -> Non
     assert by_type[H100] is curve
     assert by_type[A100][1] == pytest.approx(100.0, rel=0.02)
     assert curve_on_type(curve, "bert", 2.0, 2.0) == curve
+
+
+def test_gpu_type_speeds_come_from_the_setting(settings: Any) -> None:
+    settings.GPU_TYPE_SPEEDS = f"{H100}:2, {A100}:1"
+    assert dict(gpu_type_speeds()) == {H100: 2.0, A100: 1.0}
+    settings.GPU_TYPE_SPEEDS = ""
+    assert dict(gpu_type_speeds()) == {}
+    settings.GPU_TYPE_SPEEDS = f"{H100}:0"
+    with pytest.raises(ValueError, match="GPU_TYPE_SPEEDS"):
+        gpu_type_speeds()
