@@ -379,3 +379,36 @@ def stop_session(
     broadcast(job, "job.updated")
     request_tick()
     return job
+
+
+def check_session_update(job: Job, fields: Mapping[str, Any]) -> None:
+    """Refuse (400, naming the field) a change to session ``job`` that a session may not
+    have: another GPU range (a session is fixed-size), restarts, or a lifetime
+    (``max_runtime_s``) above its tenant's session ceiling. Batch jobs pass."""
+    if job.kind != JobKind.SESSION:
+        return
+    errors = _Errors()
+    for key in ("min_gpus", "max_gpus"):
+        if fields.get(key) not in (None, job.gpus):
+            errors.add(key, f"A session is fixed-size: it keeps its {job.gpus} GPUs.")
+    if fields.get("max_restarts") not in (None, 0):
+        errors.add("max_restarts", "A session is not restarted.")
+    lifetime = fields.get("max_runtime_s")
+    ceiling = job.tenant.session_lifetime_ceiling_s
+    if isinstance(lifetime, int) and lifetime > ceiling:
+        errors.add(
+            "max_runtime_s",
+            f"Tenant {job.tenant.slug} allows a session lifetime of at most {ceiling} s, "
+            f"not {lifetime} s.",
+        )
+    errors.raise_if_any()
+
+
+def check_not_session_launcher(data: Mapping[str, Any]) -> None:
+    """Refuse a batch submission that names launcher ``session`` (400): sessions start at
+    ``/api/v1/sessions/``, with an idle timeout and a fixed size."""
+    if data.get("launcher") == Launcher.SESSION:
+        raise JobValidationError(
+            "launcher: start sessions at /api/v1/sessions/",
+            {"launcher": ["A session is started at /api/v1/sessions/, not submitted as a job."]},
+        )

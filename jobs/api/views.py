@@ -43,6 +43,7 @@ from jobs.services import (
     do_update_job,
     tenant_jct_stats,
 )
+from jobs.session_services import check_not_session_launcher, check_session_update
 from jobs.training_metrics import metric_series, progress_series
 from tenancy.models import Tenant
 from tenancy.services import resolve_tenant_for_write
@@ -107,6 +108,7 @@ def submission(
     """A submission's tenant slug (a slug, before it reaches a query) and the rest of its body
     (only the fields of ``shape``: a job's, or an array's)."""
     body = object_body(request, set(shape().fields))
+    check_not_session_launcher(body)  # jobs, arrays and sweeps alike: sessions have their own
     tenant = JobTenantSerializer(data={"tenant": body.pop("tenant")} if "tenant" in body else {})
     tenant.is_valid(raise_exception=True)
     return tenant.validated_data.get("tenant"), body
@@ -172,6 +174,7 @@ class JobViewSet(
         body = object_body(request, set(JobUpdateSerializer().fields))
         fields = JobUpdateSerializer(data=body)
         fields.is_valid(raise_exception=True)
+        check_session_update(job, fields.validated_data)
         job = do_update_job(user=request.user, job_id=job.pk, **fields.validated_data)
         return Response(JobSerializer(job).data)
 

@@ -168,3 +168,26 @@ def test_a_viewer_may_not_start_a_session(
     assert start(viewer).status_code in (403, 400)
     assert not Job.objects.exists()
     assert timezone.now()  # the clock the services use is the real one
+
+
+def test_batch_routes_refuse_the_session_launcher_and_session_changes(
+    owner_client: Any, acme: Tenant
+) -> None:
+    demo_cluster()
+    bad = owner_client.post(
+        "/api/v1/jobs/",
+        {"tenant": "acme", "name": "x", "code": "0" * 64, "entrypoint": "a.py",
+         "launcher": "session", "gpus": 1},
+        format="json",
+    )  # fmt: skip
+    assert bad.status_code == 400 and "launcher" in bad.json()["errors"]
+    session = start(owner_client, gpus=2).json()
+    url = f"/api/v1/jobs/{session['id']}/"
+    for change in ({"max_gpus": 4}, {"min_gpus": 1}, {"max_runtime_s": 7 * 86400 + 1}):
+        res = owner_client.patch(url, change, format="json")
+        assert res.status_code == 400, change
+        assert next(iter(change)) in res.json()["errors"]
+    ok = owner_client.patch(url, {"priority": 80, "max_runtime_s": 3600}, format="json")
+    assert ok.status_code == 200 and ok.json()["max_runtime_s"] == 3600
+    job = Job.objects.get(pk=session["id"])
+    assert (job.min_gpus, job.max_gpus, job.priority) == (2, 2, 80)
