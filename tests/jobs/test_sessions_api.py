@@ -191,3 +191,20 @@ def test_batch_routes_refuse_the_session_launcher_and_session_changes(
     assert ok.status_code == 200 and ok.json()["max_runtime_s"] == 3600
     job = Job.objects.get(pk=session["id"])
     assert (job.min_gpus, job.max_gpus, job.priority) == (2, 2, 80)
+
+
+def test_the_beat_task_culls_by_the_clock(owner_client: Any) -> None:
+    from jobs.session_tasks import cull_sessions
+
+    nodes = demo_cluster()
+    idle = start(owner_client, gpus=1, idle_timeout_s=60).json()
+    busy = start(owner_client, gpus=1, idle_timeout_s=60).json()
+    run_tick(policy="elastic-tiresias")
+    drain_all(nodes)
+    assert set(Job.objects.values_list("state", flat=True)) == {JobState.RUNNING}
+    long_ago = timezone.now() - timedelta(minutes=5)
+    Job.objects.filter(pk__in=[idle["id"], busy["id"]]).update(started_at=long_ago)
+    note_activity(busy["id"], timezone.now())  # someone typed in it just now
+    assert cull_sessions() == [idle["id"]]
+    states = dict(Job.objects.values_list("pk", "state"))
+    assert states == {idle["id"]: JobState.CANCELLED, busy["id"]: JobState.RUNNING}
