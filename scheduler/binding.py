@@ -235,29 +235,38 @@ def bind(
     refused: list[Refused] = []
     if shrunk is None:
         shrunk = {}
+    # What the asking jobs take on each bounded server, kept as this call moves them.
+    use = packing.used(_holdings(allocator)) if packing is not None else None
     for decision in _order(decisions, current):
         job = decision.job
         shrunk.pop(job, None)  # its new binding, below, is what a reshape would move
         old = current.get(job)
         old_gpus = old.gpus if old else ()
         size = _target_size(decision, current)
-        if isinstance(decision, Preempt) or size == 0:
-            if old is not None:
-                allocator.release(job)
-            bound.append(Bound(job, old_gpus, None))
-            continue
         if old is not None:
             allocator.release(job)
+            if packing is not None and use is not None:
+                packing.account(use, job, old_gpus, -1)
+        if isinstance(decision, Preempt) or size == 0:
+            bound.append(Bound(job, old_gpus, None))
+            continue
         hidden: list[int] = []
-        if packing is not None and job in packing.requests:
-            hidden = _hidden(spec, allocator, packing, job, old_gpus)
+        if packing is not None and use is not None and job in packing.requests:
+            hidden = _hidden(spec, allocator, packing, use, job, old_gpus)
             allocator.set_unavailable(hidden)
         assert not isinstance(decision, Preempt)  # a preemption was bound above
         try:
-            _bind_one(spec, allocator, decision, old, size, shrunk, bound, refused, packing, hidden)
+            reshaped = _bind_one(
+                spec, allocator, decision, old, size, shrunk, bound, refused, packing, hidden
+            )
         finally:
             if hidden:
                 allocator.set_available(hidden)
+        if packing is not None and use is not None:
+            if reshaped:  # the jobs shrunk earlier moved too: count everything again
+                use = packing.used(_holdings(allocator))
+            elif (held := allocator.allocations().get(job)) is not None:
+                packing.account(use, job, held.gpus, 1)
     return bound, refused
 
 
@@ -272,10 +281,11 @@ def _bind_one(
     refused: list[Refused],
     packing: Packing | None,
     hidden: Sequence[int],
-) -> None:
+) -> bool:
     """Place one start, resize or move of ``size`` GPUs (its old allocation released, the
     GPUs ``hidden`` for packing unavailable), and add it to ``bound`` or ``refused``:
-    :func:`bind`'s body, one decision."""
+    :func:`bind`'s body, one decision.  True when the jobs shrunk earlier were placed
+    again around it (:func:`reshape_around`)."""
     job = decision.job
     old_gpus = old.gpus if old else ()
     keep = None
@@ -287,9 +297,10 @@ def _bind_one(
         bound.append(Bound(job, old_gpus, allocation))
         if size < len(old_gpus):
             shrunk[job] = bound[-1]
-        return
+        return False
     result = allocator.try_allocate(job, size)
     planned = 0
+    around = None
     fallback = _fallback_size(decision, size)
     if isinstance(result, PlacementError) and fallback:
         result = allocator.try_allocate(job, fallback)
@@ -303,9 +314,9 @@ def _bind_one(
     if isinstance(result, PlacementError) and shrunk and isinstance(decision, Start):
         sizes = (size, fallback) if fallback else (size,)
         fits = _fits_check(allocator, packing) if packing is not None else None
-        reshaped = reshape_around(spec, allocator, job, sizes, list(shrunk.values()), fits)
-        if reshaped is not None:
-            result, again = reshaped
+        around = reshape_around(spec, allocator, job, sizes, list(shrunk.values()), fits)
+        if around is not None:
+            result, again = around
             planned = size if len(result.gpus) < size else 0
             for moved in again:
                 shrunk[moved.job] = moved
@@ -318,7 +329,7 @@ def _bind_one(
         if old is not None:  # put the job back where it was
             allocator.reserve(old)
         refused.append(Refused(job, reason))
-        return
+        return False
     if (
         isinstance(decision, Scale | Migrate)
         and old is not None
@@ -330,6 +341,7 @@ def _bind_one(
     bound.append(Bound(job, old_gpus, result, planned))
     if len(result.gpus) < len(old_gpus):
         shrunk[job] = bound[-1]
+    return around is not None
 
 
 def _holdings(allocator: VClosAllocator) -> dict[str, tuple[int, ...]]:
@@ -344,11 +356,27 @@ def _hidden(
     spec: FabricSpec,
     allocator: VClosAllocator,
     packing: Packing,
+    use: Mapping[int, tuple[int, int]],
     job: str,
     keep: Sequence[int],
 ) -> list[int]:
-    """The free GPUs ``job`` may not take now (:meth:`Packing.hidden`), its own first kept."""
-    return packing.hidden(job, _holdings(allocator), _free(spec, allocator), keep)
+    """The free GPUs ``job`` may not take now, beside ``use`` (:meth:`Packing.hide`; its own
+    GPUs ``keep`` first kept).  Only the servers with room for fewer of its GPUs than they
+    have are looked at (a handful on a cluster that is not short of cores), their free
+    GPUs read once per leaf."""
+    room = packing.room_in(use, packing.requests[job])
+    per_server = spec.gpus_per_server
+    tight = {server: limit for server, limit in room.items() if limit < per_server}
+    if not tight:
+        return []
+    free_on_leaf: dict[int, tuple[int, ...]] = {}
+    free: list[int] = []
+    for server in tight:
+        leaf = spec.leaf_of(server * per_server)
+        if leaf not in free_on_leaf:
+            free_on_leaf[leaf] = allocator.free_gpus_on_leaf(leaf)
+        free.extend(g for g in free_on_leaf[leaf] if packing.server_of(g) == server)
+    return packing.hide(tight, free, keep)
 
 
 def _fits_check(allocator: VClosAllocator, packing: Packing) -> Callable[[], bool]:

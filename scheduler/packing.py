@@ -74,25 +74,46 @@ class Packing:
                     use[server] = (cpus + ask.cpus, mem + ask.mem_mib)
         return use
 
+    def account(
+        self, use: dict[int, tuple[int, int]], job: str, gpus: Sequence[int], step: int
+    ) -> None:
+        """Count ``job`` holding ``gpus`` in (``step`` 1) or out (-1) of ``use`` (per bounded
+        server, as :meth:`used` gives it): binding keeps it as it moves jobs."""
+        ask = self.requests.get(job)
+        if ask is None:
+            return
+        for gpu in gpus:
+            server = self.server_of(gpu)
+            if server in self.capacity:
+                cpus, mem = use.get(server, (0, 0))
+                use[server] = (cpus + step * ask.cpus, mem + step * ask.mem_mib)
+
+    def room_in(self, use: Mapping[int, tuple[int, int]], ask: PerGpu) -> dict[int, int]:
+        """Per bounded server, how many GPUs asking ``ask`` each it can hold beside ``use``
+        (what the jobs there take); a server absent is unbounded for such a GPU."""
+        if not (ask.cpus or ask.mem_mib):
+            return {}
+        room: dict[int, int] = {}
+        for server, cap in self.capacity.items():
+            cpus, mem = use.get(server, (0, 0))
+            limit = -1
+            if ask.cpus and cap.cpus:
+                limit = max(0, cap.cpus - cpus) // ask.cpus
+            if ask.mem_mib and cap.mem_mib:
+                by_mem = max(0, cap.mem_mib - mem) // ask.mem_mib
+                limit = by_mem if limit < 0 else min(limit, by_mem)
+            if limit >= 0:
+                room[server] = limit
+        return room
+
     def room(self, job: str, holdings: Holdings, ask: PerGpu | None = None) -> dict[int, int]:
         """Per bounded server, how many GPUs of ``job`` it can hold beside what the other
         jobs of ``holdings`` take (``ask``: the request to count, default the job's own);
         a server absent is unbounded for it."""
         ask = self.requests.get(job) if ask is None else ask
-        if ask is None or not (ask.cpus or ask.mem_mib):
+        if ask is None:
             return {}
-        use = self.used(holdings, skip=job)
-        room: dict[int, int] = {}
-        for server, cap in self.capacity.items():
-            cpus, mem = use.get(server, (0, 0))
-            limits = []
-            if ask.cpus and cap.cpus:
-                limits.append(max(0, cap.cpus - cpus) // ask.cpus)
-            if ask.mem_mib and cap.mem_mib:
-                limits.append(max(0, cap.mem_mib - mem) // ask.mem_mib)
-            if limits:
-                room[server] = min(limits)
-        return room
+        return self.room_in(self.used(holdings, skip=job), ask)
 
     def over(self, holdings: Holdings) -> frozenset[int]:
         """The servers whose cores or memory the asking jobs of ``holdings`` overrun."""
@@ -103,26 +124,15 @@ class Packing:
             or (self.capacity[server].mem_mib and mem > self.capacity[server].mem_mib)
         )
 
-    def hidden(
-        self, job: str, holdings: Holdings, free: Sequence[int], keep: Sequence[int] = ()
+    def hide(
+        self, room: Mapping[int, int], free: Sequence[int], keep: Sequence[int] = ()
     ) -> list[int]:
-        """Of the ``free`` GPUs, those ``job`` may not take: on each bounded server, all
-        but as many as its :meth:`room` (``keep``, the job's own GPUs, counted first).
+        """Of the ``free`` GPUs, those beyond each bounded server's ``room`` (``keep``, a
+        job's own GPUs, counted first, then by id): what a job may not take there.
 
         Binding hides these from the allocator while it places the job, and shows them
         again after.
         """
-        return self._hidden(job, holdings, free, keep, None)
-
-    def _hidden(
-        self,
-        job: str,
-        holdings: Holdings,
-        free: Sequence[int],
-        keep: Sequence[int],
-        ask: PerGpu | None,
-    ) -> list[int]:
-        room = self.room(job, holdings, ask)
         if not room:
             return []
         own = frozenset(keep)
@@ -140,6 +150,13 @@ class Packing:
                 hidden.append(gpu)
         return hidden
 
+    def hidden(
+        self, job: str, holdings: Holdings, free: Sequence[int], keep: Sequence[int] = ()
+    ) -> list[int]:
+        """Of the ``free`` GPUs, those ``job`` may not take beside what the other jobs of
+        ``holdings`` hold (:meth:`room`, :meth:`hide`)."""
+        return self.hide(self.room(job, holdings), free, keep)
+
     def hidden_by(
         self, resource: str, job: str, holdings: Holdings, free: Sequence[int]
     ) -> list[int]:
@@ -147,7 +164,7 @@ class Packing:
         job's request: to tell which of the two a refused job waits for."""
         ask = self.requests.get(job, PerGpu())
         only = PerGpu(cpus=ask.cpus) if resource == CPU else PerGpu(mem_mib=ask.mem_mib)
-        return self._hidden(job, holdings, free, (), only)
+        return self.hide(self.room(job, holdings, only), free)
 
     def waits_for(self, job: str, resource: str, size: int) -> str:
         """Why ``job`` waits when its ``size`` GPUs fit the fabric but not ``resource``."""
