@@ -13,8 +13,12 @@ queued forever: no server of an accepted type that the selector matches has
 GPUs enough for the job's minimum (``scheduler.gpu_types.never_satisfiable``, on
 the inventory's servers, busy or not, up or not), or none of them has the CPU
 cores and host memory per GPU it asks for (a server's cores and memory divided
-by its GPUs).  CPU and memory bound what a job may ask per GPU; the placement
-does not pack by them (a job lands on any server of its type and selector).
+by its GPUs).  CPU and memory bound what a job may ask per GPU at submit; the
+placement then packs by them (``scheduler.packing``): a job's GPUs land only on
+servers whose cores and memory still hold its request beside the other jobs'
+there, so a job asking more than a small server's share per GPU goes to the
+servers that offer it, and waits, naming CPU cores or host memory, while none
+has room.
 """
 
 from __future__ import annotations
