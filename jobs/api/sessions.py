@@ -8,16 +8,23 @@ from datetime import datetime
 from typing import Any
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    extend_schema,
+    extend_schema_field,
+    extend_schema_view,
+)
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from bundles.models import CodeBundle
 from jobs.api.serializers import JobCancelSerializer, JobTenantSerializer
-from jobs.api.views import object_body
-from jobs.choices import JobKind, LabAccess
+from jobs.api.views import _plain_param, object_body
+from jobs.choices import JobKind, JobState, LabAccess
 from jobs.models import Job
 from jobs.session_cull import idle_deadline
 from jobs.session_services import check_session_spec, do_start_session, do_stop_session
@@ -127,7 +134,13 @@ class SessionSerializer(serializers.ModelSerializer[Job]):
 
 
 @extend_schema_view(
-    list=extend_schema(summary="List your tenants' interactive sessions"),
+    list=extend_schema(
+        summary="List your tenants' interactive sessions",
+        parameters=[
+            OpenApiParameter("state", OpenApiTypes.STR, description="Comma-separated states."),
+            OpenApiParameter("tenant", OpenApiTypes.STR, description="Tenant slug."),
+        ],
+    ),
     retrieve=extend_schema(summary="Show one session: state, GPUs, idle and lifetime deadlines"),
 )
 class SessionViewSet(
@@ -147,10 +160,15 @@ class SessionViewSet(
             .select_related("tenant", "submitter", "code")
         )
         if self.action == "list":
-            if state := self.request.query_params.get("state"):
-                sessions = sessions.filter(state__in=[s for s in state.split(",") if s])
-            if tenant := self.request.query_params.get("tenant"):
-                sessions = sessions.filter(tenant__slug=tenant.replace("\x00", ""))
+            params = self.request.query_params
+            if states := _plain_param(params, "state"):
+                wanted = [s.strip() for s in states.split(",") if s.strip()]
+                unknown = sorted(set(wanted) - set(JobState.values))
+                if unknown:
+                    raise ValidationError({"state": [f"Unknown state(s): {', '.join(unknown)}."]})
+                sessions = sessions.filter(state__in=wanted)
+            if tenant := _plain_param(params, "tenant"):
+                sessions = sessions.filter(tenant__slug=tenant)
         return sessions
 
     @extend_schema(

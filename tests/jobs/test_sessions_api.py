@@ -208,3 +208,24 @@ def test_the_beat_task_culls_by_the_clock(owner_client: Any) -> None:
     assert cull_sessions() == [idle["id"]]
     states = dict(Job.objects.values_list("pk", "state"))
     assert states == {idle["id"]: JobState.CANCELLED, busy["id"]: JobState.RUNNING}
+
+
+def test_an_admin_who_is_no_member_may_close_but_not_open(
+    owner_client: Any, make_user: Callable[..., Any], token_client: Callable[[Any], Any]
+) -> None:
+    from django.http import Http404
+
+    from jobs.sessions import lab_job
+
+    demo_cluster()
+    session = start(owner_client, lab_access="tenant").json()
+    admin = make_user("root", staff=True)
+    with pytest.raises(Http404):
+        lab_job(admin, session["id"])
+    assert owner_client.get(URL, {"state": "queued,nonsense"}).status_code == 400
+    assert [s["id"] for s in owner_client.get(URL, {"state": "queued"}).json()["results"]] == [
+        session["id"]
+    ]
+    res = token_client(admin).post(f"{URL}{session['id']}/stop/", {}, format="json")
+    assert res.status_code == 200 and res.json()["state"] == JobState.CANCELLED
+    assert AuditEntry.objects.filter(action="job.cancel", object_id=str(session["id"])).exists()
