@@ -171,7 +171,9 @@ def _environment(
                 "environment.indexes",
                 "this portal does not let a job name its own package index",
             )
-        return spec.with_bundle(bundle.requirements) if bundle is not None else spec
+        if bundle is not None:  # the agent installs the bundle's first: both within the count
+            spec.with_bundle(bundle.requirements)
+        return spec
     except ProgramError as exc:
         add(exc.field, exc.message[:1].upper() + exc.message[1:] + ".")
         return EnvironmentSpec()

@@ -229,3 +229,22 @@ def test_an_admin_who_is_no_member_may_close_but_not_open(
     res = token_client(admin).post(f"{URL}{session['id']}/stop/", {}, format="json")
     assert res.status_code == 200 and res.json()["state"] == JobState.CANCELLED
     assert AuditEntry.objects.filter(action="job.cancel", object_id=str(session["id"])).exists()
+
+
+def test_a_session_on_the_tenants_own_code(owner_client: Any, acme: Tenant) -> None:
+    from django.contrib.auth import get_user_model
+
+    from tests.jobs.test_programs import bundle_of
+
+    demo_cluster()
+    owner = get_user_model().objects.get(username="acme-owner")
+    files = {"nb.py": b"x = 1\n", "requirements.txt": b"einops==0.8.1\n"}
+    bundle = bundle_of(owner, acme, files)
+    res = start(owner_client, code=bundle.sha256, environment={"requirements": ["rich"]})
+    assert res.status_code == 201, res.content
+    job = Job.objects.get(pk=res.json()["id"])
+    assert job.code_id == bundle.pk and job.entrypoint == "lab"
+    # The job keeps its own requirements; the agent installs the bundle's first.
+    assert job.environment["requirements"] == ["rich"]
+    missing = start(owner_client, code="f" * 64)
+    assert missing.status_code == 400 and "code" in missing.json()["errors"]
