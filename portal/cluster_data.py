@@ -10,7 +10,9 @@ Timeline: replayed from the jobs' events and kept between requests
 (``portal.cluster_timeline``), with the share in use per GPU type.  The
 tables under the charts (types, pools, pending servers, servers' health) are
 drawn from this data too: types and pools follow each job's patch; pending
-servers and health come with the snapshot reloaded on ``topology.changed``,
+servers come with the snapshot reloaded on ``topology.changed``.  The servers'
+health table is not in it (a GPU's NVML figures would make it several times
+larger): the page reads ``GET /api/v1/servers/`` after each reload, as on
 ``server.health`` and ``gpu.suspect``.
 """
 
@@ -22,7 +24,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from inventory.listing import pending_rows, server_rows
+from inventory.listing import pending_rows
 from inventory.models import Gpu, Server
 from inventory.registration import health_word
 from inventory.server_types import pool_of
@@ -171,8 +173,6 @@ def cluster_snapshot(window: str = DEFAULT_WINDOW) -> dict[str, Any]:
         "types": types,
         "type_colours": type_colours(str(s["gpu_type"]) for s in servers),
         "pools": pools_in_use(servers, gpus),
-        # Every server's type, pool, state and its GPUs' health as last reported.
-        "server_rows": server_rows(),
         "totals": {
             "gpus": total,
             "allocated": sum(1 for g in gpus if g[4] is not None),

@@ -21,7 +21,7 @@ from inventory.forms import (
     ServerForm,
     field_for_message,
 )
-from inventory.listing import pending_rows, utilization_by_type
+from inventory.listing import pending_rows, server_rows, utilization_by_type
 from inventory.models import Gpu, Server
 from inventory.registration import do_accept_server, do_forget_pending_server, health_word
 from inventory.services import (
@@ -73,7 +73,7 @@ def cluster(request: HttpRequest) -> HttpResponse:
             "snapshot": snapshot,
             "windows": list(WINDOWS),
             "window": window,
-            "server_rows": snapshot.get("server_rows", []),
+            "server_rows": server_rows(),
             "pending": snapshot["pending"],
             "pools": snapshot.get("pools", []),
             "by_type": utilization_by_type(busy),

@@ -144,10 +144,10 @@
     return g.local + ": " + words + (g.suspect ? " (out of service)" : "");
   }
 
-  function drawServerRows(snap) {
+  /** The servers table from the API's rows (GET /api/v1/servers/: type, pool, state, health). */
+  function drawServerRows(rows) {
     const body = document.getElementById("servers-health-body");
     if (!body) return;
-    const rows = snap.server_rows || [];
     body.replaceChildren();
     for (const s of rows) {
       const row = el("tr", { id: "health-" + s.node, "data-state": s.state, "data-health": s.health });
@@ -332,7 +332,6 @@
     drawTypeLegend(snap);
     drawTypes(snap);
     drawPools(snap);
-    drawServerRows(snap);
     window.__clusterSnapshot = snap;
   }
 
@@ -426,13 +425,22 @@
     recount();
   }
 
+  /** A server's state and reason in the servers table, in place (its health is unchanged). */
+  function patchServerRow(server) {
+    const row = document.getElementById("health-" + server.node);
+    if (!row) return;
+    row.dataset.state = server.state;
+    const state = row.children[4];
+    state.replaceChildren(document.createTextNode(server.state));
+    if (server.reason) { state.appendChild(document.createTextNode(" ")); state.appendChild(el("small", { class: "help server-reason" }, server.reason)); }
+  }
+
   function patchServer(event) {
     const server = (current.servers || []).find((s) => s.node === event.node);
     if (!server) { resyncSoon(); return; }  // a server this model does not know: reload
     server.state = event.state;
     server.reason = typeof event.reason === "string" ? event.reason : event.state === "up" ? "" : server.reason;
-    const row = (current.server_rows || []).find((s) => s.node === event.node);
-    if (row) Object.assign(row, { state: server.state, state_reason: server.reason });
+    patchServerRow(server);
     recount();
   }
 
@@ -448,7 +456,9 @@
   }
 
   // It resolves to the snapshot, so that live.js learns the seq it reflects.
-  const resync = () => fetchJSON("/live/cluster.json?window=" + encodeURIComponent(root.dataset.window)).then((snap) => { adopt(snap); return snap; });
+  // The servers' health rows are not in the snapshot (too large): read after each reload.
+  const reloadServerRows = () => fetchJSON("/api/v1/servers/").then(drawServerRows).catch(console.error);
+  const resync = () => fetchJSON("/live/cluster.json?window=" + encodeURIComponent(root.dataset.window)).then((snap) => { adopt(snap); reloadServerRows(); return snap; });
   const resyncSoon = throttle(() => resync().catch(console.error), 500);
   adopt(JSON.parse(document.getElementById("cluster-snapshot").textContent));
   new LiveSocket([{ topic: "cluster" }], { onEvent, resync });

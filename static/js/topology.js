@@ -1,9 +1,9 @@
 /* The topology editor, live: its server-rendered sections follow the cluster's events.
  *
  * The editor is forms rendered by the server (each with its CSRF token), so it is
- * refreshed the way it was made: on an event of the cluster group (a pending server
+ * refreshed the way it was made: on an event of the inventory (a pending server
  * reported, one accepted or forgotten, a server added, removed, drained, its health
- * changed, a GPU marked suspect) it fetches the page again, parses it with DOMParser
+ * changed, a GPU marked suspect; a job's move, at most every 3 s) it fetches the page again, parses it with DOMParser
  * (no script runs, no innerHTML) and swaps in each fresh `.live-section`.  What the
  * admin is typing in a section survives the swap (values by row and field name, and
  * the focus).  A snapshot is this page itself, so a (re)connect or a lost batch
@@ -60,7 +60,14 @@
     swap(new DOMParser().parseFromString(await response.text(), "text/html"));
   }
 
+  // What the editor shows changes with the inventory's events; a job's move changes only
+  // which servers run jobs, so a busy tick refreshes it at most every few seconds.
   const refreshSoon = throttle(() => refresh().catch(console.error), 300);
-  const onEvent = (event) => { if (event.type !== "cluster.queue") refreshSoon(); };
+  const refreshLater = throttle(() => refresh().catch(console.error), 3000);
+  const INVENTORY_EVENTS = new Set(["topology.changed", "server.state", "server.health", "gpu.suspect"]);
+  const onEvent = (event) => {
+    if (INVENTORY_EVENTS.has(event.type)) refreshSoon();
+    else if (event.job !== undefined && event.gpus !== undefined) refreshLater();
+  };
   new LiveSocket([{ topic: "cluster" }], { onEvent, resync: refresh });
 })();

@@ -16,13 +16,18 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 A100, H100 = "a100-40g", "h100-80g"
 
 
-def report_hardware(driver: Driver, node: str) -> None:
-    """``node``'s agent reports two H100s (what its heartbeat carries), through the service."""
+def report_hardware(driver: Driver, node: str, temperature_c: int | None = None) -> None:
+    """``node``'s agent reports two H100s (what its heartbeat carries), through the service;
+    with their NVML health when ``temperature_c`` is given."""
+    health = {"temperature_c": temperature_c, "utilization_pct": 7, "ecc_uncorrected": 0}
     gpus = [
         {"index": i, "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81920, "uuid": f"GPU-{i}"}
+        | ({"health": health} if temperature_c is not None else {})
         for i in range(2)
     ]
     hardware = {"source": "nvml", "gpus": gpus, "cpu_cores": 64, "memory_mib": 524288}
+    if temperature_c is not None:
+        hardware["health"] = "nvml"
     driver(
         "call",
         path="inventory.registration:do_heartbeat",
@@ -110,6 +115,11 @@ def test_the_cluster_view_shows_utilization_per_type_live(
             "document.getElementById('types-chart').data.map(t => t.y[t.y.length - 1])"
         )
         assert sorted(last) == [0.0, 0.5], last
+        # A server's health word changes: its row follows (the table is read again).
+        assert root.get_attribute("#health-h100-0", "data-health") == "not reported"
+        report_hardware(driver, "h100-0", temperature_c=64)
+        root.wait_for_selector('#health-h100-0[data-health="ok"]')
+        assert "64 °C, 7%" in root.inner_text("#health-h100-0")
         assert root.evaluate("window.__notReloaded") is True
         screenshot(root, "cluster-types")
     finally:
