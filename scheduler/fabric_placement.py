@@ -33,6 +33,7 @@ from fabric.allocator import Allocation, VClosAllocator
 from fabric.contention import ecmp_slowdown
 from fabric.topology import FabricSpec
 from scheduler.binding import Bound, bind
+from scheduler.packing import Packing
 from scheduler.placement import (
     ConsolidatedPlacement,
     CountOnly,
@@ -118,15 +119,21 @@ class VClosBinder:
     A start that fits no shape may move a job shrunk earlier in the same
     pass (:func:`scheduler.binding.reshape_around`), as the control
     plane's binding of a whole round does; ``reshape=False`` leaves every
-    shrink in place, as the live binder did before 2026-12-04.
+    shrink in place, as the live binder did before 2026-12-04.  ``packing``: the
+    servers' CPU cores and memory and the jobs' requests per GPU
+    (:mod:`scheduler.packing`), which binding packs; a resize that fits only in
+    part is refused here (the simulator gives a job exactly what it asks or nothing).
     """
 
     name = "vclos"
 
-    def __init__(self, spec: FabricSpec, *, reshape: bool = True) -> None:
+    def __init__(
+        self, spec: FabricSpec, *, reshape: bool = True, packing: Packing | None = None
+    ) -> None:
         self.spec = spec
         self.allocator = VClosAllocator(spec)
         self.reshape = reshape
+        self.packing = packing
         self._admits: dict[int, bool] = {}
         self._shrunk: dict[str, Bound] = {}  # this pass's shrinks, by job
 
@@ -150,7 +157,18 @@ class VClosBinder:
         else:
             decision = Start(job, _sized(n))
         shrunk = self._shrunk if self.reshape else {}
-        bound, _refused = bind(self.spec, self.allocator, [decision], shrunk)
+        old = self.allocator.allocations().get(job)
+        if self.packing is None:
+            bound, _refused = bind(self.spec, self.allocator, [decision], shrunk)
+        else:
+            bound, _refused = bind(
+                self.spec, self.allocator, [decision], shrunk, packing=self.packing
+            )
+        if bound and len(bound[0].new_gpus) != n:  # packing grew it only in part: undo
+            self.allocator.release(job)
+            if old is not None:
+                self.allocator.reserve(old)
+            return None
         return bound[0].new_gpus if bound else None
 
     def release(self, job: str) -> None:

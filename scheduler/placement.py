@@ -23,6 +23,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from scheduler.packing import Packing
 from scheduler.types import Gpu
 
 
@@ -204,14 +205,24 @@ class FreeList:
 
     Shrinking keeps the first GPUs of the job (rank order); growing asks the
     placement for the extra GPUs next to the job's own, as ``schedule()`` does.
+    ``packing`` (the servers' CPU cores and memory, the jobs' requests per GPU:
+    :mod:`scheduler.packing`): an asking job's new GPUs come only from servers whose
+    cores and memory still hold them beside the other jobs' (None: GPUs alone).
     """
 
-    def __init__(self, placement: Placement, gpus: Sequence[Gpu], name: str = "") -> None:
+    def __init__(
+        self,
+        placement: Placement,
+        gpus: Sequence[Gpu],
+        name: str = "",
+        packing: Packing | None = None,
+    ) -> None:
         self.name = name or placement.name
         self.placement = placement
         self.gpus = {g.id: g for g in gpus}
         self.free = set(self.gpus)
         self.held: dict[str, tuple[int, ...]] = {}
+        self.packing = packing
 
     def admits(self, n: int) -> bool:
         """A job fits the empty cluster when it asks for at most all of its GPUs."""
@@ -224,9 +235,16 @@ class FreeList:
             self.free.update(current[n:])
             chosen = current[:n]
         else:
-            extra = self.placement.place(
-                n - len(current), sorted(self.free), self.gpus, near=current, job=job
-            )
+            free = sorted(self.free)
+            packing = self.packing
+            if packing is not None and job in packing.requests:
+                mine = [packing.server_of(g) for g in current]
+                room = {
+                    s: max(0, k - mine.count(s)) for s, k in packing.room(job, self.held).items()
+                }
+                hidden = set(packing.hide(room, free))
+                free = [g for g in free if g not in hidden]
+            extra = self.placement.place(n - len(current), free, self.gpus, near=current, job=job)
             if extra is None:
                 return None
             self.free.difference_update(extra)

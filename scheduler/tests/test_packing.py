@@ -10,7 +10,9 @@ import pytest
 from fabric.allocator import VClosAllocator
 from fabric.topology import FabricSpec
 from scheduler.binding import bind, bind_typed
+from scheduler.fabric_placement import VClosBinder
 from scheduler.packing import Packing, PerGpu, packing_for
+from scheduler.placement import ConsolidatedPlacement, FreeList
 from scheduler.tests.builders import queued, snapshot
 from scheduler.types import Cluster, Decision, Gpu, Migrate, Preempt, Scale, ServerCapacity, Start
 
@@ -206,3 +208,25 @@ def test_server_capacity_refuses_bad_figures() -> None:
         ServerCapacity(cpus=-1)
     with pytest.raises(ValueError, match="mem_mib"):
         ServerCapacity(mem_mib=True)
+
+
+def test_the_simulators_placers_pack_too() -> None:
+    """The free-list placer and the vClos binder of the simulator: a second CPU-heavy job
+    of 4 GPUs is refused on a 16-core server (exactly what is asked, or nothing), a job
+    asking nothing is not, and a refused growth leaves the job as it was."""
+    spec = _spec(1)
+    asks = {"a": PerGpu(cpus=4), "b": PerGpu(cpus=4)}
+    packing = _packing(spec, ServerCapacity(cpus=16), asks)
+    gpus = Cluster.uniform(1, 8).gpus
+    for placer in (
+        FreeList(ConsolidatedPlacement(), gpus, packing=packing),
+        VClosBinder(spec, packing=packing),
+    ):
+        placed = placer.place("a", 2)
+        assert placed is not None and len(placed) == 2
+        assert placer.place("a", 6) is None  # 6 x 4 > 16: refused whole
+        assert placer.place("a", 4) is not None  # 4 x 4 = 16: fits
+        assert placer.place("b", 4) is None
+        assert placer.place("free", 4) is not None
+    plain = FreeList(ConsolidatedPlacement(), gpus)
+    assert plain.place("a", 4) is not None and plain.place("b", 4) is not None
