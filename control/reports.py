@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
 from control import membership_claims, outputs, program_exits
 from control.dropped_events import events_dropped
@@ -35,6 +37,7 @@ from jobs.environment_caches import do_record_cache_report, do_record_eviction_r
 from jobs.lifecycle import broadcast, record, record_metric, request_tick, save_fields, transition
 from jobs.models import Job
 from jobs.services import do_set_parallelism
+from jobs.sessions import note_activity
 from scheduler.curves import record_measurement
 from workers.protocol import (
     ArtifactStored,
@@ -47,6 +50,7 @@ from workers.protocol import (
     Heartbeat,
     JobEventReport,
     JobReport,
+    LabActivity,
     LogLines,
     Metrics,
     ProfileDone,
@@ -393,7 +397,16 @@ def _started(job: Job, report: Started) -> str:
     return program_exits.on_started(job, report, _at(report))
 
 
+def _lab_activity(job: Job, report: LabActivity) -> str:
+    """A session's Jupyter was active (a kernel, a request) or has a client connected:
+    its ``last_activity_at`` moves forward (never past now: an agent's clock may run ahead)."""
+    when = min(datetime.fromtimestamp(report.active_at, tz=UTC), timezone.now())
+    note_activity(job.pk, when)
+    return "lab activity"
+
+
 _HANDLERS: dict[type[Report], Callable[[Job, Any], str]] = {
+    LabActivity: _lab_activity,
     Progress: _progress,
     ScaleDone: _scale_done,
     Recovered: _recovered,

@@ -3,11 +3,18 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.templatetags.static import static
-from django.urls import include, path
+from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from portal import cluster_views, environment_views, live_views, usage_views, whatif_views
+from portal import (
+    cluster_views,
+    environment_views,
+    lab_proxy,
+    live_views,
+    usage_views,
+    whatif_views,
+)
 from portal import views as portal_views
 from portal.metrics import metrics_view
 
@@ -63,6 +70,8 @@ urlpatterns = [
     # The split view serves Swagger UI's start-up script as a file: no inline script (CSP).
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="swagger-ui"),
     path("metrics", metrics_view, name="metrics"),
+    # A session's JupyterLab, relayed by its node's agent (portal.lab_proxy).
+    re_path(r"^sessions/(?P<job_id>[0-9]{1,18})/lab/", lab_proxy.lab, name="session-lab"),
     path("admin/", admin.site.urls),
     # Browsers ask for /favicon.ico on pages without base.html's icon (admin, Swagger UI).
     path("favicon.ico", RedirectView.as_view(url=static("img/favicon.svg"), permanent=True)),

@@ -8,6 +8,7 @@ WebSocket running a cell.  A ``lab.sock`` that is a link to another socket is re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -41,12 +42,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 NODE, JOB, BASE = "n1", "job-7", "/sessions/7/lab/"
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
-    """A JupyterLab on ``<job dir>/scratch/w0/lab.sock``: (the job's directory, its token)."""
-    job_dir = tmp_path_factory.mktemp("job")
+@contextlib.contextmanager
+def running_lab(job_dir: Path, base: str) -> Iterator[str]:
+    """A JupyterLab on ``<job_dir>/scratch/w0/lab.sock`` under ``base``, started the way the
+    agent starts it (without the sandbox); yields its token."""
     home = job_dir / "scratch" / "w0"
-    home.mkdir(parents=True)
+    home.mkdir(parents=True, exist_ok=True)
     token = new_token()
     env = {
         "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
@@ -57,25 +58,35 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
     }
     log = open(job_dir / "lab.log", "wb")  # noqa: SIM115 (closed below)
     process = subprocess.Popen(
-        lab_argv(sys.executable, BASE, home), cwd=home, env=env, stdout=log, stderr=log
+        lab_argv(sys.executable, base, home), cwd=home, env=env, stdout=log, stderr=log
     )
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            connect_lab(job_dir, "w0").close()
-            break
-        except OSError:
-            assert process.poll() is None, (job_dir / "lab.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, (job_dir / "lab.log").read_text()[-3000:]
-            time.sleep(0.2)
-    yield job_dir, token
-    process.terminate()
     try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    log.close()
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                connect_lab(job_dir, "w0").close()
+                break
+            except OSError:
+                assert process.poll() is None, (job_dir / "lab.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, (job_dir / "lab.log").read_text()[-3000:]
+                time.sleep(0.2)
+        yield token
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    """A JupyterLab of ``JOB``: (the job's directory, its token)."""
+    job_dir = tmp_path_factory.mktemp("job")
+    with running_lab(job_dir, BASE) as token:
+        yield job_dir, token
 
 
 @pytest.fixture
