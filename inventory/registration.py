@@ -77,26 +77,24 @@ def health_hold_seconds() -> float:
 
 @transaction.atomic
 def do_heartbeat(*, node: str, info: Mapping[str, Any], at: datetime | None = None) -> bool:
-    """Record a heartbeat (``services.do_heartbeat``) and read its hardware report.
+    """Record a heartbeat (``services.apply_heartbeat``) and read its hardware report.
 
     A known node's report is checked against its row; an unknown node becomes
     (or stays) pending.  Returns whether the node is known.
     """
     now = at or timezone.now()
-    before = Server.objects.filter(node=node).values_list("agent_info__hardware", flat=True)
-    previous = before.first()
-    known = services.do_heartbeat(node=node, info=info, at=now)
+    beat = services.apply_heartbeat(node=node, info=info, at=now)
     hardware = info.get("hardware")
-    if known:
+    if beat is not None:
         check_reported_hardware(node=node, hardware=hardware, at=now)
         word = health_word(hardware)
-        if word != health_word(previous):  # the views' health column follows, live
+        if word != health_word(beat.previous_hardware):  # the views' health column follows
             broadcast_on_commit(
                 (CLUSTER_GROUP,), {"type": "server.health", "node": node, "health": word}
             )
     else:
         do_record_pending(node=node, hardware=hardware, at=now)
-    return known
+    return beat is not None
 
 
 def health_word(hardware: Any) -> str:

@@ -576,19 +576,34 @@ def _merge_seen(previous: Any, listed: set[str], at: datetime) -> dict[str, str]
     return {job: stamp.isoformat() for job, stamp in seen.items()}
 
 
-@transaction.atomic
 def do_heartbeat(*, node: str, info: Mapping[str, Any], at: datetime | None = None) -> bool:
+    """Record an agent's heartbeat (``apply_heartbeat``); False for an unknown node."""
+    return apply_heartbeat(node=node, info=info, at=at) is not None
+
+
+@dataclass(frozen=True)
+class BeatApplied:
+    """A known node's heartbeat, recorded: the hardware its previous heartbeat reported."""
+
+    previous_hardware: Any
+
+
+@transaction.atomic
+def apply_heartbeat(
+    *, node: str, info: Mapping[str, Any], at: datetime | None = None
+) -> BeatApplied | None:
     """Record an agent's heartbeat; a server marked down by missed beats comes back up.
 
     Besides the heartbeat itself, remembers when each job was last listed with
     running workers (``jobs_seen``) and when the newest heartbeat was sent
     (``beat_at``), both in the agent's own sending time (``sent_at``), so the
     tick can tell a job with no process (``control.reconcile``).
-    Returns False for an unknown node (the report is ignored, nothing changes).
+    None for an unknown node (the report is ignored, nothing changes); else what the
+    previous heartbeat reported of the hardware (the caller compares health).
     """
     server = Server.objects.select_for_update().filter(node=node).first()
     if server is None:
-        return False
+        return None
     now = at or timezone.now()
     previous = server.agent_info
     sent = sent_at(info, now)
@@ -609,7 +624,7 @@ def do_heartbeat(*, node: str, info: Mapping[str, Any], at: datetime | None = No
             {"type": "server.state", "node": node, "state": "up", "reason": server.state_reason},
         )
     server.save(update_fields=fields)
-    return True
+    return BeatApplied(previous.get("hardware") if isinstance(previous, dict) else None)
 
 
 STALL_FACTOR = 10

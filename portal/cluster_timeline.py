@@ -128,9 +128,10 @@ class Replay:
             self.queued += new[0] - old[0]
             self.used += new[1] - old[1]
             self.eff += new[2] - old[2]
-            if old[1] or new[1]:
-                by_type = self.used_by_type
-                by_type[old[3]] = by_type.get(old[3], 0) - old[1]
+            by_type = self.used_by_type
+            if old[1]:
+                by_type[old[3]] -= old[1]
+            if new[1]:
                 by_type[new[3]] = by_type.get(new[3], 0) + new[1]
             self.points.append((at, self.queued, self.used, self.eff))
             self.typed.append(dict(self.used_by_type))
