@@ -248,3 +248,23 @@ def test_a_session_on_the_tenants_own_code(owner_client: Any, acme: Tenant) -> N
     assert job.environment["requirements"] == ["rich"]
     missing = start(owner_client, code="f" * 64)
     assert missing.status_code == 400 and "code" in missing.json()["errors"]
+
+
+def test_a_session_holds_its_tenants_quota_like_any_job(owner_client: Any, acme: Tenant) -> None:
+    nodes = demo_cluster()
+    Tenant.objects.filter(pk=acme.pk).update(gpu_quota=2)
+    session = start(owner_client, gpus=2).json()
+    run_tick(policy="elastic-tiresias")
+    drain_all(nodes)
+    batch = owner_client.post(
+        "/api/v1/jobs/",
+        {"tenant": "acme", "name": "b", "workload": "mlp-digits", "gpus": 1},
+        format="json",
+    ).json()
+    run_tick(policy="elastic-tiresias")
+    drain_all(nodes)
+    job, waiting = Job.objects.get(pk=session["id"]), Job.objects.get(pk=batch["id"])
+    assert job.state == JobState.RUNNING and waiting.state == JobState.QUEUED
+    assert "quota" in waiting.wait_reason
+    listed = owner_client.get("/api/v1/jobs/").json()["results"]
+    assert {j["id"]: j["kind"] for j in listed} == {job.pk: "session", waiting.pk: "batch"}
