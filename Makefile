@@ -12,12 +12,15 @@ CHROMIUM ?= /usr/bin/chromium
 venv: $(STAMP)
 
 # The browser libraries served from static/ (xterm.js: package.json), never from a CDN.
-# Without npm the portal still runs; the job page then says its terminal is unavailable.
+# Without npm (or its registry) the portal still runs; the job page then says its terminal
+# is unavailable, and the next make tries again.
 NPM_STAMP := node_modules/.installed
 $(NPM_STAMP): package.json package-lock.json
-	@if command -v npm >/dev/null 2>&1; then \
-	  npm ci --ignore-scripts --no-audit --no-fund && touch $@; \
-	else echo "!!! npm is missing: the job page's terminal (xterm.js) will be unavailable"; fi
+	@if ! command -v npm >/dev/null 2>&1; then \
+	  echo "!!! npm is missing: the job page's terminal (xterm.js) will be unavailable"; \
+	elif ! npm ci --ignore-scripts --no-audit --no-fund; then \
+	  echo "!!! npm ci failed: the job page's terminal (xterm.js) will be unavailable"; \
+	else touch $@; fi
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
