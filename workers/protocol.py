@@ -175,6 +175,8 @@ class Program(Record):
     """``launcher: session`` only: the store prefix of the user's persistent home
     (``jobs.sessions.home_prefix``: ``homes/<tenant slug>/<user id>/``), restored into the
     lab's HOME before it starts and synced back when it stops; empty: no persistent home."""
+    home_quota_mib: int = 0
+    """The most the persistent home keeps (the tenant's ``session_home_quota_mib``); 0: none."""
 
     def validate(self) -> None:
         try:
@@ -199,6 +201,7 @@ class Program(Record):
             check_name(self.master_node, "program.master_node")
         if self.home_prefix and not HOME_PREFIX.fullmatch(self.home_prefix):
             raise ProtocolError("program.home_prefix must be homes/<tenant slug>/<user id>/")
+        at_least(self.home_quota_mib, 0, "program.home_quota_mib")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -30,7 +30,7 @@ from workers.agent.commands import CommandRejected as CommandRejected  # re-expo
 from workers.agent.config import SHM_ROOT, AgentConfig
 from workers.agent.events import EventForwarder, JobControlLike, default_control_factory
 from workers.agent.hardware import probe_for
-from workers.agent.lab import Labs
+from workers.agent.lab import LabHomes, Labs
 from workers.agent.launch import log_tail
 from workers.agent.log_shipper import LogOffsets, LogShipper, WorkerLike
 from workers.agent.metrics_tail import MetricsFileTail
@@ -97,6 +97,9 @@ class Agent:
         )
         self.labs = Labs(config, send, on_gone=self._sync_home)
         """The relays of the session labs that run here (``workers.agent.lab``)."""
+        self.homes = LabHomes(store.redis, config.node, config.artifact_url)
+        """The sessions' persistent homes: restored at a lab's start, synced at its end."""
+        self.processes.restore_home = self.homes.restore
         self.hardware = probe_for(config.device, [gpu.uuid for gpu in config.gpus])
         """Reads the node's hardware and GPU health for each heartbeat."""
         self._next_heartbeat = clock.monotonic()
@@ -166,8 +169,9 @@ class Agent:
             for job in self.events.past_finish():  # "finished", yet its processes train on
                 if self.processes.of_job(job) and job not in self.processes.stops:
                     self.processes.stop(job, f"finished-{job}", grace_seconds=0.0)
-            self._settle_jobs()
+            # Before the settling: a stopped session's home is synced before it is reported.
             self.labs.sync(self.processes.records())
+            self._settle_jobs()
         if self.clock.monotonic() >= self._next_heartbeat:
             self._next_heartbeat = self.clock.monotonic() + self.config.heartbeat_seconds
             self.heartbeat()
@@ -478,12 +482,9 @@ class Agent:
             self._stop_event.wait(self.config.poll_seconds)
 
     def _sync_home(self, record: WorkerRecord) -> None:
-        """A session's lab has gone: its HOME goes back to the user's persistent home.
-
-        The call site of the homes' sync (``docs/sessions.md``): wired where the node has
-        an artifact store and the homes module; until then the HOME stays on the node
-        until the cleaner removes the job's folder."""
-        log.info("lab of %s/%s ended; its home is not synced here", record.job, record.worker_id)
+        """A session's lab has gone: its HOME goes back to the user's persistent home."""
+        home = JobDirs(self.config.job_dir(record.job)).scratch(record.worker_id)
+        self.homes.sync(record.job, record.worker_id, home)
 
     def close(self, *, stop_children: bool | None = None) -> None:
         """Stop supervising; end the training processes too if so configured.

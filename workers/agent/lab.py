@@ -13,24 +13,29 @@ that restarted and adopted the lab, dropped when the lab goes.  They never leave
 from __future__ import annotations
 
 import functools
+import json
 import logging
-import threading
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 
+from workers.agent import homes
 from workers.agent.config import AgentConfig
+from workers.agent.home_plan import Base
 from workers.agent.lab_launch import new_token
 from workers.agent.lab_relay import LabRelay, LabStatus
 from workers.agent.store import WorkerRecord
+from workers.artifacts import ArtifactStore
 from workers.elastic.redis_client import connect
 from workers.lab_protocol import ACTIVITY_EVERY_S, base_url_of
-from workers.protocol import LabActivity, Report
+from workers.protocol import LabActivity, Program, Report
 
 log = logging.getLogger(__name__)
 
 SESSION = "session"
+MIB = 1024 * 1024
 
 
 def is_lab(record: WorkerRecord) -> bool:
@@ -59,6 +64,82 @@ class LabTokens:
         self.client.hdel(self.key, f"{job}/{worker_id}")
 
 
+@dataclass(frozen=True)
+class HomeRecord:
+    """What a lab's home sync needs, kept from its restore (across an agent restart)."""
+
+    prefix: str
+    quota_bytes: int
+    owner: tuple[int, int] | None
+    base: str
+
+    def encode(self) -> str:
+        return json.dumps(
+            {
+                "prefix": self.prefix,
+                "quota": self.quota_bytes,
+                "owner": self.owner,
+                "base": self.base,
+            }
+        )
+
+    @classmethod
+    def decode(cls, text: str | bytes) -> HomeRecord:
+        raw = json.loads(text)
+        owner = raw["owner"]
+        return cls(
+            prefix=str(raw["prefix"]),
+            quota_bytes=int(raw["quota"]),
+            owner=(int(owner[0]), int(owner[1])) if owner else None,
+            base=str(raw["base"]),
+        )
+
+
+class LabHomes:
+    """Each session's persistent home (``workers.agent.homes``): restored into the lab's
+    HOME before Jupyter starts, synced back once the lab has gone (before the agent reports
+    the session stopped, so that the user's next session finds every file)."""
+
+    def __init__(self, client: redis.Redis, node: str, artifact_url: str) -> None:
+        self.client = client
+        self.key = f"agent:{node}:lab-homes"
+        self.artifact_url = artifact_url
+
+    def restore(
+        self, job: str, worker_id: str, program: Program, home: Path, owner: tuple[int, int] | None
+    ) -> str | None:
+        """Fill ``home`` from ``program.home_prefix`` (within ``home_quota_mib``); what it
+        did, in one line (None: the session has no persistent home here)."""
+        if not (program.home_prefix and program.home_quota_mib > 0 and self.artifact_url):
+            return None
+        prefix = program.home_prefix.rstrip("/")
+        quota = program.home_quota_mib * MIB
+        result = homes.restore(ArtifactStore(self.artifact_url), prefix, home, quota, owner=owner)
+        record = HomeRecord(prefix, quota, owner, result.base.encode())
+        self.client.hset(self.key, f"{job}/{worker_id}", record.encode())
+        log.info("lab of %s: %s", job, result.message)
+        return result.message
+
+    def sync(self, job: str, worker_id: str, home: Path) -> str | None:
+        """Store ``home`` back as the user's home (None: it has none here)."""
+        raw = self.client.hget(self.key, f"{job}/{worker_id}")
+        if raw is None:
+            return None
+        record = HomeRecord.decode(raw)
+        result = homes.sync(
+            ArtifactStore(self.artifact_url),
+            record.prefix,
+            home,
+            record.quota_bytes,
+            owner=record.owner,
+            base=Base.decode(record.base),
+        )
+        if result.manifest_written or result.error is None:
+            self.client.hdel(self.key, f"{job}/{worker_id}")
+        log.info("lab of %s: %s", job, result.message)
+        return result.message
+
+
 class Labs:
     """The relays of the session labs that run on this node."""
 
@@ -74,7 +155,8 @@ class Labs:
         self._send = send
         self.activity_every_s = activity_every_s
         self.on_gone = on_gone
-        """Called (in a thread of its own) for a lab whose worker has gone: its home's sync."""
+        """Called for a lab whose worker has gone, before the agent settles its job: its
+        home's sync."""
         self.relays: dict[str, tuple[WorkerRecord, LabRelay]] = {}
         self._client: redis.Redis | None = None
 
@@ -131,9 +213,10 @@ class Labs:
             self.tokens.drop(record.job, record.worker_id)
         except redis.RedisError:
             log.exception("lab of %s: its token stays in Redis", record.job)
-        threading.Thread(
-            target=self.on_gone, args=(record,), name=f"lab-home-{record.job}", daemon=True
-        ).start()
+        try:
+            self.on_gone(record)
+        except Exception:  # a store that is down must not take the agent with it
+            log.exception("lab of %s: its home was not synced", record.job)
         log.info("the lab of %s/%s has gone", record.job, record.worker_id)
 
     def report(self, job: str, status: LabStatus) -> None:

@@ -99,6 +99,9 @@ log = logging.getLogger(__name__)
 NO_RUNTIME = frozenset({"torchrun", "session"})
 """Launchers whose processes have no elastic runtime to ask, nor a job Redis user."""
 
+RestoreHome = Callable[[str, str, Program, Path, "tuple[int, int] | None"], object]
+"""(job, worker id, program, HOME, owner): a session's home restored before its lab starts."""
+
 ChildKey = tuple[str, str]
 """(job, worker id)."""
 
@@ -232,9 +235,9 @@ class ProcessTable:
             runner=SandboxedBuilds(config) if config.sandbox.mode == "on" else HostBuilds(),
         )
         """Tenants' own dependencies, built once per request (``workers.agent.environments``)."""
-        self.restore_home: Callable[[Program, Path], None] = lambda program, home: None
+        self.restore_home: RestoreHome = lambda job, worker_id, program, home, owner: None
         """Fills a session's HOME from its persistent home (``program.home_prefix``) before
-        its lab starts; the agent wires the homes' restore here (``docs/sessions.md``)."""
+        its lab starts (the agent's ``LabHomes.restore``)."""
         store_root = local_store_dir(config.artifact_url)
         if store_root is not None:  # a sandbox hides it, so it must exist before the first
             store_root.mkdir(parents=True, exist_ok=True)
@@ -468,7 +471,9 @@ class ProcessTable:
         if environment is not None:
             with_environment(env, environment)
         if where.rank == 0:
-            self.restore_home(program, home)
+            identity = self._identity(command.job)
+            owner = (identity.uid, identity.gid) if identity is not None else None
+            self.restore_home(command.job, worker.worker_id, program, home, owner)
             token = LabTokens(self.store.redis, self.config.node).issue(
                 command.job, worker.worker_id
             )

@@ -13,6 +13,8 @@ import json
 import random
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -32,13 +34,11 @@ agent_secrets = sandboxed.agent_secrets
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
-@pytest.fixture
-def session(host: Host, node: str, redis_url: str) -> Iterator[tuple[Agent, Collected, str]]:
-    """An agent whose session ``job-<n>`` runs its lab in worker ``w0``."""
+def start_session(agent: Agent, sent: Collected, host: Host, **program: Any) -> str:
+    """Start a session (launcher ``session``) on ``agent``; its job name once its lab answers
+    on ``lab.sock`` and the agent relays it."""
     job = f"job-{random.randrange(10**6, 10**7)}"
-    host.bundle(CODE, "# an empty session bundle\n", "README.md")
-    agent, sent = make_agent(host, node, redis_url)
-    payload = start_payload(job, "c1", launcher="session")
+    payload = start_payload(job, f"c-{job}", launcher="session", **program)
     payload["program"]["entrypoint"] = ["lab"]
     assert agent.receive(payload) == "applied", sent.reports
     job_dir = host.data_dir / "jobs" / job
@@ -53,6 +53,25 @@ def session(host: Host, node: str, redis_url: str) -> Iterator[tuple[Agent, Coll
             assert time.monotonic() < deadline, [p.read_text()[-3000:] for p in log.rglob("*.log")]
             time.sleep(0.3)
     agent.tick()
+    return job
+
+
+def stop_session(agent: Agent, job: str) -> None:
+    """Stop it; wait until its relay (and so its home's sync) is done."""
+    agent.processes.stop(job, f"stop-{job}", grace_seconds=0.0)
+    deadline = time.monotonic() + 60
+    while any(key.startswith(f"{job}/") for key in agent.labs.relays):
+        assert time.monotonic() < deadline
+        agent.tick()
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def session(host: Host, node: str, redis_url: str) -> Iterator[tuple[Agent, Collected, str]]:
+    """An agent whose session ``job-<n>`` runs its lab in worker ``w0``."""
+    host.bundle(CODE, "# an empty session bundle\n", "README.md")
+    agent, sent = make_agent(host, node, redis_url)
+    job = start_session(agent, sent, host)
     yield agent, sent, job
     agent.labs.close()
     agent.processes.end_all()
@@ -99,11 +118,41 @@ def test_the_lab_runs_in_the_sandbox_and_is_relayed(
     token = agent.labs.tokens.get(job, "w0")
     assert token and token not in logs
     # Stopped: the worker ends, the relay goes, and its token with it.
-    agent.processes.stop(job, "stop-1", grace_seconds=0.0)
-    deadline = time.monotonic() + 60
-    while agent.labs.relays:
-        assert time.monotonic() < deadline
-        agent.tick()
-        time.sleep(0.2)
+    stop_session(agent, job)
     assert agent.labs.tokens.get(job, "w0") is None
     client.close()
+
+
+def test_a_notebook_saved_in_one_session_is_in_the_next(
+    host: Host, node: str, redis_url: str, tmp_path: Path
+) -> None:
+    """The user's persistent home: restored before the lab starts, synced when it stops
+    (before the stop is reported), so the next session of the same user finds its files."""
+    host.bundle(CODE, "# an empty session bundle\n", "README.md")
+    store = tmp_path / "store"
+    agent, sent = make_agent(host, node, redis_url, artifact_url=f"file://{store}")
+    client = redis.Redis.from_url(redis_url)
+    home = {"home_prefix": "homes/lab/7/", "home_quota_mib": 10}
+    try:
+        first = start_session(agent, sent, host, **home)
+        portal = Portal(client, node=node, job=first, base=f"/sessions/{first[4:]}/lab/")
+        notebook = {"type": "notebook", "content": {"cells": [], "metadata": {},
+                                                    "nbformat": 4, "nbformat_minor": 5}}  # fmt: skip
+        status, _h, body = portal.http(
+            "PUT", "api/contents/kept.ipynb", json.dumps(notebook).encode(),
+            [("Content-Type", "application/json")],
+        )  # fmt: skip
+        assert status == 201, body
+        stop_session(agent, first)
+        assert (store / "homes" / "lab" / "7" / "manifest.json").is_file()
+        second = start_session(agent, sent, host, **home)
+        portal = Portal(client, node=node, job=second, base=f"/sessions/{second[4:]}/lab/")
+        status, _h, body = portal.http("GET", "api/contents")
+        assert status == 200
+        assert "kept.ipynb" in [item["name"] for item in json.loads(body)["content"]]
+        stop_session(agent, second)
+    finally:
+        agent.labs.close()
+        agent.processes.end_all()
+        agent.processes.release()
+        client.close()
