@@ -311,6 +311,8 @@ class _Layout:
     type_of: dict[int, str]
     names: tuple[str, ...]
     masks: dict[str, list[bool]]  # per type, which positions hold one (several types only)
+    in_service: dict[str, tuple[tuple[int, ...], frozenset[int]]]
+    """Per type, the GPUs down when it was worked out and its GPUs in service then."""
 
 
 def _layout(gpus: tuple[Gpu, ...]) -> _Layout:
@@ -321,7 +323,7 @@ def _layout(gpus: tuple[Gpu, ...]) -> _Layout:
         return last
     names = tuple(sorted(set(types)))
     masks = {n: list(map(eq, types, repeat(n))) for n in names} if len(names) > 1 else {}
-    layout = _Layout(ids, types, dict(zip(ids, types, strict=True)), names, masks)
+    layout = _Layout(ids, types, dict(zip(ids, types, strict=True)), names, masks, {})
     _remember_layout(layout)
     return layout
 
@@ -349,7 +351,10 @@ class _Reach:
         layout = _layout(gpus)
         self.type_of = layout.type_of
         self.names = layout.names  # :func:`cluster_types`
-        free = list(map(is_, map(_GPU_STATE, gpus), repeat(GpuState.FREE)))
+        self.layout = layout
+        states = list(map(_GPU_STATE, gpus))
+        free = list(map(is_, states, repeat(GpuState.FREE)))
+        self.down = tuple(compress(layout.ids, map(is_, states, repeat(GpuState.DOWN))))
         self.free_ids = frozenset(compress(layout.ids, free))
         self.free_by_type: dict[str, int] = dict(Counter(compress(layout.types, free)))
         self._by_type: dict[str, tuple[Gpu, ...]] = (
@@ -357,7 +362,6 @@ class _Reach:
             if layout.masks
             else dict.fromkeys(self.names, gpus)
         )
-        self._in_service: dict[str, frozenset[int]] = {}
         self._ids: dict[tuple[tuple[str, ...], Labels], dict[str, frozenset[int]]] = {}
         self._sizes: dict[tuple[tuple[str, ...], Labels], dict[str, int]] = {}
         self._free: dict[tuple[tuple[str, ...], Labels], dict[str, int]] = {}
@@ -370,11 +374,13 @@ class _Reach:
         """The GPUs of type ``name`` in service on servers ``selector`` matches
         (:func:`eligible_gpus`, one type)."""
         if not selector:
-            found = self._in_service.get(name)
-            if found is None:
+            # The same while no GPU goes down or comes back: kept with the layout.
+            down, found = self.layout.in_service.get(name, (None, frozenset()))
+            if down != self.down:
                 pool = self.gpus_of(name)
                 up = map(is_not, map(_GPU_STATE, pool), repeat(GpuState.DOWN))
-                found = self._in_service[name] = frozenset(compress(map(_GPU_ID, pool), up))
+                found = frozenset(compress(map(_GPU_ID, pool), up))
+                self.layout.in_service[name] = (self.down, found)
             return found
         labels = self.cluster.server_labels
         return frozenset(
