@@ -86,11 +86,27 @@ class ImportForm(forms.Form):
 
 
 class ServerForm(forms.Form):
-    """A new server at a free position of the fabric."""
+    """A new server at a free position of the fabric, of a GPU type, in a pool."""
 
     leaf = forms.IntegerField(min_value=0)
     slot = forms.IntegerField(min_value=0)
     node = forms.CharField(max_length=64, label="Node name")
+    gpu_type = forms.CharField(
+        max_length=32, required=False, label="GPU type", help_text="Empty: default."
+    )
+    pool = forms.CharField(max_length=63, required=False, help_text="The server's pool label.")
+
+    def add_fields(self) -> dict[str, Any]:
+        """The keyword arguments of ``inventory.services.do_add_server``."""
+        data = self.cleaned_data
+        pool = data.get("pool") or ""
+        return {
+            "leaf": data["leaf"],
+            "slot": data["slot"],
+            "node": data["node"],
+            "gpu_type": data.get("gpu_type") or None,
+            "labels": {"pool": pool} if pool else {},
+        }
 
 
 SERVER_ACTIONS = {"drain": "draining", "undrain": "up", "down": "down"}

@@ -28,13 +28,15 @@ from audit.context import current_actor
 from fabric.errors import TopologyError
 from fabric.topology import FabricSpec
 from inventory.limits import TopologyLimits, TopologyTooLarge, check_topology_size
-from inventory.models import Fabric, Gpu, Server, ServerState
+from inventory.models import Fabric, Gpu, PendingServer, Server, ServerState
 from inventory.server_types import (
     TYPED_FIELDS,
     UNTYPED,
     ServerType,
     ServerTypeError,
+    check_labels,
     check_server_type,
+    check_type_slug,
 )
 from utilities.realtime import CLUSTER_GROUP, broadcast_on_commit
 
@@ -282,6 +284,8 @@ def do_load_topology(data: Any) -> LoadResult:
             raise InventoryError(f"node name {node!r} is already used by another server")
         create_server_rows(spec, leaf, slot, node, kinds[node])
         added += 1
+    # A node the document places is no longer waiting for an admin.
+    PendingServer.objects.filter(node__in=list(wanted.values())).delete()
     retyped = _retype_servers(kinds)
     unchanged = not created and not added and not removed and not retyped
     if not unchanged:
@@ -331,22 +335,40 @@ def export_topology() -> dict[str, Any]:
 
 
 @transaction.atomic
-def do_add_server(*, leaf: int, slot: int, node: str) -> Server:
-    """Add a server at a free position of the fabric."""
+def do_add_server(
+    *, leaf: int, slot: int, node: str, gpu_type: Any = None, labels: Any = None
+) -> Server:
+    """Add a server at a free position of the fabric, of GPU type ``gpu_type`` (default:
+    ``default``) with ``labels`` (e.g. its pool); a pending server of that name is placed
+    by this, so its pending row goes.  Refused (``InventoryError`` naming the field,
+    nothing changes) for a taken position or name, a bad type or labels."""
     spec = current_spec()
     if spec is None:
         raise InventoryError("load a topology before adding servers")
     check_position(spec, leaf, slot)
     check_node_name(node)
+    try:
+        kind = ServerType(
+            gpu_type=check_type_slug(gpu_type or UNTYPED.gpu_type),
+            labels=check_labels({} if labels is None else labels),
+        )
+    except ServerTypeError as exc:
+        raise InventoryError(str(exc), exc.field) from None
     if Server.objects.filter(leaf=leaf, slot=slot).exists():
         raise InventoryError(f"leaf {leaf} slot {slot} already has a server")
     if Server.objects.filter(node=node).exists():
         raise InventoryError(f"node name {node!r} is already used")
-    server = create_server_rows(spec, leaf, slot, node)
+    server = create_server_rows(spec, leaf, slot, node, kind)
+    PendingServer.objects.filter(node=node).delete()
     audit.record(
         "server.add",
         obj=server,
-        after={**audit.snapshot(server, SERVER_AUDIT_FIELDS), "gpus": spec.gpus_per_server},
+        after={
+            **audit.snapshot(server, SERVER_AUDIT_FIELDS),
+            "gpus": spec.gpus_per_server,
+            # what differs from an untyped server, as the topology document would say it
+            **{k: v for k, v in kind.as_fields().items() if v != getattr(UNTYPED, k)},
+        },
     )
     broadcast_on_commit((CLUSTER_GROUP,), {"type": "topology.changed"})
     return server

@@ -208,10 +208,12 @@ def topology(request: HttpRequest) -> HttpResponse:
         server_form = ServerForm(request.POST)
         if server_form.is_valid():
             try:
-                do_add_server(**server_form.cleaned_data)
+                do_add_server(**server_form.add_fields())
             except InventoryError as exc:
                 message = str(exc)
-                field = next((f for f in ("leaf", "slot", "node") if f in message), None)
+                named = "pool" if (exc.field or "").startswith("labels") else exc.field
+                field = named if named in server_form.fields else None
+                field = field or next((f for f in ("leaf", "slot", "node") if f in message), None)
                 server_form.add_error(field, message)
             else:
                 messages.success(request, f"Server {server_form.cleaned_data['node']} added.")

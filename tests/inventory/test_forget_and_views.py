@@ -197,3 +197,27 @@ def test_a_change_of_health_word_is_broadcast_and_a_steady_one_is_not(
         {"type": "server.health", "node": node, "health": "ok"},
         {"type": "server.health", "node": node, "health": "unhealthy"},
     ]
+
+
+def test_a_server_added_by_hand_has_its_type_and_pool_and_leaves_pending(
+    make_user: Callable[..., Any],
+) -> None:
+    empty_fabric()
+    beat("by-hand", FakeNvml(fake_gpus("by-hand", 2)))
+    page = Client()
+    page.force_login(make_user("root5", staff=True))
+    form = {"form": "server", "leaf": 1, "slot": 0, "node": "by-hand"}
+    refused = page.post("/cluster/topology/", {**form, "gpu_type": "Not A Slug"})
+    assert refused.status_code == 400 and "gpu_type" in refused.content.decode()
+    bad_pool = page.post("/cluster/topology/", {**form, "pool": "a b"})
+    assert bad_pool.status_code == 400
+    assert not Server.objects.exists() and PendingServer.listed().count() == 1
+    done = page.post("/cluster/topology/", {**form, "gpu_type": H100, "pool": "train"})
+    assert done.status_code == 302
+    server = Server.objects.get(node="by-hand")
+    assert (server.gpu_type, server.labels, server.gpu_count) == (H100, {"pool": "train"}, 2)
+    assert not PendingServer.objects.exists()  # placed by hand: no longer waiting
+    entry = AuditEntry.objects.get(action="server.add")
+    assert entry.after["gpu_type"] == H100 and entry.after["labels"] == {"pool": "train"}
+    html = page.get("/cluster/topology/").content.decode()
+    assert 'data-node="by-hand" data-type="h100-80g" data-pool="train"' in html
