@@ -133,3 +133,23 @@ class AcceptForm(forms.Form):
             "gpu_type": data.get("gpu_type") or None,
             "labels": {"pool": pool} if pool else {},
         }
+
+
+class RetypeForm(forms.Form):
+    """A server's GPU type and pool, set in the topology editor (its other labels kept)."""
+
+    node = forms.CharField(max_length=64, widget=forms.HiddenInput)
+    gpu_type = forms.CharField(max_length=32, required=False, label="GPU type")
+    pool = forms.CharField(max_length=63, required=False, help_text="Empty: no pool.")
+
+    def retype_fields(self, labels: Any) -> dict[str, Any]:
+        """The keyword arguments of ``inventory.services.do_set_server_type``, given the
+        server's current ``labels``: its pool label set (or removed when empty)."""
+        data = self.cleaned_data
+        kept = {k: v for k, v in (labels or {}).items() if k != "pool"}
+        pool = data.get("pool") or ""
+        return {
+            "node": data["node"],
+            "gpu_type": data.get("gpu_type") or None,
+            "labels": kept | ({"pool": pool} if pool else {}),
+        }

@@ -393,6 +393,49 @@ def do_remove_server(*, node: str) -> None:
 
 
 SERVER_AUDIT_FIELDS = ("node", "leaf", "slot", "state", "state_reason")
+TYPE_AUDIT_FIELDS = ("gpu_type", "labels")
+
+
+@transaction.atomic
+def do_set_server_type(*, node: str, gpu_type: Any, labels: Any, user: Any = None) -> Server:
+    """An admin sets a server's GPU type and labels (its pool among them).
+
+    Refused (``InventoryError`` naming the field; nothing changes) for an unknown
+    server (``node``), a bad type or labels, or a new type while a job holds one
+    of its GPUs: a job never straddles types, so drain it first (labels may change
+    under a running job: a selector chooses where jobs start).  A change is
+    audited as ``server.retype``; the typed tick reads it through the change feed.
+    """
+    server = Server.objects.select_for_update().filter(node=node).first()
+    if server is None:
+        raise InventoryError(f"no server named {node!r}", "node")
+    try:
+        slug = check_type_slug(gpu_type or UNTYPED.gpu_type)
+        checked = check_labels({} if labels is None else labels)
+    except ServerTypeError as exc:
+        raise InventoryError(str(exc), exc.field) from None
+    if slug != server.gpu_type:
+        held = set(server.gpu_set.values_list("index", flat=True)) & _allocated_gpu_indices()
+        if held:
+            raise InventoryError(
+                f"server {node} runs jobs on GPUs {sorted(held)}: drain it before changing "
+                "its GPU type (a job never straddles types)",
+                "gpu_type",
+            )
+    if (slug, checked) == (server.gpu_type, server.labels):
+        return server
+    before = audit.snapshot(server, TYPE_AUDIT_FIELDS)
+    server.gpu_type, server.labels = slug, checked
+    server.save(update_fields=list(TYPE_AUDIT_FIELDS))
+    audit.record(
+        "server.retype",
+        obj=server,
+        user=user,
+        before=before,
+        after=audit.snapshot(server, TYPE_AUDIT_FIELDS),
+    )
+    broadcast_on_commit((CLUSTER_GROUP,), {"type": "topology.changed"})
+    return server
 
 
 @transaction.atomic

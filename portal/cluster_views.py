@@ -18,6 +18,7 @@ from inventory.forms import (
     AcceptForm,
     GeneratorForm,
     ImportForm,
+    RetypeForm,
     ServerForm,
     field_for_message,
 )
@@ -32,6 +33,7 @@ from inventory.services import (
     do_load_topology,
     do_remove_server,
     do_set_server_state,
+    do_set_server_type,
     export_topology,
     suspect_gpus,
 )
@@ -204,6 +206,8 @@ def topology(request: HttpRequest) -> HttpResponse:
         return _accept(request, AcceptForm(request.POST))
     if which == "forget":
         return _forget(request)
+    if which == "retype":
+        return _retype(request, RetypeForm(request.POST))
     if which == "server":
         server_form = ServerForm(request.POST)
         if server_form.is_valid():
@@ -236,6 +240,25 @@ def _accept(request: HttpRequest, form: AcceptForm) -> HttpResponse:
             messages.success(request, f"Server {server.node} accepted at leaf {server.leaf}.")
             return redirect("topology")
     return _editor(request, accept_form=form)
+
+
+def _retype(request: HttpRequest, form: RetypeForm) -> HttpResponse:
+    """Set a server's GPU type and pool; an unknown server is a 404, a refusal a message."""
+    if not form.is_valid():
+        messages.error(
+            request, "; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in form.errors.items())
+        )
+        return redirect("topology")
+    server = Server.objects.filter(node=form.cleaned_data["node"]).first()
+    if server is None:
+        raise Http404("no such server")
+    try:
+        do_set_server_type(user=request.user, **form.retype_fields(server.labels))
+    except InventoryError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Server {server.node}: type and pool saved.")
+    return redirect("topology")
 
 
 def _forget(request: HttpRequest) -> HttpResponse:

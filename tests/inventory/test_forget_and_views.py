@@ -221,3 +221,42 @@ def test_a_server_added_by_hand_has_its_type_and_pool_and_leaves_pending(
     assert entry.after["gpu_type"] == H100 and entry.after["labels"] == {"pool": "train"}
     html = page.get("/cluster/topology/").content.decode()
     assert 'data-node="by-hand" data-type="h100-80g" data-pool="train"' in html
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_editor_sets_type_and_pool_but_not_a_new_type_under_a_running_job(
+    make_user: Callable[..., Any], alice: Any, acme: Any
+) -> None:
+    nodes = demo_cluster({"leaves": 2, "spines": 2, "servers_per_leaf": 2, "gpus_per_server": 2})
+    Server.objects.filter(node=nodes[1]).update(labels={"rack": "r12"})
+    page = Client()
+    page.force_login(make_user("root6", staff=True))
+
+    def retype(node: str, **fields: str) -> Any:
+        return page.post("/cluster/topology/", {"form": "retype", "node": node, **fields})
+
+    assert retype(nodes[1], gpu_type=H100, pool="train").status_code == 302
+    server = Server.objects.get(node=nodes[1])
+    assert (server.gpu_type, server.labels) == (H100, {"rack": "r12", "pool": "train"})
+    entry = AuditEntry.objects.get(action="server.retype")
+    assert entry.before == {"gpu_type": "default", "labels": {"rack": "r12"}}
+    assert retype("nobody", gpu_type=H100).status_code == 404
+    retype(nodes[1], gpu_type="Not A Slug")
+    assert Server.objects.get(node=nodes[1]).gpu_type == H100  # refused: unchanged
+
+    acme.profile_jobs = False
+    acme.save()
+    job = _submit(alice, acme, gpus=2, max_gpus=2)
+    run_tick(policy="fifo")
+    held = Server.objects.filter(gpu_set__assignment__job=job).distinct().get()
+    refused = page.post(
+        "/cluster/topology/",
+        {"form": "retype", "node": held.node, "gpu_type": A100},
+        follow=True,
+    )
+    assert "a job never straddles types" in refused.content.decode()
+    held.refresh_from_db()
+    assert held.gpu_type != A100
+    assert retype(held.node, gpu_type=held.gpu_type, pool="busy").status_code == 302
+    assert Server.objects.get(node=held.node).labels["pool"] == "busy"  # labels may change
+    assert AuditEntry.objects.filter(action="server.retype").count() == 2
