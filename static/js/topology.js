@@ -5,8 +5,8 @@
  * reported, one accepted or forgotten, a server added, removed, drained, its health
  * changed, a GPU marked suspect; a job's move, at most every 3 s) it fetches the page again, parses it with DOMParser
  * (no script runs, no innerHTML) and swaps in each fresh `.live-section`.  What the
- * admin is typing in a section survives the swap (values by row and field name, and
- * the focus).  A snapshot is this page itself, so a (re)connect or a lost batch
+ * admin is typing in a section survives the swap (values by row and field name, the
+ * focus, an open Type / pool form).  A snapshot is this page itself, so a (re)connect or a lost batch
  * refreshes it the same way.
  */
 (function () {
@@ -21,6 +21,11 @@
     return (row ? row.id : "") + "|" + (input.getAttribute("name") || input.id || "");
   }
 
+  /** The rows whose folded form (a <details>) the admin has open. */
+  function openDetails(section) {
+    return new Set([...section.querySelectorAll("details[open]")].map((d) => (d.closest("[id]") || {}).id));
+  }
+
   function typedValues(section) {
     const kept = {};
     for (const input of section.querySelectorAll("input:not([type=hidden]), select, textarea")) {
@@ -29,7 +34,10 @@
     return kept;
   }
 
-  function restore(section, kept, focused) {
+  function restore(section, kept, focused, opened) {
+    for (const details of section.querySelectorAll("details")) {
+      if (opened.has((details.closest("[id]") || {}).id)) details.open = true;
+    }
     for (const input of section.querySelectorAll("input:not([type=hidden]), select, textarea")) {
       const key = inputKey(input);
       if (key in kept) input.value = kept[key];
@@ -45,9 +53,9 @@
       const old = document.getElementById(id);
       const next = document.importNode(fresh.getElementById(id), true);
       const active = document.activeElement && old.contains(document.activeElement) ? inputKey(document.activeElement) : null;
-      const kept = typedValues(old);
+      const kept = typedValues(old), opened = openDetails(old);
       old.replaceWith(next);
-      restore(next, kept, active);
+      restore(next, kept, active, opened);
     }
     const fabric = fresh.getElementById("current-fabric");
     if (fabric) document.getElementById("current-fabric").replaceWith(document.importNode(fabric, true));

@@ -69,6 +69,18 @@ def test_a_pending_server_appears_live_and_forget_removes_it(
         root.wait_for_selector("#pending-rack-10")
         root.wait_for_function(f"() => window.__topologyRefreshes > {refreshes}")
         assert root.input_value('#pending-rack-9 input[name="leaf"]') == "1"
+        # So does a server's open Type / pool form; saved, the leaf map shows the new pool.
+        root.click("#server-h100-1 details.retype summary")
+        root.fill('#server-h100-1 input[name="pool"]', "bigmem")
+        refreshes = root.evaluate("window.__topologyRefreshes")
+        report_hardware(driver, "rack-11")
+        root.wait_for_function(f"() => window.__topologyRefreshes > {refreshes}")
+        assert root.evaluate("document.querySelector('#server-h100-1 details.retype').open")
+        assert root.input_value('#server-h100-1 input[name="pool"]') == "bigmem"
+        root.click("#server-h100-1 .retype-form button")
+        root.wait_for_load_state()
+        assert "pool bigmem" in root.inner_text('#leaf-map .server-slot[data-node="h100-1"]')
+        wait_live(root)
         screenshot(root, "topology-pending-server")
 
         root.click("#pending-rack-9 .forget-form button")
