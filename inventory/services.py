@@ -58,6 +58,10 @@ class InventoryError(ValueError):
         self.field = field
 
 
+class InventoryConflict(InventoryError):
+    """A refused change that the inventory's present state forbids (jobs hold the GPUs)."""
+
+
 @dataclass(frozen=True)
 class PlannedServer:
     """A server a topology document names: its position, node name and what it is."""
@@ -417,7 +421,7 @@ def do_set_server_type(*, node: str, gpu_type: Any, labels: Any, user: Any = Non
     if slug != server.gpu_type:
         held = set(server.gpu_set.values_list("index", flat=True)) & _allocated_gpu_indices()
         if held:
-            raise InventoryError(
+            raise InventoryConflict(
                 f"server {node} runs jobs on GPUs {sorted(held)}: drain it before changing "
                 "its GPU type (a job never straddles types)",
                 "gpu_type",

@@ -76,3 +76,16 @@ class AcceptServerSerializer(serializers.Serializer[object]):
     slot = serializers.IntegerField(required=False, help_text="Default: the leaf's first free.")
     gpu_type = serializers.CharField(required=False, help_text="Type slug; default 'default'.")
     labels = serializers.DictField(child=serializers.CharField(), required=False)
+
+
+class ServerTypeSerializer(serializers.Serializer[object]):
+    """A server's GPU type and labels (its pool among them), set by an admin."""
+
+    gpu_type = serializers.CharField(
+        required=False, help_text="Type slug, e.g. h100-80g (default: kept)."
+    )
+    labels = serializers.DictField(
+        child=serializers.CharField(),
+        required=False,
+        help_text="Replace its labels (default: kept).",
+    )

@@ -7,6 +7,7 @@ from inventory.api.views import (
     ForgetPendingServer,
     PendingServerList,
     ServerList,
+    ServerTypeView,
     SuspectGpuList,
     SuspectGpuMark,
 )
@@ -20,6 +21,7 @@ urlpatterns = [
         ForgetPendingServer.as_view(),
         name="server-pending-forget",
     ),
+    path("servers/<str:node>/type/", ServerTypeView.as_view(), name="server-type"),
     path("gpus/suspect/", SuspectGpuList.as_view(), name="gpu-suspect-list"),
     path("gpus/<int:index>/suspect/", SuspectGpuMark.as_view(), name="gpu-suspect"),
 ]

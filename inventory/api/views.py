@@ -9,6 +9,8 @@
     POST   /api/v1/servers/pending/{id}/forget/
                                             forget pending server id (204; audited): it
                                             comes back, saying so, if it reports again
+    POST   /api/v1/servers/{node}/type/     set its {"gpu_type", "labels"?} (audited; a new type
+                                            while jobs hold its GPUs is a 409)
     GET    /api/v1/gpus/suspect/            every GPU whose suspect mark is in effect
     DELETE /api/v1/gpus/{index}/suspect/    clear GPU index's mark (204; audited)
 
@@ -34,12 +36,19 @@ from inventory.api.serializers import (
     AcceptServerSerializer,
     PendingServerSerializer,
     ServerRowSerializer,
+    ServerTypeSerializer,
     SuspectGpuSerializer,
 )
 from inventory.listing import pending_rows, server_rows
-from inventory.models import Gpu, PendingServer
+from inventory.models import Gpu, PendingServer, Server
 from inventory.registration import do_accept_server, do_forget_pending_server
-from inventory.services import InventoryError, do_clear_gpu_suspect, suspect_gpus
+from inventory.services import (
+    InventoryConflict,
+    InventoryError,
+    do_clear_gpu_suspect,
+    do_set_server_type,
+    suspect_gpus,
+)
 
 ADMINS_ONLY = "only a cluster admin may read or clear suspect GPUs"
 
@@ -137,3 +146,33 @@ class ForgetPendingServer(APIView):
         except InventoryError:
             raise NotFound() from None
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ServerTypeView(APIView):
+    """Set a server's GPU type and labels (its pool among them)."""
+
+    @extend_schema(
+        request=ServerTypeSerializer,
+        responses=ServerRowSerializer,
+        summary="Set a server's GPU type and labels (admins)",
+    )
+    def post(self, request: Request, node: str) -> Response:
+        """Audited as ``server.retype``; a bad field is a 400, a new type under jobs a 409."""
+        _admins_only(request)
+        server = Server.objects.filter(node=node).first() if "\x00" not in node else None
+        if server is None:
+            raise NotFound()
+        body = request.data if isinstance(request.data, Mapping) else {}
+        labels = body.get("labels", server.labels)
+        try:
+            do_set_server_type(
+                node=node,
+                gpu_type=body.get("gpu_type", server.gpu_type),
+                labels=labels,
+                user=request.user,
+            )
+        except InventoryConflict as exc:
+            raise Conflict({exc.field or "gpu_type": [str(exc)]}) from None
+        except InventoryError as exc:
+            raise serializers.ValidationError({exc.field or "gpu_type": [str(exc)]}) from None
+        return Response(next(r for r in server_rows() if r["node"] == node))

@@ -260,3 +260,33 @@ def test_the_editor_sets_type_and_pool_but_not_a_new_type_under_a_running_job(
     assert retype(held.node, gpu_type=held.gpu_type, pool="busy").status_code == 302
     assert Server.objects.get(node=held.node).labels["pool"] == "busy"  # labels may change
     assert AuditEntry.objects.filter(action="server.retype").count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_api_sets_a_servers_type_and_labels(
+    admin: APIClient, make_user: Callable[..., Any], alice: Any, acme: Any
+) -> None:
+    nodes = demo_cluster({"leaves": 2, "spines": 2, "servers_per_leaf": 2, "gpus_per_server": 2})
+    path = f"/api/v1/servers/{nodes[0]}/type/"
+    done = admin.post(path, {"gpu_type": H100, "labels": {"pool": "train"}}, format="json")
+    assert done.status_code == 200, done.content
+    assert (done.json()["gpu_type"], done.json()["pool"]) == (H100, "train")
+    kept = admin.post(path, {"labels": {"pool": "infer"}}, format="json")
+    assert kept.json()["gpu_type"] == H100  # no type given: kept
+    bad = admin.post(path, {"gpu_type": "Not A Slug"}, format="json")
+    assert bad.status_code == 400 and "gpu_type" in bad.json()["errors"]
+    assert admin.post("/api/v1/servers/nobody/type/", {}, format="json").status_code == 404
+    someone = APIClient()
+    someone.force_authenticate(make_user("bob"))
+    assert someone.post(path, {"gpu_type": A100}, format="json").status_code == 403
+    assert Server.objects.get(node=nodes[0]).labels == {"pool": "infer"}
+
+    acme.profile_jobs = False
+    acme.save()
+    job = _submit(alice, acme, gpus=2, max_gpus=2)
+    run_tick(policy="fifo")
+    held = Server.objects.filter(gpu_set__assignment__job=job).distinct().get()
+    conflict = admin.post(f"/api/v1/servers/{held.node}/type/", {"gpu_type": A100}, format="json")
+    assert conflict.status_code == 409
+    assert "never straddles types" in str(conflict.json())
+    assert Server.objects.get(node=held.node).gpu_type == held.gpu_type
