@@ -19,6 +19,10 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.test import AsyncClient, Client, override_settings
 from django.utils import timezone
+from jupyter_server.services.kernels.connection.base import (
+    deserialize_msg_from_ws_v1,
+    serialize_msg_to_ws_v1,
+)
 
 from control.reports import handle_report
 from inventory.models import Gpu
@@ -170,6 +174,19 @@ def test_a_kernel_runs_a_cell_through_the_proxied_websocket(served: dict[str, An
         v1 = socket(path, owner_cookie, "v1.kernel.websocket.jupyter.org")
         connected, chosen = await v1.connect(timeout=30)
         assert connected and chosen == "v1.kernel.websocket.jupyter.org"
+        header = {"msg_id": uuid.uuid4().hex, "msg_type": "execute_request", "username": "t",
+                  "session": uuid.uuid4().hex, "version": "5.3", "date": ""}  # fmt: skip
+        content = {"code": "print('binary', 6 * 7)", "silent": False, "store_history": False,
+                   "user_expressions": {}, "allow_stdin": False}  # fmt: skip
+        parts = [json.dumps(x).encode() for x in (header, {}, {}, content)]
+        await v1.send_to(bytes_data=serialize_msg_to_ws_v1(parts, "shell"))
+        seen = ""
+        while "binary 42" not in seen:
+            frame = await v1.receive_output(timeout=60)
+            assert frame["type"] == "websocket.send", frame
+            channel, msg_list = deserialize_msg_from_ws_v1(frame["bytes"])
+            if channel == "iopub" and json.loads(msg_list[0])["msg_type"] == "stream":
+                seen += json.loads(msg_list[3])["text"]
         await v1.disconnect()
         # The legacy JSON framing (no subprotocol) is easy to speak here: a cell runs.
         comm = socket(path, owner_cookie)
