@@ -22,7 +22,7 @@ from jobs.models import Job, JobGpu
 from jobs.services import check_job_spec, do_submit_job
 from portal.asgi import application
 from shells.models import Shell
-from shells.streams import input_key, output_key
+from shells.streams import input_key, live_counts, output_key, parse_counts
 from tenancy.models import Tenant
 from tenancy.token_services import do_issue_token
 from workers.protocol import shell_entries
@@ -289,3 +289,45 @@ def test_a_shell_the_agent_never_opens_ends_and_stays_closed(
 
     run(scenario)
     assert Shell.objects.get().close_reason == "the agent did not answer"
+
+
+def test_an_open_shell_says_how_many_bytes_it_moved_while_it_runs(alice: Any, acme: Tenant) -> None:
+    """The admins' page shows an open shell's bytes: its consumer writes its counts into
+    the shell's alive key as they change (every couple of seconds), not only at the end."""
+    job = running(alice, acme)
+    token = do_issue_token(user=alice)
+
+    async def scenario() -> None:
+        comm = socket(job.pk, token)
+        shell_id = (await opened(comm))["shell"]
+        await comm.send_to(bytes_data=b"ls\n")
+        raw().xadd(output_key("node-1", shell_id), {"d": b"hello"})
+        assert await comm.receive_from(timeout=5) == b"hello"
+        counts: dict[str, tuple[int, int]] = {}
+        for _ in range(50):
+            counts = await sync_to_async(live_counts)([shell_id])
+            if counts.get(shell_id) == (3, 5):
+                break
+            await asyncio.sleep(0.1)
+        assert counts == {shell_id: (3, 5)}
+        await comm.disconnect()
+        assert await sync_to_async(live_counts)([shell_id]) == {}  # no longer served
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(
+    ("value", "parsed"),
+    [
+        (b"3 5", (3, 5)),
+        ("0 0", (0, 0)),
+        (b"1", None),  # an older consumer's plain "1": served, but no counts
+        (b"-3 5", None),
+        (b"3 5 7", None),
+        (b"3x 5", None),
+        (b"9" * 21 + b" 1", None),
+        (None, None),
+    ],
+)
+def test_counts_are_read_strictly(value: bytes | str | None, parsed: Any) -> None:
+    assert parse_counts(value) == parsed
