@@ -12,7 +12,8 @@ frees are placed in the same tick)::
          its grace period to write its own
       └─ GPUs released, service accounted, failed: "run-time limit reached"
 
-The job ends ``failed`` at once, as a cancel ends ``cancelled``: its last
+A session (``kind: session``) ends ``cancelled`` with "lifetime N s reached": its
+lifetime is the end it was started with, not a failure.  Any other job ends ``failed`` at once, as a cancel ends ``cancelled``: its last
 checkpoint arrives afterwards (an ``artifact_stored`` report, recorded for
 any job) and later reports of the stopping run find a terminal job, so the
 retry rule (``control.endings.fail_or_retry``) never requeues it.
@@ -44,6 +45,11 @@ def limit_reached(started_at: datetime | None, max_runtime_s: int | None, now: d
     return now - started_at >= timedelta(seconds=max_runtime_s)
 
 
+def lifetime_reason(job: Job) -> str:
+    """The final event's reason of a session that reached its maximum lifetime."""
+    return f"lifetime {job.max_runtime_s} s reached"
+
+
 def stop_jobs_at_limit(
     now: datetime, outbox: Outbox, deadlines: Mapping[int, datetime] | None = None
 ) -> list[int]:
@@ -70,15 +76,20 @@ def stop_jobs_at_limit(
             continue
         accrue_service(job, now)  # saved with the transition below
         outbox.stop_workers(job, holdings.release(job), reason=STOP_REASON)
-        job.failure_reason = RUNTIME_LIMIT_REASON
-        ran = (now - job.started_at).total_seconds() if job.started_at else 0.0
-        transition(
-            job,
-            JobState.FAILED,
-            at=now,
-            reason=f"failed: {RUNTIME_LIMIT_REASON} ({job.max_runtime_s} s since its first "
-            f"start, {ran:.0f} s ago): stopped after a final checkpoint",
-        )
+        if job.is_session:
+            # A session's lifetime is the end it was started with, not a failure: no
+            # failure reason, no failure notification, its home synced as at any stop.
+            transition(job, JobState.CANCELLED, at=now, reason=lifetime_reason(job))
+        else:
+            job.failure_reason = RUNTIME_LIMIT_REASON
+            ran = (now - job.started_at).total_seconds() if job.started_at else 0.0
+            transition(
+                job,
+                JobState.FAILED,
+                at=now,
+                reason=f"failed: {RUNTIME_LIMIT_REASON} ({job.max_runtime_s} s since its "
+                f"first start, {ran:.0f} s ago): stopped after a final checkpoint",
+            )
         broadcast(job, "job.updated")
         stopped.append(job.pk)
     return stopped

@@ -46,6 +46,11 @@ SETTINGS: dict[str, Setting] = {
     "gpu_type_quota": Setting(dict),
     "default_cpus_per_gpu": Setting(int),
     "default_mem_per_gpu_mib": Setting(int),
+    "default_session_idle_s": Setting(int, minimum=1),
+    "session_idle_ceiling_s": Setting(int, minimum=1),
+    "default_session_lifetime_s": Setting(int, minimum=1),
+    "session_lifetime_ceiling_s": Setting(int, minimum=1),
+    "session_home_quota_mib": Setting(int),
 }
 
 #: Settings a form may leave blank (or out), and the value blank means: none asked.
@@ -69,6 +74,8 @@ MAX_QUOTA_TYPES = 32
 WITHIN_CEILING = (
     ("default_max_restarts", "max_restarts_ceiling"),
     ("default_max_runtime_s", "max_runtime_ceiling_s"),
+    ("default_session_idle_s", "session_idle_ceiling_s"),
+    ("default_session_lifetime_s", "session_lifetime_ceiling_s"),
 )
 
 

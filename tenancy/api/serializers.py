@@ -40,6 +40,11 @@ class TenantSerializer(serializers.ModelSerializer[Tenant]):
             "gpu_type_quota",
             "default_cpus_per_gpu",
             "default_mem_per_gpu_mib",
+            "default_session_idle_s",
+            "session_idle_ceiling_s",
+            "default_session_lifetime_s",
+            "session_lifetime_ceiling_s",
+            "session_home_quota_mib",
         ]
         read_only_fields = fields
 
@@ -80,6 +85,10 @@ def _days(**kwargs: Any) -> serializers.IntegerField:
     return serializers.IntegerField(min_value=1, max_value=INT_MAX, allow_null=True, **kwargs)
 
 
+def _seconds(**kwargs: Any) -> serializers.IntegerField:
+    return serializers.IntegerField(min_value=1, max_value=INT_MAX, **kwargs)
+
+
 class TenantSettingsSerializer(StrictSerializer):
     """Tenant settings an admin changes (PATCH: any of them); null clears the optional ones."""
 
@@ -103,6 +112,11 @@ class TenantSettingsSerializer(StrictSerializer):
     )
     default_cpus_per_gpu = _count(required=False)
     default_mem_per_gpu_mib = _count(required=False)
+    default_session_idle_s = _seconds(required=False)
+    session_idle_ceiling_s = _seconds(required=False)
+    default_session_lifetime_s = _seconds(required=False)
+    session_lifetime_ceiling_s = _seconds(required=False)
+    session_home_quota_mib = _count(required=False)
 
 
 class TenantCreateSerializer(StrictSerializer):

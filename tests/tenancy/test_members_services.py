@@ -230,6 +230,10 @@ def test_an_admin_updates_only_what_changes_with_one_row(
         ({"slug": "renamed"}, "'slug' is not a tenant setting"),
         ({"default_max_restarts": 5, "max_restarts_ceiling": 2}, "must not exceed"),
         ({"max_runtime_ceiling_s": 10, "default_max_runtime_s": 60}, "must not exceed"),
+        ({"session_idle_ceiling_s": 60, "default_session_idle_s": 600}, "must not exceed"),
+        ({"default_session_lifetime_s": 10**6, "session_lifetime_ceiling_s": 10}, "must not"),
+        ({"default_session_idle_s": 0}, "must be 1 or more"),
+        ({"session_home_quota_mib": -1}, "must be zero or more"),
     ],
 )
 def test_bad_settings_are_refused_in_words_and_change_nothing(

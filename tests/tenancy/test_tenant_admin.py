@@ -42,6 +42,11 @@ SETTINGS_FORM = {
     "max_restarts_ceiling": "",
     "default_max_runtime_s": "",
     "max_runtime_ceiling_s": "",
+    "default_session_idle_s": "3600",
+    "session_idle_ceiling_s": "86400",
+    "default_session_lifetime_s": "43200",
+    "session_lifetime_ceiling_s": "604800",
+    "session_home_quota_mib": "10240",
 }
 
 
@@ -169,6 +174,14 @@ def test_an_admin_creates_and_configures_a_tenant_through_the_api(
         "/api/v1/tenants/vision/", {"max_runtime_ceiling_s": None}, format="json"
     )
     assert cleared.status_code == 200 and cleared.json()["max_runtime_ceiling_s"] is None
+    sessions = {"session_idle_ceiling_s": 7200, "default_session_idle_s": 900}
+    sessions |= {"session_home_quota_mib": 2048}
+    limited = client.patch("/api/v1/tenants/vision/", sessions, format="json")
+    assert limited.status_code == 200, limited.json()
+    assert {name: limited.json()[name] for name in sessions} == sessions
+    above = client.patch("/api/v1/tenants/vision/", {"default_session_idle_s": 7201}, format="json")
+    assert above.status_code == 400 and "session_idle_ceiling_s" in str(above.json())
+    assert Tenant.objects.get(slug="vision").default_session_idle_s == 900
 
 
 @pytest.mark.parametrize(
