@@ -174,7 +174,8 @@ class JobForm(forms.Form):
     )
     launcher = forms.ChoiceField(
         required=False,
-        choices=[(v, v) for v in Launcher.values],
+        # A session is started on the sessions page (an idle timeout, a fixed size).
+        choices=[(v, v) for v in Launcher.values if v != Launcher.SESSION],
         initial=Launcher.TORCHRUN,
         help_text="torchrun: an unmodified DDP program (a resize restarts it from its "
         "CHECKPOINT_DIR). edl: a program on the elastic SDK (resized without stopping).",

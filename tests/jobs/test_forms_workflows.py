@@ -97,6 +97,7 @@ def test_the_form_submits_an_array_with_a_cap(alice: Any, acme: Any) -> None:
         ({"after": "after_ok job 999999"}, "after", "Line 1: No job 999999 in tenant acme."),
         ({"after": "after_any array 999999"}, "after", "No array 999999 in tenant acme."),
         ({"array_size": 0}, "array_size", "A whole number of tasks from 1 to 1000."),
+        ({"launcher": "session"}, "launcher", "Select a valid choice"),
         ({"array_size": 2000}, "array_size", "A whole number of tasks from 1 to 1000."),
         ({"array_size": 3, "array_max_running": 0}, "array_max_running", "at least 1"),
         ({"array_max_running": 2}, "array_size", "Give the number of tasks"),
