@@ -230,6 +230,9 @@ DEMO_CLUSTER = env_str("DEMO_CLUSTER", "uniform")
 # What one GPU-hour of each type counts in fair share and the usage report: "h100-80g:2,
 # a100-40g:1" (a type not named: 1). jobs.usage.gpu_type_weights reads it.
 GPU_TYPE_WEIGHTS = env_str("GPU_TYPE_WEIGHTS", "")
+# How much faster each GPU type trains than the base type, e.g. "h100-80g:2": the live
+# per-type throughput curves (control.gpu_speeds); empty: every type alike.
+GPU_TYPE_SPEEDS = env_str("GPU_TYPE_SPEEDS", "")
 # The tick keeps its view of the cluster between ticks and reads only what changed
 # (control.incremental); every TICK_VERIFY_EVERY ticks it also rebuilds it in full
 # and compares. TICK_INCREMENTAL=0: a full rebuild on every tick.
