@@ -46,7 +46,7 @@ from portalctl.after import parse_after
 from portalctl.client import BUNDLE_ID, Array, Client, Job, PortalError
 from portalctl.duration import format_duration, parse_duration
 from portalctl.jobfile import JobFileError, load_job_file, resource_fields
-from portalctl.nodes import NODE_COLUMNS, PENDING_COLUMNS, node_row, pending_row
+from portalctl.nodes import NODE_COLUMNS, PENDING_COLUMNS, forget_path, node_row, pending_row
 from portalctl.sessions import SESSION_COLUMNS, SessionsAPI, session_row, start_fields
 from portalctl.sessions import lab_url as session_lab_url
 from portalctl.shell import ShellRequest
@@ -1133,10 +1133,25 @@ def sessions_open(session_id: int, output: str | None) -> None:
 
 @main.command()
 @click.option("--pending", is_flag=True, help="Servers that reported themselves, not accepted.")
+@click.option(
+    "--forget",
+    type=click.IntRange(min=1),
+    metavar="ID",
+    help="Forget pending server ID (it comes back if its agent reports again).",
+)
 @output_option
-def nodes(pending: bool, output: str | None) -> None:
+def nodes(pending: bool, forget: int | None, output: str | None) -> None:
     """The cluster's servers: GPU type, pool, state (and why), health (cluster admins)."""
     ctx = ctx_of(output)
+    if forget is not None:
+        ctx.client().request("POST", forget_path(forget))
+        if ctx.json:
+            emit_json({"forgotten": forget})
+        else:
+            out.print(
+                f"pending server {forget} forgotten (it comes back if its agent reports again)"
+            )
+        return
     path = "/api/v1/servers/pending/" if pending else "/api/v1/servers/"
     rows = ctx.client().json("GET", path)
     if ctx.json:

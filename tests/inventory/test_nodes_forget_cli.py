@@ -42,6 +42,16 @@ def test_the_client_forgets_by_the_path_and_the_pending_list_says_it_came_back(
     assert "loner" in shown.output and "(forgotten)" in shown.output  # the cell may wrap
     as_json = CliRunner().invoke(main, ["nodes", "--pending", "-o", "json"], env=env)
     assert "forgotten by root" in as_json.output
+    again = PendingServer.objects.get()
+    forgot = CliRunner().invoke(main, ["nodes", "--forget", str(again.pk)], env=env)
+    assert forgot.exit_code == 0, forgot.output
+    assert f"pending server {again.pk} forgotten" in forgot.output
+    missing_cli = CliRunner().invoke(main, ["nodes", "--forget", str(again.pk)], env=env)
+    assert missing_cli.exit_code == 4 and "Not found" in missing_cli.output  # 404: exit 4
+    assert (
+        CliRunner().invoke(main, ["nodes", "--pending", "-o", "json"], env=env).output.strip()
+        == "[]"
+    )
 
 
 @pytest.mark.parametrize("bad", [0, -3, True, "7"])
