@@ -202,7 +202,11 @@ class Labs:
             on_activity=functools.partial(self.report, record.job),
             activity_every_s=self.activity_every_s,
         )
-        relay.start()
+        try:
+            relay.start()
+        except redis.RedisError as exc:  # tried again at the next pass
+            log.warning("lab of %s: not served yet: %s", record.job, exc)
+            return
         self.relays[record.key] = (record, relay)
         log.info("serving the lab of %s/%s", record.job, record.worker_id)
 

@@ -177,12 +177,16 @@ class LabRelay:
         self.stopping = threading.Event()
         self.dropped = 0
         self._thread: threading.Thread | None = None
+        self._start_id = "0-0"
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ life
     def start(self) -> None:
-        """Serve in a thread of its own (idempotent)."""
+        """Serve in a thread of its own (idempotent), from the entries that follow now: an
+        older one was meant for a relay before this one (an agent's restart)."""
         if self._thread is None:
+            newest = shell_entries([(self.in_key, self.client.xrevrange(self.in_key, count=1))])
+            self._start_id = newest[0][0] if newest else "0-0"
             self._thread = threading.Thread(target=self.run, name=f"lab-{self.job}", daemon=True)
             self._thread.start()
 
@@ -198,8 +202,7 @@ class LabRelay:
 
     def run(self) -> None:
         """Read the ``in`` stream until stopped; poll Jupyter's status on the way."""
-        newest = shell_entries([(self.in_key, self.client.xrevrange(self.in_key, count=1))])
-        last = newest[0][0] if newest else "0-0"
+        last = self._start_id
         next_poll = time.monotonic()
         while not self.stopping.is_set():
             if time.monotonic() >= next_poll:

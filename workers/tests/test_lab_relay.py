@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import redis
+from django.conf import settings
 
 from workers import beneath
 from workers.agent.lab_launch import lab_argv, lab_env, new_token
@@ -87,6 +88,12 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
     job_dir = tmp_path_factory.mktemp("job")
     with running_lab(job_dir, BASE) as token:
         yield job_dir, token
+
+
+@pytest.fixture
+def redis_url() -> str:
+    """The test settings' Redis (as the sandbox and shell tests use)."""
+    return str(settings.REDIS_URL)
 
 
 @pytest.fixture
