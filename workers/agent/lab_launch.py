@@ -30,7 +30,7 @@ def new_token() -> str:
 def lab_argv(python: str, base_url: str, home: Path) -> list[str]:
     """JupyterLab on ``lab.sock`` (relative: the worker runs in ``home``), rooted at ``home``,
     served under ``base_url``; no browser, no TCP port, no origin but none, no update check,
-    no announcement fetch (nodes may be offline)."""
+    no news feed (nodes may be offline)."""
     return [
         python, "-m", "jupyterlab",
         "--no-browser",
@@ -44,6 +44,7 @@ def lab_argv(python: str, base_url: str, home: Path) -> list[str]:
         "--ServerApp.password=",
         "--ServerApp.quit_button=False",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        "--LabApp.news_url=None",  # no news feed fetched, nor offered
     ]  # fmt: skip
 
 
