@@ -136,8 +136,6 @@ def test_a_notebook_in_the_lab_sees_its_devices_and_outlives_its_session(
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
     output = page.locator(".jp-OutputArea-output").first
     try:
-        with contextlib.suppress(Exception):  # the news toast: answered, so it goes away
-            page.get_by_role("button", name="No").click(timeout=5000)
         page.locator(".jp-Notebook .jp-Cell").first.click()
         for _ in range(3):  # Run > Run All Cells, once the kernel has taken it
             page.get_by_role("menuitem", name="Run", exact=True).click()
@@ -154,6 +152,9 @@ def test_a_notebook_in_the_lab_sees_its_devices_and_outlives_its_session(
     assert "Error" not in printed, printed
     page.keyboard.press("Control+s")
     page.wait_for_timeout(1500)
+    with contextlib.suppress(Exception):  # JupyterLab's question about its news feed
+        page.locator(".jp-toast-button", has_text="No").first.click(timeout=3000)
+        page.wait_for_timeout(500)
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOT))
     status, saved = lab_fetch(page, "GET", f"{base}api/contents/e2e.ipynb")
