@@ -302,6 +302,11 @@ class _Exchange:
         return not self.done.is_set()
 
     def put(self, entry: Entry) -> None:
+        """An entry for this exchange; ``c`` (the client left) ends it at once, even while its
+        response is still streaming."""
+        if entry.type == "c":
+            self.abort()
+            return
         try:
             self.inbox.put_nowait(entry)
         except queue.Full:  # a client that floods its own exchange loses it
