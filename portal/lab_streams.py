@@ -15,6 +15,7 @@ import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -39,6 +40,8 @@ from workers.lab_protocol import (
 from workers.protocol import shell_entries
 
 RUNNING = (JobState.RUNNING, JobState.SCALING)
+NOTE_EVERY = timedelta(seconds=10)
+"""A request notes the session's activity when the last note is older than this."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,10 @@ def lab_target(user: Any, job_id: int) -> LabTarget:
     )
     if slot is None:
         raise Http404(f"Session {job_id} does not run.")
-    note_activity(job.pk, timezone.now())
+    now = timezone.now()
+    last = job.last_activity_at
+    if last is None or now - last >= NOTE_EVERY:  # a page's hundred files: one write
+        note_activity(job.pk, now)
     return LabTarget(
         job_id=job.pk,
         node=slot.gpu.server.node,

@@ -95,8 +95,10 @@ def test_the_owner_gets_the_lab_and_everyone_else_a_404(served: dict[str, Any]) 
         assert page.status_code == 200 and b"jupyter-config-data" in text
         assert served["token"].encode() not in text
         assert "Set-Cookie" not in page.headers or "_xsrf" not in page.headers["Set-Cookie"]
+        await Job.objects.filter(pk=job.pk).aupdate(last_activity_at=None)
         listing = await owner.get(f"{base}api/contents")
         assert listing.status_code == 200
+        assert (await Job.objects.aget(pk=job.pk)).last_activity_at is not None  # noted
         assert json.loads(await body_of(listing))["type"] == "directory"
         stranger = AsyncClient()
         await stranger.aforce_login(served["stranger"])
