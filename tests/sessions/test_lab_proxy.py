@@ -181,12 +181,12 @@ def test_a_kernel_runs_a_cell_through_the_proxied_websocket(served: dict[str, An
         content = {"code": "print('binary', 6 * 7)", "silent": False, "store_history": False,
                    "user_expressions": {}, "allow_stdin": False}  # fmt: skip
         parts = [json.dumps(x).encode() for x in (header, {}, {}, content)]
-        await v1.send_to(bytes_data=serialize_msg_to_ws_v1(parts, "shell"))
+        await v1.send_to(bytes_data=serialize_msg_to_ws_v1(parts, "shell"))  # type: ignore[no-untyped-call]
         seen = ""
         while "binary 42" not in seen:
             frame = await v1.receive_output(timeout=60)
             assert frame["type"] == "websocket.send", frame
-            channel, msg_list = deserialize_msg_from_ws_v1(frame["bytes"])
+            channel, msg_list = deserialize_msg_from_ws_v1(frame["bytes"])  # type: ignore[no-untyped-call]
             if channel == "iopub" and json.loads(msg_list[0])["msg_type"] == "stream":
                 seen += json.loads(msg_list[3])["text"]
         await v1.disconnect()
