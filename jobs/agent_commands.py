@@ -85,6 +85,9 @@ class ProgramLaunch:
     program has between SIGTERM and SIGKILL.  ``environment`` is the job's own
     Python dependencies as stored (``workers.environment``; empty: the node's
     base layer), which the agent builds before it starts the program.
+    ``home_prefix`` and ``home_quota_mib``: a session's persistent home in the store
+    and its quota (``jobs.sessions``), restored into its lab's HOME and synced back at
+    stop; empty for a batch job.
     """
 
     code: str
@@ -96,6 +99,8 @@ class ProgramLaunch:
     master_port: int
     grace_seconds: float
     environment: Mapping[str, Any] = field(default_factory=dict)
+    home_prefix: str = ""
+    home_quota_mib: int = 0
 
     @property
     def restarts_to_resize(self) -> bool:
@@ -157,6 +162,8 @@ def _program(
         master_node=homes[everyone[0]].node,
         master_port=program.master_port,
         environment=dict(program.environment),
+        home_prefix=program.home_prefix,
+        home_quota_mib=program.home_quota_mib,
     )
 
 

@@ -21,6 +21,7 @@ import logging
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from celery import Celery, current_app
 from django.conf import settings
@@ -37,6 +38,7 @@ from jobs.agent_commands import (
 )
 from jobs.holdings import gpu_homes
 from jobs.models import Job
+from jobs.sessions import home_prefix
 from workers.agent.client import send_command
 from workers.artifacts import job_prefix
 from workers.protocol import Command
@@ -204,4 +206,15 @@ def program_of(job: Job) -> ProgramLaunch | None:
         generation=job.generation,
         master_port=rendezvous_port(job.pk, job.generation),
         grace_seconds=settings.TORCHRUN_GRACE_SECONDS,
+        **_session_home(job),
     )
+
+
+def _session_home(job: Job) -> dict[str, Any]:
+    """A session's persistent home and its quota for the agent (nothing for a batch job)."""
+    if not job.is_session:
+        return {}
+    return {
+        "home_prefix": home_prefix(job),
+        "home_quota_mib": job.tenant.session_home_quota_mib,
+    }

@@ -334,13 +334,14 @@ class EventForwarder:
         (``job_lost``), or processes that all exited 0 although the runtime
         never started (no leader ever wrote the job's state, no ``finished``):
         a program under the ``edl`` launcher that never called ``edl.run``.
-        A torchrun program's exits are the control plane's to judge.
+        A torchrun program's exits are the control plane's to judge, and so are a
+        session's (its lab shut down by its user exits 0 with no runtime at all).
         """
         if watch.ended:
             return None
         if watch.last_crash is not None and self.job_lost(watch):
             return f"every worker of the job has exited; {watch.last_crash}"
-        if watch.launcher == "torchrun" or not watch.clean_exits:
+        if watch.launcher in ("torchrun", "session") or not watch.clean_exits:
             return None
         if not self._never_started(watch):
             return None

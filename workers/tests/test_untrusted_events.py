@@ -225,3 +225,24 @@ def test_a_hostile_job_leaves_its_neighbours_events_and_the_heartbeat_alone(
         JobControl(redis_url, neighbour).cleanup()
         for key in raw.scan_iter(match=f"agent:forwarded:{neighbour}:*"):
             raw.delete(key)
+
+
+@pytest.mark.parametrize(
+    ("launcher", "said"),
+    [
+        ("edl", "did it call `edl.run`?"),
+        ("torchrun", None),
+        ("session", None),  # a lab its user shut down: the control plane judges the exit
+    ],
+)
+def test_clean_exits_without_a_runtime_fail_an_edl_program_only(
+    node: str, job: str, redis_url: str, launcher: str, said: str | None
+) -> None:
+    forwarder = EventForwarder(
+        node, AgentStore.from_url(redis_url, node), default_control_factory(redis_url), Sealed()
+    )
+    watch = forwarder.watch(job)
+    watch.launcher = launcher
+    watch.clean_exits.add("w0")
+    reason = forwarder.lost_reason(watch)
+    assert reason == said or (said is not None and reason is not None and said in reason)
