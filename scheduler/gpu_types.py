@@ -254,14 +254,14 @@ def _split(snapshot: Snapshot) -> TypeSplit | None:
     # The type each running job holds (that of its first GPU, :func:`job_type`).
     firsts = map(itemgetter(0), compress(held, held))
     holds = list(map(reach.type_of.get, firsts, repeat(DEFAULT_TYPE)))
-    for name in dict.fromkeys(holds):
-        if name not in members:  # a GPU the cluster no longer lists: the default type
-            members[name] = []
-    if len(members) == 1:
-        members[holds[0] if holds else reach.names[0]] = running
+    if len(reach.names) == 1 and DEFAULT_TYPE not in holds:
+        members[reach.names[0]] = list(running)  # every running job holds the one type
     else:
-        for name in members:
-            members[name] = list(compress(running, map(eq, holds, repeat(name))))
+        for view, name in zip(running, holds, strict=True):
+            group = members.get(name)
+            if group is None:  # a GPU the cluster no longer lists: the default type
+                group = members[name] = []
+            group.append(view)
     allowed: dict[str, dict[str, frozenset[int]]] = {name: {} for name in members}
     for at in compress(range(len(running)), map(_SELECTOR, running)):  # the selecting ones
         view, name = running[at], holds[at]

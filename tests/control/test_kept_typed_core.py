@@ -350,3 +350,20 @@ def test_a_failed_typed_pass_drops_every_pool_core() -> None:
 class _Refusing(CountPlacement):
     def place(self, *args: object, **kwargs: object) -> tuple[int, ...] | None:
         raise RuntimeError("placement failed")
+
+
+def test_a_job_on_a_gpu_the_cluster_no_longer_lists_has_a_pool_of_the_default_type() -> None:
+    """A running job whose GPUs left the cluster (a server removed under it) counts as of the
+    default type, in a pool of its own after the cluster's types, as the rules say."""
+    gpus = tuple(Gpu(g, g // 4, 0, gpu_type=("a100" if g < 4 else "h100")) for g in range(8))
+    for types in (("a100", "h100"), ("a100",)):
+        cluster = Cluster(tuple(g for g in gpus if g.gpu_type in types))
+        jobs = (
+            JobView(id="gone", submit_time=0.0, requested_gpus=1, gpus=(99,)),
+            JobView(id="typed", submit_time=1.0, requested_gpus=1, gpu_types=("a100",)),
+        )
+        snapshot = Snapshot(0.0, cluster, jobs)
+        split = split_by_type(snapshot)
+        assert same_split(split, plain_split(snapshot))
+        assert split is not None and split.pools[-1].gpu_type == ""
+        assert [v.id for v in split.pools[-1].snapshot.jobs] == ["gone"]
