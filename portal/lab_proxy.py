@@ -32,6 +32,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from portal.lab_streams import Exchange, LabTarget, lab_target
 from workers.lab_protocol import (
+    HEAD_WAIT_S,
     MAX_REQUEST_BODY_BYTES,
     METHODS,
     encode_headers,
@@ -39,8 +40,6 @@ from workers.lab_protocol import (
 )
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-HEAD_WAIT_S = 60.0
-"""How long the agent has to answer with a response's head."""
 PIECE_WAIT_S = 300.0
 """How long a response may pause between two pieces of its body."""
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "upgrade", "te"})

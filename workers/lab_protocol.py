@@ -75,6 +75,10 @@ MAX_REQUEST_BODY_BYTES = 64 * 1024 * 1024
 LAB_STREAM_MAXLEN = 2000
 """Entries a lab's stream keeps (older ones are trimmed)."""
 LAB_STREAM_TTL_S = 600
+HEAD_WAIT_S = 60.0
+"""How long the portal waits for the head of a request's answer.  A relay that starts
+serves the entries of its ``in`` stream this recent too: a request the portal sent while
+the lab was starting, before its relay read the stream, is still awaited."""
 """A lab's streams expire this long after their last entry."""
 ACTIVITY_EVERY_S = 30.0
 """How often the relay reads Jupyter's ``/api/status`` and reports kernel activity."""

@@ -45,6 +45,7 @@ import websocket
 
 from workers import beneath
 from workers.lab_protocol import (
+    HEAD_WAIT_S,
     LAB_STREAM_MAXLEN,
     LAB_STREAM_TTL_S,
     MAX_CHUNK,
@@ -182,11 +183,14 @@ class LabRelay:
 
     # ------------------------------------------------------------------ life
     def start(self) -> None:
-        """Serve in a thread of its own (idempotent), from the entries that follow now: an
-        older one was meant for a relay before this one (an agent's restart)."""
+        """Serve in a thread of its own (idempotent), from the entries of the last
+        ``HEAD_WAIT_S`` on: the portal still awaits those (a request sent while the lab was
+        starting, before this relay existed), and has given up on older ones.  The window is
+        read off Redis's clock, which wrote the entries' ids."""
         if self._thread is None:
-            newest = shell_entries([(self.in_key, self.client.xrevrange(self.in_key, count=1))])
-            self._start_id = newest[0][0] if newest else "0-0"
+            seconds, micros = self.client.time()
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+            self._start_id = f"{max(0, now_ms - int(HEAD_WAIT_S * 1000))}-0"
             self._thread = threading.Thread(target=self.run, name=f"lab-{self.job}", daemon=True)
             self._thread.start()
 

@@ -28,6 +28,7 @@ from workers import beneath
 from workers.agent.lab_launch import lab_argv, lab_env, new_token
 from workers.agent.lab_relay import LabRelay, LabStatus, connect_lab
 from workers.lab_protocol import (
+    HEAD_WAIT_S,
     Entry,
     MessageJoiner,
     encode_headers,
@@ -324,3 +325,34 @@ def test_a_regular_file_or_fifo_named_lab_sock_is_not_connected(tmp_path: Path) 
     os.mkfifo(scratch / "lab.sock")
     with pytest.raises(OSError, match="not a socket"):
         connect_lab(tmp_path, "w0")
+
+
+def test_a_request_sent_before_the_relay_started_is_answered_and_a_stale_one_is_not(
+    client: redis.Redis, lab: tuple[Path, str]
+) -> None:
+    """The portal may send as soon as the session runs, before the agent's next pass gives
+    its lab a relay: that request is still awaited and must be served.  One older than the
+    portal's wait (``HEAD_WAIT_S``, read off Redis's clock) was given up and is not."""
+    job_dir, token = lab
+    portal = Portal(client, job="job-early")
+    seconds, micros = client.time()
+    stale_ms = int(seconds) * 1000 + int(micros) // 1000 - int(HEAD_WAIT_S * 1000) - 5000
+    stale = uuid.uuid4().hex
+    key = lab_in_key(NODE, "job-early")
+    client.xadd(key, {"x": stale, "t": "h", "m": "GET", "p": BASE + "api/status",
+                      "hd": encode_headers([])},
+                id=f"{stale_ms}-0")  # fmt: skip
+    client.xadd(key, {"x": stale, "t": "e"}, id=f"{stale_ms}-1")
+    early = uuid.uuid4().hex
+    portal.send(early, t="h", m="GET", p=BASE + "api/status", hd=encode_headers([]))
+    portal.send(early, t="e")
+    relay = LabRelay(client, node=NODE, job="job-early", job_dir=job_dir, worker_id="w0",
+                     token=token, base_url=BASE)  # fmt: skip
+    relay.start()
+    try:
+        entries = portal.read(early, "e")
+        assert entries[0].type == "h" and entries[0].status == 200, entries
+        assert not client.exists(lab_out_key(NODE, "job-early", stale))
+    finally:
+        relay.stop()
+        client.delete(key)
