@@ -1,7 +1,8 @@
 """A session's JupyterLab end to end, in a real Chromium, on the session's real stack (ASGI
 server, Celery, agents with bubblewrap): start a session through the API, open the lab
 through the portal, run a cell that imports torch and sees its devices, save the notebook,
-stop the session, start another and find the notebook; another tenant's user gets 404.
+stop the session, start another and find the notebook; another tenant's user gets 404 on
+the lab and on the session's shell; the second session, left idle, is culled.
 
     Chromium ──portal cookie──> /sessions/<id>/lab/... ──Redis──> agent ──lab.sock──> Jupyter
 
@@ -11,7 +12,6 @@ Saves the user guide's screenshot of the lab (docs/img/lab.png).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import time
 from collections.abc import Iterator
@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 
 from devtools.browser import CHROMIUM, CHROMIUM_ARGS, ROOT
-from jobs.agent_commands import ProgramLaunch
 from tests.test_e2e import api, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.stack, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -77,9 +76,10 @@ def signed_in(chromium: Any, stack: dict[str, Any], username: str) -> Any:
     return page
 
 
-def start_session(stack: dict[str, Any]) -> int:
+def start_session(stack: dict[str, Any], **fields: Any) -> int:
     """A one-GPU session of tenant e2e that its members may open; its id once it runs."""
-    found = api(stack, "/api/v1/sessions/", {"name": "e2e-lab", "gpus": 1, "lab_access": "tenant"})
+    body = {"name": "e2e-lab", "gpus": 1, "lab_access": "tenant", **fields}
+    found = api(stack, "/api/v1/sessions/", body)
     session = int(found["id"])
     wait_for(
         "the session to run",
@@ -166,10 +166,21 @@ def test_a_notebook_in_the_lab_sees_its_devices_and_outlives_its_session(
     html = page.content()
     assert '"token": ""' in html or "token" not in html.split("jupyter-config-data", 1)[-1][:50]
 
-    # Another tenant's user: the lab's URL is a 404, page and API alike.
+    # Another tenant's user: the lab's URL is a 404, page and API alike, and so is the
+    # session's shell (the socket closes with 4404, as for a job that does not exist).
     stranger = signed_in(chromium, stack, "otto")
     assert stranger.goto(f"{base}lab").status == 404
     assert lab_fetch(stranger, "GET", f"{base}api/contents")[0] == 404
+    shell_url = stack["url"].replace("http", "ws", 1) + f"/ws/jobs/{session}/shell/"
+    code = stranger.evaluate(
+        """(url) => new Promise((resolve) => {
+            const socket = new WebSocket(url);
+            socket.onopen = () => socket.send(JSON.stringify({type: 'open', rows: 24, cols: 80}));
+            socket.onclose = (event) => resolve(event.code);
+        })""",
+        shell_url,
+    )
+    assert code == 4404, code
 
     # Stopped, then another session of the same user in the same tenant: the notebook is
     # back (the persistent home, synced at stop, restored at start).
@@ -181,12 +192,20 @@ def test_a_notebook_in_the_lab_sees_its_devices_and_outlives_its_session(
         120,
     )
     assert page.goto(f"{base}api/contents").status == 404  # a stopped session has no lab
-    if "home_prefix" not in {f.name for f in dataclasses.fields(ProgramLaunch)}:
-        pytest.skip("the control plane does not send a session's home yet (ProgramLaunch)")
-    again = start_session(stack)
+    again = start_session(stack, idle_timeout_s=20)
     base = f"/sessions/{again}/lab/"
     until_lab_answers(page, base)
     status, listing = lab_fetch(page, "GET", f"{base}api/contents/e2e.ipynb")
     assert status == 200, listing
     assert listing["content"]["cells"][0]["source"] == CELL
-    api(stack, f"/api/v1/sessions/{again}/stop/", {})
+
+    # Left alone (no client, no kernel), the session is culled after its idle timeout.
+    wait_for(
+        "the idle session to be culled",
+        lambda: api(stack, f"/api/v1/sessions/{again}/")["state"] == "cancelled",
+        stack,
+        150,
+    )
+    events = api(stack, f"/api/v1/jobs/{again}/events/")
+    reasons = [e["reason"] for e in events.get("results", events)]
+    assert any("idle for 20 s: culled" in reason for reason in reasons), reasons
