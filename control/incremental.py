@@ -71,6 +71,7 @@ from django.db import connection, transaction
 from django.db.models import Field, Model
 
 from control.assembly import Assembly, JobRow, KeptAside, PolicyInput, TenantRow
+from control.gpu_speeds import gpu_type_speeds
 from control.policy import live_policy
 from control.state import (
     JOB_ROW_FIELDS,
@@ -107,7 +108,7 @@ from scheduler.policies import Policy
 from scheduler.policies.kept import KeptPolicy
 from scheduler.policies.kept_typed import KeptTypedPolicy
 from scheduler.types import Gpu as GpuView
-from scheduler.types import JobView, Snapshot
+from scheduler.types import JobView, ServerCapacity, Snapshot
 from tenancy.models import Tenant
 
 __all__ = [
@@ -490,7 +491,7 @@ def _read_servers() -> list[ServerRow]:
     server, gpu = quote(Server._meta.db_table), quote(Gpu._meta.db_table)
     sql = f"""
         SELECT s.node, s.leaf, s.slot, s.state, s.last_heartbeat IS NOT NULL, g.suspect,
-            s.gpu_type, s.labels::text
+            s.gpu_type, s.labels::text, s.cpu_cores, s.memory_mib
         FROM {server} s LEFT JOIN (
             SELECT server_id, array_agg("index" ORDER BY "index") AS suspect
             FROM {gpu} WHERE suspect_until > now() GROUP BY server_id
@@ -510,8 +511,12 @@ def _read_servers() -> list[ServerRow]:
             tuple(suspect or ()),
             gpu_type,
             label_pairs(json.loads(labels) if labels else {}),
+            cpu_cores,
+            memory_mib,
         )
-        for node, leaf, slot, state, beating, suspect, gpu_type, labels in rows
+        for node, leaf, slot, state, beating, suspect, gpu_type, labels, cpu_cores, memory_mib in (
+            rows
+        )
     ]
 
 
@@ -541,6 +546,7 @@ class KeptState:
         self.homes: dict[int, GpuHome] = {}
         self.gpu_types: Mapping[int, str] = {}
         self.server_labels: Mapping[int, tuple[tuple[str, str], ...]] = {}
+        self.server_capacity: Mapping[int, ServerCapacity] = {}
         self.schedulable: frozenset[int] = frozenset()
         self.draining: frozenset[int] = frozenset()
         self.suspect: frozenset[int] = frozenset()
@@ -600,6 +606,7 @@ class KeptState:
                 layout.suspect,
             )
             self.gpu_types, self.server_labels = layout.gpu_types, layout.server_labels
+            self.server_capacity = layout.server_capacity
             self.down = unusable_gpus(self.spec, self.schedulable, self.draining)
             state = self._state()
         fresh, changed, left = self._changed_jobs()
@@ -645,6 +652,8 @@ class KeptState:
             epoch=self.epoch,
             views=self.views,
             aside=self.aside,
+            server_capacity=cluster.server_capacity,
+            type_speeds=gpu_type_speeds(),
         )
 
     def touched(self, job_ids: Iterable[int]) -> None:
@@ -734,6 +743,7 @@ class KeptState:
             down=self.down,
             gpu_types=self.gpu_types,
             server_labels=self.server_labels,
+            server_capacity=self.server_capacity,
         )
 
     def _changed_jobs(
@@ -879,7 +889,7 @@ VIEW_PARTS = (
 
 CLUSTER_PARTS = (
     "spec", "homes", "schedulable", "holders", "holdings", "draining", "suspect",
-    "gpu_types", "server_labels",
+    "gpu_types", "server_labels", "server_capacity",
 )  # fmt: skip
 """What of the cluster a kept tick state must share with a full rebuild."""
 

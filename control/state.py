@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db.models import BooleanField, ExpressionWrapper, Max, Q
 
 from control.assembly import JobRow, PolicyInput, TenantRow, assemble_snapshot
+from control.gpu_speeds import gpu_type_speeds
 from fabric.allocator import Allocation, VClosAllocator
 from fabric.topology import FabricSpec
 from inventory.models import Fabric, Server, ServerState
@@ -23,7 +24,7 @@ from scheduler.gpu_types import Labels, split_by_type
 from scheduler.pipeline import Candidates, Waits
 from scheduler.priority import AGED_CEILING, priority_class
 from scheduler.types import Gpu as GpuView
-from scheduler.types import GpuState
+from scheduler.types import GpuState, ServerCapacity
 
 # The states the per-job loops compare with, looked up once (an enum member's look-up on
 # its class costs more than the comparison, 10,000 times a tick at 10,000 jobs).
@@ -55,6 +56,9 @@ class ClusterState:
     # id -> sorted pairs): what a typed pass reads (``scheduler.gpu_types``).
     gpu_types: Mapping[int, str] = field(default_factory=dict)
     server_labels: Mapping[int, Labels] = field(default_factory=dict)
+    # Each server's CPU cores and host memory where known (global server id -> capacity):
+    # what binding packs jobs' per-GPU requests into (``scheduler.packing``).
+    server_capacity: Mapping[int, ServerCapacity] = field(default_factory=dict)
 
     @property
     def mixed(self) -> bool:
@@ -80,6 +84,8 @@ class ServerRow:
     suspect: tuple[int, ...] = ()
     gpu_type: str = ""
     labels: Labels = ()
+    cpu_cores: int = 0
+    memory_mib: int = 0
 
 
 def label_pairs(labels: object) -> Labels:
@@ -108,12 +114,24 @@ def read_servers() -> list[ServerRow]:
             tuple(suspect.get(node, ())),
             gpu_type,
             label_pairs(labels),
+            cpu_cores,
+            memory_mib,
         )
-        for node, leaf, slot, state, beating, gpu_type, labels in Server.objects.order_by(
-            "leaf", "slot"
+        for node, leaf, slot, state, beating, gpu_type, labels, cpu_cores, memory_mib in (
+            Server.objects.order_by("leaf", "slot")
+            .annotate(beating=beating)
+            .values_list(
+                "node",
+                "leaf",
+                "slot",
+                "state",
+                "beating",
+                "gpu_type",
+                "labels",
+                "cpu_cores",
+                "memory_mib",
+            )
         )
-        .annotate(beating=beating)
-        .values_list("node", "leaf", "slot", "state", "beating", "gpu_type", "labels")
     ]
 
 
@@ -127,6 +145,7 @@ class ServerLayout:
     suspect: frozenset[int] = frozenset()
     gpu_types: Mapping[int, str] = field(default_factory=dict)
     server_labels: Mapping[int, Labels] = field(default_factory=dict)
+    server_capacity: Mapping[int, ServerCapacity] = field(default_factory=dict)
 
 
 def server_layout(spec: FabricSpec, servers: Iterable[ServerRow]) -> ServerLayout:
@@ -141,6 +160,7 @@ def server_layout(spec: FabricSpec, servers: Iterable[ServerRow]) -> ServerLayou
     suspect: set[int] = set()
     gpu_types: dict[int, str] = {}
     server_labels: dict[int, Labels] = {}
+    server_capacity: dict[int, ServerCapacity] = {}
     for server in servers:
         suspect.update(server.suspect)
         first = server.leaf * spec.gpus_per_leaf + server.slot * spec.gpus_per_server
@@ -150,6 +170,10 @@ def server_layout(spec: FabricSpec, servers: Iterable[ServerRow]) -> ServerLayou
             gpu_types[index] = server.gpu_type
         if server.labels:
             server_labels[spec.server_of(first)] = server.labels
+        if server.cpu_cores or server.memory_mib:
+            server_capacity[spec.server_of(first)] = ServerCapacity(
+                server.cpu_cores, server.memory_mib
+            )
         if server.state == ServerState.UP and server.beating:
             schedulable.update(indices)
         elif server.state == ServerState.DRAINING:
@@ -161,6 +185,7 @@ def server_layout(spec: FabricSpec, servers: Iterable[ServerRow]) -> ServerLayou
         frozenset(suspect),
         gpu_types,
         server_labels,
+        server_capacity,
     )
 
 
@@ -188,6 +213,7 @@ def read_cluster() -> ClusterState | None:
         suspect=layout.suspect,
         gpu_types=layout.gpu_types,
         server_labels=layout.server_labels,
+        server_capacity=layout.server_capacity,
     )
 
 
@@ -346,6 +372,10 @@ JOB_ROW_FIELDS = (
     "gpu_types",
     "node_selector",
     "kind",
+    "cpus_per_gpu",
+    "mem_per_gpu_mib",
+    "workload",
+    "ran_on_type",
 )
 TENANT_ROW_FIELDS = ("slug", "gpu_quota", "profile_jobs", "priority_weight", "gpu_type_quota")
 
@@ -374,6 +404,10 @@ def job_row(values: Mapping[str, Any]) -> JobRow:
         gpu_types=tuple(values["gpu_types"] or ()),
         selector=label_pairs(values["node_selector"]),
         interactive=values["kind"] == JobKind.SESSION,
+        cpus_per_gpu=values["cpus_per_gpu"],
+        mem_per_gpu_mib=values["mem_per_gpu_mib"],
+        workload=values["workload"],
+        ran_on_type=values["ran_on_type"],
     )
 
 
@@ -446,4 +480,15 @@ def build_snapshot(
             )
     about_to_end = finishing_jobs(growing_jobs(rows, cluster.holdings))
     since = last_state_changes(timed_jobs(rows))
-    return assemble_snapshot(cluster, gpus, rows, tenants, about_to_end, since, now, epoch=epoch)
+    return assemble_snapshot(
+        cluster,
+        gpus,
+        rows,
+        tenants,
+        about_to_end,
+        since,
+        now,
+        epoch=epoch,
+        server_capacity=cluster.server_capacity,
+        type_speeds=gpu_type_speeds(),
+    )

@@ -56,6 +56,7 @@ from control.apply import apply_bound, note_waiting
 from control.forecast import maybe_refresh
 from control.incremental import ClusterSource, forget, source_for_tick
 from control.limits import stop_jobs_at_limit
+from control.packing import drain_packing
 from control.reconcile import reconcile
 from control.state import AssembledHoldBack, ClusterState, down_gpus
 from control.suspect_notes import suspect_notes
@@ -254,7 +255,8 @@ def _tick(source: ClusterSource, policy_name: str, now: datetime) -> TickResult:
         jobs = {d.job: job_id_from_name(d.job) or 0 for d in drains}
         allocator = source.allocator(cluster)
         typed = cluster.gpu_types if cluster.mixed else None  # a job moves within its type
-        migrated, _ = AllocatorBind(cluster.spec, allocator, typed).bind(None, drains)
+        packing = drain_packing(cluster.spec, cluster.server_capacity)  # CPU and memory
+        migrated, _ = AllocatorBind(cluster.spec, allocator, typed, packing).bind(None, drains)
         drain_refused = migrated.refused
         source.touched(jobs.values())  # the allocator holds their bound state, not the rows'
         reasons = {b.job: "migrated off a draining server" for b in migrated.bound}

@@ -52,6 +52,7 @@ from fabric.topology import FabricSpec
 from scheduler.binding import Bound, Refused, bind, bind_typed
 from scheduler.curves import SpeedTables
 from scheduler.gpu_types import split_by_type
+from scheduler.packing import Packing, packing_for
 from scheduler.placement import CountPlacement, Placement
 from scheduler.policies.base import Policy
 from scheduler.quota import (
@@ -450,9 +451,18 @@ class AllocatorBind:
     gpu_types: Mapping[int, str] | None = None
     """Each GPU's type on a mixed cluster (:func:`scheduler.binding.bind_typed`, with the
     selecting jobs' GPUs from the candidates' snapshot); None: one type, no selectors."""
+    packing: Packing | None = None
+    """What to pack by when the candidates are no snapshot (the tick's drain moves); with
+    a snapshot, its own (:func:`scheduler.packing.packing_for`)."""
 
     def bind(self, candidates: object, decisions: Sequence[Decision]) -> tuple[Binding, Waits]:
-        """The bound and refused decisions; each refused job's wait is the allocator's reason."""
+        """The bound and refused decisions; each refused job's wait is the allocator's reason.
+
+        The candidates' jobs that ask for CPU cores or host memory per GPU are packed into
+        their servers' capacities (:mod:`scheduler.packing`)."""
+        packing = (
+            packing_for(candidates.snapshot) if isinstance(candidates, Candidates) else self.packing
+        )
         if self.gpu_types:
             split = (
                 split_by_type(candidates.snapshot) if isinstance(candidates, Candidates) else None
@@ -461,9 +471,11 @@ class AllocatorBind:
                 {j: ids for pool in split.pools for j, ids in pool.allowed.items()} if split else {}
             )
             in_play = _in_play(self.spec, self.allocator, decisions, self.gpu_types)
-            bound, refused = bind_typed(self.spec, self.allocator, decisions, in_play, allowed)
+            bound, refused = bind_typed(
+                self.spec, self.allocator, decisions, in_play, allowed, packing
+            )
         else:
-            bound, refused = bind(self.spec, self.allocator, decisions)
+            bound, refused = bind(self.spec, self.allocator, decisions, packing=packing)
         waits = {r.job: r.reason for r in refused} if refused else NO_WAITS
         return Binding(bound, refused), waits
 

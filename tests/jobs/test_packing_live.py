@@ -29,14 +29,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 A100, H100 = "a100-40g", "h100-80g"
 
-NEEDS_HOOKS = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="needs H2's hooks in control/state.py, control/incremental.py, control/tick.py and "
-    "scheduler/pipeline.py (servers' capacities and jobs' requests into the tick's snapshot, "
-    "AllocatorBind packing): remove this mark when they land",
-)
-
 
 def _submit(user: Any, tenant: Any, **fields: Any) -> Job:
     data = {"name": "t", "workload": "mlp-digits", "gpus": 2, **fields}
@@ -81,7 +73,6 @@ def test_the_forecast_holds_the_type_quota_the_tick_holds(
         assert estimate.start is None or estimate.start > 0
 
 
-@NEEDS_HOOKS
 def test_two_jobs_whose_cpu_needs_cannot_share_a_server_land_on_different_servers(
     alice: Any, acme: Any, settings: Any
 ) -> None:
@@ -117,7 +108,6 @@ def test_two_jobs_whose_cpu_needs_cannot_share_a_server_land_on_different_server
     incremental.forget()
 
 
-@NEEDS_HOOKS
 def test_a_drain_moves_a_job_only_where_its_cores_fit(alice: Any, acme: Any) -> None:
     """Two 1-GPU jobs of 24 cores a GPU run on the two A100 servers; a100-0's drains.  Its
     job's only place of its type is the free GPU beside the other job, whose server has 8
