@@ -657,10 +657,7 @@ def do_cancel_job(*, user: AbstractBaseUser | AnonymousUser, job_id: int, reason
     if job.state in TERMINAL_STATES:
         raise JobConflictError(f"job {job.pk} is already {job.state}")
     why = reason or f"cancelled by {user.get_username()}"
-    before = job.state
-    outbox = Outbox()
-    outbox.stop_workers(job, release(job), reason=why)  # a graceful stop, GPUs freed
-    transition(job, JobState.CANCELLED, reason=why, at=timezone.now())
+    before = cancel_locked(job, reason=why, at=timezone.now())
     audit.record(
         "job.cancel",
         obj=job,
@@ -669,10 +666,21 @@ def do_cancel_job(*, user: AbstractBaseUser | AnonymousUser, job_id: int, reason
         before={"state": before},
         after={"state": job.state, "reason": why},
     )
+    return job
+
+
+def cancel_locked(job: Job, *, reason: str, at: datetime) -> str:
+    """End ``job`` (its row locked by the caller, not terminal) cancelled with ``reason``:
+    its workers are stopped gracefully after commit, its GPUs released, the change
+    broadcast and a tick asked for.  The state it left, for the caller's audit row."""
+    before = job.state
+    outbox = Outbox()
+    outbox.stop_workers(job, release(job), reason=reason)  # a graceful stop, GPUs freed
+    transition(job, JobState.CANCELLED, reason=reason, at=at)
     outbox.send_on_commit()
     broadcast(job, "job.updated")
     request_tick()
-    return job
+    return before
 
 
 @transaction.atomic

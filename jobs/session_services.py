@@ -26,10 +26,8 @@ from bundles.models import CodeBundle
 from inventory.services import current_spec
 from jobs.choices import TERMINAL_STATES, JobKind, JobState, LabAccess, Launcher, RecoveryMode
 from jobs.errors import JobConflictError, JobPermissionError, JobValidationError
-from jobs.holdings import release
 from jobs.lifecycle import broadcast, request_tick, save_fields, transition
 from jobs.models import Job
-from jobs.outbox import Outbox
 from jobs.program_spec import ProgramSpec
 from jobs.resource_requests import REQUEST_FIELDS, ResourceRequest, check_request, check_satisfiable
 from jobs.services import (
@@ -37,6 +35,7 @@ from jobs.services import (
     NAME_MAX,
     SUBMIT_AUDIT_FIELDS,
     JobSpec,
+    cancel_locked,
     check_queue_room,
     create_job,
     placement_problem,
@@ -365,10 +364,7 @@ def stop_session(
     job: Job = Job.objects.select_for_update().select_related("tenant").get(pk=job_id)
     if job.state in TERMINAL_STATES:
         raise JobConflictError(f"session {job.pk} is already {job.state}")
-    before = job.state
-    outbox = Outbox()
-    outbox.stop_workers(job, release(job), reason=reason)
-    transition(job, JobState.CANCELLED, reason=reason, at=at or timezone.now())
+    before = cancel_locked(job, reason=reason, at=at or timezone.now())
     audit.record(
         "job.cancel",
         obj=job,
@@ -377,9 +373,6 @@ def stop_session(
         before={"state": before},
         after={"state": job.state, "reason": reason},
     )
-    outbox.send_on_commit()
-    broadcast(job, "job.updated")
-    request_tick()
     return job
 
 

@@ -17,14 +17,13 @@ from drf_spectacular.utils import (
 )
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from bundles.models import CodeBundle
 from jobs.api.serializers import JobCancelSerializer, JobTenantSerializer
-from jobs.api.views import _plain_param, object_body
-from jobs.choices import JobKind, JobState, LabAccess
+from jobs.api.views import filter_state_and_tenant, object_body
+from jobs.choices import JobKind, LabAccess
 from jobs.models import Job
 from jobs.session_cull import idle_deadline
 from jobs.session_services import check_session_spec, do_start_session, do_stop_session
@@ -160,15 +159,7 @@ class SessionViewSet(
             .select_related("tenant", "submitter", "code")
         )
         if self.action == "list":
-            params = self.request.query_params
-            if states := _plain_param(params, "state"):
-                wanted = [s.strip() for s in states.split(",") if s.strip()]
-                unknown = sorted(set(wanted) - set(JobState.values))
-                if unknown:
-                    raise ValidationError({"state": [f"Unknown state(s): {', '.join(unknown)}."]})
-                sessions = sessions.filter(state__in=wanted)
-            if tenant := _plain_param(params, "tenant"):
-                sessions = sessions.filter(tenant__slug=tenant)
+            sessions = filter_state_and_tenant(sessions, self.request.query_params)
         return sessions
 
     @extend_schema(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from django.db.models import QuerySet
 from django.http import HttpResponseBase
@@ -102,6 +102,23 @@ def _plain_param(params: Any, name: str) -> str | None:
     return cast(str | None, value)
 
 
+JobsQuery = TypeVar("JobsQuery", bound=QuerySet[Job])
+
+
+def filter_state_and_tenant(jobs: JobsQuery, params: Any) -> JobsQuery:
+    """``jobs`` narrowed by the list's ``state`` (comma-separated; an unknown one is a 400
+    naming it) and ``tenant`` (a slug) query parameters, where given."""
+    if states := _plain_param(params, "state"):
+        wanted = [s.strip() for s in states.split(",") if s.strip()]
+        unknown = sorted(set(wanted) - set(JobState.values))
+        if unknown:
+            raise ValidationError({"state": [f"Unknown state(s): {', '.join(unknown)}."]})
+        jobs = jobs.filter(state__in=wanted)
+    if tenant := _plain_param(params, "tenant"):
+        jobs = jobs.filter(tenant__slug=tenant)
+    return jobs
+
+
 def submission(
     request: Request, shape: type[serializers.Serializer[Any]] = JobCreateSerializer
 ) -> tuple[str | None, dict[str, Any]]:
@@ -142,14 +159,7 @@ class JobViewSet(
         if self.action != "list":
             return jobs
         params = self.request.query_params
-        if states := _plain_param(params, "state"):
-            wanted = [s.strip() for s in states.split(",") if s.strip()]
-            unknown = sorted(set(wanted) - set(JobState.values))
-            if unknown:
-                raise ValidationError({"state": [f"Unknown state(s): {', '.join(unknown)}."]})
-            jobs = jobs.filter(state__in=wanted)
-        if tenant := _plain_param(params, "tenant"):
-            jobs = jobs.filter(tenant__slug=tenant)
+        jobs = filter_state_and_tenant(jobs, params)
         if workload := _plain_param(params, "workload"):
             jobs = jobs.filter(workload=workload)
         if array := _plain_param(params, "array"):
