@@ -249,6 +249,12 @@ def test_an_admin_sets_a_tenants_retention_days(client: Any, make_user: Any, acm
         "profile_jobs": "on",
         "artifact_retention_days": "7",
         "log_retention_days": "",
+        # The page shows every setting with its value; a browser sends them all back.
+        "default_session_idle_s": acme.default_session_idle_s,
+        "session_idle_ceiling_s": acme.session_idle_ceiling_s,
+        "default_session_lifetime_s": acme.default_session_lifetime_s,
+        "session_lifetime_ceiling_s": acme.session_lifetime_ceiling_s,
+        "session_home_quota_mib": acme.session_home_quota_mib,
         "memberships-TOTAL_FORMS": "0",
         "memberships-INITIAL_FORMS": "0",
     }
