@@ -128,7 +128,7 @@ class JobSpec:
     """The GPU types, node selector, CPU and memory per GPU it asks for (``jobs.resource_requests``)."""
 
 
-class _Errors:
+class FieldErrors:
     """Collects field errors so a form or API can show all of them at once."""
 
     def __init__(self) -> None:
@@ -144,7 +144,7 @@ class _Errors:
 
 
 def _int_field(
-    data: Mapping[str, Any], errors: _Errors, key: str, lo: int, hi: int, default: int | None
+    data: Mapping[str, Any], errors: FieldErrors, key: str, lo: int, hi: int, default: int | None
 ) -> int | None:
     raw = data.get(key)
     if raw is None or raw == "":
@@ -179,7 +179,9 @@ def placement_problem(gpus: int) -> str | None:
     )
 
 
-def _check_workload(data: Mapping[str, Any], errors: _Errors) -> tuple[str, dict[str, int | float]]:
+def _check_workload(
+    data: Mapping[str, Any], errors: FieldErrors
+) -> tuple[str, dict[str, int | float]]:
     """A built-in workload and its arguments (empty when refused)."""
     if data.get("env"):
         errors.add("env", "Only a program (code) takes environment variables.")
@@ -224,7 +226,7 @@ def default_limits(tenant: Tenant) -> tuple[int, int | None]:
 
 
 def _check_ceilings(
-    tenant: Tenant, max_restarts: int | None, max_runtime_s: int | None, errors: _Errors
+    tenant: Tenant, max_restarts: int | None, max_runtime_s: int | None, errors: FieldErrors
 ) -> None:
     """Refuse limits above the tenant's ceilings (``None``: not asked for, nothing to check)."""
     ceiling = tenant.max_restarts_ceiling
@@ -243,7 +245,7 @@ def _check_ceilings(
 
 
 def _check_limits(
-    tenant: Tenant, data: Mapping[str, Any], errors: _Errors
+    tenant: Tenant, data: Mapping[str, Any], errors: FieldErrors
 ) -> tuple[int | None, int | None]:
     """A submission's ``max_restarts`` and ``max_runtime_s``: given, or the tenant's defaults.
 
@@ -259,7 +261,7 @@ def _check_limits(
     return restarts, runtime
 
 
-def _check_resume_from(tenant: Tenant, raw: Any, errors: _Errors) -> int | None:
+def _check_resume_from(tenant: Tenant, raw: Any, errors: FieldErrors) -> int | None:
     """``resume_from``: a job of ``tenant`` with a checkpoint to copy (None: not asked).
 
     A job of another tenant gets the answer a missing one gets: nothing leaks.
@@ -293,7 +295,7 @@ def check_job_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> JobSpec:
     dependencies on the tenant's own jobs or arrays (``jobs.dependencies.check_after``);
     ``resume_from``: a job of the tenant with a checkpoint (``_check_resume_from``).
     """
-    errors = _Errors()
+    errors = FieldErrors()
     unknown = sorted(str(key) for key in data if key not in JOB_FIELDS and key not in SPEC_EXTRAS)
     if unknown:
         errors.add("non_field_errors", f"Unknown field(s): {', '.join(unknown)}.")
@@ -708,7 +710,7 @@ def do_update_job(
     _check_writable(user, job)
     if job.state in TERMINAL_STATES:
         raise JobConflictError(f"job {job.pk} is {job.state}: nothing to change")
-    errors = _Errors()
+    errors = FieldErrors()
     if priority is not None and not 0 <= priority <= 100:
         errors.add("priority", "Must be between 0 and 100.")
     new_min = job.min_gpus if min_gpus is None else min_gpus
@@ -764,7 +766,7 @@ def do_update_job(
     return job
 
 
-def _check_new_after(job: Job, after: Any, errors: _Errors) -> tuple[After, ...] | None:
+def _check_new_after(job: Job, after: Any, errors: FieldErrors) -> tuple[After, ...] | None:
     """The checked new dependencies of ``job`` (None: not asked to change them)."""
     if after is None:
         return None

@@ -34,6 +34,7 @@ from jobs.services import (
     MAX_GPUS_PER_JOB,
     NAME_MAX,
     SUBMIT_AUDIT_FIELDS,
+    FieldErrors,
     JobSpec,
     cancel_locked,
     check_queue_room,
@@ -79,19 +80,6 @@ class SessionSpec:
     bundle: CodeBundle | None
     """The tenant's own code, or None for the portal's empty bundle."""
     environment: EnvironmentSpec
-
-
-class _Errors:
-    def __init__(self) -> None:
-        self.fields: dict[str, list[str]] = {}
-
-    def add(self, field: str, message: str) -> None:
-        self.fields.setdefault(field, []).append(message)
-
-    def raise_if_any(self) -> None:
-        if self.fields:
-            field, messages = next(iter(self.fields.items()))
-            raise JobValidationError(f"{field}: {messages[0]}", self.fields)
 
 
 def _whole(
@@ -187,7 +175,7 @@ def check_session_spec(*, tenant: Tenant, data: Mapping[str, Any]) -> SessionSpe
     defaults when left out; ``lab_access`` ``creator`` (default) or ``tenant``; ``code``
     one of the tenant's bundles (optional); ``environment`` as for a program.
     """
-    errors = _Errors()
+    errors = FieldErrors()
     add = errors.add
     unknown = sorted(str(key) for key in data if key not in SESSION_FIELDS)
     if unknown:
@@ -382,7 +370,7 @@ def check_session_update(job: Job, fields: Mapping[str, Any]) -> None:
     (``max_runtime_s``) above its tenant's session ceiling. Batch jobs pass."""
     if job.kind != JobKind.SESSION:
         return
-    errors = _Errors()
+    errors = FieldErrors()
     for key in ("min_gpus", "max_gpus"):
         if fields.get(key) not in (None, job.gpus):
             errors.add(key, f"A session is fixed-size: it keeps its {job.gpus} GPUs.")
