@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from devtools.browser import CHROMIUM, CHROMIUM_ARGS, ROOT, Driver, Server, start_portal
+from devtools.browser import ROOT, Driver, Server, start_portal
+from tests.chromium import launched_chromium
 
 SCREENSHOTS = ROOT / "docs" / "screenshots"
 
@@ -116,14 +117,8 @@ def driver(portal: tuple[Server, Driver, Any]) -> Driver:
 @pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
     """Debian's Chromium, headless, through Playwright (never a downloaded browser)."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is not installed")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with launched_chromium() as chromium:
         yield chromium
-        chromium.close()
 
 
 @pytest.fixture(autouse=True)

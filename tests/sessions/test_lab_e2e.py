@@ -15,12 +15,12 @@ import contextlib
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from devtools.browser import CHROMIUM, CHROMIUM_ARGS, ROOT
+from devtools.browser import ROOT
+from tests.chromium import launched_chromium
 from tests.test_e2e import api, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.stack, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -53,14 +53,8 @@ NOTEBOOK = {
 @pytest.fixture(scope="module")
 def chromium() -> Iterator[Any]:
     """Debian's Chromium, headless, with the browser tests' launch options."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is not installed")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with launched_chromium() as browser:
         yield browser
-        browser.close()
 
 
 def signed_in(chromium: Any, stack: dict[str, Any], username: str) -> Any:

@@ -13,12 +13,12 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from devtools.browser import CHROMIUM, CHROMIUM_ARGS, ROOT
+from devtools.browser import ROOT
+from tests.chromium import launched_chromium
 from tests.test_e2e import api, job_state, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.stack, pytest.mark.slow]
@@ -37,14 +37,8 @@ USERS = (
 @pytest.fixture(scope="module")
 def chromium() -> Iterator[Any]:
     """Debian's Chromium, headless, with the browser tests' launch options."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is not installed")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with launched_chromium() as browser:
         yield browser
-        browser.close()
 
 
 @pytest.fixture(scope="module")
