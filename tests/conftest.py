@@ -60,6 +60,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         redis_db=11,
         STRAGGLER_COOLDOWN_SECONDS="0",
         ENVIRONMENT_FIND_LINKS=str(data_dir / "links"),
+        # Each session's lab on its own origin (Chromium resolves *.localhost to loopback).
+        LAB_HOST_TEMPLATE="lab-{id}.localhost",
     )
     proc = start_stack(data_dir, port, env)
     log = (data_dir / "stack.log").open()
