@@ -3,7 +3,8 @@
 
 Thin, like ``jobs.views``: sessions are scoped by ``restrict`` (another tenant's is a 404),
 starts and stops go through ``jobs.session_services``. The lab itself
-(``/sessions/<id>/lab/``) is the proxy's, not routed here.
+(``/sessions/<id>/lab/``) is the proxy's and its link (``/sessions/<id>/lab-open/``)
+``portal.lab_origin``'s, not routed here.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 
 from portal.body_limit import BodyLimitMiddleware, install_in_daphne  # noqa: E402
 from portal.heap import freeze_startup_heap  # noqa: E402
+from portal.lab_origin import LabHostSocketGuard  # noqa: E402
 from portal.origin import SameOriginValidator  # noqa: E402
 from portal.routing import websocket_urlpatterns  # noqa: E402
 
@@ -32,8 +33,11 @@ http_app = BodyLimitMiddleware(
 application = ProtocolTypeRouter(
     {
         "http": http_app,
-        # The page's own origin, port included (not only an allowed host name).
-        "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        # A lab host's sockets are its lab's only (portal.lab_origin); the page's own
+        # origin, port included (not only an allowed host name).
+        "websocket": LabHostSocketGuard(
+            SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))
+        ),
     }
 )
 

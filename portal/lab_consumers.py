@@ -9,7 +9,9 @@
 
 The route is the path JupyterLab opens with ``base_url=/sessions/<id>/lab/``
 (``ws://host/sessions/<id>/lab/api/kernels/<kernel>/channels``); ``portal.origin``'s
-same-origin check runs before this consumer.  A portal process that restarts drops its
+same-origin check runs before this consumer, and, when labs have hosts of their own,
+``portal.lab_origin``'s guard (the socket must come to its session's host, whose cookie
+signs it in).  A portal process that restarts drops its
 sockets; JupyterLab reconnects to another, and the agent closes the orphaned ones once
 they go unmentioned for ``WS_SILENT_S``.
 """
@@ -24,11 +26,13 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 from django.http import Http404
 from django.utils import timezone
 from redis.exceptions import RedisError
 
 from jobs.sessions import note_activity
+from portal.lab_origin import socket_lab_user
 from portal.lab_streams import Exchange, LabTarget, lab_target
 from workers.lab_protocol import (
     WS_PING_EVERY_S,
@@ -53,8 +57,11 @@ class LabConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]
         self.exchange: Exchange | None = None
         self.pump: asyncio.Task[None] | None = None
         self.noted = time.monotonic()
-        user = self.scope.get("user")
         kwargs = self.scope["url_route"]["kwargs"]
+        if settings.LAB_HOST_TEMPLATE:  # on its own host, by its own cookie (lab_origin)
+            user = await database_sync_to_async(socket_lab_user)(self.scope, int(kwargs["job_id"]))
+        else:
+            user = self.scope.get("user")
         if user is None or not user.is_authenticated:
             await self.close(code=4401)
             return

@@ -6,11 +6,13 @@
             ──> body within LAB_MAX_BODY_BYTES? (413) ──> Exchange: h, b..., e ──> agent
     browser <──streamed── head (status, headers), then body pieces as they come <── agent
 
-The portal's session authenticates (a signed-out browser is sent to the login page); the
-agent's relay adds Jupyter's token, which never reaches the browser.  Jupyter skips its own
-XSRF check for token-authenticated requests, so this view keeps cross-site writes out: a
-request that is not GET/HEAD/OPTIONS must come from the portal's own origin (``Origin``,
-else ``Sec-Fetch-Site``), as every browser says for its page's own fetches.
+The portal's session authenticates (a signed-out browser is sent to the login page) or,
+when labs have hosts of their own (``LAB_HOST_TEMPLATE``, ``portal.lab_origin``), the lab
+host's own cookie does; the agent's relay adds Jupyter's token, which never reaches the
+browser.  Jupyter skips its own XSRF check for token-authenticated requests, so this view
+keeps cross-site writes out: a request that is not GET/HEAD/OPTIONS must come from the
+origin it is addressed to (``Origin``, else ``Sec-Fetch-Site``), as every browser says for
+its page's own fetches.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from django.http import (
 )
 from django.views.decorators.csrf import csrf_exempt
 
+from portal.lab_origin import lab_host_user
 from portal.lab_streams import Exchange, LabTarget, lab_target
 from workers.lab_protocol import (
     HEAD_WAIT_S,
@@ -55,7 +58,8 @@ def _error(status: int, message: str) -> HttpResponse:
 
 
 def same_origin(request: HttpRequest) -> bool:
-    """Whether the browser says this request comes from a page of the portal's own origin."""
+    """Whether the browser says this request comes from a page of the origin it is sent to
+    (the portal's, or the lab host's)."""
     origin = request.headers.get("Origin")
     if origin is not None:
         return origin == f"{request.scheme}://{request.get_host()}"
@@ -71,9 +75,15 @@ def request_headers(request: HttpRequest) -> list[tuple[str, str]]:
 @csrf_exempt
 async def lab(request: HttpRequest, job_id: str) -> HttpResponseBase:
     """Relay one request to session ``job_id``'s lab and stream its answer back."""
-    user = await request.auser()
-    if not user.is_authenticated:
-        return redirect_to_login(request.get_full_path())
+    on_lab_host = getattr(request, "lab_host_job", None) is not None
+    if on_lab_host:  # portal.lab_origin: a lab on its own host signs in by its own cookie
+        user = await lab_host_user(request, int(job_id))
+        if isinstance(user, HttpResponseBase):
+            return user
+    else:
+        user = await request.auser()
+        if not user.is_authenticated:
+            return redirect_to_login(request.get_full_path())
     try:
         target: LabTarget = await sync_to_async(lab_target)(user, int(job_id))
     except Http404:
@@ -82,7 +92,7 @@ async def lab(request: HttpRequest, job_id: str) -> HttpResponseBase:
     if method not in METHODS:
         return _error(405, f"{method} is not relayed to a lab")
     if method not in SAFE_METHODS and not same_origin(request):
-        return _error(403, "a lab accepts changes only from the portal's own pages")
+        return _error(403, "a lab accepts changes only from its own pages")
     limit = min(MAX_REQUEST_BODY_BYTES, int(settings.MAX_REQUEST_BODY_BYTES))
     body = request.body
     if len(body) > limit:

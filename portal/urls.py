@@ -10,6 +10,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from portal import (
     cluster_views,
     environment_views,
+    lab_origin,
     lab_proxy,
     live_views,
     usage_views,
@@ -72,6 +73,8 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     # A session's JupyterLab, relayed by its node's agent (portal.lab_proxy).
     re_path(r"^sessions/(?P<job_id>[0-9]{1,18})/lab/", lab_proxy.lab, name="session-lab"),
+    # Its "Open JupyterLab" link: to the lab's own host with a one-use ticket (lab_origin).
+    path("sessions/<int:job_id>/lab-open/", lab_origin.lab_open, name="session-lab-open"),
     path("admin/", admin.site.urls),
     # Browsers ask for /favicon.ico on pages without base.html's icon (admin, Swagger UI).
     path("favicon.ico", RedirectView.as_view(url=static("img/favicon.svg"), permanent=True)),

@@ -32,8 +32,10 @@ from tenancy.services import resolve_tenant_for_write
 
 
 def lab_url(job_id: int) -> str:
-    """Where a session's JupyterLab opens, through the portal's proxy."""
-    return f"/sessions/{job_id}/lab/"
+    """Where a session's JupyterLab opens: the portal's link (``portal.lab_origin.lab_open``)
+    that signs the browser in to the lab's own host, or to the lab on the portal's origin
+    when labs have no hosts of their own."""
+    return f"/sessions/{job_id}/lab-open/"
 
 
 class SessionCreateSerializer(serializers.Serializer[Any]):
@@ -128,7 +130,7 @@ class SessionSerializer(serializers.ModelSerializer[Job]):
         return idle_deadline(job.last_activity_at, job.started_at, job.idle_timeout_s)
 
     def get_lab_url(self, job: Job) -> str:
-        """The portal path of its JupyterLab."""
+        """The portal path that opens its JupyterLab in a signed-in browser."""
         return lab_url(job.pk)
 
 

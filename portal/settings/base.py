@@ -16,6 +16,7 @@ import plotly
 from django.core.exceptions import ImproperlyConfigured
 
 from notifications.addresses import parse_networks
+from portal import lab_hosts
 from portal.settings import live, safety
 from portal.settings.env import env_bool, env_float, env_int, env_list, env_str
 from portal.settings.mail import mail_settings
@@ -34,6 +35,19 @@ SECRET_KEY = safety.secret_key(
     configured=env_str("SECRET_KEY"), debug=DEBUG, key_file=DATA_DIR / "secret_key"
 )
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+# Each session's JupyterLab on a host of its own (portal.lab_hosts); empty: on the portal's
+# origin, where a notebook's script could act as its viewer (docs/sessions.md).
+_lab_template = env_str("LAB_HOST_TEMPLATE", "")
+try:
+    LAB_HOST_TEMPLATE = lab_hosts.check_template(_lab_template) if _lab_template else ""
+except lab_hosts.LabHostError as error:
+    raise ImproperlyConfigured(str(error)) from None
+PORTAL_HOSTS = list(ALLOWED_HOSTS)  # the portal's own pages answer only these
+if LAB_HOST_TEMPLATE:
+    ALLOWED_HOSTS = [*ALLOWED_HOSTS, lab_hosts.lab_domain(LAB_HOST_TEMPLATE)]
+LAB_COOKIE_SECONDS = env_int("LAB_COOKIE_SECONDS", 8 * 3600)  # a lab host's sign-in lasts
+if LAB_COOKIE_SECONDS <= 0:
+    raise ImproperlyConfigured("LAB_COOKIE_SECONDS must be a positive number of seconds")
 safety.check_debug_hosts(debug=DEBUG, allowed_hosts=ALLOWED_HOSTS)
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -85,6 +99,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "portal.csp.ContentSecurityPolicyMiddleware",
+    # A lab host serves its own lab and nothing else (LAB_HOST_TEMPLATE, portal.lab_origin).
+    "portal.lab_origin.LabHostMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

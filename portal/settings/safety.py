@@ -26,7 +26,7 @@ LOOPBACK_NAMES = frozenset({"localhost", "testserver"})
 def is_loopback_host(host: str) -> bool:
     """Whether an ``ALLOWED_HOSTS`` entry can only match requests addressed to this machine."""
     name = host.strip().lower()
-    if name in LOOPBACK_NAMES:
+    if name in LOOPBACK_NAMES or name.endswith(".localhost"):  # RFC 6761: loopback names
         return True
     try:
         return ipaddress.ip_address(name.removeprefix("[").removesuffix("]")).is_loopback

@@ -27,8 +27,8 @@ def test_start_fields_leave_out_what_was_not_given() -> None:
         "priority": 70,
         "environment": {"requirements": ["einops"]},
     }
-    assert lab_url("http://p:8000/", {"lab_url": "/sessions/3/lab/"}) == (
-        "http://p:8000/sessions/3/lab/"
+    assert lab_url("http://p:8000/", {"lab_url": "/sessions/3/lab-open/"}) == (
+        "http://p:8000/sessions/3/lab-open/"
     )
 
 
@@ -43,9 +43,9 @@ def test_start_ls_open_stop(env: dict[str, str], alice: Any, acme: Any) -> None:
     listed = run(env, "sessions", "ls")
     assert listed.exit_code == 0 and "30m" in listed.output and "queued" in listed.output
     opened = run(env, "sessions", "open", str(job.pk), "-o", "json")
-    assert json.loads(opened.output)["lab_url"] == f"http://portal.test/sessions/{job.pk}/lab/"
+    assert json.loads(opened.output)["lab_url"] == f"http://portal.test/sessions/{job.pk}/lab-open/"
     plain = run(env, "sessions", "open", str(job.pk))
-    assert plain.exit_code == 0 and f"/sessions/{job.pk}/lab/" in plain.output
+    assert plain.exit_code == 0 and f"/sessions/{job.pk}/lab-open/" in plain.output
     stopped = run(env, "sessions", "stop", str(job.pk), "-o", "json")
     assert stopped.exit_code == 0 and json.loads(stopped.output)["state"] == JobState.CANCELLED
     again = run(env, "sessions", "stop", str(job.pk))

@@ -55,7 +55,7 @@ def test_a_session_starts_as_a_fixed_size_job_on_the_empty_bundle(owner_client: 
     assert (job.gpus, job.min_gpus, job.max_gpus, job.priority) == (2, 2, 2, 90)
     assert job.state == JobState.QUEUED
     assert body["idle_timeout_s"] == 3600 and body["max_lifetime_s"] == 12 * 3600
-    assert body["lab_url"] == f"/sessions/{job.pk}/lab/"
+    assert body["lab_url"] == f"/sessions/{job.pk}/lab-open/"
     assert job.code is not None and job.code.files == [
         {"path": "README.md", "size": job.code.files[0]["size"]}
     ]
