@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import redis
+from asgiref.testing import ApplicationCommunicator
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -239,3 +240,86 @@ def test_the_agents_activity_report_moves_the_sessions_last_activity(
     handle_report(ahead.to_dict())
     job.refresh_from_db()
     assert job.last_activity_at <= timezone.now()
+
+
+def test_a_lab_on_its_own_host_serves_its_owner_by_the_lab_cookie_alone(
+    served: dict[str, Any],
+) -> None:
+    """``LAB_HOST_TEMPLATE`` set: the lab answers on ``lab-<id>.localhost`` to the browser its
+    ticket signed in, over HTTP and WebSocket (through the whole ASGI application); the
+    portal's cookie opens nothing there, and the portal's host and sockets serve no lab
+    (portal.lab_origin)."""
+    job = served["job"]
+    base = lab_base_url(job.pk)
+    host = f"lab-{job.pk}.localhost"
+    portal_cookie = f"{settings.SESSION_COOKIE_NAME}={cookie_of(served['owner'])}"
+
+    async def http(method: str, path: str, cookies: str, origin: str = "") -> dict[str, Any]:
+        headers = [(b"host", host.encode()), (b"cookie", cookies.encode())]
+        if origin:
+            headers.append((b"origin", origin.encode()))
+        body = b"{}" if method == "POST" else b""
+        if body:
+            headers.append((b"content-type", b"application/json"))
+        target, _, query = path.partition("?")
+        scope = {"type": "http", "http_version": "1.1", "method": method, "scheme": "http",
+                 "path": target, "query_string": query.encode(), "headers": headers}  # fmt: skip
+        comm = ApplicationCommunicator(application, scope)
+        await comm.send_input({"type": "http.request", "body": body})
+        start = await comm.receive_output(60)
+        pieces = []
+        while True:
+            message = await comm.receive_output(60)
+            pieces.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        head = {k.decode().lower(): v.decode() for k, v in start["headers"]}
+        return {"status": start["status"], "head": head, "body": b"".join(pieces)}
+
+    def socket(path: str, cookies: str, on: str = host) -> WebsocketCommunicator:
+        headers = [(b"origin", f"http://{on}".encode()), (b"host", on.encode()),
+                   (b"cookie", cookies.encode())]  # fmt: skip
+        return WebsocketCommunicator(application, path, headers=headers)
+
+    async def scenario() -> None:
+        portal = AsyncClient()
+        await portal.aforce_login(served["owner"])
+        handed = await portal.get(f"/sessions/{job.pk}/lab-open/")
+        assert handed.status_code == 302
+        link = handed["Location"]
+        assert link.startswith(f"http://{host}{base}?lab_ticket=")
+        signed = await http("GET", link.removeprefix(f"http://{host}"), "")
+        assert signed["status"] == 302 and signed["head"]["location"] == base
+        lab_cookie = signed["head"]["set-cookie"].split(";")[0]
+        assert lab_cookie.startswith(f"lab_{job.pk}=")
+        page = await http("GET", f"{base}lab", lab_cookie)
+        assert page["status"] == 200 and b"jupyter-config-data" in page["body"]
+        assert (await http("GET", f"{base}lab", portal_cookie))["status"] == 403
+        started = await http("POST", f"{base}api/kernels", lab_cookie, f"http://{host}")
+        assert started["status"] == 201, started["body"]
+        kernel = json.loads(started["body"])["id"]
+        # The portal's pages may not write to the lab: another origin now.
+        cross = await http("POST", f"{base}api/kernels", lab_cookie, "http://testserver")
+        assert cross["status"] == 403
+        path = f"{base}api/kernels/{kernel}/channels"
+        comm = socket(path, lab_cookie)
+        connected, _ = await comm.connect(timeout=30)
+        assert connected
+        await comm.disconnect()
+        # The portal's cookie on the lab host, the lab's socket on the portal's host, the
+        # portal's live socket on the lab host, another lab's host: refused.
+        assert (await socket(path, portal_cookie).connect(timeout=10)) == (False, 4401)
+        both = f"{portal_cookie}; {lab_cookie}"
+        assert (await socket(path, both, on="testserver").connect(timeout=10))[0] is False
+        assert (await socket("/ws/live/", both).connect(timeout=10))[0] is False
+        other = socket(path, lab_cookie, on=f"lab-{job.pk + 1}.localhost")
+        assert (await other.connect(timeout=10))[0] is False
+        stopped = await http("DELETE", f"{base}api/kernels/{kernel}", lab_cookie, f"http://{host}")
+        assert stopped["status"] == 204
+
+    with override_settings(
+        LAB_HOST_TEMPLATE="lab-{id}.localhost",
+        PORTAL_HOSTS=["testserver"],
+        ALLOWED_HOSTS=["testserver", ".localhost"],
+    ):
+        asyncio.run(scenario())
