@@ -30,7 +30,7 @@ from workers.agent.commands import CommandRejected as CommandRejected  # re-expo
 from workers.agent.config import SHM_ROOT, AgentConfig
 from workers.agent.events import EventForwarder, JobControlLike, default_control_factory
 from workers.agent.hardware import probe_for
-from workers.agent.lab import LabHomes, Labs
+from workers.agent.lab import HomeSyncs, LabHome, LabHomes, Labs, is_lab
 from workers.agent.launch import log_tail
 from workers.agent.log_shipper import LogOffsets, LogShipper, WorkerLike
 from workers.agent.metrics_tail import MetricsFileTail
@@ -98,8 +98,11 @@ class Agent:
         self.labs = Labs(config, send, on_gone=self._sync_home)
         """The relays of the session labs that run here (``workers.agent.lab``)."""
         self.homes = LabHomes(store.redis, config.node, config.artifact_url)
-        """The sessions' persistent homes: restored at a lab's start, synced at its end."""
-        self.processes.restore_home = self.homes.restore
+        """The sessions' persistent homes: restored at a lab's start, synced while it runs and
+        at its end."""
+        self.home_syncs = HomeSyncs(self.homes, clock, config.session_home_sync_s)
+        """The homes' syncs, in a thread of their own (``workers.agent.lab.HomeSyncs``)."""
+        self.processes.restore_home = self.home_syncs.restore
         self.hardware = probe_for(config.device, [gpu.uuid for gpu in config.gpus])
         """Reads the node's hardware and GPU health for each heartbeat."""
         self._next_heartbeat = clock.monotonic()
@@ -152,6 +155,9 @@ class Agent:
             # Networks of jobs that ended here while no agent ran (nothing to settle).
             busy = {r.job for r in self.processes.records()} | set(self.processes.stops)
             self.processes.isolation.release_leftovers(busy)
+            # Homes of labs that ended here while no agent ran: synced before anything
+            # settles or cleans their jobs.
+            self._sync_homes_left_behind()
 
     def tick(self) -> None:
         """One supervision pass: reap processes, enforce stops, forward events, heartbeat
@@ -169,8 +175,12 @@ class Agent:
             for job in self.events.past_finish():  # "finished", yet its processes train on
                 if self.processes.of_job(job) and job not in self.processes.stops:
                     self.processes.stop(job, f"finished-{job}", grace_seconds=0.0)
-            # Before the settling: a stopped session's home is synced before it is reported.
+            # Before the settling: a stopped session's home sync is queued (the job is
+            # reported once it is done), and running labs' periodic syncs.
             self.labs.sync(self.processes.records())
+            self.home_syncs.schedule(
+                self._lab_home(r.job, r.worker_id) for r in self.processes.records() if is_lab(r)
+            )
             self._settle_jobs()
         if self.clock.monotonic() >= self._next_heartbeat:
             self._next_heartbeat = self.clock.monotonic() + self.config.heartbeat_seconds
@@ -261,9 +271,11 @@ class Agent:
             self.config.data_dir, self.config.node, self._log_shipped, SHM_ROOT
         )
         with self._lock:
+            self._sync_homes_left_behind()  # a home whose last sync failed: tried again
             records = self.processes.records()
             collecting = {t.name.removeprefix("collect-") for t in self._collectors if t.is_alive()}
             collecting |= self.processes.mirror.jobs()
+            collecting |= self.home_syncs.jobs()  # a home is synced before its folder goes
             busy_jobs = {r.job for r in records} | set(self.processes.stops) | collecting
             self.processes.isolation.release_leftovers(busy_jobs)
             chosen = cleanup.doomed(
@@ -392,9 +404,11 @@ class Agent:
 
     def _settle_jobs(self) -> None:
         """Forget jobs with nothing left here; report stops and local total failures."""
+        syncing = self.home_syncs.jobs()
         for job in list(self.events.jobs):
-            if self.processes.of_job(job) or self.processes.mirror.busy(job):
-                continue  # (a restart elsewhere must find the last checkpoint: Stopped waits)
+            if self.processes.of_job(job) or self.processes.mirror.busy(job) or job in syncing:
+                continue  # (a restart elsewhere must find the last checkpoint, a session's
+                # next start its home: Stopped waits)
             watch = self.events.jobs[job]
             stop = self.processes.stops.pop(job, None)
             if job in self.processes.job_users and (stop is not None or watch.ended):
@@ -482,9 +496,23 @@ class Agent:
             self._stop_event.wait(self.config.poll_seconds)
 
     def _sync_home(self, record: WorkerRecord) -> None:
-        """A session's lab has gone: its HOME goes back to the user's persistent home."""
-        home = JobDirs(self.config.job_dir(record.job)).scratch(record.worker_id)
-        self.homes.sync(record.job, record.worker_id, home)
+        """A session's lab has gone: its HOME goes back to the user's persistent home (queued
+        after any sync of it under way; the job is reported once it is done)."""
+        self.home_syncs.final(self._lab_home(record.job, record.worker_id))
+
+    def _lab_home(self, job: str, worker_id: str) -> LabHome:
+        """The HOME of the lab of ``job``/``worker_id`` on this node (its scratch folder)."""
+        return LabHome(job, worker_id, JobDirs(self.config.job_dir(job)).scratch(worker_id))
+
+    def _sync_homes_left_behind(self) -> None:
+        """Under the lock: queue the last sync of the homes whose labs no longer run here
+        (``HomeSyncs.sync_left_behind``)."""
+        try:
+            self.home_syncs.sync_left_behind(
+                self.processes.has, lambda job, worker: self._lab_home(job, worker).path
+            )
+        except Exception:  # Redis away: the next cleaning pass looks again
+            log.exception("could not look for the homes of labs that have ended")
 
     def close(self, *, stop_children: bool | None = None) -> None:
         """Stop supervising; end the training processes too if so configured.
@@ -496,6 +524,8 @@ class Agent:
             self._thread.join(timeout=10)
             self._thread = None
         self.labs.close()
+        if not self.home_syncs.close(timeout=300):  # a final sync in flight finishes first
+            log.warning("a lab's home sync is still under way: the next start syncs it")
         if self._quota_thread.is_alive():
             self._quota_thread.join(timeout=30)
         if self._cache_thread.is_alive():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import sys
 from collections.abc import Mapping
@@ -81,6 +82,9 @@ class AgentConfig:
     gpus: tuple[GpuDevice, ...] = ()
     """The GPU of each slot on a GPU node (``workers.agent.gpus``); empty: slot k is CUDA
     device k, with every ``/dev/nvidia*`` in each sandbox."""
+    session_home_sync_s: float = 600.0
+    """How often a running session's home is synced to its persistent home
+    (``workers.agent.lab.HomeSyncs``); 0: only when the lab has gone."""
 
     def device_for(self, slot: int) -> str:
         """The ``--device`` of the training process in ``slot``: with the slots' GPUs known
@@ -285,7 +289,8 @@ class AgentEnvironment:
     ``ENVIRONMENT_CACHE_MAX_GB``, ``ENVIRONMENT_INDEX_URL``,
     ``ENVIRONMENT_EXTRA_INDEX_URLS``, ``ENVIRONMENT_FIND_LINKS``, ``ENVIRONMENT_NO_INDEX``,
     ``ENVIRONMENT_BUILD_TIMEOUT_SECONDS``, ``ENVIRONMENT_NETWORK_ALLOW``,
-    ``ENVIRONMENT_FAILURE_MEMORY_SECONDS``, ``ENVIRONMENT_ALLOW_JOB_INDEX``.
+    ``ENVIRONMENT_FAILURE_MEMORY_SECONDS``, ``ENVIRONMENT_ALLOW_JOB_INDEX``; how often a
+    running session's home is synced, ``SESSION_HOME_SYNC_SECONDS`` (600; 0: only at stop).
     """
 
     redis_url: str
@@ -303,6 +308,7 @@ class AgentEnvironment:
     message_max_skew_s: float = DEFAULT_MAX_SKEW_S
     cleanup: CleanupSettings = field(default_factory=lambda: CleanupSettings())
     environments: EnvironmentSettings | None = None
+    session_home_sync_s: float = 600.0
 
     @classmethod
     def read(
@@ -340,6 +346,7 @@ class AgentEnvironment:
                 every_s=_positive(env, "AGENT_CLEAN_EVERY_SECONDS", 600.0),
             ),
             environments=_environments(env, data_dir),
+            session_home_sync_s=_seconds_or_off(env, "SESSION_HOME_SYNC_SECONDS", 600.0),
         )
 
 
@@ -476,6 +483,20 @@ def _positive(env: Mapping[str, str], name: str, default: float) -> float:
         raise AgentConfigError(f"{name} must be a number, not {raw!r}") from None
     if not value > 0:
         raise AgentConfigError(f"{name} must be positive, not {raw!r}")
+    return value
+
+
+def _seconds_or_off(env: Mapping[str, str], name: str, default: float) -> float:
+    """A period in seconds, or 0 for never: a finite number >= 0."""
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise AgentConfigError(f"{name} must be a number of seconds, not {raw!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise AgentConfigError(f"{name} must be 0 (off) or a positive number, not {raw!r}")
     return value
 
 

@@ -20,6 +20,9 @@ current manifest names::
            -> delete pending/<sync>.json, then every blob that neither the manifest now
               stored nor a live pending sync names
 
+A sync whose plan is the stored home already (nothing to upload, the same
+manifest: a session idle since its last sync) writes nothing; it only sweeps.
+
 A crash (or a store error) anywhere before the manifest is written leaves the
 previous manifest and all its blobs as they were: nothing is lost, and the
 orphaned uploads go at the next sync's sweep (once their pending record is
@@ -147,7 +150,9 @@ class SyncResult:
     manifest stands, untouched); ``merged``: the stored files the session did not have
     were kept (see ``sync``); ``base``: what the session's next sync compares with (None
     when nothing was written: the previous one still holds); ``error``: why the home was
-    not written.
+    not written; ``identical``: the stored home was already this sync's (nothing to
+    upload, the same manifest), so nothing was written (``manifest_written`` holds: the
+    home is this sync's).
     """
 
     stored: tuple[str, ...] = ()
@@ -161,16 +166,20 @@ class SyncResult:
     merged: bool = False
     base: Base | None = None
     error: str | None = None
+    identical: bool = False
 
     @property
     def message(self) -> str:
         """One line for the session's events and the agent's log (says what was left out)."""
         if not self.manifest_written:
             return f"home not synced, the stored home is unchanged: {self.error}"
-        said = (
-            f"home synced: {self.files} files ({amount(self.bytes)}), "
-            f"{len(self.stored)} uploaded, {self.unchanged} unchanged"
-        )
+        if self.identical:
+            said = f"home unchanged since it was stored: {self.files} files ({amount(self.bytes)})"
+        else:
+            said = (
+                f"home synced: {self.files} files ({amount(self.bytes)}), "
+                f"{len(self.stored)} uploaded, {self.unchanged} unchanged"
+            )
         if self.merged:
             said += "; merged with the stored home (kept the files this session did not have)"
         if self.left_out:
@@ -446,7 +455,11 @@ def sync(
         candidates = [HomeFile(path, size, "") for path, size in work.found]
         hashed, left_early = _hash_fitting(top, candidates, quota_bytes, work)
         plan = plan_sync(old, hashed, quota_bytes, limits.max_files, merge=merge, held=held)
-        done = _carry_out(home, top, plan, (*left_early, *plan.left_out), work, clock)
+        left_out = (*left_early, *plan.left_out)
+        if _stored_already(plan, current):
+            done = _identical(home, plan, left_out, work, clock)
+        else:
+            done = _carry_out(home, top, plan, left_out, work, clock)
     finally:
         os.close(top)
     if done.base is None:
@@ -601,6 +614,32 @@ def _open_file(top: int, path: str, uid: int | None) -> tuple[IO[bytes], os.stat
     return source, info
 
 
+def _stored_already(plan: Plan, current: str | None) -> bool:
+    """Whether the store holds ``plan``'s home already: no content to upload, and the
+    stored manifest (sha256 ``current``) is the one the plan would write."""
+    if plan.uploads or current is None:
+        return False
+    return hashlib.sha256(manifest_bytes(plan.manifest)).hexdigest() == current
+
+
+def _identical(home: _Home, plan: Plan, left_out: Skipped, work: _Walk, clock: Clock) -> SyncResult:
+    """A sync of a home the store holds already (a session idle since its last sync): no
+    pending record, no upload, no manifest written; only the sweep of what crashed or
+    concurrent syncs left (which reads, and deletes only garbage)."""
+    manifest = plan.manifest
+    return SyncResult(
+        unchanged=len(manifest.files),
+        files=len(manifest.files),
+        bytes=manifest.total,
+        left_out=left_out,
+        skipped=tuple(work.skipped),
+        deleted=_sweep(home, None, clock, work.limits),
+        manifest_written=True,
+        base=Base(hashlib.sha256(manifest_bytes(manifest)).hexdigest()),
+        identical=True,
+    )
+
+
 def _carry_out(
     home: _Home,
     top: int,
@@ -672,13 +711,14 @@ def _pending_bytes(now: float, digests: Iterable[str]) -> bytes:
     return json.dumps({"at": now, "digests": sorted(digests)}).encode()
 
 
-def _sweep(home: _Home, pending: str, clock: Clock, limits: HomeLimits) -> int:
-    """After the manifest: forget this sync's pending record, then delete every blob that
+def _sweep(home: _Home, pending: str | None, clock: Clock, limits: HomeLimits) -> int:
+    """After the manifest: forget this sync's pending record (if any), then delete every blob that
     neither the manifest now stored (this one, or a later sync's) nor a live pending sync
     names, and pending records older than ``stale_s``.  Errors leave garbage, never a
     home short of a blob; the count of blobs deleted."""
     try:
-        home.delete(pending)
+        if pending is not None:
+            home.delete(pending)
         current = _read_manifest(home, limits)
         keep = set(parse_manifest(current).digests)
         now = clock.now()

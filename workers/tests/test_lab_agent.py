@@ -57,13 +57,14 @@ def start_session(agent: Agent, sent: Collected, host: Host, **program: Any) -> 
 
 
 def stop_session(agent: Agent, job: str) -> None:
-    """Stop it; wait until its relay (and so its home's sync) is done."""
+    """Stop it; wait until its relay has gone and its home's final sync is done."""
     agent.processes.stop(job, f"stop-{job}", grace_seconds=0.0)
     deadline = time.monotonic() + 60
     while any(key.startswith(f"{job}/") for key in agent.labs.relays):
         assert time.monotonic() < deadline
         agent.tick()
         time.sleep(0.2)
+    assert agent.home_syncs.wait(60)
 
 
 @pytest.fixture
