@@ -8,3 +8,11 @@ class PortalConfig(AppConfig):
 
     name = "portal"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        """Register the portal's own deploy checks (``manage.py check --deploy``)."""
+        from django.core import checks
+
+        from portal.deploy_checks import labs_have_hosts_of_their_own
+
+        checks.register(labs_have_hosts_of_their_own, checks.Tags.security, deploy=True)

@@ -153,7 +153,11 @@ def test_debug_on_loopback_hosts_starts(tmp_path: Path) -> None:
         ("localhost.evil.example", False),
         ("127.0.0.1.evil.example", False),
         ("*", False),
-        (".localhost", False),
+        # RFC 6761: names under .localhost are loopback (browsers resolve them so, without
+        # DNS): the local lab hosts (LAB_HOST_TEMPLATE=lab-{id}.localhost) under DEBUG.
+        (".localhost", True),
+        ("lab-7.localhost", True),
+        ("localhost.", False),
         ("0.0.0.0", False),
         ("[::]", False),
         ("192.168.1.10", False),
@@ -174,7 +178,7 @@ def prod_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         ALLOWED_HOSTS="portal.example.org",
         DATABASE_URL="postgres://portal:pw@127.0.0.1:5432/portal",
         REDIS_URL="redis://:pw@127.0.0.1:6379/0",
-        **extra,
+        **{"LAB_HOST_TEMPLATE": "{id}.labs.example.net", **extra},
     )
 
 
@@ -184,6 +188,29 @@ def test_check_deploy_is_clean_under_prod_settings(tmp_path: Path) -> None:
     result = run(argv, prod_env(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "System check identified no issues" in result.stdout, result.stdout + result.stderr
+
+
+def test_check_deploy_warns_while_labs_share_the_portals_origin(tmp_path: Path) -> None:
+    argv = [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"]
+    result = run(argv, prod_env(tmp_path, LAB_HOST_TEMPLATE=""))
+    assert result.returncode != 0
+    assert "portal.W001" in result.stderr + result.stdout
+    assert "LAB_HOST_TEMPLATE" in result.stderr + result.stdout
+
+
+def test_a_lab_host_template_widens_allowed_hosts_by_the_labs_domain_alone(
+    tmp_path: Path,
+) -> None:
+    code = (
+        "import django; django.setup(); from django.conf import settings as s; "
+        "print(s.ALLOWED_HOSTS, s.PORTAL_HOSTS)"
+    )
+    done = run([sys.executable, "-c", code], prod_env(tmp_path))
+    assert done.stdout.strip() == (
+        "['portal.example.org', '.labs.example.net'] ['portal.example.org']"
+    ), done.stderr
+    bad = run([sys.executable, "-c", code], prod_env(tmp_path, LAB_HOST_TEMPLATE="labs.{id}.net"))
+    assert bad.returncode != 0 and "first label" in bad.stderr
 
 
 def test_prod_trusts_the_proxy_header_only_when_told(tmp_path: Path) -> None:
