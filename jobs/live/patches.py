@@ -5,7 +5,7 @@ state, parallelism, GPU-time, progress).  The job's page and the cluster view sh
 more than a dashboard row, and patch it from the events instead of reloading::
 
     job-<id> group   job.updated/…  + page_fields: started, finished, size range,
-                                      restarts, JCT, the profiled curve
+                                      restarts, JCT, the profiled curve, its workers
                      job.event      one history row (every new JobEvent: post_save,
                                     which bulk writers send too)
                      job.sample     one progress sample (lifecycle.record_metric)
@@ -22,6 +22,7 @@ import functools
 from datetime import datetime
 from typing import Any
 
+from jobs.agent_commands import worker_id
 from jobs.choices import ACTIVE_STATES, EventKind, JobState
 from jobs.models import Job, JobEvent
 from scheduler.curves import gpu_efficiency, speedup
@@ -104,7 +105,13 @@ def _iso(moment: datetime | None) -> str | None:
 
 
 def page_fields(job: Job) -> dict[str, Any]:
-    """What the job's page shows besides the dashboard row's fields."""
+    """What the job's page shows besides the dashboard row's fields.
+
+    ``workers`` are the ids its terminal offers (``static/js/terminal.js``), in rank
+    order: the allocation's GPUs, which ``jobs.holdings`` keeps equal to the ``JobGpu``
+    rows a shell is opened on (``shells.services.worker_nodes``); none unless it runs.
+    """
+    gpus, _ = held(job)
     return {
         "started_at": _iso(job.started_at),
         "finished_at": _iso(job.finished_at),
@@ -116,6 +123,7 @@ def page_fields(job: Job) -> dict[str, Any]:
         "jct_seconds": job.jct_seconds,
         "profile": profile_curve(job),
         "wait_reason": job.wait_reason,
+        "workers": [worker_id(gpu) for gpu in gpus],
     }
 
 
