@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +21,12 @@ import pytest
 import redis
 
 from workers.agent.agent import Agent
+from workers.agent.homes import restore
 from workers.agent.lab_relay import connect_lab
-from workers.protocol import LabActivity
+from workers.artifacts import ArtifactStore
+from workers.protocol import Heartbeat, LabActivity, Stopped
 from workers.tests import test_sandbox as sandboxed
+from workers.tests.test_home_syncs import Recorded
 from workers.tests.test_lab_relay import Portal, run_cell
 from workers.tests.test_sandbox import CODE, Collected, Host, make_agent, start_payload
 
@@ -157,3 +161,77 @@ def test_a_notebook_saved_in_one_session_is_in_the_next(
         agent.processes.end_all()
         agent.processes.release()
         client.close()
+
+
+def test_a_running_lab_s_home_is_synced_off_the_pass_and_its_stop_sync_wins(
+    host: Host, node: str, redis_url: str, tmp_path: Path
+) -> None:
+    """A periodic sync of a running session's home runs beside the supervision pass (which
+    goes on, heartbeats included, while its upload is held); the sync at stop runs after
+    it, with what the session saved meanwhile, and the stop is reported only then."""
+    host.bundle(CODE, "# an empty session bundle\n", "README.md")
+    store = tmp_path / "store"
+    agent, sent = make_agent(host, node, redis_url, artifact_url=f"file://{store}")
+    agent.home_syncs.every_s = 1.0  # SESSION_HOME_SYNC_SECONDS=1
+    recorded = Recorded()
+    agent.homes.open_store = recorded
+    recorded.held = threading.Event()  # each blob upload waits for the test
+    client = redis.Redis.from_url(redis_url)
+    try:
+        job = start_session(agent, sent, host, home_prefix="homes/lab/8/", home_quota_mib=10)
+        portal = Portal(client, node=node, job=job, base=f"/sessions/{job[4:]}/lab/")
+        save_notebook(portal, "kept.ipynb", "print('first')")
+        deadline = time.monotonic() + 60
+        while not recorded.uploading.is_set():  # the first period passes while the pass runs
+            assert time.monotonic() < deadline
+            agent.tick()
+            time.sleep(0.2)
+        beats = len(sent.of(Heartbeat))
+        held_since = time.monotonic()
+        while len(sent.of(Heartbeat)) == beats:  # the pass goes on, the upload held
+            assert time.monotonic() - held_since < agent.config.heartbeat_seconds + 10
+            started = time.monotonic()
+            agent.tick()
+            assert time.monotonic() - started < 2.0
+            time.sleep(0.2)
+        save_notebook(portal, "kept.ipynb", "print('second')")
+        save_notebook(portal, "later.ipynb", "print('later')")
+        agent.processes.stop(job, f"stop-{job}", grace_seconds=0.0)
+        while any(key.startswith(f"{job}/") for key in agent.labs.relays):
+            assert time.monotonic() < deadline + 60
+            agent.tick()
+            time.sleep(0.2)
+        agent.tick()
+        assert job in agent.home_syncs.jobs()
+        assert not [r for r in sent.of(Stopped) if r.job == job]  # not before its home
+        recorded.held.set()
+        while not [r for r in sent.of(Stopped) if r.job == job]:
+            assert time.monotonic() < deadline + 120
+            agent.tick()
+            time.sleep(0.2)
+        home = host.data_dir / "jobs" / job / "scratch" / "w0"
+        back = tmp_path / "back"
+        restore(ArtifactStore(f"file://{store}"), "homes/lab/8", back, 10 << 20)
+        for name in ("kept.ipynb", "later.ipynb"):
+            assert (back / name).read_bytes() == (home / name).read_bytes()
+        assert "second" in (back / "kept.ipynb").read_text()
+        assert agent.homes.records() == {}
+    finally:
+        recorded.held.set()
+        agent.labs.close()
+        agent.processes.end_all()
+        agent.processes.release()
+        client.close()
+
+
+def save_notebook(portal: Portal, name: str, source: str) -> None:
+    """Save a one-cell notebook ``name`` through Jupyter's contents API."""
+    cell: dict[str, Any] = {"cell_type": "code", "source": source, "metadata": {}, "outputs": [],
+            "execution_count": None}  # fmt: skip
+    notebook = {"type": "notebook", "content": {"cells": [cell], "metadata": {}, "nbformat": 4,
+                                                "nbformat_minor": 5}}  # fmt: skip
+    status, _h, body = portal.http(
+        "PUT", f"api/contents/{name}", json.dumps(notebook).encode(),
+        [("Content-Type", "application/json")],
+    )  # fmt: skip
+    assert status in (200, 201), body
