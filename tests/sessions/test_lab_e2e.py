@@ -1,10 +1,13 @@
 """A session's JupyterLab end to end, in a real Chromium, on the session's real stack (ASGI
 server, Celery, agents with bubblewrap): start a session through the API, open the lab
-through the portal, run a cell that imports torch and sees its devices, save the notebook,
-stop the session, start another and find the notebook; another tenant's user gets 404 on
-the lab and on the session's shell; the second session, left idle, is culled.
+through the portal on the lab's own host, run a cell that imports torch and sees its
+devices, save the notebook, stop the session, start another and find the notebook; the lab's
+page cannot read the portal's API; another tenant's user gets 404 on the lab's link and on
+the session's shell, and nothing on the lab's host; the second session, left idle, is culled.
 
-    Chromium ──portal cookie──> /sessions/<id>/lab/... ──Redis──> agent ──lab.sock──> Jupyter
+    Chromium ──portal cookie──> /sessions/<id>/lab-open/ ──302 + one-use ticket──>
+             lab-<id>.localhost/sessions/<id>/lab/... ──lab cookie──> ──Redis──> agent
+             ──lab.sock──> Jupyter       (the shared stack sets LAB_HOST_TEMPLATE)
 
 Saves the user guide's screenshot of the lab (docs/img/lab.png).
 """
@@ -16,6 +19,7 @@ import json
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -84,6 +88,19 @@ def start_session(stack: dict[str, Any], **fields: Any) -> int:
     return session
 
 
+def lab_origin(stack: dict[str, Any], session: int) -> str:
+    """Where session ``session``'s lab is served: its own host, the portal's port."""
+    return stack["url"].replace("127.0.0.1", f"lab-{session}.localhost")
+
+
+def open_lab(page: Any, stack: dict[str, Any], session: int, path: str = "api/status") -> None:
+    """Follow the portal's Open link (``path`` under the lab): ``page`` lands on the lab's host."""
+    wanted = quote(f"/sessions/{session}/lab/{path}", safe="")
+    page.goto(f"{stack['url']}/sessions/{session}/lab-open/?next={wanted}")
+    assert page.url.startswith(lab_origin(stack, session) + f"/sessions/{session}/lab/"), page.url
+    assert "lab_ticket" not in page.url
+
+
 def lab_fetch(page: Any, method: str, url: str, body: Any = None) -> tuple[int, Any]:
     """A request from the page itself (its cookie, its origin), as JupyterLab makes them."""
     answer = page.evaluate(
@@ -119,13 +136,13 @@ def test_a_notebook_in_the_lab_sees_its_devices_and_outlives_its_session(
     session = start_session(stack)
     base = f"/sessions/{session}/lab/"
     page = signed_in(chromium, stack, "lara")
-    page.goto("/")
+    open_lab(page, stack, session)
     until_lab_answers(page, base)
     status, body = lab_fetch(page, "PUT", f"{base}api/contents/e2e.ipynb", NOTEBOOK)
     assert status == 201, body
 
     # The lab, through the portal: the notebook's cell runs on the session's kernel.
-    page.goto(f"{base}lab/tree/e2e.ipynb")
+    page.goto(f"{lab_origin(stack, session)}{base}lab/tree/e2e.ipynb")
     page.wait_for_selector(".jp-Notebook .jp-Cell .cm-content")
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
     output = page.locator(".jp-OutputArea-output").first
@@ -160,11 +177,27 @@ def test_a_notebook_in_the_lab_sees_its_devices_and_outlives_its_session(
     html = page.content()
     assert '"token": ""' in html or "token" not in html.split("jupyter-config-data", 1)[-1][:50]
 
-    # Another tenant's user: the lab's URL is a 404, page and API alike, and so is the
-    # session's shell (the socket closes with 4404, as for a job that does not exist).
+    # The lab's page (its script: a notebook's outputs) cannot read the portal's API with
+    # the viewer's portal session: another origin, no CORS; nor reach it on its own host.
+    portal_me = page.evaluate(
+        """(url) => fetch(url, {credentials: 'include'})
+            .then((r) => 'read ' + r.status, (e) => 'refused: ' + e.name)""",
+        stack["url"] + "/api/v1/me/",
+    )
+    assert portal_me == "refused: TypeError", portal_me
+    assert lab_fetch(page, "GET", "/api/v1/me/")[0] == 404
+    cookies = page.evaluate("document.cookie")
+    assert "sessionid" not in cookies and f"lab_{session}" not in cookies  # HttpOnly
+
+    # Another tenant's user: the lab's link is a 404, and so is the session's shell (the
+    # socket closes with 4404, as for a job that does not exist); the lab's host, without
+    # the ticket only the portal hands out, opens nothing.
     stranger = signed_in(chromium, stack, "otto")
-    assert stranger.goto(f"{base}lab").status == 404
-    assert lab_fetch(stranger, "GET", f"{base}api/contents")[0] == 404
+    assert stranger.goto(f"/sessions/{session}/lab-open/").status == 404
+    assert stranger.goto(f"{base}lab").status == 404  # the portal's host serves no lab
+    assert stranger.goto(f"{lab_origin(stack, session)}{base}lab").status == 403
+    assert lab_fetch(stranger, "GET", f"{base}api/contents")[0] == 403
+    stranger.goto("/")
     shell_url = stack["url"].replace("http", "ws", 1) + f"/ws/jobs/{session}/shell/"
     code = stranger.evaluate(
         """(url) => new Promise((resolve) => {
@@ -185,9 +218,11 @@ def test_a_notebook_in_the_lab_sees_its_devices_and_outlives_its_session(
         stack,
         120,
     )
-    assert page.goto(f"{base}api/contents").status == 404  # a stopped session has no lab
+    stopped = page.goto(f"{lab_origin(stack, session)}{base}api/contents")
+    assert stopped.status == 404  # a stopped session has no lab
     again = start_session(stack, idle_timeout_s=20)
     base = f"/sessions/{again}/lab/"
+    open_lab(page, stack, again)  # a JSON page: no JupyterLab app keeps the session busy
     until_lab_answers(page, base)
     status, listing = lab_fetch(page, "GET", f"{base}api/contents/e2e.ipynb")
     assert status == 200, listing
