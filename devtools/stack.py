@@ -7,20 +7,28 @@
 ``stack_env`` gives a stack its own database (a new PostgreSQL database when
 ``DATABASE_URL`` is set, else SQLite in its data directory) and an emptied Redis
 database; ``stop_stack`` stops it as Ctrl-C does and kills what it left behind.
+
+A new PostgreSQL database is a copy of a migrated template (``migrated_template``),
+made once per set of migration files: runstack's ``migrate`` then has nothing to apply,
+and a boot costs seconds less than migrating from nothing (about 15 s on two busy cores).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import django
 import psycopg
 import redis
 
@@ -32,6 +40,7 @@ __all__ = [
     "agent_key",
     "free_port",
     "kill_strays",
+    "migrated_template",
     "stack_env",
     "start_stack",
     "stop_stack",
@@ -97,15 +106,69 @@ def stop_stack(proc: subprocess.Popen[bytes], root: Path) -> None:
     kill_strays(root)
 
 
+TEMPLATE_PREFIX = "e2e_template_"
+_TEMPLATE_LOCK = 7_146_501  # pg_advisory_lock key: one process builds a template at a time
+
+
+def _migrations_digest() -> str:
+    """A digest of every migration file of this checkout and of Django's version."""
+    digest = hashlib.sha256(django.__version__.encode())
+    for path in sorted(ROOT.glob("*/migrations/*.py")):
+        digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def migrated_template(base: str) -> str:
+    """The name of a database on the server ``base`` (a URL without a database name) that
+    holds every migration of this checkout; built on first use, then reused.
+
+    A copy (``CREATE DATABASE ... TEMPLATE``) is what ``migrate`` would have made from
+    nothing. The name carries a digest of the migration files, so an added or edited
+    migration builds a new template, and the older ones are dropped. Nothing connects to
+    a template once built (``ALLOW_CONNECTIONS false``): a connection would block copies.
+    """
+    name = TEMPLATE_PREFIX + _migrations_digest()
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", [_TEMPLATE_LOCK])
+        try:
+            names = [row[0] for row in conn.execute("SELECT datname FROM pg_database")]
+            if name not in names:
+                partial = f"{name}_partial"
+                conn.execute(f'DROP DATABASE IF EXISTS "{partial}" WITH (FORCE)')
+                conn.execute(f'CREATE DATABASE "{partial}"')
+                with tempfile.TemporaryDirectory(prefix="e2e-template-") as data_dir:
+                    env = {
+                        **os.environ,
+                        "DATABASE_URL": f"{base}/{partial}",
+                        "DJANGO_SETTINGS_MODULE": "portal.settings.dev",
+                        "PORTAL_DATA_DIR": data_dir,
+                    }
+                    subprocess.run(
+                        [sys.executable, "manage.py", "migrate", "--no-input", "-v0"],
+                        cwd=ROOT, env=env, check=True, capture_output=True,
+                    )  # fmt: skip
+                conn.execute(f'ALTER DATABASE "{partial}" RENAME TO "{name}"')
+                conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+            for old in names:
+                if old.startswith(TEMPLATE_PREFIX) and old != name:
+                    # a run of an older checkout may be copying it right now
+                    with contextlib.suppress(psycopg.errors.ObjectInUse):
+                        conn.execute(f'DROP DATABASE IF EXISTS "{old}"')
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", [_TEMPLATE_LOCK])
+    return name
+
+
 def _throwaway_database(tmp_path: Path) -> tuple[str | None, Callable[[], None]]:
-    """A fresh database for the stack: a new PostgreSQL database, or SQLite in tmp."""
+    """A fresh database for the stack: a migrated PostgreSQL database, or SQLite in tmp."""
     url = os.environ.get("DATABASE_URL")
     if not url:
         return None, lambda: None
     base = url.rsplit("/", 1)[0]
     name = f"e2e_{uuid.uuid4().hex[:8]}"
+    template = migrated_template(base)
     with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
 
     def drop() -> None:
         with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:

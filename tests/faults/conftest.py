@@ -20,9 +20,14 @@ def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]
     server.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def postgres() -> Iterator[ThrowawayPostgres]:
-    """A PostgreSQL cluster of the module's own, which its tests may stop and start."""
+    """A PostgreSQL cluster of the fault tests' own, which they may stop and start.
+
+    One for the package, not one per module: each module's stack has a database of its
+    own on it (``stack_on_postgres``), copied from a template migrated once, so the second
+    module neither makes a cluster nor migrates again.
+    """
     binaries = postgres_binaries()
     if binaries is None:
         pytest.skip("no PostgreSQL binaries under /usr/lib/postgresql/*/bin (initdb, pg_ctl)")

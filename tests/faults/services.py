@@ -95,6 +95,11 @@ class ThrowawayPostgres:
             "-o", options, "-w", "-t", "60", "start",
         )  # fmt: skip
 
+    def ensure_started(self) -> None:
+        """Start the server unless it runs (a test that failed during an outage left it off)."""
+        if not (self.data / "postmaster.pid").exists():
+            self.start()
+
     def stop(self) -> None:
         """Stop the server (fast: open connections are cut, as in a restart by an operator)."""
         self._run(str(self.binaries / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")

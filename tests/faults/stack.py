@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devtools.stack import migrated_template
 from tests.faults.holdings import Allowances, ClusterDb, HoldingsMonitor
 from tests.faults.processes import Proc, stack_roles, training_processes
 from tests.faults.services import RedisServer, ThrowawayPostgres, free_port
@@ -243,6 +244,9 @@ def throwaway_database(server_url: str | None = None) -> Iterator[str | None]:
     """A fresh ``fault_suite`` database on ``server_url`` (default: ``DATABASE_URL``'s server).
 
     Yields its URL, or None without PostgreSQL (the stack then makes its SQLite file).
+    It is a copy of the server's migrated template (``devtools.stack.migrated_template``):
+    on ``DATABASE_URL``'s server the one every stack copies, on the fault tests' own
+    cluster the one their modules share.
     """
     url = server_url or os.environ.get("DATABASE_URL")
     if not url:
@@ -251,6 +255,7 @@ def throwaway_database(server_url: str | None = None) -> Iterator[str | None]:
     import psycopg
 
     base = url.rsplit("/", 1)[0]
+    template = migrated_template(base)
 
     def drop() -> None:
         with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
@@ -258,7 +263,7 @@ def throwaway_database(server_url: str | None = None) -> Iterator[str | None]:
 
     drop()
     with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{DATABASE_NAME}"')
+        conn.execute(f'CREATE DATABASE "{DATABASE_NAME}" TEMPLATE "{template}"')
     try:
         yield f"{base}/{DATABASE_NAME}"
     finally:
@@ -321,6 +326,7 @@ def stack_on_postgres(
 ) -> Iterator[FaultStack]:
     """A stack on a throwaway database of ``postgres`` (a cluster its test may stop) and
     ``redis``, with ``extra`` settings; stopped at the end."""
+    postgres.ensure_started()
     with throwaway_database(postgres.url("postgres")) as database_url:
         env = stack_env(root, redis_url=redis.url(REDIS_DB), database_url=database_url)
         env.update(extra or {})
