@@ -8,7 +8,16 @@
  * {"type": "exit", "code"} before it closes the socket.  A refusal is one
  * {"type": "error", "status", "message"} frame (404: no such job, or another tenant's).
  * The page shows how the shell ended; "Open a new shell" starts another (a shell ends
- * with its socket: nothing runs on after the page is left). */
+ * with its socket: nothing runs on after the page is left).
+ *
+ * The card follows the job live, without a socket of its own: job.js redraws the page
+ * from the job's events (live.js), rewriting the state badge each time; on every redraw
+ * the card reads the newest job message live.js received (window.__portalLive.log),
+ * whose `workers` (jobs.live.patches.page_fields) are the job's workers now.
+ *
+ *   job event ──live.js──> log + job.js ──redraw──> #job-state ──observed──> follow()
+ *                                                   Worker list, command hint, buttons
+ */
 (function () {
   "use strict";
   const card = document.getElementById("job-terminal");
@@ -37,7 +46,48 @@
     return (badge ? badge.textContent : card.dataset.state || "").trim();
   };
   const opened = () => socket !== null && socket.readyState === WebSocket.OPEN;
+  const command = document.getElementById("terminal-command");
 
+  /** The workers the select offers now, in its order (not "the first"). */
+  const offered = () => [...workerSelect.options].map((o) => o.value).filter(Boolean);
+
+  /** The help text's `portalctl shell` line names the chosen worker, else the second one
+   * (the first is what it opens without --worker), and no worker while there are fewer. */
+  function hint() {
+    const named = workerSelect.value || offered()[1];
+    command.textContent = "portalctl shell " + jobId + (named ? " --worker " + named : "");
+  }
+
+  /** Make the select offer exactly `workers` (in their order), keeping the choice if it
+   * stays; a chosen worker that went falls back to "the first".  An open shell is left
+   * alone: if its worker went, the server ends it and says so. */
+  function offer(workers) {
+    const wanted = workers.filter((w) => typeof w === "string" && w);
+    const current = offered();
+    if (wanted.length === current.length && wanted.every((w, i) => w === current[i])) return;
+    const chosen = workerSelect.value;
+    const first = workerSelect.options[0];
+    workerSelect.replaceChildren(first, ...wanted.map((w) => {
+      const option = document.createElement("option");
+      option.value = w;
+      option.textContent = w;
+      return option;
+    }));
+    workerSelect.value = wanted.includes(chosen) ? chosen : "";
+    hint();
+  }
+
+  /** The job's workers as its newest live message says, or null when none has come. */
+  function latestWorkers() {
+    const log = (window.__portalLive && window.__portalLive.log) || [];
+    for (let i = log.length - 1; i >= 0; i--) {
+      const event = log[i].event;
+      if (event && String(event.job) === jobId && Array.isArray(event.workers)) return event.workers;
+    }
+    return null;
+  }
+
+  let reasonShown = false;
   /** Buttons follow the socket and the job: a shell opens only while the job runs. */
   function sync() {
     const live = LIVE.includes(jobState());
@@ -47,7 +97,21 @@
     openButton.disabled = againButton.disabled = !live;
     closeButton.hidden = !busy;
     workerSelect.disabled = busy;
-    if (!live && !busy) say("A shell opens while the job runs (it is " + jobState() + ").");
+    if (!live && !busy) {
+      say("A shell opens while the job runs (it is " + jobState() + ").");
+      reasonShown = true;
+    } else if (live && reasonShown) {
+      say("");
+      reasonShown = false;
+    }
+  }
+
+  /** After each redraw of the page: the workers of the newest job message, then the buttons.
+   * A job that does not run has none, whatever an older message said. */
+  function follow() {
+    const workers = LIVE.includes(jobState()) ? latestWorkers() : [];
+    if (workers !== null) offer(workers);
+    sync();
   }
 
   function sendJSON(message) {
@@ -94,6 +158,7 @@
     ws.binaryType = "arraybuffer";
     socket = ws;
     let ended = false;
+    reasonShown = false;
     say("Connecting…");
     sync();
     ws.onopen = () => {
@@ -131,8 +196,10 @@
   openButton.addEventListener("click", connect);
   againButton.addEventListener("click", connect);
   closeButton.addEventListener("click", () => sendJSON({ type: "close" }));
-  // The job's state badge changes live (job.js): the buttons follow it.
+  workerSelect.addEventListener("change", hint);
+  // job.js rewrites the state badge on every redraw from a live event: the card follows.
   const badge = document.getElementById("job-state");
-  if (badge) new MutationObserver(sync).observe(badge, { childList: true, characterData: true, subtree: true });
+  if (badge) new MutationObserver(follow).observe(badge, { childList: true, characterData: true, subtree: true });
+  hint();
   sync();
 })();

@@ -34,6 +34,13 @@ USERS = (
 )
 
 
+OFFERED = (
+    "() => [...document.querySelectorAll('#terminal-worker option')]"
+    ".map(o => o.value).filter(Boolean)"
+)
+"""The workers the terminal's select offers now (not "the first")."""
+
+
 @pytest.fixture(scope="module")
 def chromium() -> Iterator[Any]:
     """Debian's Chromium, headless, with the browser tests' launch options."""
@@ -230,3 +237,65 @@ def test_another_tenants_user_gets_404_on_the_page_and_at_the_socket(
         {"type": "error", "status": 404, "field": "job", "message": f"no job {job}"}
     ]
     assert not csp, csp
+
+
+def test_the_worker_list_follows_a_job_that_starts_after_its_page_opened(
+    stack: dict[str, Any], chromium: Any, job: int
+) -> None:
+    """A job queued when its page opens: the card waits, saying why; once the job runs, its
+    worker is offered and a shell opens on it, and once it ends the worker goes, all without
+    a reload (the page's live messages carry the workers: jobs.live.patches.page_fields)."""
+    # Tenant term-q holds one GPU at most: a blocker keeps the job queued until it goes.
+    stack["manage"]("createtenant", "term-q", "--owner", "tess", "--gpu-quota", "1", "--no-profile")
+    as_tess = {**stack, "token": stack["manage"]("issuetoken", "tess", "--name", "term-q").strip()}
+    body = {"tenant": "term-q", "workload": "mlp-digits", "gpus": 1, "args": {"epochs": 5000}}
+    blocker = api(as_tess, "/api/v1/jobs/", {**body, "name": "blocker"})["id"]
+    queued = api(as_tess, "/api/v1/jobs/", {**body, "name": "queued"})["id"]
+    try:
+        wait_for(
+            "the blocker to run",
+            lambda: job_state(as_tess, blocker)["state"] == "running",
+            stack,
+            120,
+        )
+        assert job_state(as_tess, queued)["state"] == "queued"
+        csp: list[str] = []
+        page = signed_in(chromium, stack, "tess", csp)
+        page.goto(f"/jobs/{queued}/")
+        page.evaluate("() => { window.notReloaded = true; }")
+        assert page.evaluate(OFFERED) == []
+        assert page.locator("#terminal-open").is_disabled()
+        assert "(it is queued)" in page.inner_text("#terminal-status")
+        assert page.inner_text("#terminal-command") == f"portalctl shell {queued}"
+
+        api(as_tess, f"/api/v1/jobs/{blocker}/cancel/", {})
+        page.wait_for_function(f"() => ({OFFERED})().length === 1", timeout=120_000)
+        worker = page.evaluate(OFFERED)[0]
+        assert page.locator("#terminal-open").is_enabled()
+        assert page.inner_text("#terminal-status") == ""
+        page.select_option("#terminal-worker", worker)
+        assert page.inner_text("#terminal-command") == f"portalctl shell {queued} --worker {worker}"
+        # Running is the placement; its agent knows the worker once the process runs.
+        wait_for(
+            "the job to report progress",
+            lambda: job_state(as_tess, queued)["step"] > 0,
+            stack,
+            120,
+        )
+        open_shell(page, "#terminal-open")
+        assert page.inner_text("#terminal-status").startswith(f"Connected: {worker} on ")
+        type_line(page, "exit 0")
+        page.wait_for_selector("#terminal-exit:not([hidden])")
+
+        api(as_tess, f"/api/v1/jobs/{queued}/cancel/", {})
+        page.wait_for_function(f"() => ({OFFERED})().length === 0", timeout=60_000)
+        assert page.locator("#terminal-reconnect").is_disabled()
+        assert "(it is cancelled)" in page.inner_text("#terminal-status")
+        assert page.evaluate("() => document.getElementById('terminal-worker').value") == ""
+        assert page.inner_text("#terminal-command") == f"portalctl shell {queued}"
+        assert page.evaluate("() => window.notReloaded === true"), "the page was reloaded"
+        assert not csp, csp
+    finally:
+        for left in (blocker, queued):
+            if job_state(as_tess, left)["state"] not in ("completed", "failed", "cancelled"):
+                api(as_tess, f"/api/v1/jobs/{left}/cancel/", {})
