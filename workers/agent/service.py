@@ -175,6 +175,7 @@ def config_from_options(
         message_max_skew_s=env.message_max_skew_s,
         cleanup=env.cleanup,
         environments=env.environments,
+        session_home_sync_s=env.session_home_sync_s,
     )
 
 

@@ -441,3 +441,23 @@ def test_a_running_lab_s_home_is_not_taken_for_one_left_behind(
     recorded.held.set()
     assert agent.home_syncs.wait(30) and agent.homes.records() == {}
     agent.close()
+
+
+def test_the_agent_service_carries_the_period_from_its_environment(tmp_path: Path) -> None:
+    """``SESSION_HOME_SYNC_SECONDS`` reaches the agent a node runs (``service``), not only
+    its environment's parse: 42 s as set, 600 s unset."""
+    import argparse
+
+    from workers.agent import service
+    from workers.signing import key_to_text, master_secret, node_key
+
+    key = key_to_text(node_key(master_secret("k", ""), "n1"))
+    env = {"REDIS_URL": "redis://127.0.0.1:1/0", "PORTAL_DATA_DIR": str(tmp_path), "AGENT_KEY": key}
+    options: argparse.Namespace = service.build_parser().parse_args(
+        ["--node", "n1", "--cpu", "--gpus", "1"]
+    )
+    set_to = service.config_from_options(
+        options, environ={**env, "SESSION_HOME_SYNC_SECONDS": "42"}
+    )
+    assert set_to.session_home_sync_s == 42
+    assert service.config_from_options(options, environ=env).session_home_sync_s == 600
