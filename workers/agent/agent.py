@@ -97,7 +97,9 @@ class Agent:
         )
         self.labs = Labs(config, send, on_gone=self._sync_home)
         """The relays of the session labs that run here (``workers.agent.lab``)."""
-        self.homes = LabHomes(store.redis, config.node, config.artifact_url)
+        self.homes = LabHomes(
+            store.redis, config.node, config.artifact_url, limits=config.home_limits
+        )
         """The sessions' persistent homes: restored at a lab's start, synced while it runs and
         at its end."""
         self.home_syncs = HomeSyncs(self.homes, clock, config.session_home_sync_s)

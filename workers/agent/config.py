@@ -14,6 +14,8 @@ from typing import Literal
 from workers.agent.cleanup import CleanupSettings
 from workers.agent.environments import EnvironmentSettings
 from workers.agent.gpus import GpuDevice
+from workers.agent.home_plan import HomeLimits
+from workers.agent.home_plan import read_limits as read_home_limits
 from workers.agent.index_proxy import parse_host
 from workers.agent.mirror import MirrorLimits, read_limits
 from workers.agent.quota import Quota
@@ -85,6 +87,8 @@ class AgentConfig:
     session_home_sync_s: float = 600.0
     """How often a running session's home is synced to its persistent home
     (``workers.agent.lab.HomeSyncs``); 0: only when the lab has gone."""
+    home_limits: HomeLimits = field(default_factory=lambda: HomeLimits())
+    """What one home sync or restore looks at (``SESSION_HOME_MAX_*``, ``home_plan``)."""
 
     def device_for(self, slot: int) -> str:
         """The ``--device`` of the training process in ``slot``: with the slots' GPUs known
@@ -309,6 +313,7 @@ class AgentEnvironment:
     cleanup: CleanupSettings = field(default_factory=lambda: CleanupSettings())
     environments: EnvironmentSettings | None = None
     session_home_sync_s: float = 600.0
+    home_limits: HomeLimits = field(default_factory=lambda: HomeLimits())
 
     @classmethod
     def read(
@@ -347,6 +352,7 @@ class AgentEnvironment:
             ),
             environments=_environments(env, data_dir),
             session_home_sync_s=_seconds_or_off(env, "SESSION_HOME_SYNC_SECONDS", 600.0),
+            home_limits=_home_limits(env),
         )
 
 
@@ -436,6 +442,13 @@ def _network(env: Mapping[str, str]) -> NetworkMode:
 def _mirror_limits(env: Mapping[str, str]) -> MirrorLimits:
     try:
         return read_limits(env)
+    except ValueError as exc:
+        raise AgentConfigError(str(exc)) from None
+
+
+def _home_limits(env: Mapping[str, str]) -> HomeLimits:
+    try:
+        return read_home_limits(env)
     except ValueError as exc:
         raise AgentConfigError(str(exc)) from None
 

@@ -44,7 +44,7 @@ import redis
 
 from workers.agent import homes
 from workers.agent.config import AgentConfig
-from workers.agent.home_plan import Base
+from workers.agent.home_plan import DEFAULT_LIMITS, Base, HomeLimits
 from workers.agent.lab_launch import new_token
 from workers.agent.lab_relay import LabRelay, LabStatus
 from workers.agent.store import WorkerRecord
@@ -138,11 +138,13 @@ class LabHomes:
         artifact_url: str,
         *,
         open_store: StoreOpener = ArtifactStore,
+        limits: HomeLimits = DEFAULT_LIMITS,
     ) -> None:
         self.client = client
         self.key = f"agent:{node}:lab-homes"
         self.artifact_url = artifact_url
         self.open_store = open_store
+        self.limits = limits
 
     def restore(
         self, job: str, worker_id: str, program: Program, home: Path, owner: tuple[int, int] | None
@@ -154,7 +156,7 @@ class LabHomes:
         prefix = program.home_prefix.rstrip("/")
         quota = program.home_quota_mib * MIB
         store = self.open_store(self.artifact_url)
-        result = homes.restore(store, prefix, home, quota, owner=owner)
+        result = homes.restore(store, prefix, home, quota, owner=owner, limits=self.limits)
         record = HomeRecord(prefix, quota, owner, result.base.encode())
         self.client.hset(self.key, f"{job}/{worker_id}", record.encode())
         log.info("lab of %s: %s", job, result.message)
@@ -198,6 +200,7 @@ class LabHomes:
             record.quota_bytes,
             owner=record.owner,
             base=Base.decode(record.base),
+            limits=self.limits,
         )
         if result.manifest_written and final:
             self.drop(job, worker_id)

@@ -176,6 +176,7 @@ def config_from_options(
         cleanup=env.cleanup,
         environments=env.environments,
         session_home_sync_s=env.session_home_sync_s,
+        home_limits=env.home_limits,
     )
 
 

@@ -461,3 +461,49 @@ def test_the_agent_service_carries_the_period_from_its_environment(tmp_path: Pat
     )
     assert set_to.session_home_sync_s == 42
     assert service.config_from_options(options, environ=env).session_home_sync_s == 600
+
+
+def test_the_homes_limits_reach_the_agent_and_junk_stops_it(tmp_path: Path) -> None:
+    """``SESSION_HOME_MAX_*`` (docs/artifacts.md) reach the agent a node runs; a bad value
+    stops it at start, naming the variable."""
+    import argparse
+
+    from workers.agent import service
+    from workers.agent.config import AgentConfigError
+    from workers.signing import key_to_text, master_secret, node_key
+
+    key = key_to_text(node_key(master_secret("k", ""), "n1"))
+    env = {"REDIS_URL": "redis://127.0.0.1:1/0", "PORTAL_DATA_DIR": str(tmp_path), "AGENT_KEY": key}
+    options: argparse.Namespace = service.build_parser().parse_args(
+        ["--node", "n1", "--cpu", "--gpus", "1"]
+    )
+    limits = service.config_from_options(
+        options, environ={**env, "SESSION_HOME_MAX_FILES": "7", "SESSION_HOME_MAX_DEPTH": "3"}
+    ).home_limits
+    assert (limits.max_files, limits.max_depth) == (7, 3)
+    with pytest.raises(AgentConfigError, match="SESSION_HOME_MAX_FILES"):
+        service.config_from_options(options, environ={**env, "SESSION_HOME_MAX_FILES": "lots"})
+
+
+def test_the_agents_home_limits_bound_what_a_sync_keeps(
+    redis_url: str, node: str, store_url: str, tmp_path: Path
+) -> None:
+    """``LabHomes`` syncs within the limits it was given (the agent's ``home_limits``): at
+    most ``max_files`` files, no deeper than ``max_depth``."""
+    from workers.agent.home_plan import HomeLimits
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        limited = LabHomes(client, node, store_url, limits=HomeLimits(max_files=2, max_depth=1))
+        syncs = HomeSyncs(limited, ManualClock(), every_s=0)
+        lab = started_lab(syncs, tmp_path)
+        for name in ("a.md", "b.md", "c.md"):
+            (lab.path / name).write_bytes(name.encode() * 10)
+        (lab.path / "deep" / "er").mkdir(parents=True)
+        (lab.path / "deep" / "er" / "d.md").write_bytes(b"deep")
+        result = limited.sync(lab.job, lab.worker_id, lab.path)
+        assert result is not None and result.manifest_written
+        kept = stored(store_url)
+        assert len(kept) == 2 and "deep/er/d.md" not in kept
+    finally:
+        client.close()
