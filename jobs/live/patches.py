@@ -111,7 +111,6 @@ def page_fields(job: Job) -> dict[str, Any]:
     order: the allocation's GPUs, which ``jobs.holdings`` keeps equal to the ``JobGpu``
     rows a shell is opened on (``shells.services.worker_nodes``); none unless it runs.
     """
-    gpus, _ = held(job)
     return {
         "started_at": _iso(job.started_at),
         "finished_at": _iso(job.finished_at),
@@ -123,8 +122,15 @@ def page_fields(job: Job) -> dict[str, Any]:
         "jct_seconds": job.jct_seconds,
         "profile": profile_curve(job),
         "wait_reason": job.wait_reason,
-        "workers": [worker_id(gpu) for gpu in gpus],
+        "workers": live_workers(job),
     }
+
+
+def live_workers(job: Job) -> list[str]:
+    """The ids of ``job``'s workers now, in rank order (its allocation's GPUs): what its
+    page's terminal offers; none unless it runs."""
+    gpus, _ = held(job)
+    return [worker_id(gpu) for gpu in gpus]
 
 
 def held(job: Job) -> tuple[list[int], list[list[int]]]:

@@ -15,7 +15,7 @@ from django.db.models import Count, QuerySet, Sum
 
 from jobs.choices import ACTIVE_STATES, ArtifactKind, JobState
 from jobs.lifecycle import FORECAST_STATES, estimate_fields
-from jobs.live.patches import history_row, profile_curve
+from jobs.live.patches import history_row, live_workers, profile_curve
 from jobs.live.summary import queue_ranks
 from jobs.models import Job
 from jobs.services import tenant_jct_stats
@@ -196,4 +196,5 @@ def job_snapshot(job: Job) -> dict[str, Any]:
         "throughput": job.samples_per_s,
         "loss": job.loss,
         "log": job.log_tail.splitlines()[-LOG_LINES:],
+        "workers": live_workers(job),
     }

@@ -270,6 +270,8 @@
     drawThroughput(snap.throughput_series, snap.parallelism_series, span);
     drawProfile(snap.profile);
     drawEvents(snap.events);
+    // The page's other parts follow the model too (terminal.js: the job's workers).
+    root.dispatchEvent(new CustomEvent("portal:job", { detail: snap }));
   }
 
   // The page's model: the snapshot it opened with (or reloaded), patched by every event.
@@ -278,7 +280,7 @@
   // model and reloads the snapshot only on a seq gap or a reconnect (live.js).
   let current = JSON.parse(document.getElementById("job-snapshot").textContent);
   const render = throttle(() => apply(current), 60);
-  const PAGE_FIELDS = ["state", "parallelism", "attained_gpu_seconds", "started_at", "finished_at", "gpus", "min_gpus", "max_gpus", "restarts", "max_restarts", "jct_seconds", "profile", "wait_reason"];
+  const PAGE_FIELDS = ["state", "parallelism", "attained_gpu_seconds", "started_at", "finished_at", "gpus", "min_gpus", "max_gpus", "restarts", "max_restarts", "jct_seconds", "profile", "wait_reason", "workers"];
 
   function patchJob(event) {
     for (const field of PAGE_FIELDS) if (event[field] !== undefined) current[field] = event[field];

@@ -10,12 +10,12 @@
  * The page shows how the shell ended; "Open a new shell" starts another (a shell ends
  * with its socket: nothing runs on after the page is left).
  *
- * The card follows the job live, without a socket of its own: job.js redraws the page
- * from the job's events (live.js), rewriting the state badge each time; on every redraw
- * the card reads the newest job message live.js received (window.__portalLive.log),
- * whose `workers` (jobs.live.patches.page_fields) are the job's workers now.
+ * The card follows the job live, without a socket of its own: job.js keeps the page's
+ * model of the job (its snapshot, patched by each live event) and, on every redraw,
+ * dispatches it on #live-job as a "portal:job" event, whose `state` and `workers`
+ * (jobs.live.patches.live_workers) are the job's now.
  *
- *   job event ──live.js──> log + job.js ──redraw──> #job-state ──observed──> follow()
+ *   job event ──live.js──> job.js model ──redraw──> "portal:job" ──> follow(model)
  *                                                   Worker list, command hint, buttons
  */
 (function () {
@@ -77,16 +77,6 @@
     hint();
   }
 
-  /** The job's workers as its newest live message says, or null when none has come. */
-  function latestWorkers() {
-    const log = (window.__portalLive && window.__portalLive.log) || [];
-    for (let i = log.length - 1; i >= 0; i--) {
-      const event = log[i].event;
-      if (event && String(event.job) === jobId && Array.isArray(event.workers)) return event.workers;
-    }
-    return null;
-  }
-
   let reasonShown = false;
   /** Buttons follow the socket and the job: a shell opens only while the job runs. */
   function sync() {
@@ -106,10 +96,12 @@
     }
   }
 
-  /** After each redraw of the page: the workers of the newest job message, then the buttons.
-   * A job that does not run has none, whatever an older message said. */
-  function follow() {
-    const workers = LIVE.includes(jobState()) ? latestWorkers() : [];
+  /** After each redraw of the page: the workers of the page's model of the job, then the
+   * buttons. A job that does not run has none, whatever an older message said. */
+  function follow(event) {
+    const model = event.detail || {};
+    const running = LIVE.includes(model.state || jobState());
+    const workers = running ? (Array.isArray(model.workers) ? model.workers : null) : [];
     if (workers !== null) offer(workers);
     sync();
   }
@@ -197,9 +189,9 @@
   againButton.addEventListener("click", connect);
   closeButton.addEventListener("click", () => sendJSON({ type: "close" }));
   workerSelect.addEventListener("change", hint);
-  // job.js rewrites the state badge on every redraw from a live event: the card follows.
-  const badge = document.getElementById("job-state");
-  if (badge) new MutationObserver(follow).observe(badge, { childList: true, characterData: true, subtree: true });
+  // job.js announces every redraw of its model of the job: the card follows.
+  const page = document.getElementById("live-job");
+  if (page) page.addEventListener("portal:job", follow);
   hint();
   sync();
 })();

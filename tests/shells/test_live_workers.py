@@ -1,5 +1,6 @@
 """The job page's live messages name the job's workers, so that its terminal offers the
-workers it has now (``jobs.live.patches.page_fields``, read by ``static/js/terminal.js``).
+workers it has now (``jobs.live.patches.live_workers``, in each message and in the page's
+snapshot; ``static/js/job.js`` hands them to ``static/js/terminal.js``).
 
 Through the real path: the tick places and resizes the job, the broadcast goes after
 commit through the channel layer (Redis) to a browser session's ``/ws/live/`` socket.
@@ -16,6 +17,7 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from control.tick import run_tick
+from jobs.live.snapshots import job_snapshot
 from jobs.models import Job
 from jobs.services import check_job_spec, do_cancel_job, do_submit_job
 from portal.asgi import application
@@ -116,3 +118,8 @@ def test_a_job_that_waited_names_its_workers_when_it_starts(alice: Any, acme: Te
         await comm.disconnect()
 
     asyncio.run(scenario())
+    # A page that reloads its snapshot (a reconnect, a gap) finds the same workers.
+    assert job_snapshot(Job.objects.get(pk=waiting.pk))["workers"] == list(
+        worker_nodes(Job.objects.get(pk=waiting.pk))
+    )
+    assert job_snapshot(Job.objects.get(pk=blocker.pk))["workers"] == []
