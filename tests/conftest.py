@@ -71,10 +71,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         def manage(*args: str) -> str:
             return run_manage(env, *args)
 
-        manage("createtenant", "e2e", "--owner", "eve", "--gpu-quota", "8", "--no-profile")
+        # The tenant and eve's token in one Django start, not two.
+        made = manage(
+            "shell",
+            "-c",
+            "from django.core.management import call_command as c; "
+            "c('createtenant', 'e2e', '--owner', 'eve', '--gpu-quota', '8', '--no-profile'); "
+            "c('issuetoken', 'eve')",
+        )
         yield {
             "url": f"http://127.0.0.1:{port}",
-            "token": manage("issuetoken", "eve"),
+            "token": made.splitlines()[-1].strip(),
             "log": log,
             "env": env,
             "data_dir": data_dir,

@@ -150,7 +150,8 @@ def test_cancel_ends_a_waiting_submit_with_exit_3(portal: dict[str, Any]) -> Non
             listed = json.loads(portalctl(portal, "ls", "--state", "pending,queued,running",
                                           "-o", "json").stdout)  # fmt: skip
             job_id = next((job["id"] for job in listed if job["name"] == "long"), None)
-            time.sleep(1)
+            if job_id is None:
+                time.sleep(1)
         assert job_id is not None
         scaled = portalctl(portal, "scale", str(job_id), "--min", "1", "--max", "2", "-o", "json")
         assert scaled.returncode == 0, scaled.stderr
