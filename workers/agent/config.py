@@ -6,10 +6,10 @@ import ipaddress
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from workers.agent.cleanup import CleanupSettings
 from workers.agent.environments import EnvironmentSettings
@@ -341,7 +341,7 @@ class AgentEnvironment:
                 max_files=int(_positive(env, "ARTIFACT_COLLECT_MAX_FILES", 1000)),
                 max_bytes=int(_positive(env, "ARTIFACT_COLLECT_MAX_BYTES", 10 * 2**30)),
             ),
-            mirror_limits=_mirror_limits(env),
+            mirror_limits=_limits(read_limits, env),
             key=_key(env, key_file),
             message_max_age_s=_positive(env, "AGENT_MESSAGE_MAX_AGE_SECONDS", DEFAULT_MAX_AGE_S),
             message_max_skew_s=_positive(env, "AGENT_MESSAGE_MAX_SKEW_SECONDS", DEFAULT_MAX_SKEW_S),
@@ -352,7 +352,7 @@ class AgentEnvironment:
             ),
             environments=_environments(env, data_dir),
             session_home_sync_s=_seconds_or_off(env, "SESSION_HOME_SYNC_SECONDS", 600.0),
-            home_limits=_home_limits(env),
+            home_limits=_limits(read_home_limits, env),
         )
 
 
@@ -439,16 +439,13 @@ def _network(env: Mapping[str, str]) -> NetworkMode:
     return "job" if raw == "job" else "host"
 
 
-def _mirror_limits(env: Mapping[str, str]) -> MirrorLimits:
-    try:
-        return read_limits(env)
-    except ValueError as exc:
-        raise AgentConfigError(str(exc)) from None
+T = TypeVar("T")
 
 
-def _home_limits(env: Mapping[str, str]) -> HomeLimits:
+def _limits(read: Callable[[Mapping[str, str]], T], env: Mapping[str, str]) -> T:
+    """``read(env)`` (a module's own limits reader), its ``ValueError`` an agent config error."""
     try:
-        return read_home_limits(env)
+        return read(env)
     except ValueError as exc:
         raise AgentConfigError(str(exc)) from None
 

@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 import redis
 
+from workers.agent import service
 from workers.agent.agent import Agent
 from workers.agent.cleanup import CleanupSettings
 from workers.agent.config import AgentConfig, AgentConfigError, AgentEnvironment
-from workers.agent.home_plan import Base, parse_manifest
+from workers.agent.home_plan import Base, HomeLimits, parse_manifest
 from workers.agent.homes import MANIFEST, SyncResult, restore, sync
 from workers.agent.lab import HomeSyncs, LabHome, LabHomes
 from workers.agent.programs import JobDirs
@@ -29,6 +30,7 @@ from workers.agent.store import AgentStore, WorkerRecord
 from workers.artifacts import ArtifactStore, StoredObject
 from workers.clock import ManualClock
 from workers.protocol import Program, Report, WorkerExited
+from workers.signing import key_to_text, master_secret, node_key
 
 PREFIX = "homes/acme/7"
 PROGRAM = Program(
@@ -443,46 +445,29 @@ def test_a_running_lab_s_home_is_not_taken_for_one_left_behind(
     agent.close()
 
 
+def node_config(tmp_path: Path, **settings: str) -> AgentConfig:
+    """The config the agent service makes for node ``n1`` from an environment with
+    ``settings`` (``service.config_from_options``, as a node starts it)."""
+    key = key_to_text(node_key(master_secret("k", ""), "n1"))
+    env = {"REDIS_URL": "redis://127.0.0.1:1/0", "PORTAL_DATA_DIR": str(tmp_path), "AGENT_KEY": key}
+    options = service.build_parser().parse_args(["--node", "n1", "--cpu", "--gpus", "1"])
+    return service.config_from_options(options, environ={**env, **settings})
+
+
 def test_the_agent_service_carries_the_period_from_its_environment(tmp_path: Path) -> None:
     """``SESSION_HOME_SYNC_SECONDS`` reaches the agent a node runs (``service``), not only
     its environment's parse: 42 s as set, 600 s unset."""
-    import argparse
-
-    from workers.agent import service
-    from workers.signing import key_to_text, master_secret, node_key
-
-    key = key_to_text(node_key(master_secret("k", ""), "n1"))
-    env = {"REDIS_URL": "redis://127.0.0.1:1/0", "PORTAL_DATA_DIR": str(tmp_path), "AGENT_KEY": key}
-    options: argparse.Namespace = service.build_parser().parse_args(
-        ["--node", "n1", "--cpu", "--gpus", "1"]
-    )
-    set_to = service.config_from_options(
-        options, environ={**env, "SESSION_HOME_SYNC_SECONDS": "42"}
-    )
-    assert set_to.session_home_sync_s == 42
-    assert service.config_from_options(options, environ=env).session_home_sync_s == 600
+    assert node_config(tmp_path, SESSION_HOME_SYNC_SECONDS="42").session_home_sync_s == 42
+    assert node_config(tmp_path).session_home_sync_s == 600
 
 
 def test_the_homes_limits_reach_the_agent_and_junk_stops_it(tmp_path: Path) -> None:
     """``SESSION_HOME_MAX_*`` (docs/artifacts.md) reach the agent a node runs; a bad value
     stops it at start, naming the variable."""
-    import argparse
-
-    from workers.agent import service
-    from workers.agent.config import AgentConfigError
-    from workers.signing import key_to_text, master_secret, node_key
-
-    key = key_to_text(node_key(master_secret("k", ""), "n1"))
-    env = {"REDIS_URL": "redis://127.0.0.1:1/0", "PORTAL_DATA_DIR": str(tmp_path), "AGENT_KEY": key}
-    options: argparse.Namespace = service.build_parser().parse_args(
-        ["--node", "n1", "--cpu", "--gpus", "1"]
-    )
-    limits = service.config_from_options(
-        options, environ={**env, "SESSION_HOME_MAX_FILES": "7", "SESSION_HOME_MAX_DEPTH": "3"}
-    ).home_limits
-    assert (limits.max_files, limits.max_depth) == (7, 3)
+    limits = node_config(tmp_path, SESSION_HOME_MAX_FILES="7", SESSION_HOME_MAX_DEPTH="3")
+    assert (limits.home_limits.max_files, limits.home_limits.max_depth) == (7, 3)
     with pytest.raises(AgentConfigError, match="SESSION_HOME_MAX_FILES"):
-        service.config_from_options(options, environ={**env, "SESSION_HOME_MAX_FILES": "lots"})
+        node_config(tmp_path, SESSION_HOME_MAX_FILES="lots")
 
 
 def test_the_agents_home_limits_bound_what_a_sync_keeps(
@@ -490,8 +475,6 @@ def test_the_agents_home_limits_bound_what_a_sync_keeps(
 ) -> None:
     """``LabHomes`` syncs within the limits it was given (the agent's ``home_limits``): at
     most ``max_files`` files, no deeper than ``max_depth``."""
-    from workers.agent.home_plan import HomeLimits
-
     client = redis.Redis.from_url(redis_url)
     try:
         limited = LabHomes(client, node, store_url, limits=HomeLimits(max_files=2, max_depth=1))
