@@ -190,6 +190,18 @@ def log_text(stack: dict[str, Any], job: int) -> str:
     return "\n".join(line["text"] for line in lines)
 
 
+def log_with(stack: dict[str, Any], job: int, *needles: str, timeout: float = 30) -> str:
+    """Job ``job``'s log once it holds every one of ``needles`` (or as it is at ``timeout``):
+    a job may read completed a moment before its workers' last lines are stored (each
+    worker's output is shipped on its own, after its exit is reported)."""
+    deadline = time.monotonic() + timeout
+    text = log_text(stack, job)
+    while not all(n in text for n in needles) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        text = log_text(stack, job)
+    return text
+
+
 def take_six_slots(stack: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Two long built-in jobs on 4 and 2 of the 8 slots, running; cancel them when done."""
     jobs = tuple(
@@ -268,14 +280,14 @@ def test_a_bundle_brings_its_own_packages_built_once_for_both_launchers(
         return " ".join(e["reason"] for e in events(stack, job) if e["kind"] == "note")
 
     ddp = run("deps-ddp", "torchrun", "train_ddp.py --epochs 2")
-    text = log_text(stack, ddp["id"])
+    text = log_with(stack, ddp["id"], "rank 0: einops", "rank 1: einops", "epoch    world")
     assert ddp["state"] == "completed", text
     assert text.index("[environment]") < text.index("rank 0: einops 0.8.1")  # the build first
     assert "rank 1: einops 0.8.1, tabulate" in text and "epoch    world    loss" in text
     assert "built in" in notes(ddp["id"]) and "einops==0.8.1" in notes(ddp["id"])
 
     elastic = run("deps-edl", "edl", "train_edl.py --epochs 2")
-    text = log_text(stack, elastic["id"])
+    text = log_with(stack, elastic["id"], "rank 1: einops", "accuracy")
     assert elastic["state"] == "completed", text
     assert "rank 1: einops 0.8.1, tabulate" in text and "accuracy" in text
     assert "cache hit" in notes(elastic["id"]), notes(elastic["id"])  # the same request: built once
