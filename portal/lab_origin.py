@@ -40,9 +40,9 @@ from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_safe
 
-from jobs.choices import JobState
 from jobs.sessions import lab_job
 from portal.lab_hosts import Route, lab_host, route
+from portal.lab_streams import RUNNING
 from portal.lab_ticket import (
     SPENT_TTL_S,
     TICKET_PARAM,
@@ -58,8 +58,6 @@ from portal.lab_ticket import (
 from workers.lab_protocol import lab_base_url
 
 log = logging.getLogger(__name__)
-
-RUNNING = (JobState.RUNNING, JobState.SCALING)
 
 
 def _plain(status: int, message: str) -> HttpResponse:
@@ -136,7 +134,7 @@ def cookie_user(value: str, job_id: int) -> Any | None:
     except LabAuthError as error:
         log.info("lab %s: cookie refused: %s", job_id, error)
         return None
-    user = get_user_model().objects.filter(pk=user_id, is_active=True).first()
+    user = _active_user(user_id)
     if user is None or not mark_matches(user, mark):
         return None
     return user
